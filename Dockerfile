@@ -1,0 +1,22 @@
+# The sandbox image: a non-root user, a workspace and the exec wrapper, layered on any
+# Debian-like base. The tool builds it on demand and tags it by the hash of its inputs.
+ARG BASE_IMAGE=sandbox-base:bookworm
+FROM ${BASE_IMAGE}
+
+# uid 10001 rarely clashes with users a base image already has (node's 1000, for one).
+RUN groupadd --gid 10001 sandbox \
+ && useradd --uid 10001 --gid 10001 --home-dir /home/sandbox --shell /bin/bash --no-create-home sandbox \
+ && mkdir -p /workspace /home/sandbox \
+ && chown sandbox:sandbox /workspace /home/sandbox \
+ && chmod 0700 /home/sandbox
+
+COPY sandbox-exec /usr/local/bin/sandbox-exec
+RUN chmod 0755 /usr/local/bin/sandbox-exec
+
+ENV HOME=/home/sandbox \
+    LANG=C.UTF-8 \
+    IS_SANDBOX=1
+WORKDIR /workspace
+USER sandbox
+HEALTHCHECK --interval=30s --timeout=5s --start-period=2s --retries=3 CMD ["test", "-w", "/workspace"]
+CMD ["sleep", "infinity"]

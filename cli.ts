@@ -1,0 +1,272 @@
+/**
+ * The `sandbox` command line: parse arguments, call `lib/`, turn errors into exit codes.
+ * This is the only module that exits the process.
+ */
+import { Command, CommanderError, Option } from "commander";
+import YAML from "yaml";
+import denoJson from "./deno.json" with { type: "json" };
+import {
+  type Config,
+  findConfigFile,
+  loadConfigOrThrow,
+  parseConfig,
+  profileNames,
+  resolveProfile,
+} from "./lib/config.ts";
+import { DockerCli } from "./lib/docker.ts";
+import { listSandboxes, statsAll, teardownAll } from "./lib/docker_provider.ts";
+import { ConfigError, EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
+import { ensureImage } from "./lib/image.ts";
+import { StdoutWriter, table } from "./lib/output.ts";
+import { createProvider } from "./lib/providers.ts";
+import { formatAge, formatBytes, parseDuration } from "./lib/units.ts";
+
+const VERSION = denoJson.version;
+const stdout = new StdoutWriter();
+const encoder = new TextEncoder();
+
+/** Diagnostics and progress: stderr only, never stdout. */
+function note(message: string): void {
+  Deno.stderr.writeSync(encoder.encode(`sandbox: ${message}\n`));
+}
+
+/** Cancelled by Ctrl-C or SIGTERM; a second signal exits at once. */
+const interrupt = new AbortController();
+function onSignal(): void {
+  if (interrupt.signal.aborted) Deno.exit(EXIT.interrupted);
+  interrupt.abort(new SandboxError("interrupted", "Interrupted"));
+}
+Deno.addSignalListener("SIGINT", onSignal);
+Deno.addSignalListener("SIGTERM", onSignal);
+const signal = interrupt.signal;
+
+interface GlobalOptions {
+  config?: string;
+}
+
+function globals(command: Command): GlobalOptions {
+  return command.optsWithGlobals() as GlobalOptions;
+}
+
+async function profileFor(command: Command, name?: string) {
+  const { config } = await loadConfigOrThrow({ explicit: globals(command).config });
+  return resolveProfile(config, name);
+}
+
+function collect(value: string, previous: string[] = []): string[] {
+  return [...previous, value];
+}
+
+function parseEnvPairs(pairs: string[]): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const pair of pairs) {
+    const eq = pair.indexOf("=");
+    if (eq <= 0) throw new SandboxError("usage", `Invalid --env "${pair}": expected KEY=VALUE`);
+    env[pair.slice(0, eq)] = pair.slice(eq + 1);
+  }
+  return env;
+}
+
+function parseTimeout(text: string | undefined): number | undefined {
+  if (text === undefined) return undefined;
+  const ms = parseDuration(text);
+  if (!ms) throw new SandboxError("usage", `Invalid --timeout "${text}": expected a duration like "30m", "90s" or "1h"`);
+  return ms;
+}
+
+const jsonOption = () => new Option("--json", "machine-readable output on stdout");
+const profileOption = () => new Option("-p, --profile <name>", "profile to use (default: $SANDBOX_PROFILE, default_profile, or \"default\")");
+
+function buildProgram(): Command {
+  const program = new Command("sandbox")
+    .description("Run AI coding agents in isolated Docker sandboxes")
+    .version(VERSION, "-V, --version")
+    .option("-c, --config <file>", "configuration file (default: ./sandbox.yaml, the repo root's, or ~/.config/sandbox/config.yaml)")
+    .enablePositionalOptions()
+    .showHelpAfterError("(run with --help for usage)")
+    .exitOverride()
+    .configureOutput({ writeErr: (text) => Deno.stderr.writeSync(encoder.encode(text)) });
+
+  program.command("up")
+    .description("start the profile's sandbox container if it is not running (idempotent)")
+    .addOption(profileOption()).addOption(jsonOption())
+    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+      const profile = await profileFor(command, opts.profile);
+      const provider = createProvider(profile, { onProgress: note });
+      const status = await provider.ensureRunning({ signal, checkImage: true });
+      if (opts.json) await stdout.json(status);
+      else note(`sandbox ${status.name} is ${status.state} (profile ${profile.name}, image ${status.image})`);
+    });
+
+  program.command("down")
+    .description("stop and remove the profile's sandbox container")
+    .addOption(profileOption()).addOption(jsonOption())
+    .option("--volumes", "also remove its workspace volume (the sandbox's copy of your repos)")
+    .action(async (opts: { profile?: string; json?: boolean; volumes?: boolean }, command: Command) => {
+      const profile = await profileFor(command, opts.profile);
+      const report = await createProvider(profile).teardown({ volumes: opts.volumes, signal });
+      if (opts.json) await stdout.json(report);
+      else if (report.containers.length === 0) note(`no sandbox running for profile ${profile.name}`);
+      else note(`removed ${[...report.containers, ...report.volumes].join(", ")}`);
+    });
+
+  const listAction = async (opts: { json?: boolean }) => {
+    const sandboxes = await listSandboxes(new DockerCli(), signal);
+    if (opts.json) return void await stdout.json(sandboxes);
+    if (sandboxes.length === 0) return note("no sandboxes (start one with: sandbox up)");
+    await stdout.line(table(
+      ["PROFILE", "CONTAINER", "IMAGE", "STATE", "HEALTH", "AGE"],
+      sandboxes.map((s) => [s.profile, s.name, s.image, s.state, s.health, formatAge(Date.now() - Date.parse(s.createdAt))]),
+    ));
+  };
+  program.command("status").description("list every sandbox this tool owns").addOption(jsonOption()).action(listAction);
+  program.command("ls").description("same as status").addOption(jsonOption()).action(listAction);
+
+  program.command("exec")
+    .description("run a command inside the sandbox, streaming its output; exits with its exit code")
+    .addOption(profileOption())
+    .option("--cwd <dir>", "working directory inside the sandbox", "/workspace")
+    .option("-e, --env <KEY=VALUE>", "set a variable for this command (repeatable)", collect, [])
+    .option("--timeout <duration>", "kill the command after this long (default: the profile's resources.timeout)")
+    .argument("<command...>", "the command and its arguments (after --)")
+    .passThroughOptions()
+    .action(async (argv: string[], opts: { profile?: string; cwd: string; env: string[]; timeout?: string }, command: Command) => {
+      const env = parseEnvPairs(opts.env);
+      const timeoutMs = parseTimeout(opts.timeout);
+      const profile = await profileFor(command, opts.profile);
+      const provider = createProvider(profile, { onProgress: note });
+      await provider.ensureRunning({ signal });
+      const stream = provider.execStream(argv, {
+        cwd: opts.cwd,
+        env,
+        stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
+        signal,
+        timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
+        onStderrLine: (line) => Deno.stderr.writeSync(encoder.encode(line + "\n")),
+      });
+      for await (const line of stream) {
+        await stdout.line(line);
+        if (stdout.closed) break;
+      }
+      const outcome = await stream.outcome;
+      if (outcome.oomKilled) {
+        note(`the command was killed by the sandbox memory limit (${formatBytes(profile.resources.memoryBytes)}); raise resources.memory in profile ${profile.name}`);
+      }
+      exitCode = outcome.exitCode;
+    });
+
+  program.command("stats")
+    .description("memory, CPU and processes of each running sandbox")
+    .addOption(jsonOption())
+    .action(async (opts: { json?: boolean }) => {
+      const stats = await statsAll(new DockerCli(), signal);
+      if (opts.json) return void await stdout.json(stats);
+      if (stats.length === 0) return note("no running sandboxes");
+      await stdout.line(table(
+        ["PROFILE", "CONTAINER", "MEMORY", "LIMIT", "CPU", "PIDS"],
+        stats.map((s) => [s.profile, s.name, formatBytes(s.memoryBytes), formatBytes(s.memoryLimitBytes), `${s.cpuPercent.toFixed(1)}%`, `${s.pids}/${s.pidsLimit}`]),
+      ));
+    });
+
+  program.command("teardown")
+    .description("remove every container, network and volume this tool created (by label), and nothing else")
+    .requiredOption("--all", "confirm: remove all of them, including orphans of crashed runs")
+    .addOption(jsonOption())
+    .action(async (opts: { json?: boolean }) => {
+      const report = await teardownAll(new DockerCli(), signal);
+      if (opts.json) return void await stdout.json(report);
+      const total = report.containers.length + report.networks.length + report.volumes.length;
+      if (total === 0) return note("nothing to remove");
+      for (const [kind, names] of Object.entries(report)) {
+        if ((names as string[]).length > 0) note(`removed ${kind}: ${(names as string[]).join(", ")}`);
+      }
+    });
+
+  const image = program.command("image").description("manage the sandbox image");
+  image.command("build")
+    .description("build (or rebuild) the sandbox image for a profile")
+    .addOption(profileOption()).addOption(jsonOption())
+    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+      const profile = await profileFor(command, opts.profile);
+      const info = await ensureImage(new DockerCli(), profile.sandbox.image, { force: true, onProgress: note, signal });
+      if (opts.json) await stdout.json(info);
+      else note(`built ${info.tag} (on ${profile.sandbox.image})`);
+    });
+
+  const config = program.command("config").description("check and print the configuration");
+  config.command("validate")
+    .description("check a configuration file (default: the one sandbox would use)")
+    .argument("[file]", "file to check")
+    .addOption(jsonOption())
+    .action(async (file: string | undefined, opts: { json?: boolean }, command: Command) => {
+      const path = file ?? await findConfigFile({ explicit: globals(command).config });
+      if (path === undefined) {
+        if (opts.json) await stdout.json({ valid: true, file: null, profiles: ["default"] });
+        else note("no configuration file found; the built-in default profile applies");
+        return;
+      }
+      const { config } = await loadConfigOrThrow({ explicit: path });
+      if (opts.json) await stdout.json({ valid: true, file: path, profiles: profileNames(config) });
+      else note(`${path} is valid (profiles: ${profileNames(config).join(", ")})`);
+    });
+  config.command("show")
+    .description("print the effective configuration, defaults filled in")
+    .addOption(jsonOption())
+    .action(async (opts: { json?: boolean }, command: Command) => {
+      const { config, file } = await loadConfigOrThrow({ explicit: globals(command).config });
+      const effective = effectiveConfig(config);
+      if (opts.json) await stdout.json({ file: file ?? null, ...effective });
+      else await stdout.write(`# ${file ?? "built-in defaults (no configuration file found)"}\n${YAML.stringify(effective)}`);
+    });
+
+  return program;
+}
+
+/** The configuration with every profile's defaults filled in, including the implicit one. */
+function effectiveConfig(config: Config): Config {
+  const defaults = parseConfig("profiles: {default: {}}");
+  if (defaults.kind !== "ok") throw new Error("unreachable: built-in defaults are invalid");
+  const profiles = { ...defaults.config.profiles, ...config.profiles };
+  for (const name of Object.keys(profiles)) {
+    const cpus = resolveProfile({ ...config, profiles }, name).resources.cpus;
+    profiles[name] = { ...profiles[name], sandbox: { ...profiles[name].sandbox, resources: { ...profiles[name].sandbox.resources, cpus } } };
+  }
+  return { ...config, profiles };
+}
+
+function reportError(error: unknown): void {
+  if (error instanceof SandboxError) {
+    note(`error: ${error.message}`);
+    if (error.detail) for (const line of error.detail.split("\n")) note(`  ${line}`);
+    if (error instanceof ConfigError) note("  (see README.md, Configuration)");
+    if (Deno.env.get("SANDBOX_DEBUG")) console.error(error);
+    return;
+  }
+  // Not one of ours: a bug, so the stack is worth showing.
+  note(`internal error: ${error instanceof Error ? error.stack ?? error.message : String(error)}`);
+}
+
+let exitCode: number = EXIT.ok;
+
+async function main(args: string[]): Promise<number> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(args, { from: "user" });
+    return exitCode;
+  } catch (error) {
+    if (error instanceof CommanderError) {
+      // Help and version are successes; anything else commander rejects is a usage error.
+      return error.exitCode === 0 ? EXIT.ok : EXIT.usage;
+    }
+    if (signal.aborted && !(error instanceof SandboxError && error.code !== "interrupted")) {
+      note("interrupted");
+      return EXIT.interrupted;
+    }
+    reportError(error);
+    return exitCodeFor(error);
+  }
+}
+
+if (import.meta.main) {
+  Deno.exit(await main(Deno.args));
+}

@@ -1,0 +1,114 @@
+/**
+ * The `docker` CLI as a function, with its failures mapped to typed errors.
+ *
+ * We shell out rather than speak the Engine API so that `DOCKER_HOST` and docker contexts work
+ * exactly as they do for the user's own `docker` commands.
+ */
+import { CommandExitError, SandboxError, type SandboxErrorCode } from "./errors.ts";
+import { ProgramNotFoundError, run, type RunResult, spawn, type SpawnOptions } from "./process.ts";
+
+/** Label keys on every object this tool creates. Teardown selects by `OWNER`, nothing else. */
+export const LABEL = {
+  owner: "dev.sandbox.owner",
+  profile: "dev.sandbox.profile",
+  kind: "dev.sandbox.kind",
+  configHash: "dev.sandbox.config-hash",
+  contentHash: "dev.sandbox.content-hash",
+} as const;
+export const OWNER = "sandbox";
+export const OWNER_FILTER = `label=${LABEL.owner}=${OWNER}`;
+
+const DAEMON_DOWN = [
+  "Cannot connect to the Docker daemon",
+  "Is the docker daemon running",
+  "error during connect",
+  "permission denied while trying to connect to the Docker daemon",
+];
+
+/** The docker CLI, at a path (tests put a fake first on PATH or pass its path). */
+export class DockerCli {
+  constructor(readonly program = "docker") {}
+
+  /** Run `docker ARGS`; non-zero exit is returned, daemon/CLI absence is thrown. */
+  async run(args: readonly string[], options?: SpawnOptions): Promise<RunResult> {
+    const result = await this.#guard(() => run([this.program, ...args], options));
+    throwIfUnreachable(result.stderr);
+    return result;
+  }
+
+  /** Run `docker ARGS` and require success; the error carries `code` and the stderr tail. */
+  async ok(
+    args: readonly string[],
+    code: SandboxErrorCode,
+    message: string,
+    options?: SpawnOptions,
+  ): Promise<string> {
+    const result = await this.run(args, options);
+    if (result.timedOut) throw new SandboxError("timeout", `${message}: timed out`);
+    if (result.aborted) throw new SandboxError("interrupted", `${message}: interrupted`);
+    if (result.exitCode !== 0) {
+      throw new CommandExitError(
+        isNoSuchObject(result.stderr) ? "container_not_found" : code,
+        `${message}: ${firstLine(result.stderr) || `docker exited with ${result.exitCode}`}`,
+        result,
+      );
+    }
+    return result.stdout;
+  }
+
+  /** Start `docker ARGS` streaming; spawn failure is mapped like `run`. */
+  spawn(args: readonly string[], options?: SpawnOptions) {
+    try {
+      return spawn([this.program, ...args], options);
+    } catch (error) {
+      throw mapSpawnError(error, this.program);
+    }
+  }
+
+  async #guard<T>(fn: () => Promise<T>): Promise<T> {
+    try {
+      return await fn();
+    } catch (error) {
+      throw mapSpawnError(error, this.program);
+    }
+  }
+}
+
+function mapSpawnError(error: unknown, program: string): unknown {
+  if (error instanceof ProgramNotFoundError) {
+    return new SandboxError("docker_missing", `Cannot find the docker CLI ("${program}")`, {
+      cause: error,
+      detail: "Install Docker (on Debian: apt-get install docker.io) or put docker on PATH",
+    });
+  }
+  return error;
+}
+
+/** Throw `daemon_down` when docker's stderr says it could not reach an engine. */
+export function throwIfUnreachable(stderr: string): void {
+  if (DAEMON_DOWN.some((needle) => stderr.includes(needle))) {
+    throw new SandboxError("daemon_down", "Cannot reach the Docker engine", {
+      detail: `${firstLine(stderr)}\nStart it (e.g. sudo dockerd, or systemctl start docker) or set DOCKER_HOST`,
+    });
+  }
+}
+
+/** docker's way of saying the named object does not exist. */
+export function isNoSuchObject(stderr: string): boolean {
+  return /No such (container|object|image|network|volume)/i.test(stderr);
+}
+
+/** docker's way of saying an object with that name exists (a concurrent creator won). */
+export function isAlreadyExists(stderr: string): boolean {
+  return /already in use|already exists|Conflict/i.test(stderr);
+}
+
+function firstLine(text: string): string {
+  return text.trim().split("\n").find((l) => l.trim() !== "")?.replace(/^Error response from daemon:\s*/, "")
+    ?? "";
+}
+
+/** Labels as `--label k=v` pairs. */
+export function labelArgs(labels: Record<string, string>): string[] {
+  return Object.entries(labels).flatMap(([k, v]) => ["--label", `${k}=${v}`]);
+}

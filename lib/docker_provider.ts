@@ -1,0 +1,647 @@
+/**
+ * `DockerSandboxProvider`: a profile's sandbox as a hardened, long-lived Docker container.
+ *
+ * Work enters through `docker exec`; nothing of the host is mounted. The container is created
+ * from a `docker run` argv derived purely from the profile, and labelled with a hash of that argv,
+ * so that a configuration change is detected with one `docker inspect` and the container replaced.
+ */
+import type { Profile } from "./config.ts";
+import { DockerCli, isAlreadyExists, isNoSuchObject, LABEL, labelArgs, OWNER, OWNER_FILTER } from "./docker.ts";
+import { CommandExitError, SandboxError } from "./errors.ts";
+import { sha256Hex } from "./hash.ts";
+import { ensureImage, imageTagFor } from "./image.ts";
+import { run, spawn } from "./process.ts";
+import type {
+  EnsureRunningOptions,
+  ExecOptions,
+  ExecResult,
+  ExecStream,
+  ExecStreamOutcome,
+  SandboxHealth,
+  SandboxProvider,
+  SandboxState,
+  SandboxStats,
+  SandboxStatus,
+  TeardownReport,
+} from "./provider.ts";
+
+/** The sandbox user, created by the Dockerfile. */
+export const SANDBOX_UID = 10001;
+export const SANDBOX_USER = `${SANDBOX_UID}:${SANDBOX_UID}`;
+export const WORKSPACE_DIR = "/workspace";
+export const SANDBOX_HOME = "/home/sandbox";
+/** Exit code reported for a command killed by its timeout, as timeout(1) does. */
+const EXIT_TIMEOUT = 124;
+const EXEC_STATE_DIR = "/tmp/.sandbox-exec";
+/** How long `ensureRunning` waits for a container another process is creating. */
+const CONCURRENT_START_WAIT_MS = 60_000;
+
+export interface DockerProviderOptions {
+  /** Path of the docker CLI (default: `docker` on PATH). */
+  docker?: string;
+  /** A per-run container instead of the profile's shared one. */
+  instance?: string;
+  /** Build output and other slow-step progress, for stderr. */
+  onProgress?: (line: string) => void;
+  /** Host environment used for `environment.passthrough` (default: the process environment). */
+  hostEnv?: (name: string) => string | undefined;
+}
+
+/** Names of a profile's Docker objects: predictable, so a human can find them with `docker ps`. */
+export function sandboxNames(profile: string, instance?: string) {
+  const base = instance ? `sandbox-${profile}-${instance}` : `sandbox-${profile}`;
+  return {
+    container: base,
+    volume: `${base}-workspace`,
+    network: (mode: "internal" | "open") => `sandbox-${profile}-${mode}`,
+  };
+}
+
+interface ContainerInspect {
+  Id: string;
+  Name: string;
+  Created: string;
+  Image: string;
+  State: { Status: string; Running: boolean; Health?: { Status: string } };
+  Config: { Image: string; Labels: Record<string, string> | null };
+  HostConfig: { PidsLimit?: number | null; Memory?: number };
+  Mounts?: { Type: string; Source: string; Destination: string }[];
+}
+
+export class DockerSandboxProvider implements SandboxProvider {
+  readonly profile: Profile;
+  readonly docker: DockerCli;
+  readonly names: ReturnType<typeof sandboxNames>;
+  readonly #options: DockerProviderOptions;
+
+  constructor(profile: Profile, options: DockerProviderOptions = {}) {
+    if (profile.sandbox.mode !== "container") {
+      throw new TypeError(`DockerSandboxProvider needs sandbox mode "container", not "${profile.sandbox.mode}"`);
+    }
+    this.profile = profile;
+    this.docker = new DockerCli(options.docker);
+    this.names = sandboxNames(profile.name, options.instance);
+    this.#options = options;
+  }
+
+  get containerName(): string {
+    return this.names.container;
+  }
+
+  get #networkName(): string {
+    return this.names.network(this.profile.sandbox.network.mode === "full" ? "open" : "internal");
+  }
+
+  /** Labels every object of this sandbox carries. */
+  labels(configHash?: string): Record<string, string> {
+    return {
+      [LABEL.owner]: OWNER,
+      [LABEL.profile]: this.profile.name,
+      [LABEL.kind]: this.#options.instance ? "run" : "shared",
+      ...(configHash ? { [LABEL.configHash]: configHash } : {}),
+    };
+  }
+
+  /** Environment set in the container: `environment.set` plus passthrough values from the host. */
+  containerEnv(): Record<string, string> {
+    const env: Record<string, string> = {};
+    const hostEnv = this.#options.hostEnv ?? ((name: string) => Deno.env.get(name));
+    for (const name of this.profile.sandbox.environment.passthrough) {
+      const value = hostEnv(name);
+      if (value !== undefined) env[name] = value;
+    }
+    return { ...env, ...this.profile.sandbox.environment.set };
+  }
+
+  /**
+   * The `docker run` argv (after `docker`) for this profile, and the hash of it that labels the
+   * container. Everything that shapes the container is in the argv, so the hash covers it all.
+   */
+  async runArgs(): Promise<{ args: string[]; configHash: string }> {
+    const { resources } = this.profile;
+    const image = await imageTagFor(this.profile.sandbox.image);
+    const tmpfsSize = resources.diskBytes;
+    const body = [
+      "--hostname",
+      this.names.container,
+      "--user",
+      SANDBOX_USER,
+      "--cap-drop",
+      "ALL",
+      "--security-opt",
+      "no-new-privileges",
+      "--init",
+      "--read-only",
+      "--tmpfs",
+      `/tmp:rw,nosuid,nodev,size=${tmpfsSize}`,
+      "--tmpfs",
+      `${SANDBOX_HOME}:rw,nosuid,nodev,size=${tmpfsSize},uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0700`,
+      "--mount",
+      `type=volume,src=${this.names.volume},dst=${WORKSPACE_DIR}`,
+      "--memory",
+      String(resources.memoryBytes),
+      "--memory-swap",
+      String(resources.memoryBytes),
+      "--cpus",
+      String(resources.cpus),
+      "--pids-limit",
+      String(resources.pids),
+      "--network",
+      this.#networkName,
+      "--restart",
+      "no",
+      ...Object.entries(this.containerEnv()).flatMap(([k, v]) => ["--env", `${k}=${v}`]),
+      image,
+      "sleep",
+      "infinity",
+    ];
+    const configHash = (await sha256Hex(body.join("\0"))).slice(0, 16);
+    return {
+      args: [
+        "run",
+        "--detach",
+        "--name",
+        this.names.container,
+        ...labelArgs(this.labels(configHash)),
+        ...body,
+      ],
+      configHash,
+    };
+  }
+
+  async #inspect(signal?: AbortSignal): Promise<ContainerInspect | undefined> {
+    const result = await this.docker.run(["container", "inspect", this.names.container], { signal });
+    if (result.exitCode !== 0) {
+      if (isNoSuchObject(result.stderr)) return undefined;
+      throw new CommandExitError("docker_failed", `Cannot inspect sandbox "${this.names.container}"`, result);
+    }
+    return (JSON.parse(result.stdout) as ContainerInspect[])[0];
+  }
+
+  async ensureRunning(options: EnsureRunningOptions = {}): Promise<SandboxStatus> {
+    const { signal } = options;
+    const { args, configHash } = await this.runArgs();
+    const deadline = Date.now() + CONCURRENT_START_WAIT_MS;
+    while (true) {
+      signal?.throwIfAborted();
+      const found = await this.#inspect(signal);
+      const current = found?.Config.Labels?.[LABEL.configHash] === configHash &&
+        !(options.checkImage && await this.#imageOutdated(found));
+      if (found && current && found.State.Running) return this.#toStatus(found, configHash);
+      if (found && current && found.State.Status === "created") {
+        // Another process has just created it and is about to start it, or start failed.
+        if (Date.now() < deadline) {
+          await delay(200);
+          continue;
+        }
+      }
+      if (found && current && !found.State.Running) {
+        const started = await this.docker.run(["start", found.Id], { signal });
+        if (started.exitCode === 0) continue;
+      }
+      if (found) {
+        // Stale or broken: remove by id, so a container a concurrent process just created under
+        // the same name is never the one removed.
+        const why = current ? "it could not be restarted" : "its configuration changed";
+        this.#options.onProgress?.(`Replacing sandbox ${this.names.container}: ${why}`);
+        await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
+        continue;
+      }
+      await this.#prepare(signal);
+      const created = await this.docker.run(args, { signal });
+      if (created.exitCode === 0) continue;
+      if (isAlreadyExists(created.stderr) && Date.now() < deadline) {
+        // A concurrent `up` won the race for the name: use its container.
+        await delay(100);
+        continue;
+      }
+      throw new CommandExitError(
+        "docker_failed",
+        `Cannot start sandbox "${this.names.container}"`,
+        created,
+      );
+    }
+  }
+
+  async #imageOutdated(found: ContainerInspect): Promise<boolean> {
+    const tag = await imageTagFor(this.profile.sandbox.image);
+    const result = await this.docker.run(["image", "inspect", "--format", "{{.Id}}", tag]);
+    return result.exitCode !== 0 || result.stdout.trim() !== found.Image;
+  }
+
+  /** Image, network and volume, each created only when missing and safe under races. */
+  async #prepare(signal?: AbortSignal): Promise<void> {
+    await ensureImage(this.docker, this.profile.sandbox.image, { signal, onProgress: this.#options.onProgress });
+    await this.#ensureNetwork(signal);
+    await this.#createIfMissing(
+      ["volume", "inspect", this.names.volume],
+      ["volume", "create", ...labelArgs(this.labels()), this.names.volume],
+      signal,
+    );
+  }
+
+  async #ensureNetwork(signal?: AbortSignal): Promise<void> {
+    const internal = this.profile.sandbox.network.mode !== "full";
+    const labels = { [LABEL.owner]: OWNER, [LABEL.profile]: this.profile.name };
+    await this.#createIfMissing(
+      ["network", "inspect", this.#networkName],
+      [
+        "network",
+        "create",
+        "--driver",
+        "bridge",
+        ...(internal ? ["--internal"] : []),
+        ...labelArgs(labels),
+        this.#networkName,
+      ],
+      signal,
+    );
+  }
+
+  async #createIfMissing(inspect: string[], create: string[], signal?: AbortSignal): Promise<void> {
+    if ((await this.docker.run(inspect, { signal })).exitCode === 0) return;
+    const result = await this.docker.run(create, { signal });
+    if (result.exitCode !== 0 && !isAlreadyExists(result.stderr)) {
+      throw new CommandExitError("docker_failed", `Cannot create ${create[0]} "${create.at(-1)}"`, result);
+    }
+  }
+
+  #execArgs(argv: readonly string[], id: string, options: ExecOptions): string[] {
+    if (argv.length === 0) throw new TypeError("Cannot run an empty command");
+    return [
+      "exec",
+      ...(options.stdin !== undefined ? ["--interactive"] : []),
+      "--user",
+      SANDBOX_USER,
+      ...(options.cwd ? ["--workdir", options.cwd] : []),
+      ...Object.entries(options.env ?? {}).flatMap(([k, v]) => ["--env", `${k}=${v}`]),
+      this.names.container,
+      "sandbox-exec",
+      id,
+      ...argv,
+    ];
+  }
+
+  execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
+    const id = crypto.randomUUID();
+    const timeoutMs = options.timeoutMs;
+    const child = this.docker.spawn(this.#execArgs(argv, id, options), {
+      stdin: options.stdin,
+      signal: options.signal,
+      timeoutMs,
+      onStderrLine: options.onStderrLine,
+    });
+    let settle!: (outcome: Promise<ExecStreamOutcome>) => void;
+    const outcome = new Promise<ExecStreamOutcome>((resolve) => settle = resolve);
+    outcome.catch(() => {});
+    const finish = async (stoppedEarly: boolean): Promise<ExecStreamOutcome> => {
+      const ended = await child.finished;
+      if (ended.timedOut || ended.aborted || stoppedEarly) await this.#killTree(id);
+      if (ended.timedOut) {
+        throw new SandboxError("timeout", `Command timed out after ${timeoutMs} ms in sandbox "${this.names.container}"`);
+      }
+      if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
+      throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
+      const oomKilled = ended.exitCode === 137 && await this.#wasOomKilled(id);
+      return { exitCode: ended.exitCode, durationMs: ended.durationMs, timedOut: false, oomKilled, stderrTail: ended.stderrTail };
+    };
+    return {
+      outcome,
+      [Symbol.asyncIterator]: async function* () {
+        let drained = false;
+        try {
+          yield* child.lines();
+          drained = true;
+        } finally {
+          // A consumer that stops early ends the command: the client here, the tree in there.
+          if (!drained) child.kill();
+          settle(finish(!drained));
+        }
+        await outcome;
+      },
+    };
+  }
+
+  async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
+    const id = crypto.randomUUID();
+    const result = await this.docker.run(this.#execArgs(argv, id, options), {
+      stdin: options.stdin,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs,
+      onStderrLine: options.onStderrLine,
+    });
+    if (result.timedOut || result.aborted) await this.#killTree(id);
+    if (result.aborted) throw new SandboxError("interrupted", "Command interrupted");
+    if (!result.timedOut) throwIfDockerExecFailed(result.exitCode, result.stderr, this.names.container);
+    return {
+      exitCode: result.timedOut ? EXIT_TIMEOUT : result.exitCode,
+      stdout: result.stdout,
+      stderr: result.stderr,
+      durationMs: result.durationMs,
+      timedOut: result.timedOut,
+      oomKilled: result.exitCode === 137 && await this.#wasOomKilled(id),
+    };
+  }
+
+  /**
+   * Kill the process tree of exec `id` inside the container. A fork bomb can hold every pid, so
+   * that even `docker exec pkill` cannot start: retry briefly, then restart the container.
+   */
+  async #killTree(id: string): Promise<void> {
+    const script = 'sid=$(cat "$1" 2>/dev/null) || exit 0; [ -n "$sid" ] && pkill -KILL -s "$sid"; rm -f "$1"; exit 0';
+    for (let attempt = 0; attempt < 10; attempt++) {
+      const result = await this.docker.run(
+        ["exec", "--user", SANDBOX_USER, this.names.container, "sh", "-c", script, "sh", `${EXEC_STATE_DIR}/${id}.sid`],
+        { timeoutMs: 5_000 },
+      );
+      if (result.exitCode === 0 || isNoSuchObject(result.stderr) || /is not running/.test(result.stderr)) return;
+      await delay(100 * (attempt + 1));
+    }
+    this.#options.onProgress?.(
+      `Cannot stop a command in sandbox ${this.names.container} (no free process slots): restarting it`,
+    );
+    await this.docker.run(["restart", "--time", "1", this.names.container]);
+  }
+
+  /** Did the memory cgroup's oom_kill count rise while exec `id` ran? */
+  async #wasOomKilled(id: string): Promise<boolean> {
+    const script = 'before=$(cat "$1" 2>/dev/null || echo 0); rm -f "$1"; ' +
+      "now=$(sed -n 's/^oom_kill //p' /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null | head -n 1); " +
+      'echo "${before:-0} ${now:-0}"';
+    const result = await this.docker.run(
+      ["exec", "--user", SANDBOX_USER, this.names.container, "sh", "-c", script, "sh", `${EXEC_STATE_DIR}/${id}.oom`],
+      { timeoutMs: 10_000 },
+    );
+    const [before, now] = result.stdout.trim().split(/\s+/).map(Number);
+    return result.exitCode === 0 && now > before;
+  }
+
+  async readFile(path: string, options: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
+    const child = this.docker.spawn(
+      ["exec", "--user", SANDBOX_USER, this.names.container, "cat", "--", path],
+      { signal: options.signal },
+    );
+    const [bytes, outcome] = await Promise.all([new Response(child.stdout).bytes(), child.finished]);
+    if (outcome.exitCode !== 0) {
+      throwIfDockerExecFailed(outcome.exitCode, outcome.stderrTail, this.names.container);
+      throw new CommandExitError("exec_failed", `Cannot read "${path}" in sandbox "${this.names.container}"`, outcome);
+    }
+    return bytes;
+  }
+
+  async writeFile(
+    path: string,
+    data: Uint8Array | string,
+    options: { mode?: number; signal?: AbortSignal } = {},
+  ): Promise<void> {
+    const mode = (options.mode ?? 0o600).toString(8);
+    const script = 'umask 077; mkdir -p "$(dirname "$1")" && cat >"$1" && chmod "$2" "$1"';
+    const result = await this.docker.run(
+      ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, "sh", "-c", script, "sh", path, mode],
+      { stdin: data, signal: options.signal },
+    );
+    if (result.exitCode !== 0) {
+      throwIfDockerExecFailed(result.exitCode, result.stderr, this.names.container);
+      throw new CommandExitError("exec_failed", `Cannot write "${path}" in sandbox "${this.names.container}"`, result);
+    }
+  }
+
+  /** A tar stream through `docker exec`: works on tmpfs and volumes alike, owned by the sandbox user. */
+  async copyIn(hostPath: string, sandboxPath: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+    const { dir, base } = splitPath(hostPath);
+    const tar = spawn(["tar", "-C", dir, "-c", "--", base], { signal: options.signal });
+    const script = 'mkdir -p "$1" && tar -x -C "$1" --no-same-owner';
+    const { dir: targetDir, base: targetBase } = splitPath(sandboxPath);
+    const untar = this.docker.spawn(
+      ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, "sh", "-c",
+        `${script} && { [ "$2" = "$3" ] || mv -- "$1/$2" "$1/$3"; }`, "sh", targetDir, base, targetBase],
+      { stdin: tar.stdout, signal: options.signal },
+    );
+    const [packed, unpacked] = await Promise.all([tar.finished, untar.finished, new Response(untar.stdout).text()]);
+    if (packed.exitCode !== 0) {
+      throw new CommandExitError("exec_failed", `Cannot read "${hostPath}" on the host`, packed);
+    }
+    if (unpacked.exitCode !== 0) {
+      throwIfDockerExecFailed(unpacked.exitCode, unpacked.stderrTail, this.names.container);
+      throw new CommandExitError("exec_failed", `Cannot copy into "${sandboxPath}" in sandbox "${this.names.container}"`, unpacked);
+    }
+  }
+
+  /** The reverse of `copyIn`. Host-side extraction refuses absolute and `..` member names (GNU tar default). */
+  async copyOut(sandboxPath: string, hostPath: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+    const { dir, base } = splitPath(sandboxPath);
+    const pack = this.docker.spawn(
+      ["exec", "--user", SANDBOX_USER, this.names.container, "tar", "-C", dir, "-c", "--", base],
+      { signal: options.signal },
+    );
+    const { dir: targetDir, base: targetBase } = splitPath(hostPath);
+    const staging = await Deno.makeTempDir({ dir: targetDir, prefix: ".sandbox-copy-" });
+    try {
+      const untar = spawn(
+        ["tar", "-x", "-C", staging, "--no-same-owner", "--no-same-permissions", "--delay-directory-restore"],
+        { stdin: pack.stdout, signal: options.signal },
+      );
+      const [packed, unpacked] = await Promise.all([pack.finished, untar.finished, new Response(untar.stdout).text()]);
+      if (packed.exitCode !== 0) {
+        throwIfDockerExecFailed(packed.exitCode, packed.stderrTail, this.names.container);
+        throw new CommandExitError("exec_failed", `Cannot read "${sandboxPath}" in sandbox "${this.names.container}"`, packed);
+      }
+      if (unpacked.exitCode !== 0) {
+        throw new CommandExitError("exec_failed", `Cannot write "${hostPath}" on the host`, unpacked);
+      }
+      await Deno.rename(`${staging}/${base}`, `${targetDir}/${targetBase}`);
+    } finally {
+      await Deno.remove(staging, { recursive: true }).catch(() => {});
+    }
+  }
+
+  async stats(options: { signal?: AbortSignal } = {}): Promise<SandboxStats> {
+    const found = await this.#inspect(options.signal);
+    if (!found) throw notFound(this.names.container);
+    const [stats] = await dockerStats(this.docker, [found], options.signal);
+    return stats;
+  }
+
+  async status(options: { signal?: AbortSignal } = {}): Promise<SandboxStatus> {
+    const found = await this.#inspect(options.signal);
+    if (!found) {
+      return {
+        profile: this.profile.name,
+        name: this.names.container,
+        id: "",
+        image: "",
+        state: "missing",
+        health: "unknown",
+        createdAt: "",
+        current: false,
+        kind: this.#options.instance ? "run" : "shared",
+      };
+    }
+    return this.#toStatus(found, (await this.runArgs()).configHash);
+  }
+
+  #toStatus(found: ContainerInspect, configHash: string): SandboxStatus {
+    return { ...inspectToStatus(found), current: found.Config.Labels?.[LABEL.configHash] === configHash };
+  }
+
+  async healthCheck(options: { signal?: AbortSignal } = {}): Promise<boolean> {
+    const result = await this.docker.run(
+      ["exec", "--user", SANDBOX_USER, this.names.container, "true"],
+      { signal: options.signal, timeoutMs: 10_000 },
+    );
+    return result.exitCode === 0;
+  }
+
+  async teardown(options: { volumes?: boolean; signal?: AbortSignal } = {}): Promise<TeardownReport> {
+    const report: TeardownReport = { containers: [], networks: [], volumes: [] };
+    const removed = await this.docker.run(["rm", "--force", this.names.container], { signal: options.signal });
+    if (removed.exitCode === 0) report.containers.push(this.names.container);
+    else if (!isNoSuchObject(removed.stderr)) {
+      throw new CommandExitError("docker_failed", `Cannot remove sandbox "${this.names.container}"`, removed);
+    }
+    if (options.volumes) {
+      const volume = await this.docker.run(["volume", "rm", this.names.volume], { signal: options.signal });
+      if (volume.exitCode === 0) report.volumes.push(this.names.volume);
+    }
+    return report;
+  }
+}
+
+function notFound(name: string): SandboxError {
+  return new SandboxError("container_not_found", `Sandbox "${name}" does not exist`, {
+    detail: "Start it with: sandbox up",
+  });
+}
+
+/**
+ * `docker exec` reports its own failures (container gone or stopped, command not found) with
+ * exit codes 125-127 and a daemon message; anything else is the command's own exit code.
+ */
+function throwIfDockerExecFailed(exitCode: number, stderr: string, container: string): void {
+  if (exitCode === 0) return;
+  if (isNoSuchObject(stderr)) throw notFound(container);
+  if (/is not running|is paused|is restarting/.test(stderr)) {
+    throw new SandboxError("container_not_found", `Sandbox "${container}" is not running`, {
+      detail: "Start it with: sandbox up",
+    });
+  }
+  if (exitCode >= 125 && exitCode <= 127 && /OCI runtime exec failed|Error response from daemon/.test(stderr)) {
+    throw new CommandExitError("exec_failed", `Cannot run the command in sandbox "${container}"`, {
+      argv: [],
+      exitCode,
+      stderrTail: stderr,
+    });
+  }
+}
+
+function splitPath(path: string): { dir: string; base: string } {
+  const trimmed = path.replace(/\/+$/, "") || "/";
+  const slash = trimmed.lastIndexOf("/");
+  if (slash === -1) return { dir: ".", base: trimmed };
+  return { dir: trimmed.slice(0, slash) || "/", base: trimmed.slice(slash + 1) };
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+const STATES = new Set<SandboxState>(["running", "paused", "restarting", "dead", "created"]);
+
+function inspectToStatus(found: ContainerInspect): Omit<SandboxStatus, "current"> {
+  const labels = found.Config.Labels ?? {};
+  const state = STATES.has(found.State.Status as SandboxState) ? found.State.Status as SandboxState : "stopped";
+  const health = (found.State.Health?.Status ?? "unknown") as SandboxHealth;
+  return {
+    profile: labels[LABEL.profile] ?? "",
+    name: found.Name.replace(/^\//, ""),
+    id: found.Id.slice(0, 12),
+    image: found.Config.Image,
+    state,
+    health: ["healthy", "unhealthy", "starting"].includes(health) ? health : "unknown",
+    createdAt: found.Created,
+    kind: labels[LABEL.kind] === "run" ? "run" : "shared",
+  };
+}
+
+/** Every sandbox container this tool owns (by label), on the engine `docker` reaches. */
+export async function listSandboxes(docker: DockerCli, signal?: AbortSignal): Promise<SandboxStatus[]> {
+  const found = await inspectOwned(docker, signal);
+  return found.map((c) => ({ ...inspectToStatus(c), current: true }));
+}
+
+async function inspectOwned(docker: DockerCli, signal?: AbortSignal): Promise<ContainerInspect[]> {
+  const ids = (await docker.ok(["ps", "--all", "--quiet", "--filter", OWNER_FILTER], "docker_failed", "Cannot list sandboxes", { signal }))
+    .split("\n").filter(Boolean);
+  if (ids.length === 0) return [];
+  const result = await docker.run(["container", "inspect", ...ids], { signal });
+  // A container removed between `ps` and `inspect` is simply not listed.
+  const parsed = result.stdout.trim() ? JSON.parse(result.stdout) as ContainerInspect[] : [];
+  return parsed;
+}
+
+/** Live resource use of every running sandbox this tool owns. */
+export async function statsAll(docker: DockerCli, signal?: AbortSignal): Promise<SandboxStats[]> {
+  const running = (await inspectOwned(docker, signal)).filter((c) => c.State.Running);
+  return await dockerStats(docker, running, signal);
+}
+
+async function dockerStats(docker: DockerCli, containers: ContainerInspect[], signal?: AbortSignal): Promise<SandboxStats[]> {
+  if (containers.length === 0) return [];
+  const out = await docker.ok(
+    ["stats", "--no-stream", "--no-trunc", "--format", "{{json .}}", ...containers.map((c) => c.Id)],
+    "docker_failed",
+    "Cannot read sandbox stats",
+    { signal },
+  );
+  const byId = new Map(containers.map((c) => [c.Id, c]));
+  return out.split("\n").filter(Boolean).map((line) => {
+    const row = JSON.parse(line) as { ID: string; Container: string; CPUPerc: string; MemUsage: string; PIDs: string };
+    const inspect = byId.get(row.ID) ?? containers.find((c) => c.Id.startsWith(row.ID) || row.ID.startsWith(c.Id));
+    const [used, limit] = row.MemUsage.split("/").map((s) => parseDockerSize(s.trim()));
+    return {
+      profile: inspect?.Config.Labels?.[LABEL.profile] ?? "",
+      name: inspect?.Name.replace(/^\//, "") ?? row.Container,
+      memoryBytes: used,
+      memoryLimitBytes: inspect?.HostConfig.Memory || limit,
+      cpuPercent: Number.parseFloat(row.CPUPerc) || 0,
+      pids: Number.parseInt(row.PIDs) || 0,
+      pidsLimit: inspect?.HostConfig.PidsLimit ?? 0,
+    };
+  });
+}
+
+/** docker's human sizes: "1.5MiB", "512kB", "2GB", "0B". */
+export function parseDockerSize(text: string): number {
+  const match = /^([\d.]+)\s*([KMGT]i?)?B$/i.exec(text);
+  if (!match) return 0;
+  const prefix = (match[2] ?? "").toUpperCase();
+  const binary = prefix.endsWith("I");
+  const power = " KMGT".indexOf(prefix[0] ?? " ");
+  return Math.round(Number(match[1]) * (binary ? 1024 : 1000) ** Math.max(power, 0));
+}
+
+/** Remove every container, network and volume this tool owns (by label), and nothing else. */
+export async function teardownAll(docker: DockerCli, signal?: AbortSignal): Promise<TeardownReport> {
+  const list = async (kind: "container" | "network" | "volume") => {
+    const args = kind === "container"
+      ? ["ps", "--all", "--filter", OWNER_FILTER, "--format", "{{.Names}}"]
+      : [kind, "ls", "--filter", OWNER_FILTER, "--format", "{{.Name}}"];
+    return (await docker.ok(args, "docker_failed", `Cannot list ${kind}s`, { signal })).split("\n").filter(Boolean);
+  };
+  const report: TeardownReport = { containers: [], networks: [], volumes: [] };
+  const containers = await list("container");
+  if (containers.length > 0) {
+    await docker.ok(["rm", "--force", ...containers], "docker_failed", "Cannot remove sandbox containers", { signal });
+    report.containers = containers;
+  }
+  for (const network of await list("network")) {
+    const result = await docker.run(["network", "rm", network], { signal });
+    if (result.exitCode === 0) report.networks.push(network);
+  }
+  const volumes = await list("volume");
+  if (volumes.length > 0) {
+    await docker.ok(["volume", "rm", "--force", ...volumes], "docker_failed", "Cannot remove sandbox volumes", { signal });
+    report.volumes = volumes;
+  }
+  return report;
+}

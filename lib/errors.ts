@@ -1,0 +1,126 @@
+/**
+ * The typed error tree. Callers branch on `code`, never on `message`.
+ *
+ * `cli.ts` maps codes to exit codes (see `exitCodeFor`); `lib/` only throws.
+ */
+
+/** Every reason the engine can fail, as a closed union callers can switch on. */
+export type SandboxErrorCode =
+  /** Bad command-line usage. */
+  | "usage"
+  /** The configuration file is missing, unreadable or invalid. */
+  | "config_invalid"
+  /** The `docker` CLI is not installed or not on PATH. */
+  | "docker_missing"
+  /** The `docker` CLI is present but cannot reach an engine. */
+  | "daemon_down"
+  /** Building the sandbox image (or its local base) failed. */
+  | "image_build_failed"
+  /** The sandbox container does not exist. */
+  | "container_not_found"
+  /** `docker exec` itself failed, or the command inside could not be started. */
+  | "exec_failed"
+  /** Any other failed docker operation (run, network, volume, inspect). */
+  | "docker_failed"
+  /** An operation ran past its deadline. */
+  | "timeout"
+  /** An operation was cancelled by its AbortSignal (Ctrl-C, SIGTERM). */
+  | "interrupted"
+  /** A command inside the sandbox was killed for exceeding the memory limit. */
+  | "out_of_memory"
+  /** A requested sandbox mode is not implemented by this build. */
+  | "unsupported";
+
+export interface SandboxErrorOptions extends ErrorOptions {
+  /** Extra lines for a human: a hint on how to fix it, a log tail. */
+  detail?: string;
+}
+
+/** Base of all errors the engine raises on purpose. */
+export class SandboxError extends Error {
+  override name = "SandboxError";
+  readonly code: SandboxErrorCode;
+  readonly detail?: string;
+
+  constructor(code: SandboxErrorCode, message: string, options?: SandboxErrorOptions) {
+    super(message, options);
+    this.code = code;
+    this.detail = options?.detail;
+  }
+}
+
+/** A process exited non-zero. Carries what is needed to explain why. */
+export class CommandExitError extends SandboxError {
+  override name = "CommandExitError";
+  readonly argv: readonly string[];
+  readonly exitCode: number;
+  readonly stderrTail: string;
+
+  constructor(
+    code: SandboxErrorCode,
+    message: string,
+    init: { argv: readonly string[]; exitCode: number; stderrTail: string },
+    options?: SandboxErrorOptions,
+  ) {
+    super(code, message, { detail: init.stderrTail || undefined, ...options });
+    this.argv = init.argv;
+    this.exitCode = init.exitCode;
+    this.stderrTail = init.stderrTail;
+  }
+}
+
+/** One problem found in a configuration file, with the path to the offending value. */
+export interface ConfigIssue {
+  path: string;
+  message: string;
+}
+
+/** The configuration is invalid; `issues` lists every problem found, not just the first. */
+export class ConfigError extends SandboxError {
+  override name = "ConfigError";
+  readonly file: string | undefined;
+  readonly issues: readonly ConfigIssue[];
+
+  constructor(file: string | undefined, issues: readonly ConfigIssue[]) {
+    const where = file ? `"${file}"` : "the built-in defaults";
+    super("config_invalid", `Invalid configuration in ${where}`, {
+      detail: issues.map((i) => (i.path ? `${i.path}: ${i.message}` : i.message)).join("\n"),
+    });
+    this.file = file;
+    this.issues = issues;
+  }
+}
+
+/** Exit codes, in the conventions of `docker run` and `timeout(1)`. */
+export const EXIT = {
+  ok: 0,
+  failure: 1,
+  usage: 2,
+  timeout: 124,
+  infrastructure: 125,
+  interrupted: 130,
+} as const;
+
+/** The process exit code for an error that reached the CLI. */
+export function exitCodeFor(error: unknown): number {
+  if (!(error instanceof SandboxError)) return EXIT.failure;
+  switch (error.code) {
+    case "usage":
+    case "config_invalid":
+      return EXIT.usage;
+    case "timeout":
+      return EXIT.timeout;
+    case "interrupted":
+      return EXIT.interrupted;
+    case "out_of_memory":
+      return 137;
+    default:
+      return EXIT.infrastructure;
+  }
+}
+
+/** Text of the last `maxLines` lines of `text`, for error messages. */
+export function tail(text: string, maxLines = 20): string {
+  const lines = text.trimEnd().split("\n");
+  return lines.slice(-maxLines).join("\n");
+}

@@ -1,0 +1,262 @@
+/**
+ * The one seam around `Deno.Command`. Nothing else in the project spawns processes.
+ *
+ * - argv arrays only: nothing is ever joined into a shell string.
+ * - stdout and stderr are read concurrently with the exit status, never abandoned early.
+ * - Every call takes an AbortSignal and an optional timeout; either ends the child with SIGTERM,
+ *   then SIGKILL after a grace period.
+ * - The tail of stderr is kept for error messages.
+ */
+import { CommandExitError, SandboxError, type SandboxErrorCode, tail } from "./errors.ts";
+import { MAX_LINE_CHARS, readLines } from "./lines.ts";
+
+/** How long a child gets between SIGTERM and SIGKILL. */
+export const KILL_GRACE_MS = 2_000;
+/** How much of stderr is kept for error messages. */
+const STDERR_TAIL_CHARS = 8_192;
+
+export interface SpawnOptions {
+  cwd?: string;
+  /** Variables to set. With `clearEnv`, the only variables the child sees (plus PATH). */
+  env?: Record<string, string>;
+  /** Start from an empty environment instead of inheriting the host's. */
+  clearEnv?: boolean;
+  /** Bytes or a stream for the child's stdin; without it stdin is /dev/null. */
+  stdin?: Uint8Array | string | ReadableStream<Uint8Array>;
+  signal?: AbortSignal;
+  timeoutMs?: number;
+  /** Called with each stderr line as it arrives (the tail is kept either way). */
+  onStderrLine?: (line: string) => void;
+  /** Cap on one stdout line for `lines()`. */
+  maxLineChars?: number;
+}
+
+/** How a child ended. */
+export interface ProcessOutcome {
+  argv: readonly string[];
+  /** Exit code; 128 + signal number when killed by a signal. */
+  exitCode: number;
+  /** The signal that ended it, if any. */
+  signal: Deno.Signal | null;
+  durationMs: number;
+  /** Ended by `timeoutMs`. */
+  timedOut: boolean;
+  /** Ended by the caller's AbortSignal. */
+  aborted: boolean;
+  stderrTail: string;
+}
+
+export interface RunResult extends ProcessOutcome {
+  stdout: string;
+  stderr: string;
+}
+
+/** The program to run was not found (ENOENT on spawn). */
+export class ProgramNotFoundError extends SandboxError {
+  override name = "ProgramNotFoundError";
+  constructor(readonly program: string, options?: ErrorOptions) {
+    super("exec_failed", `Cannot run "${program}": not found on PATH`, options);
+  }
+}
+
+/** A running child. Read `lines()` (or `stdout`) and await `finished`. */
+export class ChildProcess {
+  readonly argv: readonly string[];
+  /** Raw stdout; consume it or `lines()`, not both. */
+  readonly stdout: ReadableStream<Uint8Array>;
+  /** Resolves when the child has exited and stderr is fully read. */
+  readonly finished: Promise<ProcessOutcome>;
+  readonly #child: Deno.ChildProcess;
+  readonly #maxLineChars: number;
+  #killTimer: ReturnType<typeof setTimeout> | undefined;
+  #exited = false;
+
+  constructor(argv: readonly string[], options: SpawnOptions = {}) {
+    if (argv.length === 0) throw new TypeError("Cannot spawn an empty argv");
+    this.argv = argv;
+    this.#maxLineChars = options.maxLineChars ?? MAX_LINE_CHARS;
+    const env = options.clearEnv
+      ? { PATH: Deno.env.get("PATH") ?? "/usr/bin:/bin", ...options.env }
+      : options.env;
+    try {
+      this.#child = new Deno.Command(argv[0], {
+        args: argv.slice(1),
+        cwd: options.cwd,
+        env,
+        clearEnv: options.clearEnv,
+        stdin: options.stdin === undefined ? "null" : "piped",
+        stdout: "piped",
+        stderr: "piped",
+      }).spawn();
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound) {
+        throw new ProgramNotFoundError(argv[0], { cause: error });
+      }
+      throw error;
+    }
+    this.stdout = this.#child.stdout;
+    if (options.stdin !== undefined) void this.#feedStdin(options.stdin);
+    this.finished = this.#watch(options);
+  }
+
+  /** stdout as lines; a line over the cap raises `LineTooLongError` (and the child is killed). */
+  async *lines(): AsyncGenerator<string> {
+    const reader = readLines(this.stdout, this.#maxLineChars).getReader();
+    try {
+      while (true) {
+        const { done, value } = await reader.read();
+        if (done) return;
+        yield value;
+      }
+    } catch (error) {
+      this.kill();
+      throw error;
+    } finally {
+      reader.releaseLock();
+    }
+  }
+
+  /** SIGTERM now, SIGKILL after the grace period if still running. */
+  kill(graceMs = KILL_GRACE_MS): void {
+    if (this.#exited) return;
+    this.#signal("SIGTERM");
+    this.#killTimer ??= setTimeout(() => this.#signal("SIGKILL"), graceMs);
+  }
+
+  #signal(signal: Deno.Signal): void {
+    if (this.#exited) return;
+    try {
+      this.#child.kill(signal);
+    } catch {
+      // Already exited between the check and the kill.
+    }
+  }
+
+  async #feedStdin(input: Uint8Array | string | ReadableStream<Uint8Array>): Promise<void> {
+    const stream = typeof input === "string"
+      ? ReadableStream.from([new TextEncoder().encode(input)])
+      : input instanceof Uint8Array
+      ? ReadableStream.from([input])
+      : input;
+    try {
+      await stream.pipeTo(this.#child.stdin);
+    } catch {
+      // The child closed its stdin early (BrokenPipe): a normal end, not our error.
+    }
+  }
+
+  async #watch(options: SpawnOptions): Promise<ProcessOutcome> {
+    const started = performance.now();
+    let timedOut = false;
+    let aborted = false;
+    const onAbort = () => {
+      aborted = true;
+      this.kill();
+    };
+    if (options.signal?.aborted) onAbort();
+    else options.signal?.addEventListener("abort", onAbort, { once: true });
+    const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => {
+      timedOut = true;
+      this.kill();
+    }, options.timeoutMs);
+
+    const stderrTail = readStderr(this.#child.stderr, options.onStderrLine);
+    try {
+      const [status, stderr] = await Promise.all([this.#child.status, stderrTail]);
+      this.#exited = true;
+      return {
+        argv: this.argv,
+        exitCode: status.signal ? 128 + signalNumber(status.signal) : status.code,
+        signal: status.signal,
+        durationMs: performance.now() - started,
+        timedOut,
+        aborted: aborted && !timedOut,
+        stderrTail: stderr,
+      };
+    } finally {
+      clearTimeout(timer);
+      clearTimeout(this.#killTimer);
+      options.signal?.removeEventListener("abort", onAbort);
+    }
+  }
+}
+
+async function readStderr(
+  stream: ReadableStream<Uint8Array>,
+  onLine?: (line: string) => void,
+): Promise<string> {
+  let kept = "";
+  // stderr is diagnostics, not protocol: an overlong line is cut, not fatal.
+  const lines = stream.pipeThrough(new TextDecoderStream());
+  let partial = "";
+  for await (const chunk of lines) {
+    kept = (kept + chunk).slice(-STDERR_TAIL_CHARS);
+    if (!onLine) continue;
+    partial += chunk;
+    let newline: number;
+    while ((newline = partial.indexOf("\n")) !== -1) {
+      onLine(partial.slice(0, newline).replace(/\r$/, ""));
+      partial = partial.slice(newline + 1);
+    }
+    if (partial.length > STDERR_TAIL_CHARS) {
+      onLine(partial);
+      partial = "";
+    }
+  }
+  if (onLine && partial) onLine(partial);
+  return tail(kept);
+}
+
+const SIGNAL_NUMBERS: Partial<Record<Deno.Signal, number>> = {
+  SIGHUP: 1,
+  SIGINT: 2,
+  SIGQUIT: 3,
+  SIGABRT: 6,
+  SIGKILL: 9,
+  SIGSEGV: 11,
+  SIGPIPE: 13,
+  SIGALRM: 14,
+  SIGTERM: 15,
+};
+
+function signalNumber(signal: Deno.Signal): number {
+  return SIGNAL_NUMBERS[signal] ?? 0;
+}
+
+/** Start a child process. */
+export function spawn(argv: readonly string[], options?: SpawnOptions): ChildProcess {
+  return new ChildProcess(argv, options);
+}
+
+/** Run a child to completion, collecting stdout and stderr. Never throws on non-zero exit. */
+export async function run(argv: readonly string[], options?: SpawnOptions): Promise<RunResult> {
+  let stderr = "";
+  const child = spawn(argv, {
+    ...options,
+    onStderrLine: (line) => {
+      stderr += line + "\n";
+      options?.onStderrLine?.(line);
+    },
+  });
+  const [stdout, outcome] = await Promise.all([
+    new Response(child.stdout).text(),
+    child.finished,
+  ]);
+  return { ...outcome, stdout, stderr };
+}
+
+/**
+ * The error for an outcome that did not succeed: timeout and abort get their own codes, anything
+ * else `code` with the stderr tail.
+ */
+export function outcomeError(
+  outcome: ProcessOutcome,
+  code: SandboxErrorCode,
+  message: string,
+): SandboxError {
+  if (outcome.timedOut) {
+    return new SandboxError("timeout", `${message}: timed out after ${Math.round(outcome.durationMs)} ms`);
+  }
+  if (outcome.aborted) return new SandboxError("interrupted", `${message}: interrupted`);
+  return new CommandExitError(code, `${message}: exit code ${outcome.exitCode}`, outcome);
+}

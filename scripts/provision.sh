@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Provision what a fresh Debian 12 machine lacks to build and test sandbox:
+# Deno (from npm), a Docker engine (Debian's docker.io, started if none is
+# running) and the locally built base image. Idempotent: every step checks first.
+set -euo pipefail
+
+DENO_VERSION="${DENO_VERSION:-2.9.6}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+log() { printf 'provision: %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_updated=0
+apt_install() {
+  if [ "$apt_updated" -eq 0 ]; then
+    as_root apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+ensure_deno() {
+  if command -v deno >/dev/null 2>&1; then
+    log "deno $(deno --version | head -1 | cut -d' ' -f2) present"
+    return
+  fi
+  log "installing deno@${DENO_VERSION} from npm"
+  npm install -g --silent "deno@${DENO_VERSION}" >/dev/null
+  command -v deno >/dev/null 2>&1 || { log "deno is not on PATH after npm install"; exit 1; }
+}
+
+docker_ready() { docker info >/dev/null 2>&1; }
+
+ensure_docker() {
+  if docker_ready; then
+    log "docker engine reachable"
+    return
+  fi
+  if ! command -v dockerd >/dev/null 2>&1; then
+    log "installing docker.io from Debian packages"
+    apt_install docker.io
+  fi
+  if ! docker_ready; then
+    log "starting dockerd"
+    as_root sh -c 'nohup dockerd >/var/log/sandbox-dockerd.log 2>&1 &'
+    for _ in $(seq 1 60); do
+      docker_ready && break
+      sleep 0.5
+    done
+  fi
+  docker_ready || { log "docker engine did not come up; see /var/log/sandbox-dockerd.log"; tail -20 /var/log/sandbox-dockerd.log >&2 || true; exit 1; }
+  log "docker engine reachable"
+}
+
+ensure_deno
+ensure_docker
+"$here/build-base-image.sh"
