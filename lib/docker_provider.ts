@@ -35,6 +35,7 @@ const EXIT_TIMEOUT = 124;
 const EXEC_STATE_DIR = "/tmp/.sandbox-exec";
 /** How long `ensureRunning` waits for a container another process is creating. */
 const CONCURRENT_START_WAIT_MS = 60_000;
+const ENSURE_MAX_PASSES = 600;
 
 export interface DockerProviderOptions {
   /** Path of the docker CLI (default: `docker` on PATH). */
@@ -182,8 +183,15 @@ export class DockerSandboxProvider implements SandboxProvider {
     const { signal } = options;
     const { args, configHash } = await this.runArgs();
     const deadline = Date.now() + CONCURRENT_START_WAIT_MS;
-    while (true) {
+    // Each pass moves one step (create, start, replace); a bounded number of passes turns an
+    // engine that keeps undoing our steps into an error instead of a spin.
+    for (let pass = 0;; pass++) {
       signal?.throwIfAborted();
+      if (pass === ENSURE_MAX_PASSES) {
+        throw new SandboxError("docker_failed", `Cannot start sandbox "${this.names.container}": it keeps changing under us`, {
+          detail: "Another process may be removing or recreating it; check docker ps and docker events",
+        });
+      }
       const found = await this.#inspect(signal);
       const current = found?.Config.Labels?.[LABEL.configHash] === configHash &&
         !(options.checkImage && await this.#imageOutdated(found));

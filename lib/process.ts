@@ -14,6 +14,8 @@ import { MAX_LINE_CHARS, readLines } from "./lines.ts";
 export const KILL_GRACE_MS = 2_000;
 /** How much of stderr is kept for error messages. */
 const STDERR_TAIL_CHARS = 8_192;
+/** How long stderr may stay open after a killed child has exited. */
+const STDERR_GRACE_MS = 500;
 
 export interface SpawnOptions {
   cwd?: string;
@@ -27,6 +29,8 @@ export interface SpawnOptions {
   timeoutMs?: number;
   /** Called with each stderr line as it arrives (the tail is kept either way). */
   onStderrLine?: (line: string) => void;
+  /** Called with each decoded stderr chunk as it arrives. */
+  onStderrChunk?: (text: string) => void;
   /** Cap on one stdout line for `lines()`. */
   maxLineChars?: number;
 }
@@ -160,9 +164,16 @@ export class ChildProcess {
       this.kill();
     }, options.timeoutMs);
 
-    const stderrTail = readStderr(this.#child.stderr, options.onStderrLine);
+    // A killed child's grandchildren can keep stderr open for as long as they live: after a kill,
+    // stderr gets a short grace period and is then cut, so that cancelling never hangs.
+    const stopStderr = new AbortController();
+    const stderrTail = readStderr(this.#child.stderr, options, stopStderr.signal);
     try {
-      const [status, stderr] = await Promise.all([this.#child.status, stderrTail]);
+      const status = await this.#child.status;
+      let grace: ReturnType<typeof setTimeout> | undefined;
+      if (timedOut || aborted) grace = setTimeout(() => stopStderr.abort(), STDERR_GRACE_MS);
+      const stderr = await stderrTail;
+      clearTimeout(grace);
       this.#exited = true;
       return {
         argv: this.argv,
@@ -183,25 +194,31 @@ export class ChildProcess {
 
 async function readStderr(
   stream: ReadableStream<Uint8Array>,
-  onLine?: (line: string) => void,
+  options: Pick<SpawnOptions, "onStderrLine" | "onStderrChunk">,
+  stop: AbortSignal,
 ): Promise<string> {
   let kept = "";
-  // stderr is diagnostics, not protocol: an overlong line is cut, not fatal.
-  const lines = stream.pipeThrough(new TextDecoderStream());
   let partial = "";
-  for await (const chunk of lines) {
-    kept = (kept + chunk).slice(-STDERR_TAIL_CHARS);
-    if (!onLine) continue;
-    partial += chunk;
-    let newline: number;
-    while ((newline = partial.indexOf("\n")) !== -1) {
-      onLine(partial.slice(0, newline).replace(/\r$/, ""));
-      partial = partial.slice(newline + 1);
+  const onLine = options.onStderrLine;
+  try {
+    for await (const chunk of stream.pipeThrough(new TextDecoderStream(), { signal: stop })) {
+      kept = (kept + chunk).slice(-STDERR_TAIL_CHARS);
+      options.onStderrChunk?.(chunk);
+      if (!onLine) continue;
+      partial += chunk;
+      let newline: number;
+      while ((newline = partial.indexOf("\n")) !== -1) {
+        onLine(partial.slice(0, newline).replace(/\r$/, ""));
+        partial = partial.slice(newline + 1);
+      }
+      // stderr is diagnostics, not protocol: an overlong line is passed on in pieces, not fatal.
+      if (partial.length > STDERR_TAIL_CHARS) {
+        onLine(partial);
+        partial = "";
+      }
     }
-    if (partial.length > STDERR_TAIL_CHARS) {
-      onLine(partial);
-      partial = "";
-    }
+  } catch (error) {
+    if (!stop.aborted) throw error;
   }
   if (onLine && partial) onLine(partial);
   return tail(kept);
@@ -233,9 +250,9 @@ export async function run(argv: readonly string[], options?: SpawnOptions): Prom
   let stderr = "";
   const child = spawn(argv, {
     ...options,
-    onStderrLine: (line) => {
-      stderr += line + "\n";
-      options?.onStderrLine?.(line);
+    onStderrChunk: (text) => {
+      stderr += text;
+      options?.onStderrChunk?.(text);
     },
   });
   const [stdout, outcome] = await Promise.all([

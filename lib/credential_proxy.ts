@@ -1,0 +1,515 @@
+/**
+ * The LLM credential proxy: the sandbox calls it with a per-run token instead of an API key, and
+ * the host attaches the real key on the way out. The key never enters the sandbox; the token is
+ * useless anywhere but here and dies with the run.
+ *
+ * The sandbox uses stock SDKs, with the token as their "API key" and this proxy as base URL:
+ * OpenAI SDKs with `http://host:port/proxy/v1`, Anthropic SDKs with `http://host:port/proxy`.
+ *
+ * Fails closed: no token, an unknown token, or a route not listed below never reaches an upstream.
+ * Responses are streamed through chunk by chunk (SSE works), and a client that goes away cancels
+ * its upstream request.
+ */
+import type { AccessLog, AccessLogEntry } from "./access_log.ts";
+import { assertListenHostnames, formatHostForUrl, type ListenAddress } from "./egress_proxy.ts";
+import { Redactor } from "./redact.ts";
+
+export const PROXY_PATH_PREFIX = "/proxy/v1";
+export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
+/** Time allowed until the upstream's response headers; long generations stream after that. */
+export const DEFAULT_UPSTREAM_TIMEOUT_MS = 10 * 60_000;
+export const ANTHROPIC_VERSION = "2023-06-01";
+export const TOKEN_PREFIX = "sbx_";
+
+/** Path suffixes (after `/proxy/v1`) that are forwarded, with their method. */
+const ROUTES: Readonly<Record<string, "GET" | "POST">> = {
+  "/chat/completions": "POST",
+  "/embeddings": "POST",
+  "/messages": "POST",
+  "/models": "GET",
+};
+
+export interface UpstreamProvider {
+  /** Shown in error messages, e.g. "openai". */
+  name: string;
+  kind: "openai" | "anthropic";
+  /** Base URL the route suffix is appended to, e.g. "https://api.openai.com/v1". */
+  baseUrl: string;
+  /** The real API key; called per request (a `KeyStore` getter caches it). */
+  key: () => Promise<string>;
+}
+
+/** What a token entitles its holder to. */
+export interface ProxyGrant {
+  profile: string;
+  runId: string | null;
+  provider: UpstreamProvider;
+}
+
+export interface TokenRegistryOptions {
+  /** Every issued token is registered here, so that no log line can show it. */
+  redactor?: Redactor;
+}
+
+/** The per-run tokens the proxy accepts. Tokens exist only in memory. */
+export class TokenRegistry {
+  readonly #grants = new Map<string, { bytes: Uint8Array; grant: ProxyGrant }>();
+  readonly #redactor: Redactor | undefined;
+  readonly #encoder = new TextEncoder();
+
+  constructor(options: TokenRegistryOptions = {}) {
+    this.#redactor = options.redactor;
+  }
+
+  /** A new token for `grant`: "sbx_" and 32 random bytes in base64url. */
+  issue(grant: ProxyGrant): string {
+    const token = TOKEN_PREFIX + base64Url(crypto.getRandomValues(new Uint8Array(32)));
+    this.#grants.set(token, { bytes: this.#encoder.encode(token), grant });
+    this.#redactor?.add(token);
+    return token;
+  }
+
+  /** The token stops working immediately, including for requests that arrive later. */
+  revoke(token: string): void {
+    this.#grants.delete(token);
+  }
+
+  /** The grant for a presented token, or `undefined`. */
+  lookup(token: string): ProxyGrant | undefined {
+    // Every issued token is compared in constant time, without stopping at a match, so that
+    // response timing says nothing about how much of a guess was right.
+    const presented = this.#encoder.encode(token);
+    let found: ProxyGrant | undefined;
+    for (const { bytes, grant } of this.#grants.values()) {
+      if (constantTimeEqual(presented, bytes)) found = grant;
+    }
+    return found;
+  }
+
+  get size(): number {
+    return this.#grants.size;
+  }
+}
+
+export interface CredentialProxyOptions {
+  /** Addresses to listen on, all on the same port. Never "0.0.0.0" or "::". */
+  hostnames: string[];
+  /** 0 or absent: pick a free port. */
+  port?: number;
+  tokens: TokenRegistry;
+  maxBodyBytes?: number;
+  upstreamTimeoutMs?: number;
+  log?: AccessLog;
+  /**
+   * Keys and tokens are registered here as they are seen, and log entries pass through it.
+   * Without one the proxy uses a private one: log entries are redacted either way.
+   */
+  redactor?: Redactor;
+  /** Aborting closes the proxy, as `close()` does. */
+  signal?: AbortSignal;
+}
+
+export interface CredentialProxy {
+  port: number;
+  addresses: ListenAddress[];
+  /** `http://hostname:port/proxy/v1`: the OpenAI-style base URL for the sandbox. */
+  url(hostname: string): string;
+  /** Stop listening, cancel upstream requests in flight, and wait for every connection to end. */
+  close(): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/** Start the proxy; raises `TypeError` for an all-interfaces address or no address at all. */
+export async function startCredentialProxy(
+  options: CredentialProxyOptions,
+): Promise<CredentialProxy> {
+  assertListenHostnames(options.hostnames);
+  const closing = new AbortController();
+  const handler = createHandler(options, closing.signal);
+  const servers: Deno.HttpServer<Deno.NetAddr>[] = [];
+  try {
+    for (const hostname of options.hostnames) {
+      const port = servers.length === 0 ? options.port ?? 0 : servers[0].addr.port;
+      servers.push(Deno.serve({
+        hostname: hostname.replace(/^\[|\]$/g, ""),
+        port,
+        // lib/ never prints to stdout; Deno.serve would announce itself there.
+        onListen: () => {},
+        onError: () => jsonError(500, "api_error", "sandbox credential proxy: internal error"),
+      }, handler));
+    }
+  } catch (error) {
+    closing.abort();
+    await Promise.all(servers.map((server) => server.shutdown()));
+    throw error;
+  }
+  const port = servers[0].addr.port;
+
+  let closed: Promise<void> | undefined;
+  const close = () => {
+    closed ??= (async () => {
+      options.signal?.removeEventListener("abort", onAbort);
+      // Aborting first ends streaming responses, which a graceful shutdown would wait for.
+      closing.abort();
+      await Promise.all(servers.map((server) => server.shutdown()));
+      await Promise.all(servers.map((server) => server.finished));
+    })();
+    return closed;
+  };
+  const onAbort = () => void close();
+  if (options.signal?.aborted) void close();
+  else options.signal?.addEventListener("abort", onAbort, { once: true });
+
+  return {
+    port,
+    addresses: options.hostnames.map((hostname) => ({ hostname, port })),
+    url: (hostname) => `http://${formatHostForUrl(hostname)}:${port}${PROXY_PATH_PREFIX}`,
+    close,
+    [Symbol.asyncDispose]: close,
+  };
+}
+
+/** Request headers never forwarded: credentials, hop-by-hop, and what fetch recomputes. */
+const STRIPPED_REQUEST_HEADERS = new Set([
+  "authorization",
+  "x-api-key",
+  "cookie",
+  "host",
+  "content-length",
+  // Deno's fetch negotiates compression itself and always decodes the body it hands us.
+  "accept-encoding",
+  "connection",
+  "keep-alive",
+  "proxy-authorization",
+  "proxy-connection",
+  "te",
+  "trailer",
+  "transfer-encoding",
+  "upgrade",
+]);
+
+/** Response headers never passed back: hop-by-hop, and framing that no longer matches the body. */
+const STRIPPED_RESPONSE_HEADERS = new Set([
+  "connection",
+  "keep-alive",
+  "proxy-authenticate",
+  "proxy-connection",
+  "te",
+  "trailer",
+  "transfer-encoding",
+  "upgrade",
+  // The body we pass on was decoded by fetch, so its encoding and length headers no longer apply.
+  "content-encoding",
+  "content-length",
+  // Upstream sessions are not the sandbox's business.
+  "set-cookie",
+]);
+
+type LogFields = Omit<AccessLogEntry, "durationMs">;
+
+function createHandler(
+  options: CredentialProxyOptions,
+  closing: AbortSignal,
+): (req: Request) => Promise<Response> {
+  const maxBodyBytes = options.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  // Redaction is not optional: a token pasted into a path must not reach the log.
+  const redactor = options.redactor ?? new Redactor();
+  const upstreamTimeoutMs = options.upstreamTimeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS;
+
+  return async (req) => {
+    const started = performance.now();
+    const url = new URL(req.url);
+    const entry: LogFields = {
+      time: new Date().toISOString(),
+      kind: "llm",
+      decision: "deny",
+      method: req.method,
+      host: "",
+      port: 0,
+      // The query string is never logged: it is the usual place for stray credentials.
+      path: url.pathname,
+      bytesIn: 0,
+      bytesOut: 0,
+      profile: "",
+      runId: null,
+    };
+    const finish = (status: number | undefined, reason?: string) => {
+      entry.status = status;
+      if (reason !== undefined) entry.reason = reason;
+      const complete: AccessLogEntry = {
+        ...entry,
+        durationMs: Math.round(performance.now() - started),
+      };
+      options.log?.write(redactor.redactValue(complete));
+    };
+    const refuse = (status: number, type: string, message: string) => {
+      void req.body?.cancel().catch(() => {});
+      finish(status, message);
+      return jsonError(status, type, `sandbox credential proxy: ${message}`);
+    };
+
+    // 1. Who is asking: the token alone decides the profile and the provider.
+    const auth = authenticate(req.headers, options.tokens);
+    if (auth.kind === "refused") return refuse(401, "authentication_error", auth.message);
+    const { grant, token } = auth;
+    redactor.add(token);
+    Object.assign(entry, { profile: grant.profile, runId: grant.runId });
+
+    // 2. Where to: only the listed routes, to the grant's provider.
+    const suffix = routeSuffix(req.method, url.pathname);
+    if (suffix === undefined) {
+      return refuse(404, "not_found_error", `no route for ${req.method} ${url.pathname}`);
+    }
+    let upstreamUrl: URL;
+    try {
+      upstreamUrl = new URL(grant.provider.baseUrl.replace(/\/+$/, "") + suffix + url.search);
+    } catch {
+      return refuse(500, "api_error", `provider "${grant.provider.name}" has an invalid base URL`);
+    }
+    Object.assign(entry, {
+      host: upstreamUrl.hostname,
+      port: Number(upstreamUrl.port) || (upstreamUrl.protocol === "https:" ? 443 : 80),
+      path: upstreamUrl.pathname,
+    });
+
+    // 3. The body, capped: JSON requests are small, and the upstream needs a Content-Length.
+    const declared = req.headers.get("content-length");
+    if (declared !== null && Number(declared) > maxBodyBytes) {
+      return refuse(413, "request_too_large", `request body larger than ${maxBodyBytes} bytes`);
+    }
+    const body = await readBodyCapped(req.body, maxBodyBytes);
+    if (body === "too_large") {
+      return refuse(413, "request_too_large", `request body larger than ${maxBodyBytes} bytes`);
+    }
+    if (body === "aborted") {
+      return refuse(400, "invalid_request_error", "the request body ended early");
+    }
+    entry.bytesOut = body.length;
+
+    // 4. The real key, attached on the way out.
+    let key: string;
+    try {
+      key = await grant.provider.key();
+    } catch {
+      entry.decision = "allow";
+      return refuse(
+        502,
+        "api_error",
+        `the API key for provider "${grant.provider.name}" is not available on the host`,
+      );
+    }
+    redactor.add(key);
+    entry.decision = "allow";
+    let headers: Headers;
+    try {
+      headers = upstreamHeaders(req.headers, grant.provider, key);
+    } catch {
+      // Only the key can make this fail (a newline in it, say); the error must not quote it.
+      return refuse(
+        502,
+        "api_error",
+        `the API key for provider "${grant.provider.name}" is not a valid header value`,
+      );
+    }
+
+    // 5. Forward; the timeout covers the wait for response headers only.
+    const timeout = new AbortController();
+    const timer = setTimeout(() => timeout.abort(), upstreamTimeoutMs);
+    let upstream: Response;
+    try {
+      upstream = await fetch(upstreamUrl, {
+        method: req.method,
+        headers,
+        body: req.method === "GET" ? undefined : body,
+        // A redirect would carry the key to wherever it points: pass it to the client instead.
+        redirect: "manual",
+        signal: AbortSignal.any([req.signal, timeout.signal, closing]),
+      });
+    } catch {
+      // Messages are generic on purpose: fetch errors name the URL, which may carry credentials.
+      if (timeout.signal.aborted) {
+        return refuse(
+          504,
+          "timeout_error",
+          `provider "${grant.provider.name}" did not answer within ${upstreamTimeoutMs} ms`,
+        );
+      }
+      if (req.signal.aborted) return refuse(499, "api_error", "the client went away");
+      if (closing.aborted) return refuse(503, "api_error", "the proxy is shutting down");
+      return refuse(502, "api_error", `cannot reach provider "${grant.provider.name}"`);
+    } finally {
+      clearTimeout(timer);
+    }
+
+    const responseHeaders = new Headers();
+    for (const [name, value] of upstream.headers) {
+      if (!STRIPPED_RESPONSE_HEADERS.has(name)) responseHeaders.append(name, value);
+    }
+    if (upstream.body === null) {
+      finish(upstream.status);
+      return new Response(null, {
+        status: upstream.status,
+        statusText: upstream.statusText,
+        headers: responseHeaders,
+      });
+    }
+    const streamed = countBytes(upstream.body, (bytes, reason) => {
+      entry.bytesIn = bytes;
+      finish(upstream.status, reason);
+    });
+    return new Response(streamed, {
+      status: upstream.status,
+      statusText: upstream.statusText,
+      headers: responseHeaders,
+    });
+  };
+}
+
+type AuthResult =
+  | { kind: "ok"; grant: ProxyGrant; token: string }
+  | { kind: "refused"; message: string };
+
+/** The token from `Authorization: Bearer` or `x-api-key`; both present must agree. */
+function authenticate(headers: Headers, tokens: TokenRegistry): AuthResult {
+  const presented: string[] = [];
+  const authorization = headers.get("authorization");
+  if (authorization !== null) presented.push(authorization.replace(/^\s*Bearer\s+/i, "").trim());
+  const apiKey = headers.get("x-api-key");
+  if (apiKey !== null) presented.push(apiKey.trim());
+  if (presented.length === 0 || presented.every((token) => token === "")) {
+    return {
+      kind: "refused",
+      message: 'no proxy token; send it as "Authorization: Bearer <token>" or "x-api-key: <token>"',
+    };
+  }
+  if (new Set(presented).size > 1) {
+    return { kind: "refused", message: "Authorization and x-api-key carry different tokens" };
+  }
+  const grant = tokens.lookup(presented[0]);
+  // Never echo the presented value: it may be a real key the agent found somewhere.
+  if (grant === undefined) return { kind: "refused", message: "unknown or revoked proxy token" };
+  return { kind: "ok", grant, token: presented[0] };
+}
+
+/** The suffix after `/proxy/v1` when method and path are a forwarded route. */
+function routeSuffix(method: string, pathname: string): string | undefined {
+  if (!pathname.startsWith(PROXY_PATH_PREFIX + "/")) return undefined;
+  const suffix = pathname.slice(PROXY_PATH_PREFIX.length);
+  return ROUTES[suffix] === method ? suffix : undefined;
+}
+
+function upstreamHeaders(incoming: Headers, provider: UpstreamProvider, key: string): Headers {
+  const perHop = new Set(
+    (incoming.get("connection") ?? "").split(",").map((name) => name.trim().toLowerCase()),
+  );
+  const headers = new Headers();
+  for (const [name, value] of incoming) {
+    if (STRIPPED_REQUEST_HEADERS.has(name) || perHop.has(name) || name.startsWith("x-sandbox-")) {
+      continue;
+    }
+    headers.append(name, value);
+  }
+  if (provider.kind === "openai") {
+    headers.set("authorization", `Bearer ${key}`);
+  } else {
+    headers.set("x-api-key", key);
+    if (!headers.has("anthropic-version")) headers.set("anthropic-version", ANTHROPIC_VERSION);
+  }
+  return headers;
+}
+
+/** The whole body, or "too_large" as soon as it passes `maxBytes` (chunked bodies included). */
+async function readBodyCapped(
+  body: ReadableStream<Uint8Array> | null,
+  maxBytes: number,
+): Promise<Uint8Array<ArrayBuffer> | "too_large" | "aborted"> {
+  if (body === null) return new Uint8Array(0);
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  const reader = body.getReader();
+  try {
+    while (true) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      total += value.byteLength;
+      if (total > maxBytes) {
+        await reader.cancel().catch(() => {});
+        return "too_large";
+      }
+      chunks.push(value);
+    }
+  } catch {
+    return "aborted";
+  } finally {
+    reader.releaseLock();
+  }
+  const joined = new Uint8Array(total);
+  let offset = 0;
+  for (const chunk of chunks) {
+    joined.set(chunk, offset);
+    offset += chunk.byteLength;
+  }
+  return joined;
+}
+
+/**
+ * Passes `body` through one chunk at a time (nothing is read ahead of what the client takes) and
+ * reports the byte count once: at the end, on an upstream error, or when the client cancels.
+ * Cancelling (the client went away) cancels the upstream body, which ends the upstream request.
+ */
+function countBytes(
+  body: ReadableStream<Uint8Array>,
+  onDone: (bytes: number, reason?: string) => void,
+): ReadableStream<Uint8Array> {
+  const reader = body.getReader();
+  let bytes = 0;
+  let reported = false;
+  const report = (reason?: string) => {
+    if (reported) return;
+    reported = true;
+    onDone(bytes, reason);
+  };
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      let result: ReadableStreamReadResult<Uint8Array>;
+      try {
+        result = await reader.read();
+      } catch (error) {
+        report("the upstream response ended early");
+        controller.error(error);
+        return;
+      }
+      if (result.done) {
+        report();
+        controller.close();
+        return;
+      }
+      bytes += result.value.byteLength;
+      controller.enqueue(result.value);
+    },
+    async cancel(reason) {
+      report("the client went away before the response ended");
+      await reader.cancel(reason).catch(() => {});
+    },
+  }, { highWaterMark: 0 });
+}
+
+/** An error body both OpenAI and Anthropic SDKs understand (`error.message`, `error.type`). */
+function jsonError(status: number, type: string, message: string): Response {
+  return Response.json({ type: "error", error: { type, message } }, { status });
+}
+
+function constantTimeEqual(a: Uint8Array, b: Uint8Array): boolean {
+  // Lengths are public (every token has the same length); contents are compared in full.
+  if (a.length !== b.length) return false;
+  let difference = 0;
+  for (let i = 0; i < a.length; i++) difference |= a[i] ^ b[i];
+  return difference === 0;
+}
+
+function base64Url(bytes: Uint8Array): string {
+  return btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(
+    /=+$/,
+    "",
+  );
+}

@@ -1,0 +1,769 @@
+/**
+ * The egress proxy: the only way out of a sandbox network. An HTTP forward proxy on raw TCP
+ * (`Deno.serve` cannot answer CONNECT), listening on loopback and the sandbox network's gateway.
+ *
+ * - `CONNECT host:port` (HTTPS and anything else over TLS): policy check, connect, then bytes are
+ *   piped both ways untouched. The proxy never sees inside TLS.
+ * - `GET http://host/path` (absolute-form plain HTTP): policy check, then exactly one request is
+ *   forwarded in origin form with `Host` set from the checked URL and `Connection: close`; the
+ *   response is piped back and the connection ends. One request per connection means a second,
+ *   pipelined request can never ride on a connection that was checked for another host.
+ *
+ * Every connection that sent anything is logged once, when it ends, allowed or denied, with the
+ * bytes that crossed the sandbox boundary both ways.
+ */
+import type { AccessLog, AccessLogEntry } from "./access_log.ts";
+import {
+  canonicalHost,
+  compileEgressPolicy,
+  type EgressMode,
+  type EgressPolicy,
+  isUnspecifiedAddress,
+  splitHostPort,
+} from "./egress_policy.ts";
+
+/** Requests with a larger head (request line + headers) get 431. */
+export const MAX_REQUEST_HEAD_BYTES = 64 * 1024;
+/** How long a client may take to send its request head before the connection is dropped. */
+export const REQUEST_HEAD_TIMEOUT_MS = 30_000;
+export const CONNECT_TIMEOUT_MS = 10_000;
+/** Cap on one line of chunked framing (size line or trailer). */
+const MAX_CHUNK_LINE_BYTES = 8 * 1024;
+const READ_BUFFER_BYTES = 64 * 1024;
+/** After an error response, how long and how much of the client's unread input is drained. */
+const LINGER_MS = 2_000;
+const LINGER_MAX_BYTES = 1024 * 1024;
+
+export interface EgressProxyOptions {
+  /** Addresses to listen on, all on the same port. Never "0.0.0.0" or "::". */
+  hostnames: string[];
+  /** 0 or absent: pick a free port. */
+  port?: number;
+  mode: EgressMode;
+  /** Allowlist patterns (see lib/egress_policy.ts), used in mode "allowlist". */
+  allow: string[];
+  /** Static name → IP map consulted before DNS, like /etc/hosts. Names are matched canonically. */
+  hosts?: Record<string, string>;
+  log?: AccessLog;
+  /** Named in deny messages and log entries. */
+  profile: string;
+  runId?: string | null;
+  /** Aborting closes the proxy, as `close()` does. */
+  signal?: AbortSignal;
+  connectTimeoutMs?: number;
+}
+
+export interface ListenAddress {
+  hostname: string;
+  port: number;
+}
+
+export interface EgressProxy {
+  port: number;
+  addresses: ListenAddress[];
+  /** `http://hostname:port`, for `HTTP_PROXY`/`HTTPS_PROXY`. */
+  url(hostname: string): string;
+  /** Stop listening and end every live connection. */
+  close(): Promise<void>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/**
+ * Start listening; rejects with `TypeError` for an all-interfaces address or no address at all.
+ * Async like `startCredentialProxy`, so that every failure (a bad address, a port in use)
+ * arrives the same way, as a rejection.
+ */
+// deno-lint-ignore require-await
+export async function startEgressProxy(options: EgressProxyOptions): Promise<EgressProxy> {
+  assertListenHostnames(options.hostnames);
+  const listeners = listenAll(options.hostnames, options.port ?? 0);
+  const port = listeners[0].addr.port;
+  const proxy = new ProxySession(options);
+  const acceptLoops = listeners.map((listener) => proxy.acceptFrom(listener));
+
+  let closing: Promise<void> | undefined;
+  const close = () => {
+    closing ??= (async () => {
+      options.signal?.removeEventListener("abort", onAbort);
+      for (const listener of listeners) closeQuietly(listener);
+      await Promise.all(acceptLoops);
+      await proxy.closeAll();
+    })();
+    return closing;
+  };
+  const onAbort = () => void close();
+  if (options.signal?.aborted) void close();
+  else options.signal?.addEventListener("abort", onAbort, { once: true });
+
+  return {
+    port,
+    addresses: options.hostnames.map((hostname) => ({ hostname, port })),
+    url: (hostname) => `http://${formatHostForUrl(hostname)}:${port}`,
+    close,
+    [Symbol.asyncDispose]: close,
+  };
+}
+
+/** Shared by both host proxies: a listen address list must be non-empty and name no wildcard. */
+export function assertListenHostnames(hostnames: readonly string[]): void {
+  if (hostnames.length === 0) throw new TypeError("Cannot start a proxy without a listen address");
+  for (const hostname of hostnames) {
+    if (isUnspecifiedAddress(hostname)) {
+      throw new TypeError(
+        `Refusing to listen on "${hostname}": the proxy must listen on loopback or the sandbox network gateway only`,
+      );
+    }
+  }
+}
+
+/** `[::1]` for IPv6 literals, the name as is otherwise. */
+export function formatHostForUrl(hostname: string): string {
+  return hostname.includes(":") && !hostname.startsWith("[") ? `[${hostname}]` : hostname;
+}
+
+function listenAll(hostnames: readonly string[], port: number): Deno.TcpListener[] {
+  const listeners: Deno.TcpListener[] = [];
+  try {
+    for (const hostname of hostnames) {
+      // The first listener picks the port when asked for 0; the others reuse it.
+      const chosen = listeners.length === 0 ? port : listeners[0].addr.port;
+      listeners.push(Deno.listen({ hostname: hostname.replace(/^\[|\]$/g, ""), port: chosen }));
+    }
+  } catch (error) {
+    for (const listener of listeners) closeQuietly(listener);
+    throw error;
+  }
+  return listeners;
+}
+
+/** Bytes on the sandbox side of one connection: what the sandbox sent and received. */
+interface Tally {
+  bytesIn: number;
+  bytesOut: number;
+}
+
+/** Thrown inside a handler to answer the client with an error response and log a deny/failure. */
+class ProxyRefusal extends Error {
+  constructor(
+    readonly status: number,
+    readonly decision: "allow" | "deny",
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** State shared by all connections of one proxy: policy, live sockets, running handlers. */
+class ProxySession {
+  readonly #options: EgressProxyOptions;
+  readonly #policy: EgressPolicy;
+  readonly #hosts: Map<string, string>;
+  readonly #liveConns = new Set<Deno.Conn>();
+  readonly #handlers = new Set<Promise<void>>();
+  /** Aborted by `closeAll()`: cancels pending upstream connects. */
+  readonly #closing = new AbortController();
+
+  constructor(options: EgressProxyOptions) {
+    this.#options = options;
+    this.#policy = compileEgressPolicy(options.mode, options.allow);
+    this.#hosts = new Map();
+    for (const [name, address] of Object.entries(options.hosts ?? {})) {
+      // Keyed by canonical name, since that is what requests are looked up by.
+      this.#hosts.set(canonicalHost(name) ?? name, address);
+    }
+  }
+
+  async acceptFrom(listener: Deno.TcpListener): Promise<void> {
+    try {
+      for await (const conn of listener) {
+        if (this.#closing.signal.aborted) {
+          closeQuietly(conn);
+          continue;
+        }
+        const handler = this.#handle(conn).finally(() => this.#handlers.delete(handler));
+        this.#handlers.add(handler);
+      }
+    } catch {
+      // Closing the listener ends the loop (BadResource/Interrupted). Any other accept error also
+      // ends it: the proxy then stops accepting, which fails closed.
+    }
+  }
+
+  async closeAll(): Promise<void> {
+    this.#closing.abort();
+    for (const conn of this.#liveConns) closeQuietly(conn);
+    await Promise.allSettled([...this.#handlers]);
+  }
+
+  #track(conn: Deno.Conn): Deno.Conn {
+    this.#liveConns.add(conn);
+    return conn;
+  }
+
+  #untrack(conn: Deno.Conn | undefined): void {
+    if (!conn) return;
+    this.#liveConns.delete(conn);
+    closeQuietly(conn);
+  }
+
+  async #handle(clientConn: Deno.Conn): Promise<void> {
+    this.#track(clientConn);
+    const started = performance.now();
+    const tally: Tally = { bytesIn: 0, bytesOut: 0 };
+    const client = new BufferedConn(clientConn, tally);
+    const entry: Omit<AccessLogEntry, "durationMs" | "bytesIn" | "bytesOut"> = {
+      time: new Date().toISOString(),
+      kind: "egress",
+      decision: "deny",
+      method: "",
+      host: "",
+      port: 0,
+      profile: this.#options.profile,
+      runId: this.#options.runId ?? null,
+    };
+    let upstream: Deno.Conn | undefined;
+    try {
+      const head = await this.#readHead(client, clientConn);
+      if (head === undefined) {
+        entry.reason = "the client closed or stalled before sending a complete request";
+        return;
+      }
+      entry.method = head.method;
+      const target = this.#parseTarget(head);
+      Object.assign(entry, { host: target.host, port: target.port, path: target.path });
+      const framing = head.method === "CONNECT" ? undefined : bodyFraming(head.headers);
+      this.#checkPolicy(target);
+      entry.decision = "allow";
+      upstream = this.#track(await this.#connect(target));
+      if (framing === undefined) {
+        await writeAll(
+          clientConn,
+          latin1Encode("HTTP/1.1 200 Connection Established\r\n\r\n"),
+          tally,
+        );
+        entry.status = 200;
+        await tunnel(client, upstream, tally);
+      } else {
+        entry.status = await forwardPlainHttp(head, target, framing, client, upstream, tally);
+      }
+    } catch (error) {
+      if (error instanceof ProxyRefusal) {
+        entry.decision = error.decision;
+        entry.status = error.status;
+        entry.reason = error.message;
+        await writeAll(clientConn, errorResponse(error.status, error.message), tally)
+          .then(() => lingeringClose(clientConn, tally))
+          .catch(() => {});
+      } else if (!this.#closing.signal.aborted) {
+        // A reset or broken pipe mid-stream: the connection simply ends.
+        entry.reason ??= `connection ended: ${errorName(error)}`;
+      }
+    } finally {
+      this.#untrack(upstream);
+      this.#untrack(clientConn);
+      // A port scan or health check that sent nothing is not an access.
+      if (tally.bytesOut > 0) {
+        this.#options.log?.write({
+          ...entry,
+          ...tally,
+          durationMs: Math.round(performance.now() - started),
+        });
+      }
+    }
+  }
+
+  /** The request head, or `undefined` when the client closed or stalled before sending one. */
+  async #readHead(client: BufferedConn, clientConn: Deno.Conn): Promise<RequestHead | undefined> {
+    const stall = setTimeout(() => closeQuietly(clientConn), REQUEST_HEAD_TIMEOUT_MS);
+    let bytes;
+    try {
+      bytes = await client.readHead(MAX_REQUEST_HEAD_BYTES);
+    } catch {
+      return undefined;
+    } finally {
+      clearTimeout(stall);
+    }
+    if (bytes === "eof") return undefined;
+    if (bytes === "too_large") {
+      throw new ProxyRefusal(
+        431,
+        "deny",
+        `request head larger than ${MAX_REQUEST_HEAD_BYTES} bytes`,
+      );
+    }
+    const head = parseRequestHead(latin1Decode(bytes));
+    if (typeof head === "string") throw new ProxyRefusal(400, "deny", `malformed request: ${head}`);
+    return head;
+  }
+
+  #parseTarget(head: RequestHead): Target {
+    if (head.method === "CONNECT") {
+      const { host, port } = splitHostPort(head.target);
+      const canonical = canonicalHost(host);
+      if (canonical === undefined || port === undefined || !isPortNumber(port)) {
+        throw new ProxyRefusal(
+          400,
+          "deny",
+          `malformed request: CONNECT needs "host:port", got "${head.target}"`,
+        );
+      }
+      return { host: canonical, port: Number(port) };
+    }
+    if (/^https:\/\//i.test(head.target)) {
+      throw new ProxyRefusal(400, "deny", "malformed request: use CONNECT for https:// URLs");
+    }
+    if (!/^http:\/\//i.test(head.target)) {
+      throw new ProxyRefusal(
+        400,
+        "deny",
+        `malformed request: this is a forward proxy; expected an absolute http:// URL or CONNECT, got "${head.target}"`,
+      );
+    }
+    let url: URL;
+    try {
+      url = new URL(head.target);
+    } catch {
+      throw new ProxyRefusal(400, "deny", `malformed request: invalid URL "${head.target}"`);
+    }
+    const canonical = canonicalHost(url.hostname);
+    if (canonical === undefined) {
+      throw new ProxyRefusal(400, "deny", `malformed request: invalid host "${url.hostname}"`);
+    }
+    return {
+      host: canonical,
+      port: url.port === "" ? 80 : Number(url.port),
+      path: url.pathname,
+      originForm: url.pathname + url.search,
+      hostHeader: url.host,
+    };
+  }
+
+  #checkPolicy(target: Target): void {
+    const decision = this.#policy(target.host, target.port);
+    if (decision.allowed) return;
+    const what = `"${target.host}:${target.port}"`;
+    const { mode, allow, profile } = this.#options;
+    const why = mode === "none"
+      ? `is not allowed: network mode "none" of profile "${profile}" allows no egress`
+      : `is not allowed by the ${mode} policy of profile "${profile}" (allowed: ${
+        allow.length ? allow.join(", ") : "nothing"
+      })`;
+    throw new ProxyRefusal(403, "deny", `${what} ${why}`);
+  }
+
+  async #connect(target: Target): Promise<Deno.Conn> {
+    const mapped = this.#hosts.get(target.host) ?? target.host;
+    const timeoutMs = this.#options.connectTimeoutMs ?? CONNECT_TIMEOUT_MS;
+    const attempt = new AbortController();
+    const timer = setTimeout(() => attempt.abort(), timeoutMs);
+    const stopOnClose = () => attempt.abort();
+    this.#closing.signal.addEventListener("abort", stopOnClose, { once: true });
+    try {
+      return await Deno.connect({
+        hostname: mapped.replace(/^\[|\]$/g, ""),
+        port: target.port,
+        signal: attempt.signal,
+      });
+    } catch (error) {
+      const why = this.#closing.signal.aborted
+        ? "the proxy is shutting down"
+        : attempt.signal.aborted
+        ? `no answer within ${timeoutMs} ms`
+        : errorName(error);
+      throw new ProxyRefusal(
+        502,
+        "allow",
+        `cannot connect to "${target.host}:${target.port}": ${why}`,
+      );
+    } finally {
+      clearTimeout(timer);
+      this.#closing.signal.removeEventListener("abort", stopOnClose);
+    }
+  }
+}
+
+interface Target {
+  /** Canonical host: what the policy checked and what is connected to (unless `hosts` maps it). */
+  host: string;
+  port: number;
+  /** Plain HTTP only: the path for the log (no query: it often carries signatures). */
+  path?: string;
+  /** Plain HTTP only: path and query for the forwarded request line. */
+  originForm?: string;
+  /** Plain HTTP only: host[:port] from the checked URL, sent as `Host`. */
+  hostHeader?: string;
+}
+
+interface RequestHead {
+  method: string;
+  target: string;
+  version: string;
+  headers: [name: string, value: string][];
+}
+
+const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+const REQUEST_LINE = /^([!#$%&'*+.^_`|~0-9A-Za-z-]+) ([^\s]+) (HTTP\/1\.[01])$/;
+
+/** The parsed head, or a string saying what is wrong with it. */
+function parseRequestHead(text: string): RequestHead | string {
+  const lines = text.split("\r\n");
+  const requestLine = REQUEST_LINE.exec(lines[0]);
+  if (!requestLine) return "invalid request line";
+  const headers: [string, string][] = [];
+  for (const line of lines.slice(1)) {
+    if (line === "") continue;
+    // Folded continuation lines are obsolete and a classic smuggling vector: refuse them.
+    if (line.startsWith(" ") || line.startsWith("\t")) {
+      return "folded header lines are not supported";
+    }
+    // A bare CR, LF or NUL inside a line could split it in two further down the line.
+    if (/[\r\n\0]/.test(line)) return "invalid characters in a header line";
+    const colon = line.indexOf(":");
+    const name = line.slice(0, colon);
+    if (colon <= 0 || !TOKEN.test(name)) return "invalid header line";
+    headers.push([name, line.slice(colon + 1).trim()]);
+  }
+  return {
+    method: requestLine[1].toUpperCase(),
+    target: requestLine[2],
+    version: requestLine[3],
+    headers,
+  };
+}
+
+/** Headers that describe one hop, never forwarded as they are. */
+const HOP_BY_HOP = new Set([
+  "connection",
+  "keep-alive",
+  "proxy-connection",
+  "te",
+  "trailer",
+  "upgrade",
+  "host",
+]);
+
+type BodyFraming = { kind: "none" } | { kind: "length"; bytes: number } | { kind: "chunked" };
+
+/** How the request body is framed; anything ambiguous is refused (request smuggling). */
+function bodyFraming(headers: RequestHead["headers"]): BodyFraming {
+  const values = (name: string) =>
+    headers.filter(([n]) => n.toLowerCase() === name).map(([, v]) => v);
+  const transferEncoding = values("transfer-encoding");
+  const contentLength = values("content-length");
+  if (transferEncoding.length > 0) {
+    if (contentLength.length > 0) {
+      throw new ProxyRefusal(
+        400,
+        "deny",
+        "malformed request: both Transfer-Encoding and Content-Length",
+      );
+    }
+    if (transferEncoding.join(",").trim().toLowerCase() !== "chunked") {
+      throw new ProxyRefusal(
+        400,
+        "deny",
+        "malformed request: only Transfer-Encoding: chunked is supported",
+      );
+    }
+    return { kind: "chunked" };
+  }
+  if (contentLength.length === 0) return { kind: "none" };
+  const distinct = new Set(contentLength);
+  const [value] = distinct;
+  if (distinct.size !== 1 || !/^\d{1,15}$/.test(value)) {
+    throw new ProxyRefusal(400, "deny", "malformed request: invalid Content-Length");
+  }
+  return { kind: "length", bytes: Number(value) };
+}
+
+/** Forward one plain-HTTP request and pipe the response back; the upstream's status code. */
+async function forwardPlainHttp(
+  head: RequestHead,
+  target: Target,
+  framing: BodyFraming,
+  client: BufferedConn,
+  upstream: Deno.Conn,
+  tally: Tally,
+): Promise<number | undefined> {
+  const named = new Set(
+    head.headers.filter(([n]) => n.toLowerCase() === "connection")
+      .flatMap(([, v]) => v.split(",").map((token) => token.trim().toLowerCase())),
+  );
+  const kept = head.headers.filter(([name]) => {
+    const lower = name.toLowerCase();
+    return !HOP_BY_HOP.has(lower) && !lower.startsWith("proxy-") && !named.has(lower);
+  });
+  const lines = [
+    `${head.method} ${target.originForm} ${head.version}`,
+    // Host comes from the URL that was checked, so a Host header cannot front for another site.
+    `Host: ${target.hostHeader}`,
+    ...kept.map(([name, value]) => `${name}: ${value}`),
+    "Connection: close",
+  ];
+  await writeAll(upstream, latin1Encode(lines.join("\r\n") + "\r\n\r\n"));
+
+  // Body up, response down, at the same time: an upstream may answer before the body is sent.
+  const sendBody = copyBody(framing, client, upstream).catch(() => {});
+  const status = await pipeResponse(upstream, client.conn, tally);
+  // The response is complete; a client still sending a body is cut off when the connection closes.
+  client.conn.close();
+  await sendBody;
+  return status;
+}
+
+async function copyBody(
+  framing: BodyFraming,
+  client: BufferedConn,
+  upstream: Deno.Conn,
+): Promise<void> {
+  if (framing.kind === "length") {
+    await client.copyExactly(framing.bytes, upstream);
+  } else if (framing.kind === "chunked") {
+    // Re-send the framing as received, but parse it so that we stop exactly at its end.
+    const crlf = latin1Encode("\r\n");
+    while (true) {
+      const sizeLine = await client.readLine(MAX_CHUNK_LINE_BYTES);
+      const size = /^[0-9a-fA-F]{1,8}$/.test(sizeLine.split(";")[0].trim())
+        ? parseInt(sizeLine.split(";")[0], 16)
+        : NaN;
+      if (Number.isNaN(size)) throw new Error("invalid chunk size");
+      await writeAll(upstream, latin1Encode(sizeLine + "\r\n"));
+      if (size === 0) break;
+      await client.copyExactly(size, upstream);
+      if ((await client.readLine(MAX_CHUNK_LINE_BYTES)) !== "") {
+        throw new Error("invalid chunk end");
+      }
+      await writeAll(upstream, crlf);
+    }
+    // Trailers, then the empty line that ends the message.
+    while (true) {
+      const trailer = await client.readLine(MAX_CHUNK_LINE_BYTES);
+      await writeAll(upstream, latin1Encode(trailer + "\r\n"));
+      if (trailer === "") break;
+    }
+  }
+  // Whatever the client sends after the message is never forwarded.
+}
+
+/** Pipe the upstream response to the client until the upstream closes; its status code. */
+async function pipeResponse(
+  upstream: Deno.Conn,
+  clientConn: Deno.Conn,
+  tally: Tally,
+): Promise<number | undefined> {
+  let status: number | undefined;
+  const buffer = new Uint8Array(READ_BUFFER_BYTES);
+  while (true) {
+    const n = await upstream.read(buffer);
+    if (n === null) return status;
+    const chunk = buffer.subarray(0, n);
+    status ??= parseStatus(chunk);
+    await writeAll(clientConn, chunk, tally);
+  }
+}
+
+function parseStatus(chunk: Uint8Array): number | undefined {
+  const match = /^HTTP\/\d\.\d (\d{3})/.exec(latin1Decode(chunk.subarray(0, 16)));
+  return match ? Number(match[1]) : undefined;
+}
+
+/** Pipe both ways until both sides have finished sending; half-closes are passed on. */
+async function tunnel(client: BufferedConn, upstream: Deno.Conn, tally: Tally): Promise<void> {
+  const up = (async () => {
+    // Bytes the client sent right after CONNECT (a TLS ClientHello) were read with the head.
+    const early = client.takeBuffered();
+    if (early.length > 0) await writeAll(upstream, early);
+    await pump(client.conn, upstream, (n) => (tally.bytesOut += n));
+  })();
+  const down = pump(upstream, client.conn, (n) => (tally.bytesIn += n));
+  try {
+    await Promise.all([up, down]);
+  } catch (error) {
+    // One side failed: end both, so the other direction does not wait forever.
+    closeQuietly(client.conn);
+    closeQuietly(upstream);
+    await Promise.allSettled([up, down]);
+    throw error;
+  }
+}
+
+async function pump(from: Deno.Conn, to: Deno.Conn, count: (n: number) => void): Promise<void> {
+  const buffer = new Uint8Array(READ_BUFFER_BYTES);
+  while (true) {
+    const n = await from.read(buffer);
+    if (n === null) break;
+    count(n);
+    await writeAll(to, buffer.subarray(0, n));
+  }
+  await to.closeWrite().catch(() => {});
+}
+
+/** Reads from the client with a buffer, so that what was read past the head is not lost. */
+class BufferedConn {
+  #buffered = new Uint8Array(0);
+
+  constructor(readonly conn: Deno.Conn, readonly tally: Tally) {}
+
+  /** Read more into the buffer; false at end of stream. */
+  async #fill(): Promise<boolean> {
+    const chunk = new Uint8Array(READ_BUFFER_BYTES);
+    const n = await this.conn.read(chunk);
+    if (n === null) return false;
+    this.tally.bytesOut += n;
+    const joined = new Uint8Array(this.#buffered.length + n);
+    joined.set(this.#buffered);
+    joined.set(chunk.subarray(0, n), this.#buffered.length);
+    this.#buffered = joined;
+    return true;
+  }
+
+  /** The head up to and including the blank line. */
+  async readHead(maxBytes: number): Promise<Uint8Array | "eof" | "too_large"> {
+    let searchFrom = 0;
+    while (true) {
+      const end = indexOfBlankLine(this.#buffered, searchFrom);
+      if (end !== -1) return end > maxBytes ? "too_large" : this.#take(end);
+      if (this.#buffered.length > maxBytes) return "too_large";
+      searchFrom = Math.max(0, this.#buffered.length - 3);
+      if (!(await this.#fill())) return "eof";
+    }
+  }
+
+  /** One CRLF-terminated line, without the CRLF. */
+  async readLine(maxBytes: number): Promise<string> {
+    while (true) {
+      const newline = this.#buffered.indexOf(0x0a);
+      if (newline !== -1) {
+        const line = latin1Decode(this.#take(newline + 1));
+        if (!line.endsWith("\r\n")) throw new Error("bare LF in chunked framing");
+        return line.slice(0, -2);
+      }
+      if (this.#buffered.length > maxBytes) throw new Error("line too long");
+      if (!(await this.#fill())) throw new Error("unexpected end of stream");
+    }
+  }
+
+  /** Copy exactly `count` bytes to `to`. */
+  async copyExactly(count: number, to: Deno.Conn): Promise<void> {
+    let remaining = count;
+    while (remaining > 0) {
+      if (this.#buffered.length === 0 && !(await this.#fill())) {
+        throw new Error("unexpected end of stream");
+      }
+      const piece = this.#take(Math.min(remaining, this.#buffered.length));
+      await writeAll(to, piece);
+      remaining -= piece.length;
+    }
+  }
+
+  /** Everything buffered and not yet consumed. */
+  takeBuffered(): Uint8Array {
+    return this.#take(this.#buffered.length);
+  }
+
+  #take(count: number): Uint8Array {
+    const taken = this.#buffered.slice(0, count);
+    this.#buffered = this.#buffered.slice(count);
+    return taken;
+  }
+}
+
+/** Index just past the first "\r\n\r\n", or -1. */
+function indexOfBlankLine(bytes: Uint8Array, from: number): number {
+  for (let i = from; i + 3 < bytes.length; i++) {
+    if (
+      bytes[i] === 0x0d && bytes[i + 1] === 0x0a && bytes[i + 2] === 0x0d && bytes[i + 3] === 0x0a
+    ) {
+      return i + 4;
+    }
+  }
+  return -1;
+}
+
+const REASON_PHRASES: Record<number, string> = {
+  400: "Bad Request",
+  403: "Forbidden",
+  431: "Request Header Fields Too Large",
+  502: "Bad Gateway",
+};
+
+/** A complete response with a text body an agent can read and act on. */
+function errorResponse(status: number, message: string): Uint8Array {
+  const body = new TextEncoder().encode(`sandbox egress proxy: ${message}\n`);
+  const head = [
+    `HTTP/1.1 ${status} ${REASON_PHRASES[status] ?? "Error"}`,
+    "Content-Type: text/plain; charset=utf-8",
+    `Content-Length: ${body.length}`,
+    "Connection: close",
+    "",
+    "",
+  ].join("\r\n");
+  const bytes = new Uint8Array(head.length + body.length);
+  bytes.set(latin1Encode(head));
+  bytes.set(body, head.length);
+  return bytes;
+}
+
+/**
+ * Half-close after an error response and drain what the client is still sending. Closing a
+ * socket with unread input makes the kernel send a reset, which can destroy the response before
+ * the client reads it; the client would never learn why it was refused.
+ */
+async function lingeringClose(conn: Deno.Conn, tally: Tally): Promise<void> {
+  await conn.closeWrite().catch(() => {});
+  const giveUp = setTimeout(() => closeQuietly(conn), LINGER_MS);
+  const buffer = new Uint8Array(READ_BUFFER_BYTES);
+  try {
+    let drained = 0;
+    while (drained < LINGER_MAX_BYTES) {
+      const n = await conn.read(buffer);
+      if (n === null) break;
+      drained += n;
+      tally.bytesOut += n;
+    }
+  } catch {
+    // Closed by the timer, or reset by the client: either way we are done.
+  } finally {
+    clearTimeout(giveUp);
+  }
+}
+
+async function writeAll(conn: Deno.Conn, bytes: Uint8Array, tally?: Tally): Promise<void> {
+  let rest = bytes;
+  while (rest.length > 0) {
+    const n = await conn.write(rest);
+    rest = rest.subarray(n);
+    if (tally) tally.bytesIn += n;
+  }
+}
+
+/** HTTP heads are bytes; latin1 maps each byte to one char and back without loss. */
+function latin1Decode(bytes: Uint8Array): string {
+  let text = "";
+  for (let i = 0; i < bytes.length; i += 8192) {
+    text += String.fromCharCode(...bytes.subarray(i, i + 8192));
+  }
+  return text;
+}
+
+function latin1Encode(text: string): Uint8Array {
+  const bytes = new Uint8Array(text.length);
+  for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i) & 0xff;
+  return bytes;
+}
+
+function isPortNumber(text: string): boolean {
+  return /^\d{1,5}$/.test(text) && Number(text) >= 1 && Number(text) <= 65_535;
+}
+
+function errorName(error: unknown): string {
+  return error instanceof Error ? error.name : "unknown error";
+}
+
+function closeQuietly(resource: { close(): void }): void {
+  try {
+    resource.close();
+  } catch {
+    // Already closed.
+  }
+}

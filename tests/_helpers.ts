@@ -1,0 +1,96 @@
+/** Shared test helpers: the CLI as a subprocess, temporary configs, and the Docker gate. */
+import { run, type RunResult, spawn, type SpawnOptions } from "../lib/process.ts";
+
+export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+export const CLI = `${ROOT}/cli.ts`;
+
+/**
+ * Is a Docker engine reachable? Integration tests use this as their gate: without an engine they
+ * are skipped on a developer machine, but under CI (`CI` set) they fail loudly instead.
+ */
+export const DOCKER_AVAILABLE: boolean = await (async () => {
+  try {
+    return (await run(["docker", "info", "--format", "{{.ServerVersion}}"], { timeoutMs: 20_000 })).exitCode === 0;
+  } catch {
+    return false;
+  }
+})();
+export const IN_CI = Boolean(Deno.env.get("CI"));
+
+/** Options for a test that needs Docker. */
+export function dockerTest(): { ignore: boolean } {
+  return { ignore: !DOCKER_AVAILABLE && !IN_CI };
+}
+
+/** Fail with a clear message when CI runs a Docker test without an engine. */
+export function assertDocker(): void {
+  if (!DOCKER_AVAILABLE) {
+    throw new Error("CI is set but no Docker engine is reachable: run scripts/provision.sh (docker info failed)");
+  }
+}
+
+/** A temporary directory removed on dispose. */
+export async function tempDir(prefix = "sandbox-test-"): Promise<AsyncDisposable & { path: string }> {
+  const path = await Deno.makeTempDir({ prefix });
+  return {
+    path,
+    async [Symbol.asyncDispose]() {
+      await Deno.remove(path, { recursive: true }).catch(() => {});
+    },
+  };
+}
+
+/** A unique, valid profile name for one test. */
+export function uniqueProfile(prefix: string): string {
+  return `${prefix}-${crypto.randomUUID().slice(0, 8)}`;
+}
+
+export interface CliOptions extends SpawnOptions {
+  config?: string;
+}
+
+/** Run the CLI (`deno run -A cli.ts ARGS`) to completion. */
+export function runCli(args: string[], options: CliOptions = {}): Promise<RunResult> {
+  const { config, ...rest } = options;
+  return run(cliArgv(args, config), { timeoutMs: 300_000, ...rest });
+}
+
+/** Start the CLI and return the child for streaming assertions. */
+export function spawnCli(args: string[], options: CliOptions = {}) {
+  const { config, ...rest } = options;
+  return spawn(cliArgv(args, config), rest);
+}
+
+function cliArgv(args: string[], config?: string): string[] {
+  return [Deno.execPath(), "run", "-A", "--quiet", CLI, ...(config ? ["--config", config] : []), ...args];
+}
+
+/** Failure output for assertion messages. */
+export function explain(result: RunResult): string {
+  return `exit ${result.exitCode}\n--- stdout\n${result.stdout}\n--- stderr\n${result.stderr}`;
+}
+
+/** `docker ARGS` stdout, trimmed; throws with stderr on failure. */
+export async function docker(...args: string[]): Promise<string> {
+  const result = await run(["docker", ...args]);
+  if (result.exitCode !== 0) throw new Error(`docker ${args.join(" ")} failed: ${result.stderr}`);
+  return result.stdout.trim();
+}
+
+/** Remove every container, network and volume of a profile, by label (test cleanup). */
+export async function removeProfile(profile: string): Promise<void> {
+  const filter = `label=dev.sandbox.profile=${profile}`;
+  const containers = (await run(["docker", "ps", "-aq", "--filter", filter])).stdout.split("\n").filter(Boolean);
+  if (containers.length) await run(["docker", "rm", "-f", ...containers]);
+  const networks = (await run(["docker", "network", "ls", "-q", "--filter", filter])).stdout.split("\n").filter(Boolean);
+  if (networks.length) await run(["docker", "network", "rm", ...networks]);
+  const volumes = (await run(["docker", "volume", "ls", "-q", "--filter", filter])).stdout.split("\n").filter(Boolean);
+  if (volumes.length) await run(["docker", "volume", "rm", "-f", ...volumes]);
+}
+
+/** Write a config file with one profile and return its path. */
+export async function writeConfig(dir: string, yaml: string, name = "sandbox.yaml"): Promise<string> {
+  const path = `${dir}/${name}`;
+  await Deno.writeTextFile(path, yaml);
+  return path;
+}

@@ -1,0 +1,615 @@
+import assert from "node:assert/strict";
+import { AccessLog, type AccessLogEntry } from "../../lib/access_log.ts";
+import {
+  ANTHROPIC_VERSION,
+  type CredentialProxy,
+  startCredentialProxy,
+  TokenRegistry,
+  type UpstreamProvider,
+} from "../../lib/credential_proxy.ts";
+import { Redactor } from "../../lib/redact.ts";
+import { chatChunk, FakeUpstream, RATE_LIMIT_BODY } from "./_fake_upstream.ts";
+
+const REAL_KEY = "sk-real-upstream-key-0123456789";
+
+interface HarnessOptions {
+  kind?: UpstreamProvider["kind"];
+  /** Defaults to the fake upstream's. */
+  baseUrl?: string;
+  maxBodyBytes?: number;
+  upstreamTimeoutMs?: number;
+}
+
+/** A fake upstream, a proxy in front of it with one issued token, and its access log. */
+class Harness implements AsyncDisposable {
+  readonly upstream = new FakeUpstream();
+  readonly redactor = new Redactor();
+  readonly tokens = new TokenRegistry({ redactor: this.redactor });
+  readonly entries: AccessLogEntry[] = [];
+  readonly #entryWaiters: { count: number; resolve: () => void }[] = [];
+  readonly logPath = Deno.makeTempFileSync({ prefix: "sandbox-access-", suffix: ".ndjson" });
+  readonly log = new AccessLog({
+    path: this.logPath,
+    redactor: this.redactor,
+    onEntry: (entry) => {
+      this.entries.push(entry);
+      for (const waiter of this.#entryWaiters.filter((w) => this.entries.length >= w.count)) {
+        waiter.resolve();
+      }
+    },
+  });
+  readonly provider: UpstreamProvider;
+  readonly token: string;
+  proxy!: CredentialProxy;
+
+  constructor(readonly options: HarnessOptions = {}) {
+    this.provider = {
+      name: "fake",
+      kind: options.kind ?? "openai",
+      baseUrl: options.baseUrl ?? this.upstream.baseUrl,
+      key: () => Promise.resolve(REAL_KEY),
+    };
+    this.token = this.tokens.issue({ profile: "work", runId: "run-1", provider: this.provider });
+  }
+
+  static async start(options?: HarnessOptions): Promise<Harness> {
+    const harness = new Harness(options);
+    harness.proxy = await startCredentialProxy({
+      hostnames: ["127.0.0.1"],
+      tokens: harness.tokens,
+      log: harness.log,
+      redactor: harness.redactor,
+      maxBodyBytes: options?.maxBodyBytes,
+      upstreamTimeoutMs: options?.upstreamTimeoutMs,
+    });
+    return harness;
+  }
+
+  /** `http://127.0.0.1:port/proxy/v1` + path. */
+  url(path: string): string {
+    return this.proxy.url("127.0.0.1") + path;
+  }
+
+  /** Resolves once `count` entries were logged in total (entries are written when bodies end). */
+  entriesLogged(count: number): Promise<AccessLogEntry[]> {
+    if (this.entries.length >= count) return Promise.resolve(this.entries);
+    return new Promise((resolve) =>
+      this.#entryWaiters.push({ count, resolve: () => resolve(this.entries) })
+    );
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.proxy?.close();
+    await this.upstream[Symbol.asyncDispose]();
+    await this.log.close();
+    await Deno.remove(this.logPath);
+  }
+}
+
+function chatBody(extra: Record<string, unknown> = {}): string {
+  return JSON.stringify({
+    model: "fake-model",
+    messages: [{ role: "user", content: "hi" }],
+    ...extra,
+  });
+}
+
+/** Read from `reader` until the text received so far contains `marker`. */
+async function readUntil(
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+  decoder: TextDecoder,
+  marker: string,
+  soFar = "",
+): Promise<string> {
+  let text = soFar;
+  while (!text.includes(marker)) {
+    const { done, value } = await reader.read();
+    if (done) {
+      throw new Error(`stream ended before ${JSON.stringify(marker)}; got ${JSON.stringify(text)}`);
+    }
+    text += decoder.decode(value, { stream: true });
+  }
+  return text;
+}
+
+/** A port on 127.0.0.1 that nothing listens on. */
+function closedPort(): number {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = listener.addr.port;
+  listener.close();
+  return port;
+}
+
+Deno.test("TokenRegistry issues unguessable sbx_ tokens and looks them up exactly", async (t) => {
+  const tokens = new TokenRegistry();
+  const provider: UpstreamProvider = {
+    name: "p",
+    kind: "openai",
+    baseUrl: "http://127.0.0.1:9/v1",
+    key: () => Promise.resolve("k"),
+  };
+  const grant = { profile: "work", runId: "run-1", provider };
+  const token = tokens.issue(grant);
+
+  await t.step("a token is sbx_ and 32 random bytes in base64url", () => {
+    assert.match(token, /^sbx_[A-Za-z0-9_-]{43}$/);
+    assert.notEqual(tokens.issue(grant), token);
+  });
+  await t.step("only the exact token finds its grant", () => {
+    assert.equal(tokens.lookup(token), grant);
+    assert.equal(tokens.lookup(token.slice(0, -1)), undefined);
+    assert.equal(tokens.lookup(token + "x"), undefined);
+    assert.equal(tokens.lookup(token.slice(0, -1) + (token.endsWith("A") ? "B" : "A")), undefined);
+    assert.equal(tokens.lookup(""), undefined);
+  });
+  await t.step("a revoked token no longer finds its grant", () => {
+    tokens.revoke(token);
+    assert.equal(tokens.lookup(token), undefined);
+  });
+});
+
+Deno.test("startCredentialProxy() forwards with the real key and strips the token and sandbox headers", async () => {
+  await using h = await Harness.start();
+  const response = await fetch(h.url("/chat/completions"), {
+    method: "POST",
+    headers: {
+      "authorization": `Bearer ${h.token}`,
+      "content-type": "application/json",
+      "cookie": "session=abc",
+      "x-sandbox-run-id": "run-1",
+      "x-sandbox-token": h.token,
+      "x-request-tag": "kept",
+    },
+    body: chatBody(),
+  });
+  assert.equal(response.status, 200);
+  assert.equal((await response.json()).choices[0].message.content, "Hello");
+
+  assert.equal(h.upstream.requests.length, 1);
+  const seen = h.upstream.requests[0];
+  assert.equal(seen.method, "POST");
+  assert.equal(seen.path, "/v1/chat/completions");
+  assert.equal(seen.body, chatBody());
+  assert.equal(seen.headers.get("authorization"), `Bearer ${REAL_KEY}`);
+  assert.equal(seen.headers.get("content-length"), String(chatBody().length));
+  assert.equal(seen.headers.get("x-request-tag"), "kept");
+  assert.equal(seen.headers.get("cookie"), null);
+  for (const [name, value] of seen.headers) {
+    assert.ok(!name.startsWith("x-sandbox-"), `upstream saw ${name}`);
+    assert.ok(!value.includes(h.token), `upstream saw the token in ${name}`);
+  }
+  assert.equal(seen.headers.get("x-api-key"), null);
+});
+
+Deno.test("startCredentialProxy() keeps the query string and forwards GET /models", async () => {
+  await using h = await Harness.start();
+  const response = await fetch(h.url("/models?limit=5"), {
+    headers: { authorization: `Bearer ${h.token}` },
+  });
+  assert.equal(response.status, 200);
+  assert.equal((await response.json()).data[0].id, "fake-model");
+  assert.equal(h.upstream.requests[0].path, "/v1/models?limit=5");
+  assert.equal(h.upstream.requests[0].method, "GET");
+});
+
+Deno.test("startCredentialProxy() forwards embeddings", async () => {
+  await using h = await Harness.start();
+  const response = await fetch(h.url("/embeddings"), {
+    method: "POST",
+    headers: { authorization: `Bearer ${h.token}` },
+    body: JSON.stringify({ model: "e", input: "x" }),
+  });
+  assert.equal(response.status, 200);
+  assert.deepEqual((await response.json()).data[0].embedding, [0.1, 0.2]);
+});
+
+Deno.test("startCredentialProxy() gives anthropic providers x-api-key and anthropic-version", async (t) => {
+  await using h = await Harness.start({ kind: "anthropic" });
+
+  await t.step(
+    "the token is accepted as x-api-key, and the real key goes out the same way",
+    async () => {
+      const response = await fetch(h.url("/messages"), {
+        method: "POST",
+        headers: { "x-api-key": h.token, "content-type": "application/json" },
+        body: JSON.stringify({ model: "claude", max_tokens: 5, messages: [] }),
+      });
+      assert.equal(response.status, 200);
+      assert.equal((await response.json()).content[0].text, "Hello");
+      const seen = h.upstream.requests.at(-1)!;
+      assert.equal(seen.path, "/v1/messages");
+      assert.equal(seen.headers.get("x-api-key"), REAL_KEY);
+      assert.equal(seen.headers.get("anthropic-version"), ANTHROPIC_VERSION);
+      assert.equal(seen.headers.get("authorization"), null);
+    },
+  );
+
+  await t.step("a client's own anthropic-version is kept", async () => {
+    const response = await fetch(h.url("/messages"), {
+      method: "POST",
+      headers: {
+        "x-api-key": h.token,
+        "anthropic-version": "2024-10-22",
+        "anthropic-beta": "tools",
+      },
+      body: "{}",
+    });
+    await response.body?.cancel();
+    const seen = h.upstream.requests.at(-1)!;
+    assert.equal(seen.headers.get("anthropic-version"), "2024-10-22");
+    assert.equal(seen.headers.get("anthropic-beta"), "tools");
+  });
+});
+
+Deno.test("startCredentialProxy() answers 401 and forwards nothing without a valid token", async (t) => {
+  await using h = await Harness.start();
+  const attempt = async (headers: Record<string, string>) => {
+    const response = await fetch(h.url("/chat/completions"), {
+      method: "POST",
+      headers,
+      body: chatBody(),
+    });
+    const text = await response.text();
+    assert.equal(response.status, 401, text);
+    assert.equal(JSON.parse(text).error.type, "authentication_error");
+    return text;
+  };
+
+  await t.step("no token at all", async () => {
+    assert.match(await attempt({}), /no proxy token/);
+  });
+  await t.step("an empty bearer token", async () => {
+    await attempt({ authorization: "Bearer " });
+  });
+  await t.step("a wrong token, which is never echoed back", async () => {
+    const text = await attempt({ authorization: "Bearer sbx_wrong-token-value-000000000" });
+    assert.ok(!text.includes("sbx_wrong-token"), text);
+  });
+  await t.step("a real upstream key instead of a token", async () => {
+    await attempt({ authorization: `Bearer ${REAL_KEY}` });
+  });
+  await t.step("two different tokens in Authorization and x-api-key", async () => {
+    await attempt({
+      authorization: `Bearer ${h.token}`,
+      "x-api-key": "sbx_other-token-000000000000",
+    });
+  });
+  await t.step("a revoked token", async () => {
+    const token = h.tokens.issue({ profile: "work", runId: "run-2", provider: h.provider });
+    h.tokens.revoke(token);
+    await attempt({ "x-api-key": token });
+  });
+
+  assert.equal(h.upstream.requests.length, 0);
+  const entries = await h.entriesLogged(6);
+  assert.ok(entries.every((entry) => entry.decision === "deny" && entry.status === 401));
+});
+
+Deno.test("startCredentialProxy() answers 404 for routes it does not forward", async () => {
+  await using h = await Harness.start();
+  const cases: [string, string][] = [
+    ["GET", "/chat/completions"],
+    ["POST", "/models"],
+    ["POST", "/files"],
+    ["POST", "/chat/completions/extra"],
+    ["DELETE", "/messages"],
+  ];
+  for (const [method, path] of cases) {
+    const response = await fetch(h.url(path), {
+      method,
+      headers: { authorization: `Bearer ${h.token}` },
+      body: method === "GET" ? undefined : "{}",
+    });
+    const body = await response.json();
+    assert.equal(response.status, 404, `${method} ${path}`);
+    assert.equal(body.error.type, "not_found_error");
+  }
+  const outside = await fetch(new URL("/v1/chat/completions", h.url("")), {
+    method: "POST",
+    headers: { authorization: `Bearer ${h.token}` },
+    body: "{}",
+  });
+  await outside.body?.cancel();
+  assert.equal(outside.status, 404);
+  assert.equal(h.upstream.requests.length, 0);
+});
+
+Deno.test("startCredentialProxy() answers 413 for a body over the limit", async (t) => {
+  await using h = await Harness.start({ maxBodyBytes: 1024 });
+
+  await t.step("declared by Content-Length, refused before reading", async () => {
+    const response = await fetch(h.url("/chat/completions"), {
+      method: "POST",
+      headers: { authorization: `Bearer ${h.token}` },
+      body: "x".repeat(2048),
+    });
+    assert.equal(response.status, 413);
+    assert.equal((await response.json()).error.type, "request_too_large");
+  });
+
+  await t.step("sent chunked, refused once it grows past the limit", async () => {
+    const chunk = new TextEncoder().encode("y".repeat(600));
+    const response = await fetch(h.url("/chat/completions"), {
+      method: "POST",
+      headers: { authorization: `Bearer ${h.token}` },
+      body: ReadableStream.from([chunk, chunk, chunk]),
+    });
+    assert.equal(response.status, 413);
+    await response.body?.cancel();
+  });
+
+  await t.step(
+    "a chunked body within the limit is forwarded whole with a Content-Length",
+    async () => {
+      const chunk = new TextEncoder().encode("z".repeat(500));
+      const response = await fetch(h.url("/embeddings"), {
+        method: "POST",
+        headers: { authorization: `Bearer ${h.token}` },
+        body: ReadableStream.from([
+          new TextEncoder().encode('{"input":"'),
+          chunk,
+          new TextEncoder().encode('"}'),
+        ]),
+      });
+      assert.equal(response.status, 200);
+      await response.body?.cancel();
+      const seen = h.upstream.requests.at(-1)!;
+      assert.equal(seen.body.length, 512);
+      assert.equal(seen.headers.get("content-length"), "512");
+    },
+  );
+
+  assert.equal(h.upstream.requests.length, 1);
+});
+
+Deno.test("startCredentialProxy() passes an upstream 429 through with its body and headers", async () => {
+  await using h = await Harness.start();
+  h.upstream.behaviour = "rate_limited";
+  const response = await fetch(h.url("/chat/completions"), {
+    method: "POST",
+    headers: { authorization: `Bearer ${h.token}` },
+    body: chatBody(),
+  });
+  assert.equal(response.status, 429);
+  assert.equal(response.headers.get("retry-after"), "7");
+  assert.equal(await response.text(), RATE_LIMIT_BODY);
+  const [entry] = await h.entriesLogged(1);
+  assert.equal(entry.status, 429);
+  assert.equal(entry.decision, "allow");
+});
+
+Deno.test("startCredentialProxy() passes a decoded body on when the upstream compresses it", async () => {
+  await using h = await Harness.start();
+  h.upstream.behaviour = "gzip";
+  const response = await fetch(h.url("/models"), {
+    headers: { authorization: `Bearer ${h.token}` },
+  });
+  assert.equal(response.status, 200);
+  assert.equal((await response.json()).data[0].id, "fake-model");
+});
+
+Deno.test("startCredentialProxy() answers 502 with a generic message when the upstream is down", async () => {
+  await using h = await Harness.start({
+    baseUrl: `http://user:url-password-123@127.0.0.1:${closedPort()}/v1`,
+  });
+  const response = await fetch(h.url("/chat/completions"), {
+    method: "POST",
+    headers: { authorization: `Bearer ${h.token}` },
+    body: chatBody(),
+  });
+  const text = await response.text();
+  assert.equal(response.status, 502, text);
+  assert.match(JSON.parse(text).error.message, /cannot reach provider "fake"/);
+  for (const secret of [REAL_KEY, h.token, "url-password-123", "127.0.0.1"]) {
+    assert.ok(!text.includes(secret), `${secret} in ${text}`);
+  }
+  const [entry] = await h.entriesLogged(1);
+  assert.equal(entry.status, 502);
+});
+
+Deno.test("startCredentialProxy() answers 502 when the host cannot produce the API key", async () => {
+  await using h = await Harness.start();
+  h.provider.key = () => Promise.reject(new Error(`vault said: ${REAL_KEY}`));
+  const response = await fetch(h.url("/chat/completions"), {
+    method: "POST",
+    headers: { authorization: `Bearer ${h.token}` },
+    body: chatBody(),
+  });
+  const text = await response.text();
+  assert.equal(response.status, 502, text);
+  assert.match(JSON.parse(text).error.message, /the API key for provider "fake" is not available/);
+  assert.ok(!text.includes(REAL_KEY));
+  assert.equal(h.upstream.requests.length, 0);
+});
+
+Deno.test("startCredentialProxy() answers 504 when the upstream sends no headers in time", async () => {
+  await using h = await Harness.start({ upstreamTimeoutMs: 100 });
+  h.upstream.behaviour = "hang";
+  const arrived = h.upstream.nextRequest();
+  const response = await fetch(h.url("/chat/completions"), {
+    method: "POST",
+    headers: { authorization: `Bearer ${h.token}` },
+    body: chatBody(),
+  });
+  const body = await response.json();
+  assert.equal(response.status, 504);
+  assert.equal(body.error.type, "timeout_error");
+  // The upstream request was cancelled, not left running.
+  await (await arrived).aborted;
+});
+
+Deno.test("startCredentialProxy() streams SSE chunks before the upstream has finished", async () => {
+  await using h = await Harness.start();
+  h.upstream.behaviour = "controlled_stream";
+  const streamStarted = h.upstream.nextStream();
+  const response = await fetch(h.url("/chat/completions"), {
+    method: "POST",
+    headers: { authorization: `Bearer ${h.token}`, accept: "text/event-stream" },
+    body: chatBody({ stream: true }),
+  });
+  assert.equal(response.status, 200);
+  assert.equal(response.headers.get("content-type"), "text/event-stream");
+  const upstream = await streamStarted;
+  const reader = response.body!.getReader();
+  const decoder = new TextDecoder();
+
+  upstream.send(chatChunk("first"));
+  // The first chunk arrives while the upstream response is still open: nothing was buffered.
+  let text = await readUntil(reader, decoder, chatChunk("first"));
+  upstream.send(chatChunk("second"));
+  text = await readUntil(reader, decoder, chatChunk("second"), text);
+  upstream.end("[DONE]");
+  text = await readUntil(reader, decoder, "[DONE]", text);
+  assert.equal((await reader.read()).done, true);
+  assert.equal(
+    text,
+    [chatChunk("first"), chatChunk("second"), "[DONE]"].map((d) => `data: ${d}\n\n`).join(""),
+  );
+
+  const [entry] = await h.entriesLogged(1);
+  assert.equal(entry.bytesIn, new TextEncoder().encode(text).length);
+  assert.equal(entry.status, 200);
+});
+
+Deno.test("startCredentialProxy() cancels the upstream request when the client goes away", async (t) => {
+  await using h = await Harness.start();
+
+  await t.step("while waiting for response headers", async () => {
+    h.upstream.behaviour = "hang";
+    const arrived = h.upstream.nextRequest();
+    const client = new AbortController();
+    const response = fetch(h.url("/chat/completions"), {
+      method: "POST",
+      headers: { authorization: `Bearer ${h.token}` },
+      body: chatBody(),
+      signal: client.signal,
+    });
+    const request = await arrived;
+    client.abort();
+    await assert.rejects(response);
+    await request.aborted;
+  });
+
+  await t.step("in the middle of a streamed response", async () => {
+    h.upstream.behaviour = "controlled_stream";
+    const streamStarted = h.upstream.nextStream();
+    const arrived = h.upstream.nextRequest();
+    const response = await fetch(h.url("/chat/completions"), {
+      method: "POST",
+      headers: { authorization: `Bearer ${h.token}` },
+      body: chatBody({ stream: true }),
+    });
+    const upstream = await streamStarted;
+    const reader = response.body!.getReader();
+    upstream.send(chatChunk("first"));
+    await readUntil(reader, new TextDecoder(), chatChunk("first"));
+    await reader.cancel();
+    await upstream.cancelled;
+    await (await arrived).aborted;
+  });
+});
+
+Deno.test("startCredentialProxy() logs each request as one NDJSON line without key or token", async () => {
+  await using h = await Harness.start();
+  const auth = { authorization: `Bearer ${h.token}` };
+  await (await fetch(h.url("/chat/completions"), {
+    method: "POST",
+    headers: auth,
+    body: chatBody(),
+  })).text();
+  await (await fetch(h.url("/chat/completions"), { method: "POST", body: chatBody() })).text();
+  // The token smuggled into a path and a query string must not reach the log either.
+  await (await fetch(h.url(`/models?api_key=${h.token}`), { headers: auth })).text();
+  await (await fetch(h.url(`/${h.token}`), { headers: auth })).text();
+
+  await h.entriesLogged(4);
+  await h.log.flush();
+  const text = await Deno.readTextFile(h.logPath);
+  assert.ok(!text.includes(h.token), "token in the access log");
+  assert.ok(!text.includes(REAL_KEY), "key in the access log");
+  const lines = text.trimEnd().split("\n");
+  assert.equal(lines.length, 4);
+  const entries: AccessLogEntry[] = lines.map((line) => JSON.parse(line));
+  for (const entry of entries) {
+    assert.equal(entry.kind, "llm");
+    assert.equal(new Date(entry.time).toISOString(), entry.time);
+    assert.equal(typeof entry.durationMs, "number");
+    assert.equal(typeof entry.bytesIn, "number");
+    assert.equal(typeof entry.bytesOut, "number");
+  }
+  const byStatus = (status: number) => entries.filter((entry) => entry.status === status);
+
+  const [forwarded, models] = byStatus(200);
+  assert.deepEqual(
+    { ...forwarded, time: undefined, durationMs: undefined },
+    {
+      time: undefined,
+      kind: "llm",
+      decision: "allow",
+      method: "POST",
+      host: "127.0.0.1",
+      port: h.upstream.port,
+      path: "/v1/chat/completions",
+      status: 200,
+      bytesIn: forwarded.bytesIn,
+      bytesOut: chatBody().length,
+      durationMs: undefined,
+      profile: "work",
+      runId: "run-1",
+    },
+  );
+  assert.ok(forwarded.bytesIn > 0);
+  assert.equal(models.path, "/v1/models");
+
+  const [denied] = byStatus(401);
+  assert.equal(denied.decision, "deny");
+  assert.equal(denied.runId, null);
+  assert.match(denied.reason ?? "", /no proxy token/);
+
+  const [notFound] = byStatus(404);
+  assert.equal(notFound.path, "/proxy/v1/[REDACTED]");
+});
+
+Deno.test("startCredentialProxy() close() ends a response that is still streaming", async () => {
+  const h = await Harness.start();
+  try {
+    h.upstream.behaviour = "controlled_stream";
+    const streamStarted = h.upstream.nextStream();
+    const response = await fetch(h.url("/chat/completions"), {
+      method: "POST",
+      headers: { authorization: `Bearer ${h.token}` },
+      body: chatBody({ stream: true }),
+    });
+    const upstream = await streamStarted;
+    const reader = response.body!.getReader();
+    upstream.send(chatChunk("first"));
+    await readUntil(reader, new TextDecoder(), chatChunk("first"));
+    await h.proxy.close();
+    await assert.rejects(async () => {
+      while (!(await reader.read()).done);
+      throw new Error("ended cleanly");
+    });
+    await upstream.cancelled;
+  } finally {
+    await h[Symbol.asyncDispose]();
+  }
+});
+
+Deno.test("startCredentialProxy() refuses to listen on all interfaces", async () => {
+  const tokens = new TokenRegistry();
+  for (const hostname of ["0.0.0.0", "::", "[::]", ""]) {
+    await assert.rejects(
+      startCredentialProxy({ hostnames: [hostname], tokens }),
+      TypeError,
+      hostname,
+    );
+  }
+  await assert.rejects(startCredentialProxy({ hostnames: [], tokens }), TypeError);
+});
+
+Deno.test("startCredentialProxy() closes what it opened when a later address fails", async () => {
+  await assert.rejects(
+    startCredentialProxy({ hostnames: ["127.0.0.1", "127.0.0.1"], tokens: new TokenRegistry() }),
+    Deno.errors.AddrInUse,
+  );
+});

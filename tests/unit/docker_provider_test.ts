@@ -1,0 +1,411 @@
+import assert from "node:assert/strict";
+import { parseConfig, resolveProfile } from "../../lib/config.ts";
+import { DockerCli } from "../../lib/docker.ts";
+import { DockerSandboxProvider, parseDockerSize, teardownAll } from "../../lib/docker_provider.ts";
+import { SandboxError } from "../../lib/errors.ts";
+import { imageTagFor } from "../../lib/image.ts";
+import { explain, runCli, tempDir, writeConfig } from "../_helpers.ts";
+import { fakeDocker, inspectJson } from "./_fake_docker.ts";
+
+function profileFrom(yaml: string, name: string) {
+  const result = parseConfig(yaml, undefined, () => undefined);
+  if (result.kind !== "ok") throw new Error(JSON.stringify(result.issues));
+  return resolveProfile(result.config, name);
+}
+
+const WORK = profileFrom(
+  `profiles:
+  work:
+    sandbox:
+      resources: {memory: 2g, cpus: 1.5, pids: 256, disk: 1g}
+      environment: {passthrough: [TERM, UNSET_VAR], set: {FOO: bar}}
+`,
+  "work",
+);
+
+/** Bash answers for a docker with nothing on it yet; after `run`, the container is running. */
+function freshEngine(runningJson: string, extra = ""): string {
+  return `
+${extra}
+case "$1 $2" in
+  "container inspect")
+    if called run; then cat <<'JSON'
+${runningJson}
+JSON
+    else echo "Error: No such container: $3" >&2; exit 1; fi ;;
+  "image inspect") if [ "$4" = "{{.Id}}" ]; then echo sha256:base; else exit 1; fi ;;
+  "network inspect"|"volume inspect") echo "Error: No such object: $3" >&2; exit 1 ;;
+esac`;
+}
+
+async function runningJsonFor(provider: DockerSandboxProvider): Promise<string> {
+  const { configHash } = await provider.runArgs();
+  return inspectJson(provider.containerName, "running", provider.labels(configHash));
+}
+
+Deno.test("ensureRunning() starts the container with exactly the hardening flags and limits", async () => {
+  const hostEnv = (
+    name: string,
+  ) => (name === "TERM" ? "xterm" : name === "HOME" ? "/root" : undefined);
+  const probe = new DockerSandboxProvider(WORK, { hostEnv });
+  await using docker = await fakeDocker(freshEngine(await runningJsonFor(probe)));
+  const provider = new DockerSandboxProvider(WORK, { docker: docker.program, hostEnv });
+  const { configHash } = await provider.runArgs();
+  const status = await provider.ensureRunning();
+  assert.equal(status.state, "running");
+  assert.equal(status.current, true);
+
+  const runs = await docker.callsStartingWith("run");
+  assert.equal(runs.length, 1);
+  const tag = await imageTagFor("sandbox-base:bookworm");
+  assert.deepEqual(runs[0], [
+    "run",
+    "--detach",
+    "--name",
+    "sandbox-work",
+    "--label",
+    "dev.sandbox.owner=sandbox",
+    "--label",
+    "dev.sandbox.profile=work",
+    "--label",
+    "dev.sandbox.kind=shared",
+    "--label",
+    `dev.sandbox.config-hash=${configHash}`,
+    "--hostname",
+    "sandbox-work",
+    "--user",
+    "10001:10001",
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges",
+    "--init",
+    "--read-only",
+    "--tmpfs",
+    "/tmp:rw,nosuid,nodev,size=1073741824",
+    "--tmpfs",
+    "/home/sandbox:rw,nosuid,nodev,size=1073741824,uid=10001,gid=10001,mode=0700",
+    "--mount",
+    "type=volume,src=sandbox-work-workspace,dst=/workspace",
+    "--memory",
+    "2147483648",
+    "--memory-swap",
+    "2147483648",
+    "--cpus",
+    "1.5",
+    "--pids-limit",
+    "256",
+    "--network",
+    "sandbox-work-internal",
+    "--restart",
+    "no",
+    "--env",
+    "TERM=xterm",
+    "--env",
+    "FOO=bar",
+    tag,
+    "sleep",
+    "infinity",
+  ]);
+  // Nothing of the host is mounted or inherited.
+  const argv = runs[0].join(" ");
+  assert.doesNotMatch(argv, /--volume|-v |type=bind|docker\.sock|--privileged|--cap-add|HOME=/);
+
+  const [network] = await docker.callsStartingWith("network", "create");
+  assert.deepEqual(network, [
+    "network",
+    "create",
+    "--driver",
+    "bridge",
+    "--internal",
+    "--label",
+    "dev.sandbox.owner=sandbox",
+    "--label",
+    "dev.sandbox.profile=work",
+    "sandbox-work-internal",
+  ]);
+  const [volume] = await docker.callsStartingWith("volume", "create");
+  assert.deepEqual(volume, [
+    "volume",
+    "create",
+    "--label",
+    "dev.sandbox.owner=sandbox",
+    "--label",
+    "dev.sandbox.profile=work",
+    "--label",
+    "dev.sandbox.kind=shared",
+    "sandbox-work-workspace",
+  ]);
+  const [build] = await docker.callsStartingWith("build");
+  assert.equal(build[1], "--build-arg");
+  assert.equal(build[2], "BASE_IMAGE=sandbox-base:bookworm");
+  assert.ok(build.includes("dev.sandbox.owner=sandbox"));
+  assert.ok(build.some((a) => a.startsWith("dev.sandbox.content-hash=")));
+  assert.equal(build[build.indexOf("--tag") + 1], tag);
+});
+
+Deno.test("network mode full puts the sandbox on a non-internal network of its own", async () => {
+  const profile = profileFrom("profiles: {open: {sandbox: {network: {mode: full}}}}", "open");
+  const probe = new DockerSandboxProvider(profile);
+  await using docker = await fakeDocker(freshEngine(await runningJsonFor(probe)));
+  await new DockerSandboxProvider(profile, { docker: docker.program }).ensureRunning();
+  const [network] = await docker.callsStartingWith("network", "create");
+  assert.ok(!network.includes("--internal"));
+  assert.equal(network.at(-1), "sandbox-open-open");
+});
+
+Deno.test("ensureRunning() is a single inspect when the container is current and running", async () => {
+  const provider0 = new DockerSandboxProvider(WORK);
+  await using docker = await fakeDocker(`
+case "$1 $2" in "container inspect") cat <<'JSON'
+${await runningJsonFor(provider0)}
+JSON
+;; esac`);
+  await new DockerSandboxProvider(WORK, { docker: docker.program }).ensureRunning();
+  assert.deepEqual((await docker.calls()).map((c) => c.slice(0, 2).join(" ")), [
+    "container inspect",
+  ]);
+});
+
+Deno.test("a container whose config hash differs is removed by id and replaced", async () => {
+  const provider0 = new DockerSandboxProvider(WORK);
+  const stale = inspectJson("sandbox-work", "running", provider0.labels("0000000000000000"));
+  const current = await runningJsonFor(provider0);
+  await using docker = await fakeDocker(`
+case "$1 $2" in
+  "container inspect") if called run; then cat <<'JSON'
+${current}
+JSON
+  elif called rm; then echo "Error: No such container: $3" >&2; exit 1
+  else cat <<'JSON'
+${stale}
+JSON
+  fi ;;
+  "image inspect") if [ "$4" = "{{.Id}}" ]; then echo sha256:base; else exit 1; fi ;;
+esac`);
+  const progress: string[] = [];
+  await new DockerSandboxProvider(WORK, {
+    docker: docker.program,
+    onProgress: (l) => progress.push(l),
+  }).ensureRunning();
+  const names = (await docker.calls()).map((c) => c[0]);
+  assert.deepEqual(await docker.callsStartingWith("rm"), [[
+    "rm",
+    "--force",
+    "--volumes=false",
+    "sandbox-work-id-0123456789",
+  ]]);
+  assert.ok(names.indexOf("rm") < names.indexOf("run"));
+  assert.match(progress.join("\n"), /configuration changed/);
+});
+
+Deno.test("a stopped container with the current config is restarted, not replaced", async () => {
+  const provider0 = new DockerSandboxProvider(WORK);
+  const { configHash } = await provider0.runArgs();
+  const exited = inspectJson("sandbox-work", "exited", provider0.labels(configHash));
+  const running = inspectJson("sandbox-work", "running", provider0.labels(configHash));
+  await using docker = await fakeDocker(`
+case "$1 $2" in
+  "container inspect") if called start; then echo '${running}'; else echo '${exited}'; fi ;;
+esac`);
+  await new DockerSandboxProvider(WORK, { docker: docker.program }).ensureRunning();
+  assert.deepEqual(await docker.callsStartingWith("start"), [[
+    "start",
+    "sandbox-work-id-0123456789",
+  ]]);
+  assert.equal((await docker.callsStartingWith("run")).length, 0);
+  assert.equal((await docker.callsStartingWith("rm")).length, 0);
+});
+
+Deno.test("losing the race for the container name adopts the winner's container", async () => {
+  const provider0 = new DockerSandboxProvider(WORK);
+  const running = await runningJsonFor(provider0);
+  await using docker = await fakeDocker(freshEngine(
+    running,
+    `
+if [ "$1" = run ]; then
+  echo 'docker: Error response from daemon: Conflict. The container name "/sandbox-work" is already in use by container "abc".' >&2
+  exit 125
+fi`,
+  ));
+  const status = await new DockerSandboxProvider(WORK, { docker: docker.program }).ensureRunning();
+  assert.equal(status.state, "running");
+  assert.equal((await docker.callsStartingWith("run")).length, 1);
+});
+
+Deno.test("docker errors map to typed codes", async (t) => {
+  await t.step("no docker CLI → docker_missing", async () => {
+    const provider = new DockerSandboxProvider(WORK, { docker: "/nonexistent/bin/docker" });
+    await assert.rejects(
+      provider.ensureRunning(),
+      (e: SandboxError) => e.code === "docker_missing",
+    );
+  });
+
+  await t.step("engine not reachable → daemon_down", async () => {
+    await using docker = await fakeDocker(`
+echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2
+exit 1`);
+    const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+    await assert.rejects(provider.ensureRunning(), (e: SandboxError) => e.code === "daemon_down");
+    await assert.rejects(provider.exec(["true"]), (e: SandboxError) => e.code === "daemon_down");
+  });
+
+  await t.step("failing image build → image_build_failed with the build log tail", async () => {
+    await using docker = await fakeDocker(`
+case "$1 $2" in
+  "container inspect") echo "Error: No such container: x" >&2; exit 1 ;;
+  "image inspect") if [ "$4" = "{{.Id}}" ]; then echo sha256:base; else exit 1; fi ;;
+esac
+if [ "$1" = build ]; then for i in $(seq 1 30); do echo "step $i"; done; echo "E: unable to locate package" >&2; exit 1; fi`);
+    const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+    await assert.rejects(provider.ensureRunning(), (e: SandboxError) => {
+      assert.equal(e.code, "image_build_failed");
+      assert.match(e.detail ?? "", /step 30/);
+      assert.match(e.detail ?? "", /unable to locate package/);
+      assert.doesNotMatch(e.detail ?? "", /step 1\n/);
+      return true;
+    });
+  });
+
+  await t.step("exec in a missing container → container_not_found", async () => {
+    await using docker = await fakeDocker(
+      `echo "Error response from daemon: No such container: sandbox-work" >&2; exit 1`,
+    );
+    const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+    await assert.rejects(
+      provider.exec(["true"]),
+      (e: SandboxError) => e.code === "container_not_found",
+    );
+  });
+
+  await t.step("exec that docker cannot start → exec_failed", async () => {
+    await using docker = await fakeDocker(`
+echo 'OCI runtime exec failed: exec failed: unable to start container process: exec: "x": executable file not found in $PATH: unknown' >&2
+exit 126`);
+    const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+    await assert.rejects(provider.exec(["x"]), (e: SandboxError) => e.code === "exec_failed");
+  });
+
+  await t.step("a command's own non-zero exit is a result, not an error", async () => {
+    await using docker = await fakeDocker(`echo "usage: thing" >&2; exit 3`);
+    const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+    const result = await provider.exec(["thing"]);
+    assert.equal(result.exitCode, 3);
+    assert.equal(result.stderr, "usage: thing\n");
+    assert.equal(result.oomKilled, false);
+  });
+});
+
+Deno.test("exec passes cwd, env and stdin as docker flags and runs through the session wrapper", async () => {
+  await using docker = await fakeDocker(`[ "$1" = exec ] && cat`);
+  const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+  const result = await provider.exec(["echo", "a b"], {
+    cwd: "/workspace/x",
+    env: { A: "1" },
+    stdin: "in",
+  });
+  assert.equal(result.stdout, "in");
+  const [call] = await docker.callsStartingWith("exec");
+  assert.deepEqual(call.slice(0, 9), [
+    "exec",
+    "--interactive",
+    "--user",
+    "10001:10001",
+    "--workdir",
+    "/workspace/x",
+    "--env",
+    "A=1",
+    "sandbox-work",
+  ]);
+  assert.equal(call[9], "sandbox-exec");
+  assert.deepEqual(call.slice(11), ["echo", "a b"]);
+});
+
+Deno.test("teardownAll() removes only objects carrying the owner label", async () => {
+  await using docker = await fakeDocker(`
+case "$1" in
+  ps) echo sandbox-a; echo sandbox-b ;;
+  network) [ "$2" = ls ] && echo sandbox-a-internal ;;
+  volume) [ "$2" = ls ] && echo sandbox-a-workspace ;;
+esac`);
+  const report = await teardownAll(new DockerCli(docker.program));
+  assert.deepEqual(report, {
+    containers: ["sandbox-a", "sandbox-b"],
+    networks: ["sandbox-a-internal"],
+    volumes: ["sandbox-a-workspace"],
+  });
+  for (
+    const list of [
+      ...await docker.callsStartingWith("ps"),
+      ...await docker.callsStartingWith("network", "ls"),
+      ...await docker.callsStartingWith("volume", "ls"),
+    ]
+  ) {
+    assert.ok(list.includes("label=dev.sandbox.owner=sandbox"), list.join(" "));
+  }
+  assert.deepEqual(await docker.callsStartingWith("rm"), [[
+    "rm",
+    "--force",
+    "sandbox-a",
+    "sandbox-b",
+  ]]);
+});
+
+Deno.test("docker's human sizes parse to bytes", () => {
+  assert.equal(parseDockerSize("1.5MiB"), 1_572_864);
+  assert.equal(parseDockerSize("512kB"), 512_000);
+  assert.equal(parseDockerSize("4GiB"), 4 * 1024 ** 3);
+  assert.equal(parseDockerSize("0B"), 0);
+});
+
+Deno.test("the CLI maps errors to exit codes without stack traces", async (t) => {
+  await using dir = await tempDir();
+  await using docker = await fakeDocker(`
+echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2
+exit 1`);
+  const env = { PATH: `${docker.dir}:${Deno.env.get("PATH")}` };
+  const good = await writeConfig(dir.path, "profiles: {work: {}}");
+
+  await t.step("daemon down → 125", async () => {
+    const result = await runCli(["up", "--profile", "work"], { config: good, env });
+    assert.equal(result.exitCode, 125, explain(result));
+    assert.match(result.stderr, /sandbox: error: Cannot reach the Docker engine/);
+    assert.doesNotMatch(result.stderr, /\n\s+at /);
+  });
+
+  await t.step("invalid config → 2, naming the path", async () => {
+    const bad = await writeConfig(
+      dir.path,
+      "profiles: {work: {sandbox: {resources: {memory: lots}}}}",
+      "bad.yaml",
+    );
+    const result = await runCli(["up"], { config: bad, env });
+    assert.equal(result.exitCode, 2, explain(result));
+    assert.match(
+      result.stderr,
+      /profiles\.work\.sandbox\.resources\.memory: expected a size like "4g"/,
+    );
+  });
+
+  await t.step("unknown command or option → 2", async () => {
+    assert.equal((await runCli(["frobnicate"], { env })).exitCode, 2);
+    assert.equal((await runCli(["up", "--bogus"], { env })).exitCode, 2);
+  });
+
+  await t.step("--help on every command → 0", async () => {
+    for (
+      const args of [
+        ["--help"],
+        ["up", "--help"],
+        ["exec", "--help"],
+        ["config", "show", "--help"],
+        ["image", "build", "--help"],
+      ]
+    ) {
+      const result = await runCli(args, { env });
+      assert.equal(result.exitCode, 0, explain(result));
+      assert.match(result.stdout, /Usage: sandbox/);
+    }
+  });
+});
