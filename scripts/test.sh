@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test command: provisions what is missing (Deno, a Docker engine, the base image), then runs
+# every test — unit (fakes), integration (real Docker) and end-to-end (the CLI as a user runs it).
+# Under CI (CI set), Docker tests fail rather than skip when no engine is reachable.
+#   usage: scripts/test.sh [deno test args...]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash scripts/provision.sh
+
+log="$(mktemp /tmp/sandbox-test.XXXXXX.log)"
+trap 'rm -f "$log"' EXIT
+set +e
+NO_COLOR=1 deno test --allow-all --trace-leaks "${@:-tests/}" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+
+# deno's summary ("ok | 12 passed (3 steps) | 0 failed") as the plain line CI tools read.
+summary="$(grep -E '^(ok|FAILED) \| [0-9]+ passed' "$log" | tail -n 1 || true)"
+if [ -n "$summary" ]; then
+  passed="$(sed -E 's/.*\| ([0-9]+) passed.*/\1/' <<<"$summary")"
+  failed="$(sed -E 's/.*\| ([0-9]+) failed.*/\1/' <<<"$summary")"
+  echo "tests: ${passed} passed, ${failed} failed"
+elif [ "$status" -eq 0 ]; then
+  echo "tests: no test summary found" >&2
+  status=1
+fi
+exit "$status"

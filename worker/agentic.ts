@@ -1,0 +1,142 @@
+/**
+ * `worker agentic`: a deepagents agent working on the real disk in the working directory.
+ *
+ * Tools (ls, read_file, write_file, edit_file, glob, grep, execute, write_todos, task) come from
+ * deepagents' `LocalShellBackend` with `virtualMode: false`, so file tools take real absolute
+ * paths (relative ones resolve under the working directory) and mean the same paths the shell
+ * sees; `execute` runs `sh -c` in the working directory. Containment is the sandbox's job, not
+ * this backend's.
+ *
+ * Each new message of the agent's state becomes wire messages as it appears: assistant text as
+ * `thinking`, each tool call as `tool_call`, each tool message as `tool_result`. The final
+ * assistant text is the `result`.
+ */
+import { createDeepAgent, LocalShellBackend } from "deepagents";
+import { modelCallLimitMiddleware } from "langchain";
+import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langchain/core/messages";
+import type { Emitter } from "./emit.ts";
+import { createChatModel, describeError, type LlmSettings, messageText, UsageTracker } from "./llm.ts";
+
+/** Seconds one `execute` command may run before it is killed. */
+export const COMMAND_TIMEOUT_S = 300;
+
+export interface AgenticOptions {
+  prompt: string;
+  /** Extra system instructions, put before the working-directory note. */
+  instructions?: string;
+  cwd: string;
+  /** Stop with an error result after this many LLM calls. */
+  maxTurns?: number;
+  llm: LlmSettings;
+}
+
+/** Run the agent, emitting its events, the result and the usage. Never throws after starting. */
+export async function runAgentic(options: AgenticOptions, emit: Emitter): Promise<void> {
+  const started = performance.now();
+  const model = options.llm.model;
+  const tracker = new UsageTracker();
+  let result: { content: string; isError: boolean };
+  try {
+    result = await streamAgent(options, emit, tracker);
+  } catch (error) {
+    result = { content: failureText(error, options.maxTurns), isError: true };
+  }
+  await emit.result(result.content, { isError: result.isError, model });
+  await emit.usage(tracker.usage(model, performance.now() - started));
+}
+
+async function streamAgent(
+  options: AgenticOptions,
+  emit: Emitter,
+  tracker: UsageTracker,
+): Promise<{ content: string; isError: boolean }> {
+  const model = options.llm.model;
+  const backend = new LocalShellBackend({
+    rootDir: options.cwd,
+    virtualMode: false,
+    timeout: COMMAND_TIMEOUT_S,
+    inheritEnv: false,
+    env: toolEnvironment(),
+  });
+  const agent = createDeepAgent({
+    model: createChatModel(options.llm, tracker),
+    backend,
+    systemPrompt: systemPrompt(options),
+    middleware: options.maxTurns === undefined
+      ? []
+      : [modelCallLimitMiddleware({ runLimit: options.maxTurns, exitBehavior: "error" })],
+  });
+
+  const seen = new Set<string>();
+  const toolNames = new Map<string, string>();
+  let finalText = "";
+  const stream = await agent.stream(
+    { messages: [new HumanMessage(options.prompt)] },
+    { streamMode: "values" },
+  );
+  for await (const state of stream) {
+    const messages: BaseMessage[] = (state as { messages?: BaseMessage[] }).messages ?? [];
+    for (const message of messages) {
+      const key = message.id ?? "";
+      if (!key || seen.has(key)) continue;
+      seen.add(key);
+      if (AIMessage.isInstance(message)) {
+        const text = messageText(message.content);
+        if (text) await emit.event({ type: "thinking", content: text, model });
+        for (const call of message.tool_calls ?? []) {
+          if (call.id) toolNames.set(call.id, call.name);
+          await emit.event({
+            type: "tool_call",
+            tool_name: call.name,
+            tool_input: call.args,
+            tool_call_id: call.id ?? null,
+            model,
+          });
+        }
+        if (!message.tool_calls?.length) finalText = text;
+      } else if (ToolMessage.isInstance(message)) {
+        const output = typeof message.content === "string"
+          ? message.content
+          : messageText(message.content) || JSON.stringify(message.content);
+        const name = message.name ?? toolNames.get(message.tool_call_id) ?? null;
+        await emit.event({
+          type: "tool_result",
+          tool_name: name,
+          tool_output: output,
+          tool_call_id: message.tool_call_id,
+          is_error: message.status === "error" || (name === "execute" && commandFailed(output)),
+          model,
+        });
+      }
+    }
+  }
+  return { content: finalText, isError: false };
+}
+
+/** deepagents ends `execute` output with "[Command failed with exit code N]" on failure. */
+function commandFailed(output: string): boolean {
+  return /\[Command failed with exit code \d+\](\n\[Output was truncated[^\]]*\])?$/.test(output);
+}
+
+function systemPrompt(options: AgenticOptions): string {
+  const note = [
+    `Your working directory is ${options.cwd}. Work only inside it unless told otherwise.`,
+    "File tools take absolute paths: use paths under the working directory.",
+    "Shell commands run with the working directory as their current directory.",
+  ].join("\n");
+  return options.instructions ? `${options.instructions.trim()}\n\n${note}` : note;
+}
+
+/** The environment of `execute` commands: the worker's, without the LLM token. */
+function toolEnvironment(): Record<string, string> {
+  const env = Deno.env.toObject();
+  delete env.SANDBOX_LLM_TOKEN;
+  return env;
+}
+
+function failureText(error: unknown, maxTurns: number | undefined): string {
+  if (error instanceof Error && error.name === "ModelCallLimitMiddlewareError") {
+    return `Agent stopped: reached the limit of ${maxTurns} turns (--max-turns)`;
+  }
+  return `Agent failed: ${describeError(error)}`;
+}

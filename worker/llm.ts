@@ -1,0 +1,146 @@
+/**
+ * The LLM connection, from the environment only, and token accounting.
+ *
+ * - `SANDBOX_LLM_BASE_URL`: an OpenAI-compatible base URL (the host's credential proxy)
+ * - `SANDBOX_LLM_TOKEN`: sent as the API key; a per-run proxy token, never a provider key
+ * - `SANDBOX_LLM_MODEL`: the default model (`--model` overrides it)
+ * - `SANDBOX_LLM_API`: "openai" (default); "anthropic" is not supported by this build
+ * - `SANDBOX_LLM_MAX_RETRIES`: retries per LLM request on transient errors (default 2)
+ *
+ * Nothing here may reach the network except the base URL: no tracing, no tokenizer downloads
+ * (`streaming: false`, so LangChain never estimates token counts with a downloaded tiktoken).
+ */
+import { ChatOpenAI } from "@langchain/openai";
+import { BaseCallbackHandler } from "@langchain/core/callbacks/base";
+import type { LLMResult } from "@langchain/core/outputs";
+import type { AIMessage } from "@langchain/core/messages";
+import type { DriverUsage } from "../lib/protocol.ts";
+
+export const DEFAULT_MAX_RETRIES = 2;
+
+/** Variables removed from the worker's environment at start: no library may pick them up. */
+const SCRUBBED_ENV = /^(OPENAI_|ANTHROPIC_|LANGSMITH_|LANGCHAIN_|LANGGRAPH_|AZURE_OPENAI_)/;
+
+export interface LlmSettings {
+  baseUrl: string;
+  token: string;
+  model: string;
+  maxRetries: number;
+}
+
+/** A setting is missing or malformed; reported as an `is_error` result. */
+export class LlmConfigError extends Error {
+  override name = "LlmConfigError";
+}
+
+/** Settings from the environment; `model` (from `--model`) overrides `SANDBOX_LLM_MODEL`. */
+export function llmSettings(env: Record<string, string | undefined>, model?: string): LlmSettings {
+  const api = env.SANDBOX_LLM_API || "openai";
+  if (api !== "openai") {
+    throw new LlmConfigError(`Unsupported SANDBOX_LLM_API "${api}": this worker speaks "openai" only`);
+  }
+  const baseUrl = env.SANDBOX_LLM_BASE_URL;
+  if (!baseUrl) throw new LlmConfigError("SANDBOX_LLM_BASE_URL is not set");
+  try {
+    new URL(baseUrl);
+  } catch {
+    throw new LlmConfigError(`SANDBOX_LLM_BASE_URL is not a URL: "${baseUrl}"`);
+  }
+  const token = env.SANDBOX_LLM_TOKEN;
+  if (!token) throw new LlmConfigError("SANDBOX_LLM_TOKEN is not set");
+  const chosen = model || env.SANDBOX_LLM_MODEL;
+  if (!chosen) throw new LlmConfigError("No model: pass --model or set SANDBOX_LLM_MODEL");
+  const retries = env.SANDBOX_LLM_MAX_RETRIES;
+  const maxRetries = retries === undefined || retries === "" ? DEFAULT_MAX_RETRIES : Number(retries);
+  if (!Number.isInteger(maxRetries) || maxRetries < 0) {
+    throw new LlmConfigError(`SANDBOX_LLM_MAX_RETRIES is not a non-negative integer: "${retries}"`);
+  }
+  return { baseUrl, token, model: chosen, maxRetries };
+}
+
+/** Remove provider keys and tracing switches from this process's environment. */
+export function scrubEnvironment(): void {
+  for (const name of Object.keys(Deno.env.toObject())) {
+    if (SCRUBBED_ENV.test(name)) Deno.env.delete(name);
+  }
+}
+
+/** Sums token usage over every LLM call made through a model it is attached to. */
+export class UsageTracker extends BaseCallbackHandler {
+  name = "sandbox_usage_tracker";
+  calls = 0;
+  #input = 0;
+  #output = 0;
+  #cacheRead = 0;
+  #cacheCreation = 0;
+  #reported = false;
+
+  override handleLLMEnd(output: LLMResult): void {
+    this.calls++;
+    for (const generations of output.generations) {
+      for (const generation of generations) {
+        const usage = (generation as { message?: AIMessage }).message?.usage_metadata;
+        if (!usage) continue;
+        this.#reported = true;
+        this.#input += usage.input_tokens ?? 0;
+        this.#output += usage.output_tokens ?? 0;
+        this.#cacheRead += numberOr0(usage.input_token_details?.cache_read);
+        this.#cacheCreation += numberOr0(usage.input_token_details?.cache_creation);
+      }
+    }
+  }
+
+  /** The totals; token counts are `null` when no response reported usage. */
+  usage(model: string, durationMs: number): Partial<DriverUsage> {
+    const known = (n: number) => (this.#reported ? n : null);
+    return {
+      input_tokens: known(this.#input),
+      output_tokens: known(this.#output),
+      cache_read_tokens: known(this.#cacheRead),
+      cache_creation_tokens: known(this.#cacheCreation),
+      duration_ms: Math.round(durationMs),
+      num_turns: this.calls,
+      model,
+    };
+  }
+}
+
+function numberOr0(value: unknown): number {
+  return typeof value === "number" && Number.isFinite(value) ? value : 0;
+}
+
+/** An OpenAI-compatible chat model on the configured endpoint, reporting to `tracker`. */
+export function createChatModel(settings: LlmSettings, tracker: UsageTracker): ChatOpenAI {
+  return new ChatOpenAI({
+    model: settings.model,
+    apiKey: settings.token,
+    configuration: { baseURL: settings.baseUrl },
+    streaming: false,
+    maxRetries: settings.maxRetries,
+    callbacks: [tracker],
+  });
+}
+
+/** The text of a model message: a string, or the text blocks of a content array. */
+export function messageText(content: unknown): string {
+  if (typeof content === "string") return content;
+  if (!Array.isArray(content)) return "";
+  return content
+    .map((block) =>
+      typeof block === "string"
+        ? block
+        : block && typeof block === "object" && block.type === "text" && typeof block.text === "string"
+        ? block.text
+        : ""
+    )
+    .join("");
+}
+
+/** A one-line description of an LLM or agent failure, without a stack trace. */
+export function describeError(error: unknown): string {
+  if (!(error instanceof Error)) return String(error);
+  const cause = error.cause instanceof Error && error.cause.message !== error.message
+    ? ` (${error.cause.message})`
+    : "";
+  return `${error.message}${cause}`;
+}
