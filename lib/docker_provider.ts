@@ -10,6 +10,7 @@ import { DockerCli, isAlreadyExists, isNoSuchObject, LABEL, labelArgs, OWNER, OW
 import { CommandExitError, SandboxError } from "./errors.ts";
 import { sha256Hex } from "./hash.ts";
 import { ensureImage, imageTagFor } from "./image.ts";
+import { withHostLock } from "./lock.ts";
 import { run, spawn } from "./process.ts";
 import type {
   EnsureRunningOptions,
@@ -215,19 +216,24 @@ export class DockerSandboxProvider implements SandboxProvider {
         await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
         continue;
       }
-      await this.#prepare(signal);
-      const created = await this.docker.run(args, { signal });
+      // Docker 20.10 happily creates two networks with one name when asked at the same moment,
+      // so creation is serialised on this host; the loop re-inspects after waiting.
+      const created = await withHostLock(`profile-${this.profile.name}`, async () => {
+        if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
+        await this.#prepare(signal);
+        return await this.docker.run(args, { signal });
+      });
       if (created.exitCode === 0) continue;
       if (isAlreadyExists(created.stderr) && Date.now() < deadline) {
         // A concurrent `up` won the race for the name: use its container.
         await delay(100);
         continue;
       }
-      throw new CommandExitError(
-        "docker_failed",
-        `Cannot start sandbox "${this.names.container}"`,
-        created,
-      );
+      throw new CommandExitError("docker_failed", `Cannot start sandbox "${this.names.container}"`, {
+        argv: args,
+        exitCode: created.exitCode,
+        stderrTail: created.stderr,
+      });
     }
   }
 
@@ -267,11 +273,28 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   async #createIfMissing(inspect: string[], create: string[], signal?: AbortSignal): Promise<void> {
-    if ((await this.docker.run(inspect, { signal })).exitCode === 0) return;
+    const found = await this.docker.run(inspect, { signal });
+    if (found.exitCode === 0) return;
+    if (/ambiguous/.test(found.stderr)) return await this.#dedupe(create[0], inspect.at(-1)!, signal);
     const result = await this.docker.run(create, { signal });
     if (result.exitCode !== 0 && !isAlreadyExists(result.stderr)) {
       throw new CommandExitError("docker_failed", `Cannot create ${create[0]} "${create.at(-1)}"`, result);
     }
+  }
+
+  /**
+   * Two objects under one name (created concurrently from another host): keep the one with the
+   * lowest id, which every process picks alike, and remove the rest.
+   */
+  async #dedupe(kind: string, name: string, signal?: AbortSignal): Promise<void> {
+    const listed = await this.docker.ok(
+      [kind, "ls", "--no-trunc", "--filter", `name=${name}`, "--format", "{{.ID}} {{.Name}}"],
+      "docker_failed",
+      `Cannot list ${kind}s`,
+      { signal },
+    );
+    const ids = listed.split("\n").map((l) => l.split(" ")).filter(([, n]) => n === name).map(([id]) => id).sort();
+    for (const id of ids.slice(1)) await this.docker.run([kind, "rm", id], { signal });
   }
 
   #execArgs(argv: readonly string[], id: string, options: ExecOptions): string[] {

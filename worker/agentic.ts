@@ -22,7 +22,7 @@ export const COMMAND_TIMEOUT_S = 300;
 
 export interface AgenticOptions {
   prompt: string;
-  /** Extra system instructions, put before the working-directory note. */
+  /** Extra system instructions, added to the system prompt. */
   instructions?: string;
   cwd: string;
   /** Stop with an error result after this many LLM calls. */
@@ -118,13 +118,22 @@ function commandFailed(output: string): boolean {
   return /\[Command failed with exit code \d+\](\n\[Output was truncated[^\]]*\])?$/.test(output);
 }
 
+const BASE_PROMPT = [
+  "You are a coding agent working autonomously in a sandbox.",
+  "Nobody will answer questions during the run: make reasonable decisions and carry the task through.",
+  "Use the tools to inspect and change files and to run commands, and check your work (run the code",
+  "or its tests) where you can. When you are done, reply with a short summary of what you did and of",
+  "anything left undone.",
+].join(" ");
+
+/** Base prompt, then the caller's instructions, then where the agent works. */
 function systemPrompt(options: AgenticOptions): string {
-  const note = [
-    `Your working directory is ${options.cwd}. Work only inside it unless told otherwise.`,
+  const where = [
+    `Your working directory is ${options.cwd}.`,
     "File tools take absolute paths: use paths under the working directory.",
     "Shell commands run with the working directory as their current directory.",
-  ].join("\n");
-  return options.instructions ? `${options.instructions.trim()}\n\n${note}` : note;
+  ].join(" ");
+  return [BASE_PROMPT, options.instructions?.trim(), where].filter(Boolean).join("\n\n");
 }
 
 /** The environment of `execute` commands: the worker's, without the LLM token. */

@@ -69,11 +69,10 @@ export function scrubEnvironment(): void {
 export class UsageTracker extends BaseCallbackHandler {
   name = "sandbox_usage_tracker";
   calls = 0;
-  #input = 0;
-  #output = 0;
-  #cacheRead = 0;
-  #cacheCreation = 0;
-  #reported = false;
+  #input: number | null = null;
+  #output: number | null = null;
+  #cacheRead: number | null = null;
+  #cacheCreation: number | null = null;
 
   override handleLLMEnd(output: LLMResult): void {
     this.calls++;
@@ -81,23 +80,21 @@ export class UsageTracker extends BaseCallbackHandler {
       for (const generation of generations) {
         const usage = (generation as { message?: AIMessage }).message?.usage_metadata;
         if (!usage) continue;
-        this.#reported = true;
-        this.#input += usage.input_tokens ?? 0;
-        this.#output += usage.output_tokens ?? 0;
-        this.#cacheRead += numberOr0(usage.input_token_details?.cache_read);
-        this.#cacheCreation += numberOr0(usage.input_token_details?.cache_creation);
+        this.#input = add(this.#input, usage.input_tokens);
+        this.#output = add(this.#output, usage.output_tokens);
+        this.#cacheRead = add(this.#cacheRead, usage.input_token_details?.cache_read);
+        this.#cacheCreation = add(this.#cacheCreation, usage.input_token_details?.cache_creation);
       }
     }
   }
 
-  /** The totals; token counts are `null` when no response reported usage. */
+  /** The totals; a count is `null` when no response reported it. */
   usage(model: string, durationMs: number): Partial<DriverUsage> {
-    const known = (n: number) => (this.#reported ? n : null);
     return {
-      input_tokens: known(this.#input),
-      output_tokens: known(this.#output),
-      cache_read_tokens: known(this.#cacheRead),
-      cache_creation_tokens: known(this.#cacheCreation),
+      input_tokens: this.#input,
+      output_tokens: this.#output,
+      cache_read_tokens: this.#cacheRead,
+      cache_creation_tokens: this.#cacheCreation,
       duration_ms: Math.round(durationMs),
       num_turns: this.calls,
       model,
@@ -105,8 +102,10 @@ export class UsageTracker extends BaseCallbackHandler {
   }
 }
 
-function numberOr0(value: unknown): number {
-  return typeof value === "number" && Number.isFinite(value) ? value : 0;
+/** `total + value`, where an unreported value (not a number) leaves the total as it was. */
+function add(total: number | null, value: unknown): number | null {
+  if (typeof value !== "number" || !Number.isFinite(value)) return total;
+  return (total ?? 0) + value;
 }
 
 /** An OpenAI-compatible chat model on the configured endpoint, reporting to `tracker`. */
