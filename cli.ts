@@ -14,7 +14,9 @@ import {
   resolveProfile,
 } from "./lib/config.ts";
 import { DockerCli } from "./lib/docker.ts";
-import { listSandboxes, statsAll, teardownAll } from "./lib/docker_provider.ts";
+import { type DockerSandboxProvider, listSandboxes, statsAll, teardownAll } from "./lib/docker_provider.ts";
+import { pruneFirewall } from "./lib/host_firewall.ts";
+import { openSession, startHostProxies } from "./lib/session.ts";
 import { ConfigError, EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
 import { ensureImage } from "./lib/image.ts";
 import { StdoutWriter, table } from "./lib/output.ts";
@@ -134,11 +136,13 @@ function buildProgram(): Command {
       const env = parseEnvPairs(opts.env);
       const timeoutMs = parseTimeout(opts.timeout);
       const profile = await profileFor(command, opts.profile);
-      const provider = createProvider(profile, { onProgress: note });
+      const provider = createProvider(profile, { onProgress: note }) as DockerSandboxProvider;
       await provider.ensureRunning({ signal });
+      // While the command runs, this process serves its proxies (LLM credentials, egress).
+      await using session = await openSession(profile, provider, { signal });
       const stream = provider.execStream(argv, {
         cwd: opts.cwd,
-        env,
+        env: { ...session.env, ...env },
         stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
         signal,
         timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
@@ -174,12 +178,43 @@ function buildProgram(): Command {
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
       const report = await teardownAll(new DockerCli(), signal);
+      await pruneFirewall();
       if (opts.json) return void await stdout.json(report);
       const total = report.containers.length + report.networks.length + report.volumes.length;
       if (total === 0) return note("nothing to remove");
       for (const [kind, names] of Object.entries(report)) {
         if ((names as string[]).length > 0) note(`removed ${kind}: ${(names as string[]).join(", ")}`);
       }
+    });
+
+  program.command("proxy")
+    .description("serve the credential and egress proxies standalone, for orchestrators that run their own containers")
+    .addOption(profileOption()).addOption(jsonOption())
+    .option("--listen <addr>", "address to listen on (repeatable; never all interfaces)", collect, [])
+    .action(async (opts: { profile?: string; json?: boolean; listen: string[] }, command: Command) => {
+      const profile = await profileFor(command, opts.profile);
+      const hostnames = opts.listen.length > 0 ? opts.listen : ["127.0.0.1"];
+      await using proxies = await startHostProxies(profile, hostnames, { signal }).catch((error) => {
+        throw error instanceof TypeError ? new SandboxError("usage", `Invalid --listen: ${error.message}`) : error;
+      });
+      const info = {
+        profile: profile.name,
+        llm_base_url: hostnames.map((h) => proxies.llmUrl(h)),
+        egress_proxy_url: hostnames.map((h) => proxies.egressUrl(h)).filter(Boolean),
+        token: proxies.token,
+        model: proxies.model,
+        authentication: "send the token as \"Authorization: Bearer TOKEN\" or \"x-api-key: TOKEN\"; it dies with this process",
+        env: proxies.envFor(hostnames[0]),
+      };
+      if (opts.json) await stdout.json(info);
+      else {
+        note(`credential proxy: ${info.llm_base_url.join(", ")} (OpenAI-style; Anthropic clients use it without /v1)`);
+        if (info.egress_proxy_url.length) note(`egress proxy: ${info.egress_proxy_url.join(", ")} (set HTTP_PROXY/HTTPS_PROXY)`);
+        note(`token: ${info.token}`);
+        note(`sandboxes authenticate with the token as their API key; Ctrl-C stops the proxies`);
+      }
+      await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+      proxyStopped = true;
     });
 
   const image = program.command("image").description("manage the sandbox image");
@@ -247,12 +282,14 @@ function reportError(error: unknown): void {
 }
 
 let exitCode: number = EXIT.ok;
+/** `sandbox proxy` ends on a signal by design: that is success, not an interruption. */
+let proxyStopped = false;
 
 async function main(args: string[]): Promise<number> {
   const program = buildProgram();
   try {
     await program.parseAsync(args, { from: "user" });
-    return exitCode;
+    return proxyStopped ? EXIT.ok : signal.aborted ? EXIT.interrupted : exitCode;
   } catch (error) {
     if (error instanceof CommanderError) {
       // Help and version are successes; anything else commander rejects is a usage error.

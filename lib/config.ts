@@ -66,6 +66,11 @@ const NetworkSchema = z.object({
     "codeload.github.com",
     "deb.debian.org",
   ]),
+  /** Static name → IP map the egress proxy consults before DNS (like /etc/hosts). */
+  hosts: z.record(
+    z.string().regex(DOMAIN_PATTERN, { message: "expected a host name" }),
+    z.string().regex(/^(\d{1,3}\.){3}\d{1,3}$|^[0-9a-f:]+$/i, { message: "expected an IP address" }),
+  ).default({}),
 }).strict();
 
 const ResourcesSchema = z.object({
@@ -103,8 +108,39 @@ const SandboxSchema = z.object({
   environment: EnvironmentSchema.default({}),
 }).strict();
 
+const KeySourceSchema = z.union([
+  z.object({ env: envName }).strict(),
+  z.object({ command: z.array(z.string().min(1)).min(1, { message: "expected a command as a list of arguments" }) }).strict(),
+], { errorMap: () => ({ message: 'expected {env: NAME} or {command: [program, args...]}' }) });
+
+const LlmSchema = z.object({
+  /** A built-in provider, or `custom` with `base_url`, `api` and `key`. */
+  provider: z.enum(["openai", "anthropic", "openrouter", "custom"]).default("openai"),
+  model: z.string().min(1).optional(),
+  /** Only for `custom`: built-in providers' keys never go anywhere but their own endpoint. */
+  base_url: z.string().url({ message: 'expected a URL like "https://llm.example.com/v1"' }).optional(),
+  /** The wire format of a `custom` provider. */
+  api: z.enum(["openai", "anthropic"]).optional(),
+  key: KeySourceSchema.optional(),
+  max_request_body: size("10m").default("10m"),
+}).strict().superRefine((llm, ctx) => {
+  if (llm.provider === "custom") {
+    if (!llm.base_url) ctx.addIssue({ code: "custom", path: ["base_url"], message: "required for provider custom" });
+    if (!llm.key) {
+      ctx.addIssue({ code: "custom", path: ["key"], message: "required for provider custom: name the key source explicitly" });
+    }
+  } else if (llm.base_url) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["base_url"],
+      message: `only provider custom takes a base_url (a ${llm.provider} key is sent only to ${llm.provider})`,
+    });
+  }
+});
+
 const ProfileSchema = z.object({
   description: z.string().optional(),
+  llm: LlmSchema.default({}),
   sandbox: SandboxSchema.default({}),
 }).strict();
 
@@ -127,11 +163,13 @@ export type Config = z.infer<typeof ConfigSchema>;
 export type ProfileConfig = z.infer<typeof ProfileSchema>;
 export type SandboxConfig = z.infer<typeof SandboxSchema>;
 export type NetworkMode = SandboxConfig["network"]["mode"];
+export type LlmConfig = ProfileConfig["llm"];
 
 /** A profile with its name, ready for the engine: units parsed, defaults applied. */
 export interface Profile {
   name: string;
   description?: string;
+  llm: LlmConfig;
   sandbox: SandboxConfig;
   resources: {
     memoryBytes: number;
@@ -275,7 +313,26 @@ export async function loadConfig(options: FindConfigOptions = {}): Promise<Confi
     const reason = error instanceof Deno.errors.NotFound ? "file not found" : String((error as Error).message);
     return { kind: "invalid", file, issues: [{ path: "", message: `cannot read: ${reason}` }] };
   }
-  return parseConfig(text, file);
+  const result = parseConfig(text, file);
+  const named = options.explicit ?? Deno.env.get("SANDBOX_CONFIG");
+  const trusted = named !== undefined || file.startsWith(`${userConfigDir()}/`);
+  return trusted ? result : rejectHostCommands(result);
+}
+
+/**
+ * A configuration found in the working directory or repository comes with the code, and may be
+ * hostile: it may not make the host run commands (key sources of kind `command`). Such sources are
+ * honoured only from the user's own configuration or a file named with --config.
+ */
+function rejectHostCommands(result: ConfigLoadResult): ConfigLoadResult {
+  if (result.kind !== "ok") return result;
+  const issues = Object.entries(result.config.profiles)
+    .filter(([, profile]) => profile.llm.key && "command" in profile.llm.key)
+    .map(([name]) => ({
+      path: `profiles.${name}.llm.key.command`,
+      message: "a key command runs on the host, so it is only honoured from ~/.config/sandbox/config.yaml or a file named with --config, not from a project's sandbox.yaml",
+    }));
+  return issues.length > 0 ? { kind: "invalid", file: result.file, issues } : result;
 }
 
 /** Load, validate and throw `ConfigError` when invalid. */
@@ -302,6 +359,7 @@ export function resolveProfile(config: Config, name?: string): Profile {
   return {
     name: chosen,
     description: profile.description,
+    llm: profile.llm,
     sandbox: profile.sandbox,
     resources: {
       memoryBytes: parseSize(r.memory)!,

@@ -59,6 +59,15 @@ export function sandboxNames(profile: string, instance?: string) {
   };
 }
 
+export interface SandboxNetwork {
+  name: string;
+  /** The host's address on the network: where the sandbox reaches the proxies. */
+  gateway: string;
+  /** The host interface of the network's bridge. */
+  bridge: string;
+  internal: boolean;
+}
+
 interface ContainerInspect {
   Id: string;
   Name: string;
@@ -150,6 +159,9 @@ export class DockerSandboxProvider implements SandboxProvider {
       String(resources.pids),
       "--network",
       this.#networkName,
+      // Names resolve on the host, in the egress proxy: the embedded DNS server of an isolated
+      // sandbox forwards nowhere, so DNS cannot carry data out either.
+      ...(this.profile.sandbox.network.mode === "full" ? [] : ["--dns", "127.0.0.1"]),
       "--restart",
       "no",
       ...Object.entries(this.containerEnv()).flatMap(([k, v]) => ["--env", `${k}=${v}`]),
@@ -168,6 +180,30 @@ export class DockerSandboxProvider implements SandboxProvider {
         ...body,
       ],
       configHash,
+    };
+  }
+
+  /** The sandbox network: its host bridge interface and the host's address on it. */
+  async networkInfo(signal?: AbortSignal): Promise<SandboxNetwork> {
+    const out = await this.docker.ok(
+      ["network", "inspect", this.#networkName, "--format", "{{json .}}"],
+      "docker_failed",
+      `Cannot inspect network "${this.#networkName}"`,
+      { signal },
+    );
+    const net = JSON.parse(out) as {
+      Id: string;
+      Internal: boolean;
+      IPAM: { Config: { Gateway?: string; Subnet?: string }[] | null };
+      Options: Record<string, string> | null;
+    };
+    const gateway = net.IPAM.Config?.find((c) => c.Gateway && c.Gateway.includes("."))?.Gateway;
+    if (!gateway) throw new SandboxError("docker_failed", `Network "${this.#networkName}" has no IPv4 gateway`);
+    return {
+      name: this.#networkName,
+      gateway,
+      bridge: net.Options?.["com.docker.network.bridge.name"] ?? `br-${net.Id.slice(0, 12)}`,
+      internal: net.Internal,
     };
   }
 

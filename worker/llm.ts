@@ -135,11 +135,14 @@ export function messageText(content: unknown): string {
     .join("");
 }
 
-/** A one-line description of an LLM or agent failure, without a stack trace. */
+/** A one-line description of an LLM or agent failure and its causes, without a stack trace. */
 export function describeError(error: unknown): string {
-  if (!(error instanceof Error)) return String(error);
-  const cause = error.cause instanceof Error && error.cause.message !== error.message
-    ? ` (${error.cause.message})`
-    : "";
-  return `${error.message}${cause}`;
+  const parts: string[] = [];
+  let current: unknown = error;
+  for (let depth = 0; current !== undefined && current !== null && depth < 20; depth++) {
+    const text = (current instanceof Error ? current.message : String(current)).trim().replace(/\.$/, "");
+    if (text && !parts.some((part) => part.includes(text))) parts.push(text);
+    current = current instanceof Error ? current.cause : undefined;
+  }
+  return parts.join(": ") || "unknown error";
 }

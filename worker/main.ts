@@ -12,8 +12,6 @@
  */
 import { parseArgs } from "node:util";
 import { Emitter } from "./emit.ts";
-import { runAgentic } from "./agentic.ts";
-import { runGenerate } from "./generate.ts";
 import { loadJsonSchema } from "./json_schema.ts";
 import { describeError, llmSettings, scrubEnvironment } from "./llm.ts";
 
@@ -108,9 +106,12 @@ export async function main(args: readonly string[]): Promise<number> {
       const instructions = command.instructionsFile
         ? await readInput(command.instructionsFile, "instructions")
         : undefined;
+      // Loaded on demand: `generate` need not evaluate deepagents, LangGraph and LangSmith.
+      const { runAgentic } = await import("./agentic.ts");
       await runAgentic({ prompt, instructions, cwd, maxTurns: command.maxTurns, llm }, emit);
     } else {
       const schema = command.schemaFile ? await loadJsonSchema(command.schemaFile) : undefined;
+      const { runGenerate } = await import("./generate.ts");
       await runGenerate({ prompt, schema, llm }, emit);
     }
     return 0;

@@ -1,0 +1,420 @@
+/**
+ * The worker as a real subprocess (from source, and as the one-file bundle run from an empty
+ * directory) against the scripted fake LLM on loopback, in a temporary working directory.
+ */
+import assert from "node:assert/strict";
+import { ChatOpenAI } from "@langchain/openai";
+import type { AIMessageChunk } from "@langchain/core/messages";
+import { type AgenticMessage, decodeMessage } from "../../lib/protocol.ts";
+import { run, type RunResult } from "../../lib/process.ts";
+import { explain, ROOT, tempDir } from "../_helpers.ts";
+import { FakeLlm, type FakeStep, httpError, text, toolCall, writeThenExecute } from "../_fake_llm.ts";
+
+const WORKER = `${ROOT}/worker/main.ts`;
+const MESSAGE_KEYS = [
+  "type",
+  "content",
+  "tool_name",
+  "tool_input",
+  "tool_output",
+  "tool_call_id",
+  "session_id",
+  "is_error",
+  "model",
+  "usage",
+];
+const USAGE_KEYS = [
+  "input_tokens",
+  "output_tokens",
+  "cache_read_tokens",
+  "cache_creation_tokens",
+  "cost_usd",
+  "duration_ms",
+  "num_turns",
+  "model",
+];
+const TOKEN = "run-token-7f3a";
+
+/** How to start the worker: argv before the mode, and extra environment. */
+interface WorkerEntry {
+  argv: string[];
+  cwd?: string;
+  env?: Record<string, string>;
+}
+
+interface WorkerRun {
+  result: RunResult;
+  messages: AgenticMessage[];
+}
+
+/** From source, with only the permissions it needs: no network but the fake LLM. */
+function sourceEntry(fake: FakeLlm): WorkerEntry {
+  return {
+    argv: [
+      Deno.execPath(),
+      "run",
+      "--quiet",
+      `--config=${ROOT}/deno.json`,
+      "--allow-read",
+      "--allow-write",
+      "--allow-env",
+      "--allow-run",
+      "--allow-sys",
+      `--allow-net=127.0.0.1:${fake.port}`,
+      WORKER,
+    ],
+  };
+}
+
+function llmEnv(fake: FakeLlm): Record<string, string> {
+  return {
+    SANDBOX_LLM_BASE_URL: fake.proxyBaseUrl,
+    SANDBOX_LLM_TOKEN: TOKEN,
+    SANDBOX_LLM_MODEL: "fake-model",
+    SANDBOX_LLM_MAX_RETRIES: "0",
+  };
+}
+
+/**
+ * Run the worker to completion and parse stdout strictly: every line must decode and carry every
+ * field (absent ones as null).
+ */
+async function runWorker(
+  entry: WorkerEntry,
+  args: string[],
+  env: Record<string, string>,
+): Promise<WorkerRun> {
+  const result = await run([...entry.argv, ...args], {
+    cwd: entry.cwd,
+    clearEnv: true,
+    env: { HOME: Deno.env.get("HOME") ?? "/tmp", ...entry.env, ...env },
+    timeoutMs: 120_000,
+  });
+  const lines = result.stdout.split("\n");
+  assert.equal(lines.pop(), "", `stdout ends with a newline\n${explain(result)}`);
+  const messages = lines.map((line, i) => {
+    const raw = JSON.parse(line);
+    assert.deepEqual(Object.keys(raw), MESSAGE_KEYS, `line ${i + 1} has every field\n${line}`);
+    if (raw.usage !== null) assert.deepEqual(Object.keys(raw.usage), USAGE_KEYS);
+    return decodeMessage(line, i + 1);
+  });
+  return { result, messages };
+}
+
+/** Exactly one result, followed by the usage line, last; tool results answer earlier calls. */
+function assertRunShape(run: WorkerRun): { result: AgenticMessage; usage: AgenticMessage } {
+  const { messages } = run;
+  const context = explain(run.result);
+  assert.equal(run.result.exitCode, 0, context);
+  assert.equal(messages.filter((m) => m.type === "result").length, 1, context);
+  assert.equal(messages.filter((m) => m.type === "usage").length, 1, context);
+  assert.equal(messages.at(-1)?.type, "usage", context);
+  assert.equal(messages.at(-2)?.type, "result", context);
+  const called = new Set<string>();
+  for (const message of messages) {
+    if (message.type === "tool_call") called.add(message.tool_call_id ?? "");
+    if (message.type === "tool_result") {
+      assert.ok(called.has(message.tool_call_id ?? ""), `tool_result answers an earlier call\n${context}`);
+    }
+  }
+  assert.ok(!/^\s+at /m.test(run.result.stdout), `no stack trace on stdout\n${context}`);
+  return { result: messages.at(-2)!, usage: messages.at(-1)! };
+}
+
+/** A working directory and a prompt file for one run. */
+async function workspace(prompt: string) {
+  const dir = await tempDir("sandbox-worker-");
+  const work = `${dir.path}/work`;
+  await Deno.mkdir(work);
+  const promptFile = `${dir.path}/prompt.txt`;
+  await Deno.writeTextFile(promptFile, prompt);
+  return { dir, work, promptFile };
+}
+
+/** The canonical agent run and everything it must prove, for a given way of starting the worker. */
+async function checkAgenticRun(entryFor: (fake: FakeLlm) => WorkerEntry | Promise<WorkerEntry>) {
+  const marker = `PROMPT-MARKER-${crypto.randomUUID()}`;
+  const { dir, work, promptFile } = await workspace(`Create hello.txt. ${marker}`);
+  await using _dir = dir;
+  await using fake = new FakeLlm(
+    writeThenExecute("hello.txt", "hi from the agent\n", 'cat hello.txt; echo "ran:$((6*7))"; echo "token=[$SANDBOX_LLM_TOKEN]"'),
+  );
+  const entry = await entryFor(fake);
+  const outcome = await runWorker(entry, ["agentic", "--prompt-file", promptFile, "--cwd", work], llmEnv(fake));
+  const { result, usage } = assertRunShape(outcome);
+  const context = explain(outcome.result);
+
+  assert.equal(await Deno.readTextFile(`${work}/hello.txt`), "hi from the agent\n", context);
+  assert.deepEqual(
+    outcome.messages.map((m) => m.type),
+    ["tool_call", "tool_result", "tool_call", "tool_result", "thinking", "result", "usage"],
+    context,
+  );
+  const [write, written, execute, executed] = outcome.messages;
+  assert.equal(write.tool_name, "write_file");
+  assert.deepEqual(write.tool_input, { file_path: "hello.txt", content: "hi from the agent\n" });
+  assert.equal(written.tool_call_id, write.tool_call_id);
+  assert.equal(execute.tool_name, "execute");
+  assert.equal(executed.tool_name, "execute");
+  assert.equal(executed.is_error, false);
+  assert.match(executed.tool_output ?? "", /hi from the agent\nran:42\n/, "the command really ran");
+  assert.match(executed.tool_output ?? "", /token=\[\]/, "commands do not see the LLM token");
+
+  assert.equal(result.is_error, false);
+  assert.equal(result.content, "Done: wrote the file and ran the command");
+  assert.equal(usage.usage?.input_tokens, fake.usage.promptTokens, context);
+  assert.equal(usage.usage?.output_tokens, fake.usage.completionTokens, context);
+  assert.equal(usage.usage?.num_turns, 3);
+  assert.equal(usage.usage?.model, "fake-model");
+  assert.ok((usage.usage?.duration_ms ?? -1) >= 0);
+
+  assert.equal(fake.requests.length, 3);
+  for (const request of fake.requests) {
+    assert.equal(request.path, "/proxy/v1/chat/completions");
+    assert.equal(request.headers.get("authorization"), `Bearer ${TOKEN}`);
+  }
+  assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker), "the prompt reached the LLM");
+  assert.ok(!outcome.result.stdout.includes(marker), "the prompt is not echoed on stdout");
+  assert.ok(!outcome.result.stderr.includes(marker), "the prompt is not echoed on stderr");
+  assert.ok(await Deno.stat(promptFile), "the worker leaves the prompt file to its owner");
+  assert.ok(!/tiktoken|Failed to calculate/i.test(outcome.result.stderr), `no tokenizer download\n${context}`);
+}
+
+Deno.test("worker agentic (source) really writes the file and runs the command, streaming valid NDJSON", async () => {
+  await checkAgenticRun(sourceEntry);
+});
+
+Deno.test("worker agentic (bundle) runs from an empty directory with no npm cache and no config", async () => {
+  await using build = await tempDir("sandbox-worker-bundle-");
+  const bundle = await run(
+    [Deno.execPath(), "bundle", "--quiet", "--platform", "deno", "-o", `${build.path}/worker.js`, WORKER],
+    { cwd: ROOT, timeoutMs: 120_000 },
+  );
+  assert.equal(bundle.exitCode, 0, explain(bundle));
+  await using empty = await tempDir("sandbox-worker-empty-");
+  await Deno.copyFile(`${build.path}/worker.js`, `${empty.path}/worker.js`);
+  await checkAgenticRun(() => ({
+    argv: [Deno.execPath(), "run", "--allow-all", "--no-config", "--quiet", "worker.js"],
+    cwd: empty.path,
+    env: { DENO_DIR: `${empty.path}/.deno` },
+  }));
+});
+
+Deno.test("worker agentic marks a failed command's tool_result as an error, not the run", async () => {
+  const { dir, work, promptFile } = await workspace("Run it");
+  await using _dir = dir;
+  await using fake = new FakeLlm([toolCall("execute", { command: "echo oops >&2; exit 3" }), text("It failed")]);
+  const outcome = await runWorker(sourceEntry(fake), ["agentic", "--prompt-file", promptFile, "--cwd", work], llmEnv(fake));
+  const { result } = assertRunShape(outcome);
+  const executed = outcome.messages.find((m) => m.type === "tool_result");
+  assert.equal(executed?.is_error, true, explain(outcome.result));
+  assert.match(executed?.tool_output ?? "", /\[stderr\] oops/);
+  assert.equal(result.is_error, false);
+  assert.equal(result.content, "It failed");
+});
+
+Deno.test("worker agentic passes --instructions-file into the system prompt and --model to the LLM", async () => {
+  const { dir, work, promptFile } = await workspace("Hi");
+  await using _dir = dir;
+  const instructions = `${dir.path}/instructions.md`;
+  await Deno.writeTextFile(instructions, "Always answer in French.");
+  await using fake = new FakeLlm([text("Bonjour")]);
+  const outcome = await runWorker(
+    sourceEntry(fake),
+    ["agentic", "--prompt-file", promptFile, "--instructions-file", instructions, "--model", "other-model", "--cwd", work],
+    llmEnv(fake),
+  );
+  const { result, usage } = assertRunShape(outcome);
+  assert.equal(result.content, "Bonjour");
+  assert.equal(usage.usage?.model, "other-model");
+  const body = fake.requests[0].body;
+  assert.equal(body.model, "other-model");
+  const system = JSON.stringify(body.messages[0]);
+  assert.ok(system.includes("Always answer in French."), system);
+  assert.ok(system.includes(work), "the system prompt names the working directory");
+});
+
+Deno.test("worker agentic stops at --max-turns with an is_error result", async () => {
+  const { dir, work, promptFile } = await workspace("Loop");
+  await using _dir = dir;
+  await using fake = new FakeLlm([
+    toolCall("execute", { command: "echo 1" }),
+    toolCall("execute", { command: "echo 2" }),
+    toolCall("execute", { command: "echo 3" }),
+    text("never reached"),
+  ]);
+  const outcome = await runWorker(
+    sourceEntry(fake),
+    ["agentic", "--prompt-file", promptFile, "--cwd", work, "--max-turns", "2"],
+    llmEnv(fake),
+  );
+  const { result, usage } = assertRunShape(outcome);
+  assert.equal(result.is_error, true, explain(outcome.result));
+  assert.match(result.content ?? "", /limit of 2 turns/);
+  assert.equal(fake.completions, 2);
+  assert.equal(usage.usage?.num_turns, 2);
+});
+
+Deno.test("worker agentic turns an LLM error into an is_error result", async () => {
+  const { dir, work, promptFile } = await workspace("Hi");
+  await using _dir = dir;
+  await using fake = new FakeLlm([httpError(400, "model not allowed here")]);
+  const outcome = await runWorker(sourceEntry(fake), ["agentic", "--prompt-file", promptFile, "--cwd", work], llmEnv(fake));
+  const { result, usage } = assertRunShape(outcome);
+  assert.equal(result.is_error, true);
+  assert.match(result.content ?? "", /^Agent failed: .*model not allowed here/);
+  assert.equal(usage.usage?.input_tokens, null, "no response reported usage");
+});
+
+Deno.test("worker turns an unreachable LLM into an is_error result, not a crash", async (t) => {
+  // A port that was just free: nothing listens there.
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (listener.addr as Deno.NetAddr).port;
+  listener.close();
+  const { dir, work, promptFile } = await workspace("Hi");
+  await using _dir = dir;
+  await using fake = new FakeLlm();
+  const env = { ...llmEnv(fake), SANDBOX_LLM_BASE_URL: `http://127.0.0.1:${port}/proxy/v1` };
+  const entry = sourceEntry(fake);
+  entry.argv = entry.argv.map((arg) => arg.startsWith("--allow-net=") ? `--allow-net=127.0.0.1:${port}` : arg);
+  for (const mode of ["agentic", "generate"]) {
+    await t.step(mode, async () => {
+      const outcome = await runWorker(entry, [mode, "--prompt-file", promptFile, "--cwd", work].slice(0, mode === "generate" ? 3 : 5), env);
+      const { result } = assertRunShape(outcome);
+      assert.equal(result.is_error, true);
+      assert.match(result.content ?? "", /Connection error/i, explain(outcome.result));
+    });
+  }
+});
+
+Deno.test("worker generate without a schema returns the model's text", async () => {
+  const { dir, promptFile } = await workspace("Say hi");
+  await using _dir = dir;
+  await using fake = new FakeLlm([text("hi there", { promptTokens: 12, completionTokens: 3 })]);
+  const outcome = await runWorker(sourceEntry(fake), ["generate", "--prompt-file", promptFile], llmEnv(fake));
+  const { result, usage } = assertRunShape(outcome);
+  assert.deepEqual(outcome.messages.map((m) => m.type), ["result", "usage"]);
+  assert.equal(result.content, "hi there");
+  assert.equal(result.is_error, false);
+  assert.equal(usage.usage?.input_tokens, 12);
+  assert.equal(usage.usage?.output_tokens, 3);
+  assert.equal(usage.usage?.num_turns, 1);
+  assert.equal(fake.requests[0].body.tools, undefined, "generate offers no tools");
+});
+
+const VERDICT_SCHEMA = {
+  $schema: "https://json-schema.org/draft/2020-12/schema",
+  title: "Verdict",
+  type: "object",
+  properties: {
+    approved: { type: "boolean" },
+    score: { type: "integer", minimum: 0, maximum: 10 },
+    notes: { type: "array", items: { type: "string" } },
+  },
+  required: ["approved", "score"],
+  additionalProperties: false,
+};
+
+async function generateWithSchema(answer: FakeStep) {
+  const { dir, promptFile } = await workspace("Review this");
+  const schemaFile = `${dir.path}/verdict.json`;
+  await Deno.writeTextFile(schemaFile, JSON.stringify(VERDICT_SCHEMA));
+  const fake = new FakeLlm([answer]);
+  const outcome = await runWorker(
+    sourceEntry(fake),
+    ["generate", "--prompt-file", promptFile, "--schema", schemaFile],
+    llmEnv(fake),
+  );
+  await fake[Symbol.asyncDispose]();
+  await dir[Symbol.asyncDispose]();
+  return { outcome, fake, ...assertRunShape(outcome) };
+}
+
+Deno.test("worker generate with a schema returns JSON valid against it, asking for structured output", async () => {
+  const { result, fake } = await generateWithSchema(text('```json\n{"approved": true, "score": 8, "notes": ["ok"]}\n```'));
+  assert.equal(result.is_error, false, result.content ?? "");
+  assert.deepEqual(JSON.parse(result.content ?? ""), { approved: true, score: 8, notes: ["ok"] });
+  const format = fake.requests[0].body.response_format;
+  assert.equal(format?.type, "json_schema");
+  assert.equal(format?.json_schema?.name, "Verdict");
+  assert.deepEqual(format?.json_schema?.schema, VERDICT_SCHEMA);
+});
+
+Deno.test("worker generate reports output that violates the schema as an is_error result", async (t) => {
+  await t.step("wrong types and a missing property", async () => {
+    const { result } = await generateWithSchema(text('{"approved": "yes", "notes": [1]}'));
+    assert.equal(result.is_error, true);
+    assert.match(result.content ?? "", /^Model output does not match the schema ".*verdict\.json": /);
+    assert.match(result.content ?? "", /required property "score"/);
+    assert.match(result.content ?? "", /#\/approved: Instance type "string" is invalid/);
+    assert.match(result.content ?? "", /#\/notes\/0: /);
+  });
+  await t.step("not JSON at all", async () => {
+    const { result } = await generateWithSchema(text("Sure! The verdict is: approved."));
+    assert.equal(result.is_error, true);
+    assert.match(result.content ?? "", /^Model output is not valid JSON: /);
+  });
+});
+
+Deno.test("worker reports unusable inputs as an is_error result, and bad usage with exit code 2", async (t) => {
+  await using fake = new FakeLlm();
+  const { dir, promptFile } = await workspace("x");
+  await using _dir = dir;
+  await t.step("a missing prompt file", async () => {
+    const outcome = await runWorker(sourceEntry(fake), ["generate", "--prompt-file", `${dir.path}/nope.txt`], llmEnv(fake));
+    const { result } = assertRunShape(outcome);
+    assert.equal(result.is_error, true);
+    assert.match(result.content ?? "", /Cannot read prompt file ".*nope\.txt"/);
+  });
+  await t.step("a schema file that is not JSON", async () => {
+    const schema = `${dir.path}/bad.json`;
+    await Deno.writeTextFile(schema, "{nope");
+    const outcome = await runWorker(sourceEntry(fake), ["generate", "--prompt-file", promptFile, "--schema", schema], llmEnv(fake));
+    const { result } = assertRunShape(outcome);
+    assert.match(result.content ?? "", /Schema ".*bad\.json" is not valid JSON/);
+  });
+  await t.step("no LLM endpoint configured", async () => {
+    const outcome = await runWorker(sourceEntry(fake), ["generate", "--prompt-file", promptFile], {});
+    const { result } = assertRunShape(outcome);
+    assert.match(result.content ?? "", /SANDBOX_LLM_BASE_URL is not set/);
+  });
+  await t.step("an unknown mode or flag", async () => {
+    for (const args of [["bogus"], ["agentic", "--prompt-file", promptFile, "--nope"], ["agentic"]]) {
+      const result = await run([...sourceEntry(fake).argv, ...args], { timeoutMs: 60_000 });
+      assert.equal(result.exitCode, 2, explain(result));
+      assert.equal(result.stdout, "");
+      assert.match(result.stderr, /Usage:/);
+    }
+  });
+  assert.equal(fake.requests.length, 0);
+});
+
+Deno.test("the fake LLM streams tool calls, text and usage over SSE that a real client parses", async () => {
+  await using fake = new FakeLlm([
+    toolCall("write_file", { file_path: "a.txt", content: "x" }),
+    text("all done", { promptTokens: 5, completionTokens: 2 }),
+  ]);
+  const model = new ChatOpenAI({
+    model: "fake-model",
+    apiKey: "t",
+    configuration: { baseURL: fake.baseUrl },
+    streaming: true,
+    streamUsage: true,
+    maxRetries: 0,
+  });
+  const collect = async () => {
+    let whole: AIMessageChunk | undefined;
+    for await (const chunk of await model.stream("hi")) whole = whole ? whole.concat(chunk) : chunk;
+    return whole!;
+  };
+  const first = await collect();
+  assert.equal(first.tool_calls?.[0]?.name, "write_file");
+  assert.deepEqual(first.tool_calls?.[0]?.args, { file_path: "a.txt", content: "x" });
+  const second = await collect();
+  assert.equal(second.content, "all done");
+  assert.equal(second.usage_metadata?.input_tokens, 5);
+  assert.equal(second.usage_metadata?.output_tokens, 2);
+  assert.equal(fake.requests.length, 2);
+  assert.equal(fake.requests[0].path, "/v1/chat/completions");
+  assert.equal(fake.requests[0].body.stream, true);
+});
