@@ -160,8 +160,11 @@ export class DockerSandboxProvider implements SandboxProvider {
       "--network",
       this.#networkName,
       // Names resolve on the host, in the egress proxy: the embedded DNS server of an isolated
-      // sandbox forwards nowhere, so DNS cannot carry data out either.
-      ...(this.profile.sandbox.network.mode === "full" ? [] : ["--dns", "127.0.0.1"]),
+      // sandbox forwards nowhere, so DNS cannot carry data out either; and a lookup fails in a
+      // second or two instead of the resolver's default twenty.
+      ...(this.profile.sandbox.network.mode === "full"
+        ? []
+        : ["--dns", "127.0.0.1", "--dns-option", "timeout:1", "--dns-option", "attempts:1"]),
       "--restart",
       "no",
       ...Object.entries(this.containerEnv()).flatMap(([k, v]) => ["--env", `${k}=${v}`]),

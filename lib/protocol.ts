@@ -95,7 +95,9 @@ export function agenticMessage(init: AgenticMessageInit): AgenticMessage {
 /** One message as one JSON line (no trailing newline), every field present. */
 export function encodeMessage(message: AgenticMessageInit): string {
   const full = agenticMessage(message);
-  if (full.tool_output !== null) full.tool_output = truncate(full.tool_output, MAX_TOOL_OUTPUT_CHARS);
+  if (full.tool_output !== null) {
+    full.tool_output = truncate(full.tool_output, MAX_TOOL_OUTPUT_CHARS);
+  }
   return JSON.stringify(full);
 }
 
@@ -117,7 +119,11 @@ export class ProtocolError extends SandboxError {
   constructor(lineNumber: number, line: string, problem: string, options?: ErrorOptions) {
     const quoted = line.length > QUOTED_LINE_CHARS ? `${line.slice(0, QUOTED_LINE_CHARS)}…` : line;
     const shown = quoted ? `: ${quoted}` : "";
-    super("exec_failed", `Invalid worker message on line ${lineNumber}: ${problem}${shown}`, options);
+    super(
+      "exec_failed",
+      `Invalid worker message on line ${lineNumber}: ${problem}${shown}`,
+      options,
+    );
     this.lineNumber = lineNumber;
     this.line = quoted;
   }

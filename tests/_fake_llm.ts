@@ -1,16 +1,19 @@
 /**
- * A scripted fake of an OpenAI-compatible LLM on 127.0.0.1 (port 0), for worker and end-to-end
- * tests. Each `POST …/chat/completions` (served at `/v1/` and at `/proxy/v1/`, where the credential
- * proxy would sit) takes the next step of the script:
+ * A scripted fake LLM on 127.0.0.1 (port 0), for worker and end-to-end tests. It speaks the OpenAI
+ * Chat Completions API (`POST …/v1/chat/completions`) and the Anthropic Messages API
+ * (`POST …/v1/messages`), each served at `/v1/` and at `/proxy/v1/`, where the credential proxy
+ * would sit. Each request takes the next step of one shared script:
  *
- * - a tool call step: the assistant asks for one or more tool calls (finish_reason "tool_calls")
- * - a text step: the assistant answers with text (finish_reason "stop")
- * - an HTTP error step: the endpoint answers with an error status and an OpenAI-style error body
+ * - a tool call step: the assistant asks for one or more tool calls (finish_reason "tool_calls",
+ *   or Anthropic `tool_use` blocks with stop_reason "tool_use")
+ * - a text step: the assistant answers with text (finish_reason "stop" / stop_reason "end_turn")
+ * - an HTTP error step: an error status with the API's error body
  *
- * Both plain JSON and `stream: true` (SSE) responses are served. Every response reports `usage`
- * (in SSE as the final chunk when `stream_options.include_usage` is set), and `usage` sums what
- * was reported so tests can compare token totals. A request after the script is exhausted gets a
- * 500. Every request is recorded (headers and parsed body); tests synchronise on `nextRequest()`.
+ * OpenAI responses are plain JSON, or SSE for `stream: true`; Anthropic responses are plain JSON
+ * only (`stream: true` gets a 400). Every response reports usage (in OpenAI SSE as the final chunk
+ * when `stream_options.include_usage` is set), and `usage` sums what was reported so tests can
+ * compare token totals. A request after the script is exhausted gets a 500. Every request is
+ * recorded (headers and parsed body); tests synchronise on `nextRequest()`.
  */
 
 export interface FakeToolCall {
@@ -124,31 +127,74 @@ export class FakeLlm implements AsyncDisposable {
     } catch {
       return errorResponse(400, "Request body is not JSON");
     }
-    const recorded: FakeLlmRequest = { path: url.pathname, headers: new Headers(req.headers), body };
+    const recorded: FakeLlmRequest = {
+      path: url.pathname,
+      headers: new Headers(req.headers),
+      body,
+    };
     this.requests.push(recorded);
     for (const waiter of this.#waiters.splice(0)) waiter(recorded);
 
     const route = url.pathname.replace(/^\/proxy/, "");
-    if (req.method !== "POST" || route !== "/v1/chat/completions") {
+    const api = route === "/v1/chat/completions"
+      ? "openai"
+      : route === "/v1/messages"
+      ? "anthropic"
+      : undefined;
+    if (req.method !== "POST" || !api) {
       return errorResponse(404, `No route ${req.method} ${url.pathname}`);
     }
+    // deno-lint-ignore no-explicit-any
+    if (api === "anthropic" && (body as any)?.stream) {
+      return anthropicError(400, "The fake LLM serves Anthropic messages without streaming only");
+    }
     const step = this.script.shift();
-    if (!step) return errorResponse(500, "Fake LLM script exhausted");
-    if (step.kind === "http_error") return errorResponse(step.status, step.message);
-    return this.#complete(step, recorded.body);
+    const fail = api === "openai" ? errorResponse : anthropicError;
+    if (!step) return fail(500, "Fake LLM script exhausted");
+    if (step.kind === "http_error") return fail(step.status, step.message);
+    return api === "openai"
+      ? this.#complete(step, recorded.body)
+      : this.#message(step, recorded.body);
   }
 
-  // deno-lint-ignore no-explicit-any
-  #complete(step: Exclude<FakeStep, { kind: "http_error" }>, request: any): Response {
+  /** Count the step's usage and give its tool calls their ids. */
+  #serve(step: Exclude<FakeStep, { kind: "http_error" }>) {
     const usage = step.usage ?? DEFAULT_USAGE;
     this.usage.promptTokens += usage.promptTokens;
     this.usage.completionTokens += usage.completionTokens;
     this.completions++;
+    const calls = step.kind === "tool_calls"
+      ? step.calls.map((call) => ({ ...call, id: call.id ?? `call_${++this.#callIds}` }))
+      : [];
+    return { usage, calls, text: step.text ?? null };
+  }
+
+  // deno-lint-ignore no-explicit-any
+  #message(step: Exclude<FakeStep, { kind: "http_error" }>, request: any): Response {
+    const { usage, calls, text } = this.#serve(step);
+    const content: unknown[] = text ? [{ type: "text", text }] : [];
+    for (const call of calls) {
+      content.push({ type: "tool_use", id: call.id, name: call.name, input: call.args });
+    }
+    return Response.json({
+      id: `msg_${this.completions}`,
+      type: "message",
+      role: "assistant",
+      model: typeof request?.model === "string" ? request.model : "fake-model",
+      content,
+      stop_reason: calls.length ? "tool_use" : "end_turn",
+      stop_sequence: null,
+      usage: { input_tokens: usage.promptTokens, output_tokens: usage.completionTokens },
+    });
+  }
+
+  // deno-lint-ignore no-explicit-any
+  #complete(step: Exclude<FakeStep, { kind: "http_error" }>, request: any): Response {
+    const { usage, calls, text: content } = this.#serve(step);
     const model = typeof request?.model === "string" ? request.model : "fake-model";
-    const content = step.text ?? null;
-    const toolCalls = step.kind === "tool_calls"
-      ? step.calls.map((call) => ({
-        id: call.id ?? `call_${++this.#callIds}`,
+    const toolCalls = calls.length
+      ? calls.map((call) => ({
+        id: call.id,
         type: "function",
         function: { name: call.name, arguments: JSON.stringify(call.args) },
       }))
@@ -173,21 +219,47 @@ export class FakeLlm implements AsyncDisposable {
       if (content) {
         // Two pieces, to exercise the client's reassembly.
         const half = Math.ceil(content.length / 2);
-        events.push(chunk({ content: content.slice(0, half) }), chunk({ content: content.slice(half) }));
+        events.push(
+          chunk({ content: content.slice(0, half) }),
+          chunk({ content: content.slice(half) }),
+        );
       }
       toolCalls?.forEach((call, index) => {
-        events.push(chunk({ tool_calls: [{ index, id: call.id, type: "function", function: { name: call.function.name, arguments: "" } }] }));
-        events.push(chunk({ tool_calls: [{ index, function: { arguments: call.function.arguments } }] }));
+        events.push(
+          chunk({
+            tool_calls: [{
+              index,
+              id: call.id,
+              type: "function",
+              function: { name: call.function.name, arguments: "" },
+            }],
+          }),
+        );
+        events.push(
+          chunk({ tool_calls: [{ index, function: { arguments: call.function.arguments } }] }),
+        );
       });
       events.push(chunk({}, finishReason));
       if (request.stream_options?.include_usage) {
-        events.push(JSON.stringify({ id, object: "chat.completion.chunk", created: 0, model, choices: [], usage: openaiUsage }));
+        events.push(
+          JSON.stringify({
+            id,
+            object: "chat.completion.chunk",
+            created: 0,
+            model,
+            choices: [],
+            usage: openaiUsage,
+          }),
+        );
       }
       events.push("[DONE]");
       const encoder = new TextEncoder();
-      return new Response(ReadableStream.from(events.map((data) => encoder.encode(`data: ${data}\n\n`))), {
-        headers: { "content-type": "text/event-stream", "cache-control": "no-cache" },
-      });
+      return new Response(
+        ReadableStream.from(events.map((data) => encoder.encode(`data: ${data}\n\n`))),
+        {
+          headers: { "content-type": "text/event-stream", "cache-control": "no-cache" },
+        },
+      );
     }
     return Response.json({
       id,
@@ -202,6 +274,13 @@ export class FakeLlm implements AsyncDisposable {
       usage: openaiUsage,
     });
   }
+}
+
+function anthropicError(status: number, message: string): Response {
+  return Response.json(
+    { type: "error", error: { type: "invalid_request_error", message } },
+    { status },
+  );
 }
 
 function errorResponse(status: number, message: string): Response {

@@ -1,21 +1,28 @@
 /**
  * `worker agentic`: a deepagents agent working on the real disk in the working directory.
  *
- * Tools (ls, read_file, write_file, edit_file, glob, grep, execute, write_todos, task) come from
- * deepagents' `LocalShellBackend` with `virtualMode: false`, so file tools take real absolute
- * paths (relative ones resolve under the working directory) and mean the same paths the shell
- * sees; `execute` runs `sh -c` in the working directory. Containment is the sandbox's job, not
- * this backend's.
+ * Tools (ls, read_file, write_file, edit_file, delete, glob, grep, execute, and task for a
+ * sub-agent) come from deepagents' `LocalShellBackend` with `virtualMode: false`: file tools take
+ * real paths (relative ones resolve under the working directory), the same paths the shell sees;
+ * `execute` runs `sh -c` in the working directory with the environment the host gave the worker.
+ * Containment is the sandbox's job, not this backend's.
  *
  * Each new message of the agent's state becomes wire messages as it appears: assistant text as
- * `thinking`, each tool call as `tool_call`, each tool message as `tool_result`. The final
- * assistant text is the `result`.
+ * `thinking`, each tool call as `tool_call`, each tool message as `tool_result` (a sub-agent's own
+ * steps are not streamed: only its `task` call and result). The final assistant text is the
+ * `result`, also sent as `thinking` before it, as the Python worker did.
  */
 import { createDeepAgent, LocalShellBackend } from "deepagents";
 import { modelCallLimitMiddleware } from "langchain";
 import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langchain/core/messages";
 import type { Emitter } from "./emit.ts";
-import { createChatModel, describeError, type LlmSettings, messageText, UsageTracker } from "./llm.ts";
+import {
+  createChatModel,
+  describeError,
+  type LlmSettings,
+  messageText,
+  UsageTracker,
+} from "./llm.ts";
 
 /** Seconds one `execute` command may run before it is killed. */
 export const COMMAND_TIMEOUT_S = 300;
@@ -27,6 +34,8 @@ export interface AgenticOptions {
   cwd: string;
   /** Stop with an error result after this many LLM calls. */
   maxTurns?: number;
+  /** The environment of `execute` commands: the one the host gave the worker. */
+  toolEnv: Record<string, string>;
   llm: LlmSettings;
 }
 
@@ -56,7 +65,7 @@ async function streamAgent(
     virtualMode: false,
     timeout: COMMAND_TIMEOUT_S,
     inheritEnv: false,
-    env: toolEnvironment(),
+    env: options.toolEnv,
   });
   const agent = createDeepAgent({
     model: createChatModel(options.llm, tracker),
@@ -68,18 +77,22 @@ async function streamAgent(
   });
 
   const seen = new Set<string>();
+  const seenWithoutId = new WeakSet<BaseMessage>();
   const toolNames = new Map<string, string>();
   let finalText = "";
+  // The host went away (stdout closed, e.g. its `docker exec` client was killed): stop the agent
+  // instead of letting it work on with nobody listening.
+  const hostGone = new AbortController();
   const stream = await agent.stream(
     { messages: [new HumanMessage(options.prompt)] },
-    { streamMode: "values" },
+    { streamMode: "values", signal: hostGone.signal },
   );
   for await (const state of stream) {
     const messages: BaseMessage[] = (state as { messages?: BaseMessage[] }).messages ?? [];
     for (const message of messages) {
-      const key = message.id ?? "";
-      if (!key || seen.has(key)) continue;
-      seen.add(key);
+      if (message.id ? seen.has(message.id) : seenWithoutId.has(message)) continue;
+      if (message.id) seen.add(message.id);
+      else seenWithoutId.add(message);
       if (AIMessage.isInstance(message)) {
         const text = messageText(message.content);
         if (text) await emit.event({ type: "thinking", content: text, model });
@@ -109,6 +122,10 @@ async function streamAgent(
         });
       }
     }
+    if (emit.closed) {
+      hostGone.abort();
+      return { content: "Stopped: stdout was closed", isError: true };
+    }
   }
   return { content: finalText, isError: false };
 }
@@ -134,13 +151,6 @@ function systemPrompt(options: AgenticOptions): string {
     "Shell commands run with the working directory as their current directory.",
   ].join(" ");
   return [BASE_PROMPT, options.instructions?.trim(), where].filter(Boolean).join("\n\n");
-}
-
-/** The environment of `execute` commands: the worker's, without the LLM token. */
-function toolEnvironment(): Record<string, string> {
-  const env = Deno.env.toObject();
-  delete env.SANDBOX_LLM_TOKEN;
-  return env;
 }
 
 function failureText(error: unknown, maxTurns: number | undefined): string {

@@ -15,6 +15,11 @@ export class Emitter {
     this.#out = out;
   }
 
+  /** Whether stdout was closed by the reader: nobody listens any more, so stop working. */
+  get closed(): boolean {
+    return this.#out.closed;
+  }
+
   /** Whether the one `result` has been written. */
   get resultSent(): boolean {
     return this.#resultSent;

@@ -37,7 +37,9 @@ export async function loadJsonSchema(file: string): Promise<JsonSchema> {
     throw new Error(`Schema "${file}" is not a JSON Schema object`);
   }
   const title = (schema as { title?: unknown }).title;
-  const base = typeof title === "string" && title ? title : file.replace(/^.*\//, "").replace(/\.json$/, "");
+  const base = typeof title === "string" && title
+    ? title
+    : file.replace(/^.*\//, "").replace(/\.json$/, "");
   const name = base.replace(/[^A-Za-z0-9_-]/g, "_").slice(0, 64) || "result";
   return { file, schema: schema as Schema, name };
 }

@@ -1,16 +1,18 @@
 /**
  * The LLM connection, from the environment only, and token accounting.
  *
- * - `SANDBOX_LLM_BASE_URL`: an OpenAI-compatible base URL (the host's credential proxy)
+ * - `SANDBOX_LLM_BASE_URL`: the host's credential proxy, e.g. `http://host:port/proxy/v1`
  * - `SANDBOX_LLM_TOKEN`: sent as the API key; a per-run proxy token, never a provider key
  * - `SANDBOX_LLM_MODEL`: the default model (`--model` overrides it)
- * - `SANDBOX_LLM_API`: "openai" (default); "anthropic" is not supported by this build
+ * - `SANDBOX_LLM_API`: "openai" (default: Chat Completions at `BASE/chat/completions`) or
+ *   "anthropic" (Messages API at `BASE/messages`, the key sent as `x-api-key`)
  * - `SANDBOX_LLM_MAX_RETRIES`: retries per LLM request on transient errors (default 2)
  *
  * Nothing here may reach the network except the base URL: no tracing, no tokenizer downloads
- * (`streaming: false`, so LangChain never estimates token counts with a downloaded tiktoken).
+ * (see `createChatModel`).
  */
 import { ChatOpenAI } from "@langchain/openai";
+import { ChatAnthropic } from "@langchain/anthropic";
 import { BaseCallbackHandler } from "@langchain/core/callbacks/base";
 import type { LLMResult } from "@langchain/core/outputs";
 import type { AIMessage } from "@langchain/core/messages";
@@ -21,7 +23,10 @@ export const DEFAULT_MAX_RETRIES = 2;
 /** Variables removed from the worker's environment at start: no library may pick them up. */
 const SCRUBBED_ENV = /^(OPENAI_|ANTHROPIC_|LANGSMITH_|LANGCHAIN_|LANGGRAPH_|AZURE_OPENAI_)/;
 
+export type LlmApi = "openai" | "anthropic";
+
 export interface LlmSettings {
+  api: LlmApi;
   baseUrl: string;
   token: string;
   model: string;
@@ -36,8 +41,10 @@ export class LlmConfigError extends Error {
 /** Settings from the environment; `model` (from `--model`) overrides `SANDBOX_LLM_MODEL`. */
 export function llmSettings(env: Record<string, string | undefined>, model?: string): LlmSettings {
   const api = env.SANDBOX_LLM_API || "openai";
-  if (api !== "openai") {
-    throw new LlmConfigError(`Unsupported SANDBOX_LLM_API "${api}": this worker speaks "openai" only`);
+  if (api !== "openai" && api !== "anthropic") {
+    throw new LlmConfigError(
+      `Unsupported SANDBOX_LLM_API "${api}": expected "openai" or "anthropic"`,
+    );
   }
   const baseUrl = env.SANDBOX_LLM_BASE_URL;
   if (!baseUrl) throw new LlmConfigError("SANDBOX_LLM_BASE_URL is not set");
@@ -51,14 +58,19 @@ export function llmSettings(env: Record<string, string | undefined>, model?: str
   const chosen = model || env.SANDBOX_LLM_MODEL;
   if (!chosen) throw new LlmConfigError("No model: pass --model or set SANDBOX_LLM_MODEL");
   const retries = env.SANDBOX_LLM_MAX_RETRIES;
-  const maxRetries = retries === undefined || retries === "" ? DEFAULT_MAX_RETRIES : Number(retries);
+  const maxRetries = retries === undefined || retries === ""
+    ? DEFAULT_MAX_RETRIES
+    : Number(retries);
   if (!Number.isInteger(maxRetries) || maxRetries < 0) {
     throw new LlmConfigError(`SANDBOX_LLM_MAX_RETRIES is not a non-negative integer: "${retries}"`);
   }
-  return { baseUrl, token, model: chosen, maxRetries };
+  return { api, baseUrl, token, model: chosen, maxRetries };
 }
 
-/** Remove provider keys and tracing switches from this process's environment. */
+/**
+ * Remove provider keys and tracing switches from this process's environment, so that no library
+ * in the worker picks them up (the `execute` tool still gets the environment as given).
+ */
 export function scrubEnvironment(): void {
   for (const name of Object.keys(Deno.env.toObject())) {
     if (SCRUBBED_ENV.test(name)) Deno.env.delete(name);
@@ -108,13 +120,37 @@ function add(total: number | null, value: unknown): number | null {
   return (total ?? 0) + value;
 }
 
-/** An OpenAI-compatible chat model on the configured endpoint, reporting to `tracker`. */
-export function createChatModel(settings: LlmSettings, tracker: UsageTracker): ChatOpenAI {
+/** A chat model of either API. */
+export type ChatModel = ChatOpenAI | ChatAnthropic;
+
+/**
+ * The chat model for the configured API and endpoint, reporting every call to `tracker`.
+ *
+ * `invoke()` never streams. For OpenAI with `streamable`, `stream()` really streams (SSE, usage
+ * from the final chunk); otherwise LangChain turns `stream()` into `invoke()`. The trap avoided:
+ * `ChatOpenAI({ streaming: true })` makes `invoke()` count tokens with a tokenizer it downloads.
+ * The Anthropic SDK appends `/v1/messages` itself, so it gets the base URL without `/v1`.
+ */
+export function createChatModel(
+  settings: LlmSettings,
+  tracker: UsageTracker,
+  options: { streamable?: boolean } = {},
+): ChatModel {
+  if (settings.api === "anthropic") {
+    return new ChatAnthropic({
+      model: settings.model,
+      apiKey: settings.token,
+      anthropicApiUrl: settings.baseUrl.replace(/\/v1\/?$/, ""),
+      streaming: false,
+      maxRetries: settings.maxRetries,
+      callbacks: [tracker],
+    });
+  }
   return new ChatOpenAI({
     model: settings.model,
     apiKey: settings.token,
     configuration: { baseURL: settings.baseUrl },
-    streaming: false,
+    ...(options.streamable ? {} : { streaming: false }),
     maxRetries: settings.maxRetries,
     callbacks: [tracker],
   });
@@ -128,7 +164,8 @@ export function messageText(content: unknown): string {
     .map((block) =>
       typeof block === "string"
         ? block
-        : block && typeof block === "object" && block.type === "text" && typeof block.text === "string"
+        : block && typeof block === "object" && block.type === "text" &&
+            typeof block.text === "string"
         ? block.text
         : ""
     )
@@ -140,7 +177,10 @@ export function describeError(error: unknown): string {
   const parts: string[] = [];
   let current: unknown = error;
   for (let depth = 0; current !== undefined && current !== null && depth < 20; depth++) {
-    const text = (current instanceof Error ? current.message : String(current)).trim().replace(/\.$/, "");
+    const text = (current instanceof Error ? current.message : String(current)).trim().replace(
+      /\.$/,
+      "",
+    );
     if (text && !parts.some((part) => part.includes(text))) parts.push(text);
     current = current instanceof Error ? current.cause : undefined;
   }

@@ -48,7 +48,9 @@ export function parseWorkerArgs(args: readonly string[]): WorkerCommand {
   if (mode !== "agentic" && mode !== "generate") {
     throw new TypeError(`Unknown mode "${mode}": expected "agentic" or "generate"`);
   }
-  const options = Object.fromEntries(FLAGS[mode].map((name) => [name, { type: "string" as const }]));
+  const options = Object.fromEntries(
+    FLAGS[mode].map((name) => [name, { type: "string" as const }]),
+  );
   let values: Record<string, string | boolean | undefined>;
   try {
     ({ values } = parseArgs({ args: [...rest], options, strict: true, allowPositionals: false }));
@@ -98,17 +100,20 @@ export async function main(args: readonly string[]): Promise<number> {
   const emit = new Emitter();
   const fallbackModel = command.model || Deno.env.get("SANDBOX_LLM_MODEL") || null;
   try {
-    const llm = llmSettings(Deno.env.toObject(), command.model);
+    const givenEnv = Deno.env.toObject();
+    const llm = llmSettings(givenEnv, command.model);
     scrubEnvironment();
     const prompt = await readInput(command.promptFile, "prompt");
+    if (prompt.trim() === "") throw new Error(`The prompt file "${command.promptFile}" is empty`);
     if (command.kind === "agentic") {
-      const cwd = await workingDirectory(command.cwd);
+      const cwd = workingDirectory(command.cwd);
       const instructions = command.instructionsFile
         ? await readInput(command.instructionsFile, "instructions")
         : undefined;
       // Loaded on demand: `generate` need not evaluate deepagents, LangGraph and LangSmith.
       const { runAgentic } = await import("./agentic.ts");
-      await runAgentic({ prompt, instructions, cwd, maxTurns: command.maxTurns, llm }, emit);
+      const { maxTurns } = command;
+      await runAgentic({ prompt, instructions, cwd, maxTurns, llm, toolEnv: givenEnv }, emit);
     } else {
       const schema = command.schemaFile ? await loadJsonSchema(command.schemaFile) : undefined;
       const { runGenerate } = await import("./generate.ts");
@@ -146,7 +151,7 @@ async function readInput(file: string, what: string): Promise<string> {
   }
 }
 
-async function workingDirectory(cwd: string | undefined): Promise<string> {
+function workingDirectory(cwd: string | undefined): string {
   if (cwd === undefined) return Deno.cwd();
   try {
     Deno.chdir(cwd);

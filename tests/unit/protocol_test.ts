@@ -69,7 +69,9 @@ Deno.test("encodeMessage writes every field, absent ones as null, in wire order"
 });
 
 Deno.test("encodeMessage fills every usage field, unknown ones as null", () => {
-  const parsed = JSON.parse(encodeMessage({ type: "usage", usage: { input_tokens: 5, model: "m" } }));
+  const parsed = JSON.parse(
+    encodeMessage({ type: "usage", usage: { input_tokens: 5, model: "m" } }),
+  );
   assert.deepEqual(Object.keys(parsed.usage), USAGE_KEYS);
   assert.deepEqual(parsed.usage, {
     input_tokens: 5,
@@ -92,7 +94,12 @@ Deno.test("encode then decode gives back the same message, for every type", asyn
       tool_input: { file_path: "/w/a.txt", content: "x\ny", nested: { n: [1, 2] } },
       tool_call_id: "call_1",
     }),
-    agenticMessage({ type: "tool_result", tool_output: "ok ✓ 😀", tool_call_id: "call_1", is_error: true }),
+    agenticMessage({
+      type: "tool_result",
+      tool_output: "ok ✓ 😀",
+      tool_call_id: "call_1",
+      is_error: true,
+    }),
     agenticMessage({ type: "result", content: "Done", session_id: "s-1" }),
     agenticMessage({
       type: "usage",
@@ -135,16 +142,28 @@ Deno.test("decodeMessages raises at once on a bad line, naming it, without readi
   const good = encodeMessage({ type: "thinking", content: "ok" });
   const cases: [string, string, RegExp][] = [
     ["malformed JSON", `{"type": "thinking", "content": `, /line 2: not valid JSON/],
-    ["an unknown type", JSON.stringify({ type: "lifecycle", content: "x" }), /line 2: unknown type "lifecycle"/],
+    [
+      "an unknown type",
+      JSON.stringify({ type: "lifecycle", content: "x" }),
+      /line 2: unknown type "lifecycle"/,
+    ],
     ["a missing type", JSON.stringify({ content: "x" }), /line 2: missing "type"/],
     ["a JSON value that is not an object", "[1,2]", /line 2: not a JSON object/],
-    ["a schema violation", JSON.stringify({ type: "result", is_error: "yes" }), /line 2: is_error: /],
+    [
+      "a schema violation",
+      JSON.stringify({ type: "result", is_error: "yes" }),
+      /line 2: is_error: /,
+    ],
     [
       "a nested schema violation",
       JSON.stringify({ type: "usage", usage: { input_tokens: -1 } }),
       /line 2: usage\.input_tokens: /,
     ],
-    ["tool_input that is not an object", JSON.stringify({ type: "tool_call", tool_input: [1] }), /line 2: tool_input: /],
+    [
+      "tool_input that is not an object",
+      JSON.stringify({ type: "tool_call", tool_input: [1] }),
+      /line 2: tool_input: /,
+    ],
   ];
   for (const [name, bad, pattern] of cases) {
     await t.step(`${name}`, async () => {
@@ -161,7 +180,10 @@ Deno.test("decodeMessages raises at once on a bad line, naming it, without readi
       assert.ok(error instanceof SandboxError);
       assert.equal(error.lineNumber, 2);
       assert.match(error.message, pattern);
-      assert.ok(error.message.includes(bad.slice(0, 20)), `the bad line is quoted: ${error.message}`);
+      assert.ok(
+        error.message.includes(bad.slice(0, 20)),
+        `the bad line is quoted: ${error.message}`,
+      );
       assert.deepEqual(seen, ["thinking"]);
       assert.equal(source.pulled(), 2, "no line after the bad one is read");
     });
@@ -193,7 +215,9 @@ Deno.test("decodeMessages raises on a line over the cap", async () => {
   const line = encodeMessage({ type: "thinking", content: "x".repeat(100) });
   await assert.rejects(
     Array.fromAsync(decodeMessages([line, line], { maxLineChars: 50 })),
-    (error: unknown) => error instanceof ProtocolError && error.lineNumber === 1 && /longer than 50/.test(error.message),
+    (error: unknown) =>
+      error instanceof ProtocolError && error.lineNumber === 1 &&
+      /longer than 50/.test(error.message),
   );
 });
 
@@ -204,9 +228,13 @@ Deno.test("decodeMessageStream caps lines while reading bytes, even an untermina
   const seen: string[] = [];
   await assert.rejects(
     (async () => {
-      for await (const message of decodeMessageStream(bytes, { maxLineChars: 200 })) seen.push(message.type);
+      for await (const message of decodeMessageStream(bytes, { maxLineChars: 200 })) {
+        seen.push(message.type);
+      }
     })(),
-    (error: unknown) => error instanceof ProtocolError && error.lineNumber === 2 && /longer than 200/.test(error.message),
+    (error: unknown) =>
+      error instanceof ProtocolError && error.lineNumber === 2 &&
+      /longer than 200/.test(error.message),
   );
   assert.deepEqual(seen, ["thinking"]);
 });

@@ -6,9 +6,16 @@ import assert from "node:assert/strict";
 import { ChatOpenAI } from "@langchain/openai";
 import type { AIMessageChunk } from "@langchain/core/messages";
 import { type AgenticMessage, decodeMessage } from "../../lib/protocol.ts";
-import { run, type RunResult } from "../../lib/process.ts";
+import { run, type RunResult, spawn } from "../../lib/process.ts";
 import { explain, ROOT, tempDir } from "../_helpers.ts";
-import { FakeLlm, type FakeStep, httpError, text, toolCall, writeThenExecute } from "../_fake_llm.ts";
+import {
+  FakeLlm,
+  type FakeStep,
+  httpError,
+  text,
+  toolCall,
+  writeThenExecute,
+} from "../_fake_llm.ts";
 
 const WORKER = `${ROOT}/worker/main.ts`;
 const MESSAGE_KEYS = [
@@ -47,8 +54,8 @@ interface WorkerRun {
   messages: AgenticMessage[];
 }
 
-/** From source, with only the permissions it needs: no network but the fake LLM. */
-function sourceEntry(fake: FakeLlm): WorkerEntry {
+/** From source, with only the permissions it needs: no network but the LLM's port. */
+function sourceEntry(llmPort: number): WorkerEntry {
   return {
     argv: [
       Deno.execPath(),
@@ -60,15 +67,16 @@ function sourceEntry(fake: FakeLlm): WorkerEntry {
       "--allow-env",
       "--allow-run",
       "--allow-sys",
-      `--allow-net=127.0.0.1:${fake.port}`,
+      `--allow-net=127.0.0.1:${llmPort}`,
       WORKER,
     ],
   };
 }
 
-function llmEnv(fake: FakeLlm): Record<string, string> {
+function llmEnv(baseUrl: string, api: "openai" | "anthropic" = "openai"): Record<string, string> {
   return {
-    SANDBOX_LLM_BASE_URL: fake.proxyBaseUrl,
+    SANDBOX_LLM_API: api,
+    SANDBOX_LLM_BASE_URL: baseUrl,
     SANDBOX_LLM_TOKEN: TOKEN,
     SANDBOX_LLM_MODEL: "fake-model",
     SANDBOX_LLM_MAX_RETRIES: "0",
@@ -114,7 +122,10 @@ function assertRunShape(run: WorkerRun): { result: AgenticMessage; usage: Agenti
   for (const message of messages) {
     if (message.type === "tool_call") called.add(message.tool_call_id ?? "");
     if (message.type === "tool_result") {
-      assert.ok(called.has(message.tool_call_id ?? ""), `tool_result answers an earlier call\n${context}`);
+      assert.ok(
+        called.has(message.tool_call_id ?? ""),
+        `tool_result answers an earlier call\n${context}`,
+      );
     }
   }
   assert.ok(!/^\s+at /m.test(run.result.stdout), `no stack trace on stdout\n${context}`);
@@ -132,15 +143,27 @@ async function workspace(prompt: string) {
 }
 
 /** The canonical agent run and everything it must prove, for a given way of starting the worker. */
-async function checkAgenticRun(entryFor: (fake: FakeLlm) => WorkerEntry | Promise<WorkerEntry>) {
+async function checkAgenticRun(
+  entryFor: (fake: FakeLlm) => WorkerEntry | Promise<WorkerEntry>,
+  api: "openai" | "anthropic" = "openai",
+) {
   const marker = `PROMPT-MARKER-${crypto.randomUUID()}`;
   const { dir, work, promptFile } = await workspace(`Create hello.txt. ${marker}`);
   await using _dir = dir;
   await using fake = new FakeLlm(
-    writeThenExecute("hello.txt", "hi from the agent\n", 'cat hello.txt; echo "ran:$((6*7))"; echo "token=[$SANDBOX_LLM_TOKEN]"'),
+    writeThenExecute(
+      "hello.txt",
+      "hi from the agent\n",
+      'cat hello.txt; echo "ran:$((6*7))"; echo "env=[$PROJECT_VAR/$OPENAI_API_KEY]"',
+    ),
   );
   const entry = await entryFor(fake);
-  const outcome = await runWorker(entry, ["agentic", "--prompt-file", promptFile, "--cwd", work], llmEnv(fake));
+  const outcome = await runWorker(
+    entry,
+    ["agentic", "--prompt-file", promptFile, "--cwd", work],
+    // The worker scrubs OPENAI_* from its own environment, not from its commands'.
+    { ...llmEnv(fake.proxyBaseUrl, api), PROJECT_VAR: "42", OPENAI_API_KEY: TOKEN },
+  );
   const { result, usage } = assertRunShape(outcome);
   const context = explain(outcome.result);
 
@@ -158,7 +181,10 @@ async function checkAgenticRun(entryFor: (fake: FakeLlm) => WorkerEntry | Promis
   assert.equal(executed.tool_name, "execute");
   assert.equal(executed.is_error, false);
   assert.match(executed.tool_output ?? "", /hi from the agent\nran:42\n/, "the command really ran");
-  assert.match(executed.tool_output ?? "", /token=\[\]/, "commands do not see the LLM token");
+  assert.ok(
+    executed.tool_output?.includes(`env=[42/${TOKEN}]`),
+    "commands get the environment the host gave the worker",
+  );
 
   assert.equal(result.is_error, false);
   assert.equal(result.content, "Done: wrote the file and ran the command");
@@ -170,24 +196,48 @@ async function checkAgenticRun(entryFor: (fake: FakeLlm) => WorkerEntry | Promis
 
   assert.equal(fake.requests.length, 3);
   for (const request of fake.requests) {
-    assert.equal(request.path, "/proxy/v1/chat/completions");
-    assert.equal(request.headers.get("authorization"), `Bearer ${TOKEN}`);
+    if (api === "openai") {
+      assert.equal(request.path, "/proxy/v1/chat/completions");
+      assert.equal(request.headers.get("authorization"), `Bearer ${TOKEN}`);
+    } else {
+      assert.equal(request.path, "/proxy/v1/messages");
+      assert.equal(request.headers.get("x-api-key"), TOKEN);
+    }
   }
-  assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker), "the prompt reached the LLM");
+  assert.ok(
+    JSON.stringify(fake.requests[0].body.messages).includes(marker),
+    "the prompt reached the LLM",
+  );
   assert.ok(!outcome.result.stdout.includes(marker), "the prompt is not echoed on stdout");
   assert.ok(!outcome.result.stderr.includes(marker), "the prompt is not echoed on stderr");
   assert.ok(await Deno.stat(promptFile), "the worker leaves the prompt file to its owner");
-  assert.ok(!/tiktoken|Failed to calculate/i.test(outcome.result.stderr), `no tokenizer download\n${context}`);
+  assert.ok(
+    !/tiktoken|Failed to calculate/i.test(outcome.result.stderr),
+    `no tokenizer download\n${context}`,
+  );
 }
 
 Deno.test("worker agentic (source) really writes the file and runs the command, streaming valid NDJSON", async () => {
-  await checkAgenticRun(sourceEntry);
+  await checkAgenticRun((fake) => sourceEntry(fake.port));
+});
+
+Deno.test("worker agentic (source) speaks the Anthropic Messages API when SANDBOX_LLM_API=anthropic", async () => {
+  await checkAgenticRun((fake) => sourceEntry(fake.port), "anthropic");
 });
 
 Deno.test("worker agentic (bundle) runs from an empty directory with no npm cache and no config", async () => {
   await using build = await tempDir("sandbox-worker-bundle-");
   const bundle = await run(
-    [Deno.execPath(), "bundle", "--quiet", "--platform", "deno", "-o", `${build.path}/worker.js`, WORKER],
+    [
+      Deno.execPath(),
+      "bundle",
+      "--quiet",
+      "--platform",
+      "deno",
+      "-o",
+      `${build.path}/worker.js`,
+      WORKER,
+    ],
     { cwd: ROOT, timeoutMs: 120_000 },
   );
   assert.equal(bundle.exitCode, 0, explain(bundle));
@@ -203,8 +253,17 @@ Deno.test("worker agentic (bundle) runs from an empty directory with no npm cach
 Deno.test("worker agentic marks a failed command's tool_result as an error, not the run", async () => {
   const { dir, work, promptFile } = await workspace("Run it");
   await using _dir = dir;
-  await using fake = new FakeLlm([toolCall("execute", { command: "echo oops >&2; exit 3" }), text("It failed")]);
-  const outcome = await runWorker(sourceEntry(fake), ["agentic", "--prompt-file", promptFile, "--cwd", work], llmEnv(fake));
+  await using fake = new FakeLlm([
+    toolCall("execute", { command: "echo oops >&2; exit 3" }),
+    text("It failed"),
+  ]);
+  const outcome = await runWorker(sourceEntry(fake.port), [
+    "agentic",
+    "--prompt-file",
+    promptFile,
+    "--cwd",
+    work,
+  ], llmEnv(fake.proxyBaseUrl));
   const { result } = assertRunShape(outcome);
   const executed = outcome.messages.find((m) => m.type === "tool_result");
   assert.equal(executed?.is_error, true, explain(outcome.result));
@@ -220,9 +279,19 @@ Deno.test("worker agentic passes --instructions-file into the system prompt and 
   await Deno.writeTextFile(instructions, "Always answer in French.");
   await using fake = new FakeLlm([text("Bonjour")]);
   const outcome = await runWorker(
-    sourceEntry(fake),
-    ["agentic", "--prompt-file", promptFile, "--instructions-file", instructions, "--model", "other-model", "--cwd", work],
-    llmEnv(fake),
+    sourceEntry(fake.port),
+    [
+      "agentic",
+      "--prompt-file",
+      promptFile,
+      "--instructions-file",
+      instructions,
+      "--model",
+      "other-model",
+      "--cwd",
+      work,
+    ],
+    llmEnv(fake.proxyBaseUrl),
   );
   const { result, usage } = assertRunShape(outcome);
   assert.equal(result.content, "Bonjour");
@@ -244,9 +313,9 @@ Deno.test("worker agentic stops at --max-turns with an is_error result", async (
     text("never reached"),
   ]);
   const outcome = await runWorker(
-    sourceEntry(fake),
+    sourceEntry(fake.port),
     ["agentic", "--prompt-file", promptFile, "--cwd", work, "--max-turns", "2"],
-    llmEnv(fake),
+    llmEnv(fake.proxyBaseUrl),
   );
   const { result, usage } = assertRunShape(outcome);
   assert.equal(result.is_error, true, explain(outcome.result));
@@ -255,11 +324,46 @@ Deno.test("worker agentic stops at --max-turns with an is_error result", async (
   assert.equal(usage.usage?.num_turns, 2);
 });
 
+Deno.test("worker agentic stops working when its stdout is closed", async () => {
+  const { dir, work, promptFile } = await workspace("Count");
+  await using _dir = dir;
+  await using fake = new FakeLlm([
+    toolCall("execute", { command: "echo one >> log.txt" }),
+    toolCall("execute", { command: "echo two >> log.txt" }),
+    toolCall("execute", { command: "echo three >> log.txt" }),
+    text("done"),
+  ]);
+  const child = spawn([...sourceEntry(fake.port).argv, "agentic", "--prompt-file", promptFile], {
+    cwd: work,
+    clearEnv: true,
+    env: { HOME: Deno.env.get("HOME") ?? "/tmp", ...llmEnv(fake.proxyBaseUrl) },
+    timeoutMs: 60_000,
+  });
+  const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+  const first = await reader.read();
+  assert.match(first.value ?? "", /"type":"tool_call"/);
+  await reader.cancel();
+  const outcome = await child.finished;
+  assert.equal(outcome.timedOut, false);
+  const log = await Deno.readTextFile(`${work}/log.txt`).catch(() => "");
+  assert.ok(
+    !log.includes("three"),
+    `the agent went on after stdout closed: ${JSON.stringify(log)}`,
+  );
+  assert.ok(fake.completions < 4);
+});
+
 Deno.test("worker agentic turns an LLM error into an is_error result", async () => {
   const { dir, work, promptFile } = await workspace("Hi");
   await using _dir = dir;
   await using fake = new FakeLlm([httpError(400, "model not allowed here")]);
-  const outcome = await runWorker(sourceEntry(fake), ["agentic", "--prompt-file", promptFile, "--cwd", work], llmEnv(fake));
+  const outcome = await runWorker(sourceEntry(fake.port), [
+    "agentic",
+    "--prompt-file",
+    promptFile,
+    "--cwd",
+    work,
+  ], llmEnv(fake.proxyBaseUrl));
   const { result, usage } = assertRunShape(outcome);
   assert.equal(result.is_error, true);
   assert.match(result.content ?? "", /^Agent failed: .*model not allowed here/);
@@ -273,13 +377,14 @@ Deno.test("worker turns an unreachable LLM into an is_error result, not a crash"
   listener.close();
   const { dir, work, promptFile } = await workspace("Hi");
   await using _dir = dir;
-  await using fake = new FakeLlm();
-  const env = { ...llmEnv(fake), SANDBOX_LLM_BASE_URL: `http://127.0.0.1:${port}/proxy/v1` };
-  const entry = sourceEntry(fake);
-  entry.argv = entry.argv.map((arg) => arg.startsWith("--allow-net=") ? `--allow-net=127.0.0.1:${port}` : arg);
-  for (const mode of ["agentic", "generate"]) {
+  const env = llmEnv(`http://127.0.0.1:${port}/proxy/v1`);
+  const argsFor = {
+    agentic: ["agentic", "--prompt-file", promptFile, "--cwd", work],
+    generate: ["generate", "--prompt-file", promptFile],
+  };
+  for (const [mode, args] of Object.entries(argsFor)) {
     await t.step(mode, async () => {
-      const outcome = await runWorker(entry, [mode, "--prompt-file", promptFile, "--cwd", work].slice(0, mode === "generate" ? 3 : 5), env);
+      const outcome = await runWorker(sourceEntry(port), args, env);
       const { result } = assertRunShape(outcome);
       assert.equal(result.is_error, true);
       assert.match(result.content ?? "", /Connection error/i, explain(outcome.result));
@@ -291,7 +396,11 @@ Deno.test("worker generate without a schema returns the model's text", async () 
   const { dir, promptFile } = await workspace("Say hi");
   await using _dir = dir;
   await using fake = new FakeLlm([text("hi there", { promptTokens: 12, completionTokens: 3 })]);
-  const outcome = await runWorker(sourceEntry(fake), ["generate", "--prompt-file", promptFile], llmEnv(fake));
+  const outcome = await runWorker(
+    sourceEntry(fake.port),
+    ["generate", "--prompt-file", promptFile],
+    llmEnv(fake.proxyBaseUrl),
+  );
   const { result, usage } = assertRunShape(outcome);
   assert.deepEqual(outcome.messages.map((m) => m.type), ["result", "usage"]);
   assert.equal(result.content, "hi there");
@@ -321,9 +430,9 @@ async function generateWithSchema(answer: FakeStep) {
   await Deno.writeTextFile(schemaFile, JSON.stringify(VERDICT_SCHEMA));
   const fake = new FakeLlm([answer]);
   const outcome = await runWorker(
-    sourceEntry(fake),
+    sourceEntry(fake.port),
     ["generate", "--prompt-file", promptFile, "--schema", schemaFile],
-    llmEnv(fake),
+    llmEnv(fake.proxyBaseUrl),
   );
   await fake[Symbol.asyncDispose]();
   await dir[Symbol.asyncDispose]();
@@ -331,7 +440,9 @@ async function generateWithSchema(answer: FakeStep) {
 }
 
 Deno.test("worker generate with a schema returns JSON valid against it, asking for structured output", async () => {
-  const { result, fake } = await generateWithSchema(text('```json\n{"approved": true, "score": 8, "notes": ["ok"]}\n```'));
+  const { result, fake } = await generateWithSchema(
+    text('```json\n{"approved": true, "score": 8, "notes": ["ok"]}\n```'),
+  );
   assert.equal(result.is_error, false, result.content ?? "");
   assert.deepEqual(JSON.parse(result.content ?? ""), { approved: true, score: 8, notes: ["ok"] });
   const format = fake.requests[0].body.response_format;
@@ -340,11 +451,36 @@ Deno.test("worker generate with a schema returns JSON valid against it, asking f
   assert.deepEqual(format?.json_schema?.schema, VERDICT_SCHEMA);
 });
 
+Deno.test("worker generate with the Anthropic API forces a tool call whose input is the answer", async () => {
+  const { dir, promptFile } = await workspace("Review this");
+  await using _dir = dir;
+  const schemaFile = `${dir.path}/verdict.json`;
+  await Deno.writeTextFile(schemaFile, JSON.stringify(VERDICT_SCHEMA));
+  await using fake = new FakeLlm([toolCall("Verdict", { approved: false, score: 3 })]);
+  const outcome = await runWorker(
+    sourceEntry(fake.port),
+    ["generate", "--prompt-file", promptFile, "--schema", schemaFile],
+    llmEnv(fake.proxyBaseUrl, "anthropic"),
+  );
+  const { result, usage } = assertRunShape(outcome);
+  assert.equal(result.is_error, false, result.content ?? "");
+  assert.deepEqual(JSON.parse(result.content ?? ""), { approved: false, score: 3 });
+  assert.equal(usage.usage?.input_tokens, fake.usage.promptTokens);
+  const body = fake.requests[0].body;
+  assert.equal(fake.requests[0].path, "/proxy/v1/messages");
+  assert.equal(body.tools?.[0]?.name, "Verdict");
+  assert.deepEqual(body.tools?.[0]?.input_schema, VERDICT_SCHEMA);
+  assert.deepEqual(body.tool_choice, { type: "tool", name: "Verdict" });
+});
+
 Deno.test("worker generate reports output that violates the schema as an is_error result", async (t) => {
   await t.step("wrong types and a missing property", async () => {
     const { result } = await generateWithSchema(text('{"approved": "yes", "notes": [1]}'));
     assert.equal(result.is_error, true);
-    assert.match(result.content ?? "", /^Model output does not match the schema ".*verdict\.json": /);
+    assert.match(
+      result.content ?? "",
+      /^Model output does not match the schema ".*verdict\.json": /,
+    );
     assert.match(result.content ?? "", /required property "score"/);
     assert.match(result.content ?? "", /#\/approved: Instance type "string" is invalid/);
     assert.match(result.content ?? "", /#\/notes\/0: /);
@@ -361,26 +497,62 @@ Deno.test("worker reports unusable inputs as an is_error result, and bad usage w
   const { dir, promptFile } = await workspace("x");
   await using _dir = dir;
   await t.step("a missing prompt file", async () => {
-    const outcome = await runWorker(sourceEntry(fake), ["generate", "--prompt-file", `${dir.path}/nope.txt`], llmEnv(fake));
+    const outcome = await runWorker(sourceEntry(fake.port), [
+      "generate",
+      "--prompt-file",
+      `${dir.path}/nope.txt`,
+    ], llmEnv(fake.proxyBaseUrl));
     const { result } = assertRunShape(outcome);
     assert.equal(result.is_error, true);
     assert.match(result.content ?? "", /Cannot read prompt file ".*nope\.txt"/);
   });
+  await t.step("an empty prompt file or a missing working directory", async () => {
+    const empty = `${dir.path}/empty.txt`;
+    await Deno.writeTextFile(empty, " \n");
+    const first = await runWorker(sourceEntry(fake.port), [
+      "agentic",
+      "--prompt-file",
+      empty,
+    ], llmEnv(fake.proxyBaseUrl));
+    assert.match(assertRunShape(first).result.content ?? "", /prompt file ".*empty\.txt" is empty/);
+    const second = await runWorker(sourceEntry(fake.port), [
+      "agentic",
+      "--prompt-file",
+      promptFile,
+      "--cwd",
+      `${dir.path}/missing`,
+    ], llmEnv(fake.proxyBaseUrl));
+    const { result } = assertRunShape(second);
+    assert.equal(result.is_error, true);
+    assert.match(result.content ?? "", /Cannot use working directory ".*missing"/);
+  });
   await t.step("a schema file that is not JSON", async () => {
     const schema = `${dir.path}/bad.json`;
     await Deno.writeTextFile(schema, "{nope");
-    const outcome = await runWorker(sourceEntry(fake), ["generate", "--prompt-file", promptFile, "--schema", schema], llmEnv(fake));
+    const outcome = await runWorker(sourceEntry(fake.port), [
+      "generate",
+      "--prompt-file",
+      promptFile,
+      "--schema",
+      schema,
+    ], llmEnv(fake.proxyBaseUrl));
     const { result } = assertRunShape(outcome);
     assert.match(result.content ?? "", /Schema ".*bad\.json" is not valid JSON/);
   });
   await t.step("no LLM endpoint configured", async () => {
-    const outcome = await runWorker(sourceEntry(fake), ["generate", "--prompt-file", promptFile], {});
+    const outcome = await runWorker(
+      sourceEntry(fake.port),
+      ["generate", "--prompt-file", promptFile],
+      {},
+    );
     const { result } = assertRunShape(outcome);
     assert.match(result.content ?? "", /SANDBOX_LLM_BASE_URL is not set/);
   });
   await t.step("an unknown mode or flag", async () => {
-    for (const args of [["bogus"], ["agentic", "--prompt-file", promptFile, "--nope"], ["agentic"]]) {
-      const result = await run([...sourceEntry(fake).argv, ...args], { timeoutMs: 60_000 });
+    for (
+      const args of [["bogus"], ["agentic", "--prompt-file", promptFile, "--nope"], ["agentic"]]
+    ) {
+      const result = await run([...sourceEntry(fake.port).argv, ...args], { timeoutMs: 60_000 });
       assert.equal(result.exitCode, 2, explain(result));
       assert.equal(result.stdout, "");
       assert.match(result.stderr, /Usage:/);
