@@ -17,6 +17,11 @@ import { DockerCli } from "./lib/docker.ts";
 import { type DockerSandboxProvider, listSandboxes, statsAll, teardownAll } from "./lib/docker_provider.ts";
 import { pruneFirewall } from "./lib/host_firewall.ts";
 import { openSession, startHostProxies } from "./lib/session.ts";
+import { runAgent } from "./lib/run.ts";
+import { listRuns, readEvents, readRun } from "./lib/run_log.ts";
+import { decodeMessage, encodeMessage } from "./lib/protocol.ts";
+import { renderMessage } from "./lib/transcript.ts";
+import type { JsonSchema } from "./worker/json_schema.ts";
 import { ConfigError, EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
 import { ensureImage } from "./lib/image.ts";
 import { StdoutWriter, table } from "./lib/output.ts";
@@ -217,6 +222,66 @@ function buildProgram(): Command {
       proxyStopped = true;
     });
 
+  const runCommand = program.command("run").description("run an agent in the sandbox, streaming its messages");
+  for (const mode of ["agentic", "generate"] as const) {
+    const sub = runCommand.command(mode)
+      .description(mode === "agentic"
+        ? "run a tool-using coding agent; one AgenticMessage JSON per line on stdout"
+        : "one structured-output LLM call; with --schema the result is JSON valid against it")
+      .requiredOption("--prompt-file <file>", "the prompt (\"-\" reads stdin)")
+      .addOption(profileOption())
+      .option("-m, --model <model>", "model name, or replay:FILE to serve a recorded conversation (no key needed)")
+      .option("--timeout <duration>", "stop the run after this long (default: the profile's resources.timeout)")
+      .option("--record <file>", "record the provider's responses to FILE, for replay later")
+      .addOption(new Option("--format <format>", "output format (default: pretty on a terminal, else ndjson)").choices(["ndjson", "pretty"]));
+    if (mode === "agentic") {
+      sub.option("--instructions-file <file>", "extra system instructions for the agent")
+        .option("--cwd <dir>", "mode none only: the host directory the agent works in (default: current)");
+    } else {
+      sub.option("--schema <file>", "JSON Schema the result must satisfy");
+    }
+    sub.action(async (opts: RunFlags, command: Command) => {
+      exitCode = await runAction(mode, opts, command);
+    });
+  }
+
+  program.command("runs")
+    .description("past and live runs: id, profile, status, started, duration, tokens, exit")
+    .addOption(jsonOption())
+    .action(async (opts: { json?: boolean }) => {
+      const runs = await listRuns();
+      if (opts.json) return void await stdout.json(runs);
+      if (runs.length === 0) return note("no runs yet (start one with: sandbox run agentic --prompt-file FILE)");
+      await stdout.line(table(
+        ["RUN", "PROFILE", "MODE", "STATUS", "STARTED", "DURATION", "TOKENS", "EXIT"],
+        runs.map((r) => [
+          r.id,
+          r.profile,
+          r.mode,
+          r.status,
+          r.startedAt.replace("T", " ").slice(0, 19),
+          r.durationMs === null ? "-" : `${(r.durationMs / 1000).toFixed(1)}s`,
+          r.usage ? `${r.usage.input_tokens ?? 0}/${r.usage.output_tokens ?? 0}` : "-",
+          r.exitCode === null ? "-" : String(r.exitCode),
+        ]),
+      ));
+    });
+
+  program.command("logs")
+    .description("replay a run's events; --follow tails a live run")
+    .argument("<run-id>", "as listed by sandbox runs")
+    .option("-f, --follow", "keep reading until the run ends")
+    .addOption(new Option("--format <format>", "output format (default: pretty on a terminal, else ndjson)").choices(["ndjson", "pretty"]))
+    .action(async (id: string, opts: { follow?: boolean; format?: string }) => {
+      if (!await readRun(id)) throw new SandboxError("usage", `No run "${id}"`, { detail: "List runs with: sandbox runs" });
+      const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
+      for await (const line of readEvents(id, { follow: opts.follow, signal })) {
+        await stdout.line(pretty ? renderMessage(decodeMessage(line)) : line);
+        if (stdout.closed) break;
+      }
+      if (signal.aborted) proxyStopped = true;
+    });
+
   const image = program.command("image").description("manage the sandbox image");
   image.command("build")
     .description("build (or rebuild) the sandbox image for a profile")
@@ -255,6 +320,64 @@ function buildProgram(): Command {
     });
 
   return program;
+}
+
+interface RunFlags {
+  promptFile: string;
+  profile?: string;
+  model?: string;
+  timeout?: string;
+  record?: string;
+  format?: "ndjson" | "pretty";
+  instructionsFile?: string;
+  cwd?: string;
+  schema?: string;
+}
+
+async function readInput(path: string, what: string): Promise<string> {
+  try {
+    return path === "-" ? await new Response(Deno.stdin.readable).text() : await Deno.readTextFile(path);
+  } catch (error) {
+    throw new SandboxError("usage", `Cannot read ${what} "${path}": ${(error as Error).message}`);
+  }
+}
+
+async function runAction(mode: "agentic" | "generate", opts: RunFlags, command: Command): Promise<number> {
+  const timeoutMs = parseTimeout(opts.timeout);
+  const profile = await profileFor(command, opts.profile);
+  const prompt = await readInput(opts.promptFile, "prompt file");
+  const instructions = opts.instructionsFile ? await readInput(opts.instructionsFile, "instructions file") : undefined;
+  let schema: JsonSchema | undefined;
+  if (opts.schema) {
+    try {
+      schema = JSON.parse(await readInput(opts.schema, "schema file"));
+    } catch (error) {
+      throw error instanceof SandboxError ? error : new SandboxError("usage", `Invalid JSON Schema "${opts.schema}": ${(error as Error).message}`);
+    }
+  }
+  const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
+  const outcome = await runAgent({
+    mode,
+    prompt,
+    profile,
+    model: opts.model,
+    instructions,
+    schema,
+    timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
+    record: opts.record,
+    hostCwd: opts.cwd,
+    signal,
+    onStart: (meta) => note(`run ${meta.id} (profile ${meta.profile}, model ${meta.model}); replay with: sandbox logs ${meta.id}`),
+    onProgress: note,
+    onWorkerStderr: (line) => {
+      if (Deno.env.get("SANDBOX_DEBUG")) note(`worker: ${line}`);
+    },
+    onEvent: async (message) => {
+      await stdout.line(pretty ? renderMessage(message) : encodeMessage(message));
+    },
+  });
+  if (outcome.error) reportError(outcome.error);
+  return outcome.exitCode;
 }
 
 /** The configuration with every profile's defaults filled in, including the implicit one. */

@@ -11,13 +11,13 @@ import { CommandExitError, SandboxError } from "./errors.ts";
 import { sha256Hex } from "./hash.ts";
 import { ensureImage, imageTagFor } from "./image.ts";
 import { withHostLock } from "./lock.ts";
+import { execStreamOf } from "./exec_stream.ts";
 import { run, spawn } from "./process.ts";
 import type {
   EnsureRunningOptions,
   ExecOptions,
   ExecResult,
   ExecStream,
-  ExecStreamOutcome,
   SandboxHealth,
   SandboxProvider,
   SandboxState,
@@ -361,10 +361,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       timeoutMs,
       onStderrLine: options.onStderrLine,
     });
-    let settle!: (outcome: Promise<ExecStreamOutcome>) => void;
-    const outcome = new Promise<ExecStreamOutcome>((resolve) => settle = resolve);
-    outcome.catch(() => {});
-    const finish = async (stoppedEarly: boolean): Promise<ExecStreamOutcome> => {
+    return execStreamOf(child, async (stoppedEarly) => {
       const ended = await child.finished;
       if (ended.timedOut || ended.aborted || stoppedEarly) await this.#killTree(id);
       if (ended.timedOut) {
@@ -374,22 +371,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
       const oomKilled = ended.exitCode === 137 && await this.#wasOomKilled(id);
       return { exitCode: ended.exitCode, durationMs: ended.durationMs, timedOut: false, oomKilled, stderrTail: ended.stderrTail };
-    };
-    return {
-      outcome,
-      [Symbol.asyncIterator]: async function* () {
-        let drained = false;
-        try {
-          yield* child.lines();
-          drained = true;
-        } finally {
-          // A consumer that stops early ends the command: the client here, the tree in there.
-          if (!drained) child.kill();
-          settle(finish(!drained));
-        }
-        await outcome;
-      },
-    };
+    });
   }
 
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {

@@ -29,7 +29,9 @@ export type SandboxErrorCode =
   /** A command inside the sandbox was killed for exceeding the memory limit. */
   | "out_of_memory"
   /** A requested sandbox mode is not implemented by this build. */
-  | "unsupported";
+  | "unsupported"
+  /** The agent worker broke its contract: bad output, no result, a result not matching the schema. */
+  | "worker_failed";
 
 export interface SandboxErrorOptions extends ErrorOptions {
   /** Extra lines for a human: a hint on how to fix it, a log tail. */

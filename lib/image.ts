@@ -8,6 +8,7 @@ import { type DockerCli, LABEL, labelArgs, OWNER } from "./docker.ts";
 import { CommandExitError, SandboxError, tail } from "./errors.ts";
 import { run } from "./process.ts";
 import { sha256Hex } from "./hash.ts";
+import { denoBinaryPath, workerBundlePath, workerIdentity } from "./worker_bundle.ts";
 
 export const IMAGE_REPOSITORY = "sandbox-runtime";
 
@@ -35,9 +36,15 @@ export async function imageTagFor(baseImage: string): Promise<string> {
   return `${IMAGE_REPOSITORY}:${(await contextHash(baseImage)).slice(0, 16)}`;
 }
 
+/**
+ * Hash of everything the image is built from: the embedded context files, the worker bundle and
+ * the deno runtime (identified by version and size: hashing 100 MB on every start would cost more
+ * than it could catch), plus `extra` (base name and id).
+ */
 async function contextHash(...extra: string[]): Promise<string> {
   const parts = Object.keys(IMAGE_CONTEXT).sort().map((name) => `${name}\0${IMAGE_CONTEXT[name]}`);
-  return await sha256Hex([...extra, ...parts].join("\0\0"));
+  const deno = `deno ${Deno.version.deno} ${(await Deno.stat(denoBinaryPath())).size}`;
+  return await sha256Hex([...extra, ...parts, `worker ${await workerIdentity()}`, deno].join("\0\0"));
 }
 
 /** Id of a local image, or undefined when absent. */
@@ -115,6 +122,8 @@ export async function ensureImage(
     for (const [name, content] of Object.entries(IMAGE_CONTEXT)) {
       await Deno.writeTextFile(`${dir}/${name}`, content);
     }
+    await Deno.copyFile(await workerBundlePath(options.onProgress), `${dir}/worker.js`);
+    await Deno.copyFile(denoBinaryPath(), `${dir}/deno`);
     const result = await docker.run([
       "build",
       "--build-arg",

@@ -120,7 +120,7 @@ export class ProtocolError extends SandboxError {
     const quoted = line.length > QUOTED_LINE_CHARS ? `${line.slice(0, QUOTED_LINE_CHARS)}…` : line;
     const shown = quoted ? `: ${quoted}` : "";
     super(
-      "exec_failed",
+      "worker_failed",
       `Invalid worker message on line ${lineNumber}: ${problem}${shown}`,
       options,
     );

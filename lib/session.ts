@@ -8,7 +8,7 @@
  */
 import { AccessLog } from "./access_log.ts";
 import { userStateDir, type Profile } from "./config.ts";
-import { startCredentialProxy, TokenRegistry } from "./credential_proxy.ts";
+import { startCredentialProxy, TokenRegistry, type UpstreamProvider } from "./credential_proxy.ts";
 import type { DockerSandboxProvider, SandboxNetwork } from "./docker_provider.ts";
 import { startEgressProxy } from "./egress_proxy.ts";
 import { openProxyPorts } from "./host_firewall.ts";
@@ -27,6 +27,10 @@ export interface SessionOptions {
   keys?: KeyStore;
   redactor?: Redactor;
   signal?: AbortSignal;
+  /** Serve this upstream instead of the profile's (a replay or a recorder in front of it). */
+  upstream?: UpstreamProvider;
+  /** Model name for the worker instead of the profile's. */
+  model?: string;
 }
 
 export interface SandboxSession extends AsyncDisposable {
@@ -75,7 +79,11 @@ export async function startHostProxies(
   await Deno.mkdir(logPath.replace(/\/[^/]*$/, ""), { recursive: true });
   const log = new AccessLog({ path: logPath, redactor, onEntry: options.onAccess });
   const tokens = new TokenRegistry({ redactor });
-  const target = llmTarget(profile.llm, keys);
+  const configured = llmTarget(profile.llm, keys);
+  const target = {
+    upstream: options.upstream ?? configured.upstream,
+    model: options.model ?? configured.model,
+  };
   const token = tokens.issue({ profile: profile.name, runId: options.runId ?? null, provider: target.upstream });
 
   const cleanups: (() => Promise<void>)[] = [() => log.close()];

@@ -1,0 +1,206 @@
+/**
+ * `ContainerDriver`: an agent driver whose every call runs the worker inside a sandbox — the
+ * seeds' driver contract, in TypeScript.
+ *
+ * - `executeAgentic()` yields the worker's messages except `usage`, which `getUsage()` returns.
+ * - `generate()` returns the result's content, or with a JSON Schema the parsed, validated value.
+ * - `cleanupSession()` returns false: the driver keeps no conversation state.
+ *
+ * Errors: an empty prompt is a `usage` error (the caller's fault). A malformed or invalid line, a
+ * worker that ends without a `result`, a schema mismatch and a failed `docker exec` are
+ * `worker_failed` (or the provider's own code) with context. The prompt file is removed in
+ * `finally`, whatever happened.
+ */
+import { checkJson, type JsonSchema } from "../worker/json_schema.ts";
+import { SandboxError } from "./errors.ts";
+import { type AgenticMessage, decodeMessages, type DriverUsage } from "./protocol.ts";
+import type { SandboxProvider } from "./provider.ts";
+
+/** How the worker is started inside the image. */
+export const WORKER_COMMAND = ["deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js"] as const;
+/** Where per-run prompt files live in the sandbox (a tmpfs, readable only by the sandbox user). */
+export const PROMPT_ROOT = "/tmp/sandbox-prompts";
+
+export interface ContainerDriverOptions {
+  provider: SandboxProvider;
+  /** Session variables: the credential proxy's URL and token. Never a key. */
+  env: Record<string, string>;
+  model?: string;
+  /** The worker command (default: the bundle baked into the image). */
+  workerCommand?: readonly string[];
+  /** Directory for prompt files (default `/tmp/sandbox-prompts`). */
+  promptRoot?: string;
+  /** Worker diagnostics (stderr), line by line. */
+  onStderrLine?: (line: string) => void;
+}
+
+export interface AgenticOptions {
+  /** Working directory of the agent inside the sandbox (created if missing). */
+  cwd: string;
+  instructions?: string;
+  /** Names prompt files, so concurrent calls never collide (default: a random id). */
+  runId?: string;
+  timeoutMs?: number;
+  signal?: AbortSignal;
+  maxTurns?: number;
+}
+
+export interface GenerateOptions {
+  schema?: JsonSchema;
+  runId?: string;
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+export class ContainerDriver {
+  readonly #options: ContainerDriverOptions;
+  #usage: DriverUsage | null = null;
+
+  constructor(options: ContainerDriverOptions) {
+    this.#options = options;
+  }
+
+  /** Usage reported by the last call's worker, or null. */
+  getUsage(): DriverUsage | null {
+    return this.#usage;
+  }
+
+  /** Always false: no session state to clean. */
+  cleanupSession(_sessionId: string): boolean {
+    return false;
+  }
+
+  async *executeAgentic(prompt: string, options: AgenticOptions): AsyncGenerator<AgenticMessage> {
+    const files = await this.#writeInputs(prompt, options.runId, { instructions: options.instructions });
+    try {
+      await this.#options.provider.exec(["mkdir", "-p", options.cwd], { signal: options.signal });
+      const argv = [
+        ...this.#workerCommand(),
+        "agentic",
+        "--prompt-file",
+        files.prompt,
+        "--cwd",
+        options.cwd,
+        ...(files.instructions ? ["--instructions-file", files.instructions] : []),
+        ...(this.#options.model ? ["--model", this.#options.model] : []),
+        ...(options.maxTurns ? ["--max-turns", String(options.maxTurns)] : []),
+      ];
+      yield* this.#stream(argv, { cwd: options.cwd, timeoutMs: options.timeoutMs, signal: options.signal });
+    } finally {
+      await this.#removeInputs(files.dir);
+    }
+  }
+
+  async generate(prompt: string, options: GenerateOptions = {}): Promise<{ value: unknown; sessionId: null }> {
+    const files = await this.#writeInputs(prompt, options.runId, {
+      schema: options.schema ? JSON.stringify(options.schema) : undefined,
+    });
+    try {
+      const argv = [
+        ...this.#workerCommand(),
+        "generate",
+        "--prompt-file",
+        files.prompt,
+        ...(files.schema ? ["--schema", files.schema] : []),
+        ...(this.#options.model ? ["--model", this.#options.model] : []),
+      ];
+      let result: AgenticMessage | undefined;
+      for await (const message of this.#stream(argv, options)) {
+        if (message.type === "result") result = message;
+      }
+      if (!result) throw new SandboxError("worker_failed", "Worker did not emit a result message");
+      if (result.is_error) {
+        throw new SandboxError("worker_failed", `Generation failed: ${result.content ?? "no detail"}`);
+      }
+      if (!options.schema) return { value: result.content ?? "", sessionId: null };
+      const checked = checkJson(result.content ?? "", options.schema);
+      if (!checked.ok) {
+        throw new SandboxError("worker_failed", `Worker result does not match the schema: ${checked.problem}`, {
+          detail: (result.content ?? "").slice(0, 500),
+        });
+      }
+      return { value: checked.value, sessionId: null };
+    } finally {
+      await this.#removeInputs(files.dir);
+    }
+  }
+
+  /** Run the worker, validate every line, keep `usage`, require exactly one `result`. */
+  async *#stream(
+    argv: string[],
+    options: { cwd?: string; timeoutMs?: number; signal?: AbortSignal },
+  ): AsyncGenerator<AgenticMessage> {
+    this.#usage = null;
+    const stream = this.#options.provider.execStream(argv, {
+      cwd: options.cwd,
+      env: this.#options.env,
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+      onStderrLine: this.#options.onStderrLine,
+    });
+    let results = 0;
+    try {
+      for await (const message of decodeMessages(stream)) {
+        if (message.type === "usage") {
+          this.#usage = message.usage;
+          continue;
+        }
+        if (message.type === "result" && ++results > 1) {
+          throw new SandboxError("worker_failed", "Worker emitted more than one result message");
+        }
+        yield message;
+      }
+    } finally {
+      // Leaving early (a consumer's break, an error above) ends the worker inside the sandbox too.
+      await stream[Symbol.asyncIterator]().return?.(undefined);
+    }
+    const outcome = await stream.outcome;
+    if (results === 0) {
+      const why = outcome.oomKilled
+        ? "it was killed by the sandbox memory limit"
+        : `it exited with code ${outcome.exitCode}`;
+      throw new SandboxError("worker_failed", `Worker did not emit a result message: ${why}`, {
+        detail: outcome.stderrTail || undefined,
+      });
+    }
+  }
+
+  #workerCommand(): readonly string[] {
+    return this.#options.workerCommand ?? WORKER_COMMAND;
+  }
+
+  /** Prompt (and friends) into the sandbox through stdin, mode 0600, in a per-run directory. */
+  async #writeInputs(
+    prompt: string,
+    runId: string | undefined,
+    extra: { instructions?: string; schema?: string },
+  ): Promise<{ dir: string; prompt: string; instructions?: string; schema?: string }> {
+    if (prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
+    const dir = `${this.#options.promptRoot ?? PROMPT_ROOT}/${runId ?? crypto.randomUUID()}`;
+    const { provider } = this.#options;
+    await provider.writeFile(`${dir}/prompt.txt`, prompt, { mode: 0o600 });
+    const files: { dir: string; prompt: string; instructions?: string; schema?: string } = { dir, prompt: `${dir}/prompt.txt` };
+    try {
+      if (extra.instructions !== undefined) {
+        files.instructions = `${dir}/instructions.txt`;
+        await provider.writeFile(files.instructions, extra.instructions, { mode: 0o600 });
+      }
+      if (extra.schema !== undefined) {
+        files.schema = `${dir}/schema.json`;
+        await provider.writeFile(files.schema, extra.schema, { mode: 0o600 });
+      }
+    } catch (error) {
+      await this.#removeInputs(dir);
+      throw error;
+    }
+    return files;
+  }
+
+  async #removeInputs(dir: string): Promise<void> {
+    try {
+      await this.#options.provider.exec(["rm", "-rf", "--", dir], { timeoutMs: 30_000 });
+    } catch {
+      // Cleanup failures are not the caller's problem; the sandbox's /tmp is a tmpfs.
+    }
+  }
+}

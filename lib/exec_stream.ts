@@ -1,0 +1,30 @@
+/** Turning a spawned child into an `ExecStream`: stdout lines, then an outcome. */
+import type { ChildProcess } from "./process.ts";
+import type { ExecStream, ExecStreamOutcome } from "./provider.ts";
+
+/**
+ * Lines of `child`'s stdout; `finish` decides the outcome once it has exited. `stoppedEarly` is
+ * true when the consumer left before the end, after the child has been told to stop.
+ */
+export function execStreamOf(
+  child: ChildProcess,
+  finish: (stoppedEarly: boolean) => Promise<ExecStreamOutcome>,
+): ExecStream {
+  let settle!: (outcome: Promise<ExecStreamOutcome>) => void;
+  const outcome = new Promise<ExecStreamOutcome>((resolve) => settle = resolve);
+  outcome.catch(() => {});
+  return {
+    outcome,
+    [Symbol.asyncIterator]: async function* () {
+      let drained = false;
+      try {
+        yield* child.lines();
+        drained = true;
+      } finally {
+        if (!drained) child.kill();
+        settle(finish(!drained));
+      }
+      await outcome;
+    },
+  };
+}

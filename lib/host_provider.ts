@@ -1,0 +1,127 @@
+/**
+ * `HostProvider`: sandbox mode "none". Commands run directly on this machine, with NO isolation:
+ * the agent can read and change anything this user can. It exists for the seeds' default mode and
+ * for debugging; the CLI labels every such run as unsafe.
+ *
+ * What it still does: commands get a cleared environment (PATH, HOME, LANG and what the caller
+ * passes — the proxy URL and token, never a key), and LLM calls still go through the credential
+ * proxy on loopback.
+ */
+import { SandboxError } from "./errors.ts";
+import { execStreamOf } from "./exec_stream.ts";
+import { run, spawn } from "./process.ts";
+import type {
+  ExecOptions,
+  ExecResult,
+  ExecStream,
+  SandboxProvider,
+  SandboxStats,
+  SandboxStatus,
+  TeardownReport,
+} from "./provider.ts";
+
+function baseEnv(): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const name of ["PATH", "HOME", "LANG", "TERM", "TMPDIR"]) {
+    const value = Deno.env.get(name);
+    if (value !== undefined) env[name] = value;
+  }
+  return env;
+}
+
+export class HostProvider implements SandboxProvider {
+  readonly containerName = "host";
+  constructor(readonly profile: string) {}
+
+  ensureRunning(): Promise<SandboxStatus> {
+    return this.status();
+  }
+
+  execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
+    const child = spawn(argv, {
+      cwd: options.cwd,
+      env: { ...baseEnv(), ...options.env },
+      clearEnv: true,
+      stdin: options.stdin,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs,
+      onStderrLine: options.onStderrLine,
+    });
+    return execStreamOf(child, async () => {
+      const ended = await child.finished;
+      if (ended.timedOut) throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
+      if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
+      return { exitCode: ended.exitCode, durationMs: ended.durationMs, timedOut: false, oomKilled: false, stderrTail: ended.stderrTail };
+    });
+  }
+
+  async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
+    const result = await run(argv, {
+      cwd: options.cwd,
+      env: { ...baseEnv(), ...options.env },
+      clearEnv: true,
+      stdin: options.stdin,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs,
+    });
+    if (result.aborted) throw new SandboxError("interrupted", "Command interrupted");
+    return {
+      exitCode: result.timedOut ? 124 : result.exitCode,
+      stdout: result.stdout,
+      stderr: result.stderr,
+      durationMs: result.durationMs,
+      timedOut: result.timedOut,
+      oomKilled: false,
+    };
+  }
+
+  async readFile(path: string): Promise<Uint8Array> {
+    return await Deno.readFile(path);
+  }
+
+  async writeFile(path: string, data: Uint8Array | string, options: { mode?: number } = {}): Promise<void> {
+    await Deno.mkdir(path.replace(/\/[^/]*$/, "") || "/", { recursive: true, mode: 0o700 });
+    const mode = options.mode ?? 0o600;
+    if (typeof data === "string") await Deno.writeTextFile(path, data, { mode });
+    else await Deno.writeFile(path, data, { mode });
+  }
+
+  async copyIn(hostPath: string, sandboxPath: string): Promise<void> {
+    await this.#copy(hostPath, sandboxPath);
+  }
+
+  async copyOut(sandboxPath: string, hostPath: string): Promise<void> {
+    await this.#copy(sandboxPath, hostPath);
+  }
+
+  async #copy(from: string, to: string): Promise<void> {
+    const result = await run(["cp", "-R", "--", from, to]);
+    if (result.exitCode !== 0) throw new SandboxError("exec_failed", `Cannot copy "${from}" to "${to}": ${result.stderr.trim()}`);
+  }
+
+  stats(): Promise<SandboxStats> {
+    return Promise.resolve({ profile: this.profile, name: "host", memoryBytes: 0, memoryLimitBytes: 0, cpuPercent: 0, pids: 0, pidsLimit: 0 });
+  }
+
+  status(): Promise<SandboxStatus> {
+    return Promise.resolve({
+      profile: this.profile,
+      name: "host",
+      id: "",
+      image: "",
+      state: "running",
+      health: "unknown",
+      createdAt: "",
+      current: true,
+      kind: "run",
+    });
+  }
+
+  healthCheck(): Promise<boolean> {
+    return Promise.resolve(true);
+  }
+
+  teardown(): Promise<TeardownReport> {
+    return Promise.resolve({ containers: [], networks: [], volumes: [] });
+  }
+}

@@ -1,0 +1,168 @@
+/**
+ * Recorded LLM conversations: a `replay` upstream that serves a recording in order, and a recorder
+ * that sits between the credential proxy and a real upstream and writes one.
+ *
+ * Both are ordinary HTTP servers on loopback that the credential proxy forwards to, so a replayed
+ * run exercises every part of `sandbox run` (container, worker, proxy, token) except the real LLM.
+ * That makes recordings deterministic CI tests of agent pipelines, and an offline demo.
+ */
+import { SandboxError } from "./errors.ts";
+import type { UpstreamProvider } from "./credential_proxy.ts";
+
+/** One recorded upstream response: a JSON body, or a raw SSE stream. */
+export type RecordedResponse =
+  | { status: number; body: unknown }
+  | { status: number; sse: string };
+
+export interface Recording {
+  version: 1;
+  /** Wire format of the recorded upstream. */
+  kind: "openai" | "anthropic";
+  responses: RecordedResponse[];
+}
+
+export interface LocalUpstream extends AsyncDisposable {
+  upstream: UpstreamProvider;
+  /** How many responses were served or recorded. */
+  readonly count: number;
+  close(): Promise<void>;
+}
+
+/** Read and check a recording file. */
+export async function loadRecording(path: string): Promise<Recording> {
+  let parsed: Recording;
+  try {
+    parsed = JSON.parse(await Deno.readTextFile(path));
+  } catch (error) {
+    throw new SandboxError("usage", `Cannot read recording "${path}": ${(error as Error).message}`);
+  }
+  if (parsed?.version !== 1 || !Array.isArray(parsed.responses)) {
+    throw new SandboxError("usage", `Invalid recording "${path}": expected {"version": 1, "kind", "responses": [...]}`);
+  }
+  return parsed;
+}
+
+function isLlmCall(path: string): boolean {
+  return /\/(chat\/completions|messages|embeddings)$/.test(path);
+}
+
+/** Serve `recording`'s responses, one per LLM call, in order. */
+export function startReplayUpstream(recording: Recording, name = "replay"): LocalUpstream {
+  let next = 0;
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
+    const path = new URL(req.url).pathname;
+    const body = await req.text();
+    if (path.endsWith("/models")) return Response.json({ object: "list", data: [{ id: "replay", object: "model" }] });
+    if (!isLlmCall(path)) return Response.json({ error: { message: `replay: no route ${path}` } }, { status: 404 });
+    const recorded = recording.responses[next];
+    if (!recorded) {
+      return Response.json(
+        { error: { type: "replay_exhausted", message: `replay: the recording has only ${recording.responses.length} responses` } },
+        { status: 500 },
+      );
+    }
+    next++;
+    const wantsStream = /"stream"\s*:\s*true/.test(body);
+    if ("sse" in recorded) {
+      return new Response(recorded.sse, { status: recorded.status, headers: { "content-type": "text/event-stream" } });
+    }
+    if (wantsStream && recording.kind === "openai" && recorded.status === 200) {
+      return new Response(completionToSse(recorded.body), { headers: { "content-type": "text/event-stream" } });
+    }
+    return Response.json(recorded.body, { status: recorded.status });
+  });
+  const close = () => server.shutdown();
+  return {
+    upstream: {
+      name,
+      kind: recording.kind,
+      baseUrl: `http://127.0.0.1:${server.addr.port}/v1`,
+      key: () => Promise.resolve("replay-needs-no-key"),
+    },
+    get count() {
+      return next;
+    },
+    close,
+    [Symbol.asyncDispose]: close,
+  };
+}
+
+/** An OpenAI chat.completion as the SSE chunks a streaming request would have received. */
+function completionToSse(completion: unknown): string {
+  const c = completion as {
+    id?: string;
+    model?: string;
+    created?: number;
+    choices?: { index?: number; message?: { role?: string; content?: string | null; tool_calls?: unknown[] }; finish_reason?: string }[];
+    usage?: unknown;
+  };
+  const base = { id: c.id ?? "replay", object: "chat.completion.chunk", created: c.created ?? 0, model: c.model ?? "replay" };
+  const events = (c.choices ?? []).map((choice) => ({
+    ...base,
+    choices: [{
+      index: choice.index ?? 0,
+      delta: {
+        role: choice.message?.role ?? "assistant",
+        content: choice.message?.content ?? null,
+        ...(choice.message?.tool_calls
+          ? { tool_calls: choice.message.tool_calls.map((t, i) => ({ index: i, ...(t as object) })) }
+          : {}),
+      },
+      finish_reason: choice.finish_reason ?? "stop",
+    }],
+  }));
+  if (c.usage) events.push({ ...base, choices: [], usage: c.usage } as never);
+  return events.map((e) => `data: ${JSON.stringify(e)}\n\n`).join("") + "data: [DONE]\n\n";
+}
+
+/**
+ * Forward to `real`, recording every LLM response; the recording is written to `path` on close.
+ * The credential proxy in front has already attached the key; the recorder never stores headers.
+ */
+export function startRecorder(real: UpstreamProvider, path: string): LocalUpstream {
+  const responses: RecordedResponse[] = [];
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
+    const url = new URL(req.url);
+    const suffix = url.pathname.replace(/^\/v1/, "");
+    const headers = new Headers(req.headers);
+    headers.delete("host");
+    headers.delete("content-length");
+    const upstream = await fetch(`${real.baseUrl}${suffix}${url.search}`, {
+      method: req.method,
+      headers,
+      body: req.method === "GET" ? undefined : await req.arrayBuffer(),
+      signal: req.signal,
+      redirect: "manual",
+    });
+    if (!isLlmCall(url.pathname)) return upstream;
+    const text = await upstream.text();
+    const type = upstream.headers.get("content-type") ?? "";
+    responses.push(
+      type.includes("text/event-stream")
+        ? { status: upstream.status, sse: text }
+        : { status: upstream.status, body: safeJson(text) },
+    );
+    return new Response(text, { status: upstream.status, headers: { "content-type": type || "application/json" } });
+  });
+  const close = async () => {
+    await server.shutdown();
+    const recording: Recording = { version: 1, kind: real.kind, responses };
+    await Deno.writeTextFile(path, JSON.stringify(recording, null, 2) + "\n");
+  };
+  return {
+    upstream: { ...real, name: `${real.name} (recording)`, baseUrl: `http://127.0.0.1:${server.addr.port}/v1` },
+    get count() {
+      return responses.length;
+    },
+    close,
+    [Symbol.asyncDispose]: close,
+  };
+}
+
+function safeJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}

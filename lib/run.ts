@@ -1,0 +1,203 @@
+/**
+ * One `sandbox run`: the sandbox, the host proxies, the worker, the durable log, the outcome.
+ *
+ * Every event is validated, appended to the run's log, then handed to `onEvent` (the CLI prints
+ * it). The `usage` event comes last. Whatever happens, the proxies close, the prompt file goes,
+ * a per-run container is removed, and the run's metadata records how it ended.
+ */
+import type { JsonSchema } from "../worker/json_schema.ts";
+import type { Profile } from "./config.ts";
+import { ContainerDriver } from "./container_driver.ts";
+import type { UpstreamProvider } from "./credential_proxy.ts";
+import { DockerSandboxProvider } from "./docker_provider.ts";
+import { exitCodeFor, SandboxError } from "./errors.ts";
+import { HostProvider } from "./host_provider.ts";
+import { KeyStore } from "./keys.ts";
+import { llmTarget } from "./llm_providers.ts";
+import { type AgenticMessage, agenticMessage } from "./protocol.ts";
+import { Redactor } from "./redact.ts";
+import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream } from "./replay.ts";
+import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
+import { openSession, type SandboxSession, startHostProxies } from "./session.ts";
+import { workerBundlePath } from "./worker_bundle.ts";
+
+export const REPLAY_PREFIX = "replay:";
+/** Where a run's agent works inside the sandbox when no repository is given. */
+export const RUNS_WORKSPACE = "/workspace/runs";
+
+export interface RunRequest {
+  mode: "agentic" | "generate";
+  prompt: string;
+  profile: Profile;
+  /** A model name, or `replay:FILE` to serve a recorded conversation instead of a provider. */
+  model?: string;
+  instructions?: string;
+  schema?: JsonSchema;
+  timeoutMs?: number;
+  /** Record the real upstream's responses to this file (for later `--model replay:FILE`). */
+  record?: string;
+  /** Mode "none": the host directory the agent works in. */
+  hostCwd?: string;
+  signal?: AbortSignal;
+  onEvent: (message: AgenticMessage) => Promise<void> | void;
+  /** Slow steps and diagnostics, for stderr. */
+  onProgress?: (line: string) => void;
+  /** Worker stderr lines. */
+  onWorkerStderr?: (line: string) => void;
+  /** Called once the run id exists (before anything slow). */
+  onStart?: (meta: RunMeta) => void;
+}
+
+export interface RunOutcome {
+  meta: RunMeta;
+  exitCode: number;
+  error?: SandboxError;
+}
+
+function statusFor(error: unknown): RunStatus {
+  if (error instanceof SandboxError && error.code === "timeout") return "timed_out";
+  if (error instanceof SandboxError && error.code === "interrupted") return "interrupted";
+  return "failed";
+}
+
+/** The upstream a run talks to: replayed, recorded, or the profile's own. */
+async function chooseUpstream(
+  request: RunRequest,
+  keys: KeyStore,
+): Promise<{ upstream?: UpstreamProvider; model?: string; local?: LocalUpstream }> {
+  if (request.model?.startsWith(REPLAY_PREFIX)) {
+    if (request.record) throw new SandboxError("usage", "Cannot --record a replayed run");
+    const path = request.model.slice(REPLAY_PREFIX.length);
+    const local = startReplayUpstream(await loadRecording(path));
+    return { upstream: local.upstream, model: "replay", local };
+  }
+  if (request.record) {
+    const local = startRecorder(llmTarget(request.profile.llm, keys).upstream, request.record);
+    return { upstream: local.upstream, model: request.model, local };
+  }
+  return { model: request.model };
+}
+
+export async function runAgent(request: RunRequest): Promise<RunOutcome> {
+  const { profile } = request;
+  if (request.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
+  const redactor = new Redactor();
+  const keys = new KeyStore({ redactor });
+  const chosen = await chooseUpstream(request, keys);
+  const id = newRunId();
+  const sandboxKind = profile.sandbox.mode === "none" ? "none" : "container";
+  const model = chosen.model ?? llmTarget(profile.llm, keys).model;
+  await using log = await RunLog.create({ id, mode: request.mode, profile: profile.name, model, sandbox: sandboxKind }, redactor);
+  request.onStart?.(log.meta);
+
+  const cleanups: (() => Promise<unknown>)[] = [];
+  if (chosen.local) cleanups.push(() => chosen.local!.close());
+  let result: AgenticMessage | undefined;
+  try {
+    const { driver, cwd } = await prepare(request, { id, redactor, keys, chosen, cleanups });
+    const emit = async (message: AgenticMessage) => {
+      await log.append(message);
+      await request.onEvent(message);
+    };
+    if (request.mode === "agentic") {
+      for await (const message of driver.executeAgentic(request.prompt, {
+        cwd,
+        instructions: request.instructions,
+        runId: id,
+        timeoutMs: request.timeoutMs,
+        signal: request.signal,
+      })) {
+        if (message.type === "result") result = message;
+        await emit(message);
+      }
+    } else {
+      const { value } = await driver.generate(request.prompt, {
+        schema: request.schema,
+        runId: id,
+        timeoutMs: request.timeoutMs,
+        signal: request.signal,
+      });
+      result = agenticMessage({
+        type: "result",
+        content: typeof value === "string" ? value : JSON.stringify(value),
+        model,
+      });
+      await emit(result);
+    }
+    await emit(agenticMessage({ type: "usage", usage: driver.getUsage(), model }));
+    const failed = result?.is_error === true;
+    await log.finish({
+      status: failed ? "failed" : "succeeded",
+      exitCode: failed ? 1 : 0,
+      usage: driver.getUsage(),
+      error: failed ? result?.content ?? "the agent reported an error" : null,
+    });
+    return { meta: log.meta, exitCode: failed ? 1 : 0 };
+  } catch (error) {
+    const failure = error instanceof SandboxError
+      ? error
+      : new SandboxError("worker_failed", (error as Error).message ?? String(error), { cause: error });
+    await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage: null, error: failure.message });
+    return { meta: log.meta, exitCode: exitCodeFor(failure), error: failure };
+  } finally {
+    for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
+  }
+}
+
+/** The sandbox side of a run: provider, session and driver, with their cleanups registered. */
+async function prepare(
+  request: RunRequest,
+  context: {
+    id: string;
+    redactor: Redactor;
+    keys: KeyStore;
+    chosen: { upstream?: UpstreamProvider; model?: string };
+    cleanups: (() => Promise<unknown>)[];
+  },
+): Promise<{ driver: ContainerDriver; cwd: string }> {
+  const { profile, signal } = request;
+  const sessionOptions = {
+    runId: context.id,
+    redactor: context.redactor,
+    keys: context.keys,
+    upstream: context.chosen.upstream,
+    model: context.chosen.model,
+    signal,
+  };
+  if (profile.sandbox.mode === "none") {
+    request.onProgress?.("UNSAFE: sandbox mode \"none\" runs the agent on this machine with no isolation");
+    const proxies = await startHostProxies(profile, ["127.0.0.1"], sessionOptions);
+    context.cleanups.push(() => proxies.close());
+    const bundle = await workerBundlePath(request.onProgress);
+    const promptRoot = await Deno.makeTempDir({ prefix: "sandbox-prompts-" });
+    context.cleanups.push(() => Deno.remove(promptRoot, { recursive: true }));
+    const driver = new ContainerDriver({
+      provider: new HostProvider(profile.name),
+      env: proxies.envFor("127.0.0.1"),
+      model: context.chosen.model,
+      workerCommand: [Deno.execPath(), "run", "--allow-all", "--no-config", bundle],
+      promptRoot,
+      onStderrLine: request.onWorkerStderr,
+    });
+    return { driver, cwd: request.hostCwd ?? Deno.cwd() };
+  }
+  if (profile.sandbox.mode !== "container") {
+    throw new SandboxError("unsupported", `Sandbox mode "${profile.sandbox.mode}" is not implemented yet`);
+  }
+  const fresh = profile.sandbox.container === "fresh";
+  const provider = new DockerSandboxProvider(profile, {
+    instance: fresh ? context.id.toLowerCase() : undefined,
+    onProgress: request.onProgress,
+  });
+  if (fresh) context.cleanups.push(() => provider.teardown({ volumes: true }));
+  await provider.ensureRunning({ signal });
+  const session: SandboxSession = await openSession(profile, provider, sessionOptions);
+  context.cleanups.push(() => session.close());
+  const driver = new ContainerDriver({
+    provider,
+    env: session.env,
+    model: context.chosen.model,
+    onStderrLine: request.onWorkerStderr,
+  });
+  return { driver, cwd: `${RUNS_WORKSPACE}/${context.id}` };
+}
