@@ -408,7 +408,7 @@ let exitCode: number = EXIT.ok;
 /** `sandbox proxy` ends on a signal by design: that is success, not an interruption. */
 let proxyStopped = false;
 
-async function main(args: string[]): Promise<number> {
+export async function main(args: string[]): Promise<number> {
   const program = buildProgram();
   try {
     await program.parseAsync(args, { from: "user" });
