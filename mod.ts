@@ -40,3 +40,35 @@ export type {
 
 export { CommandExitError, ConfigError, EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
 export type { ConfigIssue, SandboxErrorCode } from "./lib/errors.ts";
+
+export { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "./lib/container_driver.ts";
+export type { AgenticOptions, ContainerDriverOptions, GenerateOptions } from "./lib/container_driver.ts";
+export { HostProvider } from "./lib/host_provider.ts";
+export { openSession, startHostProxies } from "./lib/session.ts";
+export type { HostProxies, SandboxSession, SessionOptions } from "./lib/session.ts";
+export { startCredentialProxy, TokenRegistry } from "./lib/credential_proxy.ts";
+export type { CredentialProxy, CredentialProxyOptions, ProxyGrant, UpstreamProvider } from "./lib/credential_proxy.ts";
+export { startEgressProxy } from "./lib/egress_proxy.ts";
+export type { EgressProxy, EgressProxyOptions } from "./lib/egress_proxy.ts";
+export { KeyStore } from "./lib/keys.ts";
+export type { KeySource } from "./lib/keys.ts";
+export { Redactor } from "./lib/redact.ts";
+export { AccessLog } from "./lib/access_log.ts";
+export type { AccessLogEntry } from "./lib/access_log.ts";
+export { runAgent } from "./lib/run.ts";
+export type { RunOutcome, RunRequest } from "./lib/run.ts";
+export { listRuns, readEvents, readRun, RunLog } from "./lib/run_log.ts";
+export type { RunMeta, RunStatus } from "./lib/run_log.ts";
+export {
+  agenticMessage,
+  AgenticMessageSchema,
+  decodeMessage,
+  decodeMessages,
+  decodeMessageStream,
+  DriverUsageSchema,
+  encodeMessage,
+  ProtocolError,
+} from "./lib/protocol.ts";
+export type { AgenticMessage, DriverUsage } from "./lib/protocol.ts";
+export { loadRecording, startRecorder, startReplayUpstream } from "./lib/replay.ts";
+export type { Recording } from "./lib/replay.ts";

@@ -125,12 +125,16 @@ class BenchUpstream implements AsyncDisposable {
   /** `events` events, `batch` per write (one write per pull), then `[DONE]`. */
   #stream(events: number, batch: number, holdId: string | undefined): ReadableStream<Uint8Array> {
     let sent = 0;
+    let waited = holdId === undefined;
     const stopping = this.#stopping.signal;
     const batchBytes = new Uint8Array(EVENT.byteLength * batch);
     for (let i = 0; i < batch; i++) batchBytes.set(EVENT, i * EVENT.byteLength);
     return new ReadableStream<Uint8Array>({
       pull: async (controller) => {
-        if (sent > 0 && holdId !== undefined) await this.#waitForRelease(this.hold(holdId), stopping);
+        if (sent > 0 && !waited) {
+          waited = true;
+          await this.#waitForRelease(this.hold(holdId!), stopping);
+        }
         if (sent < events) {
           const count = Math.min(batch, events - sent);
           controller.enqueue(batchBytes.slice(0, count * EVENT.byteLength));
@@ -145,17 +149,21 @@ class BenchUpstream implements AsyncDisposable {
 
   async #waitForRelease(hold: Hold, stopping: AbortSignal): Promise<void> {
     let timer: ReturnType<typeof setTimeout> | undefined;
+    let onStop: (() => void) | undefined;
     const gaveUp = new Promise<void>((resolve) => {
       timer = setTimeout(() => {
         hold.timedOut = true;
         resolve();
       }, HOLD_TIMEOUT_MS);
-      stopping.addEventListener("abort", () => resolve(), { once: true });
+      onStop = () => resolve();
+      if (stopping.aborted) resolve();
+      else stopping.addEventListener("abort", onStop, { once: true });
     });
     try {
       await Promise.race([hold.released, gaveUp]);
     } finally {
       clearTimeout(timer);
+      stopping.removeEventListener("abort", onStop!);
     }
   }
 

@@ -1,0 +1,499 @@
+/**
+ * `ContainerDriver` against an in-memory `SandboxProvider`: one test per row of the seeds' error
+ * contract, plus the prompt-delivery and cleanup rules. No Docker, no subprocess: the fake's
+ * `execStream` yields scripted lines (counting how many were read) and its `exec`/`writeFile`
+ * record every call.
+ */
+import assert from "node:assert/strict";
+import { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "../../lib/container_driver.ts";
+import { SandboxError } from "../../lib/errors.ts";
+import { type AgenticMessage, encodeMessage } from "../../lib/protocol.ts";
+import type {
+  ExecOptions,
+  ExecResult,
+  ExecStream,
+  ExecStreamOutcome,
+  SandboxProvider,
+  SandboxStats,
+  SandboxStatus,
+  TeardownReport,
+} from "../../lib/provider.ts";
+import type { JsonSchema } from "../../worker/json_schema.ts";
+
+/** What one `execStream` call will do. */
+interface StreamScript {
+  lines: string[];
+  /** How the command ended; a rejection stands for a failed `docker exec`. */
+  outcome?: Partial<ExecStreamOutcome> | { reject: Error };
+  /** Thrown by the iterator after the lines (the exec broke mid-stream). */
+  throwAfterLines?: Error;
+}
+
+interface ExecCall {
+  argv: readonly string[];
+  env?: Record<string, string>;
+  cwd?: string;
+}
+
+interface StreamCall extends ExecCall {
+  /** Lines the consumer has pulled from the stream. */
+  consumed: number;
+  /** The consumer stopped the stream (`return()` reached the producer). */
+  stoppedEarly: boolean;
+  /** The iterator ran to its end or was stopped. */
+  closed: boolean;
+}
+
+/** An in-memory `SandboxProvider`: scripted streams, recorded calls. */
+class FakeProvider implements SandboxProvider {
+  readonly writes: { path: string; data: string; mode?: number }[] = [];
+  readonly execs: ExecCall[] = [];
+  readonly streams: StreamCall[] = [];
+  readonly #scripts: StreamScript[];
+  /** Make `writeFile` fail for paths matching this. */
+  failWritesTo?: RegExp;
+  /** Make `exec` of `rm` fail (cleanup failures must not surface). */
+  failRm = false;
+
+  constructor(...scripts: StreamScript[]) {
+    this.#scripts = scripts;
+  }
+
+  /** Every argv and env value this provider was handed, for leak checks. */
+  get everything(): string[] {
+    const calls: ExecCall[] = [...this.execs, ...this.streams];
+    return calls.flatMap((c) => [...c.argv, ...Object.values(c.env ?? {}), c.cwd ?? ""]);
+  }
+
+  /** `rm -rf -- DIR` calls, by directory. */
+  get removed(): string[] {
+    return this.execs
+      .filter((c) => c.argv[0] === "rm")
+      .map((c) => {
+        assert.deepEqual(c.argv.slice(0, 3), ["rm", "-rf", "--"]);
+        assert.equal(c.argv.length, 4);
+        return c.argv[3];
+      });
+  }
+
+  /** Directories that prompt files were written into. */
+  get promptDirs(): string[] {
+    return [...new Set(this.writes.map((w) => w.path.replace(/\/[^/]*$/, "")))];
+  }
+
+  ensureRunning(): Promise<SandboxStatus> {
+    return this.status();
+  }
+
+  execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
+    const script = this.#scripts.shift();
+    if (!script) throw new Error(`FakeProvider: no scripted stream for ${argv.join(" ")}`);
+    const call: StreamCall = { argv, env: options.env, cwd: options.cwd, consumed: 0, stoppedEarly: false, closed: false };
+    this.streams.push(call);
+    let settle!: (outcome: Promise<ExecStreamOutcome>) => void;
+    const outcome = new Promise<ExecStreamOutcome>((resolve) => settle = resolve);
+    outcome.catch(() => {});
+    const finish = (): Promise<ExecStreamOutcome> => {
+      const scripted = script.outcome ?? {};
+      if ("reject" in scripted) return Promise.reject(scripted.reject);
+      return Promise.resolve({ exitCode: 0, durationMs: 1, timedOut: false, oomKilled: false, stderrTail: "", ...scripted });
+    };
+    let started = false;
+    return {
+      outcome,
+      [Symbol.asyncIterator]: async function* () {
+        // Like execStreamOf: one iteration per stream; a second call (e.g. a defensive return()) is empty.
+        if (started) return;
+        started = true;
+        let drained = false;
+        try {
+          for (const line of script.lines) {
+            call.consumed++;
+            yield line;
+          }
+          if (script.throwAfterLines) throw script.throwAfterLines;
+          drained = true;
+        } finally {
+          call.stoppedEarly = !drained && !script.throwAfterLines;
+          call.closed = true;
+          settle(finish());
+        }
+        await outcome;
+      },
+    };
+  }
+
+  exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
+    this.execs.push({ argv, env: options.env, cwd: options.cwd });
+    if (this.failRm && argv[0] === "rm") return Promise.reject(new SandboxError("exec_failed", "rm failed"));
+    return Promise.resolve({ exitCode: 0, stdout: "", stderr: "", durationMs: 1, timedOut: false, oomKilled: false });
+  }
+
+  readFile(): Promise<Uint8Array> {
+    return Promise.reject(new Error("FakeProvider.readFile is not scripted"));
+  }
+
+  writeFile(path: string, data: Uint8Array | string, options: { mode?: number } = {}): Promise<void> {
+    this.writes.push({ path, data: typeof data === "string" ? data : new TextDecoder().decode(data), mode: options.mode });
+    if (this.failWritesTo?.test(path)) return Promise.reject(new SandboxError("exec_failed", `Cannot write "${path}"`));
+    return Promise.resolve();
+  }
+
+  copyIn(): Promise<void> {
+    return Promise.resolve();
+  }
+
+  copyOut(): Promise<void> {
+    return Promise.resolve();
+  }
+
+  stats(): Promise<SandboxStats> {
+    return Promise.resolve({ profile: "fake", name: "fake", memoryBytes: 0, memoryLimitBytes: 0, cpuPercent: 0, pids: 0, pidsLimit: 0 });
+  }
+
+  status(): Promise<SandboxStatus> {
+    return Promise.resolve({
+      profile: "fake",
+      name: "sandbox-fake",
+      id: "0",
+      image: "fake",
+      state: "running",
+      health: "healthy",
+      createdAt: new Date(0).toISOString(),
+      current: true,
+      kind: "shared",
+    });
+  }
+
+  healthCheck(): Promise<boolean> {
+    return Promise.resolve(true);
+  }
+
+  teardown(): Promise<TeardownReport> {
+    return Promise.resolve({ containers: [], networks: [], volumes: [] });
+  }
+}
+
+const SESSION_ENV = { SANDBOX_LLM_BASE_URL: "http://172.30.0.1:4000/proxy/v1", SANDBOX_LLM_TOKEN: "sbx_session_token_123" };
+
+function driverFor(provider: FakeProvider): ContainerDriver {
+  return new ContainerDriver({ provider, env: SESSION_ENV, model: "fake-model" });
+}
+
+const line = (message: Parameters<typeof encodeMessage>[0]) => encodeMessage(message);
+const TOOL_CALL = line({ type: "tool_call", tool_name: "execute", tool_input: { command: "ls" }, tool_call_id: "c1" });
+const TOOL_RESULT = line({ type: "tool_result", tool_name: "execute", tool_output: "a\nb", tool_call_id: "c1" });
+const RESULT = line({ type: "result", content: "done" });
+const USAGE = line({ type: "usage", usage: { input_tokens: 12, output_tokens: 3, num_turns: 2, model: "fake-model" } });
+
+async function collect(driver: ContainerDriver, prompt = "do it", runId = "run-1"): Promise<AgenticMessage[]> {
+  return await Array.fromAsync(driver.executeAgentic(prompt, { cwd: "/workspace/runs/run-1", runId }));
+}
+
+/** Awaits `promise`, asserting it rejects with a `SandboxError` of `code`; returns the error. */
+async function rejectsWith(promise: Promise<unknown>, code: string): Promise<SandboxError> {
+  const error = await promise.then(
+    () => assert.fail(`expected a SandboxError "${code}", but the call succeeded`),
+    (error: unknown) => error,
+  );
+  assert.ok(error instanceof SandboxError, `expected a SandboxError, got ${error}`);
+  assert.equal(error.code, code, `expected code "${code}", got "${error.code}": ${error.message}`);
+  return error;
+}
+
+/** The prompt directory of run `runId` was written into, then removed exactly once. */
+function assertPromptDirRemoved(provider: FakeProvider, runId = "run-1"): void {
+  const dir = `${PROMPT_ROOT}/${runId}`;
+  assert.deepEqual(provider.promptDirs, [dir]);
+  assert.deepEqual(provider.removed, [dir]);
+}
+
+Deno.test("an empty prompt is a usage error and nothing is written or run", async (t) => {
+  for (const prompt of ["", "  \n\t "]) {
+    await t.step(`executeAgentic(${JSON.stringify(prompt)})`, async () => {
+      const provider = new FakeProvider();
+      await rejectsWith(collect(driverFor(provider), prompt), "usage");
+      assert.deepEqual(provider.writes, []);
+      assert.deepEqual(provider.execs, []);
+      assert.deepEqual(provider.streams, []);
+    });
+    await t.step(`generate(${JSON.stringify(prompt)})`, async () => {
+      const provider = new FakeProvider();
+      await rejectsWith(driverFor(provider).generate(prompt), "usage");
+      assert.deepEqual(provider.writes, []);
+      assert.deepEqual(provider.execs, []);
+      assert.deepEqual(provider.streams, []);
+    });
+  }
+});
+
+Deno.test("a malformed JSON line raises worker_failed at once, reads nothing after it, stops the worker and removes the prompt", async () => {
+  const provider = new FakeProvider({ lines: [TOOL_CALL, "{not json", TOOL_RESULT, RESULT, USAGE] });
+  const driver = driverFor(provider);
+  const seen: AgenticMessage[] = [];
+  const error = await rejectsWith(
+    (async () => {
+      for await (const message of driver.executeAgentic("do it", { cwd: "/w", runId: "run-1" })) seen.push(message);
+    })(),
+    "worker_failed",
+  );
+  assert.deepEqual(seen.map((m) => m.type), ["tool_call"], "the good line before the bad one is delivered");
+  assert.match(error.message, /line 2/);
+  assert.equal(provider.streams[0].consumed, 2, "lines after the malformed one were read");
+  assert.ok(provider.streams[0].closed, "the worker stream was not stopped");
+  assert.equal(driver.getUsage(), null);
+  assertPromptDirRemoved(provider);
+});
+
+Deno.test("valid JSON that is not an AgenticMessage raises worker_failed", async (t) => {
+  const cases: Record<string, string> = {
+    "an unknown type": `{"type":"banana","content":"x"}`,
+    "no type": `{"content":"x"}`,
+    "an array": `[1,2,3]`,
+    "a string": `"result"`,
+    "null": `null`,
+    "a wrongly typed field": `{"type":"result","content":"x","is_error":"yes"}`,
+    "tool_input that is not an object": `{"type":"tool_call","tool_input":[1]}`,
+    "negative token counts": `{"type":"usage","usage":{"input_tokens":-1}}`,
+  };
+  for (const [what, bad] of Object.entries(cases)) {
+    await t.step(what, async () => {
+      const provider = new FakeProvider({ lines: [bad, RESULT, USAGE] });
+      await rejectsWith(collect(driverFor(provider)), "worker_failed");
+      assert.equal(provider.streams[0].consumed, 1, "lines after the invalid one were read");
+      assertPromptDirRemoved(provider);
+    });
+  }
+});
+
+Deno.test("a worker that exits without a result raises worker_failed naming its exit code", async (t) => {
+  await t.step("agentic", async () => {
+    const provider = new FakeProvider({
+      lines: [TOOL_CALL, TOOL_RESULT],
+      outcome: { exitCode: 3, stderrTail: "worker: boom" },
+    });
+    const error = await rejectsWith(collect(driverFor(provider)), "worker_failed");
+    assert.match(error.message, /exited with code 3\b/);
+    assert.equal(error.detail, "worker: boom", "the worker's stderr tail is the error's detail");
+    assertPromptDirRemoved(provider);
+  });
+  await t.step("generate", async () => {
+    const provider = new FakeProvider({ lines: [USAGE], outcome: { exitCode: 1 } });
+    const error = await rejectsWith(driverFor(provider).generate("answer", { runId: "run-1" }), "worker_failed");
+    assert.match(error.message, /code 1\b|result/);
+    assertPromptDirRemoved(provider);
+  });
+  await t.step("killed by the memory limit", async () => {
+    const provider = new FakeProvider({ lines: [TOOL_CALL], outcome: { exitCode: 137, oomKilled: true } });
+    const error = await rejectsWith(collect(driverFor(provider)), "worker_failed");
+    assert.match(error.message, /memory/);
+    assertPromptDirRemoved(provider);
+  });
+});
+
+Deno.test("a worker that emits two results raises worker_failed", async () => {
+  const provider = new FakeProvider({ lines: [RESULT, RESULT, USAGE] });
+  await rejectsWith(collect(driverFor(provider)), "worker_failed");
+  assertPromptDirRemoved(provider);
+});
+
+const SCHEMA: JsonSchema = {
+  file: "answer.json",
+  name: "answer",
+  schema: {
+    type: "object",
+    required: ["name", "count"],
+    properties: { name: { type: "string" }, count: { type: "integer" } },
+  },
+};
+
+Deno.test("generate() with a schema returns the parsed value when the result satisfies it", async () => {
+  const provider = new FakeProvider({ lines: [line({ type: "result", content: `{"name":"x","count":3}` }), USAGE] });
+  const driver = driverFor(provider);
+  const { value, sessionId } = await driver.generate("answer", { schema: SCHEMA, runId: "run-1" });
+  assert.deepEqual(value, { name: "x", count: 3 });
+  assert.equal(sessionId, null);
+  assert.equal(driver.getUsage()?.input_tokens, 12);
+  assertPromptDirRemoved(provider);
+});
+
+// BUG (lib/container_driver.ts, generate → #writeInputs): the whole `JsonSchema` wrapper
+// ({file, schema, name}) is serialised into schema.json, but the worker's loadJsonSchema() reads
+// that file as the schema itself, so the worker validates against the wrong document.
+Deno.test("generate() hands the worker the JSON Schema itself, in a 0600 file next to the prompt", async () => {
+  const provider = new FakeProvider({ lines: [line({ type: "result", content: `{"name":"x","count":3}` }), USAGE] });
+  await driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" });
+  const schemaWrite = provider.writes.find((w) => w.path.endsWith(".json"));
+  assert.ok(schemaWrite, "no schema file written");
+  assert.equal(schemaWrite.mode, 0o600);
+  const argv = provider.streams[0].argv;
+  assert.equal(argv[argv.indexOf("--schema") + 1], schemaWrite.path);
+  assert.deepEqual(JSON.parse(schemaWrite.data), SCHEMA.schema, "schema.json is not the schema the caller gave");
+});
+
+Deno.test("generate() raises worker_failed when the result does not match the schema", async (t) => {
+  const cases: Record<string, string> = {
+    "a missing required field": `{"name":"x"}`,
+    "a wrong type": `{"name":"x","count":"three"}`,
+    "not JSON at all": "I think the answer is 3",
+  };
+  for (const [what, content] of Object.entries(cases)) {
+    await t.step(what, async () => {
+      const provider = new FakeProvider({ lines: [line({ type: "result", content }), USAGE] });
+      const error = await rejectsWith(driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" }), "worker_failed");
+      assert.ok(error.detail?.includes(content.slice(0, 20)), "the offending output is not in the error's detail");
+      assertPromptDirRemoved(provider);
+    });
+  }
+  await t.step("the worker itself reports the mismatch as an is_error result", async () => {
+    const provider = new FakeProvider({
+      lines: [line({ type: "result", content: "Model output does not match the schema", is_error: true }), USAGE],
+    });
+    await rejectsWith(driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" }), "worker_failed");
+    assertPromptDirRemoved(provider);
+  });
+});
+
+Deno.test("a failed docker exec propagates with the provider's own code and the prompt is still removed", async (t) => {
+  const cases: [string, StreamScript, string][] = [
+    ["the container is gone", { lines: [], outcome: { reject: new SandboxError("container_not_found", "No such container") } }, "container_not_found"],
+    ["docker exec failed after some output", { lines: [TOOL_CALL], outcome: { reject: new SandboxError("exec_failed", "exec failed") } }, "exec_failed"],
+    ["the worker timed out after its result", { lines: [TOOL_CALL, RESULT], outcome: { reject: new SandboxError("timeout", "timed out") } }, "timeout"],
+    ["the run was interrupted", { lines: [TOOL_CALL], outcome: { reject: new SandboxError("interrupted", "Interrupted") } }, "interrupted"],
+    ["the stream broke mid-way", { lines: [TOOL_CALL], throwAfterLines: new SandboxError("exec_failed", "stream broke") }, "exec_failed"],
+  ];
+  for (const [what, script, code] of cases) {
+    await t.step(`executeAgentic: ${what}`, async () => {
+      const provider = new FakeProvider(script);
+      await rejectsWith(collect(driverFor(provider)), code);
+      assertPromptDirRemoved(provider);
+    });
+    await t.step(`generate: ${what}`, async () => {
+      const provider = new FakeProvider({ ...script, lines: script.lines.filter((l) => l !== TOOL_CALL) });
+      await rejectsWith(driverFor(provider).generate("answer", { runId: "run-1" }), code);
+      assertPromptDirRemoved(provider);
+    });
+  }
+});
+
+Deno.test("a consumer that stops early stops the worker and the prompt is removed", async () => {
+  const provider = new FakeProvider({ lines: [TOOL_CALL, TOOL_RESULT, RESULT, USAGE] });
+  for await (const message of driverFor(provider).executeAgentic("do it", { cwd: "/w", runId: "run-1" })) {
+    assert.equal(message.type, "tool_call");
+    break;
+  }
+  assert.equal(provider.streams[0].consumed, 1);
+  assert.ok(provider.streams[0].stoppedEarly, "the worker stream was not told to stop");
+  assertPromptDirRemoved(provider);
+});
+
+Deno.test("a failure to remove the prompt directory is not the caller's problem", async () => {
+  const provider = new FakeProvider({ lines: [RESULT, USAGE] });
+  provider.failRm = true;
+  const messages = await collect(driverFor(provider));
+  assert.deepEqual(messages.map((m) => m.type), ["result"]);
+  assert.deepEqual(provider.removed, [`${PROMPT_ROOT}/run-1`]);
+});
+
+Deno.test("a failed write of the instructions removes the prompt directory and propagates", async () => {
+  const provider = new FakeProvider();
+  provider.failWritesTo = /instructions/;
+  const driver = driverFor(provider);
+  await rejectsWith(
+    Array.fromAsync(driver.executeAgentic("do it", { cwd: "/w", runId: "run-1", instructions: "be brief" })),
+    "exec_failed",
+  );
+  assert.deepEqual(provider.streams, []);
+  assertPromptDirRemoved(provider);
+});
+
+// BUG (lib/container_driver.ts #writeInputs): the write of prompt.txt happens before the try, so
+// a write that fails after creating the directory (e.g. `mkdir` then a full tmpfs) leaves it behind.
+Deno.test("a failed write of the prompt itself still removes the prompt directory", async () => {
+  const provider = new FakeProvider();
+  provider.failWritesTo = /prompt\.txt$/;
+  await rejectsWith(collect(driverFor(provider)), "exec_failed");
+  assert.deepEqual(provider.streams, []);
+  assertPromptDirRemoved(provider);
+});
+
+Deno.test("usage is not yielded but is available from getUsage()", async () => {
+  const provider = new FakeProvider({ lines: [TOOL_CALL, TOOL_RESULT, RESULT, USAGE] });
+  const driver = driverFor(provider);
+  assert.equal(driver.getUsage(), null);
+  const messages = await collect(driver);
+  assert.deepEqual(messages.map((m) => m.type), ["tool_call", "tool_result", "result"]);
+  assert.deepEqual(driver.getUsage(), {
+    input_tokens: 12,
+    output_tokens: 3,
+    cache_read_tokens: null,
+    cache_creation_tokens: null,
+    cost_usd: null,
+    duration_ms: null,
+    num_turns: 2,
+    model: "fake-model",
+  });
+  assertPromptDirRemoved(provider);
+});
+
+Deno.test("getUsage() is reset by the next call", async () => {
+  const provider = new FakeProvider({ lines: [RESULT, USAGE] }, { lines: [RESULT] });
+  const driver = driverFor(provider);
+  await collect(driver, "one", "run-a");
+  assert.equal(driver.getUsage()?.input_tokens, 12);
+  await collect(driver, "two", "run-b");
+  assert.equal(driver.getUsage(), null);
+});
+
+Deno.test("cleanupSession() returns false: the driver keeps no session state", () => {
+  const driver = driverFor(new FakeProvider());
+  assert.equal(driver.cleanupSession("any-session"), false);
+  assert.equal(driver.cleanupSession(""), false);
+});
+
+Deno.test("the prompt goes through writeFile (stdin), never into argv or env", async (t) => {
+  const prompt = `secret-prompt-${crypto.randomUUID()}`;
+  const instructions = `secret-instructions-${crypto.randomUUID()}`;
+  await t.step("executeAgentic", async () => {
+    const provider = new FakeProvider({ lines: [RESULT, USAGE] });
+    await Array.fromAsync(driverFor(provider).executeAgentic(prompt, { cwd: "/w", runId: "run-1", instructions }));
+    const promptWrite = provider.writes.find((w) => w.data === prompt);
+    assert.ok(promptWrite, "the prompt was not written with writeFile");
+    assert.equal(promptWrite.mode, 0o600);
+    assert.ok(provider.writes.some((w) => w.data === instructions && w.mode === 0o600), "instructions not written 0600");
+    for (const value of provider.everything) {
+      assert.ok(!value.includes(prompt), `the prompt appears in argv/env: ${value}`);
+      assert.ok(!value.includes(instructions), `the instructions appear in argv/env: ${value}`);
+    }
+    const argv = provider.streams[0].argv;
+    assert.deepEqual(argv.slice(0, WORKER_COMMAND.length), [...WORKER_COMMAND]);
+    assert.equal(argv[argv.indexOf("--prompt-file") + 1], promptWrite.path);
+    assert.deepEqual(provider.streams[0].env, SESSION_ENV, "the worker gets the session variables and nothing else");
+    assertPromptDirRemoved(provider);
+  });
+  await t.step("generate", async () => {
+    const provider = new FakeProvider({ lines: [RESULT, USAGE] });
+    assert.deepEqual(await driverFor(provider).generate(prompt, { runId: "run-1" }), { value: "done", sessionId: null });
+    assert.ok(provider.writes.some((w) => w.data === prompt && w.mode === 0o600));
+    for (const value of provider.everything) assert.ok(!value.includes(prompt), `the prompt appears in argv/env: ${value}`);
+    assertPromptDirRemoved(provider);
+  });
+});
+
+Deno.test("two concurrent executeAgentic() calls use different prompt paths", async () => {
+  const provider = new FakeProvider({ lines: [TOOL_CALL, RESULT, USAGE] }, { lines: [TOOL_CALL, RESULT, USAGE] });
+  const driver = driverFor(provider);
+  const [a, b] = await Promise.all([
+    Array.fromAsync(driver.executeAgentic("first", { cwd: "/w/a" })),
+    Array.fromAsync(driver.executeAgentic("second", { cwd: "/w/b" })),
+  ]);
+  assert.equal(a.length, 2);
+  assert.equal(b.length, 2);
+  const paths = provider.writes.map((w) => w.path);
+  assert.equal(paths.length, 2);
+  assert.notEqual(paths[0], paths[1]);
+  assert.notEqual(provider.promptDirs[0], provider.promptDirs[1]);
+  const promptArgs = provider.streams.map((s) => s.argv[s.argv.indexOf("--prompt-file") + 1]);
+  assert.deepEqual(new Set(promptArgs), new Set(paths));
+  assert.deepEqual(new Set(provider.removed), new Set(provider.promptDirs), "each call removes its own directory");
+});
