@@ -21,7 +21,7 @@ import { runAgent } from "./lib/run.ts";
 import { listRuns, readEvents, readRun } from "./lib/run_log.ts";
 import { decodeMessage, encodeMessage } from "./lib/protocol.ts";
 import { renderMessage } from "./lib/transcript.ts";
-import type { JsonSchema } from "./worker/json_schema.ts";
+import { type JsonSchema, loadJsonSchema } from "./worker/json_schema.ts";
 import { ConfigError, EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
 import { ensureImage } from "./lib/image.ts";
 import { StdoutWriter, table } from "./lib/output.ts";
@@ -350,9 +350,9 @@ async function runAction(mode: "agentic" | "generate", opts: RunFlags, command: 
   let schema: JsonSchema | undefined;
   if (opts.schema) {
     try {
-      schema = JSON.parse(await readInput(opts.schema, "schema file"));
+      schema = await loadJsonSchema(opts.schema);
     } catch (error) {
-      throw error instanceof SandboxError ? error : new SandboxError("usage", `Invalid JSON Schema "${opts.schema}": ${(error as Error).message}`);
+      throw new SandboxError("usage", (error as Error).message);
     }
   }
   const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";

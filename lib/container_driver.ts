@@ -93,7 +93,8 @@ export class ContainerDriver {
 
   async generate(prompt: string, options: GenerateOptions = {}): Promise<{ value: unknown; sessionId: null }> {
     const files = await this.#writeInputs(prompt, options.runId, {
-      schema: options.schema ? JSON.stringify(options.schema) : undefined,
+      schema: options.schema ? JSON.stringify(options.schema.schema) : undefined,
+      schemaName: options.schema?.name,
     });
     try {
       const argv = [
@@ -173,7 +174,7 @@ export class ContainerDriver {
   async #writeInputs(
     prompt: string,
     runId: string | undefined,
-    extra: { instructions?: string; schema?: string },
+    extra: { instructions?: string; schema?: string; schemaName?: string },
   ): Promise<{ dir: string; prompt: string; instructions?: string; schema?: string }> {
     if (prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
     const dir = `${this.#options.promptRoot ?? PROMPT_ROOT}/${runId ?? crypto.randomUUID()}`;
@@ -186,7 +187,8 @@ export class ContainerDriver {
         await provider.writeFile(files.instructions, extra.instructions, { mode: 0o600 });
       }
       if (extra.schema !== undefined) {
-        files.schema = `${dir}/schema.json`;
+        // The worker names the provider's response format after the file: keep the caller's name.
+        files.schema = `${dir}/${extra.schemaName ?? "schema"}.json`;
         await provider.writeFile(files.schema, extra.schema, { mode: 0o600 });
       }
     } catch (error) {
