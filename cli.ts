@@ -218,7 +218,8 @@ function buildProgram(): Command {
         note(`token: ${info.token}`);
         note(`sandboxes authenticate with the token as their API key; Ctrl-C stops the proxies`);
       }
-      await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+      // A signal may already have arrived while the proxies started: check before waiting.
+      if (!signal.aborted) await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
       proxyStopped = true;
     });
 

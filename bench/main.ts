@@ -70,7 +70,9 @@ function progress(message: string): void {
 }
 
 /** Every `*_bench.ts` module next to this file, in name order. */
-export async function loadBenchmarks(dir: URL = new URL(".", import.meta.url)): Promise<Benchmark[]> {
+export async function loadBenchmarks(
+  dir: URL = new URL(".", import.meta.url),
+): Promise<Benchmark[]> {
   const files: string[] = [];
   for await (const entry of Deno.readDir(dir)) {
     if (entry.isFile && BENCH_FILE.test(entry.name)) files.push(entry.name);
@@ -81,7 +83,9 @@ export async function loadBenchmarks(dir: URL = new URL(".", import.meta.url)): 
     const module = await import(new URL(file, dir).href);
     const benchmark = module.benchmark as Benchmark | undefined;
     if (typeof benchmark?.run !== "function") {
-      throw new TypeError(`Benchmark module "${file}" does not export "benchmark" with a run() method`);
+      throw new TypeError(
+        `Benchmark module "${file}" does not export "benchmark" with a run() method`,
+      );
     }
     benchmarks.push(benchmark);
   }
@@ -127,9 +131,13 @@ function renderTable(rows: string[][], right: ReadonlySet<number>): string {
 /** The human report of one benchmark. */
 export function formatOutcome(outcome: BenchOutcome): string {
   const { benchmark, result, error } = outcome;
-  const heading = `${benchmark.name}: ${benchmark.title} (${(outcome.durationMs / 1000).toFixed(1)} s)`;
+  const heading = `${benchmark.name}: ${benchmark.title} (${
+    (outcome.durationMs / 1000).toFixed(1)
+  } s)`;
   if (result === undefined) {
-    return `${heading}\n  FAILED: ${error instanceof Error ? error.stack ?? error.message : String(error)}`;
+    return `${heading}\n  FAILED: ${
+      error instanceof Error ? error.stack ?? error.message : String(error)
+    }`;
   }
   const rows = [[
     "FIGURE",
@@ -266,7 +274,9 @@ async function main(args: string[]): Promise<number> {
     return EXIT.interrupted;
   }
   if (outcomes.some((o) => o.result === undefined)) return EXIT.failure;
-  const missed = outcomes.flatMap((o) => o.result?.figures ?? []).filter((f) => f.target && !f.target.met);
+  const missed = outcomes.flatMap((o) => o.result?.figures ?? []).filter((f) =>
+    f.target && !f.target.met
+  );
   if (missed.length > 0) {
     progress(`missed targets: ${missed.map((f) => f.name).join(", ")}`);
     if (parsed.check) return EXIT.failure;

@@ -9,7 +9,7 @@
  * every request is made twice, once straight to the upstream with the key and once through the
  * proxy with the token, interleaved so that drift hits both alike.
  */
-import type { Benchmark, BenchContext, BenchResult, Figure } from "./main.ts";
+import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
 import { parseConfig, resolveProfile } from "../lib/config.ts";
 import { KeyStore } from "../lib/keys.ts";
 import { Redactor } from "../lib/redact.ts";
@@ -34,14 +34,20 @@ const KEY = `sk-bench-${crypto.randomUUID().replaceAll("-", "")}`;
 
 const encoder = new TextEncoder();
 /** One SSE event of exactly 100 bytes, shaped like an OpenAI chat completion chunk. */
-const EVENT = encoder.encode(`data: {"choices":[{"index":0,"delta":{"content":"${"x".repeat(44)}"}}]}\n\n`);
+const EVENT = encoder.encode(
+  `data: {"choices":[{"index":0,"delta":{"content":"${"x".repeat(44)}"}}]}\n\n`,
+);
 const DONE = encoder.encode("data: [DONE]\n\n");
 const COMPLETION = encoder.encode(JSON.stringify({
   id: "chatcmpl-bench",
   object: "chat.completion",
   created: 0,
   model: "bench-model",
-  choices: [{ index: 0, message: { role: "assistant", content: "Hello from the bench upstream." }, finish_reason: "stop" }],
+  choices: [{
+    index: 0,
+    message: { role: "assistant", content: "Hello from the bench upstream." },
+    finish_reason: "stop",
+  }],
   usage: { prompt_tokens: 12, completion_tokens: 7, total_tokens: 19 },
 }));
 const REQUEST = {
@@ -52,7 +58,9 @@ const REQUEST = {
   ],
 };
 
-if (EVENT.byteLength !== 100) throw new Error(`unreachable: a bench event is ${EVENT.byteLength} bytes`);
+if (EVENT.byteLength !== 100) {
+  throw new Error(`unreachable: a bench event is ${EVENT.byteLength} bytes`);
+}
 
 /** What the bench asks the upstream for, in the request body next to the OpenAI fields. */
 interface BenchRequest {
@@ -80,7 +88,10 @@ class BenchUpstream implements AsyncDisposable {
   readonly #stopping = new AbortController();
 
   constructor() {
-    this.#server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, (req) => this.#handle(req));
+    this.#server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      (req) => this.#handle(req),
+    );
   }
 
   get baseUrl(): string {
@@ -106,7 +117,10 @@ class BenchUpstream implements AsyncDisposable {
   async #handle(req: Request): Promise<Response> {
     if (req.headers.get("authorization") !== `Bearer ${KEY}`) {
       await req.body?.cancel();
-      return Response.json({ error: { message: "invalid api key", type: "invalid_request_error" } }, { status: 401 });
+      return Response.json(
+        { error: { message: "invalid api key", type: "invalid_request_error" } },
+        { status: 401 },
+      );
     }
     if (req.method !== "POST" || new URL(req.url).pathname !== "/v1/chat/completions") {
       await req.body?.cancel();
@@ -116,7 +130,11 @@ class BenchUpstream implements AsyncDisposable {
     if (!request.stream) {
       return new Response(COMPLETION, { headers: { "content-type": "application/json" } });
     }
-    const stream = this.#stream(request.bench_events ?? 1, request.bench_batch ?? 1, request.bench_hold);
+    const stream = this.#stream(
+      request.bench_events ?? 1,
+      request.bench_batch ?? 1,
+      request.bench_hold,
+    );
     return new Response(stream, {
       headers: { "content-type": "text/event-stream", "cache-control": "no-cache" },
     });
@@ -199,9 +217,18 @@ async function expectOk(response: Response, what: string): Promise<void> {
 }
 
 /** One non-streaming request, read to the end; milliseconds. */
-async function timeRequest(client: Deno.HttpClient, endpoint: Endpoint, body: string): Promise<number> {
+async function timeRequest(
+  client: Deno.HttpClient,
+  endpoint: Endpoint,
+  body: string,
+): Promise<number> {
   const started = performance.now();
-  const response = await fetch(endpoint.url, { method: "POST", headers: endpoint.headers, body, client });
+  const response = await fetch(endpoint.url, {
+    method: "POST",
+    headers: endpoint.headers,
+    body,
+    client,
+  });
   if (response.status !== 200) await expectOk(response, "chat completion");
   await response.arrayBuffer();
   return performance.now() - started;
@@ -214,9 +241,19 @@ async function readStream(
   events: number,
   batch = 1,
 ): Promise<{ ms: number; bytes: number; events: number }> {
-  const body = JSON.stringify({ ...REQUEST, stream: true, bench_events: events, bench_batch: batch });
+  const body = JSON.stringify({
+    ...REQUEST,
+    stream: true,
+    bench_events: events,
+    bench_batch: batch,
+  });
   const started = performance.now();
-  const response = await fetch(endpoint.url, { method: "POST", headers: endpoint.headers, body, client });
+  const response = await fetch(endpoint.url, {
+    method: "POST",
+    headers: endpoint.headers,
+    body,
+    client,
+  });
   await expectOk(response, "chat completion stream");
   let bytes = 0;
   let received = 0;
@@ -231,7 +268,9 @@ async function readStream(
     }
   }
   const ms = performance.now() - started;
-  if (received !== events + 1) throw new Error(`stream: expected ${events + 1} events, got ${received}`);
+  if (received !== events + 1) {
+    throw new Error(`stream: expected ${events + 1} events, got ${received}`);
+  }
   return { ms, bytes, events: received };
 }
 
@@ -249,12 +288,19 @@ async function firstEvent(
   try {
     const body = JSON.stringify({ ...REQUEST, stream: true, bench_events: 3, bench_hold: id });
     const started = performance.now();
-    const response = await fetch(endpoint.url, { method: "POST", headers: endpoint.headers, body, client });
+    const response = await fetch(endpoint.url, {
+      method: "POST",
+      headers: endpoint.headers,
+      body,
+      client,
+    });
     await expectOk(response, "held chat completion stream");
     const reader = response.body!.getReader();
     const first = await reader.read();
     const ms = performance.now() - started;
-    if (first.done || first.value.byteLength === 0) throw new Error("held stream: ended before its first event");
+    if (first.done || first.value.byteLength === 0) {
+      throw new Error("held stream: ended before its first event");
+    }
     const unbuffered = !hold.timedOut;
     hold.release();
     while (!(await reader.read()).done) {
@@ -297,7 +343,9 @@ async function run(context: BenchContext): Promise<BenchResult> {
       ].join("\n"),
       "bench profile",
     );
-    if (loaded.kind !== "ok") throw new Error(`bench profile invalid: ${JSON.stringify(loaded.issues)}`);
+    if (loaded.kind !== "ok") {
+      throw new Error(`bench profile invalid: ${JSON.stringify(loaded.issues)}`);
+    }
     const profile = resolveProfile(loaded.config, "bench");
     const redactor = new Redactor();
     const keys = new KeyStore({ redactor, env: (name) => (name === KEY_ENV ? KEY : undefined) });
@@ -321,15 +369,31 @@ async function run(context: BenchContext): Promise<BenchResult> {
     // 1. Added latency per request.
     const body = JSON.stringify(REQUEST);
     context.progress(`latency: ${LATENCY_WARMUP} warm-up + ${LATENCY_REQUESTS} requests each way`);
-    await interleaved(LATENCY_WARMUP, signal, (which) => timeRequest(client, endpoints[which], body));
-    const latency = await interleaved(LATENCY_REQUESTS, signal, (which) => timeRequest(client, endpoints[which], body));
+    await interleaved(
+      LATENCY_WARMUP,
+      signal,
+      (which) => timeRequest(client, endpoints[which], body),
+    );
+    const latency = await interleaved(
+      LATENCY_REQUESTS,
+      signal,
+      (which) => timeRequest(client, endpoints[which], body),
+    );
     const direct = sorted(latency.direct);
     const proxied = sorted(latency.proxy);
 
     // 2. Time to first event, on streams held after it.
     context.progress(`first SSE event: ${FIRST_CHUNK_STREAMS} held streams each way`);
-    await interleaved(FIRST_CHUNK_WARMUP, signal, (which) => firstEvent(client, upstream, endpoints[which]));
-    const first = await interleaved(FIRST_CHUNK_STREAMS, signal, (which) => firstEvent(client, upstream, endpoints[which]));
+    await interleaved(
+      FIRST_CHUNK_WARMUP,
+      signal,
+      (which) => firstEvent(client, upstream, endpoints[which]),
+    );
+    const first = await interleaved(
+      FIRST_CHUNK_STREAMS,
+      signal,
+      (which) => firstEvent(client, upstream, endpoints[which]),
+    );
     const firstDirect = sorted(first.direct.map((r) => r.ms));
     const firstProxy = sorted(first.proxy.map((r) => r.ms));
     const unbufferedShare = (results: { unbuffered: boolean }[]) =>
@@ -338,17 +402,29 @@ async function run(context: BenchContext): Promise<BenchResult> {
     // 3. Streaming throughput: small events one per write, then bulk writes.
     const megabytes = (STREAM_EVENTS * EVENT.byteLength) / 1e6;
     const bulkMegabytes = (BULK_EVENTS * EVENT.byteLength) / 1e6;
-    context.progress(`SSE throughput: ${STREAM_ROUNDS} streams of ${STREAM_EVENTS} events and of ${bulkMegabytes} MB each way`);
+    context.progress(
+      `SSE throughput: ${STREAM_ROUNDS} streams of ${STREAM_EVENTS} events and of ${bulkMegabytes} MB each way`,
+    );
     await interleaved(1, signal, (which) => readStream(client, endpoints[which], STREAM_EVENTS));
-    const streams = await interleaved(STREAM_ROUNDS, signal, (which) => readStream(client, endpoints[which], STREAM_EVENTS));
-    await interleaved(1, signal, (which) => readStream(client, endpoints[which], BULK_EVENTS, BULK_BATCH));
+    const streams = await interleaved(
+      STREAM_ROUNDS,
+      signal,
+      (which) => readStream(client, endpoints[which], STREAM_EVENTS),
+    );
+    await interleaved(
+      1,
+      signal,
+      (which) => readStream(client, endpoints[which], BULK_EVENTS, BULK_BATCH),
+    );
     const bulk = await interleaved(
       STREAM_ROUNDS,
       signal,
       (which) => readStream(client, endpoints[which], BULK_EVENTS, BULK_BATCH),
     );
-    const mbPerSecond = (runs: { ms: number; bytes: number }[]) => median(runs.map((r) => r.bytes / 1e6 / (r.ms / 1000)));
-    const eventsPerSecond = (runs: { ms: number; events: number }[]) => median(runs.map((r) => r.events / (r.ms / 1000)));
+    const mbPerSecond = (runs: { ms: number; bytes: number }[]) =>
+      median(runs.map((r) => r.bytes / 1e6 / (r.ms / 1000)));
+    const eventsPerSecond = (runs: { ms: number; events: number }[]) =>
+      median(runs.map((r) => r.events / (r.ms / 1000)));
 
     const addedP50 = percentile(proxied, 50) - percentile(direct, 50);
     const figures: Figure[] = [
@@ -423,7 +499,11 @@ async function run(context: BenchContext): Promise<BenchResult> {
       notes: [
         `latency: ${LATENCY_REQUESTS} sequential non-streaming POST /chat/completions each way after ${LATENCY_WARMUP} warm-up, interleaved; keep-alive on both hops`,
         `first event: ${FIRST_CHUNK_STREAMS} streams each way; the upstream holds the rest until the client has the first event (gives up after ${HOLD_TIMEOUT_MS} ms)`,
-        `throughput: median of ${STREAM_ROUNDS} streams each way of ${STREAM_EVENTS.toLocaleString("en-US")} events × ${EVENT.byteLength} B (${megabytes} MB) written one by one, and of ${BULK_EVENTS.toLocaleString("en-US")} events (${bulkMegabytes} MB) written ${BULK_BATCH} at a time; counted by the client; MB = 10^6 bytes`,
+        `throughput: median of ${STREAM_ROUNDS} streams each way of ${
+          STREAM_EVENTS.toLocaleString("en-US")
+        } events × ${EVENT.byteLength} B (${megabytes} MB) written one by one, and of ${
+          BULK_EVENTS.toLocaleString("en-US")
+        } events (${bulkMegabytes} MB) written ${BULK_BATCH} at a time; counted by the client; MB = 10^6 bytes`,
         "client, proxy (startHostProxies: token, KeyStore key, access log on disk) and upstream share one process on 127.0.0.1",
       ],
     };

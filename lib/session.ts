@@ -99,6 +99,7 @@ export async function startHostProxies(
       maxBodyBytes: parseSize(profile.llm.max_request_body),
       log,
       redactor,
+      signal: options.signal,
     });
     cleanups.push(() => credentials.close());
     const { mode, allow, hosts } = profile.sandbox.network;
@@ -110,6 +111,7 @@ export async function startHostProxies(
       log,
       profile: profile.name,
       runId: options.runId ?? null,
+      signal: options.signal,
     });
     if (egress) cleanups.push(() => egress.close());
 
@@ -129,7 +131,8 @@ export async function startHostProxies(
       if (egress) {
         const proxyUrl = egress.url(hostname);
         for (const name of ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]) env[name] = proxyUrl;
-        for (const name of ["NO_PROXY", "no_proxy"]) env[name] = `${hostname},localhost,127.0.0.1`;
+        const noProxy = [...new Set([hostname, "localhost", "127.0.0.1"])].join(",");
+        for (const name of ["NO_PROXY", "no_proxy"]) env[name] = noProxy;
       }
       return env;
     };

@@ -48,7 +48,8 @@ class ProxyCli implements AsyncDisposable {
   stderr = "";
   readonly stdoutLines: string[] = [];
   readonly #lines: AsyncGenerator<string>;
-  readonly #stderrWaiters: { test: (line: string) => boolean; resolve: (line: string) => void }[] = [];
+  readonly #stderrWaiters: { test: (line: string) => boolean; resolve: (line: string) => void }[] =
+    [];
 
   constructor(args: string[], options: { config: string; env: Record<string, string> }) {
     this.child = spawnCli(args, {
@@ -71,7 +72,9 @@ class ProxyCli implements AsyncDisposable {
     const next = await this.#lines.next();
     if (next.done) {
       const outcome = await this.child.finished;
-      assert.fail(`sandbox proxy ended before printing a line (exit ${outcome.exitCode})\n--- stderr\n${this.stderr}`);
+      assert.fail(
+        `sandbox proxy ended before printing a line (exit ${outcome.exitCode})\n--- stderr\n${this.stderr}`,
+      );
     }
     this.stdoutLines.push(next.value);
     return next.value;
@@ -81,7 +84,9 @@ class ProxyCli implements AsyncDisposable {
   stderrLine(test: (line: string) => boolean): Promise<string> {
     const line = new Promise<string>((resolve) => this.#stderrWaiters.push({ test, resolve }));
     const ended = this.child.finished.then((outcome) =>
-      assert.fail(`sandbox proxy ended before the expected stderr line (exit ${outcome.exitCode})\n--- stderr\n${this.stderr}`)
+      assert.fail(
+        `sandbox proxy ended before the expected stderr line (exit ${outcome.exitCode})\n--- stderr\n${this.stderr}`,
+      )
     );
     return Promise.race([line, ended]);
   }
@@ -127,7 +132,10 @@ async function refusesConnections(port: number): Promise<boolean> {
   }
 }
 
-const CHAT_BODY = JSON.stringify({ model: "fake-model", messages: [{ role: "user", content: "hi" }] });
+const CHAT_BODY = JSON.stringify({
+  model: "fake-model",
+  messages: [{ role: "user", content: "hi" }],
+});
 
 Deno.test("sandbox proxy --json serves the profile's proxies until SIGTERM, then exits 0 and stops listening", async (t) => {
   await using upstream = new FakeUpstream();
@@ -148,7 +156,11 @@ Deno.test("sandbox proxy --json serves the profile's proxies until SIGTERM, then
       assert.equal(info.profile, PROFILE);
       assert.equal(info.llm_base_url.length, 1);
       assert.match(info.llm_base_url[0], /^http:\/\/127\.0\.0\.1:\d+\/proxy\/v1$/);
-      assert.equal(info.egress_proxy_url.length, 1, "the default network mode (allowlist) has an egress proxy");
+      assert.equal(
+        info.egress_proxy_url.length,
+        1,
+        "the default network mode (allowlist) has an egress proxy",
+      );
       assert.match(info.egress_proxy_url[0], /^http:\/\/127\.0\.0\.1:\d+$/);
       assert.match(info.token, /^sbx_[A-Za-z0-9_-]{43}$/);
       assert.equal(info.env.OPENAI_API_KEY, info.token);
@@ -156,21 +168,24 @@ Deno.test("sandbox proxy --json serves the profile's proxies until SIGTERM, then
       assert.ok(!first.includes(key), "the key is on stdout");
     });
 
-    await t.step("a request with the token reaches the upstream with the real key and returns 200", async () => {
-      const arrived = upstream.nextRequest();
-      const response = await fetch(`${info.llm_base_url[0]}/chat/completions`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${info.token}`, "content-type": "application/json" },
-        body: CHAT_BODY,
-      });
-      const body = await response.json();
-      assert.equal(response.status, 200, JSON.stringify(body));
-      assert.equal(body.choices[0].message.content, "Hello");
-      const request = await arrived;
-      assert.equal(request.path, "/v1/chat/completions");
-      assert.equal(request.headers.get("authorization"), `Bearer ${key}`);
-      assert.equal(request.body, CHAT_BODY);
-    });
+    await t.step(
+      "a request with the token reaches the upstream with the real key and returns 200",
+      async () => {
+        const arrived = upstream.nextRequest();
+        const response = await fetch(`${info.llm_base_url[0]}/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${info.token}`, "content-type": "application/json" },
+          body: CHAT_BODY,
+        });
+        const body = await response.json();
+        assert.equal(response.status, 200, JSON.stringify(body));
+        assert.equal(body.choices[0].message.content, "Hello");
+        const request = await arrived;
+        assert.equal(request.path, "/v1/chat/completions");
+        assert.equal(request.headers.get("authorization"), `Bearer ${key}`);
+        assert.equal(request.body, CHAT_BODY);
+      },
+    );
 
     await t.step("a wrong token gets 401 and nothing is forwarded", async () => {
       const before = upstream.requests.length;
@@ -194,33 +209,53 @@ Deno.test("sandbox proxy --json serves the profile's proxies until SIGTERM, then
       assert.equal(upstream.requests.length, before);
     });
 
-    await t.step("the egress proxy answers CONNECT to a name not on the allowlist with 403", async () => {
-      const answer = await rawRequest(
-        info.egress_proxy_url[0],
-        "CONNECT not-listed.invalid:443 HTTP/1.1\r\nHost: not-listed.invalid:443\r\n\r\n",
-      );
-      assert.match(answer, /^HTTP\/1\.1 403 /, answer);
-      assert.match(answer, /not-listed\.invalid:443/);
-      assert.match(answer, /allowlist policy of profile "e2e-proxy"/);
-    });
+    await t.step(
+      "the egress proxy answers CONNECT to a name not on the allowlist with 403",
+      async () => {
+        const answer = await rawRequest(
+          info.egress_proxy_url[0],
+          "CONNECT not-listed.invalid:443 HTTP/1.1\r\nHost: not-listed.invalid:443\r\n\r\n",
+        );
+        assert.match(answer, /^HTTP\/1\.1 403 /, answer);
+        assert.match(answer, /not-listed\.invalid:443/);
+        assert.match(answer, /allowlist policy of profile "e2e-proxy"/);
+      },
+    );
 
-    await t.step("SIGTERM ends it with exit code 0 and both ports stop accepting connections", async () => {
-      const ports = [info.llm_base_url[0], info.egress_proxy_url[0]].map((url) => Number(new URL(url).port));
-      const outcome = await cli.stop();
-      stopped = true;
-      assert.equal(outcome.exitCode, 0, `exit ${outcome.exitCode} (signal ${outcome.signal})\n--- stderr\n${cli.stderr}`);
-      assert.equal(outcome.timedOut, false);
-      assert.deepEqual(cli.stdoutLines, [first], "stdout holds exactly one JSON line");
-      for (const port of ports) assert.ok(await refusesConnections(port), `port ${port} still accepts connections`);
-    });
+    await t.step(
+      "SIGTERM ends it with exit code 0 and both ports stop accepting connections",
+      async () => {
+        const ports = [info.llm_base_url[0], info.egress_proxy_url[0]].map((url) =>
+          Number(new URL(url).port)
+        );
+        const outcome = await cli.stop();
+        stopped = true;
+        assert.equal(
+          outcome.exitCode,
+          0,
+          `exit ${outcome.exitCode} (signal ${outcome.signal})\n--- stderr\n${cli.stderr}`,
+        );
+        assert.equal(outcome.timedOut, false);
+        assert.deepEqual(cli.stdoutLines, [first], "stdout holds exactly one JSON line");
+        for (const port of ports) {
+          assert.ok(await refusesConnections(port), `port ${port} still accepts connections`);
+        }
+      },
+    );
 
     await t.step("the key appears nowhere in its output or its access log", async () => {
       assert.ok(!cli.stdoutLines.join("\n").includes(key), "the key is on stdout");
       assert.ok(!cli.stderr.includes(key), "the key is on stderr");
       const log = await Deno.readTextFile(accessLog);
       const entries = log.split("\n").filter(Boolean).map((line) => JSON.parse(line));
-      assert.ok(entries.some((e) => e.kind === "llm" && e.decision === "allow" && e.status === 200), log);
-      assert.ok(entries.some((e) => e.kind === "egress" && e.decision === "deny" && e.status === 403), log);
+      assert.ok(
+        entries.some((e) => e.kind === "llm" && e.decision === "allow" && e.status === 200),
+        log,
+      );
+      assert.ok(
+        entries.some((e) => e.kind === "egress" && e.decision === "deny" && e.status === 403),
+        log,
+      );
       assert.ok(!log.includes(key), "the key is in the access log");
       assert.ok(!log.includes(info.token), "the token is in the access log");
     });
@@ -251,11 +286,22 @@ Deno.test("sandbox proxy refuses to listen on all interfaces: exit 2, a clear me
   for (const address of ["0.0.0.0", "::"]) {
     for (const json of [false, true]) {
       await t.step(`--listen ${address}${json ? " --json" : ""}`, async () => {
-        const args = ["proxy", "--profile", PROFILE, "--listen", address, ...(json ? ["--json"] : [])];
+        const args = [
+          "proxy",
+          "--profile",
+          PROFILE,
+          "--listen",
+          address,
+          ...(json ? ["--json"] : []),
+        ];
         const result = await runCli(args, { config, env, timeoutMs: CLI_TIMEOUT_MS });
         assert.equal(result.exitCode, 2, explain(result));
         assert.equal(result.stdout, "", explain(result));
-        assert.match(result.stderr, new RegExp(`Refusing to listen on "${address.replaceAll(".", "\\.")}"`), explain(result));
+        assert.match(
+          result.stderr,
+          new RegExp(`Refusing to listen on "${address.replaceAll(".", "\\.")}"`),
+          explain(result),
+        );
         assert.match(result.stderr, /loopback/, explain(result));
         assert.doesNotMatch(result.stderr, /^\s+at /m, `a stack trace:\n${explain(result)}`);
         assert.doesNotMatch(result.stderr, /internal error/, explain(result));
