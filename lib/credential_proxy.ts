@@ -12,6 +12,7 @@
  */
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
 import { assertListenHostnames, formatHostForUrl, type ListenAddress } from "./egress_proxy.ts";
+import { closeOnAbort } from "./process.ts";
 import { Redactor } from "./redact.ts";
 
 export const PROXY_PATH_PREFIX = "/proxy/v1";
@@ -146,9 +147,11 @@ export async function startCredentialProxy(
   const port = servers[0].addr.port;
 
   let closed: Promise<void> | undefined;
+  // Set right below; a signal that has already aborted closes at once, before it is set.
+  let detach = () => {};
   const close = () => {
     closed ??= (async () => {
-      options.signal?.removeEventListener("abort", onAbort);
+      detach();
       // Aborting first ends streaming responses, which a graceful shutdown would wait for.
       closing.abort();
       await Promise.all(servers.map((server) => server.shutdown()));
@@ -156,9 +159,7 @@ export async function startCredentialProxy(
     })();
     return closed;
   };
-  const onAbort = () => void close();
-  if (options.signal?.aborted) void close();
-  else options.signal?.addEventListener("abort", onAbort, { once: true });
+  detach = closeOnAbort(options.signal, close);
 
   return {
     port,

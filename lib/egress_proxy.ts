@@ -13,6 +13,7 @@
  * bytes that crossed the sandbox boundary both ways.
  */
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
+import { closeOnAbort } from "./process.ts";
 import {
   canonicalHost,
   compileEgressPolicy,
@@ -82,18 +83,18 @@ export async function startEgressProxy(options: EgressProxyOptions): Promise<Egr
   const acceptLoops = listeners.map((listener) => proxy.acceptFrom(listener));
 
   let closing: Promise<void> | undefined;
+  // Set right below; a signal that has already aborted closes at once, before it is set.
+  let detach = () => {};
   const close = () => {
     closing ??= (async () => {
-      options.signal?.removeEventListener("abort", onAbort);
+      detach();
       for (const listener of listeners) closeQuietly(listener);
       await Promise.all(acceptLoops);
       await proxy.closeAll();
     })();
     return closing;
   };
-  const onAbort = () => void close();
-  if (options.signal?.aborted) void close();
-  else options.signal?.addEventListener("abort", onAbort, { once: true });
+  detach = closeOnAbort(options.signal, close);
 
   return {
     port,

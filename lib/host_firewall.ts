@@ -9,7 +9,7 @@
  */
 import { SandboxError } from "./errors.ts";
 import { withHostLock } from "./lock.ts";
-import { run } from "./process.ts";
+import { isProcessAlive, run } from "./process.ts";
 
 const CHAIN_PREFIX = "SBX-";
 const TAG_PREFIX = "sandbox-pid-";
@@ -97,19 +97,11 @@ async function pruneDeadRules(program: string, chain: string): Promise<void> {
   const listed = await iptables(program, ["-S", chain]);
   for (const line of listed.stdout.split("\n")) {
     const match = new RegExp(`--comment "?${TAG_PREFIX}(\\d+)"?`).exec(line);
-    if (!match || await processAlive(Number(match[1]))) continue;
+    if (!match || await isProcessAlive(Number(match[1]))) continue;
     await iptables(program, ["-D", ...line.replace(/^-A /, "").replaceAll('"', "").split(" ")]);
   }
 }
 
-async function processAlive(pid: number): Promise<boolean> {
-  try {
-    await Deno.stat(`/proc/${pid}`);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /** Remove the chains (and INPUT jumps) of sandbox bridges that no longer exist. Best effort. */
 export async function pruneFirewall(program = "iptables"): Promise<string[]> {

@@ -277,3 +277,21 @@ export function outcomeError(
   if (outcome.aborted) return new SandboxError("interrupted", `${message}: interrupted`);
   return new CommandExitError(code, `${message}: exit code ${outcome.exitCode}`, outcome);
 }
+
+/** Is a process with this pid alive on this host? (Linux: its /proc entry exists.) */
+export async function isProcessAlive(pid: number): Promise<boolean> {
+  try {
+    await Deno.stat(`/proc/${pid}`);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Call `close` when `signal` aborts (now, if it already has); returns the detach function. */
+export function closeOnAbort(signal: AbortSignal | undefined, close: () => unknown): () => void {
+  const onAbort = () => void close();
+  if (signal?.aborted) onAbort();
+  else signal?.addEventListener("abort", onAbort, { once: true });
+  return () => signal?.removeEventListener("abort", onAbort);
+}

@@ -8,6 +8,7 @@
  */
 import { userStateDir } from "./config.ts";
 import type { AgenticMessage, DriverUsage } from "./protocol.ts";
+import { isProcessAlive } from "./process.ts";
 import type { Redactor } from "./redact.ts";
 
 export type RunStatus = "running" | "succeeded" | "failed" | "timed_out" | "interrupted" | "crashed";
@@ -113,20 +114,12 @@ export class RunLog implements AsyncDisposable {
   }
 }
 
-async function pidAlive(pid: number): Promise<boolean> {
-  try {
-    await Deno.stat(`/proc/${pid}`);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /** The metadata of one run, with a dead "running" run reported as crashed. */
 export async function readRun(id: string): Promise<RunMeta | undefined> {
   try {
     const meta = JSON.parse(await Deno.readTextFile(`${runsDir()}/${id}/meta.json`)) as RunMeta;
-    if (meta.status === "running" && !await pidAlive(meta.pid)) meta.status = "crashed";
+    if (meta.status === "running" && !await isProcessAlive(meta.pid)) meta.status = "crashed";
     return meta;
   } catch {
     return undefined;
