@@ -237,7 +237,12 @@ function buildProgram(): Command {
       .addOption(new Option("--format <format>", "output format (default: pretty on a terminal, else ndjson)").choices(["ndjson", "pretty"]));
     if (mode === "agentic") {
       sub.option("--instructions-file <file>", "extra system instructions for the agent")
-        .option("--cwd <dir>", "mode none only: the host directory the agent works in (default: current)");
+        .option("--cwd <dir>", "mode none only: the host directory the agent works in (default: current)")
+        .option("--repo <path>", "a local git repository: its committed base goes in, the agent's work comes back as a branch")
+        .option("--base <ref>", "with --repo: the commit to start from (default: HEAD)")
+        .option("--branch <name>", "with --repo: the branch to create (default: sandbox/<run-id>)")
+        .option("--keep-worktree", "with --repo: leave the run's worktree in the sandbox")
+        .option("--lifecycle-events", "also print our own namespaced events (sandbox.branch) on stdout");
     } else {
       sub.option("--schema <file>", "JSON Schema the result must satisfy");
     }
@@ -333,6 +338,11 @@ interface RunFlags {
   instructionsFile?: string;
   cwd?: string;
   schema?: string;
+  repo?: string;
+  base?: string;
+  branch?: string;
+  keepWorktree?: boolean;
+  lifecycleEvents?: boolean;
 }
 
 async function readInput(path: string, what: string): Promise<string> {
@@ -345,6 +355,9 @@ async function readInput(path: string, what: string): Promise<string> {
 
 async function runAction(mode: "agentic" | "generate", opts: RunFlags, command: Command): Promise<number> {
   const timeoutMs = parseTimeout(opts.timeout);
+  if (!opts.repo && (opts.base || opts.branch || opts.keepWorktree)) {
+    throw new SandboxError("usage", "--base, --branch and --keep-worktree need --repo");
+  }
   const profile = await profileFor(command, opts.profile);
   const prompt = await readInput(opts.promptFile, "prompt file");
   const instructions = opts.instructionsFile ? await readInput(opts.instructionsFile, "instructions file") : undefined;
@@ -367,6 +380,8 @@ async function runAction(mode: "agentic" | "generate", opts: RunFlags, command: 
     timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
     record: opts.record,
     hostCwd: opts.cwd,
+    repo: opts.repo ? { path: opts.repo, base: opts.base, branch: opts.branch, keepWorktree: opts.keepWorktree } : undefined,
+    onLifecycle: opts.lifecycleEvents ? (event) => stdout.json(event) : undefined,
     signal,
     onStart: (meta) => note(`run ${meta.id} (profile ${meta.profile}, model ${meta.model}); replay with: sandbox logs ${meta.id}`),
     onProgress: note,

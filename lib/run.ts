@@ -17,13 +17,21 @@ import { llmTarget } from "./llm_providers.ts";
 import { type AgenticMessage, agenticMessage } from "./protocol.ts";
 import { Redactor } from "./redact.ts";
 import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream } from "./replay.ts";
-import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
+import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "./repo.ts";
+import { listRuns, newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
 import { openSession, type SandboxSession, startHostProxies } from "./session.ts";
 import { workerBundlePath } from "./worker_bundle.ts";
 
 export const REPLAY_PREFIX = "replay:";
 /** Where a run's agent works inside the sandbox when no repository is given. */
 export const RUNS_WORKSPACE = "/workspace/runs";
+/** So that an agent's own `git commit` works in its worktree. */
+const AGENT_GIT_IDENTITY = {
+  GIT_AUTHOR_NAME: "sandbox agent",
+  GIT_AUTHOR_EMAIL: "agent@sandbox.localhost",
+  GIT_COMMITTER_NAME: "sandbox agent",
+  GIT_COMMITTER_EMAIL: "agent@sandbox.localhost",
+};
 
 export interface RunRequest {
   mode: "agentic" | "generate";
@@ -46,6 +54,19 @@ export interface RunRequest {
   onWorkerStderr?: (line: string) => void;
   /** Called once the run id exists (before anything slow). */
   onStart?: (meta: RunMeta) => void;
+  /** A local repository the agent works on, in its own worktree and branch. */
+  repo?: RepoRequest;
+  /** Our own namespaced events (e.g. `sandbox.branch`), printed only when asked for. */
+  onLifecycle?: (event: Record<string, unknown>) => Promise<void> | void;
+}
+
+export interface RepoRequest {
+  path: string;
+  /** Base commit-ish (default HEAD). */
+  base?: string;
+  /** Run branch (default `sandbox/<run-id>`). */
+  branch?: string;
+  keepWorktree?: boolean;
 }
 
 export interface RunOutcome {
@@ -81,10 +102,11 @@ async function chooseUpstream(
 export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const { profile } = request;
   if (request.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
+  const repo = request.repo ? await resolveRepo(request) : undefined;
   const redactor = new Redactor();
   const keys = new KeyStore({ redactor });
   const chosen = await chooseUpstream(request, keys);
-  const id = newRunId();
+  const id = repo?.id ?? newRunId();
   const sandboxKind = profile.sandbox.mode === "none" ? "none" : "container";
   const model = chosen.model ?? llmTarget(profile.llm, keys).model;
   await using log = await RunLog.create({ id, mode: request.mode, profile: profile.name, model, sandbox: sandboxKind }, redactor);
@@ -94,7 +116,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   if (chosen.local) cleanups.push(() => chosen.local!.close());
   let result: AgenticMessage | undefined;
   try {
-    const { driver, cwd } = await prepare(request, { id, redactor, keys, chosen, cleanups });
+    const { driver, cwd, provider, worktree } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo });
     const emit = async (message: AgenticMessage) => {
       await log.append(message);
       await request.onEvent(message);
@@ -124,6 +146,13 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       });
       await emit(result);
     }
+    let extra: Record<string, unknown> | undefined;
+    if (repo && worktree && provider && result) {
+      const back = await collectResult(provider, repo.local, worktree, { runId: id, signal: request.signal });
+      extra = { repo: repo.local.path, branch: back.commit ? back.branch : null, base: back.base, commit: back.commit, diffstat: back.diffstat, commits: back.commits };
+      reportResult(request, back, repo.local.path);
+      await request.onLifecycle?.({ type: "sandbox.branch", run_id: id, repository: repo.local.path, ...snake(back) });
+    }
     await emit(agenticMessage({ type: "usage", usage: driver.getUsage(), model }));
     const failed = result?.is_error === true;
     await log.finish({
@@ -131,6 +160,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       exitCode: failed ? 1 : 0,
       usage: driver.getUsage(),
       error: failed ? result?.content ?? "the agent reported an error" : null,
+      extra,
     });
     return { meta: log.meta, exitCode: failed ? 1 : 0 };
   } catch (error) {
@@ -144,6 +174,63 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   }
 }
 
+interface ResolvedRepo {
+  id: string;
+  local: LocalRepo;
+  branch: string;
+}
+
+/** Check the repository request before anything slow starts; user mistakes are usage errors. */
+async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
+  const repo = request.repo!;
+  if (/^[a-z][a-z0-9+.-]*:\/\//i.test(repo.path) || /^[^/]+@[^/]+:/.test(repo.path)) {
+    throw new SandboxError("unsupported", `Remote repositories are not supported yet: "${repo.path}"`, {
+      detail: "Clone it on the host and pass the local checkout with --repo",
+    });
+  }
+  if (request.profile.sandbox.mode !== "container") {
+    throw new SandboxError("usage", "--repo needs sandbox mode \"container\"", {
+      detail: "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
+    });
+  }
+  if (request.mode !== "agentic") throw new SandboxError("usage", "--repo is for run agentic");
+  const local = await resolveLocalRepo(repo.path, repo.base);
+  const id = newRunId();
+  const branch = repo.branch ?? `sandbox/${id}`;
+  await checkRunBranch(local, branch);
+  if (local.uncommitted > 0) {
+    request.onProgress?.(
+      `warning: ${local.uncommitted} uncommitted change(s) in ${local.path} are NOT sent: the sandbox gets ${local.baseName} (${local.base.slice(0, 12)}) as committed`,
+    );
+  }
+  return { id, local, branch };
+}
+
+function reportResult(request: RunRequest, back: RepoResult, path: string): void {
+  const say = request.onProgress ?? (() => {});
+  for (const ref of back.ignoredRefs) say(`warning: the sandbox created ${ref}: not imported (only the run branch is)`);
+  if (!back.commit) return say("the agent changed nothing: no branch created");
+  say(`branch ${back.branch} in ${path}: ${back.commits.length} commit(s) on ${back.base.slice(0, 12)}${back.committedLeftovers ? " (uncommitted changes committed by sandbox)" : ""}`);
+  for (const line of back.diffstat.split("\n")) if (line) say(`  ${line.trim()}`);
+}
+
+function snake(back: RepoResult): Record<string, unknown> {
+  return {
+    branch: back.commit ? back.branch : null,
+    base: back.base,
+    commit: back.commit,
+    commits: back.commits,
+    diffstat: back.diffstat,
+    committed_leftovers: back.committedLeftovers,
+    ignored_refs: back.ignoredRefs,
+  };
+}
+
+/** Is another run of this profile live right now? Then this one gets a container of its own. */
+async function otherRunLive(profile: string, self: string): Promise<boolean> {
+  return (await listRuns()).some((r) => r.profile === profile && r.status === "running" && r.id !== self);
+}
+
 /** The sandbox side of a run: provider, session and driver, with their cleanups registered. */
 async function prepare(
   request: RunRequest,
@@ -153,8 +240,9 @@ async function prepare(
     keys: KeyStore;
     chosen: { upstream?: UpstreamProvider; model?: string };
     cleanups: (() => Promise<unknown>)[];
+    repo?: ResolvedRepo;
   },
-): Promise<{ driver: ContainerDriver; cwd: string }> {
+): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree }> {
   const { profile, signal } = request;
   const sessionOptions = {
     runId: context.id,
@@ -184,7 +272,13 @@ async function prepare(
   if (profile.sandbox.mode !== "container") {
     throw new SandboxError("unsupported", `Sandbox mode "${profile.sandbox.mode}" is not implemented yet`);
   }
-  const fresh = profile.sandbox.container === "fresh";
+  // A shared container cannot keep concurrent runs (same user) out of each other's files, so a run
+  // that starts while another of its profile is live gets a container of its own.
+  let fresh = profile.sandbox.container === "fresh";
+  if (!fresh && await otherRunLive(profile.name, context.id)) {
+    request.onProgress?.("another run of this profile is live: this run gets a container of its own");
+    fresh = true;
+  }
   const provider = new DockerSandboxProvider(profile, {
     instance: fresh ? context.id.toLowerCase() : undefined,
     onProgress: request.onProgress,
@@ -193,11 +287,19 @@ async function prepare(
   await provider.ensureRunning({ signal });
   const session: SandboxSession = await openSession(profile, provider, sessionOptions);
   context.cleanups.push(() => session.close());
+  let worktree: RunWorktree | undefined;
+  if (context.repo) {
+    worktree = await prepareWorktree(provider, context.repo.local, { runId: context.id, branch: context.repo.branch, signal });
+    request.onProgress?.(`sent ${context.repo.local.baseName} (${context.repo.local.base.slice(0, 12)}): ${worktree.sentBytes} bytes of objects`);
+    const created = worktree;
+    if (!request.repo?.keepWorktree) context.cleanups.push(() => removeWorktree(provider, created));
+    else context.cleanups.push(async () => request.onProgress?.(`worktree kept: ${created.path} in ${provider.containerName}`));
+  }
   const driver = new ContainerDriver({
     provider,
-    env: session.env,
+    env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },
     model: context.chosen.model,
     onStderrLine: request.onWorkerStderr,
   });
-  return { driver, cwd: `${RUNS_WORKSPACE}/${context.id}` };
+  return { driver, cwd: worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`, provider, worktree };
 }

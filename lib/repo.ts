@@ -1,0 +1,309 @@
+/**
+ * A local repository in and out of a sandbox, as git objects only.
+ *
+ * In: the committed state of the base commit is sent as a pack (`git pack-objects`, thin, against
+ * what the sandbox's bare repository already has) into `/workspace/repos/<key>.git`, and the run
+ * gets its own worktree and branch there. Nothing of the user's working tree, index, hooks or
+ * config goes in, and no host path is mounted.
+ *
+ * Out: the sandbox's pack for `base..result` lands in a quarantine repository on the host (which
+ * borrows the user's objects read-only as alternates), is checked object by object (`--strict`),
+ * and only then is the one run branch fetched from it into the user's repository — so only objects
+ * reachable from that branch arrive, and no other ref, tag, hook or config can be written.
+ */
+import { CommandExitError, SandboxError } from "./errors.ts";
+import { sha256Hex } from "./hash.ts";
+import { run, spawn } from "./process.ts";
+import type { SandboxProvider } from "./provider.ts";
+
+export const REPOS_DIR = "/workspace/repos";
+export const WORKTREES_DIR = "/workspace/worktrees";
+/** A sandbox may send back at most this much (a hostile one could try to fill the host's disk). */
+const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
+/** Identity of the commit the tool makes of changes the agent left uncommitted. */
+export const TOOL_IDENTITY = { name: "sandbox", email: "sandbox@localhost" } as const;
+
+export interface LocalRepo {
+  /** The repository's top-level directory on the host. */
+  path: string;
+  /** Its git directory (where objects live). */
+  commonDir: string;
+  /** The base commit, resolved. */
+  base: string;
+  /** The base as the user named it. */
+  baseName: string;
+  /** Name of the bare repository in the sandbox: stable per host repository. */
+  key: string;
+  /** `git status --porcelain` lines: changes that are not sent. */
+  uncommitted: number;
+}
+
+export interface RunWorktree {
+  bare: string;
+  path: string;
+  branch: string;
+  base: string;
+  /** Bytes of the pack sent into the sandbox (0 objects when it already had everything). */
+  sentBytes: number;
+}
+
+export interface RepoResult {
+  branch: string;
+  base: string;
+  /** The run branch's commit, or null when the agent changed nothing. */
+  commit: string | null;
+  /** `git log --oneline base..commit`, newest first. */
+  commits: string[];
+  diffstat: string;
+  /** Bytes of the pack received from the sandbox. */
+  receivedBytes: number;
+  /** Refs the sandbox has besides its own branch and bases: never imported, reported. */
+  ignoredRefs: string[];
+  /** Whether the tool committed changes the agent had left uncommitted. */
+  committedLeftovers: boolean;
+}
+
+async function git(args: string[], options: { cwd?: string; stdin?: string } = {}): Promise<string> {
+  const result = await run(["git", ...args], { ...options, env: { GIT_TERMINAL_PROMPT: "0" } });
+  if (result.exitCode !== 0) {
+    throw new CommandExitError("exec_failed", `git ${args[0] === "-C" ? args[2] : args[0]} failed`, result);
+  }
+  return result.stdout;
+}
+
+/** Check and describe a local repository and its base; user mistakes are `usage` errors. */
+export async function resolveLocalRepo(path: string, baseName = "HEAD"): Promise<LocalRepo> {
+  const top = await run(["git", "-C", path, "rev-parse", "--show-toplevel"]);
+  if (top.exitCode !== 0) {
+    throw new SandboxError("usage", `Not a git repository: "${path}"`, {
+      detail: "Pass --repo a directory inside a git checkout, or a repository URL",
+    });
+  }
+  const repoPath = top.stdout.trim();
+  const base = await run(["git", "-C", repoPath, "rev-parse", "--verify", "--quiet", `${baseName}^{commit}`]);
+  if (base.exitCode !== 0) {
+    throw new SandboxError("usage", `Base "${baseName}" not found in "${repoPath}"`, {
+      detail: "Name a branch, tag or commit that exists (default: the current HEAD, which needs at least one commit)",
+    });
+  }
+  const commonDir = (await git(["-C", repoPath, "rev-parse", "--path-format=absolute", "--git-common-dir"])).trim();
+  const status = await git(["-C", repoPath, "status", "--porcelain"]);
+  const name = repoPath.replace(/\/+$/, "").split("/").pop()!.replace(/[^A-Za-z0-9._-]/g, "_");
+  return {
+    path: repoPath,
+    commonDir,
+    base: base.stdout.trim(),
+    baseName,
+    key: `${name}-${(await sha256Hex(repoPath)).slice(0, 12)}`,
+    uncommitted: status.split("\n").filter(Boolean).length,
+  };
+}
+
+/** A branch name the user's repository accepts and does not have yet. */
+export async function checkRunBranch(repo: LocalRepo, branch: string): Promise<void> {
+  const valid = await run(["git", "check-ref-format", "--branch", branch]);
+  if (valid.exitCode !== 0) throw new SandboxError("usage", `Invalid branch name "${branch}"`);
+  const exists = await run(["git", "-C", repo.path, "rev-parse", "--verify", "--quiet", `refs/heads/${branch}`]);
+  if (exists.exitCode === 0) {
+    throw new SandboxError("usage", `Branch "${branch}" already exists in "${repo.path}"`, {
+      detail: "Choose another with --branch, or delete it first",
+    });
+  }
+}
+
+/** Run a script in the sandbox (as the sandbox user), failing with its stderr. */
+async function inSandbox(provider: SandboxProvider, what: string, script: string, args: string[], signal?: AbortSignal) {
+  const result = await provider.exec(["sh", "-c", script, "sh", ...args], { signal, timeoutMs: 600_000 });
+  if (result.exitCode !== 0) {
+    throw new CommandExitError("exec_failed", `Cannot ${what} in the sandbox`, {
+      argv: ["sh", "-c", script],
+      exitCode: result.exitCode,
+      stderrTail: result.stderr.trim(),
+    });
+  }
+  return result.stdout;
+}
+
+/** Counts bytes flowing through, for reporting transfer sizes. */
+function byteCounter(): { stream: TransformStream<Uint8Array, Uint8Array>; bytes: () => number } {
+  let count = 0;
+  return {
+    stream: new TransformStream({
+      transform(chunk, controller) {
+        count += chunk.byteLength;
+        controller.enqueue(chunk);
+      },
+    }),
+    bytes: () => count,
+  };
+}
+
+/**
+ * Send the base commit's objects (only those the sandbox lacks) and create the run's worktree on
+ * a new branch.
+ */
+export async function prepareWorktree(
+  provider: SandboxProvider,
+  repo: LocalRepo,
+  options: { runId: string; branch: string; signal?: AbortSignal },
+): Promise<RunWorktree> {
+  const bare = `${REPOS_DIR}/${repo.key}.git`;
+  const path = `${WORKTREES_DIR}/${options.runId}`;
+  // What the sandbox already has: every ref tip of its bare repository.
+  const tips = await inSandbox(
+    provider,
+    "prepare the repository",
+    '[ -d "$1" ] || git init -q --bare "$1"; git -C "$1" for-each-ref --format="%(objectname)"',
+    [bare],
+    options.signal,
+  );
+  const haves = await commitsKnownToHost(repo, tips.split("\n").filter(Boolean));
+  const counter = byteCounter();
+  const pack = spawn(
+    ["git", "-C", repo.path, "pack-objects", "--stdout", "--revs", "--thin", "--delta-base-offset", "-q"],
+    { stdin: [repo.base, ...haves.map((h) => `^${h}`)].join("\n") + "\n", signal: options.signal },
+  );
+  const receive = provider.exec(
+    ["sh", "-c", 'git -C "$1" index-pack --stdin --fix-thin >/dev/null', "sh", bare],
+    { stdin: pack.stdout.pipeThrough(counter.stream), signal: options.signal, timeoutMs: 600_000 },
+  );
+  const [packed, received] = await Promise.all([pack.finished, receive]);
+  if (packed.exitCode !== 0) throw new CommandExitError("exec_failed", "Cannot pack the repository", packed);
+  if (received.exitCode !== 0) {
+    throw new CommandExitError("exec_failed", "Cannot unpack the repository in the sandbox", {
+      argv: ["git", "index-pack"],
+      exitCode: received.exitCode,
+      stderrTail: received.stderr.trim(),
+    });
+  }
+  await inSandbox(
+    provider,
+    "create the run's worktree",
+    'git -C "$1" update-ref "refs/sandbox/bases/$2" "$2" && mkdir -p "$(dirname "$3")" && ' +
+      'git -C "$1" worktree add -q -b "$4" "$3" "$2"',
+    [bare, repo.base, path, options.branch],
+    options.signal,
+  );
+  return { bare, path, branch: options.branch, base: repo.base, sentBytes: counter.bytes() };
+}
+
+/** Of `commits`, those the host repository has (so they can be excluded from the pack). */
+async function commitsKnownToHost(repo: LocalRepo, commits: string[]): Promise<string[]> {
+  const wellFormed = [...new Set(commits)].filter((c) => /^[0-9a-f]{40}$/.test(c));
+  if (wellFormed.length === 0) return [];
+  const out = await git(["-C", repo.path, "cat-file", "--batch-check"], { stdin: wellFormed.join("\n") + "\n" });
+  return out.split("\n").filter((line) => / commit \d+$/.test(line)).map((line) => line.split(" ")[0]);
+}
+
+/**
+ * Commit what the agent left uncommitted, then bring the run branch back into the user's
+ * repository as `refs/heads/<branch>` — that one ref, and only objects reachable from it.
+ */
+export async function collectResult(
+  provider: SandboxProvider,
+  repo: LocalRepo,
+  worktree: RunWorktree,
+  options: { runId: string; signal?: AbortSignal },
+): Promise<RepoResult> {
+  const state = await inSandbox(
+    provider,
+    "read the run's result",
+    'cd "$1" || exit 1; committed=no; ' +
+      'if [ -n "$(git status --porcelain)" ]; then git add -A && ' +
+      `git -c user.name="${TOOL_IDENTITY.name}" -c user.email="${TOOL_IDENTITY.email}" -c commit.gpgsign=false ` +
+      'commit -q --no-verify -m "$2" && committed=yes; fi; ' +
+      'echo "$committed"; git rev-parse HEAD; git -C "$3" for-each-ref --format="%(refname)"',
+    [worktree.path, `Uncommitted changes left by sandbox run ${options.runId}`, worktree.bare],
+    options.signal,
+  );
+  const [committed, head, ...refs] = state.trim().split("\n");
+  let bytes: Uint8Array = new Uint8Array();
+  const ours = new Set([`refs/heads/${worktree.branch}`]);
+  const ignoredRefs = refs.filter((r) => r && !ours.has(r) && !r.startsWith("refs/sandbox/bases/") &&
+    !r.startsWith("refs/heads/sandbox/"));
+  const empty: RepoResult = {
+    branch: worktree.branch,
+    base: worktree.base,
+    commit: null,
+    commits: [],
+    diffstat: "",
+    receivedBytes: 0,
+    ignoredRefs,
+    committedLeftovers: committed === "yes",
+  };
+  if (!/^[0-9a-f]{40}$/.test(head ?? "") || head === worktree.base) return empty;
+
+  const quarantine = await Deno.makeTempDir({ prefix: "sandbox-quarantine-" });
+  try {
+    await git(["init", "-q", "--bare", quarantine]);
+    // The user's objects, read-only: the sandbox's thin pack may refer to them.
+    await Deno.writeTextFile(`${quarantine}/objects/info/alternates`, `${repo.commonDir}/objects\n`);
+    // The pack is staged in the sandbox's /tmp and read whole: it is bounded by that tmpfs.
+    bytes = await packFromSandbox(provider, worktree, head, options.signal);
+    if (bytes.byteLength > MAX_RESULT_PACK_BYTES) {
+      throw new SandboxError("exec_failed", "The sandbox sent back more than 2 GiB: refused");
+    }
+    const indexed = await run(["git", "-C", quarantine, "index-pack", "--stdin", "--strict", "--fix-thin"], {
+      stdin: bytes,
+    });
+    if (indexed.exitCode !== 0) {
+      throw new CommandExitError("exec_failed", "The sandbox's result failed git's object checks", indexed);
+    }
+    const type = await run(["git", "-C", quarantine, "cat-file", "-t", head]);
+    if (type.stdout.trim() !== "commit") {
+      throw new SandboxError("exec_failed", `The sandbox's result ${head} is not a commit it sent`);
+    }
+    await git(["-C", quarantine, "update-ref", "refs/heads/result", head]);
+    await git([
+      "-C", repo.path, "-c", "transfer.fsckObjects=true",
+      "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules",
+      quarantine, `refs/heads/result:refs/heads/${worktree.branch}`,
+    ]);
+    const log = await git(["-C", repo.path, "log", "--format=%h %s", `${worktree.base}..${head}`]);
+    const diffstat = await git(["-C", repo.path, "diff", "--stat", worktree.base, head]);
+    return {
+      ...empty,
+      commit: head,
+      commits: log.split("\n").filter(Boolean),
+      diffstat: diffstat.trimEnd(),
+      receivedBytes: bytes.byteLength,
+    };
+  } finally {
+    await Deno.remove(quarantine, { recursive: true }).catch(() => {});
+  }
+}
+
+/** The pack of `head ^base` from the sandbox's bare repository, as bytes. */
+async function packFromSandbox(
+  provider: SandboxProvider,
+  worktree: RunWorktree,
+  head: string,
+  signal?: AbortSignal,
+): Promise<Uint8Array> {
+  const dir = `/tmp/sandbox-packs/${crypto.randomUUID()}`;
+  await inSandbox(
+    provider,
+    "pack the run's result",
+    'mkdir -p "$(dirname "$2")" && printf "%s\\n^%s\\n" "$3" "$4" | git -C "$1" pack-objects --stdout --revs --thin -q >"$2"',
+    [worktree.bare, `${dir}.pack`, head, worktree.base],
+    signal,
+  );
+  try {
+    return await provider.readFile(`${dir}.pack`, { signal });
+  } finally {
+    await provider.exec(["rm", "-f", `${dir}.pack`]).catch(() => {});
+  }
+}
+
+/** Remove the run's worktree and its branch from the sandbox. */
+export async function removeWorktree(provider: SandboxProvider, worktree: RunWorktree): Promise<void> {
+  await provider.exec([
+    "sh",
+    "-c",
+    'git -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; git -C "$1" worktree prune; git -C "$1" branch -D -q "$3" 2>/dev/null; true',
+    "sh",
+    worktree.bare,
+    worktree.path,
+    worktree.branch,
+  ], { timeoutMs: 120_000 }).catch(() => {});
+}
