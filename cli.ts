@@ -242,6 +242,7 @@ function buildProgram(): Command {
         .option("--base <ref>", "with --repo: the commit to start from (default: HEAD)")
         .option("--branch <name>", "with --repo: the branch to create (default: sandbox/<run-id>)")
         .option("--keep-worktree", "with --repo: leave the run's worktree in the sandbox")
+        .option("--push", "with a remote --repo: push the run branch (the only ref the git proxy lets through)")
         .option("--lifecycle-events", "also print our own namespaced events (sandbox.branch) on stdout");
     } else {
       sub.option("--schema <file>", "JSON Schema the result must satisfy");
@@ -342,6 +343,7 @@ interface RunFlags {
   base?: string;
   branch?: string;
   keepWorktree?: boolean;
+  push?: boolean;
   lifecycleEvents?: boolean;
 }
 
@@ -355,8 +357,8 @@ async function readInput(path: string, what: string): Promise<string> {
 
 async function runAction(mode: "agentic" | "generate", opts: RunFlags, command: Command): Promise<number> {
   const timeoutMs = parseTimeout(opts.timeout);
-  if (!opts.repo && (opts.base || opts.branch || opts.keepWorktree)) {
-    throw new SandboxError("usage", "--base, --branch and --keep-worktree need --repo");
+  if (!opts.repo && (opts.base || opts.branch || opts.keepWorktree || opts.push)) {
+    throw new SandboxError("usage", "--base, --branch, --keep-worktree and --push need --repo");
   }
   const profile = await profileFor(command, opts.profile);
   const prompt = await readInput(opts.promptFile, "prompt file");
@@ -380,7 +382,9 @@ async function runAction(mode: "agentic" | "generate", opts: RunFlags, command: 
     timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
     record: opts.record,
     hostCwd: opts.cwd,
-    repo: opts.repo ? { path: opts.repo, base: opts.base, branch: opts.branch, keepWorktree: opts.keepWorktree } : undefined,
+    repo: opts.repo
+      ? { path: opts.repo, base: opts.base, branch: opts.branch, keepWorktree: opts.keepWorktree, push: opts.push }
+      : undefined,
     onLifecycle: opts.lifecycleEvents ? (event) => stdout.json(event) : undefined,
     signal,
     onStart: (meta) => note(`run ${meta.id} (profile ${meta.profile}, model ${meta.model}); replay with: sandbox logs ${meta.id}`),

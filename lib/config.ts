@@ -138,9 +138,15 @@ const LlmSchema = z.object({
   }
 });
 
+const GitSchema = z.object({
+  /** Token for remote repositories (sent as x-access-token); default: `git credential fill`. */
+  token: KeySourceSchema.optional(),
+}).strict();
+
 const ProfileSchema = z.object({
   description: z.string().optional(),
   llm: LlmSchema.default({}),
+  git: GitSchema.default({}),
   sandbox: SandboxSchema.default({}),
 }).strict();
 
@@ -170,6 +176,7 @@ export interface Profile {
   name: string;
   description?: string;
   llm: LlmConfig;
+  git: ProfileConfig["git"];
   sandbox: SandboxConfig;
   resources: {
     memoryBytes: number;
@@ -327,9 +334,12 @@ export async function loadConfig(options: FindConfigOptions = {}): Promise<Confi
 function rejectHostCommands(result: ConfigLoadResult): ConfigLoadResult {
   if (result.kind !== "ok") return result;
   const issues = Object.entries(result.config.profiles)
-    .filter(([, profile]) => profile.llm.key && "command" in profile.llm.key)
-    .map(([name]) => ({
-      path: `profiles.${name}.llm.key.command`,
+    .flatMap(([name, profile]) => [
+      ...(profile.llm.key && "command" in profile.llm.key ? [`profiles.${name}.llm.key.command`] : []),
+      ...(profile.git.token && "command" in profile.git.token ? [`profiles.${name}.git.token.command`] : []),
+    ])
+    .map((path) => ({
+      path,
       message: "a key command runs on the host, so it is only honoured from ~/.config/sandbox/config.yaml or a file named with --config, not from a project's sandbox.yaml",
     }));
   return issues.length > 0 ? { kind: "invalid", file: result.file, issues } : result;
@@ -360,6 +370,7 @@ export function resolveProfile(config: Config, name?: string): Profile {
     name: chosen,
     description: profile.description,
     llm: profile.llm,
+    git: profile.git,
     sandbox: profile.sandbox,
     resources: {
       memoryBytes: parseSize(r.memory)!,

@@ -112,7 +112,7 @@ export async function checkRunBranch(repo: LocalRepo, branch: string): Promise<v
 }
 
 /** Run a script in the sandbox (as the sandbox user), failing with its stderr. */
-async function inSandbox(provider: SandboxProvider, what: string, script: string, args: string[], signal?: AbortSignal) {
+export async function inSandbox(provider: SandboxProvider, what: string, script: string, args: string[], signal?: AbortSignal) {
   const result = await provider.exec(["sh", "-c", script, "sh", ...args], { signal, timeoutMs: 600_000 });
   if (result.exitCode !== 0) {
     throw new CommandExitError("exec_failed", `Cannot ${what} in the sandbox`, {
@@ -205,19 +205,7 @@ export async function collectResult(
   worktree: RunWorktree,
   options: { runId: string; signal?: AbortSignal },
 ): Promise<RepoResult> {
-  const state = await inSandbox(
-    provider,
-    "read the run's result",
-    'cd "$1" || exit 1; committed=no; ' +
-      'if [ -n "$(git status --porcelain)" ]; then git add -A && ' +
-      `git -c user.name="${TOOL_IDENTITY.name}" -c user.email="${TOOL_IDENTITY.email}" -c commit.gpgsign=false ` +
-      'commit -q --no-verify -m "$2" && committed=yes; fi; ' +
-      'echo "$committed"; git rev-parse HEAD; git -C "$3" for-each-ref --format="%(refname)"',
-    [worktree.path, `Uncommitted changes left by sandbox run ${options.runId}`, worktree.bare],
-    options.signal,
-  );
-  const [committed, head, ...refs] = state.trim().split("\n");
-  let bytes: Uint8Array = new Uint8Array();
+  const { committed, head, refs } = await commitLeftovers(provider, worktree, options);
   const ours = new Set([`refs/heads/${worktree.branch}`]);
   const ignoredRefs = refs.filter((r) => r && !ours.has(r) && !r.startsWith("refs/sandbox/bases/") &&
     !r.startsWith("refs/heads/sandbox/"));
@@ -229,7 +217,7 @@ export async function collectResult(
     diffstat: "",
     receivedBytes: 0,
     ignoredRefs,
-    committedLeftovers: committed === "yes",
+    committedLeftovers: committed,
   };
   if (!/^[0-9a-f]{40}$/.test(head ?? "") || head === worktree.base) return empty;
 
@@ -239,7 +227,7 @@ export async function collectResult(
     // The user's objects, read-only: the sandbox's thin pack may refer to them.
     await Deno.writeTextFile(`${quarantine}/objects/info/alternates`, `${repo.commonDir}/objects\n`);
     // The pack is staged in the sandbox's /tmp and read whole: it is bounded by that tmpfs.
-    bytes = await packFromSandbox(provider, worktree, head, options.signal);
+    const bytes = await packFromSandbox(provider, worktree, head, options.signal);
     if (bytes.byteLength > MAX_RESULT_PACK_BYTES) {
       throw new SandboxError("exec_failed", "The sandbox sent back more than 2 GiB: refused");
     }
@@ -271,6 +259,30 @@ export async function collectResult(
   } finally {
     await Deno.remove(quarantine, { recursive: true }).catch(() => {});
   }
+}
+
+/**
+ * In the sandbox: commit what the agent left uncommitted (as the tool), and report the run
+ * branch's head and every ref of the bare repository.
+ */
+export async function commitLeftovers(
+  provider: SandboxProvider,
+  worktree: Pick<RunWorktree, "path" | "bare">,
+  options: { runId: string; signal?: AbortSignal },
+): Promise<{ committed: boolean; head: string; refs: string[] }> {
+  const state = await inSandbox(
+    provider,
+    "read the run's result",
+    'cd "$1" || exit 1; committed=no; ' +
+      'if [ -n "$(git status --porcelain)" ]; then git add -A && ' +
+      `git -c user.name="${TOOL_IDENTITY.name}" -c user.email="${TOOL_IDENTITY.email}" -c commit.gpgsign=false ` +
+      'commit -q --no-verify -m "$2" && committed=yes; fi; ' +
+      'echo "$committed"; git rev-parse HEAD; git -C "$3" for-each-ref --format="%(refname)"',
+    [worktree.path, `Uncommitted changes left by sandbox run ${options.runId}`, worktree.bare],
+    options.signal,
+  );
+  const [committed, head, ...refs] = state.trim().split("\n");
+  return { committed: committed === "yes", head: head ?? "", refs };
 }
 
 /** The pack of `head ^base` from the sandbox's bare repository, as bytes. */

@@ -18,6 +18,8 @@ import { type AgenticMessage, agenticMessage } from "./protocol.ts";
 import { Redactor } from "./redact.ts";
 import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream } from "./replay.ts";
 import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "./repo.ts";
+import { finishRemoteRun, gitRemoteFor, isRemoteUrl, prepareRemoteWorktree, remoteAuthorization, type RemoteRepo, resolveRemoteRepo } from "./repo_remote.ts";
+import { run } from "./process.ts";
 import { listRuns, newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
 import { openSession, type SandboxSession, startHostProxies } from "./session.ts";
 import { workerBundlePath } from "./worker_bundle.ts";
@@ -67,6 +69,8 @@ export interface RepoRequest {
   /** Run branch (default `sandbox/<run-id>`). */
   branch?: string;
   keepWorktree?: boolean;
+  /** Remote repositories: push the run branch (through the git proxy, which allows only it). */
+  push?: boolean;
 }
 
 export interface RunOutcome {
@@ -116,7 +120,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   if (chosen.local) cleanups.push(() => chosen.local!.close());
   let result: AgenticMessage | undefined;
   try {
-    const { driver, cwd, provider, worktree } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo });
+    const { driver, cwd, provider, worktree, session } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo });
     const emit = async (message: AgenticMessage) => {
       await log.append(message);
       await request.onEvent(message);
@@ -147,11 +151,35 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       await emit(result);
     }
     let extra: Record<string, unknown> | undefined;
-    if (repo && worktree && provider && result) {
+    if (repo?.kind === "local" && worktree && provider && result) {
       const back = await collectResult(provider, repo.local, worktree, { runId: id, signal: request.signal });
       extra = { repo: repo.local.path, branch: back.commit ? back.branch : null, base: back.base, commit: back.commit, diffstat: back.diffstat, commits: back.commits };
       reportResult(request, back, repo.local.path);
       await request.onLifecycle?.({ type: "sandbox.branch", run_id: id, repository: repo.local.path, ...snake(back) });
+    } else if (repo?.kind === "remote" && worktree && provider && session?.gitUrl && result) {
+      const back = await finishRemoteRun(provider, worktree, {
+        runId: id,
+        push: request.repo?.push === true,
+        gitUrl: session.gitUrl,
+        env: session.env,
+        signal: request.signal,
+      });
+      extra = { repo: repo.remote.url, branch: back.commit ? back.branch : null, base: back.base, commit: back.commit, diffstat: back.diffstat, commits: back.commits, pushed: back.pushed };
+      const say = request.onProgress ?? (() => {});
+      if (!back.commit) say("the agent changed nothing: nothing to push");
+      else say(`branch ${back.branch}: ${back.commits.length} commit(s) on ${back.base.slice(0, 12)}${back.pushed ? `, pushed to ${repo.remote.url}` : " (not pushed)"}`);
+      await request.onLifecycle?.({
+        type: "sandbox.branch",
+        run_id: id,
+        repository: repo.remote.url,
+        branch: back.commit ? back.branch : null,
+        base: back.base,
+        commit: back.commit,
+        commits: back.commits,
+        diffstat: back.diffstat,
+        pushed: back.pushed,
+        committed_leftovers: back.committedLeftovers,
+      });
     }
     await emit(agenticMessage({ type: "usage", usage: driver.getUsage(), model }));
     const failed = result?.is_error === true;
@@ -174,36 +202,38 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   }
 }
 
-interface ResolvedRepo {
-  id: string;
-  local: LocalRepo;
-  branch: string;
-}
+type ResolvedRepo =
+  | { kind: "local"; id: string; local: LocalRepo; branch: string }
+  | { kind: "remote"; id: string; remote: RemoteRepo; branch: string };
 
 /** Check the repository request before anything slow starts; user mistakes are usage errors. */
 async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
   const repo = request.repo!;
-  if (/^[a-z][a-z0-9+.-]*:\/\//i.test(repo.path) || /^[^/]+@[^/]+:/.test(repo.path)) {
-    throw new SandboxError("unsupported", `Remote repositories are not supported yet: "${repo.path}"`, {
-      detail: "Clone it on the host and pass the local checkout with --repo",
-    });
-  }
   if (request.profile.sandbox.mode !== "container") {
     throw new SandboxError("usage", "--repo needs sandbox mode \"container\"", {
       detail: "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
     });
   }
   if (request.mode !== "agentic") throw new SandboxError("usage", "--repo is for run agentic");
-  const local = await resolveLocalRepo(repo.path, repo.base);
   const id = newRunId();
   const branch = repo.branch ?? `sandbox/${id}`;
+  if (isRemoteUrl(repo.path)) {
+    const valid = await run(["git", "check-ref-format", "--branch", branch]);
+    if (valid.exitCode !== 0) throw new SandboxError("usage", `Invalid branch name "${branch}"`);
+    if (!repo.push) {
+      request.onProgress?.("note: without --push the run's commits stay in the sandbox and are reported, not pushed");
+    }
+    return { kind: "remote", id, remote: await resolveRemoteRepo(repo.path, repo.base), branch };
+  }
+  if (repo.push) throw new SandboxError("usage", "--push is for remote repositories; a local run's branch comes back by itself");
+  const local = await resolveLocalRepo(repo.path, repo.base);
   await checkRunBranch(local, branch);
   if (local.uncommitted > 0) {
     request.onProgress?.(
       `warning: ${local.uncommitted} uncommitted change(s) in ${local.path} are NOT sent: the sandbox gets ${local.baseName} (${local.base.slice(0, 12)}) as committed`,
     );
   }
-  return { id, local, branch };
+  return { kind: "local", id, local, branch };
 }
 
 function reportResult(request: RunRequest, back: RepoResult, path: string): void {
@@ -242,7 +272,7 @@ async function prepare(
     cleanups: (() => Promise<unknown>)[];
     repo?: ResolvedRepo;
   },
-): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree }> {
+): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession }> {
   const { profile, signal } = request;
   const sessionOptions = {
     runId: context.id,
@@ -285,12 +315,33 @@ async function prepare(
   });
   if (fresh) context.cleanups.push(() => provider.teardown({ volumes: true }));
   await provider.ensureRunning({ signal });
-  const session: SandboxSession = await openSession(profile, provider, sessionOptions);
+  const remote = context.repo?.kind === "remote" ? context.repo : undefined;
+  const session: SandboxSession = await openSession(profile, provider, {
+    ...sessionOptions,
+    gitRemote: remote
+      ? gitRemoteFor(remote.remote, remote.branch, remoteAuthorization(remote.remote, {
+        token: profile.git.token,
+        keys: context.keys,
+        redactor: context.redactor,
+      }))
+      : undefined,
+  });
   context.cleanups.push(() => session.close());
   let worktree: RunWorktree | undefined;
-  if (context.repo) {
+  if (remote) {
+    worktree = await prepareRemoteWorktree(provider, remote.remote, {
+      runId: context.id,
+      branch: remote.branch,
+      gitUrl: session.gitUrl!,
+      env: session.env,
+      signal,
+    });
+    request.onProgress?.(`fetched ${remote.remote.url} into the sandbox; base ${worktree.base.slice(0, 12)}`);
+  } else if (context.repo?.kind === "local") {
     worktree = await prepareWorktree(provider, context.repo.local, { runId: context.id, branch: context.repo.branch, signal });
     request.onProgress?.(`sent ${context.repo.local.baseName} (${context.repo.local.base.slice(0, 12)}): ${worktree.sentBytes} bytes of objects`);
+  }
+  if (worktree) {
     const created = worktree;
     if (!request.repo?.keepWorktree) context.cleanups.push(() => removeWorktree(provider, created));
     else context.cleanups.push(async () => request.onProgress?.(`worktree kept: ${created.path} in ${provider.containerName}`));
@@ -301,5 +352,5 @@ async function prepare(
     model: context.chosen.model,
     onStderrLine: request.onWorkerStderr,
   });
-  return { driver, cwd: worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`, provider, worktree };
+  return { driver, cwd: worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`, provider, worktree, session };
 }

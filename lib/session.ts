@@ -11,6 +11,7 @@ import { userStateDir, type Profile } from "./config.ts";
 import { startCredentialProxy, TokenRegistry, type UpstreamProvider } from "./credential_proxy.ts";
 import type { DockerSandboxProvider, SandboxNetwork } from "./docker_provider.ts";
 import { startEgressProxy } from "./egress_proxy.ts";
+import { type GitRemote, startGitProxy } from "./git_proxy.ts";
 import { openProxyPorts } from "./host_firewall.ts";
 import { KeyStore } from "./keys.ts";
 import { llmTarget } from "./llm_providers.ts";
@@ -31,6 +32,8 @@ export interface SessionOptions {
   upstream?: UpstreamProvider;
   /** Model name for the worker instead of the profile's. */
   model?: string;
+  /** Serve the git proxy for this remote too (runs on a remote repository). */
+  gitRemote?: GitRemote;
 }
 
 export interface SandboxSession extends AsyncDisposable {
@@ -40,6 +43,8 @@ export interface SandboxSession extends AsyncDisposable {
   readonly network: SandboxNetwork;
   readonly model: string;
   readonly redactor: Redactor;
+  /** The git proxy's URL as the sandbox reaches it, when a remote was given. */
+  readonly gitUrl?: string;
   close(): Promise<void>;
 }
 
@@ -57,6 +62,8 @@ export interface HostProxies extends AsyncDisposable {
   readonly ports: number[];
   /** OpenAI-style base URL of the credential proxy at `hostname`. */
   llmUrl(hostname: string): string;
+  /** The git proxy's URL at `hostname`, when a remote was given. */
+  gitUrl(hostname: string): string | undefined;
   /** Egress proxy URL at `hostname`; undefined in network mode full. */
   egressUrl(hostname: string): string | undefined;
   /** Variables for a sandbox reaching the proxies at `hostname`. */
@@ -114,6 +121,18 @@ export async function startHostProxies(
       signal: options.signal,
     });
     if (egress) cleanups.push(() => egress.close());
+    const git = options.gitRemote
+      ? await startGitProxy({
+        hostnames,
+        grants: new Map([[token, options.gitRemote]]),
+        log,
+        redactor,
+        profile: profile.name,
+        runId: options.runId ?? null,
+        signal: options.signal,
+      })
+      : undefined;
+    if (git) cleanups.push(() => git.close());
 
     const envFor = (hostname: string) => {
       const llmBase = credentials.url(hostname);
@@ -128,6 +147,7 @@ export async function startHostProxies(
         ANTHROPIC_BASE_URL: llmBase.replace(/\/v1$/, ""),
         ANTHROPIC_API_KEY: token,
       };
+      if (git) env.SANDBOX_GIT_URL = git.url(hostname);
       if (egress) {
         const proxyUrl = egress.url(hostname);
         for (const name of ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]) env[name] = proxyUrl;
@@ -140,7 +160,8 @@ export async function startHostProxies(
       token,
       model: target.model,
       redactor,
-      ports: [credentials.port, ...(egress ? [egress.port] : [])],
+      ports: [credentials.port, ...(egress ? [egress.port] : []), ...(git ? [git.port] : [])],
+      gitUrl: (hostname) => git?.url(hostname),
       llmUrl: (hostname) => credentials.url(hostname),
       egressUrl: (hostname) => egress?.url(hostname),
       envFor,
@@ -179,6 +200,7 @@ export async function openSession(
   };
   return {
     env: proxies.envFor(network.gateway),
+    gitUrl: proxies.gitUrl(network.gateway),
     token: proxies.token,
     network,
     model: proxies.model,

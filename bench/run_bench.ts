@@ -1,0 +1,488 @@
+/**
+ * `sandbox run` end to end against raw docker (DESIGN.md targets: warm run ≤ 300 ms to the first
+ * worker event, cold run ≤ 1.2 s, ≥ 20,000 NDJSON events/s through the CLI).
+ *
+ * The CLI runs as a subprocess (`deno run -A cli.ts run agentic`) with a replayed one-step
+ * conversation (`--model replay:FILE`, the LLM answers at once), in a fresh profile with default
+ * settings (isolated network: egress proxy and firewall rules for every run), from a frozen copy
+ * of the sources and with a temporary state directory. Every figure stands beside a baseline
+ * measured in the same run: `docker exec CONTAINER true` for the warm run, `docker run --rm IMAGE
+ * true` for the cold run, `cat` for `sandbox logs`. The warm figure is broken down into its parts
+ * (CLI start, docker and iptables calls traced by wrappers on PATH, the worker's start) so that it
+ * shows where the time goes.
+ */
+import type { Benchmark, BenchContext, BenchResult, Figure } from "./main.ts";
+import { pruneFirewall } from "../lib/host_firewall.ts";
+import { readLines } from "../lib/lines.ts";
+import { StdoutWriter } from "../lib/output.ts";
+import { decodeMessages, encodeMessage } from "../lib/protocol.ts";
+import { Redactor } from "../lib/redact.ts";
+import { newRunId, RunLog } from "../lib/run_log.ts";
+import { removeProfile } from "../tests/_helpers.ts";
+import {
+  chunked,
+  type CliRunTiming,
+  countLines,
+  describe,
+  readTrace,
+  snapshotSources,
+  summarize,
+  syntheticEvents,
+  timeCliRun,
+  timeCommand,
+  timeRepeated,
+  type TracedCall,
+  writeTracers,
+} from "./_run_helpers.ts";
+
+const WARM_RUNS = 7;
+const TRACED_RUNS = 3;
+const COLD_RUNS = 5;
+const STARTUP_RUNS = 5;
+const EVENTS = 100_000;
+const LOGS_ROUNDS = 3;
+const WARM_TARGET_MS = 300;
+const COLD_TARGET_MS = 1_200;
+const EVENTS_TARGET = 20_000;
+/** The sandbox user (lib/docker_provider.ts SANDBOX_USER). */
+const SANDBOX_USER = "10001:10001";
+const WORKER_HELP = ["deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js", "--help"];
+/** Where the what-if figure keeps a writable copy of the image's Deno cache (the sandbox's tmpfs). */
+const WRITABLE_DENO_DIR = "/tmp/bench-deno-dir";
+
+/** A one-step conversation: the model answers "done" at once. */
+const RECORDING = {
+  version: 1,
+  kind: "openai",
+  responses: [{
+    status: 200,
+    body: {
+      id: "chatcmpl-bench",
+      object: "chat.completion",
+      created: 0,
+      model: "replay",
+      choices: [{ index: 0, message: { role: "assistant", content: "done" }, finish_reason: "stop" }],
+      usage: { prompt_tokens: 10, completion_tokens: 1, total_tokens: 11 },
+    },
+  }],
+};
+
+interface Setup {
+  dir: string;
+  src: string;
+  state: string;
+  profile: string;
+  container: string;
+  env: Record<string, string>;
+  /** The CLI with `args`, run from the frozen sources. */
+  cli(args: string[]): string[];
+  /** `sandbox run agentic` of the replayed conversation. */
+  runArgv: string[];
+  traceFile: string;
+  traceBin: string;
+}
+
+async function prepare(): Promise<Setup> {
+  const dir = await Deno.makeTempDir({ prefix: "sandbox-bench-run-" });
+  const src = `${dir}/src`;
+  const state = `${dir}/state`;
+  const traceBin = `${dir}/trace-bin`;
+  await snapshotSources(src);
+  await Deno.mkdir(state);
+  await Deno.mkdir(traceBin);
+  const profile = `bench-${crypto.randomUUID().slice(0, 8)}`;
+  await Deno.writeTextFile(`${dir}/sandbox.yaml`, `profiles:\n  ${profile}: {}\n`);
+  await Deno.writeTextFile(`${dir}/recording.json`, JSON.stringify(RECORDING));
+  await Deno.writeTextFile(`${dir}/prompt.txt`, "Answer with one word: done\n");
+  await Deno.writeTextFile(`${src}/empty.ts`, "\n");
+  const traceFile = `${dir}/trace.log`;
+  await writeTracers(traceBin, traceFile);
+  const cli = (args: string[]) => [
+    Deno.execPath(),
+    "run",
+    "-A",
+    "--quiet",
+    `${src}/cli.ts`,
+    "--config",
+    `${dir}/sandbox.yaml`,
+    ...args,
+  ];
+  return {
+    dir,
+    src,
+    state,
+    profile,
+    container: `sandbox-${profile}`,
+    env: { XDG_STATE_HOME: state },
+    cli,
+    runArgv: cli([
+      "run",
+      "agentic",
+      "--prompt-file",
+      `${dir}/prompt.txt`,
+      "-p",
+      profile,
+      "--model",
+      `replay:${dir}/recording.json`,
+      "--format",
+      "ndjson",
+    ]),
+    traceFile,
+    traceBin,
+  };
+}
+
+/** A run with the docker and iptables tracers first on PATH, and the calls it made. */
+async function tracedRun(
+  setup: Setup,
+  signal: AbortSignal,
+): Promise<{ timing: CliRunTiming; calls: TracedCall[] }> {
+  await Deno.remove(setup.traceFile).catch(() => {});
+  const timing = await timeCliRun(setup.runArgv, {
+    cwd: setup.src,
+    env: { ...setup.env, PATH: `${setup.traceBin}:${Deno.env.get("PATH") ?? "/usr/bin:/bin"}` },
+    signal,
+  });
+  return { timing, calls: await readTrace(setup.traceFile) };
+}
+
+/** The phases of one traced run, in milliseconds. */
+interface Phases {
+  /** Spawn to the run id on stderr. */
+  cli: number;
+  /** Run id to the start of the worker's `docker exec`. */
+  setup: number;
+  /** Start of the worker's `docker exec` to the first event on the CLI's stdout. */
+  worker: number;
+  /** Calls that ended before the worker's exec started. */
+  before: TracedCall[];
+  after: TracedCall[];
+}
+
+function phasesOf(timing: CliRunTiming, calls: TracedCall[]): Phases {
+  const worker = calls.find((c) => c.worker);
+  if (!worker || timing.runIdMs === null) {
+    throw new Error(`traced run: no worker exec or no run id (calls: ${calls.map((c) => c.label).join(", ")})`);
+  }
+  const workerAt = worker.startMs - timing.spawnedAtMs;
+  return {
+    cli: timing.runIdMs,
+    setup: workerAt - timing.runIdMs,
+    worker: timing.firstEventMs - workerAt,
+    before: calls.filter((c) => c.startMs < worker.startMs),
+    after: calls.filter((c) => c.startMs > worker.startMs),
+  };
+}
+
+function listCalls(calls: TracedCall[], spawnedAtMs: number): string {
+  return calls.map((c) =>
+    `${c.label} @${Math.round(c.startMs - spawnedAtMs)} ${Math.round(c.endMs - c.startMs)} ms${
+      c.exitCode === 0 ? "" : ` (exit ${c.exitCode})`
+    }`
+  ).join(", ");
+}
+
+/** The CLI's event pipeline in this process, or its I/O floor alone; events per second. */
+async function pipelineRate(
+  chunks: Uint8Array[],
+  expected: number,
+  state: string,
+  mode: "pipeline" | "floor",
+): Promise<{ rate: number; runId: string }> {
+  const id = newRunId();
+  using devNull = await Deno.open("/dev/null", { write: true });
+  const stdout = new StdoutWriter(devNull);
+  const redactor = new Redactor();
+  // A run always has one secret registered: the session token.
+  redactor.add(crypto.randomUUID() + crypto.randomUUID());
+  const previous = Deno.env.get("XDG_STATE_HOME");
+  Deno.env.set("XDG_STATE_HOME", state);
+  let log: RunLog;
+  try {
+    log = await RunLog.create({ id, mode: "agentic", profile: "bench", model: "bench-model", sandbox: "container" }, redactor);
+  } finally {
+    if (previous === undefined) Deno.env.delete("XDG_STATE_HOME");
+    else Deno.env.set("XDG_STATE_HOME", previous);
+  }
+  await using _log = log;
+  let count = 0;
+  const started = performance.now();
+  const lines = readLines(ReadableStream.from(chunks));
+  if (mode === "pipeline") {
+    // As `sandbox run`: ContainerDriver decodes and validates each worker line, runAgent appends it
+    // to the run log, the CLI prints it.
+    for await (const message of decodeMessages(lines)) {
+      await log.append(message);
+      await stdout.line(encodeMessage(message));
+      count++;
+    }
+  } else {
+    // The floor: the same two writes per event, with no decoding, validation, redaction or encoding.
+    const encoder = new TextEncoder();
+    using events = await Deno.open(`${log.dir}/events.ndjson`, { append: true });
+    for await (const line of lines) {
+      const bytes = encoder.encode(line + "\n");
+      await events.write(bytes);
+      await stdout.write(line + "\n");
+      count++;
+    }
+  }
+  await log.finish({ status: "succeeded", exitCode: 0, usage: null, error: null });
+  const ms = performance.now() - started;
+  if (count !== expected) throw new Error(`pipeline (${mode}): expected ${expected} events, got ${count}`);
+  return { rate: count / (ms / 1000), runId: id };
+}
+
+async function run(context: BenchContext): Promise<BenchResult> {
+  const { signal } = context;
+  const setup = await prepare();
+  const { cli, container, env, src } = setup;
+  const at = { cwd: src, env, signal };
+  const notes: string[] = [];
+  try {
+    // 1. Process start: deno alone, and the CLI's module graph.
+    context.progress(`deno start: ${STARTUP_RUNS} × empty script and cli.ts --version`);
+    const denoEmpty = summarize(
+      await timeRepeated([Deno.execPath(), "run", "-A", "--quiet", `${src}/empty.ts`], STARTUP_RUNS, at),
+    );
+    const cliVersion = summarize(await timeRepeated(cli(["--version"]), STARTUP_RUNS, at));
+
+    // 2. Warm runs: the container is up and the image present.
+    context.progress(`warm-up run in profile ${setup.profile} (builds the image when this checkout's is missing)`);
+    const warmup = await timeCliRun(setup.runArgv, at);
+    if (warmup.disturbed) notes.push("the warm-up run built the image (this checkout's sources had no image yet)");
+    context.progress(`warm: ${WARM_RUNS} runs, each after a raw docker exec`);
+    await timeCommand(["docker", "exec", container, "true"], at);
+    const execTrue: number[] = [];
+    const warm: CliRunTiming[] = [];
+    for (let i = 0; i < WARM_RUNS; i++) {
+      signal.throwIfAborted();
+      execTrue.push(await timeCommand(["docker", "exec", container, "true"], at));
+      warm.push(await timeCliRun(setup.runArgv, at));
+    }
+    const disturbedWarm = warm.filter((t) => t.disturbed).length;
+    if (disturbedWarm > 0) notes.push(`${disturbedWarm} warm runs rebuilt the image or replaced the container: not warm`);
+    const execBaseline = summarize(execTrue);
+    const warmFirst = summarize(warm.map((t) => t.firstEventMs));
+    const warmExit = summarize(warm.map((t) => t.exitMs));
+    const warmRunId = summarize(warm.map((t) => t.runIdMs ?? NaN).filter(Number.isFinite));
+
+    // 3. The worker's own start inside the container, as shipped and with a writable Deno cache.
+    context.progress(`worker start in the container: ${STARTUP_RUNS} × worker.js --help, twice`);
+    const workerHelp = summarize(
+      await timeRepeated(["docker", "exec", "--user", SANDBOX_USER, container, ...WORKER_HELP], STARTUP_RUNS, at),
+    );
+    const writableCache = [
+      "docker",
+      "exec",
+      "--user",
+      SANDBOX_USER,
+      container,
+      "sh",
+      "-c",
+      `[ -d ${WRITABLE_DENO_DIR} ] || cp -a "$DENO_DIR" ${WRITABLE_DENO_DIR}; DENO_DIR=${WRITABLE_DENO_DIR} exec "$@"`,
+      "sh",
+      ...WORKER_HELP,
+    ];
+    const workerWritable = summarize(await timeRepeated(writableCache, STARTUP_RUNS, at));
+
+    // 4. Where a warm run's time goes: docker and iptables calls, traced.
+    context.progress(`warm, traced: ${TRACED_RUNS} runs with docker and iptables wrapped`);
+    const traced: { timing: CliRunTiming; phases: Phases }[] = [];
+    for (let i = 0; i < TRACED_RUNS; i++) {
+      signal.throwIfAborted();
+      const { timing, calls } = await tracedRun(setup, signal);
+      traced.push({ timing, phases: phasesOf(timing, calls) });
+    }
+    const setupPhase = summarize(traced.map((t) => t.phases.setup));
+    const workerPhase = summarize(traced.map((t) => t.phases.worker));
+    const typical = [...traced].sort((a, b) => a.timing.firstEventMs - b.timing.firstEventMs)[
+      Math.ceil(traced.length / 2) - 1
+    ];
+    notes.push(
+      `warm, traced (wrappers add ~3 ms a call), median run: run id @${Math.round(typical.phases.cli)} ms; ${typical.phases.before.length} calls before the worker's exec: ${
+        listCalls(typical.phases.before, typical.timing.spawnedAtMs)
+      }; worker exec @${Math.round(typical.phases.cli + typical.phases.setup)}; first event @${
+        Math.round(typical.timing.firstEventMs)
+      }; after it: ${listCalls(typical.phases.after, typical.timing.spawnedAtMs)}; exit @${Math.round(typical.timing.exitMs)}`,
+    );
+
+    // 5. Cold runs: the container removed before each (image, network and volume kept).
+    const image = (await new Deno.Command("docker", {
+      args: ["container", "inspect", "--format", "{{.Config.Image}}", container],
+      stdout: "piped",
+      stderr: "null",
+    }).output()).stdout;
+    const imageTag = new TextDecoder().decode(image).trim();
+    if (!imageTag) throw new Error(`cannot find the image of ${container}`);
+    context.progress(`cold: ${COLD_RUNS} runs, container removed before each, each after a raw docker run --rm`);
+    const rm = ["docker", "rm", "--force", container];
+    const runTrue: number[] = [];
+    const cold: CliRunTiming[] = [];
+    await timeCommand(["docker", "run", "--rm", imageTag, "true"], at);
+    for (let i = 0; i < COLD_RUNS; i++) {
+      signal.throwIfAborted();
+      await timeCommand(rm, at);
+      runTrue.push(await timeCommand(["docker", "run", "--rm", imageTag, "true"], at));
+      cold.push(await timeCliRun(setup.runArgv, at));
+    }
+    const disturbedCold = cold.filter((t) => t.disturbed).length;
+    if (disturbedCold > 0) notes.push(`${disturbedCold} cold runs rebuilt the image: not image-present`);
+    await timeCommand(rm, at);
+    const coldTraced = await tracedRun(setup, signal);
+    const coldWorker = coldTraced.calls.find((c) => c.worker);
+    notes.push(
+      `cold, traced: ${coldTraced.calls.filter((c) => !coldWorker || c.startMs < coldWorker.startMs).length} calls before the worker's exec: ${
+        listCalls(
+          coldTraced.calls.filter((c) => !coldWorker || c.startMs < coldWorker.startMs),
+          coldTraced.timing.spawnedAtMs,
+        )
+      }; first event @${Math.round(coldTraced.timing.firstEventMs)} ms`,
+    );
+    const runBaseline = summarize(runTrue);
+    const coldFirst = summarize(cold.map((t) => t.firstEventMs));
+    const coldExit = summarize(cold.map((t) => t.exitMs));
+
+    // 6. NDJSON events: the CLI's pipeline in-process, then `sandbox logs` of the run it wrote.
+    context.progress(`NDJSON: ${EVENTS.toLocaleString("en-US")} synthetic worker events in-process`);
+    const text = syntheticEvents(EVENTS);
+    const chunks = chunked(new TextEncoder().encode(text));
+    const small = chunked(new TextEncoder().encode(syntheticEvents(5_000)));
+    await pipelineRate(small, 5_000, setup.state, "floor");
+    await pipelineRate(small, 5_000, setup.state, "pipeline");
+    const floor = await pipelineRate(chunks, EVENTS, setup.state, "floor");
+    const pipeline = await pipelineRate(chunks, EVENTS, setup.state, "pipeline");
+    context.progress(`NDJSON: sandbox logs of a ${EVENTS.toLocaleString("en-US")}-event run, ${LOGS_ROUNDS} rounds`);
+    const eventsFile = `${setup.state}/sandbox/runs/${pipeline.runId}/events.ndjson`;
+    const logsRates: number[] = [];
+    const catRates: number[] = [];
+    for (let i = 0; i < LOGS_ROUNDS; i++) {
+      signal.throwIfAborted();
+      for (const [argv, rates] of [[["cat", eventsFile], catRates], [cli(["logs", pipeline.runId, "--format", "ndjson"]), logsRates]] as const) {
+        const { ms, lines } = await countLines(argv, at);
+        if (lines !== EVENTS) throw new Error(`${argv.join(" ")}: expected ${EVENTS} lines, got ${lines}`);
+        rates.push(lines / (ms / 1000));
+      }
+    }
+    const logsRate = summarize(logsRates);
+    const catRate = summarize(catRates);
+
+    const figures: Figure[] = [
+      {
+        name: "warm run: process start → first event",
+        unit: "ms",
+        baseline: execBaseline.median,
+        measured: warmFirst.median,
+        better: "lower",
+        target: { text: `≤ ${WARM_TARGET_MS} ms median`, met: warmFirst.median <= WARM_TARGET_MS },
+      },
+      {
+        name: "warm run: process start → exit",
+        unit: "ms",
+        baseline: execBaseline.median,
+        measured: warmExit.median,
+        better: "lower",
+      },
+      {
+        name: "cold run: process start → first event",
+        unit: "ms",
+        baseline: runBaseline.median,
+        measured: coldFirst.median,
+        better: "lower",
+        target: { text: `≤ ${COLD_TARGET_MS} ms median`, met: coldFirst.median <= COLD_TARGET_MS },
+      },
+      {
+        name: "cold run: process start → exit",
+        unit: "ms",
+        baseline: runBaseline.median,
+        measured: coldExit.median,
+        better: "lower",
+      },
+      {
+        name: "part: deno start, empty script → cli.ts --version",
+        unit: "ms",
+        baseline: denoEmpty.median,
+        measured: cliVersion.median,
+        better: "lower",
+      },
+      {
+        name: "part: warm, cli.ts --version → run id on stderr",
+        unit: "ms",
+        baseline: cliVersion.median,
+        measured: warmRunId.median,
+        better: "lower",
+      },
+      {
+        name: `part: warm, run id → worker exec (${typical.phases.before.length} calls, traced)`,
+        unit: "ms",
+        baseline: 0,
+        measured: setupPhase.median,
+        better: "lower",
+      },
+      {
+        name: "part: worker start in container, exec true → worker.js --help",
+        unit: "ms",
+        baseline: execBaseline.median,
+        measured: workerHelp.median,
+        better: "lower",
+      },
+      {
+        name: "part: warm, worker --help → worker exec to first event (traced)",
+        unit: "ms",
+        baseline: workerHelp.median,
+        measured: workerPhase.median,
+        better: "lower",
+      },
+      {
+        name: "what-if: worker --help, image cache → writable copy of it",
+        unit: "ms",
+        baseline: workerHelp.median,
+        measured: workerWritable.median,
+        better: "lower",
+      },
+      {
+        name: `NDJSON in-process, ${EVENTS / 1000}k events: I/O floor → decode+log+print`,
+        unit: "events/s",
+        baseline: floor.rate,
+        measured: pipeline.rate,
+        better: "higher",
+        target: { text: `≥ ${EVENTS_TARGET.toLocaleString("en-US")}/s`, met: pipeline.rate >= EVENTS_TARGET },
+      },
+      {
+        name: `NDJSON via CLI, ${EVENTS / 1000}k events: cat → sandbox logs`,
+        unit: "events/s",
+        baseline: catRate.median,
+        measured: logsRate.median,
+        better: "higher",
+        target: { text: `≥ ${EVENTS_TARGET.toLocaleString("en-US")}/s`, met: logsRate.median >= EVENTS_TARGET },
+      },
+    ];
+    notes.unshift(
+      `warm first event ${describe(warmFirst)}; docker exec true ${describe(execBaseline)}; exit ${describe(warmExit)}`,
+      `cold first event ${describe(coldFirst)}; docker run --rm ${describe(runBaseline)}; exit ${describe(coldExit)}`,
+      `starts: deno empty ${describe(denoEmpty)}; cli --version ${describe(cliVersion)}; run id (warm) ${describe(warmRunId)}; worker --help ${
+        describe(workerHelp)
+      }; with a writable cache ${describe(workerWritable)}`,
+      `setup: profile ${setup.profile} with default settings (isolated network), --model replay (one instant answer: events thinking, result, usage), sources frozen in a temporary copy, temporary XDG_STATE_HOME`,
+      `NDJSON: ${EVENTS.toLocaleString("en-US")} events × ${
+        Math.round(text.length / EVENTS)
+      } B in 64 KiB chunks; in-process to a run log on disk and /dev/null, one write each per event; sandbox logs and cat whole-process (start included), ${LOGS_ROUNDS} rounds, ${
+        describe(logsRate, "events/s")
+      }`,
+    );
+    return { figures, notes };
+  } finally {
+    context.progress(`removing profile ${setup.profile}`);
+    await removeProfile(setup.profile).catch(() => {});
+    await pruneFirewall().catch(() => {});
+    await Deno.remove(setup.dir, { recursive: true }).catch(() => {});
+  }
+}
+
+export const benchmark: Benchmark = {
+  name: "run",
+  title: "sandbox run end to end vs raw docker; NDJSON events through the CLI",
+  baselineLabel: "baseline",
+  measuredLabel: "sandbox",
+  run,
+};

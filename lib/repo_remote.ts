@@ -1,0 +1,182 @@
+/**
+ * A remote repository, fetched and pushed from inside the sandbox through the host's git proxy.
+ *
+ * The sandbox's git talks only to `http://<gateway>:<port>/git` with its session token; the proxy
+ * attaches the user's credentials for the real remote on the way out, and lets a push update only
+ * the run's branch. The bare repository in the sandbox is fetched fresh before each worktree is
+ * made, so later runs move only new objects.
+ */
+import { SandboxError } from "./errors.ts";
+import type { GitRemote } from "./git_proxy.ts";
+import { sha256Hex } from "./hash.ts";
+import type { KeySource, KeyStore } from "./keys.ts";
+import { run } from "./process.ts";
+import type { SandboxProvider } from "./provider.ts";
+import type { Redactor } from "./redact.ts";
+import { commitLeftovers, inSandbox, REPOS_DIR, type RunWorktree, WORKTREES_DIR } from "./repo.ts";
+
+export interface RemoteRepo {
+  url: string;
+  key: string;
+  /** Branch to start from ("HEAD": the remote's default branch). */
+  baseName: string;
+}
+
+export interface RemoteResult {
+  branch: string;
+  base: string;
+  commit: string | null;
+  commits: string[];
+  diffstat: string;
+  pushed: boolean;
+  committedLeftovers: boolean;
+}
+
+/** Is `text` a repository URL rather than a path? */
+export function isRemoteUrl(text: string): boolean {
+  return /^[a-z][a-z0-9+.-]*:\/\//i.test(text) || /^[^/\s]+@[^/\s]+:/.test(text);
+}
+
+export async function resolveRemoteRepo(url: string, baseName = "HEAD"): Promise<RemoteRepo> {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw new SandboxError("usage", `Unsupported repository URL "${url}": use an https:// (or http://) URL`, {
+      detail: "ssh remotes cannot go through the credential-attaching git proxy",
+    });
+  }
+  if (parsed.protocol !== "https:" && parsed.protocol !== "http:") {
+    throw new SandboxError("usage", `Unsupported repository URL "${url}": use an https:// (or http://) URL`);
+  }
+  if (parsed.username || parsed.password) {
+    throw new SandboxError("usage", "Put credentials in git's credential store or the profile's git.token, not in the URL");
+  }
+  const name = parsed.pathname.replace(/\/+$/, "").split("/").pop()!.replace(/\.git$/, "").replace(/[^A-Za-z0-9._-]/g, "_") ||
+    "repo";
+  return { url: parsed.href, key: `${name}-${(await sha256Hex(parsed.href)).slice(0, 12)}`, baseName };
+}
+
+/**
+ * The `Authorization` header for the remote: from the profile's `git.token` source, else from
+ * `git credential fill` on the host (never prompting), else none (anonymous).
+ */
+export function remoteAuthorization(
+  repo: RemoteRepo,
+  options: { token?: KeySource; keys: KeyStore; redactor: Redactor },
+): () => Promise<string | undefined> {
+  let cached: Promise<string | undefined> | undefined;
+  return () =>
+    cached ??= (async () => {
+      if (options.token) {
+        const token = await options.keys.resolve(options.token);
+        return basic("x-access-token", token, options.redactor);
+      }
+      const url = new URL(repo.url);
+      const filled = await run(["git", "credential", "fill"], {
+        stdin: `protocol=${url.protocol.replace(":", "")}\nhost=${url.host}\npath=${url.pathname.replace(/^\//, "")}\n\n`,
+        env: { GIT_TERMINAL_PROMPT: "0", GIT_ASKPASS: "", SSH_ASKPASS: "" },
+        timeoutMs: 30_000,
+      });
+      if (filled.exitCode !== 0) return undefined;
+      const fields = Object.fromEntries(
+        filled.stdout.split("\n").filter((l) => l.includes("=")).map((l) => [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)]),
+      );
+      if (!fields.password) return undefined;
+      return basic(fields.username ?? "x-access-token", fields.password, options.redactor);
+    })();
+}
+
+function basic(user: string, secret: string, redactor: Redactor): string {
+  redactor.add(secret);
+  const encoded = btoa(`${user}:${secret}`);
+  redactor.add(encoded);
+  return `Basic ${encoded}`;
+}
+
+/** The grant the git proxy holds for this run. */
+export function gitRemoteFor(repo: RemoteRepo, branch: string, authorization: () => Promise<string | undefined>): GitRemote {
+  return { url: repo.url, authorization, pushRef: `refs/heads/${branch}` };
+}
+
+/** Fetch the remote into the sandbox's bare repository and make the run's worktree. */
+export async function prepareRemoteWorktree(
+  provider: SandboxProvider,
+  repo: RemoteRepo,
+  options: { runId: string; branch: string; gitUrl: string; env: Record<string, string>; signal?: AbortSignal },
+): Promise<RunWorktree> {
+  const bare = `${REPOS_DIR}/${repo.key}.git`;
+  const path = `${WORKTREES_DIR}/${options.runId}`;
+  const base = repo.baseName === "HEAD" ? "refs/remotes/origin/HEAD" : `refs/remotes/origin/${repo.baseName}`;
+  const result = await provider.exec([
+    "sh",
+    "-c",
+    'set -e; [ -d "$1" ] || git init -q --bare "$1"; ' +
+      'git -C "$1" -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" fetch -q --prune --no-tags "$2" ' +
+      '"+refs/heads/*:refs/remotes/origin/*" "+HEAD:refs/remotes/origin/HEAD"; ' +
+      'base=$(git -C "$1" rev-parse --verify -q "$3^{commit}") || { echo "base not found: $3" >&2; exit 3; }; ' +
+      'mkdir -p "$(dirname "$4")"; git -C "$1" worktree add -q -b "$5" "$4" "$base"; echo "$base"',
+    "sh",
+    bare,
+    options.gitUrl,
+    base,
+    path,
+    options.branch,
+  ], { env: options.env, signal: options.signal, timeoutMs: 600_000 });
+  if (result.exitCode === 3) {
+    throw new SandboxError("usage", `Base "${repo.baseName}" not found in ${repo.url}`);
+  }
+  if (result.exitCode !== 0) {
+    const text = result.stderr;
+    const auth = /401|403|Authentication|could not read Username/i.test(text);
+    throw new SandboxError("exec_failed", auth ? `The remote refused access: ${repo.url}` : `Cannot fetch ${repo.url}`, {
+      detail: auth
+        ? "Give the host credentials: git credential store, `gh auth login`, or the profile's git.token"
+        : text.trim().split("\n").slice(-5).join("\n"),
+    });
+  }
+  return { bare, path, branch: options.branch, base: result.stdout.trim(), sentBytes: 0 };
+}
+
+/** Commit leftovers, report, and with `push` push the run branch through the proxy. */
+export async function finishRemoteRun(
+  provider: SandboxProvider,
+  worktree: RunWorktree,
+  options: { runId: string; push: boolean; gitUrl: string; env: Record<string, string>; signal?: AbortSignal },
+): Promise<RemoteResult> {
+  const { committed, head } = await commitLeftovers(provider, worktree, options);
+  const summary = await inSandbox(
+    provider,
+    "summarise the run's commits",
+    'git -C "$1" log --format="%h %s" "$2..HEAD"; echo "--"; git -C "$1" diff --stat "$2" HEAD',
+    [worktree.path, worktree.base],
+    options.signal,
+  );
+  const [log, diffstat] = summary.split("--\n");
+  const changed = head !== worktree.base;
+  const result: RemoteResult = {
+    branch: worktree.branch,
+    base: worktree.base,
+    commit: changed ? head : null,
+    commits: changed ? log.split("\n").filter(Boolean) : [],
+    diffstat: (diffstat ?? "").trimEnd(),
+    pushed: false,
+    committedLeftovers: committed,
+  };
+  if (!changed || !options.push) return result;
+  const pushed = await provider.exec([
+    "sh",
+    "-c",
+    'git -C "$1" -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" push -q "$2" "HEAD:refs/heads/$3"',
+    "sh",
+    worktree.path,
+    options.gitUrl,
+    worktree.branch,
+  ], { env: options.env, signal: options.signal, timeoutMs: 600_000 });
+  if (pushed.exitCode !== 0) {
+    throw new SandboxError("exec_failed", `Push of ${worktree.branch} was rejected`, {
+      detail: pushed.stderr.trim().split("\n").slice(-5).join("\n"),
+    });
+  }
+  return { ...result, pushed: true };
+}
