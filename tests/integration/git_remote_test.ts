@@ -1,0 +1,118 @@
+/**
+ * A remote repository through the git proxy: a real smart-HTTP server (git http-backend) on the
+ * host requires a token; the sandbox clones and pushes through the proxy without ever holding it,
+ * and a push to any branch but the run's own is refused.
+ */
+import assert from "node:assert/strict";
+import { run } from "../../lib/process.ts";
+import { decodeMessage } from "../../lib/protocol.ts";
+import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
+import { GitHttpServer } from "../_git_server.ts";
+import {
+  assertDocker,
+  docker,
+  dockerTest,
+  explain,
+  removeProfile,
+  runCli,
+  tempDir,
+  uniqueProfile,
+  writeConfig,
+} from "../_helpers.ts";
+
+console.error("integration: git remote tests starting");
+
+async function git(...args: string[]): Promise<string> {
+  const result = await run(["git", ...args]);
+  if (result.exitCode !== 0) throw new Error(`git ${args.join(" ")}: ${result.stderr}`);
+  return result.stdout.trim();
+}
+
+Deno.test({
+  name: "a remote repository is cloned and pushed through the git proxy; its token never enters; other refs are refused",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using dir = await tempDir();
+    const token = `ghp_${crypto.randomUUID().replaceAll("-", "")}`;
+    // The remote: a bare repository with one commit on main.
+    await git("init", "-q", "--bare", `${dir.path}/remotes/proj.git`);
+    await git("init", "-q", "-b", "main", `${dir.path}/seed`);
+    await Deno.writeTextFile(`${dir.path}/seed/README.md`, "remote readme\n");
+    await git("-C", `${dir.path}/seed`, "add", ".");
+    await git("-C", `${dir.path}/seed`, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", "init");
+    await git("-C", `${dir.path}/seed`, "push", "-q", `${dir.path}/remotes/proj.git`, "main");
+    await git("-C", `${dir.path}/remotes/proj.git`, "symbolic-ref", "HEAD", "refs/heads/main");
+    const mainBefore = await git("-C", `${dir.path}/remotes/proj.git`, "rev-parse", "refs/heads/main");
+    await using server = new GitHttpServer(`${dir.path}/remotes`, token);
+
+    await using llm = new FakeLlm([
+      toolCall("write_file", { file_path: "notes.txt", content: "from the agent\n" }),
+      toolCall("execute", {
+        // Commit, then try to push to main; then count processes whose environment or command line
+        // holds a GitHub-style token (the pattern is spelled so it does not match itself).
+        command: "git add -A && git commit -qm 'agent commit' && " +
+          'git -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" push "$SANDBOX_GIT_URL" HEAD:refs/heads/main 2>&1; ' +
+          "echo push-exit=$?; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -c 'gh[p]_'",
+      }),
+      text("Wrote notes.txt"),
+    ]);
+    const profile = uniqueProfile("it-remote");
+    const config = await writeConfig(dir.path, `profiles:
+  ${profile}:
+    llm: {provider: custom, base_url: "${llm.baseUrl}", key: {env: SANDBOX_TEST_LLM_KEY}}
+    git: {token: {env: SANDBOX_TEST_GIT_TOKEN}}
+`);
+    await Deno.writeTextFile(`${dir.path}/prompt.txt`, "Add notes.txt");
+    try {
+      const result = await runCli(
+        ["run", "agentic", "--profile", profile, "--prompt-file", `${dir.path}/prompt.txt`, "--repo", server.url("proj.git"), "--push", "--keep-worktree"],
+        {
+          config,
+          env: {
+            SANDBOX_TEST_LLM_KEY: "sk-test-llm-key-0000",
+            SANDBOX_TEST_GIT_TOKEN: token,
+            XDG_STATE_HOME: `${dir.path}/state`,
+          },
+        },
+      );
+      assert.equal(result.exitCode, 0, explain(result));
+      const runId = /run (\S+) \(/.exec(result.stderr)?.[1];
+      assert.ok(runId, result.stderr);
+      const branch = `sandbox/${runId}`;
+
+      // The run branch reached the remote; main did not move.
+      assert.equal(await git("-C", `${dir.path}/remotes/proj.git`, "show", `${branch}:notes.txt`), "from the agent");
+      assert.equal(await git("-C", `${dir.path}/remotes/proj.git`, "rev-parse", "refs/heads/main"), mainBefore);
+      assert.match(result.stderr, /pushed to/);
+
+      // The agent's own push to main was refused by the proxy, and no process in the sandbox held the token.
+      const messages = result.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
+      const pushOutput = messages.find((m) => m.type === "tool_result" && m.tool_name === "execute")?.tool_output ?? "";
+      assert.match(pushOutput, /push refused|403/);
+      assert.match(pushOutput, /push-exit=[1-9]/);
+      assert.match(pushOutput, /^0$/m);
+
+      // The remote saw the real token, sent by the host proxy.
+      const expected = `Basic ${btoa(`x-access-token:${token}`)}`;
+      assert.ok(server.authorizations.includes(expected), "the remote never saw the token");
+
+      // Nothing in the sandbox holds the token: not its config, not a file, not the kept repository.
+      const container = `sandbox-${profile}`;
+      assert.ok(!(await docker("container", "inspect", container)).includes(token));
+      const grep = await run(
+        ["docker", "exec", "-i", "-u", "0", container, "grep", "-rlsF", "-D", "skip", "--exclude-dir=proc", "--exclude-dir=sys", "--exclude-dir=dev", "-f", "/dev/stdin", "/"],
+        { stdin: token },
+      );
+      assert.equal(grep.stdout, "", `files holding the token:\n${grep.stdout}`);
+
+      const log = (await Deno.readTextFile(`${dir.path}/state/sandbox/access.ndjson`)).trim().split("\n").map((l) => JSON.parse(l));
+      const gitEntries = log.filter((e) => e.kind === "git");
+      assert.ok(gitEntries.some((e) => e.decision === "deny" && e.status === 403), JSON.stringify(gitEntries));
+      assert.ok(gitEntries.some((e) => e.decision === "allow"));
+      assert.ok(!JSON.stringify(log).includes(token));
+    } finally {
+      await removeProfile(profile);
+    }
+  },
+});
