@@ -253,14 +253,14 @@ function buildProgram(): Command {
   }
 
   program.command("runs")
-    .description("past and live runs: id, profile, status, started, duration, tokens, exit")
+    .description("past and live runs: id, profile, status, started, duration, tokens, exit, branch")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
       const runs = await listRuns();
       if (opts.json) return void await stdout.json(runs);
       if (runs.length === 0) return note("no runs yet (start one with: sandbox run agentic --prompt-file FILE)");
       await stdout.line(table(
-        ["RUN", "PROFILE", "MODE", "STATUS", "STARTED", "DURATION", "TOKENS", "EXIT"],
+        ["RUN", "PROFILE", "MODE", "STATUS", "STARTED", "DURATION", "TOKENS", "EXIT", "BRANCH"],
         runs.map((r) => [
           r.id,
           r.profile,
@@ -270,6 +270,7 @@ function buildProgram(): Command {
           r.durationMs === null ? "-" : `${(r.durationMs / 1000).toFixed(1)}s`,
           r.usage ? `${r.usage.input_tokens ?? 0}/${r.usage.output_tokens ?? 0}` : "-",
           r.exitCode === null ? "-" : String(r.exitCode),
+          typeof r.extra?.branch === "string" ? r.extra.branch : "-",
         ]),
       ));
     });

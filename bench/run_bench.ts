@@ -182,12 +182,19 @@ function listCalls(calls: TracedCall[], spawnedAtMs: number): string {
   ).join(", ");
 }
 
-/** The CLI's event pipeline in this process, or its I/O floor alone; events per second. */
+/**
+ * How `sandbox run` handles worker events, in this process; events per second.
+ *
+ * - `pipeline`: as the CLI does it: ContainerDriver decodes and validates each worker line,
+ *   runAgent appends it to the run log (redacted, one write), the CLI prints it (one write).
+ * - `floor`: the same two writes per event, with no decoding, validation, redaction or encoding.
+ * - `cpu`: decoding, validation, redaction and encoding, with no writes.
+ */
 async function pipelineRate(
   chunks: Uint8Array[],
   expected: number,
   state: string,
-  mode: "pipeline" | "floor",
+  mode: "pipeline" | "floor" | "cpu",
 ): Promise<{ rate: number; runId: string }> {
   const id = newRunId();
   using devNull = await Deno.open("/dev/null", { write: true });
@@ -206,30 +213,32 @@ async function pipelineRate(
   }
   await using _log = log;
   let count = 0;
+  let bytes = 0;
   const started = performance.now();
   const lines = readLines(ReadableStream.from(chunks));
   if (mode === "pipeline") {
-    // As `sandbox run`: ContainerDriver decodes and validates each worker line, runAgent appends it
-    // to the run log, the CLI prints it.
     for await (const message of decodeMessages(lines)) {
       await log.append(message);
       await stdout.line(encodeMessage(message));
       count++;
     }
+  } else if (mode === "cpu") {
+    for await (const message of decodeMessages(lines)) {
+      bytes += redactor.redact(JSON.stringify(message)).length + encodeMessage(message).length;
+      count++;
+    }
   } else {
-    // The floor: the same two writes per event, with no decoding, validation, redaction or encoding.
     const encoder = new TextEncoder();
     using events = await Deno.open(`${log.dir}/events.ndjson`, { append: true });
     for await (const line of lines) {
-      const bytes = encoder.encode(line + "\n");
-      await events.write(bytes);
+      await events.write(encoder.encode(line + "\n"));
       await stdout.write(line + "\n");
       count++;
     }
   }
   await log.finish({ status: "succeeded", exitCode: 0, usage: null, error: null });
   const ms = performance.now() - started;
-  if (count !== expected) throw new Error(`pipeline (${mode}): expected ${expected} events, got ${count}`);
+  if (count !== expected || bytes < 0) throw new Error(`pipeline (${mode}): expected ${expected} events, got ${count}`);
   return { rate: count / (ms / 1000), runId: id };
 }
 
@@ -348,17 +357,24 @@ async function run(context: BenchContext): Promise<BenchResult> {
     const text = syntheticEvents(EVENTS);
     const chunks = chunked(new TextEncoder().encode(text));
     const small = chunked(new TextEncoder().encode(syntheticEvents(5_000)));
-    await pipelineRate(small, 5_000, setup.state, "floor");
-    await pipelineRate(small, 5_000, setup.state, "pipeline");
-    const floor = await pipelineRate(chunks, EVENTS, setup.state, "floor");
-    const pipeline = await pipelineRate(chunks, EVENTS, setup.state, "pipeline");
+    for (const mode of ["floor", "pipeline", "cpu"] as const) await pipelineRate(small, 5_000, setup.state, mode);
+    // Alternating rounds, best of each: the machine's other load only ever slows a round down.
+    const rates = { floor: [] as number[], pipeline: [] as number[], cpu: [] as number[] };
+    let runWithEvents = "";
+    for (const mode of ["floor", "pipeline", "cpu", "cpu", "pipeline", "floor"] as const) {
+      signal.throwIfAborted();
+      const { rate, runId } = await pipelineRate(chunks, EVENTS, setup.state, mode);
+      rates[mode].push(rate);
+      if (mode === "pipeline") runWithEvents = runId;
+    }
+    const best = (values: number[]) => Math.max(...values);
     context.progress(`NDJSON: sandbox logs of a ${EVENTS.toLocaleString("en-US")}-event run, ${LOGS_ROUNDS} rounds`);
-    const eventsFile = `${setup.state}/sandbox/runs/${pipeline.runId}/events.ndjson`;
+    const eventsFile = `${setup.state}/sandbox/runs/${runWithEvents}/events.ndjson`;
     const logsRates: number[] = [];
     const catRates: number[] = [];
     for (let i = 0; i < LOGS_ROUNDS; i++) {
       signal.throwIfAborted();
-      for (const [argv, rates] of [[["cat", eventsFile], catRates], [cli(["logs", pipeline.runId, "--format", "ndjson"]), logsRates]] as const) {
+      for (const [argv, rates] of [[["cat", eventsFile], catRates], [cli(["logs", runWithEvents, "--format", "ndjson"]), logsRates]] as const) {
         const { ms, lines } = await countLines(argv, at);
         if (lines !== EVENTS) throw new Error(`${argv.join(" ")}: expected ${EVENTS} lines, got ${lines}`);
         rates.push(lines / (ms / 1000));
@@ -443,10 +459,17 @@ async function run(context: BenchContext): Promise<BenchResult> {
       {
         name: `NDJSON in-process, ${EVENTS / 1000}k events: I/O floor → decode+log+print`,
         unit: "events/s",
-        baseline: floor.rate,
-        measured: pipeline.rate,
+        baseline: best(rates.floor),
+        measured: best(rates.pipeline),
         better: "higher",
-        target: { text: `≥ ${EVENTS_TARGET.toLocaleString("en-US")}/s`, met: pipeline.rate >= EVENTS_TARGET },
+        target: { text: `≥ ${EVENTS_TARGET.toLocaleString("en-US")}/s`, met: best(rates.pipeline) >= EVENTS_TARGET },
+      },
+      {
+        name: `what-if: NDJSON in-process, decode+log+print → without the writes`,
+        unit: "events/s",
+        baseline: best(rates.pipeline),
+        measured: best(rates.cpu),
+        better: "higher",
       },
       {
         name: `NDJSON via CLI, ${EVENTS / 1000}k events: cat → sandbox logs`,
@@ -466,7 +489,7 @@ async function run(context: BenchContext): Promise<BenchResult> {
       `setup: profile ${setup.profile} with default settings (isolated network), --model replay (one instant answer: events thinking, result, usage), sources frozen in a temporary copy, temporary XDG_STATE_HOME`,
       `NDJSON: ${EVENTS.toLocaleString("en-US")} events × ${
         Math.round(text.length / EVENTS)
-      } B in 64 KiB chunks; in-process to a run log on disk and /dev/null, one write each per event; sandbox logs and cat whole-process (start included), ${LOGS_ROUNDS} rounds, ${
+      } B in 64 KiB chunks; in-process to a run log on disk and /dev/null, one awaited write each per event, best of 2 alternating rounds; sandbox logs and cat whole-process (start included), ${LOGS_ROUNDS} rounds, ${
         describe(logsRate, "events/s")
       }`,
     );

@@ -663,7 +663,11 @@ Deno.test({
     });
 
     await t.step("--base without --repo", async () => {
-      await expectUsage(["--base", "main"], /^sandbox: error: --base, --branch and --keep-worktree need --repo$/m);
+      await expectUsage(["--base", "main"], /^sandbox: error: --base, --branch, .* need --repo$/m);
+    });
+
+    await t.step("--push with a local repository", async () => {
+      await expectUsage(["--repo", repo, "--push"], /^sandbox: error: --push is for remote repositories/m);
     });
 
     await t.step("no docker command ran, and the repository is unchanged", async () => {
@@ -677,7 +681,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "run --repo with a remote URL fails as not supported yet, before any network access",
+  name: "run --repo with a URL the git proxy cannot serve fails with exit 2 before any network access",
   async fn(t) {
     await using llm = new FakeLlm([]);
     await using fixture = await RepoFixture.create("e2e-remote", llm.baseUrl);
@@ -696,19 +700,27 @@ Deno.test({
       NO_PROXY: "",
       no_proxy: "",
     };
-
-    for (const url of ["https://example.invalid/x.git", `${gitHost.url}/x.git`, "git@127.0.0.1:x.git", "ssh://127.0.0.1/x.git"]) {
+    const host = gitHost.url.replace("http://", "");
+    const cases: [string, RegExp][] = [
+      [`git@${host.split(":")[0]}:x.git`, /^sandbox: error: Unsupported repository URL "git@.*": use an https:\/\/ \(or http:\/\/\) URL$/m],
+      [`ssh://${host}/x.git`, /^sandbox: error: Unsupported repository URL "ssh:\/\/.*": use an https:\/\/ \(or http:\/\/\) URL$/m],
+      [`file://${fixture.dir.path}/x.git`, /^sandbox: error: Unsupported repository URL "file:\/\/.*"/m],
+      [`http://user:secret@${host}/x.git`, /^sandbox: error: Put credentials in git's credential store or the profile's git\.token, not in the URL$/m],
+    ];
+    for (const [url, message] of cases) {
       await t.step(`--repo ${url}`, async () => {
         const result = await fixture.run(["--repo", url], { env });
         const context = explain(result);
-        assert.equal(result.exitCode, 125, context);
-        assert.match(result.stderr, /^sandbox: error: Remote repositories are not supported yet: /m, context);
+        assert.equal(result.exitCode, 2, context);
+        assert.match(result.stderr, message, context);
         assert.equal(result.stdout, "", context);
       });
     }
 
-    await t.step("no program, git host or proxy was contacted", async () => {
-      assert.deepEqual(await bin.calls(), []);
+    await t.step("no git host, proxy, docker or network program was contacted", async () => {
+      const calls = await bin.calls();
+      // Only local git plumbing (the branch name check) may run.
+      assert.deepEqual(calls.filter((c) => !c.startsWith("git check-ref-format ")), [], calls.join("\n"));
       assert.deepEqual(gitHost.requests, []);
       assert.deepEqual(proxy.requests, []);
       assert.equal(llm.requests.length, 0);
