@@ -19,13 +19,14 @@ RUN chmod 0755 /usr/local/bin/sandbox-exec /usr/local/bin/deno \
 ENV HOME=/home/sandbox \
     LANG=C.UTF-8 \
     IS_SANDBOX=1 \
-    DENO_DIR=/opt/sandbox/deno-dir \
+    DENO_DIR=/tmp/deno-dir \
     DENO_NO_UPDATE_CHECK=1 \
     NO_COLOR=1
 WORKDIR /workspace
 USER sandbox
 # Warm Deno's caches for the worker as the user who runs it, at the path it runs from, so that a
-# run does not pay a cold start (the root filesystem is read-only at run time).
-RUN deno run --allow-all --no-config /opt/sandbox/worker.js --help >/dev/null
+# run does not pay a cold start. Deno uses its cache only where it can write, and the root
+# filesystem is read-only at run time: the container's first act is to copy it to /tmp.
+RUN DENO_DIR=/opt/sandbox/deno-dir deno run --allow-all --no-config /opt/sandbox/worker.js --help >/dev/null
 HEALTHCHECK --interval=30s --timeout=5s --start-period=2s --retries=3 CMD ["test", "-w", "/workspace"]
-CMD ["sleep", "infinity"]
+CMD ["sh", "-c", "cp -a /opt/sandbox/deno-dir /tmp/.deno-dir-copy && mv -T /tmp/.deno-dir-copy /tmp/deno-dir; exec sleep infinity"]

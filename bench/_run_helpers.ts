@@ -7,7 +7,16 @@ import { run, spawn } from "../lib/process.ts";
 
 export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 /** What the CLI needs to run from a copy: the module graph, the lock, the image's build context. */
-const SOURCE_ENTRIES = ["cli.ts", "mod.ts", "deno.json", "deno.lock", "Dockerfile", "lib", "worker", "scripts"];
+const SOURCE_ENTRIES = [
+  "cli.ts",
+  "mod.ts",
+  "deno.json",
+  "deno.lock",
+  "Dockerfile",
+  "lib",
+  "worker",
+  "scripts",
+];
 /** No timed child may run longer than this. */
 export const CHILD_TIMEOUT_MS = 180_000;
 /** Lines "sandbox: " prints on stderr when a run has an id (after config, before any docker call). */
@@ -64,7 +73,9 @@ async function copyTree(from: string, to: string): Promise<void> {
   }
   await Deno.mkdir(to, { recursive: true });
   for await (const entry of Deno.readDir(from)) {
-    if (entry.isFile || entry.isDirectory) await copyTree(`${from}/${entry.name}`, `${to}/${entry.name}`);
+    if (entry.isFile || entry.isDirectory) {
+      await copyTree(`${from}/${entry.name}`, `${to}/${entry.name}`);
+    }
   }
 }
 
@@ -75,12 +86,17 @@ export interface TimedOptions {
 }
 
 /** Run `argv` to its end; milliseconds from spawn to exit. Raises on non-zero exit. */
-export async function timeCommand(argv: readonly string[], options: TimedOptions = {}): Promise<number> {
+export async function timeCommand(
+  argv: readonly string[],
+  options: TimedOptions = {},
+): Promise<number> {
   const started = performance.now();
   const result = await run(argv, { ...options, timeoutMs: CHILD_TIMEOUT_MS });
   const ms = performance.now() - started;
   if (result.exitCode !== 0) {
-    throw new Error(`${argv.join(" ")}: exit code ${result.exitCode}: ${result.stderr.slice(-2_000)}`);
+    throw new Error(
+      `${argv.join(" ")}: exit code ${result.exitCode}: ${result.stderr.slice(-2_000)}`,
+    );
   }
   return ms;
 }
@@ -122,7 +138,10 @@ export interface CliRunTiming {
  * Spawn the CLI (`argv`) and time it to its run id, its first event and its exit. Raises unless it
  * exits 0 having printed a `result` and, last, a `usage` event.
  */
-export async function timeCliRun(argv: readonly string[], options: TimedOptions = {}): Promise<CliRunTiming> {
+export async function timeCliRun(
+  argv: readonly string[],
+  options: TimedOptions = {},
+): Promise<CliRunTiming> {
   const stderrLines: string[] = [];
   let runIdMs: number | null = null;
   let runId: string | null = null;
@@ -159,9 +178,14 @@ export async function timeCliRun(argv: readonly string[], options: TimedOptions 
       return "(not JSON)";
     }
   });
-  if (outcome.exitCode !== 0 || firstEventMs === null || !types.includes("result") || types.at(-1) !== "usage") {
+  if (
+    outcome.exitCode !== 0 || firstEventMs === null || !types.includes("result") ||
+    types.at(-1) !== "usage"
+  ) {
     throw new Error(
-      `sandbox run failed: exit code ${outcome.exitCode}, events [${types.join(", ")}]\n${stderr.slice(-3_000)}`,
+      `sandbox run failed: exit code ${outcome.exitCode}, events [${types.join(", ")}]\n${
+        stderr.slice(-3_000)
+      }`,
     );
   }
   return {
@@ -262,8 +286,12 @@ export async function readTrace(traceFile: string): Promise<TracedCall[]> {
 const EXEC_VALUE_OPTIONS = new Set(["--user", "-u", "--workdir", "-w", "--env", "-e"]);
 
 function labelCall(program: string, args: string[]): string {
-  if (program !== "docker") return `${program} ${args.find((a) => /^-[A-Z]$/.test(a)) ?? args[0] ?? ""}`.trim();
-  if (args[0] !== "exec") return `docker ${args.slice(0, 2).filter((a) => !a.startsWith("-")).join(" ")}`;
+  if (program !== "docker") {
+    return `${program} ${args.find((a) => /^-[A-Z]$/.test(a)) ?? args[0] ?? ""}`.trim();
+  }
+  if (args[0] !== "exec") {
+    return `docker ${args.slice(0, 2).filter((a) => !a.startsWith("-")).join(" ")}`;
+  }
   let i = 1;
   while (i < args.length && args[i].startsWith("-")) i += EXEC_VALUE_OPTIONS.has(args[i]) ? 2 : 1;
   let command = args.slice(i + 1);
@@ -278,7 +306,9 @@ async function which(program: string): Promise<string | undefined> {
     if (!dir) continue;
     try {
       const info = await Deno.stat(`${dir}/${program}`);
-      if (info.isFile && info.mode !== null && (info.mode & 0o111) !== 0) return `${dir}/${program}`;
+      if (info.isFile && info.mode !== null && (info.mode & 0o111) !== 0) {
+        return `${dir}/${program}`;
+      }
     } catch {
       // Not in this directory.
     }
@@ -296,14 +326,17 @@ function shellQuote(text: string): string {
  */
 export function syntheticEvents(count: number): string {
   const lines: string[] = [];
-  const body = "export function add(a: number, b: number): number {\n  return a + b;\n}\n".repeat(3);
+  const body = "export function add(a: number, b: number): number {\n  return a + b;\n}\n".repeat(
+    3,
+  );
   for (let i = 0; i < count; i++) {
     const call = `call_${Math.floor(i / 3)}`;
     switch (i % 3) {
       case 0:
         lines.push(encodeMessage({
           type: "thinking",
-          content: `Step ${i}: the tests fail because add() is missing; I will write src/math_${i}.ts and run them.`,
+          content:
+            `Step ${i}: the tests fail because add() is missing; I will write src/math_${i}.ts and run them.`,
           model: "bench-model",
         }));
         break;
@@ -320,7 +353,9 @@ export function syntheticEvents(count: number): string {
         lines.push(encodeMessage({
           type: "tool_result",
           tool_name: "write_file",
-          tool_output: `Updated file src/math_${i - 1}.ts (${body.length} bytes)\nok 1 - add\nok 2 - sub`,
+          tool_output: `Updated file src/math_${
+            i - 1
+          }.ts (${body.length} bytes)\nok 1 - add\nok 2 - sub`,
           tool_call_id: call,
           model: "bench-model",
         }));

@@ -168,9 +168,8 @@ export class DockerSandboxProvider implements SandboxProvider {
       "--restart",
       "no",
       ...Object.entries(this.containerEnv()).flatMap(([k, v]) => ["--env", `${k}=${v}`]),
+      // The image's own command: it readies the worker's cache, then sleeps; work comes by exec.
       image,
-      "sleep",
-      "infinity",
     ];
     const configHash = (await sha256Hex(body.join("\0"))).slice(0, 16);
     return {

@@ -20,6 +20,18 @@ export const REPOS_DIR = "/workspace/repos";
 export const WORKTREES_DIR = "/workspace/worktrees";
 /** A sandbox may send back at most this much (a hostile one could try to fill the host's disk). */
 const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
+/**
+ * Prefix for every git command the tool runs in the sandbox: the agent may have planted hooks, a
+ * hooks path or an fsmonitor command in the shared repository, and none of them may run for us.
+ */
+export const SAFE_GIT = 'git -c core.hooksPath=/dev/null -c core.fsmonitor=false';
+/**
+ * Sandbox script: make the bare repository `$1` if missing, and reset what an earlier run's agent
+ * could have changed in it to run code for the next (config, hooks).
+ */
+export const RESET_BARE =
+  '[ -d "$1" ] || git init -q --bare "$1"; rm -rf "$1/hooks"; ' +
+  "printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfilemode = true\\n\\tbare = true\\n' >\"$1/config\"";
 /** Identity of the commit the tool makes of changes the agent left uncommitted. */
 export const TOOL_IDENTITY = { name: "sandbox", email: "sandbox@localhost" } as const;
 
@@ -41,8 +53,13 @@ export interface LocalRepo {
 export interface RunWorktree {
   bare: string;
   path: string;
+  /** The branch inside the sandbox: always `sandbox/<run-id>`, so nothing left there collides. */
   branch: string;
+  /** The branch the result becomes in the user's repository (or on the remote). */
+  targetBranch: string;
   base: string;
+  /** The sandbox repository's refs when the run began ("sha refname" lines), to tell what it added. */
+  refsBefore: string[];
   /** Bytes of the pack sent into the sandbox (0 objects when it already had everything). */
   sentBytes: number;
 }
@@ -63,11 +80,9 @@ export interface RepoResult {
   committedLeftovers: boolean;
 }
 
-async function git(args: string[], options: { cwd?: string; stdin?: string } = {}): Promise<string> {
+async function git(args: string[], what: string, options: { stdin?: string } = {}): Promise<string> {
   const result = await run(["git", ...args], { ...options, env: { GIT_TERMINAL_PROMPT: "0" } });
-  if (result.exitCode !== 0) {
-    throw new CommandExitError("exec_failed", `git ${args[0] === "-C" ? args[2] : args[0]} failed`, result);
-  }
+  if (result.exitCode !== 0) throw new CommandExitError("exec_failed", `Cannot ${what}`, result);
   return result.stdout;
 }
 
@@ -86,8 +101,8 @@ export async function resolveLocalRepo(path: string, baseName = "HEAD"): Promise
       detail: "Name a branch, tag or commit that exists (default: the current HEAD, which needs at least one commit)",
     });
   }
-  const commonDir = (await git(["-C", repoPath, "rev-parse", "--path-format=absolute", "--git-common-dir"])).trim();
-  const status = await git(["-C", repoPath, "status", "--porcelain"]);
+  const commonDir = (await git(["-C", repoPath, "rev-parse", "--path-format=absolute", "--git-common-dir"], "find the git directory")).trim();
+  const status = await git(["-C", repoPath, "status", "--porcelain"], "read the repository's status");
   const name = repoPath.replace(/\/+$/, "").split("/").pop()!.replace(/[^A-Za-z0-9._-]/g, "_");
   return {
     path: repoPath,
@@ -103,11 +118,15 @@ export async function resolveLocalRepo(path: string, baseName = "HEAD"): Promise
 export async function checkRunBranch(repo: LocalRepo, branch: string): Promise<void> {
   const valid = await run(["git", "check-ref-format", "--branch", branch]);
   if (valid.exitCode !== 0) throw new SandboxError("usage", `Invalid branch name "${branch}"`);
-  const exists = await run(["git", "-C", repo.path, "rev-parse", "--verify", "--quiet", `refs/heads/${branch}`]);
-  if (exists.exitCode === 0) {
-    throw new SandboxError("usage", `Branch "${branch}" already exists in "${repo.path}"`, {
-      detail: "Choose another with --branch, or delete it first",
-    });
+  // A ref can be neither an existing branch nor a prefix or extension of one ("a" vs "a/b").
+  const target = `refs/heads/${branch}`;
+  const refs = (await git(["-C", repo.path, "for-each-ref", "--format=%(refname)", "refs/heads/"], "list branches")).split("\n");
+  const clash = refs.find((ref) => ref === target || ref.startsWith(`${target}/`) || target.startsWith(`${ref}/`));
+  if (clash) {
+    const message = clash === target
+      ? `Branch "${branch}" already exists in "${repo.path}"`
+      : `Branch "${branch}" cannot be created in "${repo.path}": branch "${clash.slice("refs/heads/".length)}" is in its way`;
+    throw new SandboxError("usage", message, { detail: "Choose another with --branch, or delete the existing branch first" });
   }
 }
 
@@ -150,21 +169,22 @@ export async function prepareWorktree(
   const bare = `${REPOS_DIR}/${repo.key}.git`;
   const path = `${WORKTREES_DIR}/${options.runId}`;
   // What the sandbox already has: every ref tip of its bare repository.
-  const tips = await inSandbox(
+  const listed = await inSandbox(
     provider,
     "prepare the repository",
-    '[ -d "$1" ] || git init -q --bare "$1"; git -C "$1" for-each-ref --format="%(objectname)"',
+    `${RESET_BARE}; ${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)"`,
     [bare],
     options.signal,
   );
-  const haves = await commitsKnownToHost(repo, tips.split("\n").filter(Boolean));
+  const refsBefore = listed.split("\n").filter(Boolean);
+  const haves = await commitsKnownToHost(repo, refsBefore.map((line) => line.split(" ")[0]));
   const counter = byteCounter();
   const pack = spawn(
     ["git", "-C", repo.path, "pack-objects", "--stdout", "--revs", "--thin", "--delta-base-offset", "-q"],
     { stdin: [repo.base, ...haves.map((h) => `^${h}`)].join("\n") + "\n", signal: options.signal },
   );
   const receive = provider.exec(
-    ["sh", "-c", 'git -C "$1" index-pack --stdin --fix-thin >/dev/null', "sh", bare],
+    ["sh", "-c", `${SAFE_GIT} -C "$1" index-pack --stdin --fix-thin >/dev/null`, "sh", bare],
     { stdin: pack.stdout.pipeThrough(counter.stream), signal: options.signal, timeoutMs: 600_000 },
   );
   const [packed, received] = await Promise.all([pack.finished, receive]);
@@ -179,19 +199,41 @@ export async function prepareWorktree(
   await inSandbox(
     provider,
     "create the run's worktree",
-    'git -C "$1" update-ref "refs/sandbox/bases/$2" "$2" && mkdir -p "$(dirname "$3")" && ' +
-      'git -C "$1" worktree add -q -b "$4" "$3" "$2"',
-    [bare, repo.base, path, options.branch],
+    `${SAFE_GIT} -C "$1" update-ref "refs/sandbox/bases/$2" "$2" && mkdir -p "$(dirname "$3")" && ` +
+      `${SAFE_GIT} -C "$1" worktree add -q -b "$4" "$3" "$2"`,
+    [bare, repo.base, path, sandboxBranch(options.runId)],
     options.signal,
   );
-  return { bare, path, branch: options.branch, base: repo.base, sentBytes: counter.bytes() };
+  return {
+    bare,
+    path,
+    branch: sandboxBranch(options.runId),
+    targetBranch: options.branch,
+    base: repo.base,
+    refsBefore,
+    sentBytes: counter.bytes(),
+  };
+}
+
+/** The run's branch inside the sandbox. */
+export function sandboxBranch(runId: string): string {
+  return `sandbox/${runId}`;
+}
+
+/** Refs the sandbox's repository has now that it did not have (or had elsewhere) when the run began. */
+export function refsAddedBy(worktree: RunWorktree, refsNow: string[]): string[] {
+  const before = new Set(worktree.refsBefore);
+  return refsNow
+    .filter((line) => line && !before.has(line))
+    .map((line) => line.slice(line.indexOf(" ") + 1))
+    .filter((ref) => ref !== `refs/heads/${worktree.branch}` && !ref.startsWith("refs/sandbox/bases/"));
 }
 
 /** Of `commits`, those the host repository has (so they can be excluded from the pack). */
 async function commitsKnownToHost(repo: LocalRepo, commits: string[]): Promise<string[]> {
   const wellFormed = [...new Set(commits)].filter((c) => /^[0-9a-f]{40}$/.test(c));
   if (wellFormed.length === 0) return [];
-  const out = await git(["-C", repo.path, "cat-file", "--batch-check"], { stdin: wellFormed.join("\n") + "\n" });
+  const out = await git(["-C", repo.path, "cat-file", "--batch-check"], "check the sandbox's commits", { stdin: wellFormed.join("\n") + "\n" });
   return out.split("\n").filter((line) => / commit \d+$/.test(line)).map((line) => line.split(" ")[0]);
 }
 
@@ -206,11 +248,9 @@ export async function collectResult(
   options: { runId: string; signal?: AbortSignal },
 ): Promise<RepoResult> {
   const { committed, head, refs } = await commitLeftovers(provider, worktree, options);
-  const ours = new Set([`refs/heads/${worktree.branch}`]);
-  const ignoredRefs = refs.filter((r) => r && !ours.has(r) && !r.startsWith("refs/sandbox/bases/") &&
-    !r.startsWith("refs/heads/sandbox/"));
+  const ignoredRefs = refsAddedBy(worktree, refs);
   const empty: RepoResult = {
-    branch: worktree.branch,
+    branch: worktree.targetBranch,
     base: worktree.base,
     commit: null,
     commits: [],
@@ -223,7 +263,7 @@ export async function collectResult(
 
   const quarantine = await Deno.makeTempDir({ prefix: "sandbox-quarantine-" });
   try {
-    await git(["init", "-q", "--bare", quarantine]);
+    await git(["init", "-q", "--bare", quarantine], "make the quarantine repository");
     // The user's objects, read-only: the sandbox's thin pack may refer to them.
     await Deno.writeTextFile(`${quarantine}/objects/info/alternates`, `${repo.commonDir}/objects\n`);
     // The pack is staged in the sandbox's /tmp and read whole: it is bounded by that tmpfs.
@@ -241,14 +281,14 @@ export async function collectResult(
     if (type.stdout.trim() !== "commit") {
       throw new SandboxError("exec_failed", `The sandbox's result ${head} is not a commit it sent`);
     }
-    await git(["-C", quarantine, "update-ref", "refs/heads/result", head]);
+    await git(["-C", quarantine, "update-ref", "refs/heads/result", head], "stage the result");
     await git([
       "-C", repo.path, "-c", "transfer.fsckObjects=true",
       "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules",
-      quarantine, `refs/heads/result:refs/heads/${worktree.branch}`,
-    ]);
-    const log = await git(["-C", repo.path, "log", "--format=%h %s", `${worktree.base}..${head}`]);
-    const diffstat = await git(["-C", repo.path, "diff", "--stat", worktree.base, head]);
+      quarantine, `refs/heads/result:refs/heads/${worktree.targetBranch}`,
+    ], `bring branch "${worktree.targetBranch}" into ${repo.path}`);
+    const log = await git(["-C", repo.path, "log", "--format=%h %s", `${worktree.base}..${head}`], "list the run's commits");
+    const diffstat = await git(["-C", repo.path, "diff", "--stat", worktree.base, head], "summarise the run's changes");
     return {
       ...empty,
       commit: head,
@@ -274,10 +314,10 @@ export async function commitLeftovers(
     provider,
     "read the run's result",
     'cd "$1" || exit 1; committed=no; ' +
-      'if [ -n "$(git status --porcelain)" ]; then git add -A && ' +
-      `git -c user.name="${TOOL_IDENTITY.name}" -c user.email="${TOOL_IDENTITY.email}" -c commit.gpgsign=false ` +
+      `if [ -n "$(${SAFE_GIT} status --porcelain)" ]; then ${SAFE_GIT} add -A && ` +
+      `${SAFE_GIT} -c user.name="${TOOL_IDENTITY.name}" -c user.email="${TOOL_IDENTITY.email}" -c commit.gpgsign=false ` +
       'commit -q --no-verify -m "$2" && committed=yes; fi; ' +
-      'echo "$committed"; git rev-parse HEAD; git -C "$3" for-each-ref --format="%(refname)"',
+      `echo "$committed"; ${SAFE_GIT} rev-parse HEAD; ${SAFE_GIT} -C "$3" for-each-ref --format="%(objectname) %(refname)"`,
     [worktree.path, `Uncommitted changes left by sandbox run ${options.runId}`, worktree.bare],
     options.signal,
   );
@@ -296,7 +336,7 @@ async function packFromSandbox(
   await inSandbox(
     provider,
     "pack the run's result",
-    'mkdir -p "$(dirname "$2")" && printf "%s\\n^%s\\n" "$3" "$4" | git -C "$1" pack-objects --stdout --revs --thin -q >"$2"',
+    'mkdir -p "$(dirname "$2")" && printf "%s\\n^%s\\n" "$3" "$4" | ' + `${SAFE_GIT} -C "$1" pack-objects --stdout --revs --thin -q >"$2"`,
     [worktree.bare, `${dir}.pack`, head, worktree.base],
     signal,
   );
@@ -312,7 +352,8 @@ export async function removeWorktree(provider: SandboxProvider, worktree: RunWor
   await provider.exec([
     "sh",
     "-c",
-    'git -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; git -C "$1" worktree prune; git -C "$1" branch -D -q "$3" 2>/dev/null; true',
+    `${SAFE_GIT} -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; ${SAFE_GIT} -C "$1" worktree prune; ` +
+      `${SAFE_GIT} -C "$1" branch -D -q "$3" 2>/dev/null; true`,
     "sh",
     worktree.bare,
     worktree.path,

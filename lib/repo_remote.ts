@@ -13,7 +13,17 @@ import type { KeySource, KeyStore } from "./keys.ts";
 import { run } from "./process.ts";
 import type { SandboxProvider } from "./provider.ts";
 import type { Redactor } from "./redact.ts";
-import { commitLeftovers, inSandbox, REPOS_DIR, type RunWorktree, WORKTREES_DIR } from "./repo.ts";
+import {
+  commitLeftovers,
+  inSandbox,
+  refsAddedBy,
+  REPOS_DIR,
+  RESET_BARE,
+  type RunWorktree,
+  SAFE_GIT,
+  sandboxBranch,
+  WORKTREES_DIR,
+} from "./repo.ts";
 
 export interface RemoteRepo {
   url: string;
@@ -30,6 +40,8 @@ export interface RemoteResult {
   diffstat: string;
   pushed: boolean;
   committedLeftovers: boolean;
+  /** Refs the agent created in the sandbox's repository: never pushed, reported. */
+  ignoredRefs: string[];
 }
 
 /** Is `text` a repository URL rather than a path? */
@@ -107,21 +119,22 @@ export async function prepareRemoteWorktree(
 ): Promise<RunWorktree> {
   const bare = `${REPOS_DIR}/${repo.key}.git`;
   const path = `${WORKTREES_DIR}/${options.runId}`;
-  const base = repo.baseName === "HEAD" ? "refs/remotes/origin/HEAD" : `refs/remotes/origin/${repo.baseName}`;
+  const baseRef = repo.baseName === "HEAD" ? "refs/remotes/origin/HEAD" : `refs/remotes/origin/${repo.baseName}`;
   const result = await provider.exec([
     "sh",
     "-c",
-    'set -e; [ -d "$1" ] || git init -q --bare "$1"; ' +
-      'git -C "$1" -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" fetch -q --prune --no-tags "$2" ' +
+    `set -e; ${RESET_BARE}; ` +
+      `${SAFE_GIT} -C "$1" -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" fetch -q --prune --no-tags "$2" ` +
       '"+refs/heads/*:refs/remotes/origin/*" "+HEAD:refs/remotes/origin/HEAD"; ' +
-      'base=$(git -C "$1" rev-parse --verify -q "$3^{commit}") || { echo "base not found: $3" >&2; exit 3; }; ' +
-      'mkdir -p "$(dirname "$4")"; git -C "$1" worktree add -q -b "$5" "$4" "$base"; echo "$base"',
+      `base=$(${SAFE_GIT} -C "$1" rev-parse --verify -q "$3^{commit}") || { echo "base not found: $3" >&2; exit 3; }; ` +
+      `mkdir -p "$(dirname "$4")"; ${SAFE_GIT} -C "$1" worktree add -q -b "$5" "$4" "$base"; echo "$base"; ` +
+      `${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)"`,
     "sh",
     bare,
     options.gitUrl,
-    base,
+    baseRef,
     path,
-    options.branch,
+    sandboxBranch(options.runId),
   ], { env: options.env, signal: options.signal, timeoutMs: 600_000 });
   if (result.exitCode === 3) {
     throw new SandboxError("usage", `Base "${repo.baseName}" not found in ${repo.url}`);
@@ -135,7 +148,17 @@ export async function prepareRemoteWorktree(
         : text.trim().split("\n").slice(-5).join("\n"),
     });
   }
-  return { bare, path, branch: options.branch, base: result.stdout.trim(), sentBytes: 0 };
+  // The refs after the fetch and worktree are the baseline: what the agent adds is reported.
+  const [base, ...refsBefore] = result.stdout.trim().split("\n");
+  return {
+    bare,
+    path,
+    branch: sandboxBranch(options.runId),
+    targetBranch: options.branch,
+    base,
+    refsBefore,
+    sentBytes: 0,
+  };
 }
 
 /** Commit leftovers, report, and with `push` push the run branch through the proxy. */
@@ -144,37 +167,38 @@ export async function finishRemoteRun(
   worktree: RunWorktree,
   options: { runId: string; push: boolean; gitUrl: string; env: Record<string, string>; signal?: AbortSignal },
 ): Promise<RemoteResult> {
-  const { committed, head } = await commitLeftovers(provider, worktree, options);
+  const { committed, head, refs } = await commitLeftovers(provider, worktree, options);
   const summary = await inSandbox(
     provider,
     "summarise the run's commits",
-    'git -C "$1" log --format="%h %s" "$2..HEAD"; echo "--"; git -C "$1" diff --stat "$2" HEAD',
+    `${SAFE_GIT} -C "$1" log --format="%h %s" "$2..HEAD"; echo "--"; ${SAFE_GIT} -C "$1" diff --stat "$2" HEAD`,
     [worktree.path, worktree.base],
     options.signal,
   );
   const [log, diffstat] = summary.split("--\n");
   const changed = head !== worktree.base;
   const result: RemoteResult = {
-    branch: worktree.branch,
+    branch: worktree.targetBranch,
     base: worktree.base,
     commit: changed ? head : null,
     commits: changed ? log.split("\n").filter(Boolean) : [],
     diffstat: (diffstat ?? "").trimEnd(),
     pushed: false,
     committedLeftovers: committed,
+    ignoredRefs: refsAddedBy(worktree, refs),
   };
   if (!changed || !options.push) return result;
   const pushed = await provider.exec([
     "sh",
     "-c",
-    'git -C "$1" -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" push -q "$2" "HEAD:refs/heads/$3"',
+    `${SAFE_GIT} -C "$1" -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" push -q --no-verify "$2" "HEAD:refs/heads/$3"`,
     "sh",
     worktree.path,
     options.gitUrl,
-    worktree.branch,
+    worktree.targetBranch,
   ], { env: options.env, signal: options.signal, timeoutMs: 600_000 });
   if (pushed.exitCode !== 0) {
-    throw new SandboxError("exec_failed", `Push of ${worktree.branch} was rejected`, {
+    throw new SandboxError("exec_failed", `Push of ${worktree.targetBranch} was rejected`, {
       detail: pushed.stderr.trim().split("\n").slice(-5).join("\n"),
     });
   }

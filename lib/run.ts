@@ -120,7 +120,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   if (chosen.local) cleanups.push(() => chosen.local!.close());
   let result: AgenticMessage | undefined;
   try {
-    const { driver, cwd, provider, worktree, session } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo });
+    const { driver, cwd, provider, worktree, session, keep } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo });
     const emit = async (message: AgenticMessage) => {
       await log.append(message);
       await request.onEvent(message);
@@ -152,7 +152,14 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     }
     let extra: Record<string, unknown> | undefined;
     if (repo?.kind === "local" && worktree && provider && result) {
-      const back = await collectResult(provider, repo.local, worktree, { runId: id, signal: request.signal });
+      const back = await collectResult(provider, repo.local, worktree, { runId: id, signal: request.signal })
+        .catch((error) => {
+          keep.worktree = true;
+          request.onProgress?.(
+            `the run's work is kept in ${provider.containerName}: ${worktree.path} (branch ${worktree.branch} of ${worktree.bare})`,
+          );
+          throw error;
+        });
       extra = { repo: repo.local.path, branch: back.commit ? back.branch : null, base: back.base, commit: back.commit, diffstat: back.diffstat, commits: back.commits };
       reportResult(request, back, repo.local.path);
       await request.onLifecycle?.({ type: "sandbox.branch", run_id: id, repository: repo.local.path, ...snake(back) });
@@ -168,10 +175,12 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       const say = request.onProgress ?? (() => {});
       if (!back.commit) say("the agent changed nothing: nothing to push");
       else say(`branch ${back.branch}: ${back.commits.length} commit(s) on ${back.base.slice(0, 12)}${back.pushed ? `, pushed to ${repo.remote.url}` : " (not pushed)"}`);
+      for (const ref of back.ignoredRefs) say(`warning: the agent created ${ref} in the sandbox: not pushed (only the run branch is)`);
       await request.onLifecycle?.({
         type: "sandbox.branch",
         run_id: id,
         repository: repo.remote.url,
+        ignored_refs: back.ignoredRefs,
         branch: back.commit ? back.branch : null,
         base: back.base,
         commit: back.commit,
@@ -261,6 +270,16 @@ async function otherRunLive(profile: string, self: string): Promise<boolean> {
   return (await listRuns()).some((r) => r.profile === profile && r.status === "running" && r.id !== self);
 }
 
+/**
+ * Is anything of another run executing in the shared container? Every command the tool starts
+ * there runs under `sandbox-exec`; this catches runs whose logs live in another state directory.
+ */
+async function commandsRunningIn(provider: DockerSandboxProvider, signal?: AbortSignal): Promise<boolean> {
+  const result = await provider.exec(["ps", "-eo", "args="], { signal, timeoutMs: 30_000 });
+  const wrappers = result.stdout.split("\n").filter((line) => line.startsWith("/bin/sh /usr/local/bin/sandbox-exec "));
+  return wrappers.length > 1; // one is this very `ps`
+}
+
 /** The sandbox side of a run: provider, session and driver, with their cleanups registered. */
 async function prepare(
   request: RunRequest,
@@ -272,7 +291,9 @@ async function prepare(
     cleanups: (() => Promise<unknown>)[];
     repo?: ResolvedRepo;
   },
-): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession }> {
+): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean } }> {
+  /** Set when the result could not be brought back: the work then stays in the sandbox. */
+  const keep = { worktree: false };
   const { profile, signal } = request;
   const sessionOptions = {
     runId: context.id,
@@ -297,7 +318,7 @@ async function prepare(
       promptRoot,
       onStderrLine: request.onWorkerStderr,
     });
-    return { driver, cwd: request.hostCwd ?? Deno.cwd() };
+    return { driver, cwd: request.hostCwd ?? Deno.cwd(), keep };
   }
   if (profile.sandbox.mode !== "container") {
     throw new SandboxError("unsupported", `Sandbox mode "${profile.sandbox.mode}" is not implemented yet`);
@@ -305,15 +326,21 @@ async function prepare(
   // A shared container cannot keep concurrent runs (same user) out of each other's files, so a run
   // that starts while another of its profile is live gets a container of its own.
   let fresh = profile.sandbox.container === "fresh";
-  if (!fresh && await otherRunLive(profile.name, context.id)) {
-    request.onProgress?.("another run of this profile is live: this run gets a container of its own");
-    fresh = true;
+  let provider = new DockerSandboxProvider(profile, { onProgress: request.onProgress });
+  if (!fresh) {
+    fresh = await otherRunLive(profile.name, context.id);
+    if (!fresh && context.repo) {
+      // One more look, inside the container (~0.1 s): only runs on repositories pay for it.
+      await provider.ensureRunning({ signal });
+      fresh = await commandsRunningIn(provider, signal);
+    }
+    if (fresh) request.onProgress?.("another run of this profile is live: this run gets a container of its own");
   }
-  const provider = new DockerSandboxProvider(profile, {
-    instance: fresh ? context.id.toLowerCase() : undefined,
-    onProgress: request.onProgress,
-  });
-  if (fresh) context.cleanups.push(() => provider.teardown({ volumes: true }));
+  if (fresh) {
+    provider = new DockerSandboxProvider(profile, { instance: context.id.toLowerCase(), onProgress: request.onProgress });
+    const own = provider;
+    context.cleanups.push(() => own.teardown({ volumes: true }));
+  }
   await provider.ensureRunning({ signal });
   const remote = context.repo?.kind === "remote" ? context.repo : undefined;
   const session: SandboxSession = await openSession(profile, provider, {
@@ -343,7 +370,11 @@ async function prepare(
   }
   if (worktree) {
     const created = worktree;
-    if (!request.repo?.keepWorktree) context.cleanups.push(() => removeWorktree(provider, created));
+    if (!request.repo?.keepWorktree) {
+      context.cleanups.push(async () => {
+        if (!keep.worktree) await removeWorktree(provider, created);
+      });
+    }
     else context.cleanups.push(async () => request.onProgress?.(`worktree kept: ${created.path} in ${provider.containerName}`));
   }
   const driver = new ContainerDriver({
@@ -352,5 +383,5 @@ async function prepare(
     model: context.chosen.model,
     onStderrLine: request.onWorkerStderr,
   });
-  return { driver, cwd: worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`, provider, worktree, session };
+  return { driver, cwd: worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`, provider, worktree, session, keep };
 }

@@ -375,6 +375,76 @@ Deno.test({
   },
 });
 
+/** What a hostile run leaves in the sandbox's shared repository for the runs after it. */
+const PLANTING_COMMAND = [
+  "set -e",
+  'evil=$(git commit-tree "HEAD^{tree}" -p HEAD -m "evil commit")',
+  'git branch evil "$evil"',
+  'git branch sandbox/planted "$evil"',
+  'common=$(git rev-parse --git-common-dir)',
+  'mkdir -p "$common/hooks"',
+  `printf '#!/bin/sh\\necho "$(pwd)" >>/tmp/pwned\\necho injected >injected.txt\\n' >"$common/hooks/post-checkout"`,
+  'chmod +x "$common/hooks/post-checkout"',
+  'git config core.hooksPath "$common/hooks"',
+  "echo PLANTED",
+].join("\n");
+
+Deno.test({
+  name: "run --repo: what one run's agent leaves in the shared sandbox repository does not reach or block the next runs",
+  ...dockerTest(),
+  async fn(t) {
+    assertDocker();
+    await using llm = new FakeLlm([
+      // Run 1: plant a branch, a branch in the tool's own namespace, and a hook.
+      toolCall("execute", { command: PLANTING_COMMAND }),
+      text("Done"),
+      // Run 2: honest work.
+      toolCall("write_file", { file_path: "honest.txt", content: "honest\n" }),
+      text("Done"),
+      // Run 3: honest work on a branch name the sandbox (not the user) already has.
+      toolCall("write_file", { file_path: "third.txt", content: "third\n" }),
+      text("Done"),
+    ]);
+    await using fixture = await RepoFixture.create("e2e-plant", llm.baseUrl);
+    const repo = await createRepo(`${fixture.dir.path}/user-repo`, { "README.md": "hello\n" });
+
+    const first = await fixture.run(["--repo", repo]);
+    assert.equal(first.exitCode, 0, explain(first));
+    assert.ok(executeOutputs(parseLines(first.stdout, explain(first)))[0]?.includes("PLANTED"), explain(first));
+
+    await t.step("every ref the agent created is reported, including one under refs/heads/sandbox/", () => {
+      // BUG (lib/repo.ts collectResult): refs under refs/heads/sandbox/ are filtered out of
+      // ignoredRefs, so an agent's own refs/heads/sandbox/planted goes unreported.
+      assert.match(first.stderr, /^sandbox: warning: the sandbox created refs\/heads\/evil: not imported/m, explain(first));
+      assert.match(first.stderr, /^sandbox: warning: the sandbox created refs\/heads\/sandbox\/planted: not imported/m, explain(first));
+    });
+
+    await t.step("the hook planted by run 1 does not run when run 2's worktree is made", async () => {
+      // BUG (lib/repo.ts prepareWorktree): `git worktree add` runs the bare repository's
+      // post-checkout hook (and honours core.hooksPath) that an earlier run's agent wrote; the
+      // hook's file is then committed by the tool as run 2's "uncommitted changes".
+      const second = await fixture.run(["--repo", repo]);
+      const context = explain(second);
+      assert.equal(second.exitCode, 0, context);
+      const branch = `refs/heads/sandbox/${runIdFrom(second.stderr)}`;
+      const files = (await git(repo, "ls-tree", "-r", "--name-only", branch)).split("\n");
+      assert.ok(files.includes("honest.txt"), context);
+      assert.deepEqual(files.filter((f) => f === "injected.txt"), [], `run 1's hook wrote into run 2's branch\n${context}`);
+      const pwned = await run(["docker", "exec", fixture.container, "cat", "/tmp/pwned"]);
+      assert.notEqual(pwned.exitCode, 0, `the planted hook ran in: ${pwned.stdout}`);
+    });
+
+    await t.step("a --branch name the user's repository lacks works even if the sandbox has it", async () => {
+      // BUG (lib/repo.ts prepareWorktree): `git worktree add -b <branch>` fails with "a branch
+      // named 'evil' already exists" (exit 125) because run 1's agent made it in the sandbox.
+      const third = await fixture.run(["--repo", repo, "--branch", "evil"]);
+      const context = explain(third);
+      assert.equal(third.exitCode, 0, context);
+      assert.equal(await git(repo, "show", "refs/heads/evil:third.txt"), "third");
+    });
+  },
+});
+
 /**
  * One loopback LLM endpoint for two concurrent runs of one profile: each request goes to the fake
  * whose marker is in it (each run's prompt carries one), and each run's `barrierAt`-th request is
@@ -430,10 +500,87 @@ function concurrentScript(file: string): FakeStep[] {
     toolCall("write_file", { file_path: file, content: `${file}\n` }),
     toolCall("execute", {
       command: "echo LIST-START; hostname; ls -A /workspace/worktrees; ls -A; " +
-        "find / -xdev -name '*-only.txt' 2>/dev/null; echo LIST-END",
+        "find /workspace /tmp /home -name '*-only.txt' 2>/dev/null; echo LIST-END",
     }),
     text(`Done: ${file}`),
   ];
+}
+
+/**
+ * Two runs of one profile on one repository, started at once. With `separateState`, run B keeps
+ * its run log in its own `$XDG_STATE_HOME` (another shell, a CI job, sudo).
+ */
+async function concurrentRuns(t: Deno.TestContext, separateState: boolean): Promise<void> {
+  await using fakeA = new FakeLlm(concurrentScript("a-only.txt"));
+  await using fakeB = new FakeLlm(concurrentScript("b-only.txt"));
+  // The barrier holds each run's second request (the one answered by `execute`) until both
+  // agents have written their file.
+  await using router = new RoutedLlm({ "RUN-MARKER-AAA": fakeA, "RUN-MARKER-BBB": fakeB }, 2);
+  await using fixture = await RepoFixture.create("e2e-conc", router.baseUrl);
+  const repo = await createRepo(`${fixture.dir.path}/user-repo`, { "README.md": "shared base\n" });
+  const before = await repoState(repo, ["README.md"]);
+  const promptA = await fixture.prompt("a.txt", "RUN-MARKER-AAA: write a-only.txt\n");
+  const promptB = await fixture.prompt("b.txt", "RUN-MARKER-BBB: write b-only.txt\n");
+
+  const finished = (result: RunResult) => {
+    router.release();
+    return result;
+  };
+  const [a, b] = await Promise.all([
+    fixture.run(["--repo", repo], { promptFile: promptA }).then(finished),
+    fixture.run(["--repo", repo], {
+      promptFile: promptB,
+      env: separateState ? { XDG_STATE_HOME: `${fixture.dir.path}/state-b` } : {},
+    }).then(finished),
+  ]);
+  const context = `--- run A\n${explain(a)}\n--- run B\n${explain(b)}`;
+  assert.equal(a.exitCode, 0, context);
+  assert.equal(b.exitCode, 0, context);
+  const runs = [
+    { result: a, own: "a-only.txt", other: "b-only.txt", id: runIdFrom(a.stderr) },
+    { result: b, own: "b-only.txt", other: "a-only.txt", id: runIdFrom(b.stderr) },
+  ];
+  const listings = runs.map(({ result }) => {
+    const listing = executeOutputs(parseLines(result.stdout, context))[0] ?? "";
+    assert.ok(listing.includes("LIST-END"), `a run's listing never ran\n${context}`);
+    return listing.slice(listing.indexOf("LIST-START"), listing.indexOf("LIST-END"));
+  });
+
+  await t.step("at least one run was told another run is live and got its own container", () => {
+    const told = runs.filter(({ result }) => /another run of this profile is live/.test(result.stderr));
+    assert.ok(told.length >= 1, context);
+    const hostnames = listings.map((l) => l.split("\n")[1]);
+    assert.notEqual(hostnames[0], hostnames[1], `both agents ran in ${hostnames[0]}\n${context}`);
+  });
+
+  await t.step("neither agent's listing shows the other's file or worktree", () => {
+    runs.forEach(({ own, other, id }, i) => {
+      const otherId = runs[1 - i].id;
+      assert.ok(listings[i].includes(own), `run ${id} does not see its own file:\n${listings[i]}`);
+      assert.ok(!listings[i].includes(other), `run ${id} sees ${other}:\n${listings[i]}`);
+      assert.ok(!listings[i].includes(otherId), `run ${id} sees the other run's worktree:\n${listings[i]}`);
+    });
+  });
+
+  await t.step("each run has its own branch, holding its file only", async () => {
+    assert.notEqual(runs[0].id, runs[1].id);
+    for (const { own, other, id } of runs) {
+      const files = (await git(repo, "ls-tree", "-r", "--name-only", `refs/heads/sandbox/${id}`)).split("\n");
+      assert.ok(files.includes(own), `sandbox/${id}: ${files.join(", ")}`);
+      assert.ok(!files.includes(other), `sandbox/${id}: ${files.join(", ")}`);
+    }
+    const refs = (await git(repo, "for-each-ref", "--format=%(refname)")).split("\n").sort();
+    assert.deepEqual(refs, ["refs/heads/main", ...runs.map((r) => `refs/heads/sandbox/${r.id}`)].sort());
+    const after = await repoState(repo, ["README.md"]);
+    assert.equal(after.head, before.head);
+    assert.equal(after.status, before.status);
+  });
+
+  await t.step("a per-run container is removed when its run ends", async () => {
+    const left = await docker("ps", "-a", "--format", "{{.Names}}", "--filter", `label=dev.sandbox.profile=${fixture.profile}`);
+    const perRun = left.split("\n").filter((n) => n && n !== fixture.container);
+    assert.deepEqual(perRun, [], `per-run containers left: ${left}`);
+  });
 }
 
 Deno.test({
@@ -441,74 +588,20 @@ Deno.test({
   ...dockerTest(),
   async fn(t) {
     assertDocker();
-    await using fakeA = new FakeLlm(concurrentScript("a-only.txt"));
-    await using fakeB = new FakeLlm(concurrentScript("b-only.txt"));
-    // The barrier holds each run's second request (the one answered by `execute`) until both
-    // agents have written their file.
-    await using router = new RoutedLlm({ "RUN-MARKER-AAA": fakeA, "RUN-MARKER-BBB": fakeB }, 2);
-    // One state directory for both, as for one user: that is where live runs are seen.
-    await using fixture = await RepoFixture.create("e2e-conc", router.baseUrl);
-    const repo = await createRepo(`${fixture.dir.path}/user-repo`, { "README.md": "shared base\n" });
-    const before = await repoState(repo, ["README.md"]);
-    const promptA = await fixture.prompt("a.txt", "RUN-MARKER-AAA: write a-only.txt\n");
-    const promptB = await fixture.prompt("b.txt", "RUN-MARKER-BBB: write b-only.txt\n");
+    // One state directory for both, as for one user in one environment.
+    await concurrentRuns(t, false);
+  },
+});
 
-    const finished = (result: RunResult) => {
-      router.release();
-      return result;
-    };
-    const [a, b] = await Promise.all([
-      fixture.run(["--repo", repo], { promptFile: promptA }).then(finished),
-      fixture.run(["--repo", repo], { promptFile: promptB }).then(finished),
-    ]);
-    const context = `--- run A\n${explain(a)}\n--- run B\n${explain(b)}`;
-    assert.equal(a.exitCode, 0, context);
-    assert.equal(b.exitCode, 0, context);
-    const runs = [
-      { result: a, own: "a-only.txt", other: "b-only.txt", id: runIdFrom(a.stderr) },
-      { result: b, own: "b-only.txt", other: "a-only.txt", id: runIdFrom(b.stderr) },
-    ];
-    const listings = runs.map(({ result }) => {
-      const listing = executeOutputs(parseLines(result.stdout, context))[0] ?? "";
-      assert.ok(listing.includes("LIST-END"), `a run's listing never ran\n${context}`);
-      return listing.slice(listing.indexOf("LIST-START"), listing.indexOf("LIST-END"));
-    });
-
-    await t.step("at least one run was told another run is live and got its own container", () => {
-      const told = runs.filter(({ result }) => /another run of this profile is live/.test(result.stderr));
-      assert.ok(told.length >= 1, context);
-      const hostnames = listings.map((l) => l.split("\n")[1]);
-      assert.notEqual(hostnames[0], hostnames[1], `both agents ran in ${hostnames[0]}\n${context}`);
-    });
-
-    await t.step("neither agent's listing shows the other's file or worktree", () => {
-      runs.forEach(({ own, other, id }, i) => {
-        const otherId = runs[1 - i].id;
-        assert.ok(listings[i].includes(own), `run ${id} does not see its own file:\n${listings[i]}`);
-        assert.ok(!listings[i].includes(other), `run ${id} sees ${other}:\n${listings[i]}`);
-        assert.ok(!listings[i].includes(otherId), `run ${id} sees the other run's worktree:\n${listings[i]}`);
-      });
-    });
-
-    await t.step("each run has its own branch, holding its file only", async () => {
-      assert.notEqual(runs[0].id, runs[1].id);
-      for (const { own, other, id } of runs) {
-        const files = (await git(repo, "ls-tree", "-r", "--name-only", `refs/heads/sandbox/${id}`)).split("\n");
-        assert.ok(files.includes(own), `sandbox/${id}: ${files.join(", ")}`);
-        assert.ok(!files.includes(other), `sandbox/${id}: ${files.join(", ")}`);
-      }
-      const refs = (await git(repo, "for-each-ref", "--format=%(refname)")).split("\n").sort();
-      assert.deepEqual(refs, ["refs/heads/main", ...runs.map((r) => `refs/heads/sandbox/${r.id}`)].sort());
-      const after = await repoState(repo, ["README.md"]);
-      assert.equal(after.head, before.head);
-      assert.equal(after.status, before.status);
-    });
-
-    await t.step("a per-run container is removed when its run ends", async () => {
-      const left = await docker("ps", "-a", "--format", "{{.Names}}", "--filter", `label=dev.sandbox.profile=${fixture.profile}`);
-      const perRun = left.split("\n").filter((n) => n && n !== fixture.container);
-      assert.deepEqual(perRun, [], `per-run containers left: ${left}`);
-    });
+Deno.test({
+  name: "run --repo: two concurrent runs of one profile are kept apart even when their run logs are in different state directories",
+  ...dockerTest(),
+  async fn(t) {
+    assertDocker();
+    // BUG (lib/run.ts otherRunLive): a live run is looked for only in this process's
+    // $XDG_STATE_HOME, so a concurrent run logging elsewhere goes unnoticed: both share the
+    // profile's container and each agent can list (and write) the other's worktree.
+    await concurrentRuns(t, true);
   },
 });
 
@@ -549,7 +642,8 @@ Deno.test({
     assert.equal(next.exitCode, 0, context);
     const nextBytes = sentBytes(next.stderr);
     assert.match(next.stderr, new RegExp(`sent HEAD \\(${second.slice(0, 12)}\\)`), context);
-    assert.ok(nextBytes > 0, `run 2 sent nothing\n${context}`);
+    // An empty pack is 32 bytes (header and checksum): run 2 must send the new commit's objects.
+    assert.ok(nextBytes > 32, `run 2 sent no objects (${nextBytes} bytes)\n${context}`);
     assert.ok(nextBytes < firstBytes / 10, `run 2 sent ${nextBytes} bytes, run 1 ${firstBytes}\n${context}`);
     const [seen] = executeOutputs(parseLines(next.stdout, context));
     assert.match(seen ?? "", /^small change\ninitial commit\na small change\n\s*204800\b/, context);
@@ -675,6 +769,43 @@ Deno.test({
       assert.ok(calls.some((c) => c.startsWith("git ")), "the recording git never ran: the check would prove nothing");
       assert.deepEqual(calls.filter((c) => !c.startsWith("git ")), []);
       assert.deepEqual(await repoState(repo, ["README.md"]), before);
+      assert.equal(llm.requests.length, 0);
+    });
+  },
+});
+
+Deno.test({
+  name: "run --repo: a run branch whose path collides with an existing branch is refused before the run (exit 2)",
+  async fn(t) {
+    // BUG (lib/repo.ts checkRunBranch): only `refs/heads/<branch>` itself is looked up, so with a
+    // branch "sandbox" every default branch sandbox/<run-id> passes the check, the agent runs,
+    // and the import fails at the very end (exit 125, "git -c failed ... cannot lock ref"), after
+    // which the worktree and its branch are removed from the sandbox: the agent's work is lost.
+    await using llm = new FakeLlm([]);
+    await using fixture = await RepoFixture.create("e2e-dfconf", llm.baseUrl);
+    await using bin = await RecordingBin.create();
+    const repo = await createRepo(`${fixture.dir.path}/user-repo`, { "README.md": "hello\n" });
+    await git(repo, "branch", "sandbox");
+    await git(repo, "branch", "feature");
+    await git(repo, "branch", "topic/one");
+    const env = { PATH: bin.path };
+
+    const cases: [string, string[], string][] = [
+      ["the default sandbox/<run-id> under an existing branch \"sandbox\"", [], "sandbox"],
+      ["--branch feature/x under an existing branch \"feature\"", ["--branch", "feature/x"], "feature"],
+      ["--branch topic over an existing branch \"topic/one\"", ["--branch", "topic"], "topic"],
+    ];
+    for (const [what, args, name] of cases) {
+      await t.step(what, async () => {
+        const result = await fixture.run(["--repo", repo, ...args], { env });
+        const context = explain(result);
+        assert.equal(result.exitCode, 2, context);
+        assert.match(result.stderr, new RegExp(`^sandbox: error: .*"${name}`, "m"), context);
+      });
+    }
+
+    await t.step("no sandbox was started and the LLM was never asked", async () => {
+      assert.deepEqual((await bin.calls()).filter((c) => !c.startsWith("git ")), []);
       assert.equal(llm.requests.length, 0);
     });
   },

@@ -88,7 +88,14 @@ class FakeProvider implements SandboxProvider {
   execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
     const script = this.#scripts.shift();
     if (!script) throw new Error(`FakeProvider: no scripted stream for ${argv.join(" ")}`);
-    const call: StreamCall = { argv, env: options.env, cwd: options.cwd, consumed: 0, stoppedEarly: false, closed: false };
+    const call: StreamCall = {
+      argv,
+      env: options.env,
+      cwd: options.cwd,
+      consumed: 0,
+      stoppedEarly: false,
+      closed: false,
+    };
     this.streams.push(call);
     let settle!: (outcome: Promise<ExecStreamOutcome>) => void;
     const outcome = new Promise<ExecStreamOutcome>((resolve) => settle = resolve);
@@ -96,7 +103,14 @@ class FakeProvider implements SandboxProvider {
     const finish = (): Promise<ExecStreamOutcome> => {
       const scripted = script.outcome ?? {};
       if ("reject" in scripted) return Promise.reject(scripted.reject);
-      return Promise.resolve({ exitCode: 0, durationMs: 1, timedOut: false, oomKilled: false, stderrTail: "", ...scripted });
+      return Promise.resolve({
+        exitCode: 0,
+        durationMs: 1,
+        timedOut: false,
+        oomKilled: false,
+        stderrTail: "",
+        ...scripted,
+      });
     };
     let started = false;
     return {
@@ -125,17 +139,36 @@ class FakeProvider implements SandboxProvider {
 
   exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
     this.execs.push({ argv, env: options.env, cwd: options.cwd });
-    if (this.failRm && argv[0] === "rm") return Promise.reject(new SandboxError("exec_failed", "rm failed"));
-    return Promise.resolve({ exitCode: 0, stdout: "", stderr: "", durationMs: 1, timedOut: false, oomKilled: false });
+    if (this.failRm && argv[0] === "rm") {
+      return Promise.reject(new SandboxError("exec_failed", "rm failed"));
+    }
+    return Promise.resolve({
+      exitCode: 0,
+      stdout: "",
+      stderr: "",
+      durationMs: 1,
+      timedOut: false,
+      oomKilled: false,
+    });
   }
 
   readFile(): Promise<Uint8Array> {
     return Promise.reject(new Error("FakeProvider.readFile is not scripted"));
   }
 
-  writeFile(path: string, data: Uint8Array | string, options: { mode?: number } = {}): Promise<void> {
-    this.writes.push({ path, data: typeof data === "string" ? data : new TextDecoder().decode(data), mode: options.mode });
-    if (this.failWritesTo?.test(path)) return Promise.reject(new SandboxError("exec_failed", `Cannot write "${path}"`));
+  writeFile(
+    path: string,
+    data: Uint8Array | string,
+    options: { mode?: number } = {},
+  ): Promise<void> {
+    this.writes.push({
+      path,
+      data: typeof data === "string" ? data : new TextDecoder().decode(data),
+      mode: options.mode,
+    });
+    if (this.failWritesTo?.test(path)) {
+      return Promise.reject(new SandboxError("exec_failed", `Cannot write "${path}"`));
+    }
     return Promise.resolve();
   }
 
@@ -148,7 +181,15 @@ class FakeProvider implements SandboxProvider {
   }
 
   stats(): Promise<SandboxStats> {
-    return Promise.resolve({ profile: "fake", name: "fake", memoryBytes: 0, memoryLimitBytes: 0, cpuPercent: 0, pids: 0, pidsLimit: 0 });
+    return Promise.resolve({
+      profile: "fake",
+      name: "fake",
+      memoryBytes: 0,
+      memoryLimitBytes: 0,
+      cpuPercent: 0,
+      pids: 0,
+      pidsLimit: 0,
+    });
   }
 
   status(): Promise<SandboxStatus> {
@@ -174,20 +215,42 @@ class FakeProvider implements SandboxProvider {
   }
 }
 
-const SESSION_ENV = { SANDBOX_LLM_BASE_URL: "http://172.30.0.1:4000/proxy/v1", SANDBOX_LLM_TOKEN: "sbx_session_token_123" };
+const SESSION_ENV = {
+  SANDBOX_LLM_BASE_URL: "http://172.30.0.1:4000/proxy/v1",
+  SANDBOX_LLM_TOKEN: "sbx_session_token_123",
+};
 
 function driverFor(provider: FakeProvider): ContainerDriver {
   return new ContainerDriver({ provider, env: SESSION_ENV, model: "fake-model" });
 }
 
 const line = (message: Parameters<typeof encodeMessage>[0]) => encodeMessage(message);
-const TOOL_CALL = line({ type: "tool_call", tool_name: "execute", tool_input: { command: "ls" }, tool_call_id: "c1" });
-const TOOL_RESULT = line({ type: "tool_result", tool_name: "execute", tool_output: "a\nb", tool_call_id: "c1" });
+const TOOL_CALL = line({
+  type: "tool_call",
+  tool_name: "execute",
+  tool_input: { command: "ls" },
+  tool_call_id: "c1",
+});
+const TOOL_RESULT = line({
+  type: "tool_result",
+  tool_name: "execute",
+  tool_output: "a\nb",
+  tool_call_id: "c1",
+});
 const RESULT = line({ type: "result", content: "done" });
-const USAGE = line({ type: "usage", usage: { input_tokens: 12, output_tokens: 3, num_turns: 2, model: "fake-model" } });
+const USAGE = line({
+  type: "usage",
+  usage: { input_tokens: 12, output_tokens: 3, num_turns: 2, model: "fake-model" },
+});
 
-async function collect(driver: ContainerDriver, prompt = "do it", runId = "run-1"): Promise<AgenticMessage[]> {
-  return await Array.fromAsync(driver.executeAgentic(prompt, { cwd: "/workspace/runs/run-1", runId }));
+async function collect(
+  driver: ContainerDriver,
+  prompt = "do it",
+  runId = "run-1",
+): Promise<AgenticMessage[]> {
+  return await Array.fromAsync(
+    driver.executeAgentic(prompt, { cwd: "/workspace/runs/run-1", runId }),
+  );
 }
 
 /** Awaits `promise`, asserting it rejects with a `SandboxError` of `code`; returns the error. */
@@ -228,16 +291,24 @@ Deno.test("an empty prompt is a usage error and nothing is written or run", asyn
 });
 
 Deno.test("a malformed JSON line raises worker_failed at once, reads nothing after it, stops the worker and removes the prompt", async () => {
-  const provider = new FakeProvider({ lines: [TOOL_CALL, "{not json", TOOL_RESULT, RESULT, USAGE] });
+  const provider = new FakeProvider({
+    lines: [TOOL_CALL, "{not json", TOOL_RESULT, RESULT, USAGE],
+  });
   const driver = driverFor(provider);
   const seen: AgenticMessage[] = [];
   const error = await rejectsWith(
     (async () => {
-      for await (const message of driver.executeAgentic("do it", { cwd: "/w", runId: "run-1" })) seen.push(message);
+      for await (const message of driver.executeAgentic("do it", { cwd: "/w", runId: "run-1" })) {
+        seen.push(message);
+      }
     })(),
     "worker_failed",
   );
-  assert.deepEqual(seen.map((m) => m.type), ["tool_call"], "the good line before the bad one is delivered");
+  assert.deepEqual(
+    seen.map((m) => m.type),
+    ["tool_call"],
+    "the good line before the bad one is delivered",
+  );
   assert.match(error.message, /line 2/);
   assert.equal(provider.streams[0].consumed, 2, "lines after the malformed one were read");
   assert.ok(provider.streams[0].closed, "the worker stream was not stopped");
@@ -279,12 +350,18 @@ Deno.test("a worker that exits without a result raises worker_failed naming its 
   });
   await t.step("generate", async () => {
     const provider = new FakeProvider({ lines: [USAGE], outcome: { exitCode: 1 } });
-    const error = await rejectsWith(driverFor(provider).generate("answer", { runId: "run-1" }), "worker_failed");
+    const error = await rejectsWith(
+      driverFor(provider).generate("answer", { runId: "run-1" }),
+      "worker_failed",
+    );
     assert.match(error.message, /code 1\b|result/);
     assertPromptDirRemoved(provider);
   });
   await t.step("killed by the memory limit", async () => {
-    const provider = new FakeProvider({ lines: [TOOL_CALL], outcome: { exitCode: 137, oomKilled: true } });
+    const provider = new FakeProvider({
+      lines: [TOOL_CALL],
+      outcome: { exitCode: 137, oomKilled: true },
+    });
     const error = await rejectsWith(collect(driverFor(provider)), "worker_failed");
     assert.match(error.message, /memory/);
     assertPromptDirRemoved(provider);
@@ -308,7 +385,9 @@ const SCHEMA: JsonSchema = {
 };
 
 Deno.test("generate() with a schema returns the parsed value when the result satisfies it", async () => {
-  const provider = new FakeProvider({ lines: [line({ type: "result", content: `{"name":"x","count":3}` }), USAGE] });
+  const provider = new FakeProvider({
+    lines: [line({ type: "result", content: `{"name":"x","count":3}` }), USAGE],
+  });
   const driver = driverFor(provider);
   const { value, sessionId } = await driver.generate("answer", { schema: SCHEMA, runId: "run-1" });
   assert.deepEqual(value, { name: "x", count: 3 });
@@ -317,18 +396,23 @@ Deno.test("generate() with a schema returns the parsed value when the result sat
   assertPromptDirRemoved(provider);
 });
 
-// BUG (lib/container_driver.ts, generate → #writeInputs): the whole `JsonSchema` wrapper
-// ({file, schema, name}) is serialised into schema.json, but the worker's loadJsonSchema() reads
-// that file as the schema itself, so the worker validates against the wrong document.
+// The worker's loadJsonSchema() reads the file as the schema itself (a regression guard: the
+// driver once serialised the whole {file, schema, name} wrapper).
 Deno.test("generate() hands the worker the JSON Schema itself, in a 0600 file next to the prompt", async () => {
-  const provider = new FakeProvider({ lines: [line({ type: "result", content: `{"name":"x","count":3}` }), USAGE] });
+  const provider = new FakeProvider({
+    lines: [line({ type: "result", content: `{"name":"x","count":3}` }), USAGE],
+  });
   await driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" });
   const schemaWrite = provider.writes.find((w) => w.path.endsWith(".json"));
   assert.ok(schemaWrite, "no schema file written");
   assert.equal(schemaWrite.mode, 0o600);
   const argv = provider.streams[0].argv;
   assert.equal(argv[argv.indexOf("--schema") + 1], schemaWrite.path);
-  assert.deepEqual(JSON.parse(schemaWrite.data), SCHEMA.schema, "schema.json is not the schema the caller gave");
+  assert.deepEqual(
+    JSON.parse(schemaWrite.data),
+    SCHEMA.schema,
+    "schema.json is not the schema the caller gave",
+  );
 });
 
 Deno.test("generate() raises worker_failed when the result does not match the schema", async (t) => {
@@ -340,27 +424,54 @@ Deno.test("generate() raises worker_failed when the result does not match the sc
   for (const [what, content] of Object.entries(cases)) {
     await t.step(what, async () => {
       const provider = new FakeProvider({ lines: [line({ type: "result", content }), USAGE] });
-      const error = await rejectsWith(driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" }), "worker_failed");
-      assert.ok(error.detail?.includes(content.slice(0, 20)), "the offending output is not in the error's detail");
+      const error = await rejectsWith(
+        driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" }),
+        "worker_failed",
+      );
+      assert.ok(
+        error.detail?.includes(content.slice(0, 20)),
+        "the offending output is not in the error's detail",
+      );
       assertPromptDirRemoved(provider);
     });
   }
   await t.step("the worker itself reports the mismatch as an is_error result", async () => {
     const provider = new FakeProvider({
-      lines: [line({ type: "result", content: "Model output does not match the schema", is_error: true }), USAGE],
+      lines: [
+        line({ type: "result", content: "Model output does not match the schema", is_error: true }),
+        USAGE,
+      ],
     });
-    await rejectsWith(driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" }), "worker_failed");
+    await rejectsWith(
+      driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" }),
+      "worker_failed",
+    );
     assertPromptDirRemoved(provider);
   });
 });
 
 Deno.test("a failed docker exec propagates with the provider's own code and the prompt is still removed", async (t) => {
   const cases: [string, StreamScript, string][] = [
-    ["the container is gone", { lines: [], outcome: { reject: new SandboxError("container_not_found", "No such container") } }, "container_not_found"],
-    ["docker exec failed after some output", { lines: [TOOL_CALL], outcome: { reject: new SandboxError("exec_failed", "exec failed") } }, "exec_failed"],
-    ["the worker timed out after its result", { lines: [TOOL_CALL, RESULT], outcome: { reject: new SandboxError("timeout", "timed out") } }, "timeout"],
-    ["the run was interrupted", { lines: [TOOL_CALL], outcome: { reject: new SandboxError("interrupted", "Interrupted") } }, "interrupted"],
-    ["the stream broke mid-way", { lines: [TOOL_CALL], throwAfterLines: new SandboxError("exec_failed", "stream broke") }, "exec_failed"],
+    ["the container is gone", {
+      lines: [],
+      outcome: { reject: new SandboxError("container_not_found", "No such container") },
+    }, "container_not_found"],
+    ["docker exec failed after some output", {
+      lines: [TOOL_CALL],
+      outcome: { reject: new SandboxError("exec_failed", "exec failed") },
+    }, "exec_failed"],
+    ["the worker timed out after its result", {
+      lines: [TOOL_CALL, RESULT],
+      outcome: { reject: new SandboxError("timeout", "timed out") },
+    }, "timeout"],
+    ["the run was interrupted", {
+      lines: [TOOL_CALL],
+      outcome: { reject: new SandboxError("interrupted", "Interrupted") },
+    }, "interrupted"],
+    ["the stream broke mid-way", {
+      lines: [TOOL_CALL],
+      throwAfterLines: new SandboxError("exec_failed", "stream broke"),
+    }, "exec_failed"],
   ];
   for (const [what, script, code] of cases) {
     await t.step(`executeAgentic: ${what}`, async () => {
@@ -369,7 +480,10 @@ Deno.test("a failed docker exec propagates with the provider's own code and the 
       assertPromptDirRemoved(provider);
     });
     await t.step(`generate: ${what}`, async () => {
-      const provider = new FakeProvider({ ...script, lines: script.lines.filter((l) => l !== TOOL_CALL) });
+      const provider = new FakeProvider({
+        ...script,
+        lines: script.lines.filter((l) => l !== TOOL_CALL),
+      });
       await rejectsWith(driverFor(provider).generate("answer", { runId: "run-1" }), code);
       assertPromptDirRemoved(provider);
     });
@@ -378,7 +492,9 @@ Deno.test("a failed docker exec propagates with the provider's own code and the 
 
 Deno.test("a consumer that stops early stops the worker and the prompt is removed", async () => {
   const provider = new FakeProvider({ lines: [TOOL_CALL, TOOL_RESULT, RESULT, USAGE] });
-  for await (const message of driverFor(provider).executeAgentic("do it", { cwd: "/w", runId: "run-1" })) {
+  for await (
+    const message of driverFor(provider).executeAgentic("do it", { cwd: "/w", runId: "run-1" })
+  ) {
     assert.equal(message.type, "tool_call");
     break;
   }
@@ -400,15 +516,19 @@ Deno.test("a failed write of the instructions removes the prompt directory and p
   provider.failWritesTo = /instructions/;
   const driver = driverFor(provider);
   await rejectsWith(
-    Array.fromAsync(driver.executeAgentic("do it", { cwd: "/w", runId: "run-1", instructions: "be brief" })),
+    Array.fromAsync(
+      driver.executeAgentic("do it", { cwd: "/w", runId: "run-1", instructions: "be brief" }),
+    ),
     "exec_failed",
   );
   assert.deepEqual(provider.streams, []);
   assertPromptDirRemoved(provider);
 });
 
-// BUG (lib/container_driver.ts #writeInputs): the write of prompt.txt happens before the try, so
-// a write that fails after creating the directory (e.g. `mkdir` then a full tmpfs) leaves it behind.
+// BUG (lib/container_driver.ts #writeInputs): the write of prompt.txt is outside the try/catch, so
+// a write that fails after creating the directory (DockerSandboxProvider.writeFile runs
+// `mkdir -p && cat >file`: a full tmpfs, a killed docker exec) leaves the directory and a partial
+// prompt behind. Fix: move that writeFile inside the try, so the catch's #removeInputs(dir) runs.
 Deno.test("a failed write of the prompt itself still removes the prompt directory", async () => {
   const provider = new FakeProvider();
   provider.failWritesTo = /prompt\.txt$/;
@@ -456,11 +576,16 @@ Deno.test("the prompt goes through writeFile (stdin), never into argv or env", a
   const instructions = `secret-instructions-${crypto.randomUUID()}`;
   await t.step("executeAgentic", async () => {
     const provider = new FakeProvider({ lines: [RESULT, USAGE] });
-    await Array.fromAsync(driverFor(provider).executeAgentic(prompt, { cwd: "/w", runId: "run-1", instructions }));
+    await Array.fromAsync(
+      driverFor(provider).executeAgentic(prompt, { cwd: "/w", runId: "run-1", instructions }),
+    );
     const promptWrite = provider.writes.find((w) => w.data === prompt);
     assert.ok(promptWrite, "the prompt was not written with writeFile");
     assert.equal(promptWrite.mode, 0o600);
-    assert.ok(provider.writes.some((w) => w.data === instructions && w.mode === 0o600), "instructions not written 0600");
+    assert.ok(
+      provider.writes.some((w) => w.data === instructions && w.mode === 0o600),
+      "instructions not written 0600",
+    );
     for (const value of provider.everything) {
       assert.ok(!value.includes(prompt), `the prompt appears in argv/env: ${value}`);
       assert.ok(!value.includes(instructions), `the instructions appear in argv/env: ${value}`);
@@ -468,20 +593,31 @@ Deno.test("the prompt goes through writeFile (stdin), never into argv or env", a
     const argv = provider.streams[0].argv;
     assert.deepEqual(argv.slice(0, WORKER_COMMAND.length), [...WORKER_COMMAND]);
     assert.equal(argv[argv.indexOf("--prompt-file") + 1], promptWrite.path);
-    assert.deepEqual(provider.streams[0].env, SESSION_ENV, "the worker gets the session variables and nothing else");
+    assert.deepEqual(
+      provider.streams[0].env,
+      SESSION_ENV,
+      "the worker gets the session variables and nothing else",
+    );
     assertPromptDirRemoved(provider);
   });
   await t.step("generate", async () => {
     const provider = new FakeProvider({ lines: [RESULT, USAGE] });
-    assert.deepEqual(await driverFor(provider).generate(prompt, { runId: "run-1" }), { value: "done", sessionId: null });
+    assert.deepEqual(await driverFor(provider).generate(prompt, { runId: "run-1" }), {
+      value: "done",
+      sessionId: null,
+    });
     assert.ok(provider.writes.some((w) => w.data === prompt && w.mode === 0o600));
-    for (const value of provider.everything) assert.ok(!value.includes(prompt), `the prompt appears in argv/env: ${value}`);
+    for (const value of provider.everything) {
+      assert.ok(!value.includes(prompt), `the prompt appears in argv/env: ${value}`);
+    }
     assertPromptDirRemoved(provider);
   });
 });
 
 Deno.test("two concurrent executeAgentic() calls use different prompt paths", async () => {
-  const provider = new FakeProvider({ lines: [TOOL_CALL, RESULT, USAGE] }, { lines: [TOOL_CALL, RESULT, USAGE] });
+  const provider = new FakeProvider({ lines: [TOOL_CALL, RESULT, USAGE] }, {
+    lines: [TOOL_CALL, RESULT, USAGE],
+  });
   const driver = driverFor(provider);
   const [a, b] = await Promise.all([
     Array.fromAsync(driver.executeAgentic("first", { cwd: "/w/a" })),
@@ -495,5 +631,9 @@ Deno.test("two concurrent executeAgentic() calls use different prompt paths", as
   assert.notEqual(provider.promptDirs[0], provider.promptDirs[1]);
   const promptArgs = provider.streams.map((s) => s.argv[s.argv.indexOf("--prompt-file") + 1]);
   assert.deepEqual(new Set(promptArgs), new Set(paths));
-  assert.deepEqual(new Set(provider.removed), new Set(provider.promptDirs), "each call removes its own directory");
+  assert.deepEqual(
+    new Set(provider.removed),
+    new Set(provider.promptDirs),
+    "each call removes its own directory",
+  );
 });

@@ -4,9 +4,17 @@
  * `sandbox logs [--follow]` use. No Docker.
  */
 import assert from "node:assert/strict";
-import { agenticMessage, type AgenticMessage } from "../../lib/protocol.ts";
+import { type AgenticMessage, agenticMessage } from "../../lib/protocol.ts";
 import { REDACTED, Redactor } from "../../lib/redact.ts";
-import { listRuns, newRunId, readEvents, readRun, RunLog, type RunMeta, runsDir } from "../../lib/run_log.ts";
+import {
+  listRuns,
+  newRunId,
+  readEvents,
+  readRun,
+  RunLog,
+  type RunMeta,
+  runsDir,
+} from "../../lib/run_log.ts";
 import { tempDir } from "../_helpers.ts";
 
 /** `XDG_STATE_HOME` pointed at a fresh temporary directory until disposed. */
@@ -25,7 +33,13 @@ async function stateHome(): Promise<AsyncDisposable & { path: string }> {
 }
 
 function init(id = newRunId()) {
-  return { id, mode: "agentic" as const, profile: "unit", model: "fake-model", sandbox: "container" };
+  return {
+    id,
+    mode: "agentic" as const,
+    profile: "unit",
+    model: "fake-model",
+    sandbox: "container",
+  };
 }
 
 async function readMetaFile(id: string): Promise<RunMeta> {
@@ -45,8 +59,18 @@ async function deadPid(): Promise<number> {
   return child.pid;
 }
 
-const toolCall = agenticMessage({ type: "tool_call", tool_name: "execute", tool_input: { command: "ls" }, tool_call_id: "c1" });
-const toolResult = agenticMessage({ type: "tool_result", tool_name: "execute", tool_output: "a\nb", tool_call_id: "c1" });
+const toolCall = agenticMessage({
+  type: "tool_call",
+  tool_name: "execute",
+  tool_input: { command: "ls" },
+  tool_call_id: "c1",
+});
+const toolResult = agenticMessage({
+  type: "tool_result",
+  tool_name: "execute",
+  tool_output: "a\nb",
+  tool_call_id: "c1",
+});
 const result = agenticMessage({ type: "result", content: "done" });
 
 Deno.test("RunLog.create() records a running run under $XDG_STATE_HOME/sandbox/runs/<id>", async () => {
@@ -73,7 +97,11 @@ Deno.test("RunLog.append() writes one JSON line per event, in order, readable at
   const id = newRunId();
   await using log = await RunLog.create(init(id));
   await log.append(toolCall);
-  assert.deepEqual((await eventLines(id)).map((l) => JSON.parse(l)), [toolCall], "an event is not on disk before finish()");
+  assert.deepEqual(
+    (await eventLines(id)).map((l) => JSON.parse(l)),
+    [toolCall],
+    "an event is not on disk before finish()",
+  );
   await log.append(toolResult);
   await log.append(result);
   const events: AgenticMessage[] = (await eventLines(id)).map((l) => JSON.parse(l));
@@ -84,8 +112,23 @@ Deno.test("RunLog.finish() records the outcome in meta.json", async () => {
   await using _home = await stateHome();
   const id = newRunId();
   await using log = await RunLog.create(init(id));
-  const usage = { input_tokens: 10, output_tokens: 2, cache_read_tokens: null, cache_creation_tokens: null, cost_usd: null, duration_ms: 5, num_turns: 1, model: "fake-model" };
-  await log.finish({ status: "succeeded", exitCode: 0, usage, error: null, extra: { branch: "main" } });
+  const usage = {
+    input_tokens: 10,
+    output_tokens: 2,
+    cache_read_tokens: null,
+    cache_creation_tokens: null,
+    cost_usd: null,
+    duration_ms: 5,
+    num_turns: 1,
+    model: "fake-model",
+  };
+  await log.finish({
+    status: "succeeded",
+    exitCode: 0,
+    usage,
+    error: null,
+    extra: { branch: "main" },
+  });
   const meta = await readMetaFile(id);
   assert.deepEqual(meta, log.meta);
   assert.equal(meta.status, "succeeded");
@@ -106,7 +149,12 @@ Deno.test("meta.json is replaced atomically: a concurrent reader always sees a w
   const writer = (async () => {
     try {
       for (let i = 0; i < 40; i++) {
-        await log.finish({ status: i % 2 ? "failed" : "succeeded", exitCode: i, usage: null, error: `${i} ${big}` });
+        await log.finish({
+          status: i % 2 ? "failed" : "succeeded",
+          exitCode: i,
+          usage: null,
+          error: `${i} ${big}`,
+        });
       }
     } finally {
       writing = false;
@@ -123,7 +171,9 @@ Deno.test("meta.json is replaced atomically: a concurrent reader always sees a w
   assert.ok(reads > 0);
   assert.equal((await readMetaFile(id)).exitCode, 39);
   const leftovers = [];
-  for await (const entry of Deno.readDir(log.dir)) if (entry.name !== "meta.json" && entry.name !== "events.ndjson") leftovers.push(entry.name);
+  for await (const entry of Deno.readDir(log.dir)) {
+    if (entry.name !== "meta.json" && entry.name !== "events.ndjson") leftovers.push(entry.name);
+  }
   assert.deepEqual(leftovers, []);
 });
 
@@ -139,14 +189,21 @@ Deno.test("a running run whose CLI process is gone reads as crashed; a finished 
   await b.finish({ status: "succeeded", exitCode: 0, usage: null, error: null });
   for (const log of [a, b]) {
     const path = `${log.dir}/meta.json`;
-    await Deno.writeTextFile(path, JSON.stringify({ ...JSON.parse(await Deno.readTextFile(path)), pid: gone }));
+    await Deno.writeTextFile(
+      path,
+      JSON.stringify({ ...JSON.parse(await Deno.readTextFile(path)), pid: gone }),
+    );
   }
   assert.equal((await readRun(running))?.status, "crashed");
   assert.equal((await readRun(finished))?.status, "succeeded");
   assert.equal((await readRun(live))?.status, "running");
   const listed = Object.fromEntries((await listRuns()).map((r) => [r.id, r.status]));
   assert.deepEqual(listed, { [running]: "crashed", [finished]: "succeeded", [live]: "running" });
-  assert.equal((await readMetaFile(running)).status, "running", "reading must not rewrite the record");
+  assert.equal(
+    (await readMetaFile(running)).status,
+    "running",
+    "reading must not rewrite the record",
+  );
 });
 
 Deno.test("readRun() and listRuns() know nothing of runs that do not exist", async () => {
@@ -230,7 +287,10 @@ Deno.test("readEvents() with follow stops at the end of a crashed run's events",
   await using log = await RunLog.create(init(id));
   await log.append(toolCall);
   const path = `${log.dir}/meta.json`;
-  await Deno.writeTextFile(path, JSON.stringify({ ...JSON.parse(await Deno.readTextFile(path)), pid: await deadPid() }));
+  await Deno.writeTextFile(
+    path,
+    JSON.stringify({ ...JSON.parse(await Deno.readTextFile(path)), pid: await deadPid() }),
+  );
   const lines = await Array.fromAsync(readEvents(id, { follow: true, pollMs: 10 }));
   assert.deepEqual(lines.map((l) => JSON.parse(l)), [toolCall]);
 });
@@ -257,15 +317,33 @@ Deno.test("secrets registered in the Redactor never reach events.ndjson or meta.
   redactor.add(token);
   const id = newRunId();
   await using log = await RunLog.create(init(id), redactor);
-  await log.append(agenticMessage({ type: "tool_call", tool_name: "execute", tool_input: { command: `curl -H "x-api-key: ${key}"`, token } }));
-  await log.append(agenticMessage({ type: "tool_result", tool_output: `env: KEY=${key} TOKEN=${token}` }));
-  await log.append(agenticMessage({ type: "result", content: `the key is ${key}`, is_error: true }));
-  await log.finish({ status: "failed", exitCode: 1, usage: null, error: `upstream rejected ${key} and ${token}` });
+  await log.append(
+    agenticMessage({
+      type: "tool_call",
+      tool_name: "execute",
+      tool_input: { command: `curl -H "x-api-key: ${key}"`, token },
+    }),
+  );
+  await log.append(
+    agenticMessage({ type: "tool_result", tool_output: `env: KEY=${key} TOKEN=${token}` }),
+  );
+  await log.append(
+    agenticMessage({ type: "result", content: `the key is ${key}`, is_error: true }),
+  );
+  await log.finish({
+    status: "failed",
+    exitCode: 1,
+    usage: null,
+    error: `upstream rejected ${key} and ${token}`,
+  });
   const dir = log.dir;
   for (const file of ["events.ndjson", "meta.json"]) {
     const text = await Deno.readTextFile(`${dir}/${file}`);
     assert.ok(!text.includes(key), `the key is in ${file}`);
-    assert.ok(!text.includes(JSON.stringify(token).slice(1, -1)) && !text.includes(token), `the token is in ${file}`);
+    assert.ok(
+      !text.includes(JSON.stringify(token).slice(1, -1)) && !text.includes(token),
+      `the token is in ${file}`,
+    );
     assert.ok(text.includes(REDACTED), `${file} shows no redaction marker`);
   }
   const events = (await eventLines(id)).map((l) => JSON.parse(l) as AgenticMessage);
