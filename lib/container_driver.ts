@@ -179,9 +179,10 @@ export class ContainerDriver {
     if (prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
     const dir = `${this.#options.promptRoot ?? PROMPT_ROOT}/${runId ?? crypto.randomUUID()}`;
     const { provider } = this.#options;
-    await provider.writeFile(`${dir}/prompt.txt`, prompt, { mode: 0o600 });
     const files: { dir: string; prompt: string; instructions?: string; schema?: string } = { dir, prompt: `${dir}/prompt.txt` };
     try {
+      // Inside the try: a write that fails half-way must not leave a partial prompt behind.
+      await provider.writeFile(files.prompt, prompt, { mode: 0o600 });
       if (extra.instructions !== undefined) {
         files.instructions = `${dir}/instructions.txt`;
         await provider.writeFile(files.instructions, extra.instructions, { mode: 0o600 });
