@@ -21,6 +21,18 @@ export const WORKER_COMMAND = ["deno", "run", "--allow-all", "--no-config", "/op
 /** Where per-run prompt files live in the sandbox (a tmpfs, readable only by the sandbox user). */
 export const PROMPT_ROOT = "/tmp/sandbox-prompts";
 
+/**
+ * The model's answer was an error or did not fit the schema: the model failed, not the sandbox.
+ * (A `worker_failed` like the seeds' RuntimeError; the CLI exits 1 for it, as for an agent's
+ * `is_error` result.)
+ */
+export class GenerationError extends SandboxError {
+  override name = "GenerationError";
+  constructor(message: string, options?: { detail?: string }) {
+    super("worker_failed", message, options);
+  }
+}
+
 export interface ContainerDriverOptions {
   provider: SandboxProvider;
   /** Session variables: the credential proxy's URL and token. Never a key. */
@@ -111,12 +123,16 @@ export class ContainerDriver {
       }
       if (!result) throw new SandboxError("worker_failed", "Worker did not emit a result message");
       if (result.is_error) {
-        throw new SandboxError("worker_failed", `Generation failed: ${result.content ?? "no detail"}`);
+        // The worker names its copy of the schema; the caller knows the file by its own name.
+        const detail = files.schema && options.schema
+          ? (result.content ?? "").replaceAll(files.schema, options.schema.file)
+          : result.content ?? "no detail";
+        throw new GenerationError(`Generation failed: ${detail}`);
       }
       if (!options.schema) return { value: result.content ?? "", sessionId: null };
       const checked = checkJson(result.content ?? "", options.schema);
       if (!checked.ok) {
-        throw new SandboxError("worker_failed", `Worker result does not match the schema: ${checked.problem}`, {
+        throw new GenerationError(`Worker result does not match the schema: ${checked.problem}`, {
           detail: (result.content ?? "").slice(0, 500),
         });
       }

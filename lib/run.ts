@@ -7,7 +7,7 @@
  */
 import type { JsonSchema } from "../worker/json_schema.ts";
 import type { Profile } from "./config.ts";
-import { ContainerDriver } from "./container_driver.ts";
+import { ContainerDriver, GenerationError } from "./container_driver.ts";
 import type { UpstreamProvider } from "./credential_proxy.ts";
 import { DockerSandboxProvider } from "./docker_provider.ts";
 import { exitCodeFor, SandboxError } from "./errors.ts";
@@ -119,6 +119,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const cleanups: (() => Promise<unknown>)[] = [];
   if (chosen.local) cleanups.push(() => chosen.local!.close());
   let result: AgenticMessage | undefined;
+  let generationError: GenerationError | undefined;
   try {
     const { driver, cwd, provider, worktree, session, keep } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo });
     const emit = async (message: AgenticMessage) => {
@@ -137,17 +138,21 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
         await emit(message);
       }
     } else {
-      const { value } = await driver.generate(request.prompt, {
-        schema: request.schema,
-        runId: id,
-        timeoutMs: request.timeoutMs,
-        signal: request.signal,
-      });
-      result = agenticMessage({
-        type: "result",
-        content: typeof value === "string" ? value : JSON.stringify(value),
-        model,
-      });
+      try {
+        const { value } = await driver.generate(request.prompt, {
+          schema: request.schema,
+          runId: id,
+          timeoutMs: request.timeoutMs,
+          signal: request.signal,
+        });
+        result = agenticMessage({ type: "result", content: typeof value === "string" ? value : JSON.stringify(value), model });
+      } catch (error) {
+        // The model failed (an error answer, or one that does not fit the schema): that is the
+        // run's result, an error one, as for an agent — not a sandbox failure.
+        if (!(error instanceof GenerationError)) throw error;
+        generationError = error;
+        result = agenticMessage({ type: "result", content: error.message, is_error: true, model });
+      }
       await emit(result);
     }
     let extra: Record<string, unknown> | undefined;
@@ -199,7 +204,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       error: failed ? result?.content ?? "the agent reported an error" : null,
       extra,
     });
-    return { meta: log.meta, exitCode: failed ? 1 : 0 };
+    return { meta: log.meta, exitCode: failed ? 1 : 0, error: generationError };
   } catch (error) {
     const failure = error instanceof SandboxError
       ? error

@@ -547,7 +547,7 @@ Deno.test({
 
 Deno.test({
   name:
-    "run generate --schema: an answer violating the schema is a worker failure (exit 125) explained on stderr",
+    "run generate --schema: an answer violating the schema is an error result (exit 1) explained on stderr",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -557,16 +557,17 @@ Deno.test({
     await Deno.writeTextFile(schemaFile, JSON.stringify(SCHEMA));
     const result = await fixture.run("generate", ["--schema", schemaFile]);
     const context = explain(result);
-    // The seeds' error contract: a schema mismatch is a RuntimeError (worker_failed) → 125.
-    assert.equal(result.exitCode, 125, context);
+    // The model's failure, not the sandbox's: an is_error result and exit 1, as for an agent.
+    assert.equal(result.exitCode, 1, context);
     assert.match(result.stderr, /^sandbox: error: .*does not match the schema.*count/m, context);
-    assert.ok(
-      !result.stdout.includes(`"type":"result"`),
-      `no result may be printed for a failed generate\n${context}`,
-    );
+    // The protocol holds: one result (an error one) naming the user's schema file, then usage last.
+    const lines = result.stdout.trim().split("\n").map((line) => JSON.parse(line));
+    assert.deepEqual(lines.map((m) => m.type), ["result", "usage"], context);
+    assert.equal(lines[0].is_error, true);
+    assert.ok(lines[0].content.includes(schemaFile) || !lines[0].content.includes("sandbox-prompts"), context);
     const meta = await fixture.meta(runIdFrom(result.stderr));
     assert.equal(meta.status, "failed");
-    assert.equal(meta.exitCode, 125);
+    assert.equal(meta.exitCode, 1);
   },
 });
 
