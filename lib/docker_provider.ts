@@ -222,6 +222,7 @@ export class DockerSandboxProvider implements SandboxProvider {
     const { signal } = options;
     const { args, configHash } = await this.runArgs();
     const deadline = Date.now() + CONCURRENT_START_WAIT_MS;
+    let deduped = false;
     // Each pass moves one step (create, start, replace); a bounded number of passes turns an
     // engine that keeps undoing our steps into an error instead of a spin.
     for (let pass = 0;; pass++) {
@@ -262,6 +263,12 @@ export class DockerSandboxProvider implements SandboxProvider {
         return await this.docker.run(args, { signal });
       });
       if (created.exitCode === 0) continue;
+      if (/ambiguous/.test(created.stderr) && !deduped) {
+        // Two networks under one name (made by a process that does not share our host lock).
+        deduped = true;
+        await this.#dedupe("network", this.#networkName, signal);
+        continue;
+      }
       if (isAlreadyExists(created.stderr) && Date.now() < deadline) {
         // A concurrent `up` won the race for the name: use its container.
         await delay(100);
@@ -392,6 +399,21 @@ export class DockerSandboxProvider implements SandboxProvider {
       timedOut: result.timedOut,
       oomKilled: result.exitCode === 137 && await this.#wasOomKilled(id),
     };
+  }
+
+  /**
+   * Hold a lease in the container: a process that shows other `sandbox` processes this container
+   * is in use, until released or `seconds` pass (so a crashed holder cannot hold it for ever).
+   */
+  async lease(name: string, seconds: number, signal?: AbortSignal): Promise<() => Promise<void>> {
+    const id = `lease-${name}`;
+    await this.docker.ok(
+      ["exec", "--detach", "--user", SANDBOX_USER, this.names.container, "sandbox-exec", id, "sleep", String(Math.ceil(seconds))],
+      "exec_failed",
+      `Cannot mark sandbox "${this.names.container}" as in use`,
+      { signal },
+    );
+    return () => this.#killTree(id);
   }
 
   /**

@@ -11,6 +11,7 @@ import { ContainerDriver, GenerationError } from "./container_driver.ts";
 import type { UpstreamProvider } from "./credential_proxy.ts";
 import { DockerSandboxProvider } from "./docker_provider.ts";
 import { exitCodeFor, SandboxError } from "./errors.ts";
+import { withHostLock } from "./lock.ts";
 import { HostProvider } from "./host_provider.ts";
 import { KeyStore } from "./keys.ts";
 import { llmTarget } from "./llm_providers.ts";
@@ -335,9 +336,17 @@ async function prepare(
   if (!fresh) {
     fresh = await otherRunLive(profile.name, context.id);
     if (!fresh && context.repo) {
-      // One more look, inside the container (~0.1 s): only runs on repositories pay for it.
+      // One more look, inside the container, that also sees runs logged in other state
+      // directories; the look and the lease that marks this run are atomic across the host.
+      // Only runs on repositories pay for it (~0.2 s).
       await provider.ensureRunning({ signal });
-      fresh = await commandsRunningIn(provider, signal);
+      const shared = provider;
+      fresh = await withHostLock(`runs-${profile.name}`, async () => {
+        if (await commandsRunningIn(shared, signal)) return true;
+        const release = await shared.lease(context.id, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, signal);
+        context.cleanups.push(release);
+        return false;
+      });
     }
     if (fresh) request.onProgress?.("another run of this profile is live: this run gets a container of its own");
   }

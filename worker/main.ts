@@ -151,9 +151,11 @@ async function readInput(file: string, what: string): Promise<string> {
   }
 }
 
+/** Enter `--cwd`, creating it if needed (saves the host a round trip into the sandbox). */
 function workingDirectory(cwd: string | undefined): string {
   if (cwd === undefined) return Deno.cwd();
   try {
+    Deno.mkdirSync(cwd, { recursive: true });
     Deno.chdir(cwd);
   } catch (error) {
     throw new Error(`Cannot use working directory "${cwd}": ${(error as Error).message}`);
