@@ -506,7 +506,7 @@ Deno.test("worker reports unusable inputs as an is_error result, and bad usage w
     assert.equal(result.is_error, true);
     assert.match(result.content ?? "", /Cannot read prompt file ".*nope\.txt"/);
   });
-  await t.step("an empty prompt file or a missing working directory", async () => {
+  await t.step("an empty prompt file or a working directory that cannot be made", async () => {
     const empty = `${dir.path}/empty.txt`;
     await Deno.writeTextFile(empty, " \n");
     const first = await runWorker(sourceEntry(fake.port), [
@@ -520,7 +520,8 @@ Deno.test("worker reports unusable inputs as an is_error result, and bad usage w
       "--prompt-file",
       promptFile,
       "--cwd",
-      `${dir.path}/missing`,
+      // A missing directory is created; one under a regular file cannot be.
+      `${empty}/missing`,
     ], llmEnv(fake.proxyBaseUrl));
     const { result } = assertRunShape(second);
     assert.equal(result.is_error, true);
