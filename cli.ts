@@ -18,7 +18,7 @@ import { type DockerSandboxProvider, listSandboxes, statsAll, teardownAll } from
 import { pruneFirewall } from "./lib/host_firewall.ts";
 import { openSession, startHostProxies } from "./lib/session.ts";
 import { runAgent } from "./lib/run.ts";
-import { listRuns, readEvents, readRun } from "./lib/run_log.ts";
+import { listRuns, readEventBatches, readRun } from "./lib/run_log.ts";
 import { decodeMessage, encodeMessage } from "./lib/protocol.ts";
 import { renderMessage } from "./lib/transcript.ts";
 import { type JsonSchema, loadJsonSchema } from "./worker/json_schema.ts";
@@ -29,7 +29,8 @@ import { createProvider } from "./lib/providers.ts";
 import { formatAge, formatBytes, parseDuration } from "./lib/units.ts";
 
 const VERSION = denoJson.version;
-const stdout = new StdoutWriter();
+/** Buffered: events join the write in flight instead of one awaited write each; flushed in main. */
+const stdout = new StdoutWriter(Deno.stdout, { buffered: true });
 const encoder = new TextEncoder();
 
 /** Diagnostics and progress: stderr only, never stdout. */
@@ -283,8 +284,9 @@ function buildProgram(): Command {
     .action(async (id: string, opts: { follow?: boolean; format?: string }) => {
       if (!await readRun(id)) throw new SandboxError("usage", `No run "${id}"`, { detail: "List runs with: sandbox runs" });
       const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
-      for await (const line of readEvents(id, { follow: opts.follow, signal })) {
-        await stdout.line(pretty ? renderMessage(decodeMessage(line)) : line);
+      for await (const lines of readEventBatches(id, { follow: opts.follow, signal })) {
+        const text = pretty ? lines.map((line) => renderMessage(decodeMessage(line))) : lines;
+        await stdout.write(text.join("\n") + "\n");
         if (stdout.closed) break;
       }
       if (signal.aborted) proxyStopped = true;
@@ -433,8 +435,10 @@ export async function main(args: string[]): Promise<number> {
   const program = buildProgram();
   try {
     await program.parseAsync(args, { from: "user" });
+    await stdout.flush();
     return proxyStopped ? EXIT.ok : signal.aborted ? EXIT.interrupted : exitCode;
   } catch (error) {
+    await stdout.flush().catch(() => {});
     if (error instanceof CommanderError) {
       // Help and version are successes; anything else commander rejects is a usage error.
       return error.exitCode === 0 ? EXIT.ok : EXIT.usage;

@@ -6,9 +6,19 @@ export class StdoutWriter {
   #closed = false;
   readonly #encoder = new TextEncoder();
   readonly #out: { write(p: Uint8Array): Promise<number> };
+  readonly #buffered: boolean;
+  /** Buffered mode: text waiting for the write in flight to finish. */
+  #pending = "";
+  #flushing: Promise<void> | undefined;
 
-  constructor(out: { write(p: Uint8Array): Promise<number> } = Deno.stdout) {
+  /**
+   * With `buffered`, `write()` returns at once while a write is in flight and the text joins the
+   * next write (order kept, far fewer writes per event); it waits only past 1 MiB of backlog.
+   * The owner must `flush()` before exiting.
+   */
+  constructor(out: { write(p: Uint8Array): Promise<number> } = Deno.stdout, options: { buffered?: boolean } = {}) {
     this.#out = out;
+    this.#buffered = options.buffered ?? false;
   }
 
   get closed(): boolean {
@@ -18,6 +28,30 @@ export class StdoutWriter {
   /** Write text as is. */
   async write(text: string): Promise<void> {
     if (this.#closed) return;
+    if (!this.#buffered) return await this.#writeNow(text);
+    this.#pending += text;
+    this.#flushing ??= this.#drain();
+    if (this.#pending.length > BACKLOG_CHARS) await this.flush();
+  }
+
+  /** Resolves when everything written so far has reached the file descriptor. */
+  async flush(): Promise<void> {
+    while (this.#flushing) await this.#flushing;
+  }
+
+  async #drain(): Promise<void> {
+    try {
+      while (this.#pending && !this.#closed) {
+        const text = this.#pending;
+        this.#pending = "";
+        await this.#writeNow(text);
+      }
+    } finally {
+      this.#flushing = undefined;
+    }
+  }
+
+  async #writeNow(text: string): Promise<void> {
     let bytes = this.#encoder.encode(text);
     try {
       while (bytes.length > 0) {
@@ -40,6 +74,8 @@ export class StdoutWriter {
     return this.line(JSON.stringify(value));
   }
 }
+
+const BACKLOG_CHARS = 1024 * 1024;
 
 /** Render rows as left-aligned columns under a header, for humans. */
 export function table(header: readonly string[], rows: readonly (readonly string[])[]): string {

@@ -150,18 +150,30 @@ export async function* readEvents(
   id: string,
   options: { follow?: boolean; signal?: AbortSignal; pollMs?: number } = {},
 ): AsyncGenerator<string> {
+  for await (const batch of readEventBatches(id, options)) yield* batch;
+}
+
+/** Like `readEvents`, in batches of the lines each read of the file completed (fast to print). */
+export async function* readEventBatches(
+  id: string,
+  options: { follow?: boolean; signal?: AbortSignal; pollMs?: number } = {},
+): AsyncGenerator<string[]> {
   const path = `${runsDir()}/${id}/events.ndjson`;
   using file = await Deno.open(path, { read: true });
   const decoder = new TextDecoder();
-  const buffer = new Uint8Array(64 * 1024);
+  const buffer = new Uint8Array(256 * 1024);
   let pending = "";
+  const take = (n: number): string[] => {
+    pending += decoder.decode(buffer.subarray(0, n), { stream: true });
+    const lines = pending.split("\n");
+    pending = lines.pop() ?? "";
+    return lines;
+  };
   while (true) {
     const n = await file.read(buffer);
     if (n !== null && n > 0) {
-      pending += decoder.decode(buffer.subarray(0, n), { stream: true });
-      const lines = pending.split("\n");
-      pending = lines.pop() ?? "";
-      yield* lines;
+      const lines = take(n);
+      if (lines.length > 0) yield lines;
       continue;
     }
     if (!options.follow || options.signal?.aborted) return;
@@ -170,10 +182,8 @@ export async function* readEvents(
       // One more read: events written between our last read and the status change.
       const last = await file.read(buffer);
       if (last === null || last === 0) return;
-      pending += decoder.decode(buffer.subarray(0, last), { stream: true });
-      const lines = pending.split("\n");
-      pending = lines.pop() ?? "";
-      yield* lines;
+      const lines = take(last);
+      if (lines.length > 0) yield lines;
       continue;
     }
     await new Promise((resolve) => setTimeout(resolve, options.pollMs ?? 100));
