@@ -347,16 +347,20 @@ async function packFromSandbox(
   }
 }
 
-/** Remove the run's worktree and its branch from the sandbox. */
-export async function removeWorktree(provider: SandboxProvider, worktree: RunWorktree): Promise<void> {
+/** Remove the run's worktree and (unless `keepBranch`) its branch from the sandbox. */
+export async function removeWorktree(
+  provider: SandboxProvider,
+  worktree: RunWorktree,
+  options: { keepBranch?: boolean } = {},
+): Promise<void> {
   await provider.exec([
     "sh",
     "-c",
     `${SAFE_GIT} -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; ${SAFE_GIT} -C "$1" worktree prune; ` +
-      `${SAFE_GIT} -C "$1" branch -D -q "$3" 2>/dev/null; true`,
+      `[ -z "$3" ] || ${SAFE_GIT} -C "$1" branch -D -q "$3" 2>/dev/null; true`,
     "sh",
     worktree.bare,
     worktree.path,
-    worktree.branch,
+    options.keepBranch ? "" : worktree.branch,
   ], { timeoutMs: 120_000 }).catch(() => {});
 }

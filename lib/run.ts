@@ -180,7 +180,12 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       extra = { repo: repo.remote.url, branch: back.commit ? back.branch : null, base: back.base, commit: back.commit, diffstat: back.diffstat, commits: back.commits, pushed: back.pushed };
       const say = request.onProgress ?? (() => {});
       if (!back.commit) say("the agent changed nothing: nothing to push");
-      else say(`branch ${back.branch}: ${back.commits.length} commit(s) on ${back.base.slice(0, 12)}${back.pushed ? `, pushed to ${repo.remote.url}` : " (not pushed)"}`);
+      else if (back.pushed) say(`branch ${back.branch}: ${back.commits.length} commit(s) on ${back.base.slice(0, 12)}, pushed to ${repo.remote.url}`);
+      else {
+        // Not pushed: the commits must not vanish with the worktree.
+        keep.branch = true;
+        say(`branch ${back.branch}: ${back.commits.length} commit(s) on ${back.base.slice(0, 12)}, not pushed: kept in ${provider.containerName} as ${worktree.branch} of ${worktree.bare}`);
+      }
       for (const ref of back.ignoredRefs) say(`warning: the agent created ${ref} in the sandbox: not pushed (only the run branch is)`);
       await request.onLifecycle?.({
         type: "sandbox.branch",
@@ -297,9 +302,9 @@ async function prepare(
     cleanups: (() => Promise<unknown>)[];
     repo?: ResolvedRepo;
   },
-): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean } }> {
+): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean; branch: boolean } }> {
   /** Set when the result could not be brought back: the work then stays in the sandbox. */
-  const keep = { worktree: false };
+  const keep = { worktree: false, branch: false };
   const { profile, signal } = request;
   const sessionOptions = {
     runId: context.id,
@@ -386,7 +391,7 @@ async function prepare(
     const created = worktree;
     if (!request.repo?.keepWorktree) {
       context.cleanups.push(async () => {
-        if (!keep.worktree) await removeWorktree(provider, created);
+        if (!keep.worktree) await removeWorktree(provider, created, { keepBranch: keep.branch });
       });
     }
     else context.cleanups.push(async () => request.onProgress?.(`worktree kept: ${created.path} in ${provider.containerName}`));
