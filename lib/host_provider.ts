@@ -9,7 +9,7 @@
  */
 import { SandboxError } from "./errors.ts";
 import { execStreamOf } from "./exec_stream.ts";
-import { run, spawn } from "./process.ts";
+import { run, spawn, type SpawnOptions } from "./process.ts";
 import type {
   ExecOptions,
   ExecResult,
@@ -29,6 +29,19 @@ function baseEnv(): Record<string, string> {
   return env;
 }
 
+/** A command on the host: a cleared environment plus the caller's variables. */
+function spawnOptions(options: ExecOptions): SpawnOptions {
+  return {
+    cwd: options.cwd,
+    env: { ...baseEnv(), ...options.env },
+    clearEnv: true,
+    stdin: options.stdin,
+    signal: options.signal,
+    timeoutMs: options.timeoutMs,
+    onStderrLine: options.onStderrLine,
+  };
+}
+
 export class HostProvider implements SandboxProvider {
   readonly containerName = "host";
   constructor(readonly profile: string) {}
@@ -38,15 +51,7 @@ export class HostProvider implements SandboxProvider {
   }
 
   execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
-    const child = spawn(argv, {
-      cwd: options.cwd,
-      env: { ...baseEnv(), ...options.env },
-      clearEnv: true,
-      stdin: options.stdin,
-      signal: options.signal,
-      timeoutMs: options.timeoutMs,
-      onStderrLine: options.onStderrLine,
-    });
+    const child = spawn(argv, spawnOptions(options));
     return execStreamOf(child, async () => {
       const ended = await child.finished;
       if (ended.timedOut) throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
@@ -56,14 +61,7 @@ export class HostProvider implements SandboxProvider {
   }
 
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
-    const result = await run(argv, {
-      cwd: options.cwd,
-      env: { ...baseEnv(), ...options.env },
-      clearEnv: true,
-      stdin: options.stdin,
-      signal: options.signal,
-      timeoutMs: options.timeoutMs,
-    });
+    const result = await run(argv, spawnOptions(options));
     if (result.aborted) throw new SandboxError("interrupted", "Command interrupted");
     return {
       exitCode: result.timedOut ? 124 : result.exitCode,

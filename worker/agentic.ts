@@ -18,10 +18,11 @@ import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langcha
 import type { Emitter } from "./emit.ts";
 import {
   createChatModel,
+  emitOutcome,
   describeError,
   type LlmSettings,
   messageText,
-  UsageTracker,
+  type UsageTracker,
 } from "./llm.ts";
 
 /** Seconds one `execute` command may run before it is killed. */
@@ -41,17 +42,12 @@ export interface AgenticOptions {
 
 /** Run the agent, emitting its events, the result and the usage. Never throws after starting. */
 export async function runAgentic(options: AgenticOptions, emit: Emitter): Promise<void> {
-  const started = performance.now();
-  const model = options.llm.model;
-  const tracker = new UsageTracker();
-  let result: { content: string; isError: boolean };
-  try {
-    result = await streamAgent(options, emit, tracker);
-  } catch (error) {
-    result = { content: failureText(error, options.maxTurns), isError: true };
-  }
-  await emit.result(result.content, { isError: result.isError, model });
-  await emit.usage(tracker.usage(model, performance.now() - started));
+  await emitOutcome(
+    emit,
+    options.llm.model,
+    (tracker) => streamAgent(options, emit, tracker),
+    (error) => failureText(error, options.maxTurns),
+  );
 }
 
 async function streamAgent(

@@ -22,10 +22,11 @@ import type { Emitter } from "./emit.ts";
 import { checkJson, type JsonSchema } from "./json_schema.ts";
 import {
   createChatModel,
+  emitOutcome,
   describeError,
   type LlmSettings,
   messageText,
-  UsageTracker,
+  type UsageTracker,
 } from "./llm.ts";
 
 export interface GenerateOptions {
@@ -36,17 +37,12 @@ export interface GenerateOptions {
 
 /** Make the call and emit the result and the usage. Never throws after starting. */
 export async function runGenerate(options: GenerateOptions, emit: Emitter): Promise<void> {
-  const started = performance.now();
-  const model = options.llm.model;
-  const tracker = new UsageTracker();
-  let result: { content: string; isError: boolean };
-  try {
-    result = await generate(options, tracker);
-  } catch (error) {
-    result = { content: `Generation failed: ${describeError(error)}`, isError: true };
-  }
-  await emit.result(result.content, { isError: result.isError, model });
-  await emit.usage(tracker.usage(model, performance.now() - started));
+  await emitOutcome(
+    emit,
+    options.llm.model,
+    (tracker) => generate(options, tracker),
+    (error) => `Generation failed: ${describeError(error)}`,
+  );
 }
 
 async function generate(

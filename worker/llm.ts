@@ -17,6 +17,7 @@ import { BaseCallbackHandler } from "@langchain/core/callbacks/base";
 import type { LLMResult } from "@langchain/core/outputs";
 import type { AIMessage } from "@langchain/core/messages";
 import type { DriverUsage } from "../lib/protocol.ts";
+import type { Emitter } from "./emit.ts";
 
 export const DEFAULT_MAX_RETRIES = 2;
 
@@ -185,4 +186,32 @@ export function describeError(error: unknown): string {
     current = current instanceof Error ? current.cause : undefined;
   }
   return parts.join(": ") || "unknown error";
+}
+
+/** What one worker mode produced: the result's text, and whether it is an error. */
+export interface Outcome {
+  content: string;
+  isError: boolean;
+}
+
+/**
+ * Run `work`, then emit its result (or the error `describe` words) and the usage: the shape every
+ * mode ends with. Never throws after starting.
+ */
+export async function emitOutcome(
+  emit: Emitter,
+  model: string,
+  work: (tracker: UsageTracker) => Promise<Outcome>,
+  describe: (error: unknown) => string,
+): Promise<void> {
+  const started = performance.now();
+  const tracker = new UsageTracker();
+  let result: Outcome;
+  try {
+    result = await work(tracker);
+  } catch (error) {
+    result = { content: describe(error), isError: true };
+  }
+  await emit.result(result.content, { isError: result.isError, model });
+  await emit.usage(tracker.usage(model, performance.now() - started));
 }
