@@ -12,7 +12,7 @@ import { sha256Hex } from "./hash.ts";
 import { ensureImage, imageTagFor } from "./image.ts";
 import { withHostLock } from "./lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
-import { run, spawn } from "./process.ts";
+import { spawn } from "./process.ts";
 import type {
   EnsureRunningOptions,
   ExecOptions,

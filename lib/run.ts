@@ -394,7 +394,12 @@ async function prepare(
         if (!keep.worktree) await removeWorktree(provider, created, { keepBranch: keep.branch });
       });
     }
-    else context.cleanups.push(async () => request.onProgress?.(`worktree kept: ${created.path} in ${provider.containerName}`));
+    else {
+      context.cleanups.push(() => {
+        request.onProgress?.(`worktree kept: ${created.path} in ${provider.containerName}`);
+        return Promise.resolve();
+      });
+    }
   }
   const driver = new ContainerDriver({
     provider,

@@ -113,8 +113,9 @@ export class RunLog implements AsyncDisposable {
     await Deno.rename(partial, `${this.dir}/meta.json`);
   }
 
-  async [Symbol.asyncDispose](): Promise<void> {
+  [Symbol.asyncDispose](): Promise<void> {
     this.#file.close();
+    return Promise.resolve();
   }
 }
 
