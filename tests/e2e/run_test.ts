@@ -4,6 +4,7 @@
  * credential proxy (the sandbox reaches the proxy through its own network's gateway). Every test
  * has its own profile (removed afterwards) and its own `$XDG_STATE_HOME`, so run logs are isolated.
  */
+import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import assert from "node:assert/strict";
 import { readLines } from "../../lib/lines.ts";
 import { MESSAGE_TYPES } from "../../lib/protocol.ts";
@@ -37,28 +38,6 @@ const KEY_ENV = "SANDBOX_E2E_RUN_KEY";
 /** Kills a CLI that hangs, so that a broken build fails the test instead of stalling it. */
 const CLI_TIMEOUT_MS = 180_000;
 
-const MESSAGE_KEYS = [
-  "type",
-  "content",
-  "tool_name",
-  "tool_input",
-  "tool_output",
-  "tool_call_id",
-  "session_id",
-  "is_error",
-  "model",
-  "usage",
-];
-const USAGE_KEYS = [
-  "input_tokens",
-  "output_tokens",
-  "cache_read_tokens",
-  "cache_creation_tokens",
-  "cost_usd",
-  "duration_ms",
-  "num_turns",
-  "model",
-];
 
 // deno-lint-ignore no-explicit-any
 type Wire = Record<string, any>;

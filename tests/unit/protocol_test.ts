@@ -1,3 +1,4 @@
+import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import assert from "node:assert/strict";
 import { SandboxError } from "../../lib/errors.ts";
 import {
@@ -10,28 +11,6 @@ import {
   ProtocolError,
 } from "../../lib/protocol.ts";
 
-const MESSAGE_KEYS = [
-  "type",
-  "content",
-  "tool_name",
-  "tool_input",
-  "tool_output",
-  "tool_call_id",
-  "session_id",
-  "is_error",
-  "model",
-  "usage",
-];
-const USAGE_KEYS = [
-  "input_tokens",
-  "output_tokens",
-  "cache_read_tokens",
-  "cache_creation_tokens",
-  "cost_usd",
-  "duration_ms",
-  "num_turns",
-  "model",
-];
 
 /** Lines that count how many of them were pulled. */
 function countingLines(lines: string[]): { lines: AsyncIterable<string>; pulled: () => number } {

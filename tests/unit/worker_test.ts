@@ -2,6 +2,7 @@
  * The worker as a real subprocess (from source, and as the one-file bundle run from an empty
  * directory) against the scripted fake LLM on loopback, in a temporary working directory.
  */
+import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import assert from "node:assert/strict";
 import { ChatOpenAI } from "@langchain/openai";
 import type { AIMessageChunk } from "@langchain/core/messages";
@@ -18,28 +19,6 @@ import {
 } from "../_fake_llm.ts";
 
 const WORKER = `${ROOT}/worker/main.ts`;
-const MESSAGE_KEYS = [
-  "type",
-  "content",
-  "tool_name",
-  "tool_input",
-  "tool_output",
-  "tool_call_id",
-  "session_id",
-  "is_error",
-  "model",
-  "usage",
-];
-const USAGE_KEYS = [
-  "input_tokens",
-  "output_tokens",
-  "cache_read_tokens",
-  "cache_creation_tokens",
-  "cost_usd",
-  "duration_ms",
-  "num_turns",
-  "model",
-];
 const TOKEN = "run-token-7f3a";
 
 /** How to start the worker: argv before the mode, and extra environment. */
