@@ -287,6 +287,8 @@ async function otherRunLive(profile: string, self: string): Promise<boolean> {
  */
 async function commandsRunningIn(provider: DockerSandboxProvider, signal?: AbortSignal): Promise<boolean> {
   const result = await provider.exec(["ps", "-eo", "args="], { signal, timeoutMs: 30_000 });
+  // Cannot look: assume the container is in use (a container of one's own is the safe side).
+  if (result.exitCode !== 0) return true;
   const wrappers = result.stdout.split("\n").filter((line) => line.startsWith("/bin/sh /usr/local/bin/sandbox-exec "));
   return wrappers.length > 1; // one is this very `ps`
 }
