@@ -6,27 +6,21 @@
  * change, whatever the agent does in the sandbox. Every test has its own profile (removed
  * afterwards), its own repository and its own `$XDG_STATE_HOME`.
  */
+import { RunFixture } from "../_run_fixture.ts";
 import assert from "node:assert/strict";
 import { run, type RunResult } from "../../lib/process.ts";
-import type { RunMeta } from "../../lib/run_log.ts";
 import { FakeLlm, type FakeStep, text, toolCall } from "../_fake_llm.ts";
 import {
   assertDocker,
   docker,
   dockerTest,
   explain,
-  removeProfile,
-  runCli,
   tempDir,
-  uniqueProfile,
-  writeConfig,
 } from "../_helpers.ts";
 
 console.error("e2e: sandbox run --repo tests starting");
 
 const KEY_ENV = "SANDBOX_E2E_REPO_KEY";
-/** Kills a CLI that hangs, so that a broken build fails the test instead of stalling it. */
-const CLI_TIMEOUT_MS = 240_000;
 /** Identity for the test's own commits in the user's repository. */
 const USER_GIT = ["-c", "user.name=Repo Owner", "-c", "user.email=owner@example.test", "-c", "commit.gpgsign=false"];
 
@@ -161,35 +155,10 @@ function sentBytes(stderr: string): number {
   return Number(match[1]);
 }
 
-/** A profile, its config, a user repository, an isolated state directory; removed on dispose. */
-class RepoFixture implements AsyncDisposable {
-  readonly profile: string;
-  readonly dir: { path: string } & AsyncDisposable;
-  readonly stateDir: string;
-  readonly env: Record<string, string>;
-  config = "";
-  promptFile = "";
-
-  private constructor(dir: { path: string } & AsyncDisposable, prefix: string) {
-    this.dir = dir;
-    this.profile = uniqueProfile(prefix);
-    this.stateDir = `${dir.path}/state`;
-    this.env = {
-      [KEY_ENV]: `sk-e2e-${crypto.randomUUID().replaceAll("-", "")}`,
-      XDG_STATE_HOME: this.stateDir,
-      NO_PROXY: "127.0.0.1,localhost",
-      no_proxy: "127.0.0.1,localhost",
-    };
-  }
-
-  static async create(prefix: string, llmUrl: string): Promise<RepoFixture> {
-    const fixture = new RepoFixture(await tempDir("sandbox-e2e-repo-"), prefix);
-    fixture.config = await writeConfig(
-      fixture.dir.path,
-      `profiles:\n  ${fixture.profile}:\n    llm: {provider: custom, base_url: "${llmUrl}", key: {env: ${KEY_ENV}}}\n`,
-    );
-    fixture.promptFile = await fixture.prompt("prompt.txt", "Work on the repository.\n");
-    return fixture;
+/** A profile, its config, a prompt, an isolated state directory; removed on dispose. */
+class RepoFixture extends RunFixture {
+  static create(prefix: string, llmUrl: string): Promise<RepoFixture> {
+    return RepoFixture.make({ prefix, llmUrl, keyEnv: KEY_ENV, prompt: "Work on the repository.\n" });
   }
 
   async prompt(name: string, content: string): Promise<string> {
@@ -198,29 +167,12 @@ class RepoFixture implements AsyncDisposable {
     return path;
   }
 
-  /** The profile's shared container. */
-  get container(): string {
-    return `sandbox-${this.profile}`;
-  }
-
   /** `sandbox run agentic --prompt-file P --profile X --format ndjson ARGS`. */
   run(args: string[], options: { promptFile?: string; env?: Record<string, string> } = {}): Promise<RunResult> {
-    return runCli(
+    return this.cli(
       ["run", "agentic", "--prompt-file", options.promptFile ?? this.promptFile, "--profile", this.profile, "--format", "ndjson", ...args],
-      { config: this.config, env: { ...this.env, ...options.env }, timeoutMs: CLI_TIMEOUT_MS },
+      options.env,
     );
-  }
-
-  async meta(id: string): Promise<RunMeta> {
-    return JSON.parse(await Deno.readTextFile(`${this.stateDir}/sandbox/runs/${id}/meta.json`));
-  }
-
-  async [Symbol.asyncDispose](): Promise<void> {
-    try {
-      await removeProfile(this.profile);
-    } finally {
-      await this.dir[Symbol.asyncDispose]();
-    }
   }
 }
 

@@ -4,6 +4,7 @@
  * credential proxy (the sandbox reaches the proxy through its own network's gateway). Every test
  * has its own profile (removed afterwards) and its own `$XDG_STATE_HOME`, so run logs are isolated.
  */
+import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
 import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import assert from "node:assert/strict";
 import { readLines } from "../../lib/lines.ts";
@@ -24,19 +25,13 @@ import {
   docker,
   dockerTest,
   explain,
-  removeProfile,
-  runCli,
   spawnCli,
   tempDir,
-  uniqueProfile,
-  writeConfig,
 } from "../_helpers.ts";
 
 console.error("e2e: sandbox run tests starting");
 
 const KEY_ENV = "SANDBOX_E2E_RUN_KEY";
-/** Kills a CLI that hangs, so that a broken build fails the test instead of stalling it. */
-const CLI_TIMEOUT_MS = 180_000;
 
 
 // deno-lint-ignore no-explicit-any
@@ -129,84 +124,25 @@ function runIdFrom(stderr: string): string {
 const CANONICAL_TYPES = /^tool_call,tool_result,tool_call,tool_result,(thinking,)?result,usage$/;
 
 /** A profile, its config, a prompt, an isolated state directory; removed on dispose. */
-class RunFixture implements AsyncDisposable {
-  readonly profile: string;
-  readonly env: Record<string, string>;
-  readonly stateDir: string;
-  readonly dir: { path: string } & AsyncDisposable;
-  config = "";
-  promptFile = "";
-
-  private constructor(dir: { path: string } & AsyncDisposable, prefix: string) {
-    this.dir = dir;
-    this.profile = uniqueProfile(prefix);
-    this.stateDir = `${dir.path}/state`;
-    this.env = {
-      [KEY_ENV]: `sk-e2e-${crypto.randomUUID().replaceAll("-", "")}`,
-      XDG_STATE_HOME: this.stateDir,
-      NO_PROXY: "127.0.0.1,localhost",
-      no_proxy: "127.0.0.1,localhost",
-    };
-  }
-
+class RunTestFixture extends RunFixture {
   /** `llmUrl`: the fake's OpenAI-style base URL; `sandboxYaml`: extra YAML under the profile's `sandbox:`. */
-  static async create(prefix: string, llmUrl: string, sandboxYaml?: string): Promise<RunFixture> {
-    const fixture = new RunFixture(await tempDir("sandbox-e2e-run-"), prefix);
-    fixture.config = await writeConfig(
-      fixture.dir.path,
-      `profiles:\n  ${fixture.profile}:\n` +
-        `    llm: {provider: custom, base_url: "${llmUrl}", key: {env: ${KEY_ENV}}}\n` +
-        (sandboxYaml ? `    sandbox: ${sandboxYaml}\n` : ""),
-    );
-    fixture.promptFile = `${fixture.dir.path}/prompt.txt`;
-    await Deno.writeTextFile(fixture.promptFile, "Write the file, then run the command.\n");
-    return fixture;
-  }
-
-  get container(): string {
-    return `sandbox-${this.profile}`;
-  }
-
-  /** `sandbox ARGS` to completion, with this fixture's config and environment. */
-  cli(args: string[]): Promise<RunResult> {
-    return runCli(args, { config: this.config, env: this.env, timeoutMs: CLI_TIMEOUT_MS });
+  static create(prefix: string, llmUrl: string, sandboxYaml?: string): Promise<RunTestFixture> {
+    return RunTestFixture.make({ prefix, llmUrl, keyEnv: KEY_ENV, sandboxYaml, prompt: "Write the file, then run the command.\n" });
   }
 
   /** `sandbox run MODE --prompt-file P --profile X ARGS`. */
   run(mode: "agentic" | "generate", args: string[] = []): Promise<RunResult> {
-    return this.cli([
-      "run",
-      mode,
-      "--prompt-file",
-      this.promptFile,
-      "--profile",
-      this.profile,
-      "--format",
-      "ndjson",
-      ...args,
-    ]);
-  }
-
-  async meta(id: string): Promise<RunMeta> {
-    return JSON.parse(await Deno.readTextFile(`${this.stateDir}/sandbox/runs/${id}/meta.json`));
+    return this.cli(["run", mode, "--prompt-file", this.promptFile, "--profile", this.profile, "--format", "ndjson", ...args]);
   }
 
   /** The sandbox's processes, one command line each. */
   async processes(): Promise<string[]> {
     return (await docker("exec", this.container, "ps", "-eo", "args")).split("\n").slice(1);
   }
-
-  async [Symbol.asyncDispose](): Promise<void> {
-    try {
-      await removeProfile(this.profile);
-    } finally {
-      await this.dir[Symbol.asyncDispose]();
-    }
-  }
 }
 
 /** No agent worker, no command of the agent's and no prompt file is left in the sandbox. */
-async function assertNoLeftovers(fixture: RunFixture, context: string): Promise<void> {
+async function assertNoLeftovers(fixture: RunTestFixture, context: string): Promise<void> {
   const processes = await fixture.processes();
   assert.ok(processes.length > 0, "ps printed nothing: the check would prove nothing");
   const left = processes.filter((p) => /worker\.js|sleep 600/.test(p));
@@ -282,7 +218,7 @@ class SignalableCli implements AsyncDisposable {
   readonly #stderrDone: Promise<void>;
   readonly #stderrWaiters: { test: RegExp; resolve: (line: string) => void }[] = [];
 
-  constructor(args: string[], fixture: RunFixture) {
+  constructor(args: string[], fixture: RunTestFixture) {
     this.child = new Deno.Command(Deno.execPath(), {
       args: ["run", "-A", "--quiet", CLI, "--config", fixture.config, ...args],
       env: fixture.env,
@@ -373,7 +309,7 @@ Deno.test({
     await using llm = new FakeLlm(
       writeThenExecute("hello.txt", "hi\n", "cat hello.txt; id -un; hostname"),
     );
-    await using fixture = await RunFixture.create("e2e-run", llm.baseUrl);
+    await using fixture = await RunTestFixture.create("e2e-run", llm.baseUrl);
     const result = await fixture.run("agentic");
     const context = explain(result);
     assert.equal(result.exitCode, 0, context);
@@ -463,7 +399,7 @@ Deno.test({
       },
       text("All done"),
     ]);
-    await using fixture = await RunFixture.create("e2e-wire", llm.baseUrl);
+    await using fixture = await RunTestFixture.create("e2e-wire", llm.baseUrl);
     const result = await fixture.run("agentic");
     const context = explain(result);
     assert.equal(result.exitCode, 0, context);
@@ -506,7 +442,7 @@ Deno.test({
   async fn() {
     assertDocker();
     await using llm = new FakeLlm([text(`{"name":"widget","count":3}`)]);
-    await using fixture = await RunFixture.create("e2e-gen", llm.baseUrl);
+    await using fixture = await RunTestFixture.create("e2e-gen", llm.baseUrl);
     const schemaFile = `${fixture.dir.path}/answer.schema.json`;
     await Deno.writeTextFile(schemaFile, JSON.stringify(SCHEMA));
     const result = await fixture.run("generate", ["--schema", schemaFile]);
@@ -531,7 +467,7 @@ Deno.test({
   async fn() {
     assertDocker();
     await using llm = new FakeLlm([text(`{"name":"widget"}`)]);
-    await using fixture = await RunFixture.create("e2e-genbad", llm.baseUrl);
+    await using fixture = await RunTestFixture.create("e2e-genbad", llm.baseUrl);
     const schemaFile = `${fixture.dir.path}/answer.schema.json`;
     await Deno.writeTextFile(schemaFile, JSON.stringify(SCHEMA));
     const result = await fixture.run("generate", ["--schema", schemaFile]);
@@ -560,7 +496,7 @@ Deno.test({
       toolCall("execute", { command: "sleep 600" }),
       text("never reached"),
     ]);
-    await using fixture = await RunFixture.create("e2e-timeout", llm.baseUrl);
+    await using fixture = await RunTestFixture.create("e2e-timeout", llm.baseUrl);
     const started = performance.now();
     const result = await fixture.run("agentic", ["--timeout", "3s"]);
     const elapsed = performance.now() - started;
@@ -587,7 +523,7 @@ Deno.test({
       toolCall("execute", { command: "sleep 600" }),
       text("never reached"),
     ]);
-    await using fixture = await RunFixture.create("e2e-sigint", llm.baseUrl);
+    await using fixture = await RunTestFixture.create("e2e-sigint", llm.baseUrl);
     await using cli = new SignalableCli(
       [
         "run",
@@ -628,7 +564,7 @@ Deno.test({
     await using llm = new HeldLlm(writeThenExecute("held.txt", "held\n", "cat held.txt"));
     // The agent's second LLM call (after the file is written) waits until the test releases it.
     const held = llm.hold(2);
-    await using fixture = await RunFixture.create("e2e-follow", llm.baseUrl);
+    await using fixture = await RunTestFixture.create("e2e-follow", llm.baseUrl);
     await using runner = new SignalableCli(
       [
         "run",
@@ -696,7 +632,7 @@ Deno.test({
       text("first answer"),
       httpError(400, "the fake refuses this request"),
     ]);
-    await using fixture = await RunFixture.create("e2e-runs", llm.baseUrl);
+    await using fixture = await RunTestFixture.create("e2e-runs", llm.baseUrl);
     const empty = await fixture.cli(["runs", "--json"]);
     assert.equal(empty.exitCode, 0, explain(empty));
     assert.deepEqual(JSON.parse(empty.stdout), []);
@@ -735,7 +671,7 @@ Deno.test({
   async fn() {
     assertDocker();
     await using llm = new FakeLlm(writeThenExecute("hello.txt", "hi\n", "cat hello.txt; pwd"));
-    await using fixture = await RunFixture.create("e2e-none", llm.baseUrl, "{mode: none}");
+    await using fixture = await RunTestFixture.create("e2e-none", llm.baseUrl, "{mode: none}");
     await using work = await tempDir("sandbox-e2e-none-cwd-");
     const result = await fixture.run("agentic", ["--cwd", work.path]);
     const context = explain(result);

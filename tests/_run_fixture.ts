@@ -1,0 +1,73 @@
+/**
+ * A throwaway profile for end-to-end runs: a temp directory with its config (LLM pointed at a
+ * fake), a private state directory, and the environment the CLI runs with. Removed on dispose.
+ */
+import type { RunMeta } from "../lib/run_log.ts";
+import type { RunResult } from "../lib/process.ts";
+import { removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "./_helpers.ts";
+
+/** Kills a CLI that hangs, so that a broken build fails the test instead of stalling it. */
+export const CLI_TIMEOUT_MS = 240_000;
+
+export class RunFixture implements AsyncDisposable {
+  readonly profile: string;
+  readonly dir: { path: string } & AsyncDisposable;
+  readonly stateDir: string;
+  readonly env: Record<string, string>;
+  config = "";
+  promptFile = "";
+
+  constructor(dir: { path: string } & AsyncDisposable, prefix: string, keyEnv: string) {
+    this.dir = dir;
+    this.profile = uniqueProfile(prefix);
+    this.stateDir = `${dir.path}/state`;
+    this.env = {
+      [keyEnv]: `sk-e2e-${crypto.randomUUID().replaceAll("-", "")}`,
+      XDG_STATE_HOME: this.stateDir,
+      NO_PROXY: "127.0.0.1,localhost",
+      no_proxy: "127.0.0.1,localhost",
+    };
+  }
+
+  /**
+   * A fixture whose profile talks to the fake LLM at `llmUrl` (key in `keyEnv`), with extra YAML
+   * under the profile's `sandbox:` if given, and a prompt file holding `prompt`.
+   */
+  static async make<T extends RunFixture>(
+    this: new (dir: { path: string } & AsyncDisposable, prefix: string, keyEnv: string) => T,
+    options: { prefix: string; llmUrl: string; keyEnv: string; prompt: string; sandboxYaml?: string },
+  ): Promise<T> {
+    const fixture = new this(await tempDir(`sandbox-e2e-${options.prefix}-`), options.prefix, options.keyEnv);
+    fixture.config = await writeConfig(
+      fixture.dir.path,
+      `profiles:\n  ${fixture.profile}:\n` +
+        `    llm: {provider: custom, base_url: "${options.llmUrl}", key: {env: ${options.keyEnv}}}\n` +
+        (options.sandboxYaml ? `    sandbox: ${options.sandboxYaml}\n` : ""),
+    );
+    fixture.promptFile = `${fixture.dir.path}/prompt.txt`;
+    await Deno.writeTextFile(fixture.promptFile, options.prompt);
+    return fixture;
+  }
+
+  /** The profile's shared container. */
+  get container(): string {
+    return `sandbox-${this.profile}`;
+  }
+
+  /** `sandbox ARGS` to completion, with this fixture's config and environment (plus `env`). */
+  cli(args: string[], env: Record<string, string> = {}): Promise<RunResult> {
+    return runCli(args, { config: this.config, env: { ...this.env, ...env }, timeoutMs: CLI_TIMEOUT_MS });
+  }
+
+  async meta(id: string): Promise<RunMeta> {
+    return JSON.parse(await Deno.readTextFile(`${this.stateDir}/sandbox/runs/${id}/meta.json`));
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    try {
+      await removeProfile(this.profile);
+    } finally {
+      await this.dir[Symbol.asyncDispose]();
+    }
+  }
+}
