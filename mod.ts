@@ -17,12 +17,12 @@ export {
 } from "./lib/config.ts";
 export type { Config, ConfigLoadResult, FindConfigOptions, NetworkMode, Profile, SandboxConfig } from "./lib/config.ts";
 
-export { DockerSandboxProvider, listSandboxes, sandboxNames, statsAll, teardownAll } from "./lib/docker_provider.ts";
-export type { DockerProviderOptions } from "./lib/docker_provider.ts";
-export { DockerCli, LABEL } from "./lib/docker.ts";
-export { createProvider } from "./lib/providers.ts";
-export { ensureImage, imageTagFor } from "./lib/image.ts";
-export type { ImageInfo, ImageOptions } from "./lib/image.ts";
+export { DockerSandboxProvider, listSandboxes, sandboxNames, statsAll, teardownAll } from "./lib/sandbox/docker_provider.ts";
+export type { DockerProviderOptions } from "./lib/sandbox/docker_provider.ts";
+export { DockerCli, LABEL } from "./lib/sandbox/docker.ts";
+export { createProvider } from "./lib/sandbox/providers.ts";
+export { ensureImage, imageTagFor } from "./lib/sandbox/image.ts";
+export type { ImageInfo, ImageOptions } from "./lib/sandbox/image.ts";
 
 export type {
   EnsureRunningOptions,
@@ -36,29 +36,29 @@ export type {
   SandboxStats,
   SandboxStatus,
   TeardownReport,
-} from "./lib/provider.ts";
+} from "./lib/sandbox/provider.ts";
 
 export { CommandExitError, ConfigError, EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
 export type { ConfigIssue, SandboxErrorCode } from "./lib/errors.ts";
 
-export { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "./lib/container_driver.ts";
-export type { AgenticOptions, ContainerDriverOptions, GenerateOptions } from "./lib/container_driver.ts";
-export { HostProvider } from "./lib/host_provider.ts";
-export { openSession, startHostProxies } from "./lib/session.ts";
-export type { HostProxies, SandboxSession, SessionOptions } from "./lib/session.ts";
-export { startCredentialProxy, TokenRegistry } from "./lib/credential_proxy.ts";
-export type { CredentialProxy, CredentialProxyOptions, ProxyGrant, UpstreamProvider } from "./lib/credential_proxy.ts";
-export { startEgressProxy } from "./lib/egress_proxy.ts";
-export type { EgressProxy, EgressProxyOptions } from "./lib/egress_proxy.ts";
+export { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "./lib/run/container_driver.ts";
+export type { AgenticOptions, ContainerDriverOptions, GenerateOptions } from "./lib/run/container_driver.ts";
+export { HostProvider } from "./lib/sandbox/host_provider.ts";
+export { openSession, startHostProxies } from "./lib/proxy/session.ts";
+export type { HostProxies, SandboxSession, SessionOptions } from "./lib/proxy/session.ts";
+export { startCredentialProxy, TokenRegistry } from "./lib/proxy/credential_proxy.ts";
+export type { CredentialProxy, CredentialProxyOptions, ProxyGrant, UpstreamProvider } from "./lib/proxy/credential_proxy.ts";
+export { startEgressProxy } from "./lib/proxy/egress_proxy.ts";
+export type { EgressProxy, EgressProxyOptions } from "./lib/proxy/egress_proxy.ts";
 export { KeyStore } from "./lib/keys.ts";
 export type { KeySource } from "./lib/keys.ts";
 export { Redactor } from "./lib/redact.ts";
-export { AccessLog } from "./lib/access_log.ts";
-export type { AccessLogEntry } from "./lib/access_log.ts";
-export { runAgent } from "./lib/run.ts";
-export type { RunOutcome, RunRequest } from "./lib/run.ts";
-export { listRuns, readEvents, readRun, RunLog } from "./lib/run_log.ts";
-export type { RunMeta, RunStatus } from "./lib/run_log.ts";
+export { AccessLog } from "./lib/proxy/access_log.ts";
+export type { AccessLogEntry } from "./lib/proxy/access_log.ts";
+export { runAgent } from "./lib/run/run.ts";
+export type { RunOutcome, RunRequest } from "./lib/run/run.ts";
+export { listRuns, readEvents, readRun, RunLog } from "./lib/run/run_log.ts";
+export type { RunMeta, RunStatus } from "./lib/run/run_log.ts";
 export {
   agenticMessage,
   AgenticMessageSchema,
@@ -68,7 +68,7 @@ export {
   DriverUsageSchema,
   encodeMessage,
   ProtocolError,
-} from "./lib/protocol.ts";
-export type { AgenticMessage, DriverUsage } from "./lib/protocol.ts";
-export { loadRecording, startRecorder, startReplayUpstream } from "./lib/replay.ts";
-export type { Recording } from "./lib/replay.ts";
+} from "./lib/run/protocol.ts";
+export type { AgenticMessage, DriverUsage } from "./lib/run/protocol.ts";
+export { loadRecording, startRecorder, startReplayUpstream } from "./lib/run/replay.ts";
+export type { Recording } from "./lib/run/replay.ts";

@@ -2,7 +2,7 @@
  * Helpers of `run_bench.ts`: a frozen copy of the sources, timed child processes, the CLI timed to
  * its first event, a tracer for the docker and iptables calls the CLI makes, synthetic events.
  */
-import { encodeMessage } from "../lib/protocol.ts";
+import { encodeMessage } from "../lib/run/protocol.ts";
 import { run, spawn } from "../lib/process.ts";
 
 export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");

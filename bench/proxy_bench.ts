@@ -13,7 +13,7 @@ import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
 import { parseConfig, resolveProfile } from "../lib/config.ts";
 import { KeyStore } from "../lib/keys.ts";
 import { Redactor } from "../lib/redact.ts";
-import { startHostProxies } from "../lib/session.ts";
+import { startHostProxies } from "../lib/proxy/session.ts";
 
 const LATENCY_WARMUP = 50;
 const LATENCY_REQUESTS = 500;

@@ -12,12 +12,12 @@
  * shows where the time goes.
  */
 import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
-import { pruneFirewall } from "../lib/host_firewall.ts";
+import { pruneFirewall } from "../lib/sandbox/host_firewall.ts";
 import { readLines } from "../lib/lines.ts";
 import { StdoutWriter } from "../lib/output.ts";
-import { decodeMessages, encodeMessage } from "../lib/protocol.ts";
+import { decodeMessages, encodeMessage } from "../lib/run/protocol.ts";
 import { Redactor } from "../lib/redact.ts";
-import { newRunId, RunLog } from "../lib/run_log.ts";
+import { newRunId, RunLog } from "../lib/run/run_log.ts";
 import { removeProfile } from "../tests/_helpers.ts";
 import {
   chunked,

@@ -1,6 +1,6 @@
 // Part of the bundled CLI only (scripts/bundle.sh): embeds the worker bundle so that the CLI needs
 // no checkout. Imported before cli.ts, so the worker is registered before the CLI starts.
 import worker from "../dist/worker.js" with { type: "text" };
-import { setEmbeddedWorker } from "../lib/worker_bundle.ts";
+import { setEmbeddedWorker } from "../lib/sandbox/worker_bundle.ts";
 
 setEmbeddedWorker(worker);

@@ -2,7 +2,7 @@
  * A throwaway profile for end-to-end runs: a temp directory with its config (LLM pointed at a
  * fake), a private state directory, and the environment the CLI runs with. Removed on dispose.
  */
-import type { RunMeta } from "../lib/run_log.ts";
+import type { RunMeta } from "../lib/run/run_log.ts";
 import type { RunResult } from "../lib/process.ts";
 import { removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "./_helpers.ts";
 

@@ -3,7 +3,7 @@
  * run contract: exactly one `result`, then one `usage`, then nothing. A closed stdout (the host
  * went away) is a normal end: later messages are dropped.
  */
-import { type AgenticMessageInit, type DriverUsage, encodeMessage } from "../lib/protocol.ts";
+import { type AgenticMessageInit, type DriverUsage, encodeMessage } from "../lib/run/protocol.ts";
 import { StdoutWriter } from "../lib/output.ts";
 
 export class Emitter {

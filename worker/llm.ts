@@ -16,7 +16,7 @@ import { ChatAnthropic } from "@langchain/anthropic";
 import { BaseCallbackHandler } from "@langchain/core/callbacks/base";
 import type { LLMResult } from "@langchain/core/outputs";
 import type { AIMessage } from "@langchain/core/messages";
-import type { DriverUsage } from "../lib/protocol.ts";
+import type { DriverUsage } from "../lib/run/protocol.ts";
 import type { Emitter } from "./emit.ts";
 
 export const DEFAULT_MAX_RETRIES = 2;

@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
-import { decodeMessage } from "../../lib/protocol.ts";
+import { decodeMessage } from "../../lib/run/protocol.ts";
 import { assertDocker, dockerTest, explain, ROOT, tempDir } from "../_helpers.ts";
 
 Deno.test({

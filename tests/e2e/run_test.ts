@@ -8,9 +8,9 @@ import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
 import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import assert from "node:assert/strict";
 import { readLines } from "../../lib/lines.ts";
-import { MESSAGE_TYPES } from "../../lib/protocol.ts";
+import { MESSAGE_TYPES } from "../../lib/run/protocol.ts";
 import { run, type RunResult } from "../../lib/process.ts";
-import type { RunMeta } from "../../lib/run_log.ts";
+import type { RunMeta } from "../../lib/run/run_log.ts";
 import {
   FakeLlm,
   type FakeStep,

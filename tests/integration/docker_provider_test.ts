@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
-import { DockerSandboxProvider } from "../../lib/docker_provider.ts";
+import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
 import { run } from "../../lib/process.ts";
 import {
   assertDocker,

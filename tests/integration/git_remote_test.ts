@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
-import { decodeMessage } from "../../lib/protocol.ts";
+import { decodeMessage } from "../../lib/run/protocol.ts";
 import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { GitHttpServer } from "../_git_server.ts";
 import {

@@ -5,9 +5,9 @@
  * record every call.
  */
 import assert from "node:assert/strict";
-import { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "../../lib/container_driver.ts";
+import { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "../../lib/run/container_driver.ts";
 import { SandboxError } from "../../lib/errors.ts";
-import { type AgenticMessage, encodeMessage } from "../../lib/protocol.ts";
+import { type AgenticMessage, encodeMessage } from "../../lib/run/protocol.ts";
 import type {
   ExecOptions,
   ExecResult,
@@ -17,7 +17,7 @@ import type {
   SandboxStats,
   SandboxStatus,
   TeardownReport,
-} from "../../lib/provider.ts";
+} from "../../lib/sandbox/provider.ts";
 import type { JsonSchema } from "../../worker/json_schema.ts";
 
 /** What one `execStream` call will do. */

@@ -1,12 +1,12 @@
 import assert from "node:assert/strict";
-import { AccessLog, type AccessLogEntry } from "../../lib/access_log.ts";
+import { AccessLog, type AccessLogEntry } from "../../lib/proxy/access_log.ts";
 import {
   ANTHROPIC_VERSION,
   type CredentialProxy,
   startCredentialProxy,
   TokenRegistry,
   type UpstreamProvider,
-} from "../../lib/credential_proxy.ts";
+} from "../../lib/proxy/credential_proxy.ts";
 import { Redactor } from "../../lib/redact.ts";
 import { chatChunk, FakeUpstream, RATE_LIMIT_BODY } from "./_fake_upstream.ts";
 

@@ -5,7 +5,7 @@ import {
   compileEgressPolicy,
   isUnspecifiedAddress,
   splitHostPort,
-} from "../../lib/egress_policy.ts";
+} from "../../lib/proxy/egress_policy.ts";
 
 Deno.test("compileAllowlist() allows an exact host on ports 80 and 443 only", () => {
   const allowed = compileAllowlist(["example.com"]);

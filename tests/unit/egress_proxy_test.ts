@@ -1,10 +1,10 @@
 import assert from "node:assert/strict";
-import { AccessLog, type AccessLogEntry } from "../../lib/access_log.ts";
+import { AccessLog, type AccessLogEntry } from "../../lib/proxy/access_log.ts";
 import {
   type EgressProxy,
   type EgressProxyOptions,
   startEgressProxy,
-} from "../../lib/egress_proxy.ts";
+} from "../../lib/proxy/egress_proxy.ts";
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { parseRefUpdates, pushViolation, startGitProxy } from "../../lib/git_proxy.ts";
+import { parseRefUpdates, pushViolation, startGitProxy } from "../../lib/proxy/git_proxy.ts";
 
 const enc = new TextEncoder();
 const OLD = "1".repeat(40);

@@ -9,7 +9,7 @@ import {
   encodeMessage,
   MAX_TOOL_OUTPUT_CHARS,
   ProtocolError,
-} from "../../lib/protocol.ts";
+} from "../../lib/run/protocol.ts";
 
 
 /** Lines that count how many of them were pulled. */

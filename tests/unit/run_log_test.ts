@@ -4,7 +4,7 @@
  * `sandbox logs [--follow]` use. No Docker.
  */
 import assert from "node:assert/strict";
-import { type AgenticMessage, agenticMessage } from "../../lib/protocol.ts";
+import { type AgenticMessage, agenticMessage } from "../../lib/run/protocol.ts";
 import { REDACTED, Redactor } from "../../lib/redact.ts";
 import {
   listRuns,
@@ -14,7 +14,7 @@ import {
   RunLog,
   type RunMeta,
   runsDir,
-} from "../../lib/run_log.ts";
+} from "../../lib/run/run_log.ts";
 import { tempDir } from "../_helpers.ts";
 
 /** `XDG_STATE_HOME` pointed at a fresh temporary directory until disposed. */

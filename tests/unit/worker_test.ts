@@ -6,7 +6,7 @@ import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import assert from "node:assert/strict";
 import { ChatOpenAI } from "@langchain/openai";
 import type { AIMessageChunk } from "@langchain/core/messages";
-import { type AgenticMessage, decodeMessage } from "../../lib/protocol.ts";
+import { type AgenticMessage, decodeMessage } from "../../lib/run/protocol.ts";
 import { run, type RunResult, spawn } from "../../lib/process.ts";
 import { explain, ROOT, tempDir } from "../_helpers.ts";
 import {

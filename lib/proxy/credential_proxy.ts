@@ -12,8 +12,8 @@
  */
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
 import { assertListenHostnames, formatHostForUrl, type ListenAddress } from "./egress_proxy.ts";
-import { closeOnAbort } from "./process.ts";
-import { Redactor } from "./redact.ts";
+import { closeOnAbort } from "../process.ts";
+import { Redactor } from "../redact.ts";
 
 export const PROXY_PATH_PREFIX = "/proxy/v1";
 export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;

@@ -7,16 +7,16 @@
  * issues a per-session token. Closing it revokes the token, closes the ports and stops both.
  */
 import { AccessLog } from "./access_log.ts";
-import { userStateDir, type Profile } from "./config.ts";
+import { userStateDir, type Profile } from "../config.ts";
 import { startCredentialProxy, TokenRegistry, type UpstreamProvider } from "./credential_proxy.ts";
-import type { DockerSandboxProvider, SandboxNetwork } from "./docker_provider.ts";
+import type { DockerSandboxProvider, SandboxNetwork } from "../sandbox/docker_provider.ts";
 import { startEgressProxy } from "./egress_proxy.ts";
 import { type GitRemote, startGitProxy } from "./git_proxy.ts";
-import { openProxyPorts } from "./host_firewall.ts";
-import { KeyStore } from "./keys.ts";
+import { openProxyPorts } from "../sandbox/host_firewall.ts";
+import { KeyStore } from "../keys.ts";
 import { llmTarget } from "./llm_providers.ts";
-import { Redactor } from "./redact.ts";
-import { parseSize } from "./units.ts";
+import { Redactor } from "../redact.ts";
+import { parseSize } from "../units.ts";
 
 export interface SessionOptions {
   runId?: string | null;

@@ -6,10 +6,10 @@
  * CLI starts). Run from a checkout, the worker is bundled from source on first use and cached in the
  * state directory under a hash of the sources, so an unchanged checkout never bundles twice.
  */
-import { userStateDir } from "./config.ts";
-import { CommandExitError } from "./errors.ts";
-import { sha256Hex } from "./hash.ts";
-import { run } from "./process.ts";
+import { userStateDir } from "../config.ts";
+import { CommandExitError } from "../errors.ts";
+import { sha256Hex } from "../hash.ts";
+import { run } from "../process.ts";
 
 let embedded: string | undefined;
 
@@ -18,16 +18,18 @@ export function setEmbeddedWorker(text: string): void {
   embedded = text;
 }
 
-const SOURCE_ROOT = new URL("..", import.meta.url);
+const SOURCE_ROOT = new URL("../..", import.meta.url);
 
 /** Files whose content decides the worker bundle, when running from a checkout. */
 async function sourceFiles(): Promise<string[]> {
   const files = ["deno.json", "deno.lock"];
-  for (const dir of ["worker", "lib"]) {
+  const walk = async (dir: string): Promise<void> => {
     for await (const entry of Deno.readDir(new URL(dir, SOURCE_ROOT))) {
-      if (entry.isFile && entry.name.endsWith(".ts")) files.push(`${dir}/${entry.name}`);
+      if (entry.isDirectory) await walk(`${dir}/${entry.name}`);
+      else if (entry.isFile && entry.name.endsWith(".ts")) files.push(`${dir}/${entry.name}`);
     }
-  }
+  };
+  for (const dir of ["worker", "lib"]) await walk(dir);
   return files.sort();
 }
 

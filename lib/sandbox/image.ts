@@ -3,11 +3,11 @@
  * tagged by a hash of what it is built from, rebuilt only when that changes.
  */
 import { IMAGE_CONTEXT, BUILD_BASE_IMAGE_SCRIPT } from "./assets.ts";
-import { DEFAULT_BASE_IMAGE } from "./config.ts";
+import { DEFAULT_BASE_IMAGE } from "../config.ts";
 import { type DockerCli, LABEL, labelArgs, OWNER } from "./docker.ts";
-import { CommandExitError, SandboxError, tail } from "./errors.ts";
-import { run } from "./process.ts";
-import { sha256Hex } from "./hash.ts";
+import { CommandExitError, SandboxError, tail } from "../errors.ts";
+import { run } from "../process.ts";
+import { sha256Hex } from "../hash.ts";
 import { denoBinaryPath, workerBundlePath, workerIdentity } from "./worker_bundle.ts";
 
 export const IMAGE_REPOSITORY = "sandbox-runtime";

@@ -13,7 +13,7 @@
  * bytes that crossed the sandbox boundary both ways.
  */
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
-import { closeOnAbort } from "./process.ts";
+import { closeOnAbort } from "../process.ts";
 import {
   canonicalHost,
   compileEgressPolicy,

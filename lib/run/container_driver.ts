@@ -11,10 +11,10 @@
  * `worker_failed` (or the provider's own code) with context. The prompt file is removed in
  * `finally`, whatever happened.
  */
-import { checkJson, type JsonSchema } from "../worker/json_schema.ts";
-import { SandboxError } from "./errors.ts";
+import { checkJson, type JsonSchema } from "../../worker/json_schema.ts";
+import { SandboxError } from "../errors.ts";
 import { type AgenticMessage, decodeMessages, type DriverUsage } from "./protocol.ts";
-import type { SandboxProvider } from "./provider.ts";
+import type { SandboxProvider } from "../sandbox/provider.ts";
 
 /** How the worker is started inside the image. */
 export const WORKER_COMMAND = ["deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js"] as const;

@@ -6,10 +6,10 @@
  * printed, so a crashed or closed terminal (or a killed CLI) loses nothing the CLI had received; the
  * file is fsynced when the run ends. A power loss can lose the events of the last moments.
  */
-import { userStateDir } from "./config.ts";
+import { userStateDir } from "../config.ts";
 import type { AgenticMessage, DriverUsage } from "./protocol.ts";
-import { isProcessAlive } from "./process.ts";
-import type { Redactor } from "./redact.ts";
+import { isProcessAlive } from "../process.ts";
+import type { Redactor } from "../redact.ts";
 
 export type RunStatus = "running" | "succeeded" | "failed" | "timed_out" | "interrupted" | "crashed";
 

@@ -7,9 +7,9 @@
  * rejects the rest. Rules are tagged with the owning process id; rules of dead processes and chains
  * of removed bridges are pruned. This needs root: without it, isolation fails closed.
  */
-import { SandboxError } from "./errors.ts";
-import { withHostLock } from "./lock.ts";
-import { isProcessAlive, run } from "./process.ts";
+import { SandboxError } from "../errors.ts";
+import { withHostLock } from "../lock.ts";
+import { isProcessAlive, run } from "../process.ts";
 
 const CHAIN_PREFIX = "SBX-";
 const TAG_PREFIX = "sandbox-pid-";

@@ -3,7 +3,7 @@
  * or connection, allowed or denied. It is how a user audits what an agent reached, so every
  * decision is written, and every line passes through the `Redactor` first.
  */
-import type { Redactor } from "./redact.ts";
+import type { Redactor } from "../redact.ts";
 
 /** One request (LLM proxy) or one connection (egress proxy), written when it has ended. */
 export interface AccessLogEntry {

@@ -6,13 +6,13 @@
  * the run's branch. The bare repository in the sandbox is fetched fresh before each worktree is
  * made, so later runs move only new objects.
  */
-import { SandboxError } from "./errors.ts";
-import type { GitRemote } from "./git_proxy.ts";
-import { sha256Hex } from "./hash.ts";
-import type { KeySource, KeyStore } from "./keys.ts";
-import { run } from "./process.ts";
-import type { SandboxProvider } from "./provider.ts";
-import type { Redactor } from "./redact.ts";
+import { SandboxError } from "../errors.ts";
+import type { GitRemote } from "../proxy/git_proxy.ts";
+import { sha256Hex } from "../hash.ts";
+import type { KeySource, KeyStore } from "../keys.ts";
+import { run } from "../process.ts";
+import type { SandboxProvider } from "../sandbox/provider.ts";
+import type { Redactor } from "../redact.ts";
 import {
   commitLeftovers,
   inSandbox,
@@ -23,7 +23,7 @@ import {
   SAFE_GIT,
   sandboxBranch,
   WORKTREES_DIR,
-} from "./repo.ts";
+} from "./local.ts";
 
 export interface RemoteRepo {
   url: string;

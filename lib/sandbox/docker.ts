@@ -4,8 +4,8 @@
  * We shell out rather than speak the Engine API so that `DOCKER_HOST` and docker contexts work
  * exactly as they do for the user's own `docker` commands.
  */
-import { CommandExitError, SandboxError, type SandboxErrorCode } from "./errors.ts";
-import { ProgramNotFoundError, run, type RunResult, spawn, type SpawnOptions } from "./process.ts";
+import { CommandExitError, SandboxError, type SandboxErrorCode } from "../errors.ts";
+import { ProgramNotFoundError, run, type RunResult, spawn, type SpawnOptions } from "../process.ts";
 
 /** Label keys on every object this tool creates. Teardown selects by `OWNER`, nothing else. */
 export const LABEL = {

@@ -11,10 +11,10 @@
  * and only then is the one run branch fetched from it into the user's repository — so only objects
  * reachable from that branch arrive, and no other ref, tag, hook or config can be written.
  */
-import { CommandExitError, SandboxError } from "./errors.ts";
-import { sha256Hex } from "./hash.ts";
-import { run, spawn } from "./process.ts";
-import type { SandboxProvider } from "./provider.ts";
+import { CommandExitError, SandboxError } from "../errors.ts";
+import { sha256Hex } from "../hash.ts";
+import { run, spawn } from "../process.ts";
+import type { SandboxProvider } from "../sandbox/provider.ts";
 
 export const REPOS_DIR = "/workspace/repos";
 export const WORKTREES_DIR = "/workspace/worktrees";

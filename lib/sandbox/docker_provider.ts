@@ -5,14 +5,14 @@
  * from a `docker run` argv derived purely from the profile, and labelled with a hash of that argv,
  * so that a configuration change is detected with one `docker inspect` and the container replaced.
  */
-import type { Profile } from "./config.ts";
+import type { Profile } from "../config.ts";
 import { DockerCli, isAlreadyExists, isNoSuchObject, LABEL, labelArgs, OWNER, OWNER_FILTER } from "./docker.ts";
-import { CommandExitError, SandboxError } from "./errors.ts";
-import { sha256Hex } from "./hash.ts";
+import { CommandExitError, SandboxError } from "../errors.ts";
+import { sha256Hex } from "../hash.ts";
 import { ensureImage, imageTagFor } from "./image.ts";
-import { withHostLock } from "./lock.ts";
+import { withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
-import { spawn } from "./process.ts";
+import { spawn } from "../process.ts";
 import type {
   EnsureRunningOptions,
   ExecOptions,

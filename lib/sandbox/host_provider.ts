@@ -7,9 +7,9 @@
  * passes — the proxy URL and token, never a key), and LLM calls still go through the credential
  * proxy on loopback.
  */
-import { SandboxError } from "./errors.ts";
+import { SandboxError } from "../errors.ts";
 import { execStreamOf } from "./exec_stream.ts";
-import { run, spawn, type SpawnOptions } from "./process.ts";
+import { run, spawn, type SpawnOptions } from "../process.ts";
 import type {
   ExecOptions,
   ExecResult,

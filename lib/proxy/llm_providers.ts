@@ -1,7 +1,7 @@
 /** The registry of LLM upstreams a profile can name, and turning a profile's choice into one. */
-import type { LlmConfig } from "./config.ts";
+import type { LlmConfig } from "../config.ts";
 import type { UpstreamProvider } from "./credential_proxy.ts";
-import type { KeySource, KeyStore } from "./keys.ts";
+import type { KeySource, KeyStore } from "../keys.ts";
 
 interface BuiltinProvider {
   kind: "openai" | "anthropic";

@@ -5,25 +5,25 @@
  * it). The `usage` event comes last. Whatever happens, the proxies close, the prompt file goes,
  * a per-run container is removed, and the run's metadata records how it ended.
  */
-import type { JsonSchema } from "../worker/json_schema.ts";
-import type { Profile } from "./config.ts";
+import type { JsonSchema } from "../../worker/json_schema.ts";
+import type { Profile } from "../config.ts";
 import { ContainerDriver, GenerationError } from "./container_driver.ts";
-import type { UpstreamProvider } from "./credential_proxy.ts";
-import { DockerSandboxProvider } from "./docker_provider.ts";
-import { exitCodeFor, SandboxError } from "./errors.ts";
-import { withHostLock } from "./lock.ts";
-import { HostProvider } from "./host_provider.ts";
-import { KeyStore } from "./keys.ts";
-import { llmTarget } from "./llm_providers.ts";
+import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
+import { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
+import { exitCodeFor, SandboxError } from "../errors.ts";
+import { withHostLock } from "../lock.ts";
+import { HostProvider } from "../sandbox/host_provider.ts";
+import { KeyStore } from "../keys.ts";
+import { llmTarget } from "../proxy/llm_providers.ts";
 import { type AgenticMessage, agenticMessage } from "./protocol.ts";
-import { Redactor } from "./redact.ts";
+import { Redactor } from "../redact.ts";
 import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream } from "./replay.ts";
-import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "./repo.ts";
-import { finishRemoteRun, gitRemoteFor, isRemoteUrl, prepareRemoteWorktree, remoteAuthorization, type RemoteRepo, resolveRemoteRepo } from "./repo_remote.ts";
-import { run } from "./process.ts";
+import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
+import { finishRemoteRun, gitRemoteFor, isRemoteUrl, prepareRemoteWorktree, remoteAuthorization, type RemoteRepo, resolveRemoteRepo } from "../repo/remote.ts";
+import { run } from "../process.ts";
 import { listRuns, newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
-import { openSession, type SandboxSession, startHostProxies } from "./session.ts";
-import { workerBundlePath } from "./worker_bundle.ts";
+import { openSession, type SandboxSession, startHostProxies } from "../proxy/session.ts";
+import { workerBundlePath } from "../sandbox/worker_bundle.ts";
 
 export const REPLAY_PREFIX = "replay:";
 /** Where a run's agent works inside the sandbox when no repository is given. */

@@ -1,5 +1,5 @@
 /** Turning a spawned child into an `ExecStream`: stdout lines, then an outcome. */
-import type { ChildProcess } from "./process.ts";
+import type { ChildProcess } from "../process.ts";
 import type { ExecStream, ExecStreamOutcome } from "./provider.ts";
 
 /**

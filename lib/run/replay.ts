@@ -6,8 +6,8 @@
  * run exercises every part of `sandbox run` (container, worker, proxy, token) except the real LLM.
  * That makes recordings deterministic CI tests of agent pipelines, and an offline demo.
  */
-import { SandboxError } from "./errors.ts";
-import type { UpstreamProvider } from "./credential_proxy.ts";
+import { SandboxError } from "../errors.ts";
+import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
 
 /** One recorded upstream response: a JSON body, or a raw SSE stream. */
 export type RecordedResponse =

@@ -1,7 +1,7 @@
 /** Choosing the `SandboxProvider` implementation for a profile's sandbox mode. */
-import type { Profile } from "./config.ts";
+import type { Profile } from "../config.ts";
 import { type DockerProviderOptions, DockerSandboxProvider } from "./docker_provider.ts";
-import { SandboxError } from "./errors.ts";
+import { SandboxError } from "../errors.ts";
 import type { SandboxProvider } from "./provider.ts";
 
 /** The provider for `profile`, or a usage error for modes that have no container to manage. */

@@ -12,8 +12,8 @@
  *   it still counts for line numbers.
  */
 import { z } from "zod";
-import { SandboxError } from "./errors.ts";
-import { LineTooLongError, MAX_LINE_CHARS, readLines } from "./lines.ts";
+import { SandboxError } from "../errors.ts";
+import { LineTooLongError, MAX_LINE_CHARS, readLines } from "../lines.ts";
 
 /** `tool_output` is cut to this many characters when encoded. */
 export const MAX_TOOL_OUTPUT_CHARS = 10_000;

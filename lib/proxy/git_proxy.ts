@@ -10,8 +10,8 @@
  */
 import type { AccessLog } from "./access_log.ts";
 import { assertListenHostnames, formatHostForUrl } from "./egress_proxy.ts";
-import { closeOnAbort } from "./process.ts";
-import type { Redactor } from "./redact.ts";
+import { closeOnAbort } from "../process.ts";
+import type { Redactor } from "../redact.ts";
 
 export const GIT_PATH_PREFIX = "/git";
 /** A push body is held whole to check its commands; this bounds it. */

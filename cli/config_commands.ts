@@ -1,0 +1,62 @@
+/** `sandbox config validate|show`. */
+import type { Command } from "commander";
+import YAML from "yaml";
+import {
+  type Config,
+  findConfigFile,
+  loadConfigOrThrow,
+  parseConfig,
+  profileNames,
+  resolveProfile,
+} from "../lib/config.ts";
+import { globals, jsonOption, note, stdout } from "./context.ts";
+
+export function registerConfigCommands(program: Command): void {
+  const config = program.command("config").description("check and print the configuration");
+  config.command("validate")
+    .description("check a configuration file (default: the one sandbox would use)")
+    .argument("[file]", "file to check")
+    .addOption(jsonOption())
+    .action(async (file: string | undefined, opts: { json?: boolean }, command: Command) => {
+      const path = file ?? await findConfigFile({ explicit: globals(command).config });
+      if (path === undefined) {
+        if (opts.json) await stdout.json({ valid: true, file: null, profiles: ["default"] });
+        else note("no configuration file found; the built-in default profile applies");
+        return;
+      }
+      const { config } = await loadConfigOrThrow({ explicit: path });
+      if (opts.json) await stdout.json({ valid: true, file: path, profiles: profileNames(config) });
+      else note(`${path} is valid (profiles: ${profileNames(config).join(", ")})`);
+    });
+  config.command("show")
+    .description("print the effective configuration, defaults filled in")
+    .addOption(jsonOption())
+    .action(async (opts: { json?: boolean }, command: Command) => {
+      const { config, file } = await loadConfigOrThrow({ explicit: globals(command).config });
+      const effective = effectiveConfig(config);
+      if (opts.json) await stdout.json({ file: file ?? null, ...effective });
+      else {await stdout.write(
+          `# ${file ?? "built-in defaults (no configuration file found)"}\n${
+            YAML.stringify(effective)
+          }`,
+        );}
+    });
+}
+
+/** The configuration with every profile's defaults filled in, including the implicit one. */
+function effectiveConfig(config: Config): Config {
+  const defaults = parseConfig("profiles: {default: {}}");
+  if (defaults.kind !== "ok") throw new Error("unreachable: built-in defaults are invalid");
+  const profiles = { ...defaults.config.profiles, ...config.profiles };
+  for (const name of Object.keys(profiles)) {
+    const cpus = resolveProfile({ ...config, profiles }, name).resources.cpus;
+    profiles[name] = {
+      ...profiles[name],
+      sandbox: {
+        ...profiles[name].sandbox,
+        resources: { ...profiles[name].sandbox.resources, cpus },
+      },
+    };
+  }
+  return { ...config, profiles };
+}

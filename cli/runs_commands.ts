@@ -1,0 +1,58 @@
+/** `sandbox runs` and `sandbox logs`: past and live runs, from the durable run logs. */
+import { type Command, Option } from "commander";
+import { SandboxError } from "../lib/errors.ts";
+import { table } from "../lib/output.ts";
+import { decodeMessage } from "../lib/run/protocol.ts";
+import { listRuns, readEventBatches, readRun } from "../lib/run/run_log.ts";
+import { renderMessage } from "../lib/run/transcript.ts";
+import { cliState, jsonOption, note, signal, stdout } from "./context.ts";
+
+export function registerRunsCommands(program: Command): void {
+  program.command("runs")
+    .description("past and live runs: id, profile, status, started, duration, tokens, exit, branch")
+    .addOption(jsonOption())
+    .action(async (opts: { json?: boolean }) => {
+      const runs = await listRuns();
+      if (opts.json) return void await stdout.json(runs);
+      if (runs.length === 0) {
+        return note("no runs yet (start one with: sandbox run agentic --prompt-file FILE)");
+      }
+      await stdout.line(table(
+        ["RUN", "PROFILE", "MODE", "STATUS", "STARTED", "DURATION", "TOKENS", "EXIT", "BRANCH"],
+        runs.map((r) => [
+          r.id,
+          r.profile,
+          r.mode,
+          r.status,
+          r.startedAt.replace("T", " ").slice(0, 19),
+          r.durationMs === null ? "-" : `${(r.durationMs / 1000).toFixed(1)}s`,
+          r.usage ? `${r.usage.input_tokens ?? 0}/${r.usage.output_tokens ?? 0}` : "-",
+          r.exitCode === null ? "-" : String(r.exitCode),
+          typeof r.extra?.branch === "string" ? r.extra.branch : "-",
+        ]),
+      ));
+    });
+
+  program.command("logs")
+    .description("replay a run's events; --follow tails a live run")
+    .argument("<run-id>", "as listed by sandbox runs")
+    .option("-f, --follow", "keep reading until the run ends")
+    .addOption(
+      new Option("--format <format>", "output format (default: pretty on a terminal, else ndjson)")
+        .choices(["ndjson", "pretty"]),
+    )
+    .action(async (id: string, opts: { follow?: boolean; format?: string }) => {
+      if (!await readRun(id)) {
+        throw new SandboxError("usage", `No run "${id}"`, {
+          detail: "List runs with: sandbox runs",
+        });
+      }
+      const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
+      for await (const lines of readEventBatches(id, { follow: opts.follow, signal })) {
+        const text = pretty ? lines.map((line) => renderMessage(decodeMessage(line))) : lines;
+        await stdout.write(text.join("\n") + "\n");
+        if (stdout.closed) break;
+      }
+      if (signal.aborted) cliState.endedBySignal = true;
+    });
+}

@@ -1,0 +1,184 @@
+/** Commands that manage sandboxes: up, down, status/ls, exec, stats, teardown, image build. */
+import type { Command } from "commander";
+import { DockerCli } from "../lib/sandbox/docker.ts";
+import {
+  type DockerSandboxProvider,
+  listSandboxes,
+  statsAll,
+  teardownAll,
+} from "../lib/sandbox/docker_provider.ts";
+import { pruneFirewall } from "../lib/sandbox/host_firewall.ts";
+import { ensureImage } from "../lib/sandbox/image.ts";
+import { createProvider } from "../lib/sandbox/providers.ts";
+import { openSession } from "../lib/proxy/session.ts";
+import { table } from "../lib/output.ts";
+import { formatAge, formatBytes } from "../lib/units.ts";
+import {
+  cliState,
+  collect,
+  jsonOption,
+  note,
+  parseEnvPairs,
+  parseTimeout,
+  profileFor,
+  profileOption,
+  signal,
+  stderrLine,
+  stdout,
+} from "./context.ts";
+
+export function registerSandboxCommands(program: Command): void {
+  program.command("up")
+    .description("start the profile's sandbox container if it is not running (idempotent)")
+    .addOption(profileOption()).addOption(jsonOption())
+    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+      const profile = await profileFor(command, opts.profile);
+      const provider = createProvider(profile, { onProgress: note });
+      const status = await provider.ensureRunning({ signal, checkImage: true });
+      if (opts.json) await stdout.json(status);
+      else {note(
+          `sandbox ${status.name} is ${status.state} (profile ${profile.name}, image ${status.image})`,
+        );}
+    });
+
+  program.command("down")
+    .description("stop and remove the profile's sandbox container")
+    .addOption(profileOption()).addOption(jsonOption())
+    .option("--volumes", "also remove its workspace volume (the sandbox's copy of your repos)")
+    .action(
+      async (opts: { profile?: string; json?: boolean; volumes?: boolean }, command: Command) => {
+        const profile = await profileFor(command, opts.profile);
+        const report = await createProvider(profile).teardown({ volumes: opts.volumes, signal });
+        if (opts.json) await stdout.json(report);
+        else if (report.containers.length === 0) {
+          note(`no sandbox running for profile ${profile.name}`);
+        } else note(`removed ${[...report.containers, ...report.volumes].join(", ")}`);
+      },
+    );
+
+  const listAction = async (opts: { json?: boolean }) => {
+    const sandboxes = await listSandboxes(new DockerCli(), signal);
+    if (opts.json) return void await stdout.json(sandboxes);
+    if (sandboxes.length === 0) return note("no sandboxes (start one with: sandbox up)");
+    await stdout.line(table(
+      ["PROFILE", "CONTAINER", "IMAGE", "STATE", "HEALTH", "AGE"],
+      sandboxes.map((
+        s,
+      ) => [
+        s.profile,
+        s.name,
+        s.image,
+        s.state,
+        s.health,
+        formatAge(Date.now() - Date.parse(s.createdAt)),
+      ]),
+    ));
+  };
+  program.command("status").description("list every sandbox this tool owns").addOption(jsonOption())
+    .action(listAction);
+  program.command("ls").description("same as status").addOption(jsonOption()).action(listAction);
+
+  program.command("exec")
+    .description("run a command inside the sandbox, streaming its output; exits with its exit code")
+    .addOption(profileOption())
+    .option("--cwd <dir>", "working directory inside the sandbox", "/workspace")
+    .option("-e, --env <KEY=VALUE>", "set a variable for this command (repeatable)", collect, [])
+    .option(
+      "--timeout <duration>",
+      "kill the command after this long (default: the profile's resources.timeout)",
+    )
+    .argument("<command...>", "the command and its arguments (after --)")
+    .passThroughOptions()
+    .action(
+      async (
+        argv: string[],
+        opts: { profile?: string; cwd: string; env: string[]; timeout?: string },
+        command: Command,
+      ) => {
+        const env = parseEnvPairs(opts.env);
+        const timeoutMs = parseTimeout(opts.timeout);
+        const profile = await profileFor(command, opts.profile);
+        const provider = createProvider(profile, { onProgress: note }) as DockerSandboxProvider;
+        await provider.ensureRunning({ signal });
+        // While the command runs, this process serves its proxies (LLM credentials, egress).
+        await using session = await openSession(profile, provider, { signal });
+        const stream = provider.execStream(argv, {
+          cwd: opts.cwd,
+          env: { ...session.env, ...env },
+          stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
+          signal,
+          timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
+          onStderrLine: stderrLine,
+        });
+        for await (const line of stream) {
+          await stdout.line(line);
+          if (stdout.closed) break;
+        }
+        const outcome = await stream.outcome;
+        if (outcome.oomKilled) {
+          note(
+            `the command was killed by the sandbox memory limit (${
+              formatBytes(profile.resources.memoryBytes)
+            }); raise resources.memory in profile ${profile.name}`,
+          );
+        }
+        cliState.exitCode = outcome.exitCode;
+      },
+    );
+
+  program.command("stats")
+    .description("memory, CPU and processes of each running sandbox")
+    .addOption(jsonOption())
+    .action(async (opts: { json?: boolean }) => {
+      const stats = await statsAll(new DockerCli(), signal);
+      if (opts.json) return void await stdout.json(stats);
+      if (stats.length === 0) return note("no running sandboxes");
+      await stdout.line(table(
+        ["PROFILE", "CONTAINER", "MEMORY", "LIMIT", "CPU", "PIDS"],
+        stats.map((
+          s,
+        ) => [
+          s.profile,
+          s.name,
+          formatBytes(s.memoryBytes),
+          formatBytes(s.memoryLimitBytes),
+          `${s.cpuPercent.toFixed(1)}%`,
+          `${s.pids}/${s.pidsLimit}`,
+        ]),
+      ));
+    });
+
+  program.command("teardown")
+    .description(
+      "remove every container, network and volume this tool created (by label), and nothing else",
+    )
+    .requiredOption("--all", "confirm: remove all of them, including orphans of crashed runs")
+    .addOption(jsonOption())
+    .action(async (opts: { json?: boolean }) => {
+      const report = await teardownAll(new DockerCli(), signal);
+      await pruneFirewall();
+      if (opts.json) return void await stdout.json(report);
+      const total = report.containers.length + report.networks.length + report.volumes.length;
+      if (total === 0) return note("nothing to remove");
+      for (const [kind, names] of Object.entries(report)) {
+        if ((names as string[]).length > 0) {
+          note(`removed ${kind}: ${(names as string[]).join(", ")}`);
+        }
+      }
+    });
+
+  const image = program.command("image").description("manage the sandbox image");
+  image.command("build")
+    .description("build (or rebuild) the sandbox image for a profile")
+    .addOption(profileOption()).addOption(jsonOption())
+    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+      const profile = await profileFor(command, opts.profile);
+      const info = await ensureImage(new DockerCli(), profile.sandbox.image, {
+        force: true,
+        onProgress: note,
+        signal,
+      });
+      if (opts.json) await stdout.json(info);
+      else note(`built ${info.tag} (on ${profile.sandbox.image})`);
+    });
+}
