@@ -365,14 +365,14 @@ Deno.test({
     assert.ok(executeOutputs(parseLines(first.stdout, explain(first)))[0]?.includes("PLANTED"), explain(first));
 
     await t.step("every ref the agent created is reported, including one under refs/heads/sandbox/", () => {
-      // BUG (lib/repo.ts collectResult): refs under refs/heads/sandbox/ are filtered out of
+      // Regression test for a fixed bug (lib/repo.ts collectResult), which was: refs under refs/heads/sandbox/ are filtered out of
       // ignoredRefs, so an agent's own refs/heads/sandbox/planted goes unreported.
       assert.match(first.stderr, /^sandbox: warning: the sandbox created refs\/heads\/evil: not imported/m, explain(first));
       assert.match(first.stderr, /^sandbox: warning: the sandbox created refs\/heads\/sandbox\/planted: not imported/m, explain(first));
     });
 
     await t.step("the hook planted by run 1 does not run when run 2's worktree is made", async () => {
-      // BUG (lib/repo.ts prepareWorktree): `git worktree add` runs the bare repository's
+      // Regression test for a fixed bug (lib/repo.ts prepareWorktree), which was: `git worktree add` runs the bare repository's
       // post-checkout hook (and honours core.hooksPath) that an earlier run's agent wrote; the
       // hook's file is then committed by the tool as run 2's "uncommitted changes".
       const second = await fixture.run(["--repo", repo]);
@@ -387,7 +387,7 @@ Deno.test({
     });
 
     await t.step("a --branch name the user's repository lacks works even if the sandbox has it", async () => {
-      // BUG (lib/repo.ts prepareWorktree): `git worktree add -b <branch>` fails with "a branch
+      // Regression test for a fixed bug (lib/repo.ts prepareWorktree), which was: `git worktree add -b <branch>` fails with "a branch
       // named 'evil' already exists" (exit 125) because run 1's agent made it in the sandbox.
       const third = await fixture.run(["--repo", repo, "--branch", "evil"]);
       const context = explain(third);
@@ -550,7 +550,7 @@ Deno.test({
   ...dockerTest(),
   async fn(t) {
     assertDocker();
-    // BUG (lib/run.ts otherRunLive): a live run is looked for only in this process's
+    // Regression test for a fixed bug (lib/run.ts otherRunLive), which was: a live run is looked for only in this process's
     // $XDG_STATE_HOME, so a concurrent run logging elsewhere goes unnoticed: both share the
     // profile's container and each agent can list (and write) the other's worktree.
     await concurrentRuns(t, true);
@@ -729,7 +729,7 @@ Deno.test({
 Deno.test({
   name: "run --repo: a run branch whose path collides with an existing branch is refused before the run (exit 2)",
   async fn(t) {
-    // BUG (lib/repo.ts checkRunBranch): only `refs/heads/<branch>` itself is looked up, so with a
+    // Regression test for a fixed bug (lib/repo.ts checkRunBranch), which was: only `refs/heads/<branch>` itself is looked up, so with a
     // branch "sandbox" every default branch sandbox/<run-id> passes the check, the agent runs,
     // and the import fails at the very end (exit 125, "git -c failed ... cannot lock ref"), after
     // which the worktree and its branch are removed from the sandbox: the agent's work is lost.

@@ -525,10 +525,10 @@ Deno.test("a failed write of the instructions removes the prompt directory and p
   assertPromptDirRemoved(provider);
 });
 
-// BUG (lib/container_driver.ts #writeInputs): the write of prompt.txt is outside the try/catch, so
+// Regression test for a fixed bug (lib/container_driver.ts #writeInputs), which was: the write of prompt.txt is outside the try/catch, so
 // a write that fails after creating the directory (DockerSandboxProvider.writeFile runs
 // `mkdir -p && cat >file`: a full tmpfs, a killed docker exec) leaves the directory and a partial
-// prompt behind. Fix: move that writeFile inside the try, so the catch's #removeInputs(dir) runs.
+// prompt behind. The write is now inside the try, so the catch removes the directory.
 Deno.test("a failed write of the prompt itself still removes the prompt directory", async () => {
   const provider = new FakeProvider();
   provider.failWritesTo = /prompt\.txt$/;

@@ -1,0 +1,124 @@
+/**
+ * The deliberate breaks `deno task mutate` (scripts/mutate.ts) applies, one at a time: each removes
+ * or weakens one security defence, and the listed tests must then fail. Add an entry whenever a
+ * defence is added; an entry whose `find` text no longer occurs exactly once fails the check, so the
+ * list cannot silently go stale.
+ */
+export interface Mutation {
+  /** What the break does, as a reviewer would say it. */
+  name: string;
+  /** Repository-relative file the break is applied to. */
+  file: string;
+  /** Text that must occur exactly once in `file`... */
+  find: string;
+  /** ...and what it is replaced with. */
+  replace: string;
+  /** Test files (repository-relative) that must fail with the break applied. Unit tests: fast. */
+  tests: string[];
+}
+
+const EGRESS_POLICY = "lib/proxy/egress_policy.ts";
+const CREDENTIAL_PROXY = "lib/proxy/credential_proxy.ts";
+const GIT_PROXY = "lib/proxy/git_proxy.ts";
+const CONFIG = "lib/config.ts";
+
+export const MUTATIONS: Mutation[] = [
+  {
+    name: "allowlist wildcard matches without the dot (evilexample.com for *.example.com)",
+    file: EGRESS_POLICY,
+    find: `canonical.endsWith("." + rule.host)`,
+    replace: `canonical.endsWith(rule.host)`,
+    tests: ["tests/unit/egress_policy_test.ts"],
+  },
+  {
+    name: "allowlist rule without a port allows any port",
+    file: EGRESS_POLICY,
+    find: `? DEFAULT_PORTS.includes(port)`,
+    replace: `? true`,
+    tests: ["tests/unit/egress_policy_test.ts"],
+  },
+  {
+    name: "proxy token comparison always equal",
+    file: CREDENTIAL_PROXY,
+    find: `return difference === 0;`,
+    replace: `return true;`,
+    tests: ["tests/unit/credential_proxy_test.ts"],
+  },
+  {
+    name: "git push of any ref allowed",
+    file: GIT_PROXY,
+    find: `if (update.ref !== allowed) return`,
+    replace: `if (false) return`,
+    tests: ["tests/unit/git_proxy_test.ts"],
+  },
+  {
+    name: "git push checks only the first ref update",
+    file: GIT_PROXY,
+    find: `for (const update of updates) {`,
+    replace: `for (const update of updates.slice(0, 1)) {`,
+    tests: ["tests/unit/git_proxy_test.ts"],
+  },
+  {
+    name: "git push deleting the allowed branch allowed",
+    file: GIT_PROXY,
+    find: `if (ZERO_ID.test(update.new)) return`,
+    replace: `if (false) return`,
+    tests: ["tests/unit/git_proxy_test.ts"],
+  },
+  {
+    name: "secrets not redacted",
+    file: "lib/redact.ts",
+    find: `return text.replace(this.#pattern, REDACTED);`,
+    replace: `return text;`,
+    tests: ["tests/unit/redact_test.ts"],
+  },
+  {
+    name: "secret-name pattern without SESSION",
+    file: CONFIG,
+    find: `|SESSION|`,
+    replace: `|`,
+    tests: ["tests/unit/config_test.ts"],
+  },
+  {
+    name: "secret-name pattern without COOKIE",
+    file: CONFIG,
+    find: `|COOKIE|`,
+    replace: `|`,
+    tests: ["tests/unit/config_test.ts"],
+  },
+  {
+    name: "secret-name pattern without DSN",
+    file: CONFIG,
+    find: `|DSN|`,
+    replace: `|`,
+    tests: ["tests/unit/config_test.ts"],
+  },
+  {
+    name: "exact secret names without DOCKER_HOST",
+    file: CONFIG,
+    find: `"DOCKER_HOST", `,
+    replace: ``,
+    tests: ["tests/unit/config_test.ts"],
+  },
+  {
+    name: "exact secret names without KUBECONFIG",
+    file: CONFIG,
+    find: `"KUBECONFIG", `,
+    replace: ``,
+    tests: ["tests/unit/config_test.ts"],
+  },
+  {
+    name: "exact secret names without NETRC",
+    file: CONFIG,
+    find: `"NETRC"]`,
+    replace: `]`,
+    tests: ["tests/unit/config_test.ts"],
+  },
+  {
+    name: "a project sandbox.yaml may use a key command",
+    file: CONFIG,
+    find: `...(profile.llm.key && "command" in profile.llm.key ? [`,
+    replace: `...(false ? [`,
+    tests: ["tests/unit/config_test.ts"],
+  },
+];
