@@ -15,6 +15,8 @@ export interface AccessLogEntry {
   /** The destination host (the upstream), or "" when the request was too malformed to name one. */
   host: string;
   port: number;
+  /** Egress: the IP address the proxy actually connected to (after `network.hosts` or DNS). */
+  address?: string;
   path?: string;
   /** The HTTP status the sandbox received (200 for an established CONNECT tunnel). */
   status?: number;

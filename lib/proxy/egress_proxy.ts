@@ -9,8 +9,14 @@
  *   response is piped back and the connection ends. One request per connection means a second,
  *   pipelined request can never ride on a connection that was checked for another host.
  *
+ * Both go through one decision (`#destination`): the allowlist on the canonical name, then the
+ * name is resolved once and every address checked (lib/proxy/address_guard.ts); the proxy
+ * connects to a checked address literally, so a DNS answer that changes between check and connect
+ * is never asked for. Loopback, private, link-local, metadata and the host's own addresses are
+ * refused (403) unless `network.hosts` maps the name there.
+ *
  * Every connection that sent anything is logged once, when it ends, allowed or denied, with the
- * bytes that crossed the sandbox boundary both ways.
+ * bytes that crossed the sandbox boundary both ways and the address actually connected to.
  */
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
 import { closeOnAbort } from "../process.ts";
@@ -19,9 +25,17 @@ import {
   compileEgressPolicy,
   type EgressMode,
   type EgressPolicy,
+  isIpLiteral,
   isUnspecifiedAddress,
   splitHostPort,
 } from "./egress_policy.ts";
+import {
+  hostInterfaceAddresses,
+  type RefusedAddress,
+  resolveDestination,
+  type Resolver,
+  systemResolver,
+} from "./address_guard.ts";
 
 /** Requests with a larger head (request line + headers) get 431. */
 export const MAX_REQUEST_HEAD_BYTES = 64 * 1024;
@@ -31,6 +45,12 @@ export const CONNECT_TIMEOUT_MS = 10_000;
 /** Cap on one line of chunked framing (size line or trailer). */
 const MAX_CHUNK_LINE_BYTES = 8 * 1024;
 const READ_BUFFER_BYTES = 64 * 1024;
+/**
+ * Piping buffers start at READ_BUFFER_BYTES and double while reads fill them, up to this: a
+ * 64 KiB read-then-write loop held a bulk download to about half of a direct one, 1 MiB to par,
+ * and an idle or chatty connection never pays for the large buffer.
+ */
+const MAX_PIPE_BUFFER_BYTES = 1024 * 1024;
 /** After an error response, how long and how much of the client's unread input is drained. */
 const LINGER_MS = 2_000;
 const LINGER_MAX_BYTES = 1024 * 1024;
@@ -43,7 +63,10 @@ export interface EgressProxyOptions {
   mode: EgressMode;
   /** Allowlist patterns (see lib/egress_policy.ts), used in mode "allowlist". */
   allow: string[];
-  /** Static name → IP map consulted before DNS, like /etc/hosts. Names are matched canonically. */
+  /**
+   * Static name → IP map consulted before DNS, like /etc/hosts. Names are matched canonically.
+   * The user's explicit choice: a mapped name may reach an internal address; nothing else may.
+   */
   hosts?: Record<string, string>;
   log?: AccessLog;
   /** Named in deny messages and log entries. */
@@ -51,7 +74,21 @@ export interface EgressProxyOptions {
   runId?: string | null;
   /** Aborting closes the proxy, as `close()` does. */
   signal?: AbortSignal;
+  /** Deadline for resolving and connecting to the upstream. */
   connectTimeoutMs?: number;
+  /** Name resolver (default: the system's, as `Deno.connect` uses it). Called once per request. */
+  resolve?: Resolver;
+  /** This host's own addresses, refused as destinations (default: every interface's, read per request). */
+  localAddresses?: () => readonly string[];
+  /** Opens the upstream connection to a checked IP address (default: `Deno.connect`). */
+  dial?: Dialer;
+}
+
+/** Connect to `address` (an IP literal, never a name) on `port`. */
+export type Dialer = (address: string, port: number, signal: AbortSignal) => Promise<Deno.Conn>;
+
+function dialTcp(address: string, port: number, signal: AbortSignal): Promise<Deno.Conn> {
+  return Deno.connect({ hostname: address, port, signal });
 }
 
 export interface ListenAddress {
@@ -77,9 +114,10 @@ export interface EgressProxy {
 // deno-lint-ignore require-await
 export async function startEgressProxy(options: EgressProxyOptions): Promise<EgressProxy> {
   assertListenHostnames(options.hostnames);
+  // Before listening: a bad `hosts` entry raises here, with nothing to clean up.
+  const proxy = new ProxySession(options);
   const listeners = listenAll(options.hostnames, options.port ?? 0);
   const port = listeners[0].addr.port;
-  const proxy = new ProxySession(options);
   const acceptLoops = listeners.map((listener) => proxy.acceptFrom(listener));
 
   let closing: Promise<void> | undefined;
@@ -149,6 +187,8 @@ class ProxyRefusal extends Error {
     readonly status: number,
     readonly decision: "allow" | "deny",
     message: string,
+    /** For the access log only, when it may say more than the sandbox is told. */
+    readonly logReason: string = message,
   ) {
     super(message);
   }
@@ -169,8 +209,13 @@ class ProxySession {
     this.#policy = compileEgressPolicy(options.mode, options.allow);
     this.#hosts = new Map();
     for (const [name, address] of Object.entries(options.hosts ?? {})) {
+      const ip = canonicalHost(address);
+      // Only an address: a name here would be resolved again, unchecked, at connect time.
+      if (ip === undefined || !isIpLiteral(ip)) {
+        throw new TypeError(`Invalid hosts entry "${name}": "${address}" is not an IP address`);
+      }
       // Keyed by canonical name, since that is what requests are looked up by.
-      this.#hosts.set(canonicalHost(name) ?? name, address);
+      this.#hosts.set(canonicalHost(name) ?? name, ip);
     }
   }
 
@@ -233,9 +278,10 @@ class ProxySession {
       const target = this.#parseTarget(head);
       Object.assign(entry, { host: target.host, port: target.port, path: target.path });
       const framing = head.method === "CONNECT" ? undefined : bodyFraming(head.headers);
-      this.#checkPolicy(target);
+      const connected = await this.#reach(target);
       entry.decision = "allow";
-      upstream = this.#track(await this.#connect(target));
+      entry.address = connected.address;
+      upstream = this.#track(connected.conn);
       if (framing === undefined) {
         await writeAll(
           clientConn,
@@ -251,7 +297,7 @@ class ProxySession {
       if (error instanceof ProxyRefusal) {
         entry.decision = error.decision;
         entry.status = error.status;
-        entry.reason = error.message;
+        entry.reason = error.logReason;
         await writeAll(clientConn, errorResponse(error.status, error.message), tally)
           .then(() => lingeringClose(clientConn, tally))
           .catch(() => {});
@@ -352,39 +398,90 @@ class ProxySession {
     throw new ProxyRefusal(403, "deny", `${what} ${why}`);
   }
 
-  async #connect(target: Target): Promise<Deno.Conn> {
-    const mapped = this.#hosts.get(target.host) ?? target.host;
+  /**
+   * The one decision for both CONNECT and plain HTTP, and the connection it allows: the policy on
+   * the canonical name, one resolution, the address check, then a connection to a checked
+   * address. Refusals are raised as `ProxyRefusal`s.
+   */
+  async #reach(target: Target): Promise<{ conn: Deno.Conn; address: string }> {
+    this.#checkPolicy(target);
     const timeoutMs = this.#options.connectTimeoutMs ?? CONNECT_TIMEOUT_MS;
     const attempt = new AbortController();
     const timer = setTimeout(() => attempt.abort(), timeoutMs);
     const stopOnClose = () => attempt.abort();
     this.#closing.signal.addEventListener("abort", stopOnClose, { once: true });
-    try {
-      return await Deno.connect({
-        hostname: mapped.replace(/^\[|\]$/g, ""),
-        port: target.port,
-        signal: attempt.signal,
-      });
-    } catch (error) {
-      const why = this.#closing.signal.aborted
+    const why = (error: unknown) =>
+      this.#closing.signal.aborted
         ? "the proxy is shutting down"
         : attempt.signal.aborted
         ? `no answer within ${timeoutMs} ms`
         : errorName(error);
+    try {
+      const addresses = await this.#destination(target, attempt.signal).catch((error) => {
+        if (error instanceof ProxyRefusal) throw error;
+        throw new ProxyRefusal(
+          502,
+          "allow",
+          `cannot resolve "${target.host}": ${why(error)}`,
+        );
+      });
+      const dial = this.#options.dial ?? dialTcp;
+      let failure: unknown;
+      // Each checked address in turn, each with a fair share of the time left.
+      const deadline = performance.now() + timeoutMs;
+      for (const [i, address] of addresses.entries()) {
+        if (attempt.signal.aborted) break;
+        const share = (deadline - performance.now()) / (addresses.length - i);
+        const one = AbortSignal.any([attempt.signal, AbortSignal.timeout(Math.max(1, share))]);
+        try {
+          return { conn: await dial(address, target.port, one), address };
+        } catch (error) {
+          failure = error;
+        }
+      }
       throw new ProxyRefusal(
         502,
         "allow",
-        `cannot connect to "${target.host}:${target.port}": ${why}`,
+        `cannot connect to "${target.host}:${target.port}": ${why(failure)}`,
+        `cannot connect to "${target.host}:${target.port}" at ${addresses.join(", ")}: ${
+          why(failure)
+        }`,
       );
     } finally {
       clearTimeout(timer);
       this.#closing.signal.removeEventListener("abort", stopOnClose);
     }
   }
+
+  /** The checked addresses `target` may be reached at; internal ones refused (403). */
+  async #destination(target: Target, signal: AbortSignal): Promise<string[]> {
+    const destination = await resolveDestination(target.host, {
+      hosts: this.#hosts,
+      resolve: this.#options.resolve ?? systemResolver,
+      localAddresses: this.#options.localAddresses ?? hostInterfaceAddresses,
+      signal,
+    });
+    if (destination.kind === "connect") return destination.addresses;
+    const what = `"${target.host}:${target.port}"`;
+    const classes = [...new Set(destination.refused.map((r) => r.why))].join(" / ");
+    const profile = this.#options.profile;
+    const message = destination.source === "literal"
+      ? `${what} is an internal address (${classes}), which the egress proxy does not connect to; ` +
+        `to reach it, map a name to it in network.hosts of profile "${profile}" and allow that name`
+      : `${what} resolved to an internal address (${classes}), which the egress proxy does not ` +
+        `connect to by name; to allow it, map the name to that address in network.hosts of ` +
+        `profile "${profile}" (the access log has the address)`;
+    // The sandbox learns the class, not the address: the proxy is no oracle for internal DNS.
+    throw new ProxyRefusal(403, "deny", message, `${message}; resolved: ${describe(destination.refused)}`);
+  }
+}
+
+function describe(refused: readonly RefusedAddress[]): string {
+  return refused.map(({ address, why }) => `${address} (${why})`).join(", ");
 }
 
 interface Target {
-  /** Canonical host: what the policy checked and what is connected to (unless `hosts` maps it). */
+  /** Canonical host: what the policy checked and what is resolved (unless `hosts` maps it). */
   host: string;
   port: number;
   /** Plain HTTP only: the path for the log (no query: it often carries signatures). */
@@ -553,13 +650,29 @@ async function pipeResponse(
   tally: Tally,
 ): Promise<number | undefined> {
   let status: number | undefined;
-  const buffer = new Uint8Array(READ_BUFFER_BYTES);
+  const buffer = new PipeBuffer();
   while (true) {
-    const n = await upstream.read(buffer);
-    if (n === null) return status;
-    const chunk = buffer.subarray(0, n);
+    const chunk = await buffer.readFrom(upstream);
+    if (chunk === null) return status;
     status ??= parseStatus(chunk);
     await writeAll(clientConn, chunk, tally);
+  }
+}
+
+/** A read buffer that doubles while reads fill it, up to MAX_PIPE_BUFFER_BYTES. */
+class PipeBuffer {
+  #bytes = new Uint8Array(READ_BUFFER_BYTES);
+
+  /** The bytes of one read (valid until the next), or null at end of stream. */
+  async readFrom(conn: Deno.Conn): Promise<Uint8Array | null> {
+    const n = await conn.read(this.#bytes);
+    if (n === null) return null;
+    const chunk = this.#bytes.subarray(0, n);
+    if (n === this.#bytes.length && n < MAX_PIPE_BUFFER_BYTES) {
+      // The old buffer stays alive as `chunk` until the caller has written it.
+      this.#bytes = new Uint8Array(n * 2);
+    }
+    return chunk;
   }
 }
 
@@ -589,12 +702,12 @@ async function tunnel(client: BufferedConn, upstream: Deno.Conn, tally: Tally): 
 }
 
 async function pump(from: Deno.Conn, to: Deno.Conn, count: (n: number) => void): Promise<void> {
-  const buffer = new Uint8Array(READ_BUFFER_BYTES);
+  const buffer = new PipeBuffer();
   while (true) {
-    const n = await from.read(buffer);
-    if (n === null) break;
-    count(n);
-    await writeAll(to, buffer.subarray(0, n));
+    const chunk = await buffer.readFrom(from);
+    if (chunk === null) break;
+    count(chunk.length);
+    await writeAll(to, chunk);
   }
   await to.closeWrite().catch(() => {});
 }
