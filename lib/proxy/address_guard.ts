@@ -274,11 +274,26 @@ const EMBEDDING_FORMS: readonly {
   publicAllowed: boolean;
   extract: (bytes: Uint8Array) => Uint8Array;
 }[] = [
-  { prefix: prefix("::ffff:0:0/96"), name: "IPv4-mapped IPv6", publicAllowed: true, extract: last32 },
-  { prefix: prefix("::ffff:0:0:0/96"), name: "IPv4-translated IPv6", publicAllowed: false, extract: last32 },
+  {
+    prefix: prefix("::ffff:0:0/96"),
+    name: "IPv4-mapped IPv6",
+    publicAllowed: true,
+    extract: last32,
+  },
+  {
+    prefix: prefix("::ffff:0:0:0/96"),
+    name: "IPv4-translated IPv6",
+    publicAllowed: false,
+    extract: last32,
+  },
   { prefix: prefix("::/96"), name: "IPv4-compatible IPv6", publicAllowed: false, extract: last32 },
   { prefix: prefix("64:ff9b::/96"), name: "NAT64", publicAllowed: true, extract: last32 },
-  { prefix: prefix("64:ff9b:1::/48"), name: "local-use NAT64", publicAllowed: false, extract: last32 },
+  {
+    prefix: prefix("64:ff9b:1::/48"),
+    name: "local-use NAT64",
+    publicAllowed: false,
+    extract: last32,
+  },
   { prefix: prefix("2002::/16"), name: "6to4", publicAllowed: true, extract: (b) => b.slice(2, 6) },
 ];
 

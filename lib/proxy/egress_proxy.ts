@@ -472,7 +472,12 @@ class ProxySession {
         `connect to by name; to allow it, map the name to that address in network.hosts of ` +
         `profile "${profile}" (the access log has the address)`;
     // The sandbox learns the class, not the address: the proxy is no oracle for internal DNS.
-    throw new ProxyRefusal(403, "deny", message, `${message}; resolved: ${describe(destination.refused)}`);
+    throw new ProxyRefusal(
+      403,
+      "deny",
+      message,
+      `${message}; resolved: ${describe(destination.refused)}`,
+    );
   }
 }
 
