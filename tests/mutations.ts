@@ -18,6 +18,9 @@ export interface Mutation {
 }
 
 const EGRESS_POLICY = "lib/proxy/egress_policy.ts";
+const EGRESS_PROXY = "lib/proxy/egress_proxy.ts";
+const ADDRESS_GUARD = "lib/proxy/address_guard.ts";
+const EGRESS_TESTS = ["tests/unit/egress_proxy_test.ts", "tests/unit/address_guard_test.ts"];
 const CREDENTIAL_PROXY = "lib/proxy/credential_proxy.ts";
 const GIT_PROXY = "lib/proxy/git_proxy.ts";
 const CONFIG = "lib/config.ts";
@@ -36,6 +39,51 @@ export const MUTATIONS: Mutation[] = [
     find: `? DEFAULT_PORTS.includes(port)`,
     replace: `? true`,
     tests: ["tests/unit/egress_policy_test.ts"],
+  },
+  {
+    name:
+      "egress proxy connects to whatever an allowed name resolves to (loopback, private, metadata)",
+    file: ADDRESS_GUARD,
+    find: `const why = internalAddressReason(address, local);`,
+    replace: `const why = undefined;`,
+    tests: EGRESS_TESTS,
+  },
+  {
+    name: "egress proxy connects by name after checking the address (DNS rebinding)",
+    file: EGRESS_PROXY,
+    find: `return { conn: await dial(address, target.port, one), address };`,
+    replace: `return { conn: await dial(target.host, target.port, one), address };`,
+    tests: ["tests/unit/egress_proxy_test.ts"],
+  },
+  {
+    name: "egress proxy connects to an internal IP literal target",
+    file: ADDRESS_GUARD,
+    find: `const source = isIpLiteral(host) ? "literal" : "dns";`,
+    replace:
+      `if (isIpLiteral(host)) return { kind: "connect", addresses: [unbracket(host)], source: "literal", refused: [] };
+  const source = isIpLiteral(host) ? "literal" : "dns";`,
+    tests: ["tests/unit/egress_proxy_test.ts"],
+  },
+  {
+    name: "egress proxy connects to the host's own interface addresses",
+    file: ADDRESS_GUARD,
+    find: `return isLocal(bytes, local) ? "one of this host's own addresses" : undefined;`,
+    replace: `return undefined;`,
+    tests: EGRESS_TESTS,
+  },
+  {
+    name: "egress proxy judges IPv4-mapped, NAT64 and 6to4 forms without the IPv4 they carry",
+    file: ADDRESS_GUARD,
+    find: `const inner = ipv4Class(v4) ??`,
+    replace: `const inner = undefined ??`,
+    tests: EGRESS_TESTS,
+  },
+  {
+    name: "egress proxy connects to 10.0.0.0/8",
+    file: ADDRESS_GUARD,
+    find: `["10.0.0.0/8", "a private address"],`,
+    replace: ``,
+    tests: EGRESS_TESTS,
   },
   {
     name: "proxy token comparison always equal",
