@@ -8,8 +8,9 @@
  * - an IP literal (`10.0.0.5`, `[::1]:8080`) matches only itself; wildcards never match IPs
  *
  * Hosts are canonicalised before matching (lowercase, trailing dot dropped, numeric IPv4 forms
- * such as `2130706433` or `127.1` turned into dotted quads), and the proxy connects to the
- * canonical form, so what was checked is what is reached. Anything that does not parse is denied.
+ * such as `2130706433` or `127.1` turned into dotted quads), and the proxy resolves the canonical
+ * form, once, and connects only to an address it checked (lib/proxy/address_guard.ts), so what was
+ * checked is what is reached. Anything that does not parse is denied.
  */
 
 export type EgressMode = "none" | "allowlist" | "full";
