@@ -69,7 +69,7 @@ const NetworkSchema = z.object({
   /** Static name → IP map the egress proxy consults before DNS (like /etc/hosts). */
   hosts: z.record(
     z.string().regex(DOMAIN_PATTERN, { message: "expected a host name" }),
-    z.string().regex(/^(\d{1,3}\.){3}\d{1,3}$|^[0-9a-f:]+$/i, { message: "expected an IP address" }),
+    z.string().regex(/^((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)$|^[0-9a-f]*:[0-9a-f:.]*$/i, { message: "expected an IP address" }),
   ).default({}),
 }).strict();
 

@@ -183,3 +183,17 @@ Deno.test("sizes and durations parse in the units people write", () => {
   assert.equal(parseDuration("500ms"), 500);
   assert.equal(parseDuration("soon"), undefined);
 });
+
+Deno.test("network.hosts values must be IP addresses: the egress proxy never looks a mapped value up", () => {
+  for (const value of ["abc", "cafe", "256.1.1.1", "1.2.3", "db.internal"]) {
+    assert.deepEqual(
+      issuesOf(`profiles:\n  p:\n    sandbox:\n      network:\n        hosts: {a.test: "${value}"}\n`),
+      ["profiles.p.sandbox.network.hosts.a.test: expected an IP address"],
+      value,
+    );
+  }
+  for (const value of ["10.1.2.3", "255.255.255.255", "::1", "fd00::1", "::ffff:127.0.0.1"]) {
+    const yaml = `profiles:\n  p:\n    sandbox:\n      network:\n        hosts: {a.test: "${value}"}\n`;
+    assert.equal(parseConfig(yaml, "test.yaml", noEnv).kind, "ok", value);
+  }
+});
