@@ -6,12 +6,13 @@ import { Command, CommanderError } from "commander";
 import denoJson from "./deno.json" with { type: "json" };
 import { EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
 import { registerConfigCommands } from "./cli/config_commands.ts";
-import { cliState, note, signal, stdout } from "./cli/context.ts";
+import { checkNamedConfigFirst, cliState, note, signal, stdout } from "./cli/context.ts";
 import { registerProxyCommand } from "./cli/proxy_command.ts";
 import { reportError } from "./cli/report.ts";
 import { registerRunCommand } from "./cli/run_command.ts";
 import { registerRunsCommands } from "./cli/runs_commands.ts";
 import { registerSandboxCommands } from "./cli/sandbox_commands.ts";
+import { registerTrustCommand } from "./cli/trust_command.ts";
 
 const VERSION = denoJson.version;
 const encoder = new TextEncoder();
@@ -27,12 +28,14 @@ function buildProgram(): Command {
     .enablePositionalOptions()
     .showHelpAfterError("(run with --help for usage)")
     .exitOverride()
-    .configureOutput({ writeErr: (text) => Deno.stderr.writeSync(encoder.encode(text)) });
+    .configureOutput({ writeErr: (text) => Deno.stderr.writeSync(encoder.encode(text)) })
+    .hook("preAction", checkNamedConfigFirst);
   registerSandboxCommands(program);
   registerProxyCommand(program);
   registerRunCommand(program);
   registerRunsCommands(program);
   registerConfigCommands(program);
+  registerTrustCommand(program);
   return program;
 }
 export async function main(args: string[]): Promise<number> {

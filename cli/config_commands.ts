@@ -3,13 +3,12 @@ import type { Command } from "commander";
 import YAML from "yaml";
 import {
   type Config,
-  findConfigFile,
   loadConfigOrThrow,
   parseConfig,
   profileNames,
   resolveProfile,
 } from "../lib/config.ts";
-import { globals, jsonOption, note, stdout } from "./context.ts";
+import { configFor, jsonOption, note, stdout } from "./context.ts";
 
 export function registerConfigCommands(program: Command): void {
   const config = program.command("config").description("check and print the configuration");
@@ -18,13 +17,12 @@ export function registerConfigCommands(program: Command): void {
     .argument("[file]", "file to check")
     .addOption(jsonOption())
     .action(async (file: string | undefined, opts: { json?: boolean }, command: Command) => {
-      const path = file ?? await findConfigFile({ explicit: globals(command).config });
+      const { config, file: path } = file ? await loadConfigOrThrow({ explicit: file }) : await configFor(command);
       if (path === undefined) {
         if (opts.json) await stdout.json({ valid: true, file: null, profiles: ["default"] });
         else note("no configuration file found; the built-in default profile applies");
         return;
       }
-      const { config } = await loadConfigOrThrow({ explicit: path });
       if (opts.json) await stdout.json({ valid: true, file: path, profiles: profileNames(config) });
       else note(`${path} is valid (profiles: ${profileNames(config).join(", ")})`);
     });
@@ -32,7 +30,7 @@ export function registerConfigCommands(program: Command): void {
     .description("print the effective configuration, defaults filled in")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }, command: Command) => {
-      const { config, file } = await loadConfigOrThrow({ explicit: globals(command).config });
+      const { config, file } = await configFor(command);
       const effective = effectiveConfig(config);
       if (opts.json) await stdout.json({ file: file ?? null, ...effective });
       else {await stdout.write(

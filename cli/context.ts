@@ -3,8 +3,20 @@
  * `main` turns into an exit code, and small argument parsers.
  */
 import { type Command, Option } from "commander";
-import { loadConfigOrThrow, resolveProfile } from "../lib/config.ts";
-import { EXIT, SandboxError } from "../lib/errors.ts";
+import {
+  bareProfile,
+  type Config,
+  type ConfigSource,
+  DEFAULT_PROFILE,
+  type IgnoredConfig,
+  loadConfig,
+  namedConfigFile,
+  resolveProfile,
+} from "../lib/config.ts";
+import { shellQuote } from "../lib/config_summary.ts";
+import { ConfigError, EXIT, SandboxError } from "../lib/errors.ts";
+import { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
+import { isSecretName } from "../lib/secret_guard.ts";
 import { StdoutWriter } from "../lib/output.ts";
 import { parseDuration } from "../lib/units.ts";
 
@@ -47,9 +59,68 @@ export function globals(command: Command): GlobalOptions {
   return command.optsWithGlobals() as GlobalOptions;
 }
 
+export interface LoadedConfig {
+  config: Config;
+  file?: string;
+  source?: ConfigSource;
+}
+
+let loaded: Promise<LoadedConfig> | undefined;
+
+/**
+ * The configuration, loaded once per process. Project files ignored for want of trust are reported
+ * on stderr (which file, what it would change, how to trust it); an invalid file is a ConfigError.
+ */
+export function configFor(command: Command): Promise<LoadedConfig> {
+  loaded ??= (async () => {
+    const result = await loadConfig({ explicit: globals(command).config });
+    for (const ignored of result.ignored ?? []) reportIgnored(ignored);
+    if (result.kind === "invalid") throw new ConfigError(result.file, result.issues);
+    return result;
+  })();
+  return loaded;
+}
+
+function reportIgnored(ignored: IgnoredConfig): void {
+  const why = ignored.state === "changed" ? "it changed since you trusted it" : "it is not trusted";
+  note(`ignoring ${shellQuote(ignored.file)}: ${why} (a configuration file that comes with a project may be hostile)`);
+  note("  it would set:");
+  for (const line of ignored.summary) note(`    ${line}`);
+  note("  the built-in defaults (or your user config) apply as if it were absent; after reviewing it, trust it with:");
+  note(`    ${ignored.trustCommand}`);
+}
+
+/**
+ * Every command runs this first: a configuration named with --config or $SANDBOX_CONFIG must exist
+ * and be valid, whether or not the command needs it, so that a typo never goes unnoticed.
+ */
+export async function checkNamedConfigFirst(_program: Command, action: Command): Promise<void> {
+  if (namedConfigFile({ explicit: globals(action).config })) await configFor(action);
+}
+
 export async function profileFor(command: Command, name?: string) {
-  const { config } = await loadConfigOrThrow({ explicit: globals(command).config });
+  const { config } = await configFor(command);
   return resolveProfile(config, name);
+}
+
+/**
+ * The sandbox `down` removes, found by profile name alone: a broken, changed or removed
+ * configuration never stops a cleanup. The name is `-p`, else `$SANDBOX_PROFILE`, else the
+ * configuration's `default_profile` (which needs a valid configuration), else "default".
+ */
+export async function sandboxToRemove(command: Command, name?: string): Promise<DockerSandboxProvider> {
+  let chosen = name ?? Deno.env.get("SANDBOX_PROFILE");
+  if (chosen === undefined) {
+    try {
+      chosen = (await configFor(command)).config.default_profile ?? DEFAULT_PROFILE;
+    } catch (error) {
+      if (!(error instanceof ConfigError)) throw error;
+      throw new SandboxError("config_invalid", `Cannot tell which profile's sandbox to remove: ${error.message}`, {
+        detail: `${error.detail}\nName the profile to remove its sandbox whatever the configuration says: sandbox down -p PROFILE`,
+      });
+    }
+  }
+  return new DockerSandboxProvider(bareProfile(chosen));
 }
 
 export function collect(value: string, previous: string[] = []): string[] {
@@ -61,7 +132,17 @@ export function parseEnvPairs(pairs: string[]): Record<string, string> {
   for (const pair of pairs) {
     const eq = pair.indexOf("=");
     if (eq <= 0) throw new SandboxError("usage", `Invalid --env "${pair}": expected KEY=VALUE`);
-    env[pair.slice(0, eq)] = pair.slice(eq + 1);
+    const name = pair.slice(0, eq);
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
+      throw new SandboxError("usage", `Invalid --env "${name}": expected an environment variable name`);
+    }
+    // The same rule as the configuration's environment: secrets never enter the sandbox.
+    if (isSecretName(name)) {
+      throw new SandboxError("usage", `Refusing --env "${name}": the name looks like a secret`, {
+        detail: "Secrets never enter the sandbox; LLM keys and git tokens reach their upstreams through the host-side proxies",
+      });
+    }
+    env[name] = pair.slice(eq + 1);
   }
   return env;
 }

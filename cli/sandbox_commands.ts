@@ -22,6 +22,7 @@ import {
   parseTimeout,
   profileFor,
   profileOption,
+  sandboxToRemove,
   signal,
   stderrLine,
   stdout,
@@ -47,11 +48,11 @@ export function registerSandboxCommands(program: Command): void {
     .option("--volumes", "also remove its workspace volume (the sandbox's copy of your repos)")
     .action(
       async (opts: { profile?: string; json?: boolean; volumes?: boolean }, command: Command) => {
-        const profile = await profileFor(command, opts.profile);
-        const report = await createProvider(profile).teardown({ volumes: opts.volumes, signal });
+        const provider = await sandboxToRemove(command, opts.profile);
+        const report = await provider.teardown({ volumes: opts.volumes, signal });
         if (opts.json) await stdout.json(report);
         else if (report.containers.length === 0) {
-          note(`no sandbox running for profile ${profile.name}`);
+          note(`no sandbox running for profile ${provider.profile.name}`);
         } else note(`removed ${[...report.containers, ...report.volumes].join(", ")}`);
       },
     );

@@ -8,24 +8,19 @@ import { z } from "zod";
 import YAML from "yaml";
 import { type ConfigIssue, ConfigError, SandboxError } from "./errors.ts";
 import { parseDuration, parseSize } from "./units.ts";
+import { joinPath, userConfigDir } from "./paths.ts";
+import { findSecret, isSecretName, knownSecrets } from "./secret_guard.ts";
+import { shellQuote, summarizeConfig } from "./config_summary.ts";
+import { trustStateOf } from "./trust.ts";
+
+export { isSecretName } from "./secret_guard.ts";
+export { userConfigDir, userStateDir } from "./paths.ts";
 
 /** File names looked for in the current directory and the repository root, in order. */
 export const CONFIG_FILE_NAMES = ["sandbox.yaml", "sandbox.yml", ".sandbox.yaml"] as const;
 export const DEFAULT_PROFILE = "default";
 /** The base image built locally from Debian packages when it cannot be pulled. */
 export const DEFAULT_BASE_IMAGE = "sandbox-base:bookworm";
-
-/**
- * Environment variable names that never enter a sandbox, whatever the configuration says.
- * Keys reach upstreams through the host-side credential proxy instead.
- */
-const SECRET_NAME = /(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE|AUTH|COOKIE|SESSION|DSN|DATABASE_URL)/i;
-const SECRET_NAMES_EXACT = new Set(["SSH_AUTH_SOCK", "DOCKER_HOST", "KUBECONFIG", "NETRC"]);
-
-/** True when a variable name looks like it carries a secret. */
-export function isSecretName(name: string): boolean {
-  return SECRET_NAME.test(name) || SECRET_NAMES_EXACT.has(name.toUpperCase());
-}
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const PROFILE_NAME = /^[a-z0-9][a-z0-9_.-]{0,62}$/;
@@ -187,9 +182,23 @@ export interface Profile {
   };
 }
 
+/** Where a configuration file came from; only `project` files need the user's trust. */
+export type ConfigSource = "named" | "project" | "user";
+
+/** A project file that was not used because the user has not trusted this content of it. */
+export interface IgnoredConfig {
+  file: string;
+  /** `untrusted`: never trusted; `changed`: trusted once, with other content. */
+  state: "untrusted" | "changed";
+  /** What it would set, one line per section, safe to print on a terminal. */
+  summary: string[];
+  /** The command that trusts it, ready to paste. */
+  trustCommand: string;
+}
+
 export type ConfigLoadResult =
-  | { kind: "ok"; config: Config; file: string | undefined }
-  | { kind: "invalid"; file: string | undefined; issues: ConfigIssue[] };
+  | { kind: "ok"; config: Config; file: string | undefined; source?: ConfigSource; ignored?: IgnoredConfig[] }
+  | { kind: "invalid"; file: string | undefined; issues: ConfigIssue[]; source?: ConfigSource; ignored?: IgnoredConfig[] };
 
 /** Format a zod path as `profiles.work.sandbox.allow[0]`. */
 function formatPath(path: readonly (string | number)[]): string {
@@ -288,48 +297,121 @@ export interface FindConfigOptions {
   /** An explicitly named file (`--config`); when given, nothing else is searched. */
   explicit?: string;
   cwd?: string;
+  /** The trust store to consult (default: `trusted.json` in the user's state directory). */
+  trustStore?: string;
 }
 
-/**
- * Where the configuration comes from: `--config`, else `$SANDBOX_CONFIG`, else a
- * `sandbox.yaml` in the current directory or the repository root, else the user config
- * directory. `undefined` means none was found and the built-in defaults apply.
- */
-export async function findConfigFile(options: FindConfigOptions = {}): Promise<string | undefined> {
-  const explicit = options.explicit ?? Deno.env.get("SANDBOX_CONFIG");
-  if (explicit) return explicit;
-  const cwd = options.cwd ?? Deno.cwd();
+/** The file named with `--config`, else `$SANDBOX_CONFIG`; empty values name nothing. */
+export function namedConfigFile(options: FindConfigOptions = {}): string | undefined {
+  return options.explicit || Deno.env.get("SANDBOX_CONFIG") || undefined;
+}
+
+/** The project files sandbox looks for: in `cwd`, then in its repository root. */
+export async function projectConfigCandidates(cwd: string = Deno.cwd()): Promise<string[]> {
   const candidates = CONFIG_FILE_NAMES.map((name) => joinPath(cwd, name));
   const root = await findRepoRoot(cwd);
   if (root && root !== cwd) candidates.push(...CONFIG_FILE_NAMES.map((name) => joinPath(root, name)));
-  candidates.push(joinPath(userConfigDir(), "sandbox", "config.yaml"));
-  for (const candidate of candidates) {
+  return candidates;
+}
+
+/** The first project file that exists (trusted or not): what `sandbox trust` trusts by default. */
+export async function findProjectConfigFile(cwd?: string): Promise<string | undefined> {
+  for (const candidate of await projectConfigCandidates(cwd)) {
     if (await isFile(candidate)) return candidate;
   }
   return undefined;
 }
 
-/** Load and validate the configuration; errors for an unreadable explicit file. */
-export async function loadConfig(options: FindConfigOptions = {}): Promise<ConfigLoadResult> {
-  const file = await findConfigFile(options);
-  if (file === undefined) return parseConfig("profiles: {}", undefined);
-  let text: string;
-  try {
-    text = await Deno.readTextFile(file);
-  } catch (error) {
-    const reason = error instanceof Deno.errors.NotFound ? "file not found" : String((error as Error).message);
-    return { kind: "invalid", file, issues: [{ path: "", message: `cannot read: ${reason}` }] };
+type Selection =
+  | { kind: "found"; file: string; source: ConfigSource; bytes: Uint8Array; ignored: IgnoredConfig[] }
+  | { kind: "unreadable"; file: string; source: ConfigSource; reason: string; ignored: IgnoredConfig[] }
+  | { kind: "none"; ignored: IgnoredConfig[] };
+
+/**
+ * Choose the configuration: `--config`, else `$SANDBOX_CONFIG`, else a project file (`sandbox.yaml`
+ * in the current directory, then the repository root) whose content the user trusts, else the user
+ * config directory. An untrusted or changed project file is skipped as if it were absent, and
+ * reported in `ignored`. The file is read once: the bytes checked for trust are the bytes parsed.
+ */
+async function selectConfig(options: FindConfigOptions): Promise<Selection> {
+  const named = namedConfigFile(options);
+  if (named) {
+    try {
+      return { kind: "found", file: named, source: "named", bytes: await Deno.readFile(named), ignored: [] };
+    } catch (error) {
+      const reason = error instanceof Deno.errors.NotFound ? "file not found" : (error as Error).message;
+      return { kind: "unreadable", file: named, source: "named", reason, ignored: [] };
+    }
   }
-  const result = parseConfig(text, file);
-  const named = options.explicit ?? Deno.env.get("SANDBOX_CONFIG");
-  const trusted = named !== undefined || file.startsWith(`${userConfigDir()}/`);
-  return trusted ? result : rejectHostCommands(result);
+  const ignored: IgnoredConfig[] = [];
+  const candidates: { file: string; source: ConfigSource }[] = [
+    ...(await projectConfigCandidates(options.cwd)).map((file) => ({ file, source: "project" as const })),
+    { file: joinPath(userConfigDir(), "sandbox", "config.yaml"), source: "user" },
+  ];
+  for (const { file, source } of candidates) {
+    if (!await isFile(file)) continue;
+    let bytes: Uint8Array;
+    try {
+      bytes = await Deno.readFile(file);
+    } catch (error) {
+      return { kind: "unreadable", file, source, reason: (error as Error).message, ignored };
+    }
+    if (source === "project") {
+      const state = await trustStateOf(file, bytes, options.trustStore);
+      if (state !== "trusted") {
+        ignored.push({
+          file,
+          state,
+          summary: summarizeConfig(new TextDecoder().decode(bytes)),
+          trustCommand: `sandbox trust ${shellQuote(file)}`,
+        });
+        continue;
+      }
+    }
+    return { kind: "found", file, source, bytes, ignored };
+  }
+  return { kind: "none", ignored };
+}
+
+/**
+ * The configuration file sandbox uses: `--config`, else `$SANDBOX_CONFIG`, else a trusted
+ * `sandbox.yaml` in the current directory or the repository root, else the user config directory.
+ * `undefined` means none applies and the built-in defaults do.
+ */
+export async function findConfigFile(options: FindConfigOptions = {}): Promise<string | undefined> {
+  const selected = await selectConfig(options);
+  return selected.kind === "none" ? undefined : selected.file;
+}
+
+/**
+ * Load and validate the configuration (see `findConfigFile` for which). A named file that cannot be
+ * read is invalid, never a fallback. Project files ignored for want of trust are in `ignored`.
+ */
+export async function loadConfig(options: FindConfigOptions = {}): Promise<ConfigLoadResult> {
+  const selected = await selectConfig(options);
+  const { ignored } = selected;
+  if (selected.kind === "none") return { ...parseConfig("profiles: {}", undefined), ignored };
+  const { file, source } = selected;
+  if (selected.kind === "unreadable") {
+    return { kind: "invalid", file, source, issues: [{ path: "", message: `cannot read: ${selected.reason}` }], ignored };
+  }
+  return { ...validateConfigText(new TextDecoder().decode(selected.bytes), file, source), source, ignored };
+}
+
+/**
+ * Every rule a configuration from `source` must pass: the schema, no secret in a value that enters
+ * the sandbox, and for a project file no key command.
+ */
+export function validateConfigText(text: string, file: string | undefined, source: ConfigSource): ConfigLoadResult {
+  let result = parseConfig(text, file);
+  if (source === "project") result = rejectHostCommands(result);
+  return rejectSecretValues(result);
 }
 
 /**
  * A configuration found in the working directory or repository comes with the code, and may be
- * hostile: it may not make the host run commands (key sources of kind `command`). Such sources are
- * honoured only from the user's own configuration or a file named with --config.
+ * hostile: even once trusted, it may not make the host run commands (key sources of kind `command`).
+ * Such sources are honoured only from the user's own configuration or a file named with --config.
  */
 function rejectHostCommands(result: ConfigLoadResult): ConfigLoadResult {
   if (result.kind !== "ok") return result;
@@ -345,8 +427,58 @@ function rejectHostCommands(result: ConfigLoadResult): ConfigLoadResult {
   return issues.length > 0 ? { kind: "invalid", file: result.file, issues } : result;
 }
 
+/**
+ * No configured value that enters the sandbox may carry a secret this process knows, whatever the
+ * variable is called: `environment.set: {NOTES: "${OPENAI_API_KEY}"}` is refused like
+ * `OPENAI_API_KEY` itself. Known secrets are the values of host variables with secret-looking names
+ * and of the variables the profiles name as key sources. Issues name the place, never the value.
+ */
+export function secretValueIssues(
+  config: Config,
+  env: Record<string, string> = Deno.env.toObject(),
+): ConfigIssue[] {
+  const keyVariables = Object.values(config.profiles).flatMap((profile) =>
+    [profile.llm.key, profile.git.token].flatMap((source) => source && "env" in source ? [source.env] : [])
+  );
+  const secrets = knownSecrets(env, keyVariables);
+  if (secrets.length === 0) return [];
+  const issues: ConfigIssue[] = [];
+  const refuse = (path: string, value: string | undefined, what = "contains") => {
+    const found = value === undefined ? undefined : findSecret(value, secrets);
+    if (found) {
+      issues.push({ path, message: `${what} the value of ${found.source}; secrets never enter the sandbox` });
+    }
+  };
+  for (const [name, profile] of Object.entries(config.profiles)) {
+    const at = `profiles.${name}`;
+    for (const [variable, value] of Object.entries(profile.sandbox.environment.set)) {
+      refuse(`${at}.sandbox.environment.set.${variable}`, value);
+    }
+    profile.sandbox.environment.passthrough.forEach((variable, i) =>
+      refuse(`${at}.sandbox.environment.passthrough[${i}]`, env[variable], "its value on this host contains")
+    );
+    refuse(`${at}.llm.model`, profile.llm.model);
+  }
+  return issues;
+}
+
+function rejectSecretValues(result: ConfigLoadResult): ConfigLoadResult {
+  if (result.kind !== "ok") return result;
+  let env: Record<string, string>;
+  try {
+    env = Deno.env.toObject();
+  } catch {
+    // Without access to the environment no value could have been interpolated from it.
+    return result;
+  }
+  const issues = secretValueIssues(result.config, env);
+  return issues.length > 0 ? { kind: "invalid", file: result.file, issues } : result;
+}
+
 /** Load, validate and throw `ConfigError` when invalid. */
-export async function loadConfigOrThrow(options: FindConfigOptions = {}): Promise<{ config: Config; file?: string }> {
+export async function loadConfigOrThrow(
+  options: FindConfigOptions = {},
+): Promise<{ config: Config; file?: string; source?: ConfigSource; ignored?: IgnoredConfig[] }> {
   const result = await loadConfig(options);
   if (result.kind === "invalid") throw new ConfigError(result.file, result.issues);
   return result;
@@ -388,23 +520,17 @@ export function profileNames(config: Config): string[] {
   return names.includes(DEFAULT_PROFILE) ? names : [DEFAULT_PROFILE, ...names];
 }
 
-/** `$XDG_CONFIG_HOME`, else `~/.config`. */
-export function userConfigDir(): string {
-  return Deno.env.get("XDG_CONFIG_HOME") || joinPath(homeDir(), ".config");
-}
-
-/** `$XDG_STATE_HOME/sandbox`, else `~/.local/state/sandbox`: run logs and locks. */
-export function userStateDir(): string {
-  const base = Deno.env.get("XDG_STATE_HOME") || joinPath(homeDir(), ".local", "state");
-  return joinPath(base, "sandbox");
-}
-
-function homeDir(): string {
-  return Deno.env.get("HOME") ?? "/tmp";
-}
-
-function joinPath(...parts: string[]): string {
-  return parts.join("/").replace(/\/+/g, "/");
+/**
+ * A profile named `name` with every default: enough to find and remove its sandbox by name when its
+ * configuration is broken or gone (`sandbox down -p NAME`).
+ */
+export function bareProfile(name: string): Profile {
+  if (!PROFILE_NAME.test(name)) {
+    throw new SandboxError("usage", `Invalid profile name "${name}"`, {
+      detail: "Profile names are lowercase letters, digits, '.', '_' and '-' (at most 63)",
+    });
+  }
+  return resolveProfile({ profiles: { [name]: ProfileSchema.parse({}) } }, name);
 }
 
 async function isFile(path: string): Promise<boolean> {

@@ -2,13 +2,14 @@
  * Where API keys come from, and the one place that holds them.
  *
  * Keys live only in this host process's memory: they are never written to disk, never passed to
- * a sandbox, and every resolved value is registered with a `Redactor` so that logs and error
- * messages cannot echo it. Error messages name the source (a variable name, a program name) and
+ * a sandbox (every resolved value is registered with the secret guard, which refuses it at every
+ * boundary into one), and registered with a `Redactor` so that logs and error messages cannot echo it. Error messages name the source (a variable name, a program name) and
  * never the value, the command's arguments or its stdout.
  */
 import { SandboxError } from "./errors.ts";
 import { ProgramNotFoundError, run } from "./process.ts";
 import type { Redactor } from "./redact.ts";
+import { registerSecret } from "./secret_guard.ts";
 
 /** A key read from an environment variable, or printed on stdout by a command (a password manager). */
 export type KeySource = { env: string } | { command: string[] };
@@ -45,6 +46,8 @@ export class KeyStore {
     if (pending === undefined) {
       pending = this.#read(source, signal).then((key) => {
         this.#redactor?.add(key);
+        // From now on no value entering a sandbox may contain it (lib/secret_guard.ts).
+        registerSecret(key, `the key from ${describeKeySource(source)}`);
         return key;
       });
       // A failure is not cached: the user may fix the variable or sign in to the password manager.

@@ -13,6 +13,7 @@ import type { KeySource, KeyStore } from "../keys.ts";
 import { run } from "../process.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
 import type { Redactor } from "../redact.ts";
+import { registerSecret } from "../secret_guard.ts";
 import {
   commitLeftovers,
   inSandbox,
@@ -101,6 +102,7 @@ export function remoteAuthorization(
 
 function basic(user: string, secret: string, redactor: Redactor): string {
   redactor.add(secret);
+  registerSecret(secret, "the git credential for the remote");
   const encoded = btoa(`${user}:${secret}`);
   redactor.add(encoded);
   return `Basic ${encoded}`;

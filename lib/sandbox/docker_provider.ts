@@ -13,6 +13,7 @@ import { ensureImage, imageTagFor } from "./image.ts";
 import { withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
 import { spawn } from "../process.ts";
+import { assertNoSecrets } from "../secret_guard.ts";
 import type {
   EnsureRunningOptions,
   ExecOptions,
@@ -121,6 +122,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       const value = hostEnv(name);
       if (value !== undefined) env[name] = value;
     }
+    assertNoSecrets(`sandbox "${this.names.container}"`, { env: { ...env, ...this.profile.sandbox.environment.set }, envKind: "container environment" });
     return { ...env, ...this.profile.sandbox.environment.set };
   }
 
@@ -344,6 +346,7 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   #execArgs(argv: readonly string[], id: string, options: ExecOptions): string[] {
     if (argv.length === 0) throw new TypeError("Cannot run an empty command");
+    assertNoSecrets(`sandbox "${this.names.container}"`, { env: options.env, envKind: "exec environment", argv });
     return [
       "exec",
       ...(options.stdin !== undefined ? ["--interactive"] : []),
@@ -467,6 +470,7 @@ export class DockerSandboxProvider implements SandboxProvider {
     data: Uint8Array | string,
     options: { mode?: number; signal?: AbortSignal } = {},
   ): Promise<void> {
+    assertNoSecrets(`sandbox "${this.names.container}"`, { file: { path, data } });
     const mode = (options.mode ?? 0o600).toString(8);
     const script = 'umask 077; mkdir -p "$(dirname "$1")" && cat >"$1" && chmod "$2" "$1"';
     const result = await this.docker.run(

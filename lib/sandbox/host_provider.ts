@@ -10,6 +10,7 @@
 import { SandboxError } from "../errors.ts";
 import { execStreamOf } from "./exec_stream.ts";
 import { run, spawn, type SpawnOptions } from "../process.ts";
+import { assertNoSecrets } from "../secret_guard.ts";
 import type {
   ExecOptions,
   ExecResult,
@@ -30,7 +31,8 @@ function baseEnv(): Record<string, string> {
 }
 
 /** A command on the host: a cleared environment plus the caller's variables. */
-function spawnOptions(options: ExecOptions): SpawnOptions {
+function spawnOptions(options: ExecOptions, argv: readonly string[]): SpawnOptions {
+  assertNoSecrets("the host process (sandbox mode none)", { env: options.env, envKind: "environment", argv });
   return {
     cwd: options.cwd,
     env: { ...baseEnv(), ...options.env },
@@ -51,7 +53,7 @@ export class HostProvider implements SandboxProvider {
   }
 
   execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
-    const child = spawn(argv, spawnOptions(options));
+    const child = spawn(argv, spawnOptions(options, argv));
     return execStreamOf(child, async () => {
       const ended = await child.finished;
       if (ended.timedOut) throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
@@ -61,7 +63,7 @@ export class HostProvider implements SandboxProvider {
   }
 
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
-    const result = await run(argv, spawnOptions(options));
+    const result = await run(argv, spawnOptions(options, argv));
     if (result.aborted) throw new SandboxError("interrupted", "Command interrupted");
     return {
       exitCode: result.timedOut ? 124 : result.exitCode,
@@ -78,6 +80,7 @@ export class HostProvider implements SandboxProvider {
   }
 
   async writeFile(path: string, data: Uint8Array | string, options: { mode?: number } = {}): Promise<void> {
+    assertNoSecrets("the host process (sandbox mode none)", { file: { path, data } });
     await Deno.mkdir(path.replace(/\/[^/]*$/, "") || "/", { recursive: true, mode: 0o700 });
     const mode = options.mode ?? 0o600;
     if (typeof data === "string") await Deno.writeTextFile(path, data, { mode });

@@ -1,0 +1,86 @@
+/**
+ * `sandbox trust [FILE]`, `--list`, `--revoke`: the user's consent, by content hash, to a project's
+ * configuration file (direnv `allow`, mise `trust`). Until then sandbox ignores the file.
+ */
+import type { Command } from "commander";
+import { CONFIG_FILE_NAMES, findProjectConfigFile, validateConfigText } from "../lib/config.ts";
+import { shellQuote, summarizeConfig } from "../lib/config_summary.ts";
+import { ConfigError, SandboxError } from "../lib/errors.ts";
+import { table } from "../lib/output.ts";
+import { listTrust, revokeTrust, trustContent, trustKey } from "../lib/trust.ts";
+import { jsonOption, note, stdout } from "./context.ts";
+
+interface TrustFlags {
+  list?: boolean;
+  revoke?: boolean;
+  json?: boolean;
+}
+
+export function registerTrustCommand(program: Command): void {
+  program.command("trust")
+    .description("trust a project's sandbox.yaml (this exact content); until then sandbox ignores it")
+    .argument("[file]", "the file (default: the project file sandbox would find here)")
+    .option("--list", "list trusted files and whether they changed since")
+    .option("--revoke", "forget the trust in FILE")
+    .addOption(jsonOption())
+    .action(async (file: string | undefined, opts: TrustFlags) => {
+      if (opts.list && (opts.revoke || file !== undefined)) {
+        throw new SandboxError("usage", "--list takes neither a file nor --revoke");
+      }
+      if (opts.list) return await list(opts.json);
+      const target = file ?? await projectFile();
+      if (opts.revoke) return await revoke(target, opts.json);
+      await trust(target, opts.json);
+    });
+}
+
+async function projectFile(): Promise<string> {
+  const found = await findProjectConfigFile();
+  if (found === undefined) {
+    throw new SandboxError("usage", "No project configuration file to trust", {
+      detail: `Looked for ${CONFIG_FILE_NAMES.join(", ")} in ${Deno.cwd()} and its repository root; name one: sandbox trust FILE`,
+    });
+  }
+  return found;
+}
+
+/** Validate, then trust: the bytes validated are the bytes whose hash is stored. */
+async function trust(file: string, json?: boolean): Promise<void> {
+  let bytes: Uint8Array;
+  try {
+    bytes = await Deno.readFile(file);
+  } catch (error) {
+    const reason = error instanceof Deno.errors.NotFound ? "file not found" : (error as Error).message;
+    throw new SandboxError("usage", `Cannot trust ${shellQuote(file)}: ${reason}`);
+  }
+  const text = new TextDecoder().decode(bytes);
+  const checked = validateConfigText(text, file, "project");
+  if (checked.kind === "invalid") {
+    note("not trusted: a project file must be valid, and may not use a key command");
+    throw new ConfigError(file, checked.issues);
+  }
+  const entry = await trustContent(file, bytes);
+  const summary = summarizeConfig(text);
+  if (json) return void await stdout.json({ ...entry, summary });
+  await stdout.line(`trusted ${shellQuote(entry.file)} (sha256 ${entry.sha256.slice(0, 12)}); it sets:`);
+  for (const line of summary) await stdout.line(`  ${line}`);
+  await stdout.line("any change to it must be trusted again");
+}
+
+async function revoke(file: string, json?: boolean): Promise<void> {
+  const revoked = await revokeTrust(file);
+  const key = await trustKey(file);
+  if (json) return void await stdout.json({ file: key, revoked });
+  if (revoked) await stdout.line(`revoked the trust in ${shellQuote(key)}`);
+  else note(`${shellQuote(key)} was not trusted`);
+}
+
+async function list(json?: boolean): Promise<void> {
+  const entries = await listTrust();
+  if (json) return void await stdout.json(entries);
+  if (entries.length === 0) return note("no trusted files (trust one with: sandbox trust FILE)");
+  await stdout.line(table(
+    ["FILE", "STATE", "TRUSTED", "SHA256"],
+    entries.map((e) => [shellQuote(e.file), e.state, e.trusted_at.replace("T", " ").slice(0, 19), e.sha256.slice(0, 12)]),
+  ));
+}
