@@ -109,7 +109,7 @@ export async function profileFor(command: Command, name?: string) {
  * configuration's `default_profile` (which needs a valid configuration), else "default".
  */
 export async function sandboxToRemove(command: Command, name?: string): Promise<DockerSandboxProvider> {
-  let chosen = name ?? Deno.env.get("SANDBOX_PROFILE");
+  let chosen = name ?? (Deno.env.get("SANDBOX_PROFILE") || undefined);
   if (chosen === undefined) {
     try {
       chosen = (await configFor(command)).config.default_profile ?? DEFAULT_PROFILE;

@@ -25,7 +25,7 @@ export function quoteForTerminal(value: unknown): string {
 /** A name from the file: bare when it is a plain identifier, else quoted. */
 function label(value: unknown): string {
   if (typeof value === "number" || typeof value === "boolean") return String(value);
-  return typeof value === "string" && /^[A-Za-z_][A-Za-z0-9_.-]{0,63}$/.test(value) ? value : quoteForTerminal(value);
+  return typeof value === "string" && /^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$/.test(value) ? value : quoteForTerminal(value);
 }
 
 /**
