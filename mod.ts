@@ -4,18 +4,34 @@
  * @module
  */
 export {
+  bareProfile,
   CONFIG_FILE_NAMES,
   DEFAULT_BASE_IMAGE,
   DEFAULT_PROFILE,
   findConfigFile,
+  findProjectConfigFile,
   isSecretName,
   loadConfig,
   loadConfigOrThrow,
   parseConfig,
   profileNames,
   resolveProfile,
+  secretValueIssues,
 } from "./lib/config.ts";
-export type { Config, ConfigLoadResult, FindConfigOptions, NetworkMode, Profile, SandboxConfig } from "./lib/config.ts";
+export type {
+  Config,
+  ConfigLoadResult,
+  ConfigSource,
+  FindConfigOptions,
+  IgnoredConfig,
+  NetworkMode,
+  Profile,
+  SandboxConfig,
+} from "./lib/config.ts";
+export { listTrust, revokeTrust, trustContent, trustStateOf, trustStorePath } from "./lib/trust.ts";
+export type { TrustEntry, TrustState } from "./lib/trust.ts";
+export { assertNoSecrets, knownSecrets, registerSecret, secretNameRules } from "./lib/secret_guard.ts";
+export type { KnownSecret, SandboxInput } from "./lib/secret_guard.ts";
 
 export { DockerSandboxProvider, listSandboxes, sandboxNames, statsAll, teardownAll } from "./lib/sandbox/docker_provider.ts";
 export type { DockerProviderOptions } from "./lib/sandbox/docker_provider.ts";
