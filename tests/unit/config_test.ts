@@ -287,6 +287,25 @@ Deno.test("built-in providers refuse a base_url: their key goes only to their ow
   });
 });
 
+Deno.test("loading a named config that copies a secret into the sandbox under an innocent name is invalid", async () => {
+  await using dir = await tempDir();
+  const variable = `SANDBOX_TEST_TOKEN_${crypto.randomUUID().replaceAll("-", "_")}`;
+  const key = `sk-load-${crypto.randomUUID()}`;
+  const file = `${dir.path}/mine.yaml`;
+  await withEnv({ [variable]: key }, async () => {
+    await Deno.writeTextFile(file, `profiles: {w: {sandbox: {environment: {set: {NOTES: "\${${variable}}"}}}}}`);
+    const refused = await loadConfig({ explicit: file });
+    assert.equal(refused.kind, "invalid");
+    const issues = refused.kind === "invalid" ? refused.issues : [];
+    assert.deepEqual(issues.map((i) => i.path), ["profiles.w.sandbox.environment.set.NOTES"]);
+    assert.match(issues[0].message, new RegExp(`contains the value of environment variable "${variable}"`));
+    assert.ok(!JSON.stringify(issues).includes(key));
+    // The twin: the same file with an innocent value loads.
+    await Deno.writeTextFile(file, "profiles: {w: {sandbox: {environment: {set: {NOTES: harmless-value}}}}}");
+    assert.equal((await loadConfig({ explicit: file })).kind, "ok");
+  });
+});
+
 Deno.test("a configured value carrying a known secret is refused under any name, naming the place and not the value", () => {
   const key = `sk-cfg-${crypto.randomUUID()}`;
   const configOf = (yaml: string, env: Record<string, string>) => {
