@@ -3,18 +3,21 @@
 ARG BASE_IMAGE=sandbox-base:bookworm
 FROM ${BASE_IMAGE}
 
-# uid 10001 rarely clashes with users a base image already has (node's 1000, for one).
-RUN groupadd --gid 10001 sandbox \
- && useradd --uid 10001 --gid 10001 --home-dir /home/sandbox --shell /bin/bash --no-create-home sandbox \
+# uid 10001 rarely clashes with users a base image already has (node's 1000, for one). A
+# devcontainer's image already has it: its own user, mapped to 10001, is the sandbox user there.
+RUN if ! getent passwd 10001 >/dev/null; then \
+      groupadd --gid 10001 sandbox \
+      && useradd --uid 10001 --gid 10001 --home-dir /home/sandbox --shell /bin/bash --no-create-home sandbox; \
+    fi \
  && mkdir -p /workspace /home/sandbox \
- && chown sandbox:sandbox /workspace /home/sandbox \
+ && chown 10001:10001 /workspace /home/sandbox \
  && chmod 0700 /home/sandbox
 
 COPY sandbox-exec /usr/local/bin/sandbox-exec
 COPY deno /usr/local/bin/deno
 COPY worker.js /opt/sandbox/worker.js
 RUN chmod 0755 /usr/local/bin/sandbox-exec /usr/local/bin/deno \
- && mkdir -p /opt/sandbox/deno-dir && chown sandbox:sandbox /opt/sandbox/deno-dir
+ && mkdir -p /opt/sandbox/deno-dir && chown 10001:10001 /opt/sandbox/deno-dir
 
 ENV HOME=/home/sandbox \
     LANG=C.UTF-8 \
@@ -23,7 +26,7 @@ ENV HOME=/home/sandbox \
     DENO_NO_UPDATE_CHECK=1 \
     NO_COLOR=1
 WORKDIR /workspace
-USER sandbox
+USER 10001:10001
 # Warm Deno's caches for the worker as the user who runs it, at the path it runs from, so that a
 # run does not pay a cold start. Deno uses its cache only where it can write, and the root
 # filesystem is read-only at run time: the container's first act is to copy it to /tmp.

@@ -1,15 +1,15 @@
 /** Commands that manage sandboxes: up, down, status/ls, exec, stats, teardown, image build. */
-import type { Command } from "commander";
+import { type Command, Option } from "commander";
 import { DockerCli } from "../lib/sandbox/docker.ts";
 import {
-  type DockerSandboxProvider,
   listSandboxes,
   statsAll,
   teardownAll,
 } from "../lib/sandbox/docker_provider.ts";
 import { pruneFirewall } from "../lib/sandbox/host_firewall.ts";
 import { ensureImage } from "../lib/sandbox/image.ts";
-import { createProvider } from "../lib/sandbox/providers.ts";
+import { openProvider } from "../lib/sandbox/providers.ts";
+import { openDevcontainer } from "../lib/sandbox/devcontainer/provider.ts";
 import { openSession } from "../lib/proxy/session.ts";
 import { table } from "../lib/output.ts";
 import { formatAge, formatBytes } from "../lib/units.ts";
@@ -28,13 +28,20 @@ import {
   stdout,
 } from "./context.ts";
 
+/** Mode devcontainer: which repository's devcontainer the sandbox runs. */
+const repoOption = () =>
+  new Option(
+    "--repo <path>",
+    "sandbox mode devcontainer: the local repository whose devcontainer is built (default: the current directory's)",
+  );
+
 export function registerSandboxCommands(program: Command): void {
   program.command("up")
     .description("start the profile's sandbox container if it is not running (idempotent)")
-    .addOption(profileOption()).addOption(jsonOption())
-    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+    .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption())
+    .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
       const profile = await profileFor(command, opts.profile);
-      const provider = createProvider(profile, { onProgress: note });
+      const provider = await openProvider(profile, { onProgress: note, repo: opts.repo, signal });
       const status = await provider.ensureRunning({ signal, checkImage: true });
       if (opts.json) await stdout.json(status);
       else {note(
@@ -81,7 +88,7 @@ export function registerSandboxCommands(program: Command): void {
 
   program.command("exec")
     .description("run a command inside the sandbox, streaming its output; exits with its exit code")
-    .addOption(profileOption())
+    .addOption(profileOption()).addOption(repoOption())
     .option("--cwd <dir>", "working directory inside the sandbox", "/workspace")
     .option("-e, --env <KEY=VALUE>", "set a variable for this command (repeatable)", collect, [])
     .option(
@@ -93,13 +100,13 @@ export function registerSandboxCommands(program: Command): void {
     .action(
       async (
         argv: string[],
-        opts: { profile?: string; cwd: string; env: string[]; timeout?: string },
+        opts: { profile?: string; cwd: string; env: string[]; timeout?: string; repo?: string },
         command: Command,
       ) => {
         const env = parseEnvPairs(opts.env);
         const timeoutMs = parseTimeout(opts.timeout);
         const profile = await profileFor(command, opts.profile);
-        const provider = createProvider(profile, { onProgress: note }) as DockerSandboxProvider;
+        const provider = await openProvider(profile, { onProgress: note, repo: opts.repo, signal });
         await provider.ensureRunning({ signal });
         // While the command runs, this process serves its proxies (LLM credentials, egress).
         await using session = await openSession(profile, provider, { signal });
@@ -171,9 +178,16 @@ export function registerSandboxCommands(program: Command): void {
   const image = program.command("image").description("manage the sandbox image");
   image.command("build")
     .description("build (or rebuild) the sandbox image for a profile")
-    .addOption(profileOption()).addOption(jsonOption())
-    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+    .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption())
+    .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
       const profile = await profileFor(command, opts.profile);
+      if (profile.sandbox.mode === "devcontainer") {
+        const devcontainer = await openDevcontainer(profile, { repo: opts.repo ?? Deno.cwd(), force: true, onProgress: note, signal });
+        const info = await ensureImage(new DockerCli(), devcontainer.profile.sandbox.image, { force: true, onProgress: note, signal });
+        if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
+        else note(`built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`);
+        return;
+      }
       const info = await ensureImage(new DockerCli(), profile.sandbox.image, {
         force: true,
         onProgress: note,

@@ -92,8 +92,19 @@ const EnvironmentSchema = z.object({
     }).default({}),
 }).strict();
 
+/** Mode devcontainer: where the repository's devcontainer.json is, and what it may ask for. */
+const DevcontainerSchema = z.object({
+  /** The devcontainer.json, relative to the repository (default: .devcontainer/devcontainer.json, then .devcontainer.json). */
+  config: z.string().min(1).optional(),
+  /** The folder of the repository the devcontainer belongs to and the agent works in (default: its root). */
+  workspace_folder: z.string().min(1).optional(),
+  /** Accept a devcontainer that asks for root; it still runs as the unprivileged sandbox user. */
+  allow_root: z.boolean().default(false),
+}).strict();
+
 const SandboxSchema = z.object({
   mode: z.enum(["none", "container", "devcontainer"]).default("container"),
+  devcontainer: DevcontainerSchema.default({}),
   /** The base image the sandbox image is layered on. */
   image: z.string().min(1).default(DEFAULT_BASE_IMAGE),
   /** `shared`: runs share the profile's long-lived container; `fresh`: one container per run. */

@@ -24,6 +24,7 @@ import { run } from "../process.ts";
 import { listRuns, newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
 import { openSession, type SandboxSession, startHostProxies } from "../proxy/session.ts";
 import { workerBundlePath } from "../sandbox/worker_bundle.ts";
+import { openDevcontainer, prepareDevcontainerWorkspace, requireLocalRepo } from "../sandbox/devcontainer/provider.ts";
 
 export const REPLAY_PREFIX = "replay:";
 /** Where a run's agent works inside the sandbox when no repository is given. */
@@ -107,12 +108,13 @@ async function chooseUpstream(
 export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const { profile } = request;
   if (request.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
+  if (profile.sandbox.mode === "devcontainer" && !request.repo) requireLocalRepo(undefined, false);
   const repo = request.repo ? await resolveRepo(request) : undefined;
   const redactor = new Redactor();
   const keys = new KeyStore({ redactor });
   const chosen = await chooseUpstream(request, keys);
   const id = repo?.id ?? newRunId();
-  const sandboxKind = profile.sandbox.mode === "none" ? "none" : "container";
+  const sandboxKind = profile.sandbox.mode === "container" ? "container" : profile.sandbox.mode;
   const model = chosen.model ?? llmTarget(profile.llm, keys).model;
   await using log = await RunLog.create({ id, mode: request.mode, profile: profile.name, model, sandbox: sandboxKind }, redactor);
   request.onStart?.(log.meta);
@@ -229,7 +231,8 @@ type ResolvedRepo =
 /** Check the repository request before anything slow starts; user mistakes are usage errors. */
 async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
   const repo = request.repo!;
-  if (request.profile.sandbox.mode !== "container") {
+  if (request.profile.sandbox.mode === "devcontainer") requireLocalRepo(repo.path, isRemoteUrl(repo.path));
+  else if (request.profile.sandbox.mode !== "container") {
     throw new SandboxError("usage", "--repo needs sandbox mode \"container\"", {
       detail: "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
     });
@@ -307,7 +310,12 @@ async function prepare(
 ): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean; branch: boolean } }> {
   /** Set when the result could not be brought back: the work then stays in the sandbox. */
   const keep = { worktree: false, branch: false };
-  const { profile, signal } = request;
+  const { signal } = request;
+  // Mode devcontainer: the repository's devcontainer image, run by the Docker provider from here on.
+  const devcontainer = request.profile.sandbox.mode === "devcontainer" && context.repo?.kind === "local"
+    ? await openDevcontainer(request.profile, { repo: context.repo.local.path, base: context.repo.local.base, onProgress: request.onProgress, signal })
+    : undefined;
+  const profile = devcontainer?.profile ?? request.profile;
   const sessionOptions = {
     runId: context.id,
     redactor: context.redactor,
@@ -409,5 +417,14 @@ async function prepare(
     model: context.chosen.model,
     onStderrLine: request.onWorkerStderr,
   });
-  return { driver, cwd: worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`, provider, worktree, session, keep };
+  const cwd = devcontainer && worktree
+    ? await prepareDevcontainerWorkspace(provider, devcontainer, {
+      worktree: worktree.path,
+      env: session.env,
+      timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs,
+      signal,
+      onProgress: request.onProgress,
+    })
+    : worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`;
+  return { driver, cwd, provider, worktree, session, keep };
 }

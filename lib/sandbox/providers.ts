@@ -1,8 +1,10 @@
 /** Choosing the `SandboxProvider` implementation for a profile's sandbox mode. */
 import type { Profile } from "../config.ts";
+import { DockerCli } from "./docker.ts";
 import { type DockerProviderOptions, DockerSandboxProvider } from "./docker_provider.ts";
 import { SandboxError } from "../errors.ts";
 import type { SandboxProvider } from "./provider.ts";
+import { devcontainerProvider, openDevcontainer } from "./devcontainer/provider.ts";
 
 /** The provider for `profile`, or a usage error for modes that have no container to manage. */
 export function createProvider(profile: Profile, options: DockerProviderOptions = {}): SandboxProvider & {
@@ -16,8 +18,31 @@ export function createProvider(profile: Profile, options: DockerProviderOptions 
         detail: 'Set profiles.' + profile.name + '.sandbox.mode to "container"',
       });
     case "devcontainer":
-      throw new SandboxError("unsupported", `Sandbox mode "devcontainer" (profile "${profile.name}") is not implemented yet`, {
-        detail: 'Use mode "container" with sandbox.image set to your devcontainer\'s base image',
+      throw new SandboxError("usage", `Profile "${profile.name}" uses sandbox mode "devcontainer": its provider is opened on a repository`, {
+        detail: "Use openProvider(profile, {repo}) (it builds the repository's devcontainer image first)",
       });
   }
+}
+
+export interface OpenProviderOptions extends DockerProviderOptions {
+  /** Mode devcontainer: the local repository whose devcontainer is built (default: the current directory's). */
+  repo?: string;
+  signal?: AbortSignal;
+  /** Mode devcontainer: rebuild its image even when current. */
+  force?: boolean;
+}
+
+/** The provider for `profile`; in mode devcontainer, after building the repository's image if it changed. */
+export async function openProvider(profile: Profile, options: OpenProviderOptions = {}): Promise<DockerSandboxProvider> {
+  if (profile.sandbox.mode !== "devcontainer") return createProvider(profile, options) as DockerSandboxProvider;
+  const { repo, signal, force, ...rest } = options;
+  const devcontainer = await openDevcontainer(profile, {
+    repo: repo ?? Deno.cwd(),
+    docker: new DockerCli(options.docker),
+    onProgress: options.onProgress,
+    hostEnv: options.hostEnv,
+    signal,
+    force,
+  });
+  return devcontainerProvider(devcontainer, rest);
 }
