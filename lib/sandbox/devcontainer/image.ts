@@ -120,8 +120,8 @@ export async function ensureDevcontainerImage(
       const packages = await missingPackages(docker, built, config, options.signal);
       await buildPrelude(docker, { from: built, tag, contentHash, config, user, imageUser, packages }, options);
     } finally {
-      // Only the tag: the final image keeps its layers.
-      await docker.run(["image", "rm", "--no-prune", built]);
+      // Only the tag when the final image was made from it (a parent keeps its layers); all of it otherwise.
+      await docker.run(["image", "rm", built]);
     }
     const final = await inspectImage(docker, tag, options.signal);
     if (!final) throw new SandboxError("image_build_failed", `Devcontainer image "${tag}" is missing after building it`);
@@ -181,6 +181,7 @@ async function cliBuild(docker: DockerCli, config: DevcontainerConfig, tag: stri
       "--docker-path", docker.program,
       "--oci-auth-hardening",
       "--label", `${LABEL.owner}=${OWNER}`,
+      "--label", `${SOURCE_LABEL}=${config.repoPath}`,
       "--log-format", "text",
     ];
     const lines: string[] = [];
@@ -220,7 +221,10 @@ async function extract(config: DevcontainerConfig, dir: string, signal?: AbortSi
 /** Only what the CLI and docker need: no keys, tokens or other host variables reach the build. */
 function cliEnv(): Record<string, string> {
   const env: Record<string, string> = { DENO_DIR: cliCacheDir(), DENO_NO_UPDATE_CHECK: "1", NO_COLOR: "1" };
-  for (const name of ["HOME", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY"]) {
+  // Docker's own settings, and the host's trusted certificates (registries behind a TLS proxy).
+  const names = ["HOME", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY"];
+  names.push("DENO_CERT", "DENO_TLS_CA_STORE", "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS");
+  for (const name of names) {
     const value = Deno.env.get(name);
     if (value !== undefined) env[name] = value;
   }
@@ -248,10 +252,10 @@ async function ensureCli(options: { signal?: AbortSignal; onProgress?: (line: st
   }
 }
 
-/** The host's proxy settings, for fetching from npm. */
+/** The host's proxy and registry settings, for fetching from npm (on the host; nothing enters a sandbox). */
 function proxyEnv(): Record<string, string> {
   const env: Record<string, string> = {};
-  for (const name of ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "NPM_CONFIG_REGISTRY"]) {
+  for (const name of ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "NPM_CONFIG_REGISTRY", "DENO_AUTH_TOKENS"]) {
     const value = Deno.env.get(name);
     if (value !== undefined) env[name] = value;
   }
