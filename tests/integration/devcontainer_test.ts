@@ -40,7 +40,7 @@ const BUILD_REPO: Record<string, string> = {
   "workspaceFolder": "/workspaces/app",
   "onCreateCommand": ["sh", "-c", "echo onCreate >> $HOME/lifecycle.log"],
   "updateContentCommand": "echo updateContent >> $HOME/lifecycle.log",
-  "postCreateCommand": "echo \\"marker by $(id -un) in $(pwd) token=\${SANDBOX_LLM_TOKEN:-none}\\" > $HOME/postcreate-marker && echo postCreate >> $HOME/lifecycle.log && echo postcreate-says-hello",
+  "postCreateCommand": "echo \\"marker by $(id -un) in $(pwd -P) token=\${SANDBOX_LLM_TOKEN:-none}\\" > $HOME/postcreate-marker && echo postCreate >> $HOME/lifecycle.log && echo postcreate-says-hello",
   "postStartCommand": { "first": "echo postStart-a >> $HOME/start-a.log", "second": ["sh", "-c", "echo postStart-b >> $HOME/start-b.log"] },
 }
 `,
@@ -48,9 +48,9 @@ const BUILD_REPO: Record<string, string> = {
 ARG TOOL_MARK
 RUN printf '#!/bin/sh\\necho "dc-tool %s"\\n' "$TOOL_MARK" > /usr/local/bin/dc-tool && chmod 0755 /usr/local/bin/dc-tool \\
  && useradd --create-home --uid 1000 --shell /bin/bash dev \\
- && echo "owned by dev" > /home/dev/dev-file
-FROM dev AS unused
-RUN false
+ && echo "owned by dev" > /home/dev/dev-file && chown dev:dev /home/dev/dev-file
+FROM dev AS release
+RUN echo 'echo "release stage: build.target was not honoured"' > /usr/local/bin/dc-tool
 `,
   ".devcontainer/greeter/devcontainer-feature.json": `{
   "id": "greeter", "version": "1.0.0", "name": "Greeter",
@@ -125,7 +125,8 @@ Deno.test({
     await t.step("the lifecycle commands ran in order, in the workspace folder, without the LLM token, output on stderr", () => {
       const worktree = seen.WORKSPACE;
       assert.match(worktree, /^\/workspace\/worktrees\/[^/]+$/, context);
-      assert.equal(seen.MARKER, `marker by dev in /workspaces/app token=none`, context);
+      // The workspace folder is a link to the run's worktree; the commands run there.
+      assert.equal(seen.MARKER, `marker by dev in ${worktree} token=none`, context);
       assert.equal(seen.LIFECYCLE, "onCreate,updateContent,postCreate,", context);
       assert.equal(seen.STARTS, "postStart-a,postStart-b,", context);
       assert.equal(seen.PWD, worktree, `the agent works in the workspace folder's worktree\n${context}`);

@@ -17,6 +17,7 @@ import { withHostLock } from "../../lock.ts";
 import { run, spawn } from "../../process.ts";
 import { type DevcontainerConfig, isRecord, type MetadataEntry, treeEntry } from "./config.ts";
 
+const STACK_LINE = /^\s+at .*(\(|file:|ext:|node:)/;
 /** The reference implementation, run by this process's deno from its own cache directory. */
 export const DEVCONTAINER_CLI = "npm:@devcontainers/cli@0.89.0";
 /** What `@devcontainers/cli build` produces (an intermediate, untagged once the final image exists). */
@@ -191,6 +192,8 @@ async function cliBuild(docker: DockerCli, config: DevcontainerConfig, tag: stri
       env: cliEnv(),
       signal: options.signal,
       onStderrLine: (line) => {
+        // The CLI's own stack traces say nothing to a user whose Dockerfile failed.
+        if (STACK_LINE.test(line)) return;
         lines.push(line);
         options.onProgress?.(line);
       },
@@ -283,10 +286,14 @@ function buildError(config: DevcontainerConfig, result: { argv: readonly string[
       },
     );
   }
-  return new CommandExitError("image_build_failed", `Cannot build the devcontainer of "${config.repoPath}": ${reason}`, {
+  // The CLI's message repeats the whole docker command line; its description and the build's
+  // last lines say what failed.
+  const what = outcome?.description?.replace(/\.$/, "") ?? reason;
+  const last = lines.filter((l) => l.trim() && !/^Error: Command failed/.test(l)).slice(-8).join("\n");
+  return new CommandExitError("image_build_failed", `Cannot build the devcontainer of "${config.repoPath}": ${what}`, {
     argv: result.argv,
     exitCode: result.exitCode,
-    stderrTail: tail(result.stderr, 30),
+    stderrTail: last,
   });
 }
 
@@ -294,7 +301,7 @@ function parseOutcome(stdout: string): { outcome: string; message?: string; desc
   for (const line of stdout.trim().split("\n").reverse()) {
     try {
       const value = JSON.parse(line);
-      if (isRecord(value) && typeof value.outcome === "string") return value as { outcome: string; message?: string };
+      if (isRecord(value) && typeof value.outcome === "string") return value as { outcome: string; message?: string; description?: string };
     } catch {
       // Not the outcome line.
     }

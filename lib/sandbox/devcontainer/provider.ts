@@ -59,6 +59,9 @@ export async function openDevcontainer(profile: Profile, options: OpenDevcontain
     workspaceFolder: settings.workspace_folder,
     hostEnv: options.hostEnv,
   });
+  // Root asked for by the configuration itself is refused before anything is built; the image's
+  // metadata (features, base image) is checked again once it exists.
+  userFor(config, [], "", settings.allow_root);
   const docker = options.docker ?? new DockerCli();
   const image = await ensureDevcontainerImage(docker, config, {
     onProgress: options.onProgress,
