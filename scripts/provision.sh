@@ -55,6 +55,21 @@ ensure_docker() {
   log "docker engine reachable"
 }
 
+# Devcontainer mode builds images with @devcontainers/cli, which sandbox fetches from npm on first
+# use into its own cache; fetching it here lets the tests run offline. Keep the version in step
+# with DEVCONTAINER_CLI in lib/sandbox/devcontainer/image.ts.
+ensure_devcontainer_cli() {
+  local spec="npm:@devcontainers/cli@0.89.0"
+  local dir="${XDG_CACHE_HOME:-$HOME/.cache}/sandbox/devcontainer-cli"
+  if DENO_DIR="$dir" deno run --allow-all --no-config --no-lock --cached-only --quiet "$spec" --version >/dev/null 2>&1; then
+    log "@devcontainers/cli present"
+    return
+  fi
+  log "fetching @devcontainers/cli from npm"
+  DENO_DIR="$dir" deno cache --no-config --no-lock --quiet "$spec"
+}
+
 ensure_deno
+ensure_devcontainer_cli
 ensure_docker
 "$here/build-base-image.sh"

@@ -16,17 +16,12 @@ console.error("security: hostile devcontainer tests starting");
 
 /** A server on the host's loopback that counts who reached it: only the host network reaches it. */
 function loopbackServer() {
-  let hits = 0;
+  const counter = { hits: 0 };
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, () => {
-    hits++;
+    counter.hits++;
     return new Response("host loopback service\n");
   });
-  return Object.assign(server, {
-    get hits() {
-      return hits;
-    },
-    [Symbol.asyncDispose]: () => server.shutdown(),
-  });
+  return Object.assign(server, { counter, [Symbol.asyncDispose]: () => server.shutdown() });
 }
 
 const IGNORED_KEYS = ["privileged", "capAdd", "securityOpt", "runArgs", "mounts", "workspaceMount", "init", "forwardPorts", "initializeCommand"];
@@ -136,11 +131,11 @@ Deno.test({
       assert.equal(seen.LIFECYCLE_NET, "unreachable", context);
       assert.doesNotMatch(seen.NETS, /docker0|br-/, context);
       assert.equal(seen.PID1, "docker-init", context);
-      assert.equal(server.hits, 0, "the host's loopback service was reached from the sandbox");
+      assert.equal(server.counter.hits, 0, "the host's loopback service was reached from the sandbox");
       // Twin: the same request with the host network granted reaches it.
       const granted = await run(["docker", "run", "--rm", "--network", "host", "sandbox-base:bookworm", "curl", "-sS", "-m", "5", `http://127.0.0.1:${port}/`]);
       assert.equal(granted.stdout, "host loopback service\n", granted.stderr);
-      assert.equal(server.hits, 1);
+      assert.equal(server.counter.hits, 1);
     });
 
     await t.step("initializeCommand never ran on the host", async () => {
