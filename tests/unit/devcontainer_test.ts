@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
-import { ConfigError, SandboxError } from "../../lib/errors.ts";
+import { ConfigError, type SandboxError } from "../../lib/errors.ts";
 import { type DevcontainerConfig, normalizeRelative, readDevcontainerConfig } from "../../lib/sandbox/devcontainer/config.ts";
 import { resolveRuntime, userFor } from "../../lib/sandbox/devcontainer/runtime.ts";
 import { prepareWorkspace, runLifecycle, WORKSPACE_LINK } from "../../lib/sandbox/devcontainer/lifecycle.ts";
