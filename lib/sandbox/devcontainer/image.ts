@@ -168,6 +168,7 @@ function inputPaths(config: DevcontainerConfig): string[] {
 async function cliBuild(docker: DockerCli, config: DevcontainerConfig, tag: string, options: DevcontainerImageOptions): Promise<void> {
   await ensureCli(options);
   const dir = await Deno.makeTempDir({ prefix: "sandbox-devcontainer-" });
+  const lines: string[] = [];
   try {
     await extract(config, dir, options.signal);
     const configPath = `${dir}/${config.file}`;
@@ -185,7 +186,6 @@ async function cliBuild(docker: DockerCli, config: DevcontainerConfig, tag: stri
       "--label", `${SOURCE_LABEL}=${config.repoPath}`,
       "--log-format", "text",
     ];
-    const lines: string[] = [];
     const result = await run(argv, {
       cwd: dir,
       clearEnv: true,
@@ -202,7 +202,27 @@ async function cliBuild(docker: DockerCli, config: DevcontainerConfig, tag: stri
     if (result.exitCode !== 0) throw buildError(config, result, lines);
   } finally {
     await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await removeBuildLeftovers(docker, lines);
   }
+}
+
+/**
+ * Docker's legacy builder leaves the result of each stage of a multi-stage build as an untagged
+ * image, and the CLI stages feature content under one fixed tag: remove what this build left —
+ * images it printed that are now dangling (never a tagged image, never one with children) — and
+ * that tag.
+ */
+async function removeBuildLeftovers(docker: DockerCli, lines: string[]): Promise<void> {
+  const printed = new Set<string>();
+  for (const line of lines) {
+    const match = line.match(/(?:--->|Successfully built)\s+([0-9a-f]{12})\b/);
+    if (match) printed.add(match[1]);
+  }
+  await docker.run(["image", "rm", "dev_container_feature_content_temp"]);
+  const dangling = await docker.run(["images", "--filter", "dangling=true", "--quiet"]);
+  const ours = dangling.stdout.split("\n").map((l) => l.trim()).filter((id) => printed.has(id.slice(0, 12)));
+  // Newest first, so that a stage goes before the stage it was built on.
+  for (const id of ours) await docker.run(["image", "rm", id]);
 }
 
 /** The committed files the build reads, from the base commit, into `dir` (no working tree, no host path). */
