@@ -36,7 +36,10 @@ export type { KnownSecret, SandboxInput } from "./lib/secret_guard.ts";
 export { DockerSandboxProvider, listSandboxes, sandboxNames, statsAll, teardownAll } from "./lib/sandbox/docker_provider.ts";
 export type { DockerProviderOptions } from "./lib/sandbox/docker_provider.ts";
 export { DockerCli, LABEL } from "./lib/sandbox/docker.ts";
-export { createProvider } from "./lib/sandbox/providers.ts";
+export { createProvider, openProvider } from "./lib/sandbox/providers.ts";
+export type { OpenProviderOptions } from "./lib/sandbox/providers.ts";
+export { openDevcontainer, prepareDevcontainerWorkspace } from "./lib/sandbox/devcontainer/provider.ts";
+export type { Devcontainer, OpenDevcontainerOptions } from "./lib/sandbox/devcontainer/provider.ts";
 export { ensureImage, imageTagFor } from "./lib/sandbox/image.ts";
 export type { ImageInfo, ImageOptions } from "./lib/sandbox/image.ts";
 
