@@ -296,3 +296,30 @@ Deno.test({
     assert.match(up.stderr, /Install procps/, context);
   },
 });
+
+Deno.test({
+  name: "a Dockerfile step that fails ends up with exit 125 naming the failure, no stack trace, and no container or image left behind",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using fixture = await DevcontainerFixture.create("it-dc-failing", "http://127.0.0.1:9/v1", {
+      ".devcontainer/devcontainer.json": `{ "build": { "dockerfile": "Dockerfile" } }\n`,
+      ".devcontainer/Dockerfile": `FROM sandbox-base:bookworm AS base\nRUN echo ${MARK} > /etc/mark\nFROM base\nRUN echo "step fails on purpose" && exit 7\n`,
+    });
+    const up = await fixture.cli(["up", "-p", fixture.profile, "--repo", fixture.repo]);
+    const context = explain(up);
+    assert.equal(up.exitCode, 125, context);
+    assert.match(up.stderr, /error: Cannot build the devcontainer of ".*": An error occurred building the image/, context);
+    assert.match(up.stderr, /returned a non-zero code: 7/, context);
+    assert.doesNotMatch(up.stderr, /^\s*sandbox:\s+at /m, `no stack trace\n${context}`);
+    const steps = [...up.stderr.matchAll(/Running in ([0-9a-f]{12})/g)].map((m) => m[1]);
+    assert.ok(steps.length > 0, context);
+    for (const id of steps) {
+      const left = await run(["docker", "container", "inspect", id]);
+      assert.notEqual(left.exitCode, 0, `the build's container ${id} was left behind`);
+    }
+    const images = [...up.stderr.matchAll(/---> ([0-9a-f]{12})$/gm)].map((m) => m[1]);
+    const dangling = (await run(["docker", "images", "--filter", "dangling=true", "--quiet"])).stdout.split("\n");
+    assert.deepEqual(images.filter((id) => dangling.includes(id)), [], "the build's stage images were left behind");
+  },
+});

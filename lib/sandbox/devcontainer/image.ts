@@ -208,16 +208,24 @@ async function cliBuild(docker: DockerCli, config: DevcontainerConfig, tag: stri
 
 /**
  * Docker's legacy builder leaves the result of each stage of a multi-stage build as an untagged
- * image, and the CLI stages feature content under one fixed tag: remove what this build left —
- * images it printed that are now dangling (never a tagged image, never one with children) — and
- * that tag.
+ * image (and the container of a step that failed), and the CLI stages feature content under one
+ * fixed tag: remove what this build left — containers of its steps that still exist (stopped:
+ * `rm` without force), images it printed that are now dangling (never a tagged image, never one
+ * with children) — and that tag.
  */
 async function removeBuildLeftovers(docker: DockerCli, lines: string[]): Promise<void> {
   const printed = new Set<string>();
+  const steps = new Set<string>();
   for (const line of lines) {
+    const started = line.match(/Running in ([0-9a-f]{12})\b/);
+    if (started) steps.add(started[1]);
+    const removed = line.match(/Removing intermediate container ([0-9a-f]{12})\b/);
+    if (removed) steps.delete(removed[1]);
     const match = line.match(/(?:--->|Successfully built)\s+([0-9a-f]{12})\b/);
     if (match) printed.add(match[1]);
   }
+  // The legacy builder keeps the container of a failed step: it goes before its image.
+  for (const id of steps) await docker.run(["container", "rm", id]);
   await docker.run(["image", "rm", "dev_container_feature_content_temp"]);
   const dangling = await docker.run(["images", "--filter", "dangling=true", "--quiet"]);
   const ours = dangling.stdout.split("\n").map((l) => l.trim()).filter((id) => printed.has(id.slice(0, 12)));
