@@ -129,7 +129,14 @@ const LlmSchema = z.object({
   api: z.enum(["openai", "anthropic"]).optional(),
   key: KeySourceSchema.optional(),
   max_request_body: size("10m").default("10m"),
+  /** `allow`: the provider may reach the network or run code for the sandbox (server-side tools). */
+  server_tools: z.enum(["deny", "allow"]).default("deny"),
+  /** When set, the credential proxy refuses requests naming any other model. */
+  models: z.array(z.string().min(1)).min(1, { message: "expected at least one model" }).optional(),
 }).strict().superRefine((llm, ctx) => {
+  if (llm.models && llm.model && !llm.models.includes(llm.model)) {
+    ctx.addIssue({ code: "custom", path: ["model"], message: `"${llm.model}" is not one of llm.models` });
+  }
   if (llm.provider === "custom") {
     if (!llm.base_url) ctx.addIssue({ code: "custom", path: ["base_url"], message: "required for provider custom" });
     if (!llm.key) {

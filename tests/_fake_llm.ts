@@ -14,6 +14,12 @@
  * when `stream_options.include_usage` is set), and `usage` sums what was reported so tests can
  * compare token totals. A request after the script is exhausted gets a 500. Every request is
  * recorded (headers and parsed body); tests synchronise on `nextRequest()`.
+ *
+ * Like a real provider it checks credentials: a request must carry exactly its `key` (default
+ * `FAKE_LLM_KEY`), as `Authorization: Bearer KEY` or `x-api-key: KEY` and no other credential
+ * header, or it is answered 401 (without taking a step of the script). End-to-end tests configure
+ * the profile's key as `FAKE_LLM_KEY`, so a proxy that forwarded the sandbox's token instead of
+ * the key would fail them; worker tests, where the fake stands in for the proxy, give it the token.
  */
 
 export interface FakeToolCall {
@@ -38,6 +44,14 @@ export interface FakeLlmRequest {
   headers: Headers;
   // deno-lint-ignore no-explicit-any
   body: any;
+}
+
+/** The key a `FakeLlm` accepts unless it is given another. */
+export const FAKE_LLM_KEY = "sk-fake-llm-key-5f2c9a7e41d3b8";
+
+export interface FakeLlmOptions {
+  /** The only API key it accepts (default `FAKE_LLM_KEY`). */
+  key?: string;
 }
 
 /** Usage reported for a step that does not set its own. */
@@ -83,12 +97,15 @@ export class FakeLlm implements AsyncDisposable {
   readonly usage: FakeUsage = { promptTokens: 0, completionTokens: 0 };
   /** Number of successful (non-error) completions served. */
   completions = 0;
+  /** The only API key it accepts. */
+  readonly key: string;
   readonly #server: Deno.HttpServer<Deno.NetAddr>;
   readonly #waiters: ((request: FakeLlmRequest) => void)[] = [];
   #callIds = 0;
 
-  constructor(script: FakeStep[] = []) {
+  constructor(script: FakeStep[] = [], options: FakeLlmOptions = {}) {
     this.script = [...script];
+    this.key = options.key ?? FAKE_LLM_KEY;
     this.#server = Deno.serve(
       { hostname: "127.0.0.1", port: 0, onListen: () => {} },
       (req) => this.#handle(req),
@@ -141,6 +158,9 @@ export class FakeLlm implements AsyncDisposable {
       : route === "/v1/messages"
       ? "anthropic"
       : undefined;
+    if (presentedCredential(req.headers) !== this.key) {
+      return (api === "anthropic" ? anthropicError : errorResponse)(401, "Invalid API key");
+    }
     if (req.method !== "POST" || !api) {
       return errorResponse(404, `No route ${req.method} ${url.pathname}`);
     }
@@ -274,6 +294,17 @@ export class FakeLlm implements AsyncDisposable {
       usage: openaiUsage,
     });
   }
+}
+
+/** The key of exactly one credential header in a provider's form; `undefined` otherwise. */
+function presentedCredential(headers: Headers): string | undefined {
+  const authorization = headers.get("authorization");
+  const apiKey = headers.get("x-api-key");
+  if (authorization !== null && apiKey === null) {
+    return authorization.startsWith("Bearer ") ? authorization.slice("Bearer ".length) : undefined;
+  }
+  if (apiKey !== null && authorization === null) return apiKey;
+  return undefined;
 }
 
 function anthropicError(status: number, message: string): Response {

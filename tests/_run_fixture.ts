@@ -5,6 +5,7 @@
 import type { RunMeta } from "../lib/run/run_log.ts";
 import type { RunResult } from "../lib/process.ts";
 import { removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "./_helpers.ts";
+import { FAKE_LLM_KEY } from "./_fake_llm.ts";
 
 /** Kills a CLI that hangs, so that a broken build fails the test instead of stalling it. */
 export const CLI_TIMEOUT_MS = 240_000;
@@ -22,7 +23,8 @@ export class RunFixture implements AsyncDisposable {
     this.profile = uniqueProfile(prefix);
     this.stateDir = `${dir.path}/state`;
     this.env = {
-      [keyEnv]: `sk-e2e-${crypto.randomUUID().replaceAll("-", "")}`,
+      // The key the fake LLM accepts: it answers 401 to anything else, the proxy's token included.
+      [keyEnv]: FAKE_LLM_KEY,
       XDG_STATE_HOME: this.stateDir,
       NO_PROXY: "127.0.0.1,localhost",
       no_proxy: "127.0.0.1,localhost",

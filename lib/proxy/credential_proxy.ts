@@ -6,14 +6,27 @@
  * The sandbox uses stock SDKs, with the token as their "API key" and this proxy as base URL:
  * OpenAI SDKs with `http://host:port/proxy/v1`, Anthropic SDKs with `http://host:port/proxy`.
  *
- * Fails closed: no token, an unknown token, or a route not listed below never reaches an upstream.
- * Responses are streamed through chunk by chunk (SSE works), and a client that goes away cancels
- * its upstream request.
+ * Fails closed: no token, an unknown token, or a route not listed in `llm_policy.ts` never reaches
+ * an upstream. Only the headers each API needs are forwarded, and a JSON body is parsed strictly
+ * (one reading) and checked against the profile's policy (no server-side tools, optionally a list
+ * of models) before the same bytes are forwarded. Responses are streamed through chunk by chunk
+ * (SSE works) with every secret the host knows redacted, and a client that goes away cancels its
+ * upstream request. Redirects are passed back, never followed: following one would carry the key
+ * to wherever it points.
  */
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
 import { assertListenHostnames, formatHostForUrl, type ListenAddress } from "./egress_proxy.ts";
 import { closeOnAbort } from "../process.ts";
 import { Redactor } from "../redact.ts";
+import {
+  DEFAULT_LLM_POLICY,
+  forwardedHeaders,
+  type LlmApi,
+  type LlmPolicy,
+  ROUTES,
+  type RouteRule,
+} from "./llm_policy.ts";
+import { parseStrictJson } from "./strict_json.ts";
 
 export const PROXY_PATH_PREFIX = "/proxy/v1";
 export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
@@ -21,14 +34,6 @@ export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
 export const DEFAULT_UPSTREAM_TIMEOUT_MS = 10 * 60_000;
 export const ANTHROPIC_VERSION = "2023-06-01";
 export const TOKEN_PREFIX = "sbx_";
-
-/** Path suffixes (after `/proxy/v1`) that are forwarded, with their method. */
-const ROUTES: Readonly<Record<string, "GET" | "POST">> = {
-  "/chat/completions": "POST",
-  "/embeddings": "POST",
-  "/messages": "POST",
-  "/models": "GET",
-};
 
 export interface UpstreamProvider {
   /** Shown in error messages, e.g. "openai". */
@@ -45,6 +50,8 @@ export interface ProxyGrant {
   profile: string;
   runId: string | null;
   provider: UpstreamProvider;
+  /** What the holder may ask of the provider; default: no server-side tools, any model. */
+  policy?: LlmPolicy;
 }
 
 export interface TokenRegistryOptions {
@@ -170,25 +177,6 @@ export async function startCredentialProxy(
   };
 }
 
-/** Request headers never forwarded: credentials, hop-by-hop, and what fetch recomputes. */
-const STRIPPED_REQUEST_HEADERS = new Set([
-  "authorization",
-  "x-api-key",
-  "cookie",
-  "host",
-  "content-length",
-  // Deno's fetch negotiates compression itself and always decodes the body it hands us.
-  "accept-encoding",
-  "connection",
-  "keep-alive",
-  "proxy-authorization",
-  "proxy-connection",
-  "te",
-  "trailer",
-  "transfer-encoding",
-  "upgrade",
-]);
-
 /** Response headers never passed back: hop-by-hop, and framing that no longer matches the body. */
 const STRIPPED_RESPONSE_HEADERS = new Set([
   "connection",
@@ -257,10 +245,13 @@ function createHandler(
     Object.assign(entry, { profile: grant.profile, runId: grant.runId });
 
     // 2. Where to: only the listed routes, to the grant's provider.
-    const suffix = routeSuffix(req.method, url.pathname);
-    if (suffix === undefined) {
+    const route = findRoute(req.method, url.pathname);
+    if (route === undefined) {
       return refuse(404, "not_found_error", `no route for ${req.method} ${url.pathname}`);
     }
+    const { suffix, rule } = route;
+    const api: LlmApi = rule.api ?? grant.provider.kind;
+    const policy = grant.policy ?? DEFAULT_LLM_POLICY;
     let upstreamUrl: URL;
     try {
       upstreamUrl = new URL(grant.provider.baseUrl.replace(/\/+$/, "") + suffix + url.search);
@@ -287,7 +278,29 @@ function createHandler(
     }
     entry.bytesOut = body.length;
 
-    // 4. The real key, attached on the way out.
+    // 4. What it asks for, decided on one strict reading of the body; those same bytes go out.
+    if (rule.method === "POST") {
+      const parsed = parseStrictJson(body);
+      if (parsed.kind === "invalid") {
+        return refuse(400, "invalid_request_error", `the request body is not strict JSON: ${parsed.reason}`);
+      }
+      const value = parsed.value;
+      if (typeof value !== "object" || value === null || Array.isArray(value)) {
+        return refuse(400, "invalid_request_error", "the request body is not a JSON object");
+      }
+      const refusal = rule.check?.(value, policy);
+      if (refusal !== undefined) {
+        const why = refusal.rule === "models"
+          ? `profile "${grant.profile}" allows only the models in llm.models (${
+            (policy.models ?? []).map((model) => JSON.stringify(model)).join(", ")
+          })`
+          : `profile "${grant.profile}" does not let the provider reach the network or run code for ` +
+            `the sandbox (llm.server_tools: allow would)`;
+        return refuse(403, "permission_error", `${refusal.message}; ${why}`);
+      }
+    }
+
+    // 5. The real key, attached on the way out.
     let key: string;
     try {
       key = await grant.provider.key();
@@ -303,7 +316,7 @@ function createHandler(
     entry.decision = "allow";
     let headers: Headers;
     try {
-      headers = upstreamHeaders(req.headers, grant.provider, key);
+      headers = upstreamHeaders(req.headers, { api, rule, policy, provider: grant.provider, key });
     } catch {
       // Only the key can make this fail (a newline in it, say); the error must not quote it.
       return refuse(
@@ -313,7 +326,7 @@ function createHandler(
       );
     }
 
-    // 5. Forward; the timeout covers the wait for response headers only.
+    // 6. Forward; the timeout covers the wait for response headers only.
     const timeout = new AbortController();
     const timer = setTimeout(() => timeout.abort(), upstreamTimeoutMs);
     let upstream: Response;
@@ -342,27 +355,22 @@ function createHandler(
       clearTimeout(timer);
     }
 
+    // 7. Back to the sandbox with every known secret redacted: an upstream (a malicious one, or
+    // an error page) may echo the key in a header or anywhere in the body.
     const responseHeaders = new Headers();
     for (const [name, value] of upstream.headers) {
-      if (!STRIPPED_RESPONSE_HEADERS.has(name)) responseHeaders.append(name, value);
+      if (!STRIPPED_RESPONSE_HEADERS.has(name)) responseHeaders.append(name, redactor.redact(value));
     }
+    const statusText = redactor.redact(upstream.statusText);
     if (upstream.body === null) {
       finish(upstream.status);
-      return new Response(null, {
-        status: upstream.status,
-        statusText: upstream.statusText,
-        headers: responseHeaders,
-      });
+      return new Response(null, { status: upstream.status, statusText, headers: responseHeaders });
     }
-    const streamed = countBytes(upstream.body, (bytes, reason) => {
+    const streamed = relayBody(upstream.body, redactor, (bytes, reason) => {
       entry.bytesIn = bytes;
       finish(upstream.status, reason);
     });
-    return new Response(streamed, {
-      status: upstream.status,
-      statusText: upstream.statusText,
-      headers: responseHeaders,
-    });
+    return new Response(streamed, { status: upstream.status, statusText, headers: responseHeaders });
   };
 }
 
@@ -392,29 +400,32 @@ function authenticate(headers: Headers, tokens: TokenRegistry): AuthResult {
   return { kind: "ok", grant, token: presented[0] };
 }
 
-/** The suffix after `/proxy/v1` when method and path are a forwarded route. */
-function routeSuffix(method: string, pathname: string): string | undefined {
+/** The route for `method` and `pathname`, with its suffix after `/proxy/v1`. */
+function findRoute(method: string, pathname: string): { suffix: string; rule: RouteRule } | undefined {
   if (!pathname.startsWith(PROXY_PATH_PREFIX + "/")) return undefined;
   const suffix = pathname.slice(PROXY_PATH_PREFIX.length);
-  return ROUTES[suffix] === method ? suffix : undefined;
+  const rule = Object.hasOwn(ROUTES, suffix) ? ROUTES[suffix] : undefined;
+  return rule?.method === method ? { suffix, rule } : undefined;
 }
 
-function upstreamHeaders(incoming: Headers, provider: UpstreamProvider, key: string): Headers {
-  const perHop = new Set(
-    (incoming.get("connection") ?? "").split(",").map((name) => name.trim().toLowerCase()),
-  );
-  const headers = new Headers();
-  for (const [name, value] of incoming) {
-    if (STRIPPED_REQUEST_HEADERS.has(name) || perHop.has(name) || name.startsWith("x-sandbox-")) {
-      continue;
-    }
-    headers.append(name, value);
+/**
+ * The upstream request's headers: only those the route's API needs (an allowlist; the sandbox's
+ * token, cookies and anything else it sent stay behind), the JSON content type of the body that
+ * was checked, and the real key in the form the provider expects.
+ */
+function upstreamHeaders(
+  incoming: Headers,
+  options: { api: LlmApi; rule: RouteRule; policy: LlmPolicy; provider: UpstreamProvider; key: string },
+): Headers {
+  const headers = forwardedHeaders(options.api, incoming, options.policy);
+  if (options.rule.method === "POST") headers.set("content-type", "application/json");
+  if (options.api === "anthropic" && !headers.has("anthropic-version")) {
+    headers.set("anthropic-version", ANTHROPIC_VERSION);
   }
-  if (provider.kind === "openai") {
-    headers.set("authorization", `Bearer ${key}`);
+  if (options.provider.kind === "openai") {
+    headers.set("authorization", `Bearer ${options.key}`);
   } else {
-    headers.set("x-api-key", key);
-    if (!headers.has("anthropic-version")) headers.set("anthropic-version", ANTHROPIC_VERSION);
+    headers.set("x-api-key", options.key);
   }
   return headers;
 }
@@ -454,15 +465,18 @@ async function readBodyCapped(
 }
 
 /**
- * Passes `body` through one chunk at a time (nothing is read ahead of what the client takes) and
- * reports the byte count once: at the end, on an upstream error, or when the client cancels.
- * Cancelling (the client went away) cancels the upstream body, which ends the upstream request.
+ * Passes `body` through one chunk at a time (nothing is read ahead of what the client takes), with
+ * known secrets redacted (a secret split across chunks included), and reports the upstream byte
+ * count once: at the end, on an upstream error, or when the client cancels. Cancelling (the client
+ * went away) cancels the upstream body, which ends the upstream request.
  */
-function countBytes(
+function relayBody(
   body: ReadableStream<Uint8Array>,
+  redactor: Redactor,
   onDone: (bytes: number, reason?: string) => void,
 ): ReadableStream<Uint8Array> {
   const reader = body.getReader();
+  const redacting = redactor.stream();
   let bytes = 0;
   let reported = false;
   const report = (reason?: string) => {
@@ -472,21 +486,31 @@ function countBytes(
   };
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
-      let result: ReadableStreamReadResult<Uint8Array>;
-      try {
-        result = await reader.read();
-      } catch (error) {
-        report("the upstream response ended early");
-        controller.error(error);
-        return;
+      // Read until there is something to pass on: a chunk that may be the start of a secret is
+      // held back until the next one says whether it is.
+      while (true) {
+        let result: ReadableStreamReadResult<Uint8Array>;
+        try {
+          result = await reader.read();
+        } catch (error) {
+          report("the upstream response ended early");
+          controller.error(error);
+          return;
+        }
+        if (result.done) {
+          const rest = redacting.end();
+          if (rest.byteLength > 0) controller.enqueue(rest);
+          report();
+          controller.close();
+          return;
+        }
+        bytes += result.value.byteLength;
+        const out = redacting.push(result.value);
+        if (out.byteLength > 0) {
+          controller.enqueue(out);
+          return;
+        }
       }
-      if (result.done) {
-        report();
-        controller.close();
-        return;
-      }
-      bytes += result.value.byteLength;
-      controller.enqueue(result.value);
     },
     async cancel(reason) {
       report("the client went away before the response ended");

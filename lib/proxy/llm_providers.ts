@@ -2,6 +2,8 @@
 import type { LlmConfig } from "../config.ts";
 import type { UpstreamProvider } from "./credential_proxy.ts";
 import type { KeySource, KeyStore } from "../keys.ts";
+import { SandboxError } from "../errors.ts";
+import type { LlmPolicy } from "./llm_policy.ts";
 
 interface BuiltinProvider {
   kind: "openai" | "anthropic";
@@ -36,10 +38,24 @@ export const BUILTIN_PROVIDERS: Readonly<Record<"openai" | "anthropic" | "openro
 export interface LlmTarget {
   upstream: UpstreamProvider;
   model: string;
+  /** What the sandbox may ask of the upstream (the credential proxy enforces it). */
+  policy: LlmPolicy;
 }
 
-/** The upstream for a profile's `llm` section; the key is read lazily, on the first request. */
+/** The credential proxy's policy for a profile's `llm` section. */
+export function llmPolicy(llm: Pick<LlmConfig, "server_tools" | "models">): LlmPolicy {
+  return { serverTools: llm.server_tools ?? "deny", models: llm.models };
+}
+
+/**
+ * The upstream for a profile's `llm` section; the key is read lazily, on the first request.
+ * Raises `SandboxError("config_invalid")` for a built-in provider with a `base_url`: its key must
+ * go nowhere but to its own endpoint (the schema refuses this too; this holds without it).
+ */
 export function llmTarget(llm: LlmConfig, keys: KeyStore): LlmTarget {
+  const policy = llmPolicy(llm);
+  // The first allowed model is the default, so that an unset `model` never names a refused one.
+  const model = llm.model ?? llm.models?.[0];
   if (llm.provider === "custom") {
     // Schema validation guarantees base_url and key for custom providers.
     const source = llm.key!;
@@ -50,10 +66,17 @@ export function llmTarget(llm: LlmConfig, keys: KeyStore): LlmTarget {
         baseUrl: llm.base_url!.replace(/\/+$/, ""),
         key: keys.getter(source),
       },
-      model: llm.model ?? "default",
+      model: model ?? "default",
+      policy,
     };
   }
   const builtin = BUILTIN_PROVIDERS[llm.provider];
+  if (llm.base_url !== undefined) {
+    throw new SandboxError(
+      "config_invalid",
+      `Cannot use provider "${llm.provider}" with a base_url: its key is sent only to ${builtin.baseUrl} (use provider: custom for another endpoint)`,
+    );
+  }
   return {
     upstream: {
       name: llm.provider,
@@ -61,6 +84,7 @@ export function llmTarget(llm: LlmConfig, keys: KeyStore): LlmTarget {
       baseUrl: builtin.baseUrl,
       key: keys.getter(llm.key ?? builtin.key),
     },
-    model: llm.model ?? builtin.defaultModel,
+    model: model ?? builtin.defaultModel,
+    policy,
   };
 }

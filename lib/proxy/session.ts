@@ -91,7 +91,13 @@ export async function startHostProxies(
     upstream: options.upstream ?? configured.upstream,
     model: options.model ?? configured.model,
   };
-  const token = tokens.issue({ profile: profile.name, runId: options.runId ?? null, provider: target.upstream });
+  const token = tokens.issue({
+    profile: profile.name,
+    runId: options.runId ?? null,
+    provider: target.upstream,
+    // The profile's rules hold whatever serves the requests (a replay or recorder included).
+    policy: configured.policy,
+  });
 
   const cleanups: (() => Promise<void>)[] = [() => log.close()];
   const close = async () => {

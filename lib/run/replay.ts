@@ -8,6 +8,7 @@
  */
 import { SandboxError } from "../errors.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
+import { Redactor } from "../redact.ts";
 
 /** One recorded upstream response: a JSON body, or a raw SSE stream. */
 export type RecordedResponse =
@@ -115,11 +116,25 @@ function completionToSse(completion: unknown): string {
   return events.map((e) => `data: ${JSON.stringify(e)}\n\n`).join("") + "data: [DONE]\n\n";
 }
 
+export interface RecorderOptions {
+  /**
+   * Every secret it knows is redacted from the recording, as is `real`'s key (a private redactor
+   * is used when none is given).
+   */
+  redactor?: Redactor;
+}
+
 /**
  * Forward to `real`, recording every LLM response; the recording is written to `path` on close.
- * The credential proxy in front has already attached the key; the recorder never stores headers.
+ * The credential proxy in front has already attached the key; the recorder never stores headers,
+ * and redacts known secrets from what it stores: an upstream may echo the key in a response.
  */
-export function startRecorder(real: UpstreamProvider, path: string): LocalUpstream {
+export function startRecorder(
+  real: UpstreamProvider,
+  path: string,
+  options: RecorderOptions = {},
+): LocalUpstream {
+  const redactor = options.redactor ?? new Redactor();
   const responses: RecordedResponse[] = [];
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
     const url = new URL(req.url);
@@ -146,8 +161,13 @@ export function startRecorder(real: UpstreamProvider, path: string): LocalUpstre
   });
   const close = async () => {
     await server.shutdown();
+    // The key is registered at the last moment, so the recording is redacted even when nothing
+    // else resolved it into this redactor; a key that cannot be read was never sent either.
+    redactor.add(await real.key().catch(() => ""));
     const recording: Recording = { version: 1, kind: real.kind, responses };
-    await Deno.writeTextFile(path, JSON.stringify(recording, null, 2) + "\n");
+    // Redacting the serialised text catches a secret anywhere: in SSE text, JSON values and keys
+    // (the redactor knows each secret's JSON-escaped spelling too), and the result is still JSON.
+    await Deno.writeTextFile(path, redactor.redactJson(JSON.stringify(recording, null, 2)) + "\n");
   };
   return {
     upstream: { ...real, name: `${real.name} (recording)`, baseUrl: `http://127.0.0.1:${server.addr.port}/v1` },

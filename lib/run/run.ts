@@ -91,6 +91,7 @@ function statusFor(error: unknown): RunStatus {
 async function chooseUpstream(
   request: RunRequest,
   keys: KeyStore,
+  redactor: Redactor,
 ): Promise<{ upstream?: UpstreamProvider; model?: string; local?: LocalUpstream }> {
   if (request.model?.startsWith(REPLAY_PREFIX)) {
     if (request.record) throw new SandboxError("usage", "Cannot --record a replayed run");
@@ -99,7 +100,7 @@ async function chooseUpstream(
     return { upstream: local.upstream, model: "replay", local };
   }
   if (request.record) {
-    const local = startRecorder(llmTarget(request.profile.llm, keys).upstream, request.record);
+    const local = startRecorder(llmTarget(request.profile.llm, keys).upstream, request.record, { redactor });
     return { upstream: local.upstream, model: request.model, local };
   }
   return { model: request.model };
@@ -112,7 +113,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const repo = request.repo ? await resolveRepo(request) : undefined;
   const redactor = new Redactor();
   const keys = new KeyStore({ redactor });
-  const chosen = await chooseUpstream(request, keys);
+  const chosen = await chooseUpstream(request, keys, redactor);
   const id = repo?.id ?? newRunId();
   const sandboxKind = profile.sandbox.mode === "container" ? "container" : profile.sandbox.mode;
   const model = chosen.model ?? llmTarget(profile.llm, keys).model;

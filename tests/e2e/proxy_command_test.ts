@@ -26,7 +26,8 @@ interface ProxyInfo {
 
 /** A config whose profile sends LLM calls to `upstream`, and the environment for the CLI. */
 async function setup(dir: string, upstream: FakeUpstream) {
-  const key = `sk-e2e-${crypto.randomUUID().replaceAll("-", "")}`;
+  // The fake upstream accepts only its own key: the token forwarded instead would get a 401.
+  const key = upstream.key;
   const config = await writeConfig(
     dir,
     `profiles:\n  ${PROFILE}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,

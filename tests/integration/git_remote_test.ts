@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
-import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
+import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { GitHttpServer } from "../_git_server.ts";
 import {
   assertDocker,
@@ -70,7 +70,7 @@ Deno.test({
         {
           config,
           env: {
-            SANDBOX_TEST_LLM_KEY: "sk-test-llm-key-0000",
+            SANDBOX_TEST_LLM_KEY: FAKE_LLM_KEY,
             SANDBOX_TEST_GIT_TOKEN: token,
             XDG_STATE_HOME: `${dir.path}/state`,
           },

@@ -45,7 +45,7 @@ Deno.test({
     await using upstream = new FakeUpstream();
     await using dir = await tempDir();
     const profile = uniqueProfile("it-key");
-    const key = `sk-test-${crypto.randomUUID().replaceAll("-", "")}`;
+    const key = upstream.key;
     const config = await writeConfig(
       dir.path,
       `profiles:\n  ${profile}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
@@ -191,7 +191,7 @@ Deno.test({
     sandbox:
       network: {mode: full}
 `);
-    const env = { [KEY_ENV]: "sk-test-none-mode-key", XDG_STATE_HOME: `${dir.path}/state` };
+    const env = { [KEY_ENV]: upstream.key, XDG_STATE_HOME: `${dir.path}/state` };
     try {
       await t.step("none", async () => {
         const script = [

@@ -1,19 +1,36 @@
 /**
  * A fake LLM provider on 127.0.0.1 (port 0) for proxy tests: OpenAI-style chat completions
  * (plain and SSE), embeddings and models, and Anthropic-style messages. It records every request
- * it receives, and tests steer it with `behaviour`:
+ * it receives, and tests steer it with `behaviour`.
+ *
+ * Like a real provider it checks credentials: a request must carry exactly its `key`, either as
+ * `Authorization: Bearer KEY` or as `x-api-key: KEY`, and no other credential header; anything
+ * else (the sandbox's token, the key plus a stray token) is answered 401. So a proxy that forwards
+ * the token instead of the key, or beside it, fails every end-to-end request.
+ *
+ * Behaviours:
  *
  * - "ok": answer normally (SSE when the JSON body has `"stream": true`)
  * - "rate_limited": 429 with an OpenAI-style error body and `retry-after`
  * - "hang": never answer; the handler ends when the request is aborted
  * - "controlled_stream": start an SSE response and let the test send each chunk (`nextStream()`)
  * - "gzip": answer with a gzip-compressed JSON body
+ * - "echo_credentials": a malicious upstream that reflects the credential header it received in
+ *   the JSON body and in an `x-echo-credential` response header
+ * - "redirect": answer 307 with `Location: redirectTo` (the same path on another server)
  *
  * Tests synchronise on its events (`nextRequest()`, `nextStream()`, `request.aborted`), never on
  * time.
  */
 
-export type FakeBehaviour = "ok" | "rate_limited" | "hang" | "controlled_stream" | "gzip";
+export type FakeBehaviour =
+  | "ok"
+  | "rate_limited"
+  | "hang"
+  | "controlled_stream"
+  | "gzip"
+  | "echo_credentials"
+  | "redirect";
 
 export interface RecordedRequest {
   method: string;
@@ -29,6 +46,8 @@ export interface RecordedRequest {
 export interface StreamControl {
   /** Send one SSE event (`data: <data>\n\n`). */
   send(data: string): void;
+  /** Send `text` as one chunk, as it is (a part of an event, say). */
+  sendRaw(text: string): void;
   /** Send a final event if given, then end the response. */
   end(lastData?: string): void;
   /** Resolves when the response body was cancelled by its reader (the proxy). */
@@ -43,8 +62,17 @@ export const RATE_LIMIT_BODY = JSON.stringify({
   },
 });
 
+export interface FakeUpstreamOptions {
+  /** The API key it accepts; default: a random `sk-fake-…` (see `key`). */
+  key?: string;
+}
+
 export class FakeUpstream implements AsyncDisposable {
   behaviour: FakeBehaviour = "ok";
+  /** Where "redirect" points (a base URL; the request's path is appended). */
+  redirectTo = "";
+  /** The only API key this upstream accepts. */
+  readonly key: string;
   readonly requests: RecordedRequest[] = [];
   readonly #server: Deno.HttpServer<Deno.NetAddr>;
   readonly #requestWaiters: ((request: RecordedRequest) => void)[] = [];
@@ -53,7 +81,8 @@ export class FakeUpstream implements AsyncDisposable {
   readonly #stopping = new AbortController();
   readonly #openStreams = new Set<ReadableStreamDefaultController<Uint8Array>>();
 
-  constructor() {
+  constructor(options: FakeUpstreamOptions = {}) {
+    this.key = options.key ?? `sk-fake-${crypto.randomUUID().replaceAll("-", "")}`;
     this.#server = Deno.serve(
       { hostname: "127.0.0.1", port: 0, onListen: () => {} },
       (req) => this.#handle(req),
@@ -107,6 +136,17 @@ export class FakeUpstream implements AsyncDisposable {
     this.requests.push(recorded);
     for (const waiter of this.#requestWaiters.splice(0)) waiter(recorded);
 
+    const credential = presentedCredential(req.headers);
+    if (credential !== this.key) {
+      return Response.json({
+        error: {
+          message: "Incorrect API key provided",
+          type: "invalid_request_error",
+          code: "invalid_api_key",
+        },
+      }, { status: 401 });
+    }
+
     switch (this.behaviour) {
       case "rate_limited":
         return new Response(RATE_LIMIT_BODY, {
@@ -128,6 +168,18 @@ export class FakeUpstream implements AsyncDisposable {
             .pipeThrough(new CompressionStream("gzip")),
           { headers: { "content-type": "application/json", "content-encoding": "gzip" } },
         );
+      case "echo_credentials": {
+        const echoed = req.headers.get("authorization") ?? req.headers.get("x-api-key") ?? "";
+        return Response.json(
+          { error: { message: `invalid request from ${echoed}`, received: echoed } },
+          { status: 400, headers: { "x-echo-credential": echoed } },
+        );
+      }
+      case "redirect":
+        return new Response(null, {
+          status: 307,
+          headers: { location: this.redirectTo.replace(/\/v1$/, "") + url.pathname },
+        });
       case "ok":
         return this.#answer(url.pathname, recorded.body);
     }
@@ -183,6 +235,7 @@ export class FakeUpstream implements AsyncDisposable {
         this.#openStreams.add(controller);
         control = {
           send: (data) => controller.enqueue(encodeEvent(data)),
+          sendRaw: (text) => controller.enqueue(new TextEncoder().encode(text)),
           end: (lastData) => {
             if (lastData !== undefined) controller.enqueue(encodeEvent(lastData));
             this.#openStreams.delete(controller);
@@ -198,6 +251,20 @@ export class FakeUpstream implements AsyncDisposable {
     for (const waiter of this.#streamWaiters.splice(0)) waiter(control);
     return sse(body);
   }
+}
+
+/**
+ * The key a request presents, when it presents exactly one credential header in one of the two
+ * forms providers take; `undefined` for none, two, or a malformed one.
+ */
+function presentedCredential(headers: Headers): string | undefined {
+  const authorization = headers.get("authorization");
+  const apiKey = headers.get("x-api-key");
+  if (authorization !== null && apiKey === null) {
+    return authorization.startsWith("Bearer ") ? authorization.slice("Bearer ".length) : undefined;
+  }
+  if (apiKey !== null && authorization === null) return apiKey;
+  return undefined;
 }
 
 function modelsList() {

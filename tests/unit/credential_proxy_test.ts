@@ -7,7 +7,8 @@ import {
   TokenRegistry,
   type UpstreamProvider,
 } from "../../lib/proxy/credential_proxy.ts";
-import { Redactor } from "../../lib/redact.ts";
+import type { LlmPolicy } from "../../lib/proxy/llm_policy.ts";
+import { REDACTED, Redactor } from "../../lib/redact.ts";
 import { chatChunk, FakeUpstream, RATE_LIMIT_BODY } from "./_fake_upstream.ts";
 
 const REAL_KEY = "sk-real-upstream-key-0123456789";
@@ -18,11 +19,12 @@ interface HarnessOptions {
   baseUrl?: string;
   maxBodyBytes?: number;
   upstreamTimeoutMs?: number;
+  policy?: LlmPolicy;
 }
 
 /** A fake upstream, a proxy in front of it with one issued token, and its access log. */
 class Harness implements AsyncDisposable {
-  readonly upstream = new FakeUpstream();
+  readonly upstream = new FakeUpstream({ key: REAL_KEY });
   readonly redactor = new Redactor();
   readonly tokens = new TokenRegistry({ redactor: this.redactor });
   readonly entries: AccessLogEntry[] = [];
@@ -49,7 +51,12 @@ class Harness implements AsyncDisposable {
       baseUrl: options.baseUrl ?? this.upstream.baseUrl,
       key: () => Promise.resolve(REAL_KEY),
     };
-    this.token = this.tokens.issue({ profile: "work", runId: "run-1", provider: this.provider });
+    this.token = this.tokens.issue({
+      profile: "work",
+      runId: "run-1",
+      provider: this.provider,
+      policy: options.policy,
+    });
   }
 
   static async start(options?: HarnessOptions): Promise<Harness> {
@@ -148,17 +155,26 @@ Deno.test("TokenRegistry issues unguessable sbx_ tokens and looks them up exactl
   });
 });
 
-Deno.test("startCredentialProxy() forwards with the real key and strips the token and sandbox headers", async () => {
+/** Headers Deno's fetch adds to every request by itself (the proxy's own client). */
+const FETCH_OWN_HEADERS = ["accept-encoding", "accept-language", "content-length", "host", "user-agent"];
+
+Deno.test("startCredentialProxy() forwards only the headers the API needs, with the real key", async () => {
   await using h = await Harness.start();
   const response = await fetch(h.url("/chat/completions"), {
     method: "POST",
     headers: {
       "authorization": `Bearer ${h.token}`,
-      "content-type": "application/json",
+      "content-type": "text/plain",
+      "accept": "application/json",
       "cookie": "session=abc",
       "x-sandbox-run-id": "run-1",
       "x-sandbox-token": h.token,
-      "x-request-tag": "kept",
+      "x-request-tag": "dropped",
+      "openai-organization": "org-someone-else",
+      "openai-project": "proj-someone-else",
+      "openai-beta": "assistants=v2",
+      "user-agent": "agent/1.0",
+      "x-stainless-os": "Linux",
     },
     body: chatBody(),
   });
@@ -172,13 +188,62 @@ Deno.test("startCredentialProxy() forwards with the real key and strips the toke
   assert.equal(seen.body, chatBody());
   assert.equal(seen.headers.get("authorization"), `Bearer ${REAL_KEY}`);
   assert.equal(seen.headers.get("content-length"), String(chatBody().length));
-  assert.equal(seen.headers.get("x-request-tag"), "kept");
-  assert.equal(seen.headers.get("cookie"), null);
-  for (const [name, value] of seen.headers) {
-    assert.ok(!name.startsWith("x-sandbox-"), `upstream saw ${name}`);
-    assert.ok(!value.includes(h.token), `upstream saw the token in ${name}`);
+  // The body was checked as JSON, so that is what the upstream is told it is.
+  assert.equal(seen.headers.get("content-type"), "application/json");
+  assert.equal(seen.headers.get("accept"), "application/json");
+  assert.notEqual(seen.headers.get("user-agent"), "agent/1.0");
+  assert.deepEqual(
+    [...seen.headers.keys()].filter((name) => !FETCH_OWN_HEADERS.includes(name)).sort(),
+    ["accept", "authorization", "content-type"],
+  );
+});
+
+Deno.test("startCredentialProxy() never forwards a token sent as x-api-key to an OpenAI-style provider", async (t) => {
+  // The fake upstream answers 401 unless it gets exactly the real key in exactly one credential
+  // header, so a forwarded token (alone or beside the key) fails the request, not just an assert.
+  await using h = await Harness.start();
+  const cases: [string, Record<string, string>][] = [
+    ["x-api-key alone", { "x-api-key": h.token }],
+    ["x-api-key beside Authorization", { "x-api-key": h.token, authorization: `Bearer ${h.token}` }],
+  ];
+  for (const [name, headers] of cases) {
+    await t.step(name, async () => {
+      const response = await fetch(h.url("/chat/completions"), {
+        method: "POST",
+        headers,
+        body: chatBody(),
+      });
+      const text = await response.text();
+      assert.equal(response.status, 200, text);
+      const seen = h.upstream.requests.at(-1)!;
+      assert.equal(seen.headers.get("x-api-key"), null);
+      assert.equal(seen.headers.get("authorization"), `Bearer ${REAL_KEY}`);
+      for (const [header, value] of seen.headers) {
+        assert.ok(!value.includes(h.token), `upstream saw the token in ${header}`);
+      }
+    });
   }
-  assert.equal(seen.headers.get("x-api-key"), null);
+});
+
+Deno.test("startCredentialProxy() passes a redirect back and never follows it with the key", async () => {
+  await using h = await Harness.start();
+  // Where the redirect points: it accepts any request it gets as evidence, and must get none.
+  await using elsewhere = new FakeUpstream();
+  h.upstream.behaviour = "redirect";
+  h.upstream.redirectTo = elsewhere.baseUrl;
+  const response = await fetch(h.url("/chat/completions"), {
+    method: "POST",
+    headers: { authorization: `Bearer ${h.token}` },
+    body: chatBody(),
+    redirect: "manual",
+  });
+  await response.body?.cancel();
+  assert.equal(response.status, 307);
+  assert.equal(response.headers.get("location"), `${elsewhere.baseUrl}/chat/completions`);
+  assert.equal(h.upstream.requests.length, 1);
+  assert.equal(elsewhere.requests.length, 0, "the redirect target received a request");
+  const [entry] = await h.entriesLogged(1);
+  assert.equal(entry.status, 307);
 });
 
 Deno.test("startCredentialProxy() keeps the query string and forwards GET /models", async () => {

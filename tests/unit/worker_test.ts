@@ -12,6 +12,7 @@ import { explain, ROOT, tempDir } from "../_helpers.ts";
 import {
   FakeLlm,
   type FakeStep,
+  FAKE_LLM_KEY,
   httpError,
   text,
   toolCall,
@@ -19,7 +20,8 @@ import {
 } from "../_fake_llm.ts";
 
 const WORKER = `${ROOT}/worker/main.ts`;
-const TOKEN = "run-token-7f3a";
+/** The fake LLM stands in for the credential proxy: the token the worker sends is what it accepts. */
+const TOKEN = FAKE_LLM_KEY;
 
 /** How to start the worker: argv before the mode, and extra environment. */
 interface WorkerEntry {
