@@ -73,7 +73,10 @@ class Parser {
   }
 
   #value(depth: number): JsonValue {
-    if (depth > MAX_DEPTH) this.#fail(`nesting deeper than ${MAX_DEPTH}`);
+    // `depth` containers enclose this value; one more would be nested deeper than the limit.
+    if (depth >= MAX_DEPTH && (this.text[this.#at] === "{" || this.text[this.#at] === "[")) {
+      this.#fail(`nesting deeper than ${MAX_DEPTH}`);
+    }
     const c = this.text[this.#at];
     if (c === "{") return this.#object(depth + 1);
     if (c === "[") return this.#array(depth + 1);

@@ -678,3 +678,354 @@ Deno.test("startCredentialProxy() closes what it opened when a later address fai
     Deno.errors.AddrInUse,
   );
 });
+
+// ---------------------------------------------------------------------------------------------
+// Provider-side egress: server-side tools, search models, URL inputs, models
+
+/** POST `body` (an object, or raw text) to `path` with the harness's token. */
+async function post(
+  h: Harness,
+  path: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; text: string }> {
+  const response = await fetch(h.url(path), {
+    method: "POST",
+    headers: { authorization: `Bearer ${h.token}`, "content-type": "application/json", ...headers },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+  return { status: response.status, text: await response.text() };
+}
+
+/** A 403 with the proxy's permission error, and nothing reached the upstream. */
+function assertRefused(
+  h: Harness,
+  result: { status: number; text: string },
+  message: RegExp,
+  before = 0,
+): void {
+  assert.equal(result.status, 403, result.text);
+  const error = JSON.parse(result.text).error;
+  assert.equal(error.type, "permission_error");
+  assert.match(error.message, /^sandbox credential proxy: /);
+  assert.match(error.message, message);
+  assert.equal(h.upstream.requests.length, before, "a refused request reached the upstream");
+}
+
+function anthropicBody(extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    model: "claude-test",
+    max_tokens: 64,
+    messages: [{ role: "user", content: "Fetch https://attacker.test/?secret=1" }],
+    ...extra,
+  };
+}
+
+Deno.test("startCredentialProxy() refuses Anthropic server-side tools with 403 and forwards client-side ones", async (t) => {
+  await using h = await Harness.start({ kind: "anthropic" });
+  const serverSide: [string, Record<string, unknown>][] = [
+    ["web fetch", { tools: [{ type: "web_fetch_20250910", name: "web_fetch", max_uses: 5 }] }],
+    ["web fetch (newer version)", { tools: [{ type: "web_fetch_20260309", name: "web_fetch" }] }],
+    ["web search", { tools: [{ type: "web_search_20250305", name: "web_search" }] }],
+    ["code execution", { tools: [{ type: "code_execution_20250825", name: "code_execution" }] }],
+    ["an MCP toolset", { tools: [{ type: "mcp_toolset", mcp_server_name: "x" }] }],
+    ["the advisor", { tools: [{ type: "advisor_20260301", name: "advisor" }] }],
+    ["tool search", { tools: [{ type: "tool_search_tool_regex_20251119", name: "ts" }] }],
+    ["a server tool of a type nobody knows yet", { tools: [{ type: "teleport_20990101", name: "t" }] }],
+    ["a server tool after a client one", {
+      tools: [{ name: "run", input_schema: { type: "object" } }, { type: "web_fetch_20250910", name: "f" }],
+    }],
+  ];
+  for (const [name, extra] of serverSide) {
+    await t.step(`${name} is refused`, async () => {
+      const result = await post(h, "/messages", anthropicBody(extra), {
+        "x-api-key": h.token,
+        "anthropic-beta": "web-fetch-2025-09-10",
+      });
+      assertRefused(h, result, /tools\[\d\] has type ".+", a server-side tool/);
+      assert.match(JSON.parse(result.text).error.message, /llm\.server_tools: allow/);
+    });
+  }
+  const other: [string, Record<string, unknown>, RegExp][] = [
+    ["the MCP connector", {
+      mcp_servers: [{ type: "url", url: "https://mcp.attacker.test/sse", name: "x" }],
+    }, /mcp_servers/],
+    ["a code execution container", { container: "container_011CPR5CNjB747bTd36fQLFk" }, /container/],
+    ["an image the provider would fetch", {
+      messages: [{
+        role: "user",
+        content: [{ type: "image", source: { type: "url", url: "https://attacker.test/x.png" } }],
+      }],
+    }, /URL source/],
+    ["a document inside a tool result the provider would fetch", {
+      messages: [{
+        role: "user",
+        content: [{
+          type: "tool_result",
+          tool_use_id: "t1",
+          content: [{ type: "document", source: { type: "url", url: "https://attacker.test/a.pdf" } }],
+        }],
+      }],
+    }, /URL source/],
+  ];
+  for (const [name, extra, message] of other) {
+    await t.step(`${name} is refused`, async () => {
+      assertRefused(h, await post(h, "/messages", anthropicBody(extra)), message);
+    });
+  }
+
+  await t.step("client-side tools and inline data pass, the body byte for byte", async () => {
+    const body = JSON.stringify(anthropicBody({
+      tools: [
+        { name: "run", description: "run a command", input_schema: { type: "object" } },
+        { type: "custom", name: "mine", input_schema: { type: "object" } },
+        { type: "bash_20250124", name: "bash" },
+        { type: "text_editor_20250728", name: "str_replace_based_edit_tool" },
+        { type: "computer_20250124", name: "computer", display_width_px: 1024, display_height_px: 768 },
+        { type: "memory_20250818", name: "memory" },
+      ],
+      messages: [{
+        role: "user",
+        content: [
+          { type: "text", text: "see https://example.test/ (text, not fetched)" },
+          { type: "image", source: { type: "base64", media_type: "image/png", data: "iVBORw0K" } },
+          { type: "tool_use", id: "t", name: "fetch", input: { source: { type: "url", url: "https://a.test" } } },
+        ],
+      }],
+    }));
+    const result = await post(h, "/messages", body, { "x-api-key": h.token });
+    assert.equal(result.status, 200, result.text);
+    assert.equal(h.upstream.requests.length, 1);
+    assert.equal(h.upstream.requests[0].body, body);
+  });
+});
+
+Deno.test("startCredentialProxy() drops server-side anthropic-beta flags and keeps the others", async (t) => {
+  await t.step("deny (the default)", async () => {
+    await using h = await Harness.start({ kind: "anthropic" });
+    const result = await post(h, "/messages", anthropicBody(), {
+      "x-api-key": h.token,
+      "anthropic-beta":
+        "web-fetch-2025-09-10, interleaved-thinking-2025-05-14,code-execution-2025-08-25,mcp-client-2025-11-20,skills-2025-10-02,web-search-2025-03-05,context-1m-2025-08-07",
+    });
+    assert.equal(result.status, 200, result.text);
+    assert.equal(
+      h.upstream.requests[0].headers.get("anthropic-beta"),
+      "interleaved-thinking-2025-05-14,context-1m-2025-08-07",
+    );
+  });
+  await t.step("only server-side flags: no header at all", async () => {
+    await using h = await Harness.start({ kind: "anthropic" });
+    const result = await post(h, "/messages", anthropicBody(), {
+      "x-api-key": h.token,
+      "anthropic-beta": "web-fetch-2025-09-10",
+    });
+    assert.equal(result.status, 200, result.text);
+    assert.equal(h.upstream.requests[0].headers.get("anthropic-beta"), null);
+  });
+  await t.step("allow: every flag passes", async () => {
+    await using h = await Harness.start({ kind: "anthropic", policy: { serverTools: "allow" } });
+    const result = await post(h, "/messages", anthropicBody(), {
+      "x-api-key": h.token,
+      "anthropic-beta": "web-fetch-2025-09-10,interleaved-thinking-2025-05-14",
+    });
+    assert.equal(result.status, 200, result.text);
+    assert.equal(
+      h.upstream.requests[0].headers.get("anthropic-beta"),
+      "web-fetch-2025-09-10,interleaved-thinking-2025-05-14",
+    );
+  });
+});
+
+Deno.test("startCredentialProxy() refuses OpenAI-style provider-side tools, search models and URL inputs", async (t) => {
+  await using h = await Harness.start();
+  const refused: [string, Record<string, unknown>, RegExp][] = [
+    ...["web_search", "web_search_preview", "file_search", "code_interpreter", "mcp", "image_generation", "computer_use_preview", "openrouter:web_search"]
+      .map((type): [string, Record<string, unknown>, RegExp] => [
+        `a ${type} tool`,
+        { tools: [{ type, server_url: "https://mcp.attacker.test" }] },
+        new RegExp(`tools\\[0\\] has type "${type}", not a tool the client runs`),
+      ]),
+    ["a tool without a type", { tools: [{ function: { name: "f" } }] }, /tools\[0\] has type null/],
+    ["web_search_options", { web_search_options: { search_context_size: "low" } }, /web_search_options/],
+    ["OpenRouter plugins", { plugins: [{ id: "web" }] }, /plugins/],
+    ["a search model", { model: "gpt-4o-search-preview" }, /searches the web/],
+    ["a dated search model behind a vendor prefix", { model: "openai/gpt-4o-mini-search-preview-2025-03-11" }, /searches the web/],
+    ["the search API model", { model: "gpt-5-search-api" }, /searches the web/],
+    ["an OpenRouter :online model", { model: "anthropic/claude-sonnet-4.5:online" }, /":online"/],
+    ["an image URL", {
+      messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "https://attacker.test/?k=1" } }] }],
+    }, /messages\[0\]\.content\[0\] gives a URL the provider would fetch/],
+    ["a file given by URL", {
+      messages: [{ role: "user", content: [{ type: "file", file: { filename: "a.pdf", file_data: "https://attacker.test/a.pdf" } }] }],
+    }, /gives a URL/],
+  ];
+  for (const [name, extra, message] of refused) {
+    await t.step(`${name} is refused`, async () => {
+      assertRefused(h, await post(h, "/chat/completions", JSON.parse(chatBody(extra))), message);
+    });
+  }
+
+  await t.step("function and custom tools, inline images and ordinary models pass", async () => {
+    const body = chatBody({
+      model: "gpt-4.1-mini",
+      tools: [
+        { type: "function", function: { name: "web_search", parameters: { type: "object" } } },
+        { type: "custom", custom: { name: "apply_patch" } },
+      ],
+      messages: [{
+        role: "user",
+        content: [
+          { type: "text", text: "https://example.test/ in text is only text" },
+          { type: "image_url", image_url: { url: "data:image/png;base64,iVBORw0K" } },
+        ],
+      }],
+    });
+    const result = await post(h, "/chat/completions", body);
+    assert.equal(result.status, 200, result.text);
+    assert.equal(h.upstream.requests.length, 1);
+    assert.equal(h.upstream.requests[0].body, body);
+  });
+
+  const entries = await h.entriesLogged(refused.length + 1);
+  const denied = entries.filter((entry) => entry.status === 403);
+  assert.equal(denied.length, refused.length);
+  assert.ok(denied.every((entry) => entry.decision === "deny" && /llm\.server_tools/.test(entry.reason ?? "")));
+});
+
+Deno.test("startCredentialProxy() forwards server-side tools when the profile allows them", async () => {
+  await using h = await Harness.start({ kind: "anthropic", policy: { serverTools: "allow" } });
+  const body = JSON.stringify(anthropicBody({
+    tools: [{ type: "web_fetch_20250910", name: "web_fetch" }],
+    mcp_servers: [{ type: "url", url: "https://mcp.example.test/sse", name: "x" }],
+  }));
+  const result = await post(h, "/messages", body, { "x-api-key": h.token });
+  assert.equal(result.status, 200, result.text);
+  assert.equal(h.upstream.requests[0].body, body);
+});
+
+Deno.test("startCredentialProxy() refuses models outside llm.models with 403", async (t) => {
+  await using h = await Harness.start({ policy: { serverTools: "deny", models: ["fake-model", "small"] } });
+  await t.step("another model", async () => {
+    assertRefused(h, await post(h, "/chat/completions", JSON.parse(chatBody({ model: "gpt-4.1" }))), /model "gpt-4\.1" is not allowed; profile "work" allows only the models in llm\.models \("fake-model", "small"\)/);
+  });
+  await t.step("no model at all (the provider's default could be any)", async () => {
+    assertRefused(h, await post(h, "/chat/completions", { messages: [] }), /names no model/);
+  });
+  await t.step("embeddings with another model", async () => {
+    assertRefused(h, await post(h, "/embeddings", { model: "text-embedding-3-large", input: "x" }), /not allowed/);
+  });
+  await t.step("a listed model passes", async () => {
+    const result = await post(h, "/chat/completions", chatBody({ model: "small" }));
+    assert.equal(result.status, 200, result.text);
+    assert.equal(h.upstream.requests.length, 1);
+  });
+});
+
+Deno.test("startCredentialProxy() refuses a body that could be read two ways, and forwards the bytes it read", async (t) => {
+  await using h = await Harness.start({ kind: "anthropic" });
+  const invalid: [string, string | Uint8Array<ArrayBuffer>, RegExp][] = [
+    // JSON.parse keeps the last "tools" (empty), a first-wins parser the web_fetch tool.
+    ["a duplicate key", `{"model":"m","max_tokens":1,"messages":[],"tools":[{"type":"web_fetch_20250910","name":"f"}],"tools":[]}`, /duplicate key "tools"/],
+    ["a duplicate key spelled with an escape", `{"model":"m","tools":[],"\\u0074ools":[{"type":"web_fetch_20250910","name":"f"}]}`, /duplicate key "tools"/],
+    ["a duplicate key in a nested object", `{"model":"m","tools":[{"type":"bash_20250124","type":"web_fetch_20250910","name":"f"}]}`, /duplicate key "type"/],
+    ["a key with an unpaired surrogate", `{"model":"m","tools\\ud800":[]}`, /unpaired surrogate/],
+    ["not JSON", `{"model": "m",}`, /not strict JSON/],
+    ["a byte order mark", "\ufeff{}", /not strict JSON/],
+    ["bytes that are not UTF-8", new Uint8Array([0x7b, 0x22, 0xff, 0x22, 0x3a, 0x31, 0x7d]), /not UTF-8/],
+    ["an empty body", "", /not strict JSON/],
+    ["an array", "[]", /not a JSON object/],
+  ];
+  for (const [name, body, message] of invalid) {
+    await t.step(`${name} is refused with 400`, async () => {
+      const response = await fetch(h.url("/messages"), {
+        method: "POST",
+        headers: { "x-api-key": h.token },
+        body,
+      });
+      const text = await response.text();
+      assert.equal(response.status, 400, text);
+      assert.equal(JSON.parse(text).error.type, "invalid_request_error");
+      assert.match(JSON.parse(text).error.message, message);
+      assert.equal(h.upstream.requests.length, 0);
+    });
+  }
+  await t.step("the same request without the duplicate passes, byte for byte", async () => {
+    // Spacing, an escape and a number JSON.stringify would rewrite: the upstream gets these bytes.
+    const body = `{ "model" : "m", "max_tokens": 1.0, "seed": 12345678901234567890,\n"messages": [], "tools": [], "note": "\\u0041" }`;
+    const result = await post(h, "/messages", body, { "x-api-key": h.token });
+    assert.equal(result.status, 200, result.text);
+    assert.equal(h.upstream.requests[0].body, body);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Secrets reflected back
+
+Deno.test("startCredentialProxy() redacts a key an upstream echoes in the body, a header and the status", async (t) => {
+  for (const kind of ["openai", "anthropic"] as const) {
+    await t.step(kind, async () => {
+      await using h = await Harness.start({ kind });
+      h.upstream.behaviour = "echo_credentials";
+      const response = await fetch(h.url(kind === "openai" ? "/chat/completions" : "/messages"), {
+        method: "POST",
+        headers: { authorization: `Bearer ${h.token}` },
+        body: kind === "openai" ? chatBody() : JSON.stringify(anthropicBody()),
+      });
+      const text = await response.text();
+      // The upstream did receive the key, and echoed it: that is what is being defended against.
+      assert.equal(h.upstream.requests.length, 1);
+      assert.equal(response.status, 400);
+      const headers = [...response.headers].map(([name, value]) => `${name}: ${value}`).join("\n");
+      assert.ok(!text.includes(REAL_KEY), `the key in the body: ${text}`);
+      assert.ok(!headers.includes(REAL_KEY), `the key in the headers: ${headers}`);
+      const echoed = kind === "openai" ? `Bearer ${REDACTED}` : REDACTED;
+      assert.equal(JSON.parse(text).error.received, echoed);
+      assert.equal(response.headers.get("x-echo-credential"), echoed);
+    });
+  }
+});
+
+Deno.test("startCredentialProxy() redacts a key echoed in SSE split at every byte boundary", async (t) => {
+  await using h = await Harness.start();
+  h.upstream.behaviour = "controlled_stream";
+  const echo = `Bearer ${REAL_KEY}`;
+  const preamble = 'data: {"leak":"';
+  const expected = `data: {"leak":"Bearer ${REDACTED}"}\n\ndata: [DONE]\n\n`;
+  const decoder = new TextDecoder();
+
+  await t.step("two chunks, split at each position of the echoed header", async () => {
+    for (let split = 0; split <= echo.length; split++) {
+      const started = h.upstream.nextStream();
+      const response = await fetch(h.url("/chat/completions"), {
+        method: "POST",
+        headers: { authorization: `Bearer ${h.token}` },
+        body: chatBody({ stream: true }),
+      });
+      const upstream = await started;
+      const reader = response.body!.getReader();
+      upstream.sendRaw(preamble + echo.slice(0, split));
+      // Everything that cannot be the start of a secret is passed on at once: the preamble arrives
+      // while the upstream still holds the rest, so the split really happens at the proxy.
+      let text = await readUntil(reader, decoder, preamble);
+      upstream.sendRaw(echo.slice(split) + '"}\n\n');
+      upstream.end("[DONE]");
+      text = await readUntil(reader, decoder, "[DONE]", text);
+      assert.equal((await reader.read()).done, true);
+      assert.equal(text, expected, `split at ${split}`);
+    }
+  });
+
+  await t.step("one byte per chunk", async () => {
+    const started = h.upstream.nextStream();
+    const response = await fetch(h.url("/chat/completions"), {
+      method: "POST",
+      headers: { authorization: `Bearer ${h.token}` },
+      body: chatBody({ stream: true }),
+    });
+    const upstream = await started;
+    for (const char of `${preamble}${echo}"}\n\n`) upstream.sendRaw(char);
+    upstream.end("[DONE]");
+    assert.equal(await response.text(), expected);
+  });
+});

@@ -550,7 +550,7 @@ Deno.test("the fake LLM streams tool calls, text and usage over SSE that a real 
   ]);
   const model = new ChatOpenAI({
     model: "fake-model",
-    apiKey: "t",
+    apiKey: fake.key,
     configuration: { baseURL: fake.baseUrl },
     streaming: true,
     streamUsage: true,

@@ -1,0 +1,63 @@
+import assert from "node:assert/strict";
+import { type LlmConfig, parseConfig, resolveProfile } from "../../lib/config.ts";
+import { SandboxError } from "../../lib/errors.ts";
+import { KeyStore } from "../../lib/keys.ts";
+import { BUILTIN_PROVIDERS, llmTarget } from "../../lib/proxy/llm_providers.ts";
+
+const noEnv = () => undefined;
+
+function llmOf(yaml: string): LlmConfig {
+  const result = parseConfig(`profiles:\n  work:\n    llm: ${yaml}\n`, "test.yaml", noEnv);
+  assert.equal(result.kind, "ok", JSON.stringify(result));
+  return resolveProfile(result.kind === "ok" ? result.config : { profiles: {} }, "work").llm;
+}
+
+function issuesOf(yaml: string): string[] {
+  const result = parseConfig(`profiles:\n  work:\n    llm: ${yaml}\n`, "test.yaml", noEnv);
+  assert.equal(result.kind, "invalid", `expected invalid: ${yaml}`);
+  return result.kind === "invalid" ? result.issues.map((i) => `${i.path}: ${i.message}`) : [];
+}
+
+Deno.test("a built-in provider with a base_url is refused by the schema", () => {
+  for (const provider of ["openai", "anthropic", "openrouter"]) {
+    assert.deepEqual(issuesOf(`{provider: ${provider}, base_url: "http://127.0.0.1:9/v1"}`), [
+      `profiles.work.llm.base_url: only provider custom takes a base_url (a ${provider} key is sent only to ${provider})`,
+    ]);
+  }
+  // The positive twin: a custom provider takes one.
+  assert.equal(llmOf(`{provider: custom, base_url: "http://127.0.0.1:9/v1", key: {env: K}}`).base_url, "http://127.0.0.1:9/v1");
+});
+
+Deno.test("llmTarget() refuses a built-in provider with a base_url even past the schema", () => {
+  const keys = new KeyStore({ env: () => "sk-some-key-value" });
+  for (const provider of ["openai", "anthropic", "openrouter"] as const) {
+    const llm = { ...llmOf(`{provider: ${provider}}`), base_url: "http://attacker.test/v1" };
+    assert.throws(
+      () => llmTarget(llm, keys),
+      (error: unknown) =>
+        error instanceof SandboxError && error.code === "config_invalid" &&
+        error.message.includes(`its key is sent only to ${BUILTIN_PROVIDERS[provider].baseUrl}`),
+    );
+    // Without it, the key goes to the provider's own endpoint.
+    assert.equal(llmTarget(llmOf(`{provider: ${provider}}`), keys).upstream.baseUrl, BUILTIN_PROVIDERS[provider].baseUrl);
+  }
+});
+
+Deno.test("llm.server_tools defaults to deny and takes only deny or allow", () => {
+  const keys = new KeyStore({ env: noEnv });
+  assert.equal(llmOf("{}").server_tools, "deny");
+  assert.deepEqual(llmTarget(llmOf("{}"), keys).policy, { serverTools: "deny", models: undefined });
+  assert.deepEqual(llmTarget(llmOf("{server_tools: allow}"), keys).policy.serverTools, "allow");
+  assert.deepEqual(issuesOf("{server_tools: yes}"), ['profiles.work.llm.server_tools: expected one of "deny", "allow"']);
+});
+
+Deno.test("llm.models lists the allowed models, holds the chosen model, and gives the default", () => {
+  const keys = new KeyStore({ env: noEnv });
+  const target = llmTarget(llmOf("{models: [gpt-4.1-mini, gpt-4.1]}"), keys);
+  assert.deepEqual(target.policy.models, ["gpt-4.1-mini", "gpt-4.1"]);
+  // With no model named, the first allowed one is used rather than the provider's default.
+  assert.equal(llmTarget(llmOf("{provider: anthropic, models: [claude-haiku-4-5]}"), keys).model, "claude-haiku-4-5");
+  assert.equal(llmTarget(llmOf("{model: gpt-4.1, models: [gpt-4.1-mini, gpt-4.1]}"), keys).model, "gpt-4.1");
+  assert.deepEqual(issuesOf("{model: gpt-5, models: [gpt-4.1]}"), ['profiles.work.llm.model: "gpt-5" is not one of llm.models']);
+  assert.deepEqual(issuesOf("{models: []}"), ["profiles.work.llm.models: expected at least one model"]);
+});
