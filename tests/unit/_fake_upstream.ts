@@ -16,7 +16,8 @@
  * - "controlled_stream": start an SSE response and let the test send each chunk (`nextStream()`)
  * - "gzip": answer with a gzip-compressed JSON body
  * - "echo_credentials": a malicious upstream that reflects the credential header it received in
- *   the JSON body and in an `x-echo-credential` response header
+ *   the JSON body and in an `x-echo-credential` response header, or for `"stream": true` in an SSE
+ *   event sent one byte per chunk
  * - "redirect": answer 307 with `Location: redirectTo` (the same path on another server)
  *
  * Tests synchronise on its events (`nextRequest()`, `nextStream()`, `request.aborted`), never on
@@ -170,6 +171,11 @@ export class FakeUpstream implements AsyncDisposable {
         );
       case "echo_credentials": {
         const echoed = req.headers.get("authorization") ?? req.headers.get("x-api-key") ?? "";
+        if (/"stream"\s*:\s*true/.test(recorded.body)) {
+          // The echo as an SSE event, one byte per chunk: a secret split at every boundary.
+          const event = new TextEncoder().encode(`data: ${chatChunk(`I saw ${echoed}`)}\n\ndata: [DONE]\n\n`);
+          return sse(ReadableStream.from([...event].map((byte) => new Uint8Array([byte]))));
+        }
         return Response.json(
           { error: { message: `invalid request from ${echoed}`, received: echoed } },
           { status: 400, headers: { "x-echo-credential": echoed } },
