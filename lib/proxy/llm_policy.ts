@@ -142,7 +142,9 @@ function serverSide(message: string): Refusal {
 /** `llm.models`, and models that search on the provider's side. */
 function checkModel(body: JsonObject, policy: LlmPolicy): Refusal | undefined {
   const model = body.model;
-  if (policy.models !== undefined && (typeof model !== "string" || !policy.models.includes(model))) {
+  if (
+    policy.models !== undefined && (typeof model !== "string" || !policy.models.includes(model))
+  ) {
     return {
       rule: "models",
       message: model === undefined
@@ -234,7 +236,9 @@ function checkMessages(body: JsonObject, policy: LlmPolicy): Refusal | undefined
       if (type === undefined || type === null || type === "custom") continue;
       if (typeof type === "string" && ANTHROPIC_CLIENT_TOOL.test(type)) continue;
       return serverSide(
-        `tools[${index}] has type ${JSON.stringify(type)}, a server-side tool: the provider would ` +
+        `tools[${index}] has type ${
+          JSON.stringify(type)
+        }, a server-side tool: the provider would ` +
           `reach the network or run code for the sandbox`,
       );
     }

@@ -89,7 +89,9 @@ class Parser {
     }
     NUMBER.lastIndex = this.#at;
     const number = NUMBER.exec(this.text);
-    if (number === null) this.#fail(c === undefined ? "unexpected end of the body" : "unexpected character");
+    if (number === null) {
+      this.#fail(c === undefined ? "unexpected end of the body" : "unexpected character");
+    }
     this.#at += number[0].length;
     return Number(number[0]);
   }

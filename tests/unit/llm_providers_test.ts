@@ -25,7 +25,10 @@ Deno.test("a built-in provider with a base_url is refused by the schema", () => 
     ]);
   }
   // The positive twin: a custom provider takes one.
-  assert.equal(llmOf(`{provider: custom, base_url: "http://127.0.0.1:9/v1", key: {env: K}}`).base_url, "http://127.0.0.1:9/v1");
+  assert.equal(
+    llmOf(`{provider: custom, base_url: "http://127.0.0.1:9/v1", key: {env: K}}`).base_url,
+    "http://127.0.0.1:9/v1",
+  );
 });
 
 Deno.test("llmTarget() refuses a built-in provider with a base_url even past the schema", () => {
@@ -39,7 +42,10 @@ Deno.test("llmTarget() refuses a built-in provider with a base_url even past the
         error.message.includes(`its key is sent only to ${BUILTIN_PROVIDERS[provider].baseUrl}`),
     );
     // Without it, the key goes to the provider's own endpoint.
-    assert.equal(llmTarget(llmOf(`{provider: ${provider}}`), keys).upstream.baseUrl, BUILTIN_PROVIDERS[provider].baseUrl);
+    assert.equal(
+      llmTarget(llmOf(`{provider: ${provider}}`), keys).upstream.baseUrl,
+      BUILTIN_PROVIDERS[provider].baseUrl,
+    );
   }
 });
 
@@ -48,7 +54,9 @@ Deno.test("llm.server_tools defaults to deny and takes only deny or allow", () =
   assert.equal(llmOf("{}").server_tools, "deny");
   assert.deepEqual(llmTarget(llmOf("{}"), keys).policy, { serverTools: "deny", models: undefined });
   assert.deepEqual(llmTarget(llmOf("{server_tools: allow}"), keys).policy.serverTools, "allow");
-  assert.deepEqual(issuesOf("{server_tools: yes}"), ['profiles.work.llm.server_tools: expected one of "deny", "allow"']);
+  assert.deepEqual(issuesOf("{server_tools: yes}"), [
+    'profiles.work.llm.server_tools: expected one of "deny", "allow"',
+  ]);
 });
 
 Deno.test("llm.models lists the allowed models, holds the chosen model, and gives the default", () => {
@@ -56,8 +64,18 @@ Deno.test("llm.models lists the allowed models, holds the chosen model, and give
   const target = llmTarget(llmOf("{models: [gpt-4.1-mini, gpt-4.1]}"), keys);
   assert.deepEqual(target.policy.models, ["gpt-4.1-mini", "gpt-4.1"]);
   // With no model named, the first allowed one is used rather than the provider's default.
-  assert.equal(llmTarget(llmOf("{provider: anthropic, models: [claude-haiku-4-5]}"), keys).model, "claude-haiku-4-5");
-  assert.equal(llmTarget(llmOf("{model: gpt-4.1, models: [gpt-4.1-mini, gpt-4.1]}"), keys).model, "gpt-4.1");
-  assert.deepEqual(issuesOf("{model: gpt-5, models: [gpt-4.1]}"), ['profiles.work.llm.model: "gpt-5" is not one of llm.models']);
-  assert.deepEqual(issuesOf("{models: []}"), ["profiles.work.llm.models: expected at least one model"]);
+  assert.equal(
+    llmTarget(llmOf("{provider: anthropic, models: [claude-haiku-4-5]}"), keys).model,
+    "claude-haiku-4-5",
+  );
+  assert.equal(
+    llmTarget(llmOf("{model: gpt-4.1, models: [gpt-4.1-mini, gpt-4.1]}"), keys).model,
+    "gpt-4.1",
+  );
+  assert.deepEqual(issuesOf("{model: gpt-5, models: [gpt-4.1]}"), [
+    'profiles.work.llm.model: "gpt-5" is not one of llm.models',
+  ]);
+  assert.deepEqual(issuesOf("{models: []}"), [
+    "profiles.work.llm.models: expected at least one model",
+  ]);
 });

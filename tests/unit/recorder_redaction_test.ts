@@ -31,7 +31,11 @@ Deno.test("startRecorder() redacts the key and every known secret from the recor
     upstream.behaviour = "echo_credentials";
     const echoed = await post({});
     assert.equal(echoed.status, 400);
-    assert.match(await echoed.text(), new RegExp(KEY), "the fake did not echo the key: the test proves nothing");
+    assert.match(
+      await echoed.text(),
+      new RegExp(KEY),
+      "the fake did not echo the key: the test proves nothing",
+    );
 
     // A stream that carries the key and the git token, split across chunks.
     upstream.behaviour = "controlled_stream";
@@ -53,5 +57,8 @@ Deno.test("startRecorder() redacts the key and every known secret from the recor
   assert.equal(recording.responses.length, 2);
   assert.equal(recording.responses[0].status, 400);
   assert.equal(recording.responses[0].body.error.received, `Bearer ${REDACTED}`);
-  assert.equal(recording.responses[1].sse, `data: {"leak":"${REDACTED} ${REDACTED}"}\n\ndata: [DONE]\n\n`);
+  assert.equal(
+    recording.responses[1].sse,
+    `data: {"leak":"${REDACTED} ${REDACTED}"}\n\ndata: [DONE]\n\n`,
+  );
 });

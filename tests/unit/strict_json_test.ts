@@ -47,9 +47,33 @@ Deno.test("parseStrictJson() refuses what parsers read differently or not at all
   assert.match(reason(new Uint8Array([0xef, 0xbb, 0xbf, 0x7b, 0x7d])), /unexpected character/);
   assert.match(reason(new Uint8Array([0x22, 0xc3, 0x28, 0x22])), /not UTF-8/);
   const bad = [
-    "", " ", "{", "}", `{"a":1,}`, "[1,]", `{'a':1}`, `{a:1}`, "01", "1.", ".5", "+1", "-", "NaN",
-    "Infinity", "tru", "nul", `"\\x41"`, `"\\u12"`, `"a\tb"`, `"unterminated`, "{} {}", "/* c */ {}",
-    `{"a" 1}`, `{"a":1 "b":2}`, "[1 2]", "\u00a0{}",
+    "",
+    " ",
+    "{",
+    "}",
+    `{"a":1,}`,
+    "[1,]",
+    `{'a':1}`,
+    `{a:1}`,
+    "01",
+    "1.",
+    ".5",
+    "+1",
+    "-",
+    "NaN",
+    "Infinity",
+    "tru",
+    "nul",
+    `"\\x41"`,
+    `"\\u12"`,
+    `"a\tb"`,
+    `"unterminated`,
+    "{} {}",
+    "/* c */ {}",
+    `{"a" 1}`,
+    `{"a":1 "b":2}`,
+    "[1 2]",
+    "\u00a0{}",
   ];
   for (const text of bad) reason(text);
 });
