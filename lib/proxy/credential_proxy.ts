@@ -282,7 +282,8 @@ function createHandler(
     if (rule.method === "POST") {
       const parsed = parseStrictJson(body);
       if (parsed.kind === "invalid") {
-        return refuse(400, "invalid_request_error", `the request body is not strict JSON: ${parsed.reason}`);
+        const message = `the request body is not strict JSON: ${parsed.reason}`;
+        return refuse(400, "invalid_request_error", message);
       }
       const value = parsed.value;
       if (typeof value !== "object" || value === null || Array.isArray(value)) {
@@ -294,8 +295,8 @@ function createHandler(
           ? `profile "${grant.profile}" allows only the models in llm.models (${
             (policy.models ?? []).map((model) => JSON.stringify(model)).join(", ")
           })`
-          : `profile "${grant.profile}" does not let the provider reach the network or run code for ` +
-            `the sandbox (llm.server_tools: allow would)`;
+          : `profile "${grant.profile}" does not let the provider reach the network or run code ` +
+            `for the sandbox (llm.server_tools: allow would)`;
         return refuse(403, "permission_error", `${refusal.message}; ${why}`);
       }
     }
@@ -359,7 +360,8 @@ function createHandler(
     // an error page) may echo the key in a header or anywhere in the body.
     const responseHeaders = new Headers();
     for (const [name, value] of upstream.headers) {
-      if (!STRIPPED_RESPONSE_HEADERS.has(name)) responseHeaders.append(name, redactor.redact(value));
+      if (STRIPPED_RESPONSE_HEADERS.has(name)) continue;
+      responseHeaders.append(name, redactor.redact(value));
     }
     const statusText = redactor.redact(upstream.statusText);
     if (upstream.body === null) {
@@ -370,7 +372,11 @@ function createHandler(
       entry.bytesIn = bytes;
       finish(upstream.status, reason);
     });
-    return new Response(streamed, { status: upstream.status, statusText, headers: responseHeaders });
+    return new Response(streamed, {
+      status: upstream.status,
+      statusText,
+      headers: responseHeaders,
+    });
   };
 }
 
@@ -401,7 +407,10 @@ function authenticate(headers: Headers, tokens: TokenRegistry): AuthResult {
 }
 
 /** The route for `method` and `pathname`, with its suffix after `/proxy/v1`. */
-function findRoute(method: string, pathname: string): { suffix: string; rule: RouteRule } | undefined {
+function findRoute(
+  method: string,
+  pathname: string,
+): { suffix: string; rule: RouteRule } | undefined {
   if (!pathname.startsWith(PROXY_PATH_PREFIX + "/")) return undefined;
   const suffix = pathname.slice(PROXY_PATH_PREFIX.length);
   const rule = Object.hasOwn(ROUTES, suffix) ? ROUTES[suffix] : undefined;
@@ -415,7 +424,13 @@ function findRoute(method: string, pathname: string): { suffix: string; rule: Ro
  */
 function upstreamHeaders(
   incoming: Headers,
-  options: { api: LlmApi; rule: RouteRule; policy: LlmPolicy; provider: UpstreamProvider; key: string },
+  options: {
+    api: LlmApi;
+    rule: RouteRule;
+    policy: LlmPolicy;
+    provider: UpstreamProvider;
+    key: string;
+  },
 ): Headers {
   const headers = forwardedHeaders(options.api, incoming, options.policy);
   if (options.rule.method === "POST") headers.set("content-type", "application/json");

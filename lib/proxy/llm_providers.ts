@@ -74,7 +74,8 @@ export function llmTarget(llm: LlmConfig, keys: KeyStore): LlmTarget {
   if (llm.base_url !== undefined) {
     throw new SandboxError(
       "config_invalid",
-      `Cannot use provider "${llm.provider}" with a base_url: its key is sent only to ${builtin.baseUrl} (use provider: custom for another endpoint)`,
+      `Cannot use provider "${llm.provider}" with a base_url: its key is sent only to ` +
+        `${builtin.baseUrl} (use provider: custom for another endpoint)`,
     );
   }
   return {
