@@ -67,6 +67,7 @@ export { openSession, startHostProxies } from "./lib/proxy/session.ts";
 export type { HostProxies, SandboxSession, SessionOptions } from "./lib/proxy/session.ts";
 export { startCredentialProxy, TokenRegistry } from "./lib/proxy/credential_proxy.ts";
 export type { CredentialProxy, CredentialProxyOptions, ProxyGrant, UpstreamProvider } from "./lib/proxy/credential_proxy.ts";
+export type { LlmPolicy } from "./lib/proxy/llm_policy.ts";
 export { startEgressProxy } from "./lib/proxy/egress_proxy.ts";
 export type { EgressProxy, EgressProxyOptions } from "./lib/proxy/egress_proxy.ts";
 export { KeyStore } from "./lib/keys.ts";
