@@ -24,6 +24,8 @@ const EGRESS_TESTS = ["tests/unit/egress_proxy_test.ts", "tests/unit/address_gua
 const CREDENTIAL_PROXY = "lib/proxy/credential_proxy.ts";
 const GIT_PROXY = "lib/proxy/git_proxy.ts";
 const CONFIG = "lib/config.ts";
+const LLM_POLICY = "lib/proxy/llm_policy.ts";
+const CREDENTIAL_TESTS = ["tests/unit/credential_proxy_test.ts"];
 const SECRET_GUARD = "lib/secret_guard.ts";
 const SECRET_GUARD_TESTS = ["tests/unit/secret_guard_test.ts"];
 const DOCKER_PROVIDER = "lib/sandbox/docker_provider.ts";
@@ -226,6 +228,134 @@ export const MUTATIONS: Mutation[] = [
     find: `if (isSecretName(name)) {`,
     replace: `if (false) {`,
     tests: ["tests/e2e/config_errors_test.ts"],
+  },
+  {
+    name: "credential proxy forwards every incoming header (the token as x-api-key reaches an OpenAI-style provider)",
+    file: CREDENTIAL_PROXY,
+    find: `const headers = forwardedHeaders(options.api, incoming, options.policy);`,
+    replace: `const headers = new Headers(incoming);
+  for (const name of ["authorization", "host", "content-length", "connection"]) headers.delete(name);`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "credential proxy forwards an incoming x-api-key to an OpenAI-style provider",
+    file: CREDENTIAL_PROXY,
+    find: `if (options.rule.method === "POST") headers.set("content-type", "application/json");`,
+    replace: `if (options.rule.method === "POST") headers.set("content-type", "application/json");
+  if (incoming.has("x-api-key")) headers.set("x-api-key", incoming.get("x-api-key")!);`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "credential proxy follows redirects (with the key attached)",
+    file: CREDENTIAL_PROXY,
+    find: `redirect: "manual",`,
+    replace: `redirect: "follow",`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "a built-in provider accepts a base_url (llmTarget)",
+    file: "lib/proxy/llm_providers.ts",
+    find: `if (llm.base_url !== undefined) {`,
+    replace: `if (false) {`,
+    tests: ["tests/unit/llm_providers_test.ts"],
+  },
+  {
+    name: "credential proxy skips the body checks (server-side tools, models)",
+    file: CREDENTIAL_PROXY,
+    find: `const refusal = rule.check?.(value, policy);`,
+    replace: `const refusal = undefined as ReturnType<NonNullable<RouteRule["check"]>>;`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "Anthropic server-side tool types allowed",
+    file: LLM_POLICY,
+    find: `if (typeof type === "string" && ANTHROPIC_CLIENT_TOOL.test(type)) continue;`,
+    replace: `continue;`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "OpenAI-style server-side tool types allowed",
+    file: LLM_POLICY,
+    find: `if (typeof type !== "string" || !OPENAI_CHAT_CLIENT_TOOLS.has(type)) {`,
+    replace: `if (false) {`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "Anthropic MCP connector (mcp_servers) allowed",
+    file: LLM_POLICY,
+    find: `if (present(body.mcp_servers)) {`,
+    replace: `if (false) {`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "search models allowed",
+    file: LLM_POLICY,
+    find: `if (SEARCH_MODEL.test(base)) {`,
+    replace: `if (false) {`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "URL image and document sources allowed",
+    file: LLM_POLICY,
+    find: `if (source.type === "url") return true;`,
+    replace: ``,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "server-side anthropic-beta flags forwarded",
+    file: LLM_POLICY,
+    find: `flag !== "" && (policy.serverTools === "allow" || !SERVER_SIDE_BETA.test(flag))`,
+    replace: `flag !== ""`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "llm.models not enforced",
+    file: LLM_POLICY,
+    find: `policy.models !== undefined && (typeof model !== "string"`,
+    replace: `false && (typeof model !== "string"`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "llm.models not passed from the profile to the session's proxy",
+    file: "lib/proxy/session.ts",
+    find: `policy: configured.policy,`,
+    replace: ``,
+    tests: ["tests/unit/session_policy_test.ts"],
+  },
+  {
+    name: "duplicate keys in a request body accepted",
+    file: "lib/proxy/strict_json.ts",
+    find: `if (seen.has(key)) {`,
+    replace: `if (false) {`,
+    tests: [...CREDENTIAL_TESTS, "tests/unit/strict_json_test.ts"],
+  },
+  {
+    name: "response bodies to the sandbox not redacted",
+    file: CREDENTIAL_PROXY,
+    find: `const out = redacting.push(result.value);`,
+    replace: `const out = result.value;`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "response headers to the sandbox not redacted",
+    file: CREDENTIAL_PROXY,
+    find: `responseHeaders.append(name, redactor.redact(value));`,
+    replace: `responseHeaders.append(name, value);`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "stream redaction holds nothing back (a secret split across chunks passes)",
+    file: "lib/redact.ts",
+    find: `const hold = final ? text.length : heldFrom(text, forms, longest, position);`,
+    replace: `const hold = text.length;`,
+    tests: ["tests/unit/redact_test.ts", ...CREDENTIAL_TESTS],
+  },
+  {
+    name: "--record files not redacted",
+    file: "lib/run/replay.ts",
+    find: `redactor.redactJson(JSON.stringify(recording, null, 2))`,
+    replace: `JSON.stringify(recording, null, 2)`,
+    tests: ["tests/unit/recorder_redaction_test.ts"],
   },
   ...SECRET_NAME_RULES,
 ];
