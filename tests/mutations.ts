@@ -253,11 +253,11 @@ export const MUTATIONS: Mutation[] = [
     tests: CREDENTIAL_TESTS,
   },
   {
-    name: "a built-in provider accepts a base_url (llmTarget)",
+    name: "a built-in provider's key goes to a base_url that got past the schema (llmTarget)",
     file: "lib/proxy/llm_providers.ts",
-    find: `if (llm.base_url !== undefined) {`,
-    replace: `if (false) {`,
-    tests: ["tests/unit/llm_providers_test.ts"],
+    find: `baseUrl: builtin.baseUrl,`,
+    replace: `baseUrl: llm.base_url ?? builtin.baseUrl,`,
+    tests: ["tests/unit/config_test.ts"],
   },
   {
     name: "credential proxy skips the body checks (server-side tools, models)",

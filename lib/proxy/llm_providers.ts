@@ -2,7 +2,6 @@
 import type { LlmConfig } from "../config.ts";
 import type { UpstreamProvider } from "./credential_proxy.ts";
 import type { KeySource, KeyStore } from "../keys.ts";
-import { SandboxError } from "../errors.ts";
 import type { LlmPolicy } from "./llm_policy.ts";
 
 interface BuiltinProvider {
@@ -47,11 +46,7 @@ export function llmPolicy(llm: Pick<LlmConfig, "server_tools" | "models">): LlmP
   return { serverTools: llm.server_tools ?? "deny", models: llm.models };
 }
 
-/**
- * The upstream for a profile's `llm` section; the key is read lazily, on the first request.
- * Raises `SandboxError("config_invalid")` for a built-in provider with a `base_url`: its key must
- * go nowhere but to its own endpoint (the schema refuses this too; this holds without it).
- */
+/** The upstream for a profile's `llm` section; the key is read lazily, on the first request. */
 export function llmTarget(llm: LlmConfig, keys: KeyStore): LlmTarget {
   const policy = llmPolicy(llm);
   // The first allowed model is the default, so that an unset `model` never names a refused one.
@@ -71,13 +66,6 @@ export function llmTarget(llm: LlmConfig, keys: KeyStore): LlmTarget {
     };
   }
   const builtin = BUILTIN_PROVIDERS[llm.provider];
-  if (llm.base_url !== undefined) {
-    throw new SandboxError(
-      "config_invalid",
-      `Cannot use provider "${llm.provider}" with a base_url: its key is sent only to ` +
-        `${builtin.baseUrl} (use provider: custom for another endpoint)`,
-    );
-  }
   return {
     upstream: {
       name: llm.provider,
