@@ -9,7 +9,7 @@
  */
 import assert from "node:assert/strict";
 import { run, type RunResult } from "../../lib/process.ts";
-import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
+import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { assertDocker, docker, dockerTest, explain, removeProfile, runCli, tempDir, uniqueProfile } from "../_helpers.ts";
 
 console.error("security: hostile repository tests starting");
@@ -68,7 +68,8 @@ async function setup(prefix: string, llm: FakeLlm) {
   await Deno.writeTextFile(`${repo}/README.md`, "a project\n");
   const env = {
     OPENAI_API_KEY: openaiKey,
-    [USER_KEY_ENV]: `sk-user-${crypto.randomUUID().replaceAll("-", "")}`,
+    // The key the fake LLM accepts (it answers 401 to anything else).
+    [USER_KEY_ENV]: FAKE_LLM_KEY,
     XDG_CONFIG_HOME: `${dir.path}/xdg`,
     XDG_STATE_HOME: `${dir.path}/state`,
     SANDBOX_CONFIG: "",
