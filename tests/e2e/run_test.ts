@@ -479,7 +479,8 @@ Deno.test({
     const lines = result.stdout.trim().split("\n").map((line) => JSON.parse(line));
     assert.deepEqual(lines.map((m) => m.type), ["result", "usage"], context);
     assert.equal(lines[0].is_error, true);
-    assert.ok(lines[0].content.includes(schemaFile) || !lines[0].content.includes("sandbox-prompts"), context);
+    assert.ok(lines[0].content.includes(schemaFile), `the result does not name the user's schema file\n${context}`);
+    assert.ok(!lines[0].content.includes("sandbox-prompts"), `the result names the internal copy\n${context}`);
     const meta = await fixture.meta(runIdFrom(result.stderr));
     assert.equal(meta.status, "failed");
     assert.equal(meta.exitCode, 1);

@@ -53,7 +53,7 @@ Deno.test({
         // holds a GitHub-style token (the pattern is spelled so it does not match itself).
         command: "git add -A && git commit -qm 'agent commit' && " +
           'git -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" push "$SANDBOX_GIT_URL" HEAD:refs/heads/main 2>&1; ' +
-          "echo push-exit=$?; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -c 'gh[p]_'",
+          "echo push-exit=$?; echo token-holders=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -c 'gh[p]_')",
       }),
       text("Wrote notes.txt"),
     ]);
@@ -91,7 +91,7 @@ Deno.test({
       const pushOutput = messages.find((m) => m.type === "tool_result" && m.tool_name === "execute")?.tool_output ?? "";
       assert.match(pushOutput, /push refused|403/);
       assert.match(pushOutput, /push-exit=[1-9]/);
-      assert.match(pushOutput, /^0$/m);
+      assert.match(pushOutput, /^token-holders=0$/m);
 
       // The remote saw the real token, sent by the host proxy.
       const expected = `Basic ${btoa(`x-access-token:${token}`)}`;
