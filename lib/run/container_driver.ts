@@ -15,6 +15,7 @@ import { checkJson, type JsonSchema } from "../../worker/json_schema.ts";
 import { SandboxError } from "../errors.ts";
 import { type AgenticMessage, decodeMessages, type DriverUsage } from "./protocol.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
+import { formatDuration } from "../units.ts";
 
 /** How the worker is started inside the image. */
 export const WORKER_COMMAND = ["deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js"] as const;
@@ -157,7 +158,7 @@ export class ContainerDriver {
     });
     let results = 0;
     try {
-      for await (const message of decodeMessages(stream)) {
+      for await (const message of speakOfTheRun(decodeMessages(stream), options.timeoutMs)) {
         if (message.type === "usage") {
           this.#usage = message.usage;
           continue;
@@ -221,5 +222,26 @@ export class ContainerDriver {
     } catch {
       // Cleanup failures are not the caller's problem; the sandbox's /tmp is a tmpfs.
     }
+  }
+}
+
+/**
+ * The provider words a deadline or an interrupt as a command's ("Command timed out after 5000 ms
+ * in sandbox ..."); the caller of a driver started a run, so the error says what became of it.
+ */
+async function* speakOfTheRun(
+  messages: AsyncIterable<AgenticMessage>,
+  timeoutMs: number | undefined,
+): AsyncGenerator<AgenticMessage> {
+  try {
+    yield* messages;
+  } catch (error) {
+    if (error instanceof SandboxError && error.code === "timeout" && timeoutMs !== undefined) {
+      throw new SandboxError("timeout", `The run timed out after ${formatDuration(timeoutMs)}`, { cause: error });
+    }
+    if (error instanceof SandboxError && error.code === "interrupted") {
+      throw new SandboxError("interrupted", "The run was interrupted", { cause: error });
+    }
+    throw error;
   }
 }

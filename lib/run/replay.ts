@@ -9,6 +9,7 @@
 import { SandboxError } from "../errors.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
 import { Redactor } from "../redact.ts";
+import { recordingProblems } from "./recording_check.ts";
 
 /** One recorded upstream response: a JSON body, or a raw SSE stream. */
 export type RecordedResponse =
@@ -29,18 +30,30 @@ export interface LocalUpstream extends AsyncDisposable {
   close(): Promise<void>;
 }
 
-/** Read and check a recording file. */
+/** Read and check a recording file: every entry, so that a bad one fails here, not mid-run. */
 export async function loadRecording(path: string): Promise<Recording> {
-  let parsed: Recording;
+  let text: string;
   try {
-    parsed = JSON.parse(await Deno.readTextFile(path));
+    text = await Deno.readTextFile(path);
   } catch (error) {
-    throw new SandboxError("usage", `Cannot read recording "${path}": ${(error as Error).message}`);
+    const reason = error instanceof Deno.errors.NotFound ? "file not found" : (error as Error).message;
+    throw new SandboxError("usage", `Cannot read recording "${path}": ${reason}`);
   }
-  if (parsed?.version !== 1 || !Array.isArray(parsed.responses)) {
-    throw new SandboxError("usage", `Invalid recording "${path}": expected {"version": 1, "kind", "responses": [...]}`);
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch (error) {
+    throw new SandboxError("usage", `Invalid recording "${path}": not JSON (${(error as Error).message})`);
   }
-  return parsed;
+  const problems = recordingProblems(parsed);
+  if (problems.length > 0) {
+    throw new SandboxError("usage", `Invalid recording "${path}"`, { detail: problems.join("\n") });
+  }
+  return parsed as Recording;
+}
+
+function plural(n: number, word: string): string {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
 
 function isLlmCall(path: string): boolean {
@@ -57,9 +70,15 @@ export function startReplayUpstream(recording: Recording, name = "replay"): Loca
     if (!isLlmCall(path)) return Response.json({ error: { message: `replay: no route ${path}` } }, { status: 404 });
     const recorded = recording.responses[next];
     if (!recorded) {
+      // 400, not 5xx: clients retry server errors, and a replay that ran out never recovers.
       return Response.json(
-        { error: { type: "replay_exhausted", message: `replay: the recording has only ${recording.responses.length} responses` } },
-        { status: 500 },
+        {
+          error: {
+            type: "replay_exhausted",
+            message: `replay: the recording has only ${plural(recording.responses.length, "response")}; the agent asked for more`,
+          },
+        },
+        { status: 400 },
       );
     }
     next++;

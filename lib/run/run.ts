@@ -13,9 +13,9 @@ import { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { exitCodeFor, SandboxError } from "../errors.ts";
 import { withHostLock } from "../lock.ts";
 import { HostProvider } from "../sandbox/host_provider.ts";
-import { KeyStore } from "../keys.ts";
-import { llmTarget } from "../proxy/llm_providers.ts";
-import { type AgenticMessage, agenticMessage } from "./protocol.ts";
+import { describeKeySource, type KeySource, KeyStore } from "../keys.ts";
+import { BUILTIN_PROVIDERS, llmTarget } from "../proxy/llm_providers.ts";
+import { type AgenticMessage, agenticMessage, driverUsage } from "./protocol.ts";
 import { Redactor } from "../redact.ts";
 import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream } from "./replay.ts";
 import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
@@ -113,6 +113,9 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const repo = request.repo ? await resolveRepo(request) : undefined;
   const redactor = new Redactor();
   const keys = new KeyStore({ redactor });
+  // A replay needs no key; anything else does, and a missing one must stop the run here, before
+  // any sandbox, image or container is touched, not as an error answer from the proxy later.
+  if (!request.model?.startsWith(REPLAY_PREFIX)) await requireKey(profile, keys, request.signal);
   const chosen = await chooseUpstream(request, keys, redactor);
   const id = repo?.id ?? newRunId();
   const sandboxKind = profile.sandbox.mode === "container" ? "container" : profile.sandbox.mode;
@@ -124,12 +127,26 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   if (chosen.local) cleanups.push(() => chosen.local!.close());
   let result: AgenticMessage | undefined;
   let generationError: GenerationError | undefined;
+  // The protocol promises one result and the usage last, whatever happens: what was sent decides
+  // what a failure still owes the reader.
+  const sent = { result: false, usage: false };
+  const emit = async (message: AgenticMessage) => {
+    await log.append(message);
+    await request.onEvent(message);
+    if (message.type === "result") sent.result = true;
+    if (message.type === "usage") sent.usage = true;
+  };
+  const started = performance.now();
+  /** LLM calls the credential proxy completed: the usage known so far when the worker cannot say. */
+  let llmCalls = 0;
+  const countLlmCall = (entry: { kind: string; decision: string; path?: string }) => {
+    if (entry.kind === "llm" && entry.decision === "allow" && /\/(chat\/completions|messages)$/.test(entry.path ?? "")) llmCalls++;
+  };
+  /** Where the agent worked, for `sandbox cp RUN_ID:PATH` later. */
+  let place: Record<string, unknown> = {};
   try {
-    const { driver, cwd, provider, worktree, session, keep } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo });
-    const emit = async (message: AgenticMessage) => {
-      await log.append(message);
-      await request.onEvent(message);
-    };
+    const { driver, cwd, provider, worktree, session, keep } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall });
+    place = { container: provider?.containerName ?? null, workdir: cwd, kept: profile.sandbox.container !== "fresh" && (!worktree || request.repo?.keepWorktree === true) };
     if (request.mode === "agentic") {
       for await (const message of driver.executeAgentic(request.prompt, {
         cwd,
@@ -211,17 +228,48 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       exitCode: failed ? 1 : 0,
       usage: driver.getUsage(),
       error: failed ? result?.content ?? "the agent reported an error" : null,
-      extra,
+      extra: { ...place, ...extra },
     });
     return { meta: log.meta, exitCode: failed ? 1 : 0, error: generationError };
   } catch (error) {
-    const failure = error instanceof SandboxError
-      ? error
-      : new SandboxError("worker_failed", (error as Error).message ?? String(error), { cause: error });
-    await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage: null, error: failure.message });
+    const failure = !(error instanceof SandboxError)
+      ? new SandboxError("worker_failed", (error as Error).message ?? String(error), { cause: error })
+      : error.code === "interrupted" && error.message !== "The run was interrupted"
+      ? new SandboxError("interrupted", "The run was interrupted", { cause: error })
+      : error;
+    // Close the stream as promised: an error result saying what happened, then the usage so far.
+    const usage = driverUsage({ duration_ms: Math.round(performance.now() - started), num_turns: llmCalls, model });
+    if (!sent.result) await emit(agenticMessage({ type: "result", content: failure.message, is_error: true, model })).catch(() => {});
+    if (!sent.usage) await emit(agenticMessage({ type: "usage", usage, model })).catch(() => {});
+    await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage, error: failure.message, extra: place });
     return { meta: log.meta, exitCode: exitCodeFor(failure), error: failure };
   } finally {
     for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
+  }
+}
+
+/** The key source a profile's LLM calls use. */
+function keySourceOf(profile: Profile): KeySource {
+  const llm = profile.llm;
+  // Schema validation guarantees a key for custom providers.
+  return llm.key ?? BUILTIN_PROVIDERS[llm.provider as keyof typeof BUILTIN_PROVIDERS].key;
+}
+
+/** Read the profile's API key now (it stays cached for the proxy); a missing one is a config error. */
+async function requireKey(profile: Profile, keys: KeyStore, signal?: AbortSignal): Promise<void> {
+  const source = keySourceOf(profile);
+  try {
+    await keys.resolve(source, signal);
+  } catch (error) {
+    if (!(error instanceof SandboxError) || error.code !== "config_invalid") throw error;
+    const fix = "env" in source
+      ? `Set ${source.env}, or choose another source with profiles.${profile.name}.llm.key`
+      : `Check that ${describeKeySource(source)} prints the key (profiles.${profile.name}.llm.key)`;
+    throw new SandboxError(
+      "config_invalid",
+      `Cannot run profile "${profile.name}": ${error.message.charAt(0).toLowerCase()}${error.message.slice(1)}`,
+      { cause: error, detail: [error.detail, `${fix}; --model replay:FILE runs a recording without a key`].filter(Boolean).join("\n") },
+    );
   }
 }
 
@@ -307,6 +355,7 @@ async function prepare(
     chosen: { upstream?: UpstreamProvider; model?: string };
     cleanups: (() => Promise<unknown>)[];
     repo?: ResolvedRepo;
+    onAccess?: (entry: { kind: string; decision: string; path?: string }) => void;
   },
 ): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean; branch: boolean } }> {
   /** Set when the result could not be brought back: the work then stays in the sandbox. */
@@ -324,6 +373,7 @@ async function prepare(
     upstream: context.chosen.upstream,
     model: context.chosen.model,
     signal,
+    onAccess: context.onAccess,
   };
   if (profile.sandbox.mode === "none") {
     request.onProgress?.("UNSAFE: sandbox mode \"none\" runs the agent on this machine with no isolation");
