@@ -8,6 +8,7 @@ import { EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
 import { registerConfigCommands } from "./cli/config_commands.ts";
 import { checkNamedConfigFirst, cliState, note, signal, stdout } from "./cli/context.ts";
 import { registerProxyCommand } from "./cli/proxy_command.ts";
+import { stopSpinner } from "./cli/progress.ts";
 import { reportError } from "./cli/report.ts";
 import { registerRunCommand } from "./cli/run_command.ts";
 import { registerRunsCommands } from "./cli/runs_commands.ts";
@@ -40,6 +41,14 @@ function buildProgram(): Command {
 }
 export async function main(args: string[]): Promise<number> {
   const program = buildProgram();
+  try {
+    return await runProgram(program, args);
+  } finally {
+    stopSpinner();
+  }
+}
+
+async function runProgram(program: Command, args: string[]): Promise<number> {
   try {
     await program.parseAsync(args, { from: "user" });
     await stdout.flush();

@@ -19,6 +19,7 @@ import { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
 import { isSecretName } from "../lib/secret_guard.ts";
 import { StdoutWriter } from "../lib/output.ts";
 import { parseDuration } from "../lib/units.ts";
+import { clearSpinner, redrawSpinner } from "./progress.ts";
 
 /** Buffered: events join the write in flight instead of one awaited write each; flushed in main. */
 export const stdout = new StdoutWriter(Deno.stdout, { buffered: true });
@@ -26,12 +27,16 @@ const encoder = new TextEncoder();
 
 /** Diagnostics and progress: stderr only, never stdout. */
 export function note(message: string): void {
+  clearSpinner();
   Deno.stderr.writeSync(encoder.encode(`sandbox: ${message}\n`));
+  redrawSpinner();
 }
 
 /** Write a line to stderr as it is (a command's own stderr, passed through). */
 export function stderrLine(line: string): void {
+  clearSpinner();
   Deno.stderr.writeSync(encoder.encode(line + "\n"));
+  redrawSpinner();
 }
 
 /** Cancelled by Ctrl-C or SIGTERM; a second signal exits at once. */

@@ -1,6 +1,7 @@
 /** `sandbox run agentic|generate`: an agent in the sandbox, its messages on stdout. */
 import { type Command, Option } from "commander";
 import { SandboxError } from "../lib/errors.ts";
+import { cliName } from "../lib/cli_name.ts";
 import { runAgent } from "../lib/run/run.ts";
 import { encodeMessage } from "../lib/run/protocol.ts";
 import { renderMessage } from "../lib/run/transcript.ts";
@@ -15,6 +16,7 @@ import {
   signal,
   stdout,
 } from "./context.ts";
+import { progress } from "./progress.ts";
 import { reportError } from "./report.ts";
 
 export function registerRunCommand(program: Command): void {
@@ -139,9 +141,9 @@ async function runAction(
     signal,
     onStart: (meta) =>
       note(
-        `run ${meta.id} (profile ${meta.profile}, model ${meta.model}); replay with: sandbox logs ${meta.id}`,
+        `run ${meta.id} (profile ${meta.profile}, model ${meta.model}); replay with: ${cliName()} logs ${meta.id}`,
       ),
-    onProgress: note,
+    onProgress: progress,
     onWorkerStderr: (line) => {
       if (Deno.env.get("SANDBOX_DEBUG")) note(`worker: ${line}`);
     },

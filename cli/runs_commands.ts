@@ -1,6 +1,7 @@
 /** `sandbox runs` and `sandbox logs`: past and live runs, from the durable run logs. */
 import { type Command, Option } from "commander";
 import { SandboxError } from "../lib/errors.ts";
+import { cliName } from "../lib/cli_name.ts";
 import { table } from "../lib/output.ts";
 import { decodeMessage } from "../lib/run/protocol.ts";
 import { listRuns, readEventBatches, readRun } from "../lib/run/run_log.ts";
@@ -15,7 +16,7 @@ export function registerRunsCommands(program: Command): void {
       const runs = await listRuns();
       if (opts.json) return void await stdout.json(runs);
       if (runs.length === 0) {
-        return note("no runs yet (start one with: sandbox run agentic --prompt-file FILE)");
+        return note(`no runs yet (start one with: ${cliName()} run agentic --prompt-file FILE)`);
       }
       await stdout.line(table(
         ["RUN", "PROFILE", "MODE", "STATUS", "STARTED", "DURATION", "TOKENS", "EXIT", "BRANCH"],
@@ -44,7 +45,7 @@ export function registerRunsCommands(program: Command): void {
     .action(async (id: string, opts: { follow?: boolean; format?: string }) => {
       if (!await readRun(id)) {
         throw new SandboxError("usage", `No run "${id}"`, {
-          detail: "List runs with: sandbox runs",
+          detail: `List runs with: ${cliName()} runs`,
         });
       }
       const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";

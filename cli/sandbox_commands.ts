@@ -1,6 +1,7 @@
 /** Commands that manage sandboxes: up, down, status/ls, exec, stats, teardown, image build. */
 import { type Command, Option } from "commander";
 import { DockerCli } from "../lib/sandbox/docker.ts";
+import { cliName } from "../lib/cli_name.ts";
 import {
   listSandboxes,
   statsAll,
@@ -27,6 +28,7 @@ import {
   stderrLine,
   stdout,
 } from "./context.ts";
+import { progress } from "./progress.ts";
 
 /** Mode devcontainer: which repository's devcontainer the sandbox runs. */
 const repoOption = () =>
@@ -41,7 +43,7 @@ export function registerSandboxCommands(program: Command): void {
     .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption())
     .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
       const profile = await profileFor(command, opts.profile);
-      const provider = await openProvider(profile, { onProgress: note, repo: opts.repo, signal });
+      const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
       const status = await provider.ensureRunning({ signal, checkImage: true });
       if (opts.json) await stdout.json(status);
       else {note(
@@ -67,7 +69,7 @@ export function registerSandboxCommands(program: Command): void {
   const listAction = async (opts: { json?: boolean }) => {
     const sandboxes = await listSandboxes(new DockerCli(), signal);
     if (opts.json) return void await stdout.json(sandboxes);
-    if (sandboxes.length === 0) return note("no sandboxes (start one with: sandbox up)");
+    if (sandboxes.length === 0) return note(`no sandboxes (start one with: ${cliName()} up)`);
     await stdout.line(table(
       ["PROFILE", "CONTAINER", "IMAGE", "STATE", "HEALTH", "AGE"],
       sandboxes.map((
@@ -106,7 +108,7 @@ export function registerSandboxCommands(program: Command): void {
         const env = parseEnvPairs(opts.env);
         const timeoutMs = parseTimeout(opts.timeout);
         const profile = await profileFor(command, opts.profile);
-        const provider = await openProvider(profile, { onProgress: note, repo: opts.repo, signal });
+        const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
         await provider.ensureRunning({ signal });
         // While the command runs, this process serves its proxies (LLM credentials, egress).
         await using session = await openSession(profile, provider, { signal });
@@ -182,15 +184,15 @@ export function registerSandboxCommands(program: Command): void {
     .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
       const profile = await profileFor(command, opts.profile);
       if (profile.sandbox.mode === "devcontainer") {
-        const devcontainer = await openDevcontainer(profile, { repo: opts.repo ?? Deno.cwd(), force: true, onProgress: note, signal });
-        const info = await ensureImage(new DockerCli(), devcontainer.profile.sandbox.image, { force: true, onProgress: note, signal });
+        const devcontainer = await openDevcontainer(profile, { repo: opts.repo ?? Deno.cwd(), force: true, onProgress: progress, signal });
+        const info = await ensureImage(new DockerCli(), devcontainer.profile.sandbox.image, { force: true, onProgress: progress, signal });
         if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
         else note(`built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`);
         return;
       }
       const info = await ensureImage(new DockerCli(), profile.sandbox.image, {
         force: true,
-        onProgress: note,
+        onProgress: progress,
         signal,
       });
       if (opts.json) await stdout.json(info);

@@ -1,5 +1,37 @@
 /** Hex SHA-256 of a string. */
 export async function sha256Hex(text: string): Promise<string> {
-  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
+  return await sha256HexOf(new TextEncoder().encode(text));
+}
+
+/** Hex SHA-256 of bytes. */
+export async function sha256HexOf(bytes: Uint8Array): Promise<string> {
+  const digest = await crypto.subtle.digest("SHA-256", bytes as Uint8Array<ArrayBuffer>);
   return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * Hex SHA-256 of a file's bytes, remembered in `cacheDir` under the file's identity (path, device,
+ * inode, size, modification time), so that a large file that has not changed (the deno binary,
+ * 100 MB) is read once, not on every start. A cache that cannot be written only costs speed.
+ */
+export async function fileSha256(path: string, cacheDir?: string): Promise<string> {
+  const info = await Deno.stat(path);
+  const identity = [path, info.dev, info.ino, info.size, info.mtime?.getTime() ?? 0].join("\0");
+  const entry = cacheDir ? `${cacheDir}/${(await sha256Hex(identity)).slice(0, 32)}.sha256` : undefined;
+  if (entry) {
+    const cached = (await Deno.readTextFile(entry).catch(() => "")).trim();
+    if (/^[0-9a-f]{64}$/.test(cached)) return cached;
+  }
+  const hash = await sha256HexOf(await Deno.readFile(path));
+  if (entry) {
+    try {
+      await Deno.mkdir(cacheDir!, { recursive: true });
+      const partial = `${entry}.${Deno.pid}.tmp`;
+      await Deno.writeTextFile(partial, hash + "\n");
+      await Deno.rename(partial, entry);
+    } catch {
+      // Read-only state directory: hash again next time.
+    }
+  }
+  return hash;
 }

@@ -8,6 +8,7 @@
 import type { Profile } from "../config.ts";
 import { DockerCli, isAlreadyExists, isNoSuchObject, LABEL, labelArgs, OWNER, OWNER_FILTER } from "./docker.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
+import { cliName } from "../cli_name.ts";
 import { sha256Hex } from "../hash.ts";
 import { ensureImage, imageTagFor } from "./image.ts";
 import { withHostLock } from "../lock.ts";
@@ -586,7 +587,7 @@ export class DockerSandboxProvider implements SandboxProvider {
 
 function notFound(name: string): SandboxError {
   return new SandboxError("container_not_found", `Sandbox "${name}" does not exist`, {
-    detail: "Start it with: sandbox up",
+    detail: `Start it with: ${cliName()} up`,
   });
 }
 
@@ -599,7 +600,7 @@ function throwIfDockerExecFailed(exitCode: number, stderr: string, container: st
   if (isNoSuchObject(stderr)) throw notFound(container);
   if (/is not running|is paused|is restarting/.test(stderr)) {
     throw new SandboxError("container_not_found", `Sandbox "${container}" is not running`, {
-      detail: "Start it with: sandbox up",
+      detail: `Start it with: ${cliName()} up`,
     });
   }
   if (exitCode >= 125 && exitCode <= 127 && /OCI runtime exec failed|Error response from daemon/.test(stderr)) {

@@ -1,20 +1,30 @@
 /**
  * The sandbox image: built from the embedded Dockerfile on top of the profile's base image,
  * tagged by a hash of what it is built from, rebuilt only when that changes.
+ *
+ * The hash covers the bytes of every file in the build context (Dockerfile, exec wrapper, worker
+ * bundle, deno runtime) and nothing about how this CLI was packaged, so the bundled CLI and a
+ * checkout of the same sources build, and share, the same image.
+ *
+ * A build reports phases (base image, sandbox image) with their elapsed time; the full output of
+ * docker goes to a log file in the state directory, named in the phase line and in any error.
  */
-import { IMAGE_CONTEXT, BUILD_BASE_IMAGE_SCRIPT } from "./assets.ts";
-import { DEFAULT_BASE_IMAGE } from "../config.ts";
-import { type DockerCli, LABEL, labelArgs, OWNER } from "./docker.ts";
+import { BUILD_BASE_IMAGE_SCRIPT, IMAGE_CONTEXT } from "./assets.ts";
+import { DEFAULT_BASE_IMAGE, userStateDir } from "../config.ts";
+import { type DockerCli, LABEL, labelArgs, throwIfUnreachable } from "./docker.ts";
 import { CommandExitError, SandboxError, tail } from "../errors.ts";
 import { run } from "../process.ts";
-import { sha256Hex } from "../hash.ts";
-import { denoBinaryPath, workerBundlePath, workerIdentity } from "./worker_bundle.ts";
+import { fileSha256, sha256Hex } from "../hash.ts";
+import { denoBinaryPath, workerBundlePath, workerContentHash } from "./worker_bundle.ts";
 
 export const IMAGE_REPOSITORY = "sandbox-runtime";
 
+/** "begin": a slow step starts (a terminal may show a spinner until the next line); "end": it ended. */
+export type ProgressPhase = "begin" | "end";
+
 export interface ImageOptions {
-  /** Each line of build output, for progress on stderr. */
-  onProgress?: (line: string) => void;
+  /** Phase lines for stderr: what is being built, then how long it took. */
+  onProgress?: (line: string, phase?: ProgressPhase) => void;
   signal?: AbortSignal;
   /** Rebuild even when an image with the right content hash exists. */
   force?: boolean;
@@ -26,6 +36,13 @@ export interface ImageInfo {
   /** Hash of the base image id and every build-context file. */
   contentHash: string;
   built: boolean;
+  /** The build's full docker output, when this call built the image. */
+  log?: string;
+}
+
+/** Where full build output is kept: `<state dir>/builds/`. */
+export function buildLogDir(): string {
+  return `${userStateDir()}/builds`;
 }
 
 /**
@@ -36,15 +53,39 @@ export async function imageTagFor(baseImage: string): Promise<string> {
   return `${IMAGE_REPOSITORY}:${(await contextHash(baseImage)).slice(0, 16)}`;
 }
 
+let contextDigest: Promise<string> | undefined;
+
 /**
- * Hash of everything the image is built from: the embedded context files, the worker bundle and
- * the deno runtime (identified by version and size: hashing 100 MB on every start would cost more
- * than it could catch), plus `extra` (base name and id).
+ * One line per build-context file, `name sha256`, sorted: the content the image is built from.
+ * The deno binary's hash is cached under its identity (it is 100 MB); the rest costs ~30 ms once
+ * per process.
  */
+function contextFilesDigest(onProgress?: ImageOptions["onProgress"]): Promise<string> {
+  contextDigest ??= (async () => {
+    const lines: string[] = [];
+    for (const name of Object.keys(IMAGE_CONTEXT)) lines.push(`${name} ${await sha256Hex(IMAGE_CONTEXT[name])}`);
+    lines.push(`worker.js ${await workerContentHash(onProgress)}`);
+    lines.push(`deno ${await fileSha256(denoBinaryPath(), `${userStateDir()}/cache`)}`);
+    return lines.sort().join("\n");
+  })();
+  contextDigest.catch(() => contextDigest = undefined);
+  return contextDigest;
+}
+
+/** Hash of everything the image is built from, plus `extra` (base name, and for labels its id). */
 async function contextHash(...extra: string[]): Promise<string> {
-  const parts = Object.keys(IMAGE_CONTEXT).sort().map((name) => `${name}\0${IMAGE_CONTEXT[name]}`);
-  const deno = `deno ${Deno.version.deno} ${(await Deno.stat(denoBinaryPath())).size}`;
-  return await sha256Hex([...extra, ...parts, `worker ${await workerIdentity()}`, deno].join("\0\0"));
+  return await sha256Hex([...extra, await contextFilesDigest()].join("\0\0"));
+}
+
+/** The labels of a local image, or undefined when it is absent. */
+async function imageLabels(docker: DockerCli, ref: string, signal?: AbortSignal): Promise<Record<string, string> | undefined> {
+  const result = await docker.run(["image", "inspect", "--format", "{{json .Config.Labels}}", ref], { signal });
+  if (result.exitCode !== 0) return undefined;
+  try {
+    return JSON.parse(result.stdout) ?? {};
+  } catch {
+    return {};
+  }
 }
 
 /** Id of a local image, or undefined when absent. */
@@ -53,9 +94,35 @@ async function imageId(docker: DockerCli, ref: string, signal?: AbortSignal): Pr
   return result.exitCode === 0 ? result.stdout.trim() : undefined;
 }
 
-async function imageLabel(docker: DockerCli, ref: string, label: string): Promise<string | undefined> {
-  const result = await docker.run(["image", "inspect", "--format", `{{index .Config.Labels "${label}"}}`, ref]);
-  return result.exitCode === 0 ? result.stdout.trim() : undefined;
+function seconds(since: number): string {
+  return `${((performance.now() - since) / 1000).toFixed(1)}s`;
+}
+
+/** A build log file: every line of output as it arrives, so a killed build leaves its log too. */
+async function openBuildLog(name: string): Promise<{ path: string; line: (text: string) => void; close: () => void }> {
+  const dir = buildLogDir();
+  await Deno.mkdir(dir, { recursive: true });
+  const path = `${dir}/${name.replace(/[^A-Za-z0-9_.-]+/g, "-")}.log`;
+  const file = await Deno.open(path, { write: true, create: true, truncate: true, mode: 0o600 });
+  const encoder = new TextEncoder();
+  let open = true;
+  return {
+    path,
+    line(text: string) {
+      if (!open) return;
+      let bytes = encoder.encode(text + "\n");
+      while (bytes.length > 0) bytes = bytes.subarray(file.writeSync(bytes));
+    },
+    close() {
+      if (open) file.close();
+      open = false;
+    },
+  };
+}
+
+/** The last lines of a build log, for an error's detail. */
+async function logTail(path: string): Promise<string> {
+  return tail(await Deno.readTextFile(path).catch(() => ""), 15);
 }
 
 /**
@@ -69,36 +136,55 @@ export async function ensureBaseImage(
 ): Promise<string> {
   const existing = await imageId(docker, baseImage, options.signal);
   if (existing) return existing;
-  if (baseImage === DEFAULT_BASE_IMAGE) {
-    options.onProgress?.(`Building base image ${baseImage} from Debian packages (about a minute, once)`);
-    const script = await Deno.makeTempFile({ prefix: "sandbox-build-base-", suffix: ".sh" });
-    try {
-      await Deno.writeTextFile(script, BUILD_BASE_IMAGE_SCRIPT);
-      const result = await run(["bash", script, baseImage], {
-        signal: options.signal,
-        env: { DOCKER: docker.program },
-        onStderrLine: options.onProgress,
-      });
+  const started = performance.now();
+  const log = await openBuildLog(`base-${baseImage}`);
+  try {
+    if (baseImage === DEFAULT_BASE_IMAGE) {
+      options.onProgress?.(`Building base image ${baseImage} from Debian packages (once; log: ${log.path})`, "begin");
+      const script = await Deno.makeTempFile({ prefix: "sandbox-build-base-", suffix: ".sh" });
+      try {
+        await Deno.writeTextFile(script, BUILD_BASE_IMAGE_SCRIPT);
+        const result = await run(["bash", script, baseImage], {
+          signal: options.signal,
+          env: { DOCKER: docker.program },
+          onStderrLine: log.line,
+        });
+        for (const line of result.stdout.split("\n")) if (line) log.line(line);
+        if (result.exitCode !== 0) {
+          throw new CommandExitError("image_build_failed", `Cannot build base image "${baseImage}"`, result, {
+            detail: `${await logTail(log.path)}\nIt needs root (debootstrap) and Debian's package mirror\nFull build log: ${log.path}`,
+          });
+        }
+      } finally {
+        await Deno.remove(script).catch(() => {});
+      }
+      options.onProgress?.(`Built base image ${baseImage} in ${seconds(started)}`, "end");
+    } else {
+      options.onProgress?.(`Pulling base image ${baseImage} (log: ${log.path})`, "begin");
+      const result = await docker.run(["pull", baseImage], { signal: options.signal, onStderrLine: log.line });
+      for (const line of result.stdout.split("\n")) if (line) log.line(line);
       if (result.exitCode !== 0) {
-        throw new CommandExitError("image_build_failed", `Cannot build base image "${baseImage}"`, result, {
-          detail: `${tail(result.stderr + result.stdout)}\nIt needs root (debootstrap) and Debian's package mirror`,
+        throw new CommandExitError("image_build_failed", `Cannot pull base image "${baseImage}"`, result, {
+          detail: `${tail(result.stderr)}\nBuild or load it locally, or set sandbox.image to an image you have\nFull log: ${log.path}`,
         });
       }
-    } finally {
-      await Deno.remove(script).catch(() => {});
+      options.onProgress?.(`Pulled base image ${baseImage} in ${seconds(started)}`, "end");
     }
-  } else {
-    options.onProgress?.(`Pulling base image ${baseImage}`);
-    const result = await docker.run(["pull", baseImage], { signal: options.signal, onStderrLine: options.onProgress });
-    if (result.exitCode !== 0) {
-      throw new CommandExitError("image_build_failed", `Cannot pull base image "${baseImage}"`, result, {
-        detail: `${tail(result.stderr)}\nBuild or load it locally, or set sandbox.image to an image you have`,
-      });
-    }
+  } finally {
+    log.close();
   }
   const id = await imageId(docker, baseImage, options.signal);
   if (!id) throw new SandboxError("image_build_failed", `Base image "${baseImage}" is still missing after building it`);
   return id;
+}
+
+/** Put `source` at `target` cheaply: a hard link when on one filesystem, else a copy. */
+async function place(source: string, target: string): Promise<void> {
+  try {
+    await Deno.link(source, target);
+  } catch {
+    await Deno.copyFile(source, target);
+  }
 }
 
 /**
@@ -111,41 +197,56 @@ export async function ensureImage(
   options: ImageOptions = {},
 ): Promise<ImageInfo> {
   const baseId = await ensureBaseImage(docker, baseImage, options);
+  await contextFilesDigest(options.onProgress);
   const tag = await imageTagFor(baseImage);
   const contentHash = await contextHash(baseImage, baseId);
-  if (!options.force && (await imageLabel(docker, tag, LABEL.contentHash)) === contentHash) {
+  const labels = options.force ? undefined : await imageLabels(docker, tag, options.signal);
+  // An image of an older version carried the owner label, which every container started from it
+  // inherits (a hand-made one too, so teardown would take it): such an image is rebuilt.
+  if (labels?.[LABEL.contentHash] === contentHash && labels[LABEL.owner] === undefined) {
     return { tag, contentHash, built: false };
   }
-  options.onProgress?.(`Building sandbox image ${tag} on ${baseImage}`);
+  const started = performance.now();
+  const log = await openBuildLog(tag);
+  options.onProgress?.(`Building sandbox image ${tag} on ${baseImage} (log: ${log.path})`, "begin");
+  // Exactly the files the Dockerfile copies, in a directory of their own: the build context.
   const dir = await Deno.makeTempDir({ prefix: "sandbox-image-" });
   try {
     for (const [name, content] of Object.entries(IMAGE_CONTEXT)) {
       await Deno.writeTextFile(`${dir}/${name}`, content);
     }
-    await Deno.copyFile(await workerBundlePath(options.onProgress), `${dir}/worker.js`);
-    await Deno.copyFile(denoBinaryPath(), `${dir}/deno`);
-    const result = await docker.run([
+    await place(await workerBundlePath(options.onProgress), `${dir}/worker.js`);
+    await place(denoBinaryPath(), `${dir}/deno`);
+    const child = docker.spawn([
       "build",
       "--build-arg",
       `BASE_IMAGE=${baseImage}`,
-      ...labelArgs({ [LABEL.owner]: OWNER, [LABEL.contentHash]: contentHash }),
+      // Only the content hash: ownership labels go on what the tool creates from the image (see
+      // the container's and volume's labels), never on the image, whose labels every container
+      // started from it would inherit.
+      ...labelArgs({ [LABEL.contentHash]: contentHash }),
       "--tag",
       tag,
       dir,
     ], {
       signal: options.signal,
-      // The legacy builder and BuildKit both write progress to either stream.
-      onStderrLine: options.onProgress,
+      // Both builders write to either stream; all of it, deprecation notices included, is log.
+      onStderrLine: log.line,
       env: { DOCKER_CLI_HINTS: "false" },
     });
-    if (result.exitCode !== 0) {
-      throw new CommandExitError("image_build_failed", `Cannot build sandbox image "${tag}"`, result, {
-        detail: tail(result.stdout + result.stderr),
+    for await (const line of child.lines()) log.line(line);
+    const outcome = await child.finished;
+    throwIfUnreachable(outcome.stderrTail);
+    if (outcome.aborted) throw new SandboxError("interrupted", `Building sandbox image "${tag}" was interrupted`);
+    if (outcome.exitCode !== 0) {
+      throw new CommandExitError("image_build_failed", `Cannot build sandbox image "${tag}"`, outcome, {
+        detail: `${await logTail(log.path)}\nFull build log: ${log.path}`,
       });
     }
-    for (const line of result.stdout.split("\n")) if (line.trim()) options.onProgress?.(line);
   } finally {
+    log.close();
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
-  return { tag, contentHash, built: true };
+  options.onProgress?.(`Built sandbox image ${tag} in ${seconds(started)}`, "end");
+  return { tag, contentHash, built: true, log: log.path };
 }

@@ -8,14 +8,17 @@
  */
 import { userStateDir } from "../config.ts";
 import { CommandExitError } from "../errors.ts";
-import { sha256Hex } from "../hash.ts";
+import { fileSha256, sha256Hex } from "../hash.ts";
 import { run } from "../process.ts";
 
 let embedded: string | undefined;
+/** SHA-256 of the embedded bundle, computed when the CLI was bundled (hashing it costs ~30 ms). */
+let embeddedSha256: string | undefined;
 
 /** Called by the bundled CLI's entry, before anything else runs. */
-export function setEmbeddedWorker(text: string): void {
+export function setEmbeddedWorker(text: string, sha256?: string): void {
   embedded = text;
+  embeddedSha256 = sha256 && /^[0-9a-f]{64}$/.test(sha256.trim()) ? sha256.trim() : undefined;
 }
 
 const SOURCE_ROOT = new URL("../..", import.meta.url);
@@ -48,8 +51,24 @@ export function workerIdentity(): Promise<string> {
   return identity;
 }
 
+let contentHash: Promise<string> | undefined;
+
+/**
+ * SHA-256 of the worker bundle's bytes: what goes into the image, whether it was embedded in the
+ * bundled CLI or bundled here from a checkout (both are `deno bundle worker/main.ts`, byte for
+ * byte the same for the same sources), so both build the same image.
+ */
+export function workerContentHash(onProgress?: (line: string, phase?: "begin" | "end") => void): Promise<string> {
+  contentHash ??= (async () => {
+    if (embedded !== undefined) return embeddedSha256 ?? await sha256Hex(embedded);
+    return await fileSha256(await workerBundlePath(onProgress), `${userStateDir()}/cache`);
+  })();
+  contentHash.catch(() => contentHash = undefined);
+  return contentHash;
+}
+
 /** Path of the worker bundle on the host, building it from source when needed. */
-export async function workerBundlePath(onProgress?: (line: string) => void): Promise<string> {
+export async function workerBundlePath(onProgress?: (line: string, phase?: "begin" | "end") => void): Promise<string> {
   const dir = `${userStateDir()}/worker`;
   await Deno.mkdir(dir, { recursive: true });
   const path = `${dir}/worker-${(await workerIdentity()).slice(0, 16)}.js`;
@@ -64,7 +83,8 @@ export async function workerBundlePath(onProgress?: (line: string) => void): Pro
   if (embedded !== undefined) {
     await Deno.writeTextFile(partial, embedded);
   } else {
-    onProgress?.("Bundling the worker from source (once per change)");
+    const started = performance.now();
+    onProgress?.("Bundling the worker from source (once per change)", "begin");
     // Run from the checkout so deno.json is found as it is for `deno bundle` by hand: with an
     // explicit --config the bundle's CommonJS shim loses Node's require.
     const result = await run(
@@ -74,6 +94,7 @@ export async function workerBundlePath(onProgress?: (line: string) => void): Pro
     if (result.exitCode !== 0) {
       throw new CommandExitError("image_build_failed", "Cannot bundle the worker", result);
     }
+    onProgress?.(`Bundled the worker in ${((performance.now() - started) / 1000).toFixed(1)}s`, "end");
   }
   await Deno.rename(partial, path);
   return path;

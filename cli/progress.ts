@@ -1,0 +1,65 @@
+/**
+ * Progress on stderr. A slow phase (building an image) is one line when it begins and one when it
+ * ends, with its elapsed time; on a terminal the begin line carries a spinner and a running clock
+ * until the end line replaces it. Other stderr lines clear the spinner first and redraw it after.
+ */
+const encoder = new TextEncoder();
+const FRAMES = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
+const TICK_MS = 120;
+
+interface Active {
+  line: string;
+  started: number;
+  frame: number;
+  timer: ReturnType<typeof setInterval>;
+}
+
+let active: Active | undefined;
+
+function write(text: string): void {
+  Deno.stderr.writeSync(encoder.encode(text));
+}
+
+function terminal(): boolean {
+  return Deno.stderr.isTerminal() && !Deno.env.get("NO_COLOR") && Deno.env.get("TERM") !== "dumb";
+}
+
+function render(): void {
+  if (!active) return;
+  const elapsed = Math.floor((performance.now() - active.started) / 1000);
+  write(`\r\x1b[2K${FRAMES[active.frame++ % FRAMES.length]} sandbox: ${active.line} ${elapsed}s`);
+}
+
+/** Take the spinner line off the screen (before another line is written). */
+export function clearSpinner(): void {
+  if (active) write("\r\x1b[2K");
+}
+
+/** Put the spinner back after another line was written. */
+export function redrawSpinner(): void {
+  render();
+}
+
+/** End the spinner for good, leaving nothing of it on the screen. */
+export function stopSpinner(): void {
+  if (!active) return;
+  clearInterval(active.timer);
+  clearSpinner();
+  active = undefined;
+}
+
+/**
+ * A progress line: `phase` "begin" starts a spinner (on a terminal) that the next "end" line
+ * replaces; without a phase, a plain line.
+ */
+export function progress(line: string, phase?: "begin" | "end"): void {
+  stopSpinner();
+  if (phase === "begin" && terminal()) {
+    const timer = setInterval(render, TICK_MS);
+    Deno.unrefTimer(timer);
+    active = { line, started: performance.now(), frame: 0, timer };
+    render();
+    return;
+  }
+  write(`sandbox: ${line}\n`);
+}
