@@ -6,6 +6,7 @@ import { Command, CommanderError } from "commander";
 import denoJson from "./deno.json" with { type: "json" };
 import { EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
 import { registerConfigCommands } from "./cli/config_commands.ts";
+import { registerCpCommand } from "./cli/cp_command.ts";
 import { checkNamedConfigFirst, cliState, note, signal, stdout } from "./cli/context.ts";
 import { registerProxyCommand } from "./cli/proxy_command.ts";
 import { stopSpinner } from "./cli/progress.ts";
@@ -18,26 +19,40 @@ import { registerTrustCommand } from "./cli/trust_command.ts";
 const VERSION = denoJson.version;
 const encoder = new TextEncoder();
 
+const CONFIG_FLAGS = "-c, --config <file>";
+const CONFIG_HELP = "configuration file (default: ./sandbox.yaml, the repo root's, or ~/.config/sandbox/config.yaml)";
+
 function buildProgram(): Command {
   const program = new Command("sandbox")
     .description("Run AI coding agents in isolated Docker sandboxes")
     .version(VERSION, "-V, --version")
-    .option(
-      "-c, --config <file>",
-      "configuration file (default: ./sandbox.yaml, the repo root's, or ~/.config/sandbox/config.yaml)",
-    )
+    .option(CONFIG_FLAGS, CONFIG_HELP)
     .enablePositionalOptions()
     .showHelpAfterError("(run with --help for usage)")
     .exitOverride()
     .configureOutput({ writeErr: (text) => Deno.stderr.writeSync(encoder.encode(text)) })
     .hook("preAction", checkNamedConfigFirst);
   registerSandboxCommands(program);
+  registerCpCommand(program);
   registerProxyCommand(program);
   registerRunCommand(program);
   registerRunsCommands(program);
   registerConfigCommands(program);
   registerTrustCommand(program);
+  acceptGlobalOptionsAnywhere(program);
   return program;
+}
+
+/**
+ * `--config` is accepted after the subcommand too (`sandbox up -c x.yaml`): every command that
+ * acts gets it as its own option, and `globals()` prefers the nearest one. (The program's own
+ * options stay positional, which `exec`'s pass-through of the command's arguments needs.)
+ */
+function acceptGlobalOptionsAnywhere(command: Command): void {
+  for (const sub of command.commands) {
+    if (sub.commands.length > 0) acceptGlobalOptionsAnywhere(sub);
+    else sub.option(CONFIG_FLAGS, CONFIG_HELP);
+  }
 }
 export async function main(args: string[]): Promise<number> {
   const program = buildProgram();

@@ -8,7 +8,7 @@ import {
   profileNames,
   resolveProfile,
 } from "../lib/config.ts";
-import { configFor, jsonOption, note, stdout } from "./context.ts";
+import { configFor, jsonOption, stdout } from "./context.ts";
 
 export function registerConfigCommands(program: Command): void {
   const config = program.command("config").description("check and print the configuration");
@@ -20,11 +20,11 @@ export function registerConfigCommands(program: Command): void {
       const { config, file: path } = file ? await loadConfigOrThrow({ explicit: file }) : await configFor(command);
       if (path === undefined) {
         if (opts.json) await stdout.json({ valid: true, file: null, profiles: ["default"] });
-        else note("no configuration file found; the built-in default profile applies");
+        else await stdout.line("no configuration file found; the built-in default profile applies");
         return;
       }
       if (opts.json) await stdout.json({ valid: true, file: path, profiles: profileNames(config) });
-      else note(`${path} is valid (profiles: ${profileNames(config).join(", ")})`);
+      else await stdout.line(`${path} is valid (profiles: ${profileNames(config).join(", ")})`);
     });
   config.command("show")
     .description("print the effective configuration, defaults filled in")

@@ -6,7 +6,7 @@ import { table } from "../lib/output.ts";
 import { decodeMessage } from "../lib/run/protocol.ts";
 import { listRuns, readEventBatches, readRun } from "../lib/run/run_log.ts";
 import { renderMessage } from "../lib/run/transcript.ts";
-import { cliState, jsonOption, note, signal, stdout } from "./context.ts";
+import { cliState, jsonOption, signal, stdout } from "./context.ts";
 
 export function registerRunsCommands(program: Command): void {
   program.command("runs")
@@ -16,7 +16,7 @@ export function registerRunsCommands(program: Command): void {
       const runs = await listRuns();
       if (opts.json) return void await stdout.json(runs);
       if (runs.length === 0) {
-        return note(`no runs yet (start one with: ${cliName()} run agentic --prompt-file FILE)`);
+        return void await stdout.line(`no runs yet (start one with: ${cliName()} run agentic --prompt-file FILE)`);
       }
       await stdout.line(table(
         ["RUN", "PROFILE", "MODE", "STATUS", "STARTED", "DURATION", "TOKENS", "EXIT", "BRANCH"],

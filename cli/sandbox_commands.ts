@@ -45,8 +45,9 @@ export function registerSandboxCommands(program: Command): void {
       const profile = await profileFor(command, opts.profile);
       const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
       const status = await provider.ensureRunning({ signal, checkImage: true });
+      // Human output on stdout, like every command's; progress (image builds) went to stderr.
       if (opts.json) await stdout.json(status);
-      else {note(
+      else {await stdout.line(
           `sandbox ${status.name} is ${status.state} (profile ${profile.name}, image ${status.image})`,
         );}
     });
@@ -61,15 +62,35 @@ export function registerSandboxCommands(program: Command): void {
         const report = await provider.teardown({ volumes: opts.volumes, signal });
         if (opts.json) await stdout.json(report);
         else if (report.containers.length === 0) {
-          note(`no sandbox running for profile ${provider.profile.name}`);
-        } else note(`removed ${[...report.containers, ...report.volumes].join(", ")}`);
+          await stdout.line(`no sandbox for profile ${provider.profile.name}`);
+        } else await stdout.line(`removed ${[...report.containers, ...report.volumes].join(", ")}`);
       },
     );
+
+  program.command("stop")
+    .description("stop the profile's sandbox without removing it (its workspace stays; start resumes it)")
+    .addOption(profileOption()).addOption(jsonOption())
+    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+      const profile = await profileFor(command, opts.profile);
+      const status = await createProvider(profile).stop({ signal });
+      if (opts.json) await stdout.json(status);
+      else await stdout.line(`sandbox ${status.name} is ${status.state} (profile ${profile.name}; its workspace is kept)`);
+    });
+
+  program.command("start")
+    .description("start the profile's stopped sandbox as it is (up also creates or replaces one)")
+    .addOption(profileOption()).addOption(jsonOption())
+    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+      const profile = await profileFor(command, opts.profile);
+      const status = await createProvider(profile).start({ signal });
+      if (opts.json) await stdout.json(status);
+      else await stdout.line(`sandbox ${status.name} is ${status.state} (profile ${profile.name}, image ${status.image})`);
+    });
 
   const listAction = async (opts: { json?: boolean }) => {
     const sandboxes = await listSandboxes(new DockerCli(), signal);
     if (opts.json) return void await stdout.json(sandboxes);
-    if (sandboxes.length === 0) return note(`no sandboxes (start one with: ${cliName()} up)`);
+    if (sandboxes.length === 0) return void await stdout.line(`no sandboxes (start one with: ${cliName()} up)`);
     await stdout.line(table(
       ["PROFILE", "CONTAINER", "IMAGE", "STATE", "HEALTH", "AGE"],
       sandboxes.map((
@@ -142,7 +163,7 @@ export function registerSandboxCommands(program: Command): void {
     .action(async (opts: { json?: boolean }) => {
       const stats = await statsAll(new DockerCli(), signal);
       if (opts.json) return void await stdout.json(stats);
-      if (stats.length === 0) return note("no running sandboxes");
+      if (stats.length === 0) return void await stdout.line("no running sandboxes");
       await stdout.line(table(
         ["PROFILE", "CONTAINER", "MEMORY", "LIMIT", "CPU", "PIDS"],
         stats.map((
@@ -169,10 +190,10 @@ export function registerSandboxCommands(program: Command): void {
       await pruneFirewall();
       if (opts.json) return void await stdout.json(report);
       const total = report.containers.length + report.networks.length + report.volumes.length;
-      if (total === 0) return note("nothing to remove");
+      if (total === 0) return void await stdout.line("nothing to remove");
       for (const [kind, names] of Object.entries(report)) {
         if ((names as string[]).length > 0) {
-          note(`removed ${kind}: ${(names as string[]).join(", ")}`);
+          await stdout.line(`removed ${kind}: ${(names as string[]).join(", ")}`);
         }
       }
     });
@@ -196,6 +217,6 @@ export function registerSandboxCommands(program: Command): void {
         signal,
       });
       if (opts.json) await stdout.json(info);
-      else note(`built ${info.tag} (on ${profile.sandbox.image})`);
+      else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
     });
 }

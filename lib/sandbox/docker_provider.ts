@@ -75,7 +75,7 @@ interface ContainerInspect {
   Name: string;
   Created: string;
   Image: string;
-  State: { Status: string; Running: boolean; Health?: { Status: string } };
+  State: { Status: string; Running: boolean; Health?: { Status: string }; StartedAt?: string; FinishedAt?: string };
   Config: { Image: string; Labels: Record<string, string> | null };
   HostConfig: { PidsLimit?: number | null; Memory?: number };
   Mounts?: { Type: string; Source: string; Destination: string }[];
@@ -551,6 +551,9 @@ export class DockerSandboxProvider implements SandboxProvider {
         state: "missing",
         health: "unknown",
         createdAt: "",
+        startedAt: null,
+        stoppedAt: null,
+        workspacePath: WORKSPACE_DIR,
         current: false,
         kind: this.#options.instance ? "run" : "shared",
       };
@@ -560,6 +563,27 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   #toStatus(found: ContainerInspect, configHash: string): SandboxStatus {
     return { ...inspectToStatus(found), current: found.Config.Labels?.[LABEL.configHash] === configHash };
+  }
+
+  /** `docker stop`: the container and its workspace stay; `start` (or `up`, or a run) resumes it. */
+  async stop(options: { signal?: AbortSignal; timeoutS?: number } = {}): Promise<SandboxStatus> {
+    const result = await this.docker.run(["stop", "--time", String(options.timeoutS ?? 10), this.names.container], { signal: options.signal });
+    if (result.exitCode !== 0) {
+      if (isNoSuchObject(result.stderr)) throw notFound(this.names.container);
+      throw new CommandExitError("docker_failed", `Cannot stop sandbox "${this.names.container}"`, result);
+    }
+    return await this.status(options);
+  }
+
+  /** `docker start` of the existing container, as it is (`ensureRunning` also creates or replaces). */
+  async start(options: { signal?: AbortSignal } = {}): Promise<SandboxStatus> {
+    const found = await this.#inspect(options.signal);
+    if (!found) throw notFound(this.names.container);
+    if (!found.State.Running) {
+      const result = await this.docker.run(["start", found.Id], { signal: options.signal });
+      if (result.exitCode !== 0) throw new CommandExitError("docker_failed", `Cannot start sandbox "${this.names.container}"`, result);
+    }
+    return await this.status(options);
   }
 
   async healthCheck(options: { signal?: AbortSignal } = {}): Promise<boolean> {
@@ -637,8 +661,16 @@ function inspectToStatus(found: ContainerInspect): Omit<SandboxStatus, "current"
     state,
     health: ["healthy", "unhealthy", "starting"].includes(health) ? health : "unknown",
     createdAt: found.Created,
+    startedAt: dockerTime(found.State.StartedAt),
+    stoppedAt: found.State.Running ? null : dockerTime(found.State.FinishedAt),
+    workspacePath: WORKSPACE_DIR,
     kind: labels[LABEL.kind] === "run" ? "run" : "shared",
   };
+}
+
+/** docker's timestamps, with its zero time ("0001-01-01T00:00:00Z": never happened) as null. */
+function dockerTime(text: string | undefined): string | null {
+  return !text || text.startsWith("0001-01-01") ? null : text;
 }
 
 /** Every sandbox container this tool owns (by label), on the engine `docker` reaches. */

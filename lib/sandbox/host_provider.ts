@@ -52,6 +52,15 @@ export class HostProvider implements SandboxProvider {
     return this.status();
   }
 
+  /** The host cannot be stopped: mode "none" has no sandbox to manage. */
+  stop(): Promise<SandboxStatus> {
+    return Promise.reject(new SandboxError("usage", 'Sandbox mode "none" has no sandbox to stop'));
+  }
+
+  start(): Promise<SandboxStatus> {
+    return this.status();
+  }
+
   execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
     const child = spawn(argv, spawnOptions(options, argv));
     return execStreamOf(child, async () => {
@@ -113,6 +122,9 @@ export class HostProvider implements SandboxProvider {
       state: "running",
       health: "unknown",
       createdAt: "",
+      startedAt: null,
+      stoppedAt: null,
+      workspacePath: Deno.cwd(),
       current: true,
       kind: "run",
     });

@@ -55,6 +55,12 @@ export interface SandboxStatus {
   health: SandboxHealth;
   /** ISO 8601. */
   createdAt: string;
+  /** When it last started (ISO 8601), or null if it never ran. */
+  startedAt: string | null;
+  /** When it last stopped (ISO 8601), or null while it runs or if it never stopped. */
+  stoppedAt: string | null;
+  /** Where work happens inside it (the workspace volume's mount point). */
+  workspacePath: string;
   /** The container's config hash matches the profile's current configuration. */
   current: boolean;
   /** "shared" for a profile's long-lived container, "run" for a per-run container. */
@@ -89,6 +95,10 @@ export interface EnsureRunningOptions {
 export interface SandboxProvider {
   /** Start the sandbox if needed; a no-op when it already runs with the current configuration. */
   ensureRunning(options?: EnsureRunningOptions): Promise<SandboxStatus>;
+  /** Stop the sandbox without removing it: its workspace and files stay for `start`. */
+  stop(options?: { signal?: AbortSignal }): Promise<SandboxStatus>;
+  /** Start a stopped sandbox as it is (`ensureRunning` also creates or replaces one). */
+  start(options?: { signal?: AbortSignal }): Promise<SandboxStatus>;
   /** Run a command, yielding stdout lines as they arrive. */
   execStream(argv: readonly string[], options?: ExecOptions): ExecStream;
   /** Run a command to completion. Non-zero exit is a result, not an error. */

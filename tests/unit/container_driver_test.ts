@@ -201,9 +201,20 @@ class FakeProvider implements SandboxProvider {
       state: "running",
       health: "healthy",
       createdAt: new Date(0).toISOString(),
+      startedAt: new Date(0).toISOString(),
+      stoppedAt: null,
+      workspacePath: "/workspace",
       current: true,
       kind: "shared",
     });
+  }
+
+  stop(): Promise<SandboxStatus> {
+    return this.status();
+  }
+
+  start(): Promise<SandboxStatus> {
+    return this.status();
   }
 
   healthCheck(): Promise<boolean> {
