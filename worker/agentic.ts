@@ -16,6 +16,7 @@ import { createDeepAgent, LocalShellBackend } from "deepagents";
 import { modelCallLimitMiddleware } from "langchain";
 import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langchain/core/messages";
 import type { Emitter } from "./emit.ts";
+import { normalizeToolName } from "../lib/run/tool_names.ts";
 import {
   createChatModel,
   emitOutcome,
@@ -96,7 +97,7 @@ async function streamAgent(
           if (call.id) toolNames.set(call.id, call.name);
           await emit.event({
             type: "tool_call",
-            tool_name: call.name,
+            tool_name: normalizeToolName(call.name),
             tool_input: call.args,
             tool_call_id: call.id ?? null,
             model,
@@ -110,7 +111,8 @@ async function streamAgent(
         const name = message.name ?? toolNames.get(message.tool_call_id) ?? null;
         await emit.event({
           type: "tool_result",
-          tool_name: name,
+          // As the seeds' worker: a result whose tool is not known is named "unknown".
+          tool_name: normalizeToolName(name ?? "unknown"),
           tool_output: output,
           tool_call_id: message.tool_call_id,
           is_error: message.status === "error" || (name === "execute" && commandFailed(output)),

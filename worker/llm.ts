@@ -17,6 +17,7 @@ import { BaseCallbackHandler } from "@langchain/core/callbacks/base";
 import type { LLMResult } from "@langchain/core/outputs";
 import type { AIMessage } from "@langchain/core/messages";
 import type { DriverUsage } from "../lib/run/protocol.ts";
+import { costOf } from "../lib/run/prices.ts";
 import type { Emitter } from "./emit.ts";
 
 export const DEFAULT_MAX_RETRIES = 2;
@@ -78,7 +79,11 @@ export function scrubEnvironment(): void {
   }
 }
 
-/** Sums token usage over every LLM call made through a model it is attached to. */
+/**
+ * Sums token usage over every LLM call made through a model it is attached to, and their cost:
+ * each call priced for the model its response names (what the provider billed; in a replay, the
+ * recorded model), else the model asked for. One call of an unpriced model makes the cost unknown.
+ */
 export class UsageTracker extends BaseCallbackHandler {
   name = "sandbox_usage_tracker";
   calls = 0;
@@ -86,17 +91,38 @@ export class UsageTracker extends BaseCallbackHandler {
   #output: number | null = null;
   #cacheRead: number | null = null;
   #cacheCreation: number | null = null;
+  /** USD so far; null once a call could not be priced (or before any call reported usage). */
+  #cost: number | null = null;
+  #costKnown = true;
+  readonly #requestedModel: string | undefined;
+
+  constructor(requestedModel?: string) {
+    super();
+    this.#requestedModel = requestedModel;
+  }
 
   override handleLLMEnd(output: LLMResult): void {
     this.calls++;
     for (const generations of output.generations) {
       for (const generation of generations) {
-        const usage = (generation as { message?: AIMessage }).message?.usage_metadata;
+        const message = (generation as { message?: AIMessage }).message;
+        const usage = message?.usage_metadata;
         if (!usage) continue;
         this.#input = add(this.#input, usage.input_tokens);
         this.#output = add(this.#output, usage.output_tokens);
         this.#cacheRead = add(this.#cacheRead, usage.input_token_details?.cache_read);
         this.#cacheCreation = add(this.#cacheCreation, usage.input_token_details?.cache_creation);
+        const metadata = message?.response_metadata as { model_name?: unknown; model?: unknown } | undefined;
+        const info = (generation as { generationInfo?: { model_name?: unknown } }).generationInfo;
+        const billed = [metadata?.model_name, metadata?.model, info?.model_name].find((m) => typeof m === "string" && m);
+        const cost = costOf((billed as string | undefined) ?? this.#requestedModel, {
+          input: usage.input_tokens ?? 0,
+          output: usage.output_tokens ?? 0,
+          cacheRead: usage.input_token_details?.cache_read,
+          cacheWrite: usage.input_token_details?.cache_creation,
+        });
+        if (cost === null) this.#costKnown = false;
+        else this.#cost = Math.round(((this.#cost ?? 0) + cost) * 1e6) / 1e6;
       }
     }
   }
@@ -108,6 +134,7 @@ export class UsageTracker extends BaseCallbackHandler {
       output_tokens: this.#output,
       cache_read_tokens: this.#cacheRead,
       cache_creation_tokens: this.#cacheCreation,
+      cost_usd: this.#costKnown ? this.#cost : null,
       duration_ms: Math.round(durationMs),
       num_turns: this.calls,
       model,
@@ -205,7 +232,7 @@ export async function emitOutcome(
   describe: (error: unknown) => string,
 ): Promise<void> {
   const started = performance.now();
-  const tracker = new UsageTracker();
+  const tracker = new UsageTracker(model);
   let result: Outcome;
   try {
     result = await work(tracker);

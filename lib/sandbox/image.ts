@@ -120,9 +120,15 @@ async function openBuildLog(name: string): Promise<{ path: string; line: (text: 
   };
 }
 
-/** The last lines of a build log, for an error's detail. */
-async function logTail(path: string): Promise<string> {
-  return tail(await Deno.readTextFile(path).catch(() => ""), 15);
+/**
+ * The last lines of a build log for an error's detail, plus the last of stderr (where the reason
+ * usually is) when they are not among them: the two streams reach the log in arrival order.
+ */
+async function logTail(path: string, stderrTail = ""): Promise<string> {
+  const last = tail(await Deno.readTextFile(path).catch(() => ""), 12);
+  const shown = new Set(last.split("\n"));
+  const missing = tail(stderrTail, 5).split("\n").filter((line) => line.trim() && !shown.has(line));
+  return [last, ...missing].filter(Boolean).join("\n");
 }
 
 /**
@@ -152,7 +158,7 @@ export async function ensureBaseImage(
         for (const line of result.stdout.split("\n")) if (line) log.line(line);
         if (result.exitCode !== 0) {
           throw new CommandExitError("image_build_failed", `Cannot build base image "${baseImage}"`, result, {
-            detail: `${await logTail(log.path)}\nIt needs root (debootstrap) and Debian's package mirror\nFull build log: ${log.path}`,
+            detail: `${await logTail(log.path, result.stderrTail)}\nIt needs root (debootstrap) and Debian's package mirror\nFull build log: ${log.path}`,
           });
         }
       } finally {
@@ -240,7 +246,7 @@ export async function ensureImage(
     if (outcome.aborted) throw new SandboxError("interrupted", `Building sandbox image "${tag}" was interrupted`);
     if (outcome.exitCode !== 0) {
       throw new CommandExitError("image_build_failed", `Cannot build sandbox image "${tag}"`, outcome, {
-        detail: `${await logTail(log.path)}\nFull build log: ${log.path}`,
+        detail: `${await logTail(log.path, outcome.stderrTail)}\nFull build log: ${log.path}`,
       });
     }
   } finally {
