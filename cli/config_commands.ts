@@ -8,6 +8,7 @@ import {
   profileNames,
   resolveProfile,
 } from "../lib/config.ts";
+import { BUILTIN_PROVIDERS } from "../lib/proxy/llm_providers.ts";
 import { configFor, jsonOption, stdout } from "./context.ts";
 
 export function registerConfigCommands(program: Command): void {
@@ -48,8 +49,12 @@ function effectiveConfig(config: Config): Config {
   const profiles = { ...defaults.config.profiles, ...config.profiles };
   for (const name of Object.keys(profiles)) {
     const cpus = resolveProfile({ ...config, profiles }, name).resources.cpus;
+    const llm = profiles[name].llm;
+    // The model a run uses when neither the profile nor --model names one.
+    const model = llm.model ?? (llm.provider === "custom" ? "default" : BUILTIN_PROVIDERS[llm.provider].defaultModel);
     profiles[name] = {
       ...profiles[name],
+      llm: { ...llm, model },
       sandbox: {
         ...profiles[name].sandbox,
         resources: { ...profiles[name].sandbox.resources, cpus },

@@ -54,8 +54,8 @@ export function registerRunCommand(program: Command): void {
           "mode none only: the host directory the agent works in (default: current)",
         )
         .option(
-          "--repo <path>",
-          "a local git repository: its committed base goes in, the agent's work comes back as a branch",
+          "--repo <path|url>",
+          "a git repository, a local path or an https:// URL: its committed base goes in, the agent's work comes back as a branch (pushed with --push)",
         )
         .option("--base <ref>", "with --repo: the commit to start from (default: HEAD)")
         .option("--branch <name>", "with --repo: the branch to create (default: sandbox/<run-id>)")

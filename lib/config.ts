@@ -70,10 +70,13 @@ const NetworkSchema = z.object({
 
 const ResourcesSchema = z.object({
   memory: size("4g").default("4g"),
-  cpus: z.number({ invalid_type_error: "expected a number of CPUs like 2 or 0.5" }).positive()
-    .max(256).optional(),
-  pids: z.number({ invalid_type_error: "expected a whole number of processes like 512" }).int()
-    .min(16).max(1_000_000).default(512),
+  cpus: z.number({ invalid_type_error: "expected a number of CPUs like 2 or 0.5" })
+    .positive({ message: "expected a number of CPUs above 0, like 2 or 0.5" })
+    .max(256, { message: "expected at most 256 CPUs" }).optional(),
+  pids: z.number({ invalid_type_error: "expected a whole number of processes like 512" })
+    .int({ message: "expected a whole number of processes like 512" })
+    .min(16, { message: "expected at least 16 processes (the sandbox's own tools need them)" })
+    .max(1_000_000, { message: "expected at most 1000000 processes" }).default(512),
   disk: size("10g").default("10g"),
   timeout: duration.default("30m"),
 }).strict();

@@ -5,6 +5,8 @@
 set -euo pipefail
 
 DENO_VERSION="${DENO_VERSION:-2.9.6}"
+# Where dockerd started by this script (machines without systemd) writes its log.
+DOCKERD_LOG="${SANDBOX_DOCKERD_LOG:-/var/log/sandbox-dockerd.log}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 log() { printf 'provision: %s\n' "$*" >&2; }
@@ -44,15 +46,29 @@ ensure_docker() {
     apt_install docker.io
   fi
   if ! docker_ready; then
-    log "starting dockerd"
-    as_root sh -c 'nohup dockerd >/var/log/sandbox-dockerd.log 2>&1 &'
-    for _ in $(seq 1 60); do
-      docker_ready && break
-      sleep 0.5
-    done
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+      # systemd runs the engine from now on, and after every reboot; its log: journalctl -u docker
+      log "starting docker.service with systemd (enabled at boot)"
+      as_root systemctl enable --now docker.service >&2 || log "systemctl could not start docker.service"
+      wait_for_docker
+      docker_ready || { log "docker engine did not come up; see: journalctl -u docker"; exit 1; }
+    else
+      # No systemd (a container, WSL without it): dockerd runs in the background until the machine
+      # stops. After a reboot, run this script again (or the command below) to start it.
+      log "starting dockerd without systemd: it will NOT start again after a reboot (run scripts/provision.sh again); log: $DOCKERD_LOG"
+      as_root sh -c "nohup dockerd >>'$DOCKERD_LOG' 2>&1 &"
+      wait_for_docker
+      docker_ready || { log "docker engine did not come up; see $DOCKERD_LOG"; tail -20 "$DOCKERD_LOG" >&2 || true; exit 1; }
+    fi
   fi
-  docker_ready || { log "docker engine did not come up; see /var/log/sandbox-dockerd.log"; tail -20 /var/log/sandbox-dockerd.log >&2 || true; exit 1; }
   log "docker engine reachable"
+}
+
+wait_for_docker() {
+  for _ in $(seq 1 60); do
+    docker_ready && return
+    sleep 0.5
+  done
 }
 
 # Devcontainer mode builds images with @devcontainers/cli, which sandbox fetches from npm on first

@@ -17,7 +17,7 @@ import { BaseCallbackHandler } from "@langchain/core/callbacks/base";
 import type { LLMResult } from "@langchain/core/outputs";
 import type { AIMessage } from "@langchain/core/messages";
 import type { DriverUsage } from "../lib/run/protocol.ts";
-import { costOf } from "../lib/run/prices.ts";
+import { costOf, roundUsd } from "../lib/run/prices.ts";
 import type { Emitter } from "./emit.ts";
 
 export const DEFAULT_MAX_RETRIES = 2;
@@ -122,7 +122,7 @@ export class UsageTracker extends BaseCallbackHandler {
           cacheWrite: usage.input_token_details?.cache_creation,
         });
         if (cost === null) this.#costKnown = false;
-        else this.#cost = Math.round(((this.#cost ?? 0) + cost) * 1e6) / 1e6;
+        else this.#cost = (this.#cost ?? 0) + cost;
       }
     }
   }
@@ -134,7 +134,7 @@ export class UsageTracker extends BaseCallbackHandler {
       output_tokens: this.#output,
       cache_read_tokens: this.#cacheRead,
       cache_creation_tokens: this.#cacheCreation,
-      cost_usd: this.#costKnown ? this.#cost : null,
+      cost_usd: this.#costKnown && this.#cost !== null ? roundUsd(this.#cost) : null,
       duration_ms: Math.round(durationMs),
       num_turns: this.calls,
       model,

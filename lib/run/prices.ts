@@ -78,7 +78,10 @@ export function costOf(model: string | null | undefined, tokens: CallTokens): nu
   const cacheRead = tokens.cacheRead ?? 0;
   const cacheWrite = tokens.cacheWrite ?? 0;
   const fresh = Math.max(0, tokens.input - cacheRead - cacheWrite);
-  const usd = (fresh * price.input + cacheRead * price.cacheRead + cacheWrite * price.cacheWrite + tokens.output * price.output) / 1e6;
-  // Micro-dollar precision: sums of float products would otherwise print as 0.00020600000000000002.
-  return Math.round(usd * 1e6) / 1e6;
+  return (fresh * price.input + cacheRead * price.cacheRead + cacheWrite * price.cacheWrite + tokens.output * price.output) / 1e6;
+}
+
+/** A sum of costs as printed: float noise (0.00020600000000000002) cut at a ten-billionth of a dollar. */
+export function roundUsd(usd: number): number {
+  return Math.round(usd * 1e10) / 1e10;
 }

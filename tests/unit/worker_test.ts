@@ -572,3 +572,49 @@ Deno.test("the fake LLM streams tool calls, text and usage over SSE that a real 
   assert.equal(fake.requests[0].path, "/v1/chat/completions");
   assert.equal(fake.requests[0].body.stream, true);
 });
+
+Deno.test("worker usage prices the calls of a known model, for OpenAI and Anthropic alike, and leaves an unknown model's cost null", async (t) => {
+  const cases: { api: "openai" | "anthropic"; model: string; price: { input: number; output: number } | null }[] = [
+    { api: "openai", model: "gpt-4.1-mini", price: { input: 0.4, output: 1.6 } },
+    { api: "anthropic", model: "claude-haiku-4-5", price: { input: 1, output: 5 } },
+    { api: "openai", model: "fake-model", price: null },
+  ];
+  for (const { api, model, price } of cases) {
+    await t.step(`${api} ${model}`, async () => {
+      const { dir, work, promptFile } = await workspace("Write it");
+      await using _dir = dir;
+      await using fake = new FakeLlm([
+        toolCall("write_file", { file_path: "a.txt", content: "a\n" }, undefined),
+        text("Done", { promptTokens: 2000, completionTokens: 300 }),
+      ]);
+      const outcome = await runWorker(sourceEntry(fake.port), ["agentic", "--prompt-file", promptFile, "--cwd", work], {
+        ...llmEnv(fake.proxyBaseUrl, api),
+        SANDBOX_LLM_MODEL: model,
+      });
+      const { usage } = assertRunShape(outcome);
+      const context = explain(outcome.result);
+      assert.equal(usage.usage?.input_tokens, fake.usage.promptTokens, context);
+      if (price === null) {
+        assert.equal(usage.usage?.cost_usd, null, context);
+        return;
+      }
+      // The fake reports no cached tokens: every input token at the input price.
+      const expected = (fake.usage.promptTokens * price.input + fake.usage.completionTokens * price.output) / 1e6;
+      assert.ok(Math.abs((usage.usage?.cost_usd ?? -1) - expected) < 1e-9, `cost ${usage.usage?.cost_usd}, expected ${expected}\n${context}`);
+    });
+  }
+});
+
+Deno.test("worker names a Claude Code style tool by its standard name, as the seeds' worker does", async () => {
+  const { dir, work, promptFile } = await workspace("Run it");
+  await using _dir = dir;
+  // deepagents has no "Bash" tool: the call is still reported, under the standard name, and so
+  // is deepagents' answer that the tool does not exist.
+  await using fake = new FakeLlm([toolCall("Bash", { command: "true" }), text("Gave up")]);
+  const outcome = await runWorker(sourceEntry(fake.port), ["agentic", "--prompt-file", promptFile, "--cwd", work], llmEnv(fake.proxyBaseUrl));
+  assertRunShape(outcome);
+  const call = outcome.messages.find((m) => m.type === "tool_call");
+  assert.equal(call?.tool_name, "run_shell_command", explain(outcome.result));
+  const answer = outcome.messages.find((m) => m.type === "tool_result");
+  assert.equal(answer?.tool_name, "run_shell_command", explain(outcome.result));
+});
