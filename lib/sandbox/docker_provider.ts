@@ -597,8 +597,10 @@ export class DockerSandboxProvider implements SandboxProvider {
   async teardown(options: { volumes?: boolean; signal?: AbortSignal } = {}): Promise<TeardownReport> {
     const report: TeardownReport = { containers: [], networks: [], volumes: [] };
     const removed = await this.docker.run(["rm", "--force", this.names.container], { signal: options.signal });
-    if (removed.exitCode === 0) report.containers.push(this.names.container);
-    else if (!isNoSuchObject(removed.stderr)) {
+    // `rm --force` of a missing container exits 0 (docker 20.10), saying so only on stderr.
+    const missing = isNoSuchObject(removed.stderr);
+    if (removed.exitCode === 0 && !missing) report.containers.push(this.names.container);
+    else if (!missing) {
       throw new CommandExitError("docker_failed", `Cannot remove sandbox "${this.names.container}"`, removed);
     }
     if (options.volumes) {
