@@ -1,39 +1,104 @@
 /**
- * The bundled CLI is self-contained: built by `deno task bundle`, copied alone into an empty
- * directory, it runs, and runs an offline agent (the shipped replay recording) in a sandbox.
+ * The installed CLI is self-contained and runs clean: `deno task install` puts a launcher on the
+ * PATH (here a temporary directory) that runs the bundle; from an empty directory it completes an
+ * offline agent run (the shipped replay recording) in a sandbox with nothing but its own lines on
+ * stderr, and it shares the sandbox image (and so the sandbox) with the checkout.
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
-import { assertDocker, dockerTest, explain, ROOT, tempDir } from "../_helpers.ts";
+import { costOf } from "../../lib/run/prices.ts";
+import { assertDocker, dockerTest, explain, removeProfile, ROOT, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
+import denoJson from "../../deno.json" with { type: "json" };
 
 Deno.test({
-  name: "the bundled CLI runs from an empty directory and completes an offline replayed run",
+  name: "deno task install puts sandbox on the PATH; from an empty directory it runs an offline replay clean and shares the checkout's sandbox",
   ...dockerTest(),
-  async fn() {
+  async fn(t) {
     assertDocker();
-    const built = await run(["bash", `${ROOT}/scripts/bundle.sh`]);
-    assert.equal(built.exitCode, 0, explain(built));
+    await using prefix = await tempDir("sandbox-install-");
     await using empty = await tempDir("sandbox-bundle-");
-    await Deno.copyFile(`${ROOT}/dist/sandbox.js`, `${empty.path}/sandbox.js`);
-    await Deno.copyFile(`${ROOT}/examples/hello/prompt.txt`, `${empty.path}/prompt.txt`);
-    await Deno.copyFile(`${ROOT}/examples/hello/recording.json`, `${empty.path}/recording.json`);
-    const sandbox = (...args: string[]) =>
-      run([Deno.execPath(), "run", "--allow-all", "--no-config", "sandbox.js", ...args], {
-        cwd: empty.path,
-        env: { XDG_STATE_HOME: `${empty.path}/state` },
+    const bin = `${prefix.path}/bin`;
+    const profile = uniqueProfile("e2e-bundle");
+    const config = await writeConfig(empty.path, `profiles:\n  ${profile}: {}\n`);
+    const state = `${empty.path}/state`;
+    const pathWithout = (Deno.env.get("PATH") ?? "").split(":").filter((d) => d !== bin).join(":");
+
+    try {
+      await t.step("install writes the launcher and the bundle, and says the directory is not on PATH", async () => {
+        const installed = await run([Deno.execPath(), "task", "install"], {
+          cwd: ROOT,
+          env: { SANDBOX_INSTALL_DIR: bin, PATH: pathWithout },
+          timeoutMs: 300_000,
+        });
+        assert.equal(installed.exitCode, 0, explain(installed));
+        assert.match(installed.stderr, new RegExp(`install: installed sandbox ${denoJson.version}: ${bin}/sandbox`), explain(installed));
+        assert.match(installed.stderr, new RegExp(`${bin} is not on your PATH`), explain(installed));
+        const launcher = await Deno.readTextFile(`${bin}/sandbox`);
+        assert.ok(((await Deno.stat(`${bin}/sandbox`)).mode ?? 0) & 0o100, "the launcher is not executable");
+        assert.match(launcher, /run -A --quiet --no-config /);
+        for (const feature of denoJson.unstable) assert.ok(launcher.includes(`--unstable-${feature}`), launcher);
+        assert.ok(launcher.includes(`${prefix.path}/lib/sandbox/sandbox.js`), launcher);
+        await Deno.stat(`${prefix.path}/lib/sandbox/sandbox.js`);
       });
 
-    const version = await sandbox("--version");
-    assert.equal(version.exitCode, 0, explain(version));
-    assert.match(version.stdout.trim(), /^\d+\.\d+\.\d+$/);
+      await Deno.copyFile(`${ROOT}/examples/hello/prompt.txt`, `${empty.path}/prompt.txt`);
+      await Deno.copyFile(`${ROOT}/examples/hello/recording.json`, `${empty.path}/recording.json`);
+      // Run as a user would: by name, found on PATH, from a directory holding no checkout.
+      const sandbox = (...args: string[]) =>
+        run(["sandbox", ...args], {
+          cwd: empty.path,
+          env: { PATH: `${bin}:${pathWithout}`, XDG_STATE_HOME: state, SANDBOX_CONFIG: config },
+          timeoutMs: 300_000,
+        });
 
-    const result = await sandbox("run", "agentic", "--prompt-file", "prompt.txt", "--model", "replay:recording.json");
-    assert.equal(result.exitCode, 0, explain(result));
-    const messages = result.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
-    assert.equal(messages.at(-1)?.type, "usage");
-    assert.equal(messages.filter((m) => m.type === "result").length, 1);
-    const ran = messages.find((m) => m.type === "tool_result" && m.tool_name === "execute");
-    assert.match(ran?.tool_output ?? "", /Hello from the sandbox, sandbox!/);
+      await t.step("sandbox --version runs from the PATH with nothing on stderr", async () => {
+        const version = await sandbox("--version");
+        assert.equal(version.exitCode, 0, explain(version));
+        assert.equal(version.stdout.trim(), denoJson.version);
+        assert.equal(version.stderr, "");
+      });
+
+      let containerId = "";
+      await t.step("the checkout starts the profile's sandbox", async () => {
+        const up = await runCli(["up", "-p", profile, "--json"], { config, env: { XDG_STATE_HOME: state } });
+        assert.equal(up.exitCode, 0, explain(up));
+        containerId = JSON.parse(up.stdout).id;
+      });
+
+      await t.step("an offline replayed run completes, with only the tool's own lines on stderr", async () => {
+        const result = await sandbox("run", "agentic", "-p", profile, "--prompt-file", "prompt.txt", "--model", "replay:recording.json");
+        const context = explain(result);
+        assert.equal(result.exitCode, 0, context);
+        const messages = result.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
+        assert.equal(messages.at(-1)?.type, "usage", context);
+        assert.equal(messages.filter((m) => m.type === "result").length, 1, context);
+        const ran = messages.find((m) => m.type === "tool_result" && m.tool_name === "execute");
+        assert.match(ran?.tool_output ?? "", /Hello from the sandbox, sandbox!/, context);
+        // No Deno warning (the unstable flags are the launcher's), no image build: the sandbox the
+        // checkout started is the one this run used.
+        for (const line of result.stderr.trimEnd().split("\n")) assert.match(line, /^sandbox: /, context);
+        assert.doesNotMatch(result.stderr, /unstable|legacy|warning|Building|Replacing/i, context);
+        assert.match(result.stderr, /replay with: sandbox logs \S+$/m, context);
+        // A replay reports the recorded model's cost.
+        const usage = messages.at(-1)!.usage!;
+        const recording = JSON.parse(await Deno.readTextFile(`${empty.path}/recording.json`));
+        const expected = recording.responses.reduce(
+          (sum: number, r: { body: { model: string; usage: { prompt_tokens: number; completion_tokens: number } } }) =>
+            sum + costOf(r.body.model, { input: r.body.usage.prompt_tokens, output: r.body.usage.completion_tokens })!,
+          0,
+        );
+        assert.ok(Math.abs((usage.cost_usd ?? -1) - expected) < 1e-9, `cost_usd ${usage.cost_usd}, expected ${expected}\n${context}`);
+      });
+
+      await t.step("up through the installed bundle finds the checkout's sandbox current: same container, same image", async () => {
+        const up = await sandbox("up", "-p", profile, "--json", "--config", config);
+        assert.equal(up.exitCode, 0, explain(up));
+        assert.equal(JSON.parse(up.stdout).id, containerId, explain(up));
+        assert.equal(up.stderr, "", explain(up));
+      });
+    } finally {
+      await removeProfile(profile);
+    }
   },
 });

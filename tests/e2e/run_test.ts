@@ -487,9 +487,28 @@ Deno.test({
   },
 });
 
+/**
+ * The closing record of a run that was cut short: stdout still ends with one `is_error` result
+ * saying what happened, then the usage so far, as the protocol promises.
+ */
+function assertClosingRecord(lines: string[], says: RegExp, context: string): void {
+  const messages = lines.map((line, i) => assertWireMessage(line, `stdout line ${i + 1}\n${context}`));
+  assert.equal(messages.filter((m) => m.type === "result").length, 1, `exactly one result\n${context}`);
+  const [result, usage] = messages.slice(-2);
+  assert.equal(result.type, "result", context);
+  assert.equal(result.is_error, true, context);
+  assert.match(result.content, says, context);
+  assert.doesNotMatch(result.content, /Command/, context);
+  assert.equal(usage.type, "usage", context);
+  assert.ok(usage.usage.duration_ms > 0, `usage.duration_ms ${usage.usage.duration_ms}\n${context}`);
+  // The one LLM call that asked for the command had completed: the usage so far counts it.
+  assert.equal(usage.usage.num_turns, 1, context);
+  assert.ok(typeof usage.usage.model === "string" && usage.usage.model, context);
+}
+
 Deno.test({
   name:
-    "run agentic --timeout: a run past its deadline exits 124, is recorded as timed_out, and leaves nothing running",
+    "run agentic --timeout: a run past its deadline ends stdout with an is_error result and the usage so far, exits 124, is recorded as timed_out, and leaves nothing running",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -499,62 +518,68 @@ Deno.test({
     ]);
     await using fixture = await RunTestFixture.create("e2e-timeout", llm.baseUrl);
     const started = performance.now();
-    const result = await fixture.run("agentic", ["--timeout", "3s"]);
+    // Long enough for the worker to start and ask for the command on a busy machine; the command
+    // itself sleeps far longer.
+    const result = await fixture.run("agentic", ["--timeout", "8s"]);
     const elapsed = performance.now() - started;
     const context = explain(result);
     assert.equal(result.exitCode, 124, context);
     assert.ok(elapsed < 60_000, `the timeout took ${Math.round(elapsed)} ms to act\n${context}`);
     const id = runIdFrom(result.stderr);
     assert.match(result.stdout, /"tool_name":"execute"/, `the command never started\n${context}`);
-    assert.ok(!result.stdout.includes(`"type":"result"`), context);
+    assertClosingRecord(result.stdout.trimEnd().split("\n"), /^The run timed out after 8s$/, context);
+    assert.match(result.stderr, /^sandbox: error: The run timed out after 8s$/m, context);
     const meta = await fixture.meta(id);
     assert.equal(meta.status, "timed_out");
     assert.equal(meta.exitCode, 124);
+    assert.equal(meta.usage?.num_turns, 1, context);
     await assertNoLeftovers(fixture, context);
   },
 });
 
-Deno.test({
-  name:
-    "run agentic on SIGINT: the run stops, exits 130, is recorded as interrupted, and leaves nothing running",
-  ...dockerTest(),
-  async fn() {
-    assertDocker();
-    await using llm = new FakeLlm([
-      toolCall("execute", { command: "sleep 600" }),
-      text("never reached"),
-    ]);
-    await using fixture = await RunTestFixture.create("e2e-sigint", llm.baseUrl);
-    await using cli = new SignalableCli(
-      [
-        "run",
-        "agentic",
-        "--prompt-file",
-        fixture.promptFile,
-        "--profile",
-        fixture.profile,
-        "--format",
-        "ndjson",
-      ],
-      fixture,
-    );
-    await cli.lineWhere((m) => m.type === "tool_call" && m.tool_name === "execute");
-    const id = runIdFrom(cli.stderr);
-    // The command really is running in the sandbox before the signal.
-    assert.ok(
-      (await fixture.processes()).some((p) => p.includes("sleep 600")),
-      "sleep 600 is not running",
-    );
-    Deno.kill(cli.child.pid, "SIGINT");
-    const code = await cli.finish();
-    assert.equal(code, 130, cli.explain(code));
-    const meta = await fixture.meta(id);
-    assert.equal(meta.status, "interrupted");
-    assert.equal(meta.exitCode, 130);
-    assert.ok(!cli.stdoutLines.some((l) => l.includes(`"type":"result"`)), cli.explain(code));
-    await assertNoLeftovers(fixture, cli.explain(code));
-  },
-});
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  Deno.test({
+    name:
+      `run agentic on ${signal}: the run stops, ends stdout with an is_error result and the usage so far, exits 130, is recorded as interrupted, and leaves nothing running`,
+    ...dockerTest(),
+    async fn() {
+      assertDocker();
+      await using llm = new FakeLlm([
+        toolCall("execute", { command: "sleep 600" }),
+        text("never reached"),
+      ]);
+      await using fixture = await RunTestFixture.create(`e2e-${signal.toLowerCase()}`, llm.baseUrl);
+      await using cli = new SignalableCli(
+        [
+          "run",
+          "agentic",
+          "--prompt-file",
+          fixture.promptFile,
+          "--profile",
+          fixture.profile,
+          "--format",
+          "ndjson",
+        ],
+        fixture,
+      );
+      await cli.lineWhere((m) => m.type === "tool_call" && m.tool_name === "execute");
+      const id = runIdFrom(cli.stderr);
+      // The command really is running in the sandbox before the signal.
+      assert.ok(
+        (await fixture.processes()).some((p) => p.includes("sleep 600")),
+        "sleep 600 is not running",
+      );
+      Deno.kill(cli.child.pid, signal);
+      const code = await cli.finish();
+      assert.equal(code, 130, cli.explain(code));
+      const meta = await fixture.meta(id);
+      assert.equal(meta.status, "interrupted");
+      assert.equal(meta.exitCode, 130);
+      assertClosingRecord(cli.stdoutLines, /^The run was interrupted$/, cli.explain(code));
+      await assertNoLeftovers(fixture, cli.explain(code));
+    },
+  });
+}
 
 Deno.test({
   name:

@@ -54,14 +54,14 @@ Deno.test({
       // Recordings of each kind of wrong.
       { name: "a recording that is not JSON", args: replay(await write("r1.json", "{oops")), says: /^sandbox: error: Invalid recording ".*r1\.json": not JSON/m },
       { name: "a recording that does not exist", args: replay(`${d}/nowhere.json`), says: /^sandbox: error: Cannot read recording ".*nowhere\.json": file not found$/m },
-      { name: "a recording that is a list", args: replay(await write("r2.json", [completion])), says: /^sandbox:   expected an object like/m },
-      { name: "a recording of another version", args: replay(await write("r3.json", { ...good, version: 2 })), says: /^sandbox:   version: expected 1, found number 2$/m },
-      { name: "a recording without a kind", args: replay(await write("r4.json", { version: 1, responses: good.responses })), says: /^sandbox:   kind: expected "openai" or "anthropic"/m },
-      { name: "a recording with no responses", args: replay(await write("r5.json", rec([]))), says: /^sandbox:   responses: the list is empty/m },
-      { name: "a recording whose entry is not a chat completion", args: replay(await write("r6.json", rec([completion, { status: 200, body: { text: "hi" } }]))), says: /^sandbox:   responses\[1\]\.body: not a chat completion: no "choices" list$/m },
-      { name: "a recording whose entry is not an object", args: replay(await write("r7.json", rec(["hi"]))), says: /^sandbox:   responses\[0\]: expected \{"status": 200/m },
+      { name: "a recording that is a list", args: replay(await write("r2.json", [completion])), says: /^sandbox: {3}expected an object like/m },
+      { name: "a recording of another version", args: replay(await write("r3.json", { ...good, version: 2 })), says: /^sandbox: {3}version: expected 1, found number 2$/m },
+      { name: "a recording without a kind", args: replay(await write("r4.json", { version: 1, responses: good.responses })), says: /^sandbox: {3}kind: expected "openai" or "anthropic"/m },
+      { name: "a recording with no responses", args: replay(await write("r5.json", rec([]))), says: /^sandbox: {3}responses: the list is empty/m },
+      { name: "a recording whose entry is not a chat completion", args: replay(await write("r6.json", rec([completion, { status: 200, body: { text: "hi" } }]))), says: /^sandbox: {3}responses\[1\]\.body: not a chat completion: no "choices" list$/m },
+      { name: "a recording whose entry is not an object", args: replay(await write("r7.json", rec(["hi"]))), says: /^sandbox: {3}responses\[0\]: expected \{"status": 200/m },
       { name: "a recording whose tool call arguments are not JSON", args: replay(await write("r8.json", rec([{ status: 200, body: { choices: [{ message: { content: null, tool_calls: [{ id: "c", type: "function", function: { name: "ls", arguments: "{" } }] } }] } }]))), says: /tool_calls\[0\]\.function\.arguments: not valid JSON$/m },
-      { name: "a recording entry without a status", args: replay(await write("r9.json", rec([{ body: completion.body }]))), says: /^sandbox:   responses\[0\]\.status: expected an HTTP status/m },
+      { name: "a recording entry without a status", args: replay(await write("r9.json", rec([{ body: completion.body }]))), says: /^sandbox: {3}responses\[0\]\.status: expected an HTTP status/m },
       { name: "recording a replay", args: [...replay(`${ROOT}/examples/hello/recording.json`), "--record", `${d}/out.json`], says: /^sandbox: error: Cannot --record a replayed run$/m },
       // Prompts and instructions.
       { name: "a prompt file that does not exist", args: ["run", "agentic", "--prompt-file", `${d}/missing.txt`, "-p", profile], says: /^sandbox: error: Cannot read prompt file ".*missing\.txt"/m },
@@ -81,9 +81,9 @@ Deno.test({
       { name: "an exec timeout that is not a duration", args: ["exec", "-p", profile, "--timeout", "soon", "--", "true"], says: /^sandbox: error: Invalid --timeout "soon"/m },
       // Configuration and profiles.
       { name: "a config file that does not exist", args: agentic(), config: `${d}/nowhere.yaml`, says: /^sandbox: error: Invalid configuration in ".*nowhere\.yaml"\n.*cannot read: file not found/m },
-      { name: "a config file that is not YAML", args: agentic(), config: await write("bad.yaml", "profiles: [unclosed"), says: /^sandbox:   YAML syntax:/m },
-      { name: "a config key that does not exist", args: ["config", "validate", await write("typo.yaml", "profiles:\n  x:\n    sandbox: {netwrk: {}}\n")], says: /^sandbox:   profiles\.x\.sandbox: unknown key "netwrk"$/m },
-      { name: "too few processes", args: ["config", "validate", await write("pids.yaml", "profiles:\n  x:\n    sandbox: {resources: {pids: 5}}\n")], says: /^sandbox:   profiles\.x\.sandbox\.resources\.pids: expected at least 16 processes/m },
+      { name: "a config file that is not YAML", args: agentic(), config: await write("bad.yaml", "profiles: [unclosed"), says: /^sandbox: {3}YAML syntax:/m },
+      { name: "a config key that does not exist", args: ["config", "validate", await write("typo.yaml", "profiles:\n  x:\n    sandbox: {netwrk: {}}\n")], says: /^sandbox: {3}profiles\.x\.sandbox: unknown key "netwrk"$/m },
+      { name: "too few processes", args: ["config", "validate", await write("pids.yaml", "profiles:\n  x:\n    sandbox: {resources: {pids: 5}}\n")], says: /^sandbox: {3}profiles\.x\.sandbox\.resources\.pids: expected at least 16 processes/m },
       { name: "an unknown profile", args: ["run", "agentic", "--prompt-file", `${d}/prompt.txt`, "-p", "no-such-profile"], says: /^sandbox: error: Unknown profile "no-such-profile"$/m },
       { name: "an unknown profile for stop", args: ["stop", "-p", "no-such-profile"], says: /^sandbox: error: Unknown profile "no-such-profile"$/m },
       // Schemas.
@@ -98,7 +98,7 @@ Deno.test({
       { name: "cp of a host file that does not exist", args: ["cp", "-p", profile, `${d}/nowhere.txt`, ":x"], says: /^sandbox: error: No such file or directory: ".*nowhere\.txt"$/m },
       // The key, read before anything starts.
       { name: "a missing API key (custom provider)", args: agentic(), says: new RegExp(`^sandbox: error: Cannot run profile "${profile}": cannot read API key: environment variable "SANDBOX_E2E_NEVER_SET_KEY" is not set$`, "m") },
-      { name: "a missing API key (openai)", args: ["run", "agentic", "--prompt-file", `${d}/prompt.txt`, "-p", `${profile}-openai`], env: { OPENAI_API_KEY: "" }, says: new RegExp(`^sandbox: error: Cannot run profile "${profile}-openai": cannot read API key: environment variable "OPENAI_API_KEY" is not set$\\n^sandbox:   Set OPENAI_API_KEY`, "m") },
+      { name: "a missing API key (openai)", args: ["run", "agentic", "--prompt-file", `${d}/prompt.txt`, "-p", `${profile}-openai`], env: { OPENAI_API_KEY: "" }, says: new RegExp(`^sandbox: error: Cannot run profile "${profile}-openai": cannot read API key: environment variable "OPENAI_API_KEY" is not set$\\n^sandbox: {3}Set OPENAI_API_KEY`, "m") },
     ];
 
     for (const mistake of mistakes) {

@@ -5,6 +5,8 @@
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
+import { DockerCli } from "../../lib/sandbox/docker.ts";
+import { ensureImage } from "../../lib/sandbox/image.ts";
 import { run } from "../../lib/process.ts";
 import {
   assertDocker,
@@ -274,7 +276,13 @@ Deno.test({
     await docker("volume", "create", ...labels, `orphan-vol-${suffix}`);
     await docker("run", "-d", "--name", `unlabelled-${suffix}`, image, "sleep", "300");
     await docker("volume", "create", `unlabelled-vol-${suffix}`);
+    // A container a user starts by hand from the tool's own sandbox image is the user's: the image
+    // must not lend it the owner label.
+    const sandboxImage = (await ensureImage(new DockerCli(), image)).tag;
+    await docker("run", "-d", "--name", `from-image-${suffix}`, sandboxImage, "sleep", "300");
     try {
+      const inherited = JSON.parse(await docker("inspect", "--format", "{{json .Config.Labels}}", `from-image-${suffix}`));
+      assert.equal(inherited?.["dev.sandbox.owner"], undefined, JSON.stringify(inherited));
       const result = await runCli(["teardown", "--all", "--json"]);
       assert.equal(result.exitCode, 0, explain(result));
       const report = JSON.parse(result.stdout);
@@ -283,9 +291,11 @@ Deno.test({
       assert.ok(report.volumes.includes(`orphan-vol-${suffix}`), result.stdout);
       assert.equal(await docker("ps", "-aq", "--filter", `name=orphan-${suffix}`), "");
       assert.notEqual(await docker("ps", "-q", "--filter", `name=unlabelled-${suffix}`), "");
+      assert.ok(!report.containers.includes(`from-image-${suffix}`), result.stdout);
+      assert.notEqual(await docker("ps", "-q", "--filter", `name=from-image-${suffix}`), "", "teardown removed a hand-made container of the sandbox image");
       assert.equal(await docker("volume", "ls", "-q", "--filter", `name=unlabelled-vol-${suffix}`), `unlabelled-vol-${suffix}`);
     } finally {
-      await run(["docker", "rm", "-f", `unlabelled-${suffix}`, `orphan-${suffix}`]);
+      await run(["docker", "rm", "-f", `unlabelled-${suffix}`, `orphan-${suffix}`, `from-image-${suffix}`]);
       await run(["docker", "volume", "rm", "-f", `unlabelled-vol-${suffix}`, `orphan-vol-${suffix}`]);
       await run(["docker", "network", "rm", `orphan-net-${suffix}`]);
     }

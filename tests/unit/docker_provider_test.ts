@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { DockerCli } from "../../lib/sandbox/docker.ts";
 import { DockerSandboxProvider, parseDockerSize, teardownAll } from "../../lib/sandbox/docker_provider.ts";
-import { SandboxError } from "../../lib/errors.ts";
+import type { SandboxError } from "../../lib/errors.ts";
 import { imageTagFor } from "../../lib/sandbox/image.ts";
 import { explain, runCli, tempDir, writeConfig } from "../_helpers.ts";
 import { fakeDocker, inspectJson } from "./_fake_docker.ts";
