@@ -4,6 +4,7 @@
  */
 import { Command, CommanderError } from "commander";
 import denoJson from "./deno.json" with { type: "json" };
+import { cliName } from "./lib/cli_name.ts";
 import { EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
 import { registerConfigCommands } from "./cli/config_commands.ts";
 import { registerCpCommand } from "./cli/cp_command.ts";
@@ -23,7 +24,8 @@ const CONFIG_FLAGS = "-c, --config <file>";
 const CONFIG_HELP = "configuration file (default: ./sandbox.yaml, the repo root's, or ~/.config/sandbox/config.yaml)";
 
 function buildProgram(): Command {
-  const program = new Command("sandbox")
+  // Named as the user runs it (`./sandbox` from a checkout), so that the usage lines are true.
+  const program = new Command(cliName())
     .description("Run AI coding agents in isolated Docker sandboxes")
     .version(VERSION, "-V, --version")
     .option(CONFIG_FLAGS, CONFIG_HELP)
