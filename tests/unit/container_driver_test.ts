@@ -648,3 +648,21 @@ Deno.test("two concurrent executeAgentic() calls use different prompt paths", as
     "each call removes its own directory",
   );
 });
+
+Deno.test("a worker cut short by its deadline or an interrupt is reported as the run's fate, not a command's", async (t) => {
+  await t.step("timeout", async () => {
+    const provider = new FakeProvider({
+      lines: [TOOL_CALL],
+      outcome: { reject: new SandboxError("timeout", 'Command timed out after 5000 ms in sandbox "sandbox-x"') },
+    });
+    const run = Array.fromAsync(driverFor(provider).executeAgentic("do it", { cwd: "/w", runId: "run-1", timeoutMs: 5_000 }));
+    const error = await rejectsWith(run, "timeout");
+    assert.equal(error.message, "The run timed out after 5s");
+    assertPromptDirRemoved(provider);
+  });
+  await t.step("interrupt", async () => {
+    const provider = new FakeProvider({ lines: [TOOL_CALL], outcome: { reject: new SandboxError("interrupted", "Command interrupted") } });
+    const error = await rejectsWith(collect(driverFor(provider)), "interrupted");
+    assert.equal(error.message, "The run was interrupted");
+  });
+});
