@@ -867,6 +867,10 @@ Deno.test({
       const meta = await fixture.meta(id);
       assert.equal(meta.status, "succeeded");
       assert.deepEqual(meta.extra, {
+        // Where the agent worked (for `sandbox cp RUN_ID:PATH`): the worktree, removed at the end.
+        container: fixture.container,
+        workdir: `/workspace/worktrees/${id}`,
+        kept: false,
         repo,
         branch: "agent/work",
         base: v1,
