@@ -24,10 +24,22 @@ function terminal(): boolean {
   return Deno.stderr.isTerminal() && !Deno.env.get("NO_COLOR") && Deno.env.get("TERM") !== "dumb";
 }
 
+/** Columns of the terminal; a spinner line must fit in one, or `\r` cannot redraw it. */
+function columns(): number {
+  try {
+    return Deno.consoleSize().columns;
+  } catch {
+    return 80;
+  }
+}
+
 function render(): void {
   if (!active) return;
-  const elapsed = Math.floor((performance.now() - active.started) / 1000);
-  write(`\r\x1b[2K${FRAMES[active.frame++ % FRAMES.length]} sandbox: ${active.line} ${elapsed}s`);
+  const elapsed = ` ${Math.floor((performance.now() - active.started) / 1000)}s`;
+  const head = `${FRAMES[active.frame++ % FRAMES.length]} sandbox: `;
+  const room = Math.max(10, columns() - 1 - head.length - elapsed.length);
+  const line = active.line.length > room ? `${active.line.slice(0, room - 1)}…` : active.line;
+  write(`\r\x1b[2K${head}${line}${elapsed}`);
 }
 
 /** Take the spinner line off the screen (before another line is written). */
