@@ -128,6 +128,20 @@ export async function sandboxToRemove(command: Command, name?: string): Promise<
   return new DockerSandboxProvider(bareProfile(chosen));
 }
 
+/**
+ * The profile's sandbox container, found by its name (`sandbox-P`) as in every mode that has one:
+ * `stop`, `start` and `cp` act on what exists and build nothing (a devcontainer's image included).
+ */
+export async function sandboxByName(command: Command, name?: string): Promise<DockerSandboxProvider> {
+  const profile = await profileFor(command, name);
+  if (profile.sandbox.mode === "none") {
+    throw new SandboxError("usage", `Profile "${profile.name}" uses sandbox mode "none": there is no sandbox`, {
+      detail: `Set profiles.${profile.name}.sandbox.mode to "container"`,
+    });
+  }
+  return new DockerSandboxProvider(profile.sandbox.mode === "container" ? profile : bareProfile(profile.name));
+}
+
 export function collect(value: string, previous: string[] = []): string[] {
   return [...previous, value];
 }

@@ -9,11 +9,9 @@
 import type { Command } from "commander";
 import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
-import type { Profile } from "../lib/config.ts";
 import { type DockerSandboxProvider, WORKSPACE_DIR } from "../lib/sandbox/docker_provider.ts";
-import { createProvider } from "../lib/sandbox/providers.ts";
 import { readRun } from "../lib/run/run_log.ts";
-import { note, profileFor, profileOption, signal } from "./context.ts";
+import { note, profileOption, sandboxByName, signal } from "./context.ts";
 
 type Side =
   | { kind: "host"; path: string }
@@ -52,7 +50,7 @@ function dirname(path: string): string {
 
 /** The sandbox and directory a sandbox-side argument points into. */
 async function resolveSandbox(side: Extract<Side, { kind: "sandbox" }>, command: Command, profileName?: string): Promise<SandboxTarget> {
-  let profile: Profile;
+  let name = profileName;
   let base = WORKSPACE_DIR;
   if (side.run !== undefined) {
     const meta = RUN_ID.test(side.run) ? await readRun(side.run) : undefined;
@@ -71,18 +69,17 @@ async function resolveSandbox(side: Extract<Side, { kind: "sandbox" }>, command:
         'and a run of a profile with sandbox.container "fresh" had a container of its own, removed at its end',
       ].join("\n"));
     }
-    profile = await profileFor(command, meta.profile);
+    name = meta.profile;
     base = workdir;
-  } else {
-    profile = await profileFor(command, profileName);
   }
-  const provider = createProvider(profile) as DockerSandboxProvider;
+  const provider = await sandboxByName(command, name);
+  const profile = provider.profile.name;
   const status = await provider.status({ signal });
   if (status.state === "missing") {
-    throw usage(`Sandbox "${provider.containerName}" does not exist`, `Start it with: ${cliName()} up -p ${profile.name}`);
+    throw usage(`Sandbox "${provider.containerName}" does not exist`, `Start it with: ${cliName()} up -p ${profile}`);
   }
   if (status.state !== "running") {
-    throw usage(`Sandbox "${provider.containerName}" is ${status.state}`, `Start it with: ${cliName()} start -p ${profile.name}`);
+    throw usage(`Sandbox "${provider.containerName}" is ${status.state}`, `Start it with: ${cliName()} start -p ${profile}`);
   }
   const relative = side.path.replace(/^\.\/?/, "");
   const path = side.path.startsWith("/") ? side.path : relative ? `${base}/${relative}` : base;

@@ -23,6 +23,7 @@ import {
   parseTimeout,
   profileFor,
   profileOption,
+  sandboxByName,
   sandboxToRemove,
   signal,
   stderrLine,
@@ -71,20 +72,20 @@ export function registerSandboxCommands(program: Command): void {
     .description("stop the profile's sandbox without removing it (its workspace stays; start resumes it)")
     .addOption(profileOption()).addOption(jsonOption())
     .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
-      const profile = await profileFor(command, opts.profile);
-      const status = await createProvider(profile).stop({ signal });
+      const provider = await sandboxByName(command, opts.profile);
+      const status = await provider.stop({ signal });
       if (opts.json) await stdout.json(status);
-      else await stdout.line(`sandbox ${status.name} is ${status.state} (profile ${profile.name}; its workspace is kept)`);
+      else await stdout.line(`sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}; its workspace is kept)`);
     });
 
   program.command("start")
     .description("start the profile's stopped sandbox as it is (up also creates or replaces one)")
     .addOption(profileOption()).addOption(jsonOption())
     .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
-      const profile = await profileFor(command, opts.profile);
-      const status = await createProvider(profile).start({ signal });
+      const provider = await sandboxByName(command, opts.profile);
+      const status = await provider.start({ signal });
       if (opts.json) await stdout.json(status);
-      else await stdout.line(`sandbox ${status.name} is ${status.state} (profile ${profile.name}, image ${status.image})`);
+      else await stdout.line(`sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}, image ${status.image})`);
     });
 
   const listAction = async (opts: { json?: boolean }) => {
