@@ -18,6 +18,8 @@ export interface AccessLogEntry {
   /** Egress: the IP address the proxy actually connected to (after `network.hosts` or DNS). */
   address?: string;
   path?: string;
+  /** Git proxy: the request target (path and query) exactly as the sandbox sent it. */
+  target?: string;
   /** The HTTP status the sandbox received (200 for an established CONNECT tunnel). */
   status?: number;
   /** Bytes received by the sandbox (upstream → sandbox). */

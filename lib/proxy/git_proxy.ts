@@ -1,8 +1,15 @@
 /**
  * The git proxy: smart HTTP from the sandbox to a real remote, with the user's credentials
  * attached on the host. The sandbox authenticates with its session token; the remote's token
- * never enters it. Pushes may update exactly one ref, the run's branch: the ref updates in a
- * receive-pack request (pkt-lines before the pack) are checked before anything is forwarded.
+ * never enters it. Exactly three endpoints exist (see `parseGitRoute`), named by the path alone;
+ * the request forwarded to the remote is rebuilt from that one reading, never copied from the
+ * sandbox's target.
+ *
+ * A session without a push grant gets no receive-pack at all. With one, a push may update exactly
+ * one ref, the run's branch: the command section at the head of the request (at most
+ * `MAX_COMMAND_BYTES`, gzip decoded) is read and checked before anything is forwarded, and the
+ * checked bytes are what the remote receives, followed by the pack, streamed. Nothing is held
+ * whole in this process: request and response bodies stream through.
  *
  *   GET  /git/info/refs?service=git-upload-pack|git-receive-pack
  *   POST /git/git-upload-pack
@@ -10,21 +17,25 @@
  */
 import type { AccessLog } from "./access_log.ts";
 import { assertListenHostnames, formatHostForUrl } from "./egress_proxy.ts";
+import { type GitRoute, parseGitRoute, PushFormatError, pushViolation, requestTarget, scanPushCommands } from "./git_protocol.ts";
 import { closeOnAbort } from "../process.ts";
 import type { Redactor } from "../redact.ts";
 
+export { parseGitRoute, parseRefUpdates, pushViolation, type RefUpdate } from "./git_protocol.ts";
+
 export const GIT_PATH_PREFIX = "/git";
-/** A push body is held whole to check its commands; this bounds it. */
-const MAX_PUSH_BYTES = 512 * 1024 * 1024;
-const ZERO_ID = /^0{40}$/;
+/** The command section of a push is read before deciding; a longer one is refused (413). */
+export const MAX_COMMAND_BYTES = 1024 * 1024;
+/** The request target as logged: long enough for any real git request, bounded for an attack. */
+const MAX_LOGGED_TARGET = 2_000;
 
 export interface GitRemote {
   /** The real remote, e.g. "https://github.com/org/repo.git". */
   url: string;
   /** `Authorization` header value for the remote, or undefined for anonymous access. */
   authorization: () => Promise<string | undefined>;
-  /** The one ref pushes may update, e.g. "refs/heads/sandbox/run-1". */
-  pushRef: string;
+  /** The one ref a push may update (e.g. "refs/heads/sandbox/run-1"), or false: no push at all. */
+  push: string | false;
 }
 
 export interface GitProxyOptions {
@@ -36,6 +47,8 @@ export interface GitProxyOptions {
   profile: string;
   runId: string | null;
   signal?: AbortSignal;
+  /** How long the sandbox may take to send a push's command section (default 60 s). */
+  commandTimeoutMs?: number;
 }
 
 export interface GitProxy extends AsyncDisposable {
@@ -45,45 +58,11 @@ export interface GitProxy extends AsyncDisposable {
   close(): Promise<void>;
 }
 
-/** A parsed ref update of a push: "<old> <new> <ref>". */
-export interface RefUpdate {
-  old: string;
-  new: string;
-  ref: string;
-}
-
-/**
- * The ref updates at the start of a receive-pack request body (pkt-lines up to the first flush).
- * Raises on malformed framing: a push we cannot read is a push we refuse.
- */
-export function parseRefUpdates(body: Uint8Array): RefUpdate[] {
-  const decoder = new TextDecoder();
-  const updates: RefUpdate[] = [];
-  let offset = 0;
-  while (true) {
-    if (offset + 4 > body.length) throw new Error("truncated pkt-line");
-    const length = Number.parseInt(decoder.decode(body.subarray(offset, offset + 4)), 16);
-    if (Number.isNaN(length)) throw new Error("malformed pkt-line length");
-    if (length === 0) return updates;
-    if (length < 4 || offset + length > body.length) throw new Error("malformed pkt-line");
-    let line = decoder.decode(body.subarray(offset + 4, offset + length));
-    offset += length;
-    line = line.split("\0")[0].replace(/\n$/, "");
-    if (line.startsWith("shallow ") || line.startsWith("push-cert")) continue;
-    const [old, next, ref, ...rest] = line.split(" ");
-    if (!old || !next || !ref || rest.length > 0) throw new Error(`malformed ref update "${line.slice(0, 100)}"`);
-    updates.push({ old, new: next, ref });
+/** A request refused before anything reached the remote. */
+class Refusal extends Error {
+  constructor(readonly status: number, readonly reason: string) {
+    super(reason);
   }
-}
-
-/** Why a push must be refused, or undefined when it only updates `allowed`. */
-export function pushViolation(updates: RefUpdate[], allowed: string): string | undefined {
-  if (updates.length === 0) return "a push with no ref updates";
-  for (const update of updates) {
-    if (update.ref !== allowed) return `updating "${update.ref}": this run may push only "${allowed}"`;
-    if (ZERO_ID.test(update.new)) return `deleting "${update.ref}"`;
-  }
-  return undefined;
 }
 
 function tokenOf(req: Request): string | undefined {
@@ -93,8 +72,8 @@ function tokenOf(req: Request): string | undefined {
   const basic = /^Basic\s+(\S+)$/i.exec(auth);
   if (basic) {
     try {
-      const [, password] = atob(basic[1]).split(":");
-      return password;
+      const decoded = atob(basic[1]);
+      return decoded.slice(decoded.indexOf(":") + 1);
     } catch {
       return undefined;
     }
@@ -102,145 +81,104 @@ function tokenOf(req: Request): string | undefined {
   return undefined;
 }
 
-async function readCapped(req: Request, limit: number): Promise<Uint8Array | undefined> {
-  let stream = req.body;
-  if (!stream) return new Uint8Array();
-  if ((req.headers.get("content-encoding") ?? "").toLowerCase() === "gzip") {
-    stream = stream.pipeThrough(new DecompressionStream("gzip"));
-  }
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  for await (const chunk of stream) {
-    total += chunk.byteLength;
-    if (total > limit) return undefined;
-    chunks.push(chunk);
-  }
-  const body = new Uint8Array(total);
-  let at = 0;
-  for (const chunk of chunks) {
-    body.set(chunk, at);
-    at += chunk.byteLength;
-  }
-  return body;
-}
-
 function refuse(status: number, message: string): Response {
   return new Response(`sandbox git proxy: ${message}\n`, { status, headers: { "content-type": "text/plain" } });
+}
+
+/**
+ * A stream of `head` then the rest of `reader`, pulled on demand (so the sandbox's upload is
+ * throttled by the remote's pace), counting bytes and reporting its end exactly once.
+ */
+function chain(
+  head: Uint8Array | undefined,
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+  onBytes: (count: number) => void,
+  onEnd: () => void = () => {},
+): ReadableStream<Uint8Array> {
+  let pending = head && head.byteLength > 0 ? head : undefined;
+  let ended = false;
+  const end = () => {
+    if (ended) return;
+    ended = true;
+    onEnd();
+  };
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      if (pending) {
+        onBytes(pending.byteLength);
+        controller.enqueue(pending);
+        pending = undefined;
+        return;
+      }
+      try {
+        const { value, done } = await reader.read();
+        if (done) {
+          end();
+          controller.close();
+          return;
+        }
+        onBytes(value.byteLength);
+        controller.enqueue(value);
+      } catch (error) {
+        end();
+        controller.error(error);
+      }
+    },
+    async cancel(reason) {
+      end();
+      await reader.cancel(reason).catch(() => {});
+    },
+  }, { highWaterMark: 0 });
+}
+
+/**
+ * Read from `reader` until the push's command section is complete; return what was read (the
+ * section and whatever followed it in the last chunk) and the parsed commands.
+ */
+async function readCommandSection(
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+  timeoutMs: number,
+): Promise<{ buffered: Uint8Array; commands: NonNullable<ReturnType<typeof scanPushCommands>> }> {
+  let buffered = new Uint8Array(0);
+  const deadline = Date.now() + timeoutMs;
+  while (true) {
+    let commands;
+    try {
+      commands = scanPushCommands(buffered);
+    } catch (error) {
+      if (error instanceof PushFormatError) throw new Refusal(403, `push refused: ${error.message}`);
+      throw error;
+    }
+    if (commands ? commands.end > MAX_COMMAND_BYTES : buffered.byteLength >= MAX_COMMAND_BYTES) {
+      throw new Refusal(413, `push refused: its command section exceeds ${MAX_COMMAND_BYTES} bytes`);
+    }
+    if (commands) return { buffered, commands };
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const expired = new Promise<never>((_, reject) => {
+      const late = () => reject(new Refusal(408, "push refused: its command section did not arrive in time"));
+      timer = setTimeout(late, Math.max(0, deadline - Date.now()));
+    });
+    let chunk: ReadableStreamReadResult<Uint8Array>;
+    try {
+      chunk = await Promise.race([reader.read(), expired]);
+    } catch (error) {
+      if (error instanceof Refusal) throw error;
+      throw new Refusal(400, `push refused: unreadable request body (${(error as Error).message})`);
+    } finally {
+      clearTimeout(timer);
+    }
+    if (chunk.done) throw new Refusal(403, "push refused: the request ends inside its command list");
+    const grown = new Uint8Array(buffered.byteLength + chunk.value.byteLength);
+    grown.set(buffered);
+    grown.set(chunk.value, buffered.byteLength);
+    buffered = grown;
+  }
 }
 
 /** Start the git proxy on `hostnames` (same port each; never all interfaces). */
 export function startGitProxy(options: GitProxyOptions): Promise<GitProxy> {
   assertListenHostnames(options.hostnames);
-  const handler = async (req: Request): Promise<Response> => {
-    const started = performance.now();
-    const url = new URL(req.url);
-    const suffix = url.pathname.startsWith(`${GIT_PATH_PREFIX}/`) ? url.pathname.slice(GIT_PATH_PREFIX.length) : "";
-    const service = url.searchParams.get("service") ?? suffix.slice(1);
-    let status = 0;
-    let decision: "allow" | "deny" = "deny";
-    let reason: string | undefined;
-    let bytesOut = 0;
-    try {
-      const token = tokenOf(req);
-      const remote = token ? options.grants.get(token) : undefined;
-      if (!remote) {
-        status = 401;
-        reason = "missing or unknown session token";
-        return new Response("sandbox git proxy: authentication required\n", {
-          status,
-          headers: { "www-authenticate": 'Basic realm="sandbox"' },
-        });
-      }
-      const route = suffix === "/info/refs" && req.method === "GET"
-        ? "refs"
-        : (suffix === "/git-upload-pack" || suffix === "/git-receive-pack") && req.method === "POST"
-        ? "rpc"
-        : undefined;
-      if (!route || (service !== "git-upload-pack" && service !== "git-receive-pack")) {
-        status = 404;
-        reason = "not a smart HTTP route";
-        return refuse(status, `no route ${req.method} ${url.pathname}`);
-      }
-      let body: Uint8Array | undefined;
-      if (route === "rpc") {
-        body = await readCapped(req, MAX_PUSH_BYTES);
-        if (!body) {
-          status = 413;
-          reason = "request too large";
-          return refuse(status, "request too large");
-        }
-        bytesOut = body.byteLength;
-        if (service === "git-receive-pack") {
-          let violation: string | undefined;
-          try {
-            violation = pushViolation(parseRefUpdates(body), remote.pushRef);
-          } catch (error) {
-            violation = `unreadable push: ${(error as Error).message}`;
-          }
-          if (violation) {
-            status = 403;
-            reason = violation;
-            return refuse(status, `push refused: ${violation}`);
-          }
-        }
-      }
-      const headers = new Headers();
-      for (const name of ["content-type", "accept", "git-protocol", "user-agent"]) {
-        const value = req.headers.get(name);
-        if (value) headers.set(name, value);
-      }
-      const authorization = await remote.authorization();
-      if (authorization) headers.set("authorization", authorization);
-      const target = `${remote.url.replace(/\/+$/, "")}${suffix}${url.search}`;
-      const upstream = await fetch(target, {
-        method: req.method,
-        headers,
-        body: body as BodyInit | undefined,
-        redirect: "manual",
-        signal: req.signal,
-      });
-      status = upstream.status;
-      decision = "allow";
-      const out = new Headers();
-      for (const name of ["content-type", "cache-control", "expires", "pragma"]) {
-        const value = upstream.headers.get(name);
-        if (value) out.set(name, value);
-      }
-      // The remote's own auth challenge would make the sandbox's git ask for credentials it has not.
-      if (status === 401 || status === 403) reason = "the remote refused the credentials";
-      return new Response(upstream.body, { status, headers: out });
-    } catch (error) {
-      status = 502;
-      reason = "cannot reach the remote";
-      const message = options.redactor ? options.redactor.redact((error as Error).message) : "error";
-      return refuse(status, `cannot reach the remote (${message.slice(0, 200)})`);
-    } finally {
-      const remoteUrl = (() => {
-        try {
-          const token = tokenOf(req);
-          return token ? new URL(options.grants.get(token)?.url ?? "http://unknown/") : new URL("http://unknown/");
-        } catch {
-          return new URL("http://unknown/");
-        }
-      })();
-      options.log?.write({
-        time: new Date().toISOString(),
-        kind: "git",
-        decision,
-        method: req.method,
-        host: remoteUrl.hostname,
-        port: Number(remoteUrl.port || (remoteUrl.protocol === "https:" ? 443 : 80)),
-        path: `${remoteUrl.pathname.replace(/\/+$/, "")}${suffix}`,
-        status,
-        bytesIn: 0,
-        bytesOut,
-        durationMs: Math.round(performance.now() - started),
-        profile: options.profile,
-        runId: options.runId,
-        ...(reason ? { reason } : {}),
-      });
-    }
-  };
+  const handler = (req: Request): Promise<Response> => handleGitRequest(req, options);
 
   const servers: Deno.HttpServer<Deno.NetAddr>[] = [];
   let port = 0;
@@ -268,4 +206,144 @@ export function startGitProxy(options: GitProxyOptions): Promise<GitProxy> {
     close,
     [Symbol.asyncDispose]: close,
   });
+}
+
+/**
+ * One request from the sandbox. Every outcome is logged once, when it has ended: refusals at
+ * once, forwarded requests when the response body has been streamed (or abandoned).
+ */
+export async function handleGitRequest(req: Request, options: GitProxyOptions): Promise<Response> {
+  const started = performance.now();
+  const target = requestTarget(req.url);
+  const token = tokenOf(req);
+  const remote = token ? options.grants.get(token) : undefined;
+  let route: GitRoute | undefined;
+  let status = 0;
+  let decision: "allow" | "deny" = "deny";
+  let reason: string | undefined;
+  let bytesIn = 0;
+  let bytesOut = 0;
+  let logged = false;
+  const writeLog = () => {
+    if (logged) return;
+    logged = true;
+    let remoteUrl = new URL("http://unknown/");
+    try {
+      if (remote) remoteUrl = new URL(remote.url);
+    } catch { /* logged as unknown */ }
+    options.log?.write({
+      time: new Date().toISOString(),
+      kind: "git",
+      decision,
+      method: req.method,
+      host: remoteUrl.hostname,
+      port: Number(remoteUrl.port || (remoteUrl.protocol === "https:" ? 443 : 80)),
+      ...(route ? { path: `${remoteUrl.pathname.replace(/\/+$/, "")}${route.suffix}` } : {}),
+      target: target.length > MAX_LOGGED_TARGET ? `${target.slice(0, MAX_LOGGED_TARGET)}…` : target,
+      status,
+      bytesIn,
+      bytesOut,
+      durationMs: Math.round(performance.now() - started),
+      profile: options.profile,
+      runId: options.runId,
+      ...(reason ? { reason } : {}),
+    });
+  };
+  let streaming = false;
+  let sourceReader: ReadableStreamDefaultReader<Uint8Array> | undefined;
+  try {
+    if (!remote) {
+      status = 401;
+      reason = "missing or unknown session token";
+      await req.body?.cancel().catch(() => {});
+      return new Response("sandbox git proxy: authentication required\n", {
+        status,
+        headers: { "www-authenticate": 'Basic realm="sandbox"' },
+      });
+    }
+    const decided = parseGitRoute(req.method, target, GIT_PATH_PREFIX);
+    if (!decided.ok) throw new Refusal(decided.status, decided.reason);
+    route = decided.route;
+    if (route.service === "git-receive-pack" && remote.push === false) {
+      throw new Refusal(403, `push refused: ${pushViolation([], false)}`);
+    }
+
+    const headers = new Headers();
+    for (const name of ["accept", "user-agent"]) {
+      const value = req.headers.get(name);
+      if (value) headers.set(name, value);
+    }
+    // Protocol v2 is for fetches; receive-pack speaks v0 only, the format the command check reads.
+    const protocol = req.headers.get("git-protocol");
+    if (protocol && route.service === "git-upload-pack") {
+      if (!/^[A-Za-z0-9=:._-]{1,100}$/.test(protocol)) throw new Refusal(400, "malformed Git-Protocol header");
+      headers.set("git-protocol", protocol);
+    }
+
+    let body: ReadableStream<Uint8Array> | undefined;
+    if (route.kind === "rpc") {
+      const expected = `application/x-${route.service}-request`;
+      const contentType = req.headers.get("content-type");
+      if (contentType !== expected) {
+        throw new Refusal(415, `POST ${route.service} needs content type "${expected}", not "${(contentType ?? "").slice(0, 100)}"`);
+      }
+      headers.set("content-type", contentType);
+      const encoding = (req.headers.get("content-encoding") ?? "").toLowerCase();
+      if (encoding !== "" && encoding !== "gzip" && encoding !== "x-gzip") {
+        throw new Refusal(415, `content encoding "${encoding.slice(0, 100)}" is not accepted (only gzip)`);
+      }
+      const source = req.body ?? new Blob([]).stream();
+      if (route.service === "git-receive-pack") {
+        // The remote gets the decoded bytes that were checked, never a second reading of them.
+        const decoded = encoding ? source.pipeThrough(new DecompressionStream("gzip")) : source;
+        sourceReader = decoded.getReader();
+        const { buffered, commands } = await readCommandSection(sourceReader, options.commandTimeoutMs ?? 60_000);
+        const violation = pushViolation(commands.updates, remote.push);
+        if (violation) throw new Refusal(403, `push refused: ${violation}`);
+        body = chain(buffered, sourceReader, (n) => bytesOut += n);
+      } else {
+        if (encoding) headers.set("content-encoding", encoding);
+        sourceReader = source.getReader();
+        body = chain(undefined, sourceReader, (n) => bytesOut += n);
+      }
+    }
+
+    const authorization = await remote.authorization();
+    if (authorization) headers.set("authorization", authorization);
+    let upstream: Response;
+    try {
+      upstream = await fetch(`${remote.url.replace(/\/+$/, "")}${route.suffix}`, {
+        method: req.method,
+        headers,
+        body,
+        redirect: "manual",
+        signal: req.signal,
+      });
+    } catch (error) {
+      status = 502;
+      reason = "cannot reach the remote";
+      const message = options.redactor ? options.redactor.redact((error as Error).message) : "error";
+      return refuse(status, `cannot reach the remote (${message.slice(0, 200)})`);
+    }
+    status = upstream.status;
+    decision = "allow";
+    const out = new Headers();
+    for (const name of ["content-type", "cache-control", "expires", "pragma"]) {
+      const value = upstream.headers.get(name);
+      if (value) out.set(name, value);
+    }
+    // The remote's own auth challenge would make the sandbox's git ask for credentials it has not.
+    if (status === 401 || status === 403) reason = "the remote refused the credentials";
+    if (!upstream.body) return new Response(null, { status, headers: out });
+    streaming = true;
+    return new Response(chain(undefined, upstream.body.getReader(), (n) => bytesIn += n, writeLog), { status, headers: out });
+  } catch (error) {
+    if (!(error instanceof Refusal)) throw error;
+    status = error.status;
+    reason = error.reason;
+    await (sourceReader ? sourceReader.cancel() : req.body?.cancel())?.catch(() => {});
+    return refuse(status, reason);
+  } finally {
+    if (!streaming) writeLog();
+  }
 }

@@ -3,8 +3,8 @@
  *
  * The sandbox's git talks only to `http://<gateway>:<port>/git` with its session token; the proxy
  * attaches the user's credentials for the real remote on the way out, and lets a push update only
- * the run's branch. The bare repository in the sandbox is fetched fresh before each worktree is
- * made, so later runs move only new objects.
+ * the run's branch, and only when the run was started with `--push`. The bare repository in the
+ * sandbox is fetched fresh before each worktree is made, so later runs move only new objects.
  */
 import { SandboxError } from "../errors.ts";
 import type { GitRemote } from "../proxy/git_proxy.ts";
@@ -108,9 +108,21 @@ function basic(user: string, secret: string, redactor: Redactor): string {
   return `Basic ${encoded}`;
 }
 
-/** The grant the git proxy holds for this run. */
-export function gitRemoteFor(repo: RemoteRepo, branch: string, authorization: () => Promise<string | undefined>): GitRemote {
-  return { url: repo.url, authorization, pushRef: `refs/heads/${branch}` };
+export interface GitGrantOptions {
+  /** The run's branch on the remote. */
+  branch: string;
+  /** Was the run started with `--push`? Without it the session may fetch and never push. */
+  push: boolean;
+  authorization: () => Promise<string | undefined>;
+}
+
+/**
+ * The grant the git proxy holds for this run: fetch always; push only with `--push`, and then
+ * only of the run's branch. (A push of the run branch alone can still start the remote's CI,
+ * with its secrets, so a run without `--push` gets no receive-pack at all.)
+ */
+export function gitRemoteFor(repo: RemoteRepo, options: GitGrantOptions): GitRemote {
+  return { url: repo.url, authorization: options.authorization, push: options.push ? `refs/heads/${options.branch}` : false };
 }
 
 /** Fetch the remote into the sandbox's bare repository and make the run's worktree. */

@@ -426,11 +426,15 @@ async function prepare(
   const session: SandboxSession = await openSession(profile, provider, {
     ...sessionOptions,
     gitRemote: remote
-      ? gitRemoteFor(remote.remote, remote.branch, remoteAuthorization(remote.remote, {
-        token: profile.git.token,
-        keys: context.keys,
-        redactor: context.redactor,
-      }))
+      ? gitRemoteFor(remote.remote, {
+        branch: remote.branch,
+        push: request.repo?.push === true,
+        authorization: remoteAuthorization(remote.remote, {
+          token: profile.git.token,
+          keys: context.keys,
+          redactor: context.redactor,
+        }),
+      })
       : undefined,
   });
   context.cleanups.push(() => session.close());
