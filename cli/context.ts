@@ -18,6 +18,7 @@ import { ConfigError, EXIT, SandboxError } from "../lib/errors.ts";
 import { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
 import { isSecretName } from "../lib/secret_guard.ts";
 import { StdoutWriter } from "../lib/output.ts";
+import { escapeControls } from "../lib/run/transcript.ts";
 import { parseDuration } from "../lib/units.ts";
 import { clearSpinner, redrawSpinner } from "./progress.ts";
 
@@ -25,10 +26,14 @@ import { clearSpinner, redrawSpinner } from "./progress.ts";
 export const stdout = new StdoutWriter(Deno.stdout, { buffered: true });
 const encoder = new TextEncoder();
 
-/** Diagnostics and progress: stderr only, never stdout. */
+/**
+ * Diagnostics and progress: stderr only, never stdout. Control characters (in a ref name the
+ * agent made, a remote's answer) are shown escaped, as in the pretty transcript.
+ */
 export function note(message: string): void {
   clearSpinner();
-  Deno.stderr.writeSync(encoder.encode(`sandbox: ${message}\n`));
+  Deno.stderr.writeSync(encoder.encode(`sandbox: ${escapeControls(message)}
+`));
   redrawSpinner();
 }
 

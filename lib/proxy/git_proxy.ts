@@ -86,8 +86,9 @@ function refuse(status: number, message: string): Response {
 }
 
 /**
- * A stream of `head` then the rest of `reader`, pulled on demand (so the sandbox's upload is
- * throttled by the remote's pace), counting bytes and reporting its end exactly once.
+ * A stream of `head` then the rest of `reader`, pulled on demand with a few chunks of read-ahead
+ * (so the sandbox's upload goes at the remote's pace and this process holds at most a few
+ * chunks), counting bytes and reporting its end exactly once.
  */
 function chain(
   head: Uint8Array | undefined,
@@ -128,7 +129,7 @@ function chain(
       end();
       await reader.cancel(reason).catch(() => {});
     },
-  }, { highWaterMark: 0 });
+  }, { highWaterMark: 4 });
 }
 
 /**

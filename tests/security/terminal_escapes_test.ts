@@ -8,7 +8,8 @@
 import assert from "node:assert/strict";
 import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { RunFixture } from "../_run_fixture.ts";
-import { assertDocker, dockerTest, spawnCli } from "../_helpers.ts";
+import { assertDocker, dockerTest, explain, spawnCli } from "../_helpers.ts";
+import { run } from "../../lib/process.ts";
 
 console.error("security: terminal escape tests starting");
 
@@ -27,9 +28,10 @@ const ANSWER = "done \x1b]0;answer-title\x07 \u009b2J \x1b[2J\rhidden";
 
 /** stdout of `sandbox ARGS` as bytes, and how it exited. */
 async function cliBytes(fixture: RunFixture, args: string[]): Promise<{ bytes: Uint8Array; code: number; stderr: string }> {
-  const child = spawnCli(args, { config: fixture.config, env: fixture.env, timeoutMs: 240_000 });
+  const stderr: string[] = [];
+  const child = spawnCli(args, { config: fixture.config, env: fixture.env, timeoutMs: 240_000, onStderrLine: (l) => stderr.push(l) });
   const [bytes, outcome] = await Promise.all([new Response(child.stdout).bytes(), child.finished]);
-  return { bytes, code: outcome.exitCode, stderr: outcome.stderrTail };
+  return { bytes, code: outcome.exitCode, stderr: stderr.join("\n") };
 }
 
 /** No raw control byte, valid UTF-8 (a lone C1 byte is invalid), no decoded C1 either. */
@@ -78,5 +80,35 @@ Deno.test({
         assert.ok(decoded.includes("done \\e]0;answer-title\\a \\u009b2J \\e[2J\\rhidden"), decoded);
       });
     }
+  },
+});
+
+Deno.test({
+  name: "stderr notes show a ref name the agent made with control characters escaped",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    // A tag whose name holds a C1 CSI (valid in a ref name: git refuses only ASCII controls).
+    await using llm = new FakeLlm([
+      toolCall("execute", { command: String.raw`git tag "evil-$(printf '\302\2332J\302\235')" && echo tagged` }),
+      text("done"),
+    ]);
+    await using fixture = await RunFixture.make({ prefix: "sec-esc-ref", llmUrl: llm.baseUrl, keyEnv: "SANDBOX_SEC_ESC_KEY", prompt: "Tag it" });
+    const repo = `${fixture.dir.path}/repo`;
+    const git = (...args: string[]) => run(["git", "-C", repo, "-c", "user.name=u", "-c", "user.email=u@x", ...args]);
+    await Deno.mkdir(repo);
+    await git("init", "-q", "-b", "main");
+    await Deno.writeTextFile(`${repo}/README.md`, "hi\n");
+    await git("add", ".");
+    await git("commit", "-qm", "init");
+    const result = await fixture.cli([
+      "run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--repo", repo, "--format", "ndjson", "--lifecycle-events",
+    ]);
+    assert.equal(result.exitCode, 0, explain(result));
+    // The twin: the machine-readable event carries the name as it is, so the attack did arrive.
+    const event = result.stdout.trim().split("\n").map((l) => JSON.parse(l)).find((e) => e.type === "sandbox.branch");
+    assert.deepEqual(event?.ignored_refs, ["refs/tags/evil-\u009b2J\u009d"], explain(result));
+    assert.ok(!CONTROL.test(result.stderr), `a control character on stderr: ${JSON.stringify(result.stderr)}`);
+    assert.match(result.stderr, /^sandbox: warning: the sandbox created refs\/tags\/evil-\\u009b2J\\u009d: not imported/m, explain(result));
   },
 });
