@@ -339,11 +339,17 @@ export async function handleGitRequest(req: Request, options: GitProxyOptions): 
     streaming = true;
     return new Response(chain(undefined, upstream.body.getReader(), (n) => bytesIn += n, writeLog), { status, headers: out });
   } catch (error) {
-    if (!(error instanceof Refusal)) throw error;
-    status = error.status;
-    reason = error.reason;
     await (sourceReader ? sourceReader.cancel() : req.body?.cancel())?.catch(() => {});
-    return refuse(status, reason);
+    if (error instanceof Refusal) {
+      status = error.status;
+      reason = error.reason;
+      return refuse(status, reason);
+    }
+    // Not the sandbox's doing (the credential source failed, say): say so without any secret.
+    status = 502;
+    const message = options.redactor ? options.redactor.redact((error as Error).message ?? String(error)) : "error";
+    reason = `cannot forward: ${message.slice(0, 200)}`;
+    return refuse(status, "cannot forward the request to the remote");
   } finally {
     if (!streaming) writeLog();
   }

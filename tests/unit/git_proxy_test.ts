@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { AccessLog, type AccessLogEntry } from "../../lib/proxy/access_log.ts";
 import { parseGitRoute, requestTarget, scanPushCommands } from "../../lib/proxy/git_protocol.ts";
+import { Redactor } from "../../lib/redact.ts";
 import { type GitRemote, MAX_COMMAND_BYTES, parseRefUpdates, pushViolation, startGitProxy } from "../../lib/proxy/git_proxy.ts";
 
 const enc = new TextEncoder();
@@ -510,4 +511,27 @@ Deno.test("the git proxy streams a push's pack and the remote's answer instead o
   }
   assert.equal(rest, "second");
   assert.equal(await within(packEnded.promise, "the end of the pack"), head.byteLength + 32 * chunk.byteLength);
+});
+
+Deno.test("a failing credential source is a 502 that names no secret, and nothing reaches the remote", async () => {
+  await using remote = new FakeRemote();
+  const secret = "ghp_secretsecretsecret0123456789";
+  const redactor = new Redactor();
+  redactor.add(secret);
+  const entries: AccessLogEntry[] = [];
+  await using proxy = await startGitProxy({
+    hostnames: ["127.0.0.1"],
+    grants: new Map([["sbx_token", { url: remote.url, authorization: () => Promise.reject(new Error(`helper printed ${secret}`)), push: false }]]),
+    log: new AccessLog({ onEntry: (entry) => entries.push(entry), redactor }),
+    redactor,
+    profile: "p",
+    runId: null,
+  });
+  const answer = await fetch(`${proxy.url("127.0.0.1")}/info/refs?service=git-upload-pack`, { headers: AUTH });
+  assert.equal(answer.status, 502);
+  assert.ok(!(await answer.text()).includes(secret));
+  assert.equal(remote.seen.length, 0);
+  assert.equal(entries.length, 1);
+  assert.equal(entries[0].status, 502);
+  assert.ok(!JSON.stringify(entries).includes(secret), JSON.stringify(entries));
 });
