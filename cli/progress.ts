@@ -3,6 +3,8 @@
  * ends, with its elapsed time; on a terminal the begin line carries a spinner and a running clock
  * until the end line replaces it. Other stderr lines clear the spinner first and redraw it after.
  */
+import { escapeControls } from "../lib/run/transcript.ts";
+
 const encoder = new TextEncoder();
 const FRAMES = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
 const TICK_MS = 120;
@@ -64,7 +66,9 @@ export function stopSpinner(): void {
  * A progress line: `phase` "begin" starts a spinner (on a terminal) that the next "end" line
  * replaces; without a phase, a plain line.
  */
-export function progress(line: string, phase?: "begin" | "end"): void {
+export function progress(text: string, phase?: "begin" | "end"): void {
+  // A line can quote what the agent made (a ref name) or a remote said: controls shown escaped.
+  const line = escapeControls(text);
   stopSpinner();
   if (phase === "begin" && terminal()) {
     const timer = setInterval(render, TICK_MS);

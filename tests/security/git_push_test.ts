@@ -12,7 +12,7 @@
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
-import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
+import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { GitHttpServer } from "../_git_server.ts";
 import { assertDocker, docker, dockerTest, explain, removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
 
@@ -77,7 +77,7 @@ async function runAgent(dir: string, remote: Remote, mode: "granted" | "no-push"
     ["run", "agentic", "--profile", profile, "--prompt-file", `${dir}/prompt.txt`, "--repo", remote.server.url("proj.git"), "--branch", RUN_BRANCH, ...extraArgs],
     {
       config,
-      env: { SANDBOX_TEST_LLM_KEY: "sk-test-llm-key-0000", SANDBOX_TEST_GIT_TOKEN: remote.token, XDG_STATE_HOME: `${dir}/state` },
+      env: { SANDBOX_TEST_LLM_KEY: FAKE_LLM_KEY, SANDBOX_TEST_GIT_TOKEN: remote.token, XDG_STATE_HOME: `${dir}/state` },
     },
   );
   const context = explain(result);
