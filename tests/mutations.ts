@@ -23,6 +23,8 @@ const ADDRESS_GUARD = "lib/proxy/address_guard.ts";
 const EGRESS_TESTS = ["tests/unit/egress_proxy_test.ts", "tests/unit/address_guard_test.ts"];
 const CREDENTIAL_PROXY = "lib/proxy/credential_proxy.ts";
 const GIT_PROXY = "lib/proxy/git_proxy.ts";
+const GIT_PROTOCOL = "lib/proxy/git_protocol.ts";
+const GIT_TESTS = ["tests/unit/git_proxy_test.ts"];
 const CONFIG = "lib/config.ts";
 const LLM_POLICY = "lib/proxy/llm_policy.ts";
 const CREDENTIAL_TESTS = ["tests/unit/credential_proxy_test.ts"];
@@ -119,21 +121,63 @@ export const MUTATIONS: Mutation[] = [
   },
   {
     name: "git push of any ref allowed",
-    file: GIT_PROXY,
+    file: GIT_PROTOCOL,
     find: `if (update.ref !== allowed) return`,
     replace: `if (false) return`,
     tests: ["tests/unit/git_proxy_test.ts"],
   },
   {
     name: "git push checks only the first ref update",
-    file: GIT_PROXY,
+    file: GIT_PROTOCOL,
     find: `for (const update of updates) {`,
     replace: `for (const update of updates.slice(0, 1)) {`,
     tests: ["tests/unit/git_proxy_test.ts"],
   },
   {
-    name: "git push deleting the allowed branch allowed",
+    name: "git proxy accepts a POST with a query (the query-string bypass)",
+    file: GIT_PROTOCOL,
+    find: `if (query !== undefined) {`,
+    replace: `if (false) {`,
+    tests: GIT_TESTS,
+  },
+  {
+    name: "git proxy serves receive-pack to a session without a push grant",
     file: GIT_PROXY,
+    find: `if (route.service === "git-receive-pack" && remote.push === false) {`,
+    replace: `if (false) {`,
+    tests: GIT_TESTS,
+  },
+  {
+    name: "git push: several updates of the allowed branch in one push allowed",
+    file: GIT_PROTOCOL,
+    find: `if (updates.length > 1) return`,
+    replace: `if (false) return`,
+    tests: GIT_TESTS,
+  },
+  {
+    name: "git push: a gzip-encoded push checked without decoding it",
+    file: GIT_PROXY,
+    find: `const decoded = encoding ? source.pipeThrough(new DecompressionStream("gzip")) : source;`,
+    replace: `const decoded = source;`,
+    tests: GIT_TESTS,
+  },
+  {
+    name: "git push: command section read without a size bound",
+    file: GIT_PROXY,
+    find: `if (commands ? commands.end > MAX_COMMAND_BYTES : buffered.byteLength >= MAX_COMMAND_BYTES) {`,
+    replace: `if (false) {`,
+    tests: GIT_TESTS,
+  },
+  {
+    name: "pretty transcript prints the agent's control characters raw",
+    file: "lib/run/transcript.ts",
+    find: `return escapeControls(renderRaw(message));`,
+    replace: `return renderRaw(message);`,
+    tests: ["tests/unit/transcript_test.ts"],
+  },
+  {
+    name: "git push deleting the allowed branch allowed",
+    file: GIT_PROTOCOL,
     find: `if (ZERO_ID.test(update.new)) return`,
     replace: `if (false) return`,
     tests: ["tests/unit/git_proxy_test.ts"],
