@@ -1,0 +1,143 @@
+/**
+ * Pinned npm tarballs, fetched from the registry over HTTPS and kept in a cache on the host.
+ *
+ * The tarball is checked against the integrity hash pinned in `packages.ts` before anything uses
+ * it, so a mirror, a proxy or a tampered cache can delay a build but never change what goes into
+ * the image. The cache (`$XDG_CACHE_HOME/sandbox/npm`, else `~/.cache/sandbox/npm`) means a
+ * rebuilt sandbox image does not download the agent again, and lets a machine without the
+ * registry build the layer from a tarball copied there by hand.
+ */
+import { createHash } from "node:crypto";
+import { SandboxError } from "../errors.ts";
+import type { PlatformTarball } from "./packages.ts";
+
+export const DEFAULT_NPM_REGISTRY = "https://registry.npmjs.org";
+/** Time allowed until the registry's response headers; the body then streams without a limit. */
+const REGISTRY_TIMEOUT_MS = 30_000;
+
+/** The registry npm itself would use: `npm_config_registry` when set (a mirror), else npmjs. */
+export function npmRegistry(env: (name: string) => string | undefined = (name) => Deno.env.get(name)): string {
+  const configured = env("npm_config_registry") || env("NPM_CONFIG_REGISTRY");
+  return (configured || DEFAULT_NPM_REGISTRY).replace(/\/+$/, "");
+}
+
+/** Where fetched tarballs are kept. */
+export function npmCacheDir(): string {
+  const base = Deno.env.get("XDG_CACHE_HOME") || `${Deno.env.get("HOME") ?? "/tmp"}/.cache`;
+  return `${base}/sandbox/npm`;
+}
+
+/** The cache file name of a tarball: its registry path, flattened. */
+export function cachedTarballName(tarball: PlatformTarball): string {
+  return tarball.path.replace(/^@/, "").replaceAll("/-/", "-").replaceAll("/", "-");
+}
+
+/** The registry could not be reached, or did not serve the tarball. */
+export class RegistryError extends SandboxError {
+  override name = "RegistryError";
+  constructor(readonly registry: string, message: string, options?: ErrorOptions) {
+    super("image_build_failed", message, options);
+  }
+}
+
+export interface FetchTarballOptions {
+  registry?: string;
+  cacheDir?: string;
+  signal?: AbortSignal;
+  onProgress?: (line: string) => void;
+}
+
+/**
+ * The path of `tarball` in the cache, fetched first when it is missing or does not match its
+ * pinned integrity. Raises `RegistryError` when the registry cannot provide it, and a
+ * `SandboxError("image_build_failed")` when what it provides does not match the pin.
+ */
+export async function fetchTarball(tarball: PlatformTarball, options: FetchTarballOptions = {}): Promise<string> {
+  const cacheDir = options.cacheDir ?? npmCacheDir();
+  const path = `${cacheDir}/${cachedTarballName(tarball)}`;
+  if (await integrityOf(path) === tarball.integrity) return path;
+
+  const url = `${options.registry ?? npmRegistry()}/${tarball.path}`;
+  const registry = displayRegistry(options.registry ?? npmRegistry());
+  await Deno.mkdir(cacheDir, { recursive: true });
+  options.onProgress?.(`Downloading ${tarball.spec} from ${registry}`);
+  const headers = AbortSignal.timeout(REGISTRY_TIMEOUT_MS);
+  let response: Response;
+  try {
+    response = await fetch(url, {
+      signal: options.signal ? AbortSignal.any([options.signal, headers]) : headers,
+    });
+  } catch (error) {
+    if (options.signal?.aborted) throw new SandboxError("interrupted", `Downloading ${tarball.spec} was interrupted`);
+    const reason = headers.aborted ? `no answer within ${REGISTRY_TIMEOUT_MS / 1000} s` : describeFetchError(error);
+    throw new RegistryError(registry, `Cannot download ${tarball.spec} from ${registry}: ${reason}`, { cause: error });
+  }
+  if (response.status !== 200 || response.body === null) {
+    await response.body?.cancel();
+    throw new RegistryError(registry, `Cannot download ${tarball.spec} from ${registry}: HTTP ${response.status}`);
+  }
+  // Written beside the final name and renamed only once its hash matches: a partial or tampered
+  // download never sits in the cache under the name the next build trusts.
+  const partial = `${path}.${Deno.pid}.partial`;
+  const hash = createHash("sha512");
+  try {
+    const file = await Deno.open(partial, { write: true, create: true, truncate: true, mode: 0o644 });
+    try {
+      for await (const chunk of response.body) {
+        hash.update(chunk);
+        let rest = chunk;
+        while (rest.length > 0) rest = rest.subarray(await file.write(rest));
+      }
+    } finally {
+      file.close();
+    }
+  } catch (error) {
+    await Deno.remove(partial).catch(() => {});
+    if (options.signal?.aborted) throw new SandboxError("interrupted", `Downloading ${tarball.spec} was interrupted`);
+    throw new RegistryError(registry, `Cannot download ${tarball.spec} from ${registry}: ${describeFetchError(error)}`, { cause: error });
+  }
+  const integrity = `sha512-${hash.digest("base64")}`;
+  if (integrity !== tarball.integrity) {
+    await Deno.remove(partial).catch(() => {});
+    throw new SandboxError("image_build_failed", `The tarball of ${tarball.spec} from ${registry} does not match its pinned integrity`, {
+      detail: `expected ${tarball.integrity}\nreceived ${integrity}\nA registry mirror or proxy changed it; nothing was installed`,
+    });
+  }
+  await Deno.rename(partial, path);
+  return path;
+}
+
+/** The `sha512-…` integrity of a file, or undefined when it cannot be read. */
+export async function integrityOf(path: string): Promise<string | undefined> {
+  let file: Deno.FsFile;
+  try {
+    file = await Deno.open(path, { read: true });
+  } catch {
+    return undefined;
+  }
+  const hash = createHash("sha512");
+  try {
+    for await (const chunk of file.readable) hash.update(chunk);
+  } catch {
+    return undefined;
+  }
+  return `sha512-${hash.digest("base64")}`;
+}
+
+/** A registry URL for messages: a mirror's credentials (`https://user:token@…`) left out. */
+export function displayRegistry(registry: string): string {
+  try {
+    const url = new URL(registry);
+    url.username = "";
+    url.password = "";
+    return url.href.replace(/\/+$/, "");
+  } catch {
+    return "the configured registry";
+  }
+}
+
+/** A fetch error's reason without its URL (a mirror URL may carry credentials). */
+function describeFetchError(error: unknown): string {
+  const text = error instanceof Error ? (error.cause instanceof Error ? error.cause.message : error.message) : String(error);
+  return text.replace(/https?:\/\/\S+/g, "the registry").split("\n")[0] || "the connection failed";
+}
