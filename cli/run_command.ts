@@ -18,6 +18,7 @@ import {
 } from "./context.ts";
 import { progress } from "./progress.ts";
 import { reportError } from "./report.ts";
+import { type AgentName, AGENTS } from "../lib/agents/packages.ts";
 
 export function registerRunCommand(program: Command): void {
   const runCommand = program.command("run").description(
@@ -48,7 +49,13 @@ export function registerRunCommand(program: Command): void {
         ).choices(["ndjson", "pretty"]),
       );
     if (mode === "agentic") {
-      sub.option("--instructions-file <file>", "extra system instructions for the agent")
+      sub.addOption(
+        new Option(
+          "--agent <agent>",
+          "the agent: the built-in worker, or an agent CLI (default: the profile's llm.agent)",
+        ).choices([...AGENTS]),
+      )
+        .option("--instructions-file <file>", "extra system instructions for the agent")
         .option(
           "--cwd <dir>",
           "mode none only: the host directory the agent works in (default: current)",
@@ -93,6 +100,7 @@ interface RunFlags {
   keepWorktree?: boolean;
   push?: boolean;
   lifecycleEvents?: boolean;
+  agent?: AgentName;
 }
 
 async function runAction(
@@ -128,6 +136,7 @@ async function runAction(
     timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
     record: opts.record,
     hostCwd: opts.cwd,
+    agent: opts.agent,
     repo: opts.repo
       ? {
         path: opts.repo,

@@ -11,6 +11,8 @@ import { pruneFirewall } from "../lib/sandbox/host_firewall.ts";
 import { ensureImage } from "../lib/sandbox/image.ts";
 import { openProvider } from "../lib/sandbox/providers.ts";
 import { openDevcontainer } from "../lib/sandbox/devcontainer/provider.ts";
+import { ensureAgentImage } from "../lib/agents/agent_image.ts";
+import { AGENT_CLIS, type AgentCliName } from "../lib/agents/packages.ts";
 import { openSession } from "../lib/proxy/session.ts";
 import { table } from "../lib/output.ts";
 import { formatAge, formatBytes } from "../lib/units.ts";
@@ -203,20 +205,33 @@ export function registerSandboxCommands(program: Command): void {
   image.command("build")
     .description("build (or rebuild) the sandbox image for a profile")
     .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption())
-    .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
+    .addOption(
+      new Option("--agent <agent>", "build (or rebuild) an agent CLI's layer on the sandbox image instead")
+        .choices([...AGENT_CLIS]),
+    )
+    .action(async (opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName }, command: Command) => {
       const profile = await profileFor(command, opts.profile);
+      const docker = new DockerCli();
+      // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
+      const layer = async (base: string) => {
+        const built = await ensureAgentImage(docker, base, opts.agent!, { force: true, onProgress: progress, signal });
+        if (opts.json) await stdout.json(built);
+        else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
+      };
       if (profile.sandbox.mode === "devcontainer") {
-        const devcontainer = await openDevcontainer(profile, { repo: opts.repo ?? Deno.cwd(), force: true, onProgress: progress, signal });
-        const info = await ensureImage(new DockerCli(), devcontainer.profile.sandbox.image, { force: true, onProgress: progress, signal });
+        const devcontainer = await openDevcontainer(profile, { repo: opts.repo ?? Deno.cwd(), force: !opts.agent, onProgress: progress, signal });
+        const info = await ensureImage(docker, devcontainer.profile.sandbox.image, { force: !opts.agent, onProgress: progress, signal });
+        if (opts.agent) return await layer(info.tag);
         if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
         else note(`built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`);
         return;
       }
-      const info = await ensureImage(new DockerCli(), profile.sandbox.image, {
-        force: true,
+      const info = await ensureImage(docker, profile.sandbox.image, {
+        force: !opts.agent,
         onProgress: progress,
         signal,
       });
+      if (opts.agent) return await layer(info.tag);
       if (opts.json) await stdout.json(info);
       else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
     });

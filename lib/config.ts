@@ -5,6 +5,7 @@
  * defaulted `Profile`. An explicitly named file that fails is an error, never a fallback.
  */
 import { z } from "zod";
+import { AGENTS, DEFAULT_AGENT } from "./agents/packages.ts";
 import YAML from "yaml";
 import { type ConfigIssue, ConfigError, SandboxError } from "./errors.ts";
 import { parseDuration, parseSize } from "./units.ts";
@@ -136,6 +137,8 @@ const LlmSchema = z.object({
   server_tools: z.enum(["deny", "allow"]).default("deny"),
   /** When set, the credential proxy refuses requests naming any other model. */
   models: z.array(z.string().min(1)).min(1, { message: "expected at least one model" }).optional(),
+  /** The agent `run agentic` starts: the built-in worker, or an agent CLI from its own image layer. */
+  agent: z.enum(AGENTS).default(DEFAULT_AGENT),
 }).strict().superRefine((llm, ctx) => {
   if (llm.models && llm.model && !llm.models.includes(llm.model)) {
     ctx.addIssue({ code: "custom", path: ["model"], message: `"${llm.model}" is not one of llm.models` });

@@ -15,13 +15,15 @@ import { LABEL, labelArgs } from "../sandbox/docker.ts";
 import { CommandExitError, SandboxError, tail } from "../errors.ts";
 import { sha256Hex } from "../hash.ts";
 import { run } from "../process.ts";
+import type { ProgressPhase } from "../sandbox/image.ts";
 import { AGENT_PACKAGES, type AgentCliName, agentDir, type Architecture } from "./packages.ts";
 import { cachedTarballName, fetchTarball, npmCacheDir, RegistryError } from "./npm_tarball.ts";
 
 export const AGENT_IMAGE_REPOSITORY = "sandbox-agent";
 
 export interface AgentImageOptions {
-  onProgress?: (line: string) => void;
+  /** Progress for stderr; a build is a phase, "begin" then "end" (as for the sandbox image). */
+  onProgress?: (line: string, phase?: ProgressPhase) => void;
   signal?: AbortSignal;
   /** Rebuild even when an image with the right content exists. */
   force?: boolean;
@@ -110,7 +112,8 @@ export async function ensureAgentImage(
       detail: offlineHelp(agent, tag, cachedTarballName(tarball), tarball.spec, options.cacheDir ?? npmCacheDir()),
     });
   }
-  options.onProgress?.(`Building ${agent} image ${tag} on ${baseTag}`);
+  const started = performance.now();
+  options.onProgress?.(`Building ${agent} image ${tag} on ${baseTag}`, "begin");
   const dir = await Deno.makeTempDir({ prefix: "sandbox-agent-image-" });
   try {
     await Deno.mkdir(`${dir}/agent`);
@@ -155,6 +158,7 @@ export async function ensureAgentImage(
   } finally {
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
+  options.onProgress?.(`Built ${agent} image ${tag} in ${((performance.now() - started) / 1000).toFixed(1)}s`, "end");
   return { ...info, built: true };
 }
 

@@ -30,9 +30,12 @@
  *   search models (gpt-4o-search-preview, gpt-4o-mini-search-preview, gpt-5-search-api):
  *   https://platform.openai.com/docs/api-reference/chat/create,
  *   https://platform.openai.com/docs/guides/tools-web-search
- * - OpenAI Responses built-in tools, for the Responses route to come (web_search*, file_search,
- *   code_interpreter, mcp, image_generation are server-side; computer_use_preview, local_shell,
- *   shell, apply_patch are client-side): https://platform.openai.com/docs/guides/tools
+ * - OpenAI Responses built-in tools (web_search*, file_search, code_interpreter, mcp,
+ *   image_generation are server-side; computer_use_preview, local_shell, shell, apply_patch are
+ *   client-side): https://platform.openai.com/docs/guides/tools; Codex 0.169.0 also sends
+ *   `namespace` tools (a group of function tools) and `tool_search` with `execution: "client"`;
+ *   a stored `prompt` can bring tools of its own, which the proxy cannot see
+ *   (https://platform.openai.com/docs/api-reference/responses/create)
  * - OpenRouter server tools (`openrouter:*` tool types), `plugins` (web, file-parser) and the
  *   `:online` model suffix: https://openrouter.ai/docs/guides/features/server-tools,
  *   https://openrouter.ai/docs/guides/features/web-search
@@ -65,14 +68,15 @@ export interface RouteRule {
   check?: (body: JsonObject, policy: LlmPolicy) => Refusal | undefined;
 }
 
-/**
- * Path suffixes (after `/proxy/v1`) that are forwarded. New routes (the Responses API, token
- * counting) slot in here with their own checks.
- */
+/** Path suffixes (after `/proxy/v1`) that are forwarded. */
 export const ROUTES: Readonly<Record<string, RouteRule>> = {
   "/chat/completions": { method: "POST", api: "openai", check: checkChatCompletions },
   "/embeddings": { method: "POST", api: "openai", check: checkModel },
   "/messages": { method: "POST", api: "anthropic", check: checkMessages },
+  // Claude Code sizes its context with it; the provider may fetch a URL source to count it.
+  "/messages/count_tokens": { method: "POST", api: "anthropic", check: checkMessages },
+  // The OpenAI Responses API, streamed or not: what Codex speaks.
+  "/responses": { method: "POST", api: "openai", check: checkResponses },
   "/models": { method: "GET" },
 };
 
@@ -213,6 +217,68 @@ function partUrl(part: JsonValue): string | undefined {
     if (!isObject(value)) continue;
     for (const [innerKey, inner] of Object.entries(value)) {
       if (URL_KEYS.has(innerKey) && isRemoteUrl(inner)) return inner;
+    }
+  }
+  return undefined;
+}
+
+/** Responses API tool types the client runs itself. */
+const OPENAI_RESPONSES_CLIENT_TOOLS = new Set([
+  "function",
+  "custom",
+  "local_shell",
+  "shell",
+  "apply_patch",
+  "computer_use_preview",
+]);
+
+/** Why a Responses API tool is not one the client runs, or undefined when it is. */
+function responsesToolRefusal(tool: JsonValue, where: string): Refusal | undefined {
+  const type = isObject(tool) ? tool.type : undefined;
+  if (typeof type === "string" && OPENAI_RESPONSES_CLIENT_TOOLS.has(type)) return undefined;
+  // Searching the request's own deferred tools, run by the client when it says so.
+  if (type === "tool_search" && isObject(tool) && tool.execution === "client") return undefined;
+  // A group of tools: allowed when every tool in it is.
+  if (type === "namespace" && isObject(tool) && Array.isArray(tool.tools)) {
+    for (const [index, inner] of tool.tools.entries()) {
+      const refusal = responsesToolRefusal(inner, `${where}.tools[${index}]`);
+      if (refusal !== undefined) return refusal;
+    }
+    return undefined;
+  }
+  return serverSide(
+    `${where} has type ${JSON.stringify(type ?? null)}, not a tool the client runs (the provider ` +
+      `would reach the network or run code for the sandbox)`,
+  );
+}
+
+/** OpenAI Responses API. */
+function checkResponses(body: JsonObject, policy: LlmPolicy): Refusal | undefined {
+  const model = checkModel(body, policy);
+  if (model !== undefined || policy.serverTools === "allow") return model;
+  if (present(body.prompt)) {
+    return serverSide("prompt names a stored prompt, whose tools the proxy cannot see");
+  }
+  const tools = body.tools;
+  if (Array.isArray(tools)) {
+    for (const [index, tool] of tools.entries()) {
+      const refusal = responsesToolRefusal(tool, `tools[${index}]`);
+      if (refusal !== undefined) return refusal;
+    }
+  }
+  const input = body.input;
+  if (Array.isArray(input)) {
+    for (const [index, item] of input.entries()) {
+      const content = isObject(item) ? item.content : undefined;
+      if (!Array.isArray(content)) continue;
+      for (const [partIndex, part] of content.entries()) {
+        if (partUrl(part) !== undefined) {
+          return serverSide(
+            `input[${index}].content[${partIndex}] gives a URL the provider would fetch ` +
+              `(send the data inline instead)`,
+          );
+        }
+      }
     }
   }
   return undefined;

@@ -16,6 +16,8 @@ import { SandboxError } from "../errors.ts";
 import { type AgenticMessage, decodeMessages, type DriverUsage } from "./protocol.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
 import { formatDuration } from "../units.ts";
+import type { AgentCli } from "../agents/agent_cli.ts";
+import { translateAgentLines } from "../agents/translate.ts";
 
 /** How the worker is started inside the image. */
 export const WORKER_COMMAND = ["deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js"] as const;
@@ -45,7 +47,17 @@ export interface ContainerDriverOptions {
   promptRoot?: string;
   /** Worker diagnostics (stderr), line by line. */
   onStderrLine?: (line: string) => void;
+  /**
+   * Run this agent CLI for `executeAgentic` instead of the worker: its own events are translated
+   * into messages on the host (`lib/agents/`).
+   */
+  agent?: AgentCli;
+  /** Every line an agent CLI printed, and whether its translator knew it (for the run log). */
+  onAgentEvent?: (line: string, known: boolean) => void | Promise<void>;
 }
+
+/** Runs an agent CLI in its working directory, created first when missing (one exec, not two). */
+const ENTER_CWD = 'mkdir -p -- "$1" && cd -- "$1" && shift && exec "$@"';
 
 export interface AgenticOptions {
   /** Working directory of the agent inside the sandbox (the worker creates it if missing). */
@@ -84,6 +96,7 @@ export class ContainerDriver {
   }
 
   async *executeAgentic(prompt: string, options: AgenticOptions): AsyncGenerator<AgenticMessage> {
+    if (this.#options.agent) return yield* this.#executeAgentCli(this.#options.agent, prompt, options);
     const files = await this.#writeInputs(prompt, options.runId, { instructions: options.instructions });
     try {
       // The worker creates and enters --cwd itself: one `docker exec` fewer per run.
@@ -143,28 +156,77 @@ export class ContainerDriver {
     }
   }
 
+  /**
+   * An agent CLI instead of the worker: its private files written (0600), the prompt on its stdin,
+   * its events translated. The files go when it ends, whatever happened.
+   */
+  async *#executeAgentCli(agent: AgentCli, prompt: string, options: AgenticOptions): AsyncGenerator<AgenticMessage> {
+    const files = await this.#writeInputs(prompt, options.runId, { instructions: options.instructions, promptFile: false });
+    const model = this.#options.model ?? this.#options.env.SANDBOX_LLM_MODEL;
+    const launch = agent.launch({
+      env: this.#options.env,
+      model,
+      runId: files.dir.slice(files.dir.lastIndexOf("/") + 1),
+      instructions: options.instructions,
+      instructionsFile: files.instructions,
+    });
+    try {
+      for (const file of launch.files) await this.#options.provider.writeFile(file.path, file.content, { mode: 0o600 });
+      const translator = agent.translator({
+        model,
+        onDiagnostic: (message) => this.#options.onStderrLine?.(`${agent.name}: ${message}`),
+      });
+      yield* this.#stream(["sh", "-c", ENTER_CWD, "sandbox-agent", options.cwd, ...launch.argv], {
+        env: { ...this.#options.env, ...launch.env },
+        stdin: prompt,
+        timeoutMs: options.timeoutMs,
+        signal: options.signal,
+        producer: agent.name,
+        decode: (lines) => translateAgentLines(lines, translator, { onEvent: this.#options.onAgentEvent }),
+      });
+    } finally {
+      const paths = launch.files.map((file) => file.path);
+      if (paths.length > 0) {
+        await this.#options.provider.exec(["rm", "-f", "--", ...paths], { timeoutMs: 30_000 }).catch(() => {});
+      }
+      await this.#removeInputs(files.dir);
+    }
+  }
+
   /** Run the worker, validate every line, keep `usage`, require exactly one `result`. */
   async *#stream(
     argv: string[],
-    options: { cwd?: string; timeoutMs?: number; signal?: AbortSignal },
+    options: {
+      cwd?: string;
+      timeoutMs?: number;
+      signal?: AbortSignal;
+      env?: Record<string, string>;
+      stdin?: string;
+      /** Who prints the lines, for errors (default: the worker). */
+      producer?: string;
+      /** Lines to messages (default: the strict worker protocol). */
+      decode?: (lines: AsyncIterable<string>) => AsyncIterable<AgenticMessage>;
+    },
   ): AsyncGenerator<AgenticMessage> {
     this.#usage = null;
     const stream = this.#options.provider.execStream(argv, {
       cwd: options.cwd,
-      env: this.#options.env,
+      env: options.env ?? this.#options.env,
+      stdin: options.stdin,
       timeoutMs: options.timeoutMs,
       signal: options.signal,
       onStderrLine: this.#options.onStderrLine,
     });
+    const producer = options.producer ?? "Worker";
     let results = 0;
     try {
-      for await (const message of speakOfTheRun(decodeMessages(stream), options.timeoutMs)) {
+      for await (const message of speakOfTheRun((options.decode ?? decodeMessages)(stream), options.timeoutMs)) {
         if (message.type === "usage") {
           this.#usage = message.usage;
           continue;
         }
         if (message.type === "result" && ++results > 1) {
-          throw new SandboxError("worker_failed", "Worker emitted more than one result message");
+          throw new SandboxError("worker_failed", `${producer} emitted more than one result message`);
         }
         yield message;
       }
@@ -177,7 +239,7 @@ export class ContainerDriver {
       const why = outcome.oomKilled
         ? "it was killed by the sandbox memory limit"
         : `it exited with code ${outcome.exitCode}`;
-      throw new SandboxError("worker_failed", `Worker did not emit a result message: ${why}`, {
+      throw new SandboxError("worker_failed", `${producer} did not emit a result message: ${why}`, {
         detail: outcome.stderrTail || undefined,
       });
     }
@@ -191,7 +253,7 @@ export class ContainerDriver {
   async #writeInputs(
     prompt: string,
     runId: string | undefined,
-    extra: { instructions?: string; schema?: string; schemaName?: string },
+    extra: { instructions?: string; schema?: string; schemaName?: string; promptFile?: boolean },
   ): Promise<{ dir: string; prompt: string; instructions?: string; schema?: string }> {
     if (prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
     const dir = `${this.#options.promptRoot ?? PROMPT_ROOT}/${runId ?? crypto.randomUUID()}`;
@@ -199,7 +261,8 @@ export class ContainerDriver {
     const files: { dir: string; prompt: string; instructions?: string; schema?: string } = { dir, prompt: `${dir}/prompt.txt` };
     try {
       // Inside the try: a write that fails half-way must not leave a partial prompt behind.
-      await provider.writeFile(files.prompt, prompt, { mode: 0o600 });
+      // (An agent CLI reads its prompt from stdin: no file.)
+      if (extra.promptFile !== false) await provider.writeFile(files.prompt, prompt, { mode: 0o600 });
       if (extra.instructions !== undefined) {
         files.instructions = `${dir}/instructions.txt`;
         await provider.writeFile(files.instructions, extra.instructions, { mode: 0o600 });

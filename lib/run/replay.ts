@@ -16,11 +16,21 @@ export type RecordedResponse =
   | { status: number; body: unknown }
   | { status: number; sse: string };
 
+/**
+ * Wire format of a recording's answers: OpenAI Chat Completions (and embeddings), Anthropic
+ * Messages, or the OpenAI Responses API (what Codex speaks).
+ */
+export type RecordingKind = "openai" | "anthropic" | "openai-responses";
+
 export interface Recording {
   version: 1;
-  /** Wire format of the recorded upstream. */
-  kind: "openai" | "anthropic";
+  kind: RecordingKind;
   responses: RecordedResponse[];
+}
+
+/** The API (and so the credential's form) of the upstream a recording stands in for. */
+export function recordingApi(kind: RecordingKind): "openai" | "anthropic" {
+  return kind === "anthropic" ? "anthropic" : "openai";
 }
 
 export interface LocalUpstream extends AsyncDisposable {
@@ -57,7 +67,12 @@ function plural(n: number, word: string): string {
 }
 
 function isLlmCall(path: string): boolean {
-  return /\/(chat\/completions|messages|embeddings)$/.test(path);
+  return /\/(chat\/completions|messages|embeddings|responses)$/.test(path);
+}
+
+/** Token counting is a question about a request, not an answer of the model: never recorded. */
+function isTokenCount(path: string): boolean {
+  return path.endsWith("/messages/count_tokens");
 }
 
 /** Serve `recording`'s responses, one per LLM call, in order. */
@@ -67,7 +82,18 @@ export function startReplayUpstream(recording: Recording, name = "replay"): Loca
     const path = new URL(req.url).pathname;
     const body = await req.text();
     if (path.endsWith("/models")) return Response.json({ object: "list", data: [{ id: "replay", object: "model" }] });
+    // An estimate (a token is about four characters): a replayed run's context sizing needs a
+    // plausible figure, and taking one from the recording would shift every answer after it.
+    if (isTokenCount(path)) return Response.json({ input_tokens: Math.ceil(body.length / 4) });
     if (!isLlmCall(path)) return Response.json({ error: { message: `replay: no route ${path}` } }, { status: 404 });
+    if (path.endsWith("/responses") !== (recording.kind === "openai-responses")) {
+      // Answers of one API served to a client of another would fail in obscure ways inside it.
+      const holds = recording.kind === "openai-responses" ? "OpenAI Responses API" : recording.kind === "anthropic" ? "Anthropic Messages" : "OpenAI Chat Completions";
+      return Response.json(
+        { error: { type: "replay_mismatch", message: `replay: the recording holds ${holds} answers; the agent called ${path}` } },
+        { status: 400 },
+      );
+    }
     const recorded = recording.responses[next];
     if (!recorded) {
       // 400, not 5xx: clients retry server errors, and a replay that ran out never recovers.
@@ -95,7 +121,7 @@ export function startReplayUpstream(recording: Recording, name = "replay"): Loca
   return {
     upstream: {
       name,
-      kind: recording.kind,
+      kind: recordingApi(recording.kind),
       baseUrl: `http://127.0.0.1:${server.addr.port}/v1`,
       key: () => Promise.resolve("replay-needs-no-key"),
     },
@@ -155,6 +181,8 @@ export function startRecorder(
 ): LocalUpstream {
   const redactor = options.redactor ?? new Redactor();
   const responses: RecordedResponse[] = [];
+  /** Whether every recorded call was to the Responses API (then the recording is of that kind). */
+  let responsesOnly = true;
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
     const url = new URL(req.url);
     const suffix = url.pathname.replace(/^\/v1/, "");
@@ -169,6 +197,7 @@ export function startRecorder(
       redirect: "manual",
     });
     if (!isLlmCall(url.pathname)) return upstream;
+    if (!url.pathname.endsWith("/responses")) responsesOnly = false;
     const text = await upstream.text();
     const type = upstream.headers.get("content-type") ?? "";
     responses.push(
@@ -183,7 +212,8 @@ export function startRecorder(
     // The key is registered at the last moment, so the recording is redacted even when nothing
     // else resolved it into this redactor; a key that cannot be read was never sent either.
     redactor.add(await real.key().catch(() => ""));
-    const recording: Recording = { version: 1, kind: real.kind, responses };
+    const kind = real.kind === "openai" && responses.length > 0 && responsesOnly ? "openai-responses" : real.kind;
+    const recording: Recording = { version: 1, kind, responses };
     // Redacting the serialised text catches a secret anywhere: in SSE text, JSON values and keys
     // (the redactor knows each secret's JSON-escaped spelling too), and the result is still JSON.
     await Deno.writeTextFile(path, redactor.redactJson(JSON.stringify(recording, null, 2)) + "\n");

@@ -25,6 +25,8 @@ import { listRuns, newRunId, RunLog, type RunMeta, type RunStatus } from "./run_
 import { openSession, type SandboxSession, startHostProxies } from "../proxy/session.ts";
 import { workerBundlePath } from "../sandbox/worker_bundle.ts";
 import { openDevcontainer, prepareDevcontainerWorkspace, requireLocalRepo } from "../sandbox/devcontainer/provider.ts";
+import { type AgentCliName, type AgentName, isAgentCli } from "../agents/packages.ts";
+import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
 
 export const REPLAY_PREFIX = "replay:";
 /** Where a run's agent works inside the sandbox when no repository is given. */
@@ -62,6 +64,8 @@ export interface RunRequest {
   repo?: RepoRequest;
   /** Our own namespaced events (e.g. `sandbox.branch`), printed only when asked for. */
   onLifecycle?: (event: Record<string, unknown>) => Promise<void> | void;
+  /** The agent of `run agentic` (default: the profile's `llm.agent`). */
+  agent?: AgentName;
 }
 
 export interface RepoRequest {
@@ -120,6 +124,22 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const id = repo?.id ?? newRunId();
   const sandboxKind = profile.sandbox.mode === "container" ? "container" : profile.sandbox.mode;
   const model = chosen.model ?? llmTarget(profile.llm, keys).model;
+  const agentName = request.mode === "agentic" ? request.agent ?? profile.llm.agent : undefined;
+  const agent = isAgentCli(agentName) ? agentName : undefined;
+  if (agent) {
+    try {
+      checkAgentRun(agent, {
+        mode: request.mode,
+        sandboxMode: profile.sandbox.mode,
+        api: (chosen.upstream ?? llmTarget(profile.llm, keys).upstream).kind,
+        profile: profile.name,
+        replay: request.model?.startsWith(REPLAY_PREFIX) === true,
+      });
+    } catch (error) {
+      await chosen.local?.close();
+      throw error;
+    }
+  }
   await using log = await RunLog.create({ id, mode: request.mode, profile: profile.name, model, sandbox: sandboxKind }, redactor);
   request.onStart?.(log.meta);
 
@@ -140,12 +160,13 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   /** LLM calls the credential proxy completed: the usage known so far when the worker cannot say. */
   let llmCalls = 0;
   const countLlmCall = (entry: { kind: string; decision: string; path?: string }) => {
-    if (entry.kind === "llm" && entry.decision === "allow" && /\/(chat\/completions|messages)$/.test(entry.path ?? "")) llmCalls++;
+    if (entry.kind === "llm" && entry.decision === "allow" && /\/(chat\/completions|messages|responses)$/.test(entry.path ?? "")) llmCalls++;
   };
   /** Where the agent worked, for `sandbox cp RUN_ID:PATH` later. */
   let place: Record<string, unknown> = {};
   try {
-    const { driver, cwd, provider, worktree, session, keep } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall });
+    const onAgentEvent = (line: string) => log.appendAgentEvent(line);
+    const { driver, cwd, provider, worktree, session, keep } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall, agent, onAgentEvent });
     place = { container: provider?.containerName ?? null, workdir: cwd, kept: profile.sandbox.container !== "fresh" && (!worktree || request.repo?.keepWorktree === true) };
     if (request.mode === "agentic") {
       for await (const message of driver.executeAgentic(request.prompt, {
@@ -228,7 +249,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       exitCode: failed ? 1 : 0,
       usage: driver.getUsage(),
       error: failed ? result?.content ?? "the agent reported an error" : null,
-      extra: { ...place, ...extra },
+      extra: { ...place, ...extra, ...(agent ? { agent } : {}) },
     });
     return { meta: log.meta, exitCode: failed ? 1 : 0, error: generationError };
   } catch (error) {
@@ -356,6 +377,9 @@ async function prepare(
     cleanups: (() => Promise<unknown>)[];
     repo?: ResolvedRepo;
     onAccess?: (entry: { kind: string; decision: string; path?: string }) => void;
+    /** An agent CLI instead of the worker. */
+    agent?: AgentCliName;
+    onAgentEvent?: (line: string) => void;
   },
 ): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean; branch: boolean } }> {
   /** Set when the result could not be brought back: the work then stays in the sandbox. */
@@ -398,7 +422,7 @@ async function prepare(
   // A shared container cannot keep concurrent runs (same user) out of each other's files, so a run
   // that starts while another of its profile is live gets a container of its own.
   let fresh = profile.sandbox.container === "fresh";
-  let provider = new DockerSandboxProvider(profile, { onProgress: request.onProgress });
+  let provider = new DockerSandboxProvider(profile, { onProgress: request.onProgress, agent: context.agent });
   if (!fresh) {
     fresh = await otherRunLive(profile.name, context.id);
     if (!fresh && context.repo) {
@@ -417,7 +441,7 @@ async function prepare(
     if (fresh) request.onProgress?.("another run of this profile is live: this run gets a container of its own");
   }
   if (fresh) {
-    provider = new DockerSandboxProvider(profile, { instance: context.id.toLowerCase(), onProgress: request.onProgress });
+    provider = new DockerSandboxProvider(profile, { instance: context.id.toLowerCase(), onProgress: request.onProgress, agent: context.agent });
     const own = provider;
     context.cleanups.push(() => own.teardown({ volumes: true }));
   }
@@ -471,6 +495,8 @@ async function prepare(
     env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },
     model: context.chosen.model,
     onStderrLine: request.onWorkerStderr,
+    agent: context.agent ? agentCli(context.agent) : undefined,
+    onAgentEvent: context.onAgentEvent,
   });
   const cwd = devcontainer && worktree
     ? await prepareDevcontainerWorkspace(provider, devcontainer, {

@@ -1,6 +1,8 @@
 /**
  * Durable run records: `<state dir>/runs/<run id>/` holds `events.ndjson` (append-only, one
- * event per line, written as each event arrives) and `meta.json` (replaced atomically).
+ * event per line, written as each event arrives) and `meta.json` (replaced atomically); a run of
+ * an agent CLI also keeps `agent-events.ndjson`, every line the agent printed, verbatim (its own
+ * event kinds, translated or not, so that nothing it said is lost).
  *
  * Durability: each event is one write(2) to a file opened for append, issued before the event is
  * printed, so a crashed or closed terminal (or a killed CLI) loses nothing the CLI had received; the
@@ -49,6 +51,7 @@ export class RunLog implements AsyncDisposable {
   readonly #file: Deno.FsFile;
   readonly #encoder = new TextEncoder();
   readonly #redactor?: Redactor;
+  #agentEvents: Deno.FsFile | undefined;
 
   private constructor(dir: string, meta: RunMeta, file: Deno.FsFile, redactor?: Redactor) {
     this.dir = dir;
@@ -92,9 +95,19 @@ export class RunLog implements AsyncDisposable {
     return Promise.resolve();
   }
 
+  /** Append one line an agent CLI printed (secrets redacted), to `agent-events.ndjson`. */
+  appendAgentEvent(line: string): void {
+    this.#agentEvents ??= Deno.openSync(`${this.dir}/agent-events.ndjson`, { append: true, create: true, mode: 0o600 });
+    let text = line.replace(/\n/g, " ");
+    if (this.#redactor) text = this.#redactor.redact(text);
+    let bytes = this.#encoder.encode(text + "\n");
+    while (bytes.length > 0) bytes = bytes.subarray(this.#agentEvents.writeSync(bytes));
+  }
+
   /** Record the outcome; the run's files are complete after this. */
   async finish(outcome: Pick<RunMeta, "status" | "exitCode" | "usage" | "error"> & { extra?: Record<string, unknown> }): Promise<void> {
     await this.#file.sync().catch(() => {});
+    await this.#agentEvents?.sync().catch(() => {});
     const ended = new Date();
     this.meta = {
       ...this.meta,
@@ -115,6 +128,7 @@ export class RunLog implements AsyncDisposable {
 
   [Symbol.asyncDispose](): Promise<void> {
     this.#file.close();
+    this.#agentEvents?.close();
     return Promise.resolve();
   }
 }

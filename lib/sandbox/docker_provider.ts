@@ -11,6 +11,8 @@ import { CommandExitError, SandboxError } from "../errors.ts";
 import { cliName } from "../cli_name.ts";
 import { sha256Hex } from "../hash.ts";
 import { ensureImage, imageTagFor } from "./image.ts";
+import { agentImageTagFor, ensureAgentImage } from "../agents/agent_image.ts";
+import type { AgentCliName } from "../agents/packages.ts";
 import { withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
 import { spawn } from "../process.ts";
@@ -45,6 +47,12 @@ export interface DockerProviderOptions {
   docker?: string;
   /** A per-run container instead of the profile's shared one. */
   instance?: string;
+  /**
+   * Run from this agent CLI's image (the sandbox image plus the agent's layer), in a container
+   * of its own (`sandbox-<profile>-<agent>`), so that runs of different agents never replace
+   * each other's container.
+   */
+  agent?: AgentCliName;
   /** Build output and other slow-step progress, for stderr. */
   onProgress?: (line: string) => void;
   /** Host environment used for `environment.passthrough` (default: the process environment). */
@@ -93,7 +101,8 @@ export class DockerSandboxProvider implements SandboxProvider {
     }
     this.profile = profile;
     this.docker = new DockerCli(options.docker);
-    this.names = sandboxNames(profile.name, options.instance);
+    const suffix = [options.agent, options.instance].filter(Boolean).join("-");
+    this.names = sandboxNames(profile.name, suffix || undefined);
     this.#options = options;
   }
 
@@ -133,7 +142,7 @@ export class DockerSandboxProvider implements SandboxProvider {
    */
   async runArgs(): Promise<{ args: string[]; configHash: string }> {
     const { resources } = this.profile;
-    const image = await imageTagFor(this.profile.sandbox.image);
+    const image = await this.#imageTag();
     const tmpfsSize = resources.diskBytes;
     const body = [
       "--hostname",
@@ -285,15 +294,24 @@ export class DockerSandboxProvider implements SandboxProvider {
     }
   }
 
+  /** The image containers are created from: the sandbox image, or an agent's layer on it. */
+  async #imageTag(): Promise<string> {
+    const base = await imageTagFor(this.profile.sandbox.image);
+    return this.#options.agent ? await agentImageTagFor(base, this.#options.agent) : base;
+  }
+
   async #imageOutdated(found: ContainerInspect): Promise<boolean> {
-    const tag = await imageTagFor(this.profile.sandbox.image);
+    const tag = await this.#imageTag();
     const result = await this.docker.run(["image", "inspect", "--format", "{{.Id}}", tag]);
     return result.exitCode !== 0 || result.stdout.trim() !== found.Image;
   }
 
   /** Image, network and volume, each created only when missing and safe under races. */
   async #prepare(signal?: AbortSignal): Promise<void> {
-    await ensureImage(this.docker, this.profile.sandbox.image, { signal, onProgress: this.#options.onProgress });
+    const base = await ensureImage(this.docker, this.profile.sandbox.image, { signal, onProgress: this.#options.onProgress });
+    if (this.#options.agent) {
+      await ensureAgentImage(this.docker, base.tag, this.#options.agent, { signal, onProgress: this.#options.onProgress });
+    }
     await this.#ensureNetwork(signal);
     await this.#createIfMissing(
       ["volume", "inspect", this.names.volume],
