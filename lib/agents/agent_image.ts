@@ -69,6 +69,11 @@ export async function agentImageTagFor(baseTag: string, agent: AgentCliName): Pr
   return `${AGENT_IMAGE_REPOSITORY}:${agent}-${(await sha256Hex(layerInputs(baseTag, agent))).slice(0, 16)}`;
 }
 
+/** The layer's content label: what it is made of, including the base image's id. */
+export async function agentLayerContentHash(baseTag: string, agent: AgentCliName, baseId: string): Promise<string> {
+  return await sha256Hex(`${layerInputs(baseTag, agent)}\0${baseId}`);
+}
+
 async function inspect(docker: DockerCli, ref: string, format: string, signal?: AbortSignal): Promise<string | undefined> {
   const result = await docker.run(["image", "inspect", "--format", format, ref], { signal });
   return result.exitCode === 0 ? result.stdout.trim() : undefined;
@@ -92,7 +97,7 @@ export async function ensureAgentImage(
     throw new SandboxError("image_build_failed", `Cannot build the ${agent} image "${tag}": its base "${baseTag}" does not exist`);
   }
   const [baseId, architecture] = baseFacts.split(" ");
-  const contentHash = await sha256Hex(`${layerInputs(baseTag, agent)}\0${baseId}`);
+  const contentHash = await agentLayerContentHash(baseTag, agent, baseId);
   if (!options.force && await inspect(docker, tag, `{{index .Config.Labels "${LABEL.contentHash}"}}`, options.signal) === contentHash) {
     return { ...info, built: false };
   }
@@ -107,7 +112,7 @@ export async function ensureAgentImage(
     path = await fetchTarball(tarball, options);
   } catch (error) {
     if (!(error instanceof RegistryError)) throw error;
-    throw new SandboxError("image_build_failed", `Cannot build the ${agent} image "${tag}": ${pkg.name} ${pkg.version} is not installed and ${error.message.replace(/^Cannot/, "cannot")}`, {
+    throw new SandboxError("image_build_failed", `Cannot build the missing ${agent} image "${tag}": ${error.message.replace(/^Cannot/, "cannot")}`, {
       cause: error,
       detail: offlineHelp(agent, tag, cachedTarballName(tarball), tarball.spec, options.cacheDir ?? npmCacheDir()),
     });
@@ -168,7 +173,7 @@ function offlineHelp(agent: AgentCliName, tag: string, file: string, spec: strin
     "The agent's image layer is built once, from the npm registry, on top of the sandbox image. Either:",
     `- build it where the registry is reachable, with the same version of sandbox: sandbox image build --agent ${agent}`,
     `  then move it: docker save ${tag} | gzip > ${agent}-image.tar.gz, and here: docker load -i ${agent}-image.tar.gz`,
-    `- or fetch the package elsewhere (npm pack ${spec}) and copy it here as ${cacheDir}/${file}`,
+    `- or fetch the package elsewhere (npm pack ${spec}) and copy ${file} into ${cacheDir}/`,
     "- or point npm_config_registry at a registry mirror you can reach",
   ].join("\n");
 }

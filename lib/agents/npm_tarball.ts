@@ -27,9 +27,14 @@ export function npmCacheDir(): string {
   return `${base}/sandbox/npm`;
 }
 
-/** The cache file name of a tarball: its registry path, flattened. */
+/**
+ * The cache file name of a tarball: the name `npm pack <spec>` gives it (scope, then the
+ * registry's file name), so that a tarball packed elsewhere can be dropped into the cache as is.
+ */
 export function cachedTarballName(tarball: PlatformTarball): string {
-  return tarball.path.replace(/^@/, "").replaceAll("/-/", "-").replaceAll("/", "-");
+  const scope = tarball.path.match(/^@([^/]+)\//)?.[1];
+  const file = tarball.path.slice(tarball.path.lastIndexOf("/") + 1);
+  return scope ? `${scope}-${file}` : file;
 }
 
 /** The registry could not be reached, or did not serve the tarball. */
