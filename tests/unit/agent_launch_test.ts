@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { checkAgentRun } from "../../lib/agents/agent_cli.ts";
 import { agentProgram, claudeCodeLaunch, CODEX_HOME, codexConfig, codexLaunch, codexProfileName } from "../../lib/agents/launch.ts";
 import { SandboxError } from "../../lib/errors.ts";
+import { parseConfig, resolveProfile } from "../../lib/config.ts";
 
 const TOKEN = "sbx_session-token-0123456789abcdef";
 const SESSION_ENV = {
@@ -102,4 +103,18 @@ Deno.test("An agent is refused, before anything starts, where it cannot run", as
       assert.throws(attempt, (error: unknown) => error instanceof SandboxError && error.code === "usage" && message.test(error.message));
     });
   }
+});
+
+Deno.test("llm.agent picks the agent of a profile: the built-in worker by default, an agent CLI by name, nothing else", () => {
+  const parsed = parseConfig("profiles:\n  cc:\n    llm: {provider: anthropic, agent: claude-code}\n  plain: {}\n", "test.yaml", () => undefined);
+  assert.equal(parsed.kind, "ok");
+  if (parsed.kind !== "ok") return;
+  assert.equal(resolveProfile(parsed.config, "cc").llm.agent, "claude-code");
+  assert.equal(resolveProfile(parsed.config, "plain").llm.agent, "deepagents");
+  const bad = parseConfig("profiles:\n  x:\n    llm: {agent: aider}\n", "test.yaml", () => undefined);
+  assert.equal(bad.kind, "invalid");
+  if (bad.kind !== "invalid") return;
+  assert.equal(bad.issues.length, 1);
+  assert.equal(bad.issues[0].path, "profiles.x.llm.agent");
+  assert.match(bad.issues[0].message, /deepagents.*claude-code.*codex/);
 });

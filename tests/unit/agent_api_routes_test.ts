@@ -1,0 +1,142 @@
+/**
+ * The APIs the agent CLIs speak, through the credential proxy and in recordings: the OpenAI
+ * Responses API (Codex) and Anthropic token counting (Claude Code) are forwarded with the real key
+ * under the same token rules as the other routes; `--record` writes Responses API answers as a
+ * recording of their own kind, and a replay serves each kind only to its own API.
+ */
+import assert from "node:assert/strict";
+import { startCredentialProxy, TokenRegistry, type UpstreamProvider } from "../../lib/proxy/credential_proxy.ts";
+import { loadRecording, type Recording, startRecorder, startReplayUpstream } from "../../lib/run/replay.ts";
+import { tempDir } from "../_helpers.ts";
+
+const REAL_KEY = "sk-real-agent-routes-0123456789";
+
+interface Seen {
+  path: string;
+  headers: Headers;
+  body: string;
+}
+
+/** An upstream on 127.0.0.1 answering every POST with `answer(path)`; it records what it got. */
+function upstream(answer: (path: string) => Response) {
+  const seen: Seen[] = [];
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
+    const url = new URL(req.url);
+    seen.push({ path: url.pathname + url.search, headers: req.headers, body: await req.text() });
+    return answer(url.pathname);
+  });
+  return { seen, baseUrl: `http://127.0.0.1:${server.addr.port}/v1`, [Symbol.asyncDispose]: () => server.shutdown() };
+}
+
+/** Responses API SSE as Codex receives it. */
+function responsesSse(text: string): string {
+  const item = { type: "message", id: "msg_1", role: "assistant", status: "completed", content: [{ type: "output_text", text, annotations: [] }] };
+  return [
+    { type: "response.created", response: { id: "resp_1", status: "in_progress", output: [] } },
+    { type: "response.output_item.added", output_index: 0, item: { ...item, status: "in_progress" } },
+    { type: "response.output_item.done", output_index: 0, item },
+    { type: "response.completed", response: { id: "resp_1", status: "completed", output: [item], usage: { input_tokens: 5, output_tokens: 2, total_tokens: 7 } } },
+  ].map((e) => `event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`).join("");
+}
+
+async function proxyFor(provider: UpstreamProvider) {
+  const tokens = new TokenRegistry();
+  const token = tokens.issue({ profile: "work", runId: "run-1", provider });
+  const proxy = await startCredentialProxy({ hostnames: ["127.0.0.1"], tokens });
+  return { proxy, token, url: (path: string) => proxy.url("127.0.0.1") + path };
+}
+
+Deno.test("The credential proxy forwards the Responses API, streamed, with the real key in place of the token", async () => {
+  await using up = upstream(() => new Response(responsesSse("hi"), { headers: { "content-type": "text/event-stream" } }));
+  const { proxy, token, url } = await proxyFor({ name: "fake", kind: "openai", baseUrl: up.baseUrl, key: () => Promise.resolve(REAL_KEY) });
+  await using _ = proxy;
+  const response = await fetch(url("/responses"), {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json", accept: "text/event-stream" },
+    body: JSON.stringify({ model: "gpt-5.5", stream: true, input: "hi" }),
+  });
+  assert.equal(response.status, 200);
+  assert.equal(response.headers.get("content-type"), "text/event-stream");
+  assert.equal(await response.text(), responsesSse("hi"));
+  assert.equal(up.seen.length, 1);
+  assert.equal(up.seen[0].path, "/v1/responses");
+  assert.equal(up.seen[0].headers.get("authorization"), `Bearer ${REAL_KEY}`);
+  assert.ok(![...up.seen[0].headers.values()].some((v) => v.includes(token)), "the token never reaches the upstream");
+
+  // Its twin without a token: refused, and nothing reaches the upstream.
+  const refused = await fetch(url("/responses"), { method: "POST", body: JSON.stringify({ model: "gpt-5.5", input: "hi" }) });
+  assert.equal(refused.status, 401);
+  await refused.body?.cancel();
+  assert.equal(up.seen.length, 1);
+});
+
+Deno.test("The credential proxy forwards Anthropic token counting with x-api-key, and no other sub-path of /messages", async () => {
+  await using up = upstream(() => Response.json({ input_tokens: 42 }));
+  const { proxy, token, url } = await proxyFor({ name: "fake", kind: "anthropic", baseUrl: up.baseUrl, key: () => Promise.resolve(REAL_KEY) });
+  await using _ = proxy;
+  const counted = await fetch(url("/messages/count_tokens?beta=true"), {
+    method: "POST",
+    headers: { "x-api-key": token, "content-type": "application/json" },
+    body: JSON.stringify({ model: "claude-sonnet-4-5", messages: [{ role: "user", content: "hi" }] }),
+  });
+  assert.deepEqual(await counted.json(), { input_tokens: 42 });
+  assert.equal(up.seen[0].path, "/v1/messages/count_tokens?beta=true");
+  assert.equal(up.seen[0].headers.get("x-api-key"), REAL_KEY);
+  const other = await fetch(url("/messages/batches"), { method: "POST", headers: { "x-api-key": token }, body: "{}" });
+  assert.equal(other.status, 404);
+  await other.body?.cancel();
+  assert.equal(up.seen.length, 1, "an unlisted sub-path never reaches the upstream");
+});
+
+Deno.test("--record writes Responses API answers as an openai-responses recording, without token counts", async () => {
+  await using dir = await tempDir("sandbox-record-");
+  await using up = upstream((path) =>
+    path.endsWith("/responses")
+      ? new Response(responsesSse(`answer ${path}`), { headers: { "content-type": "text/event-stream" } })
+      : Response.json({ input_tokens: 9 })
+  );
+  const file = `${dir.path}/codex.json`;
+  const recorder = startRecorder({ name: "fake", kind: "openai", baseUrl: up.baseUrl, key: () => Promise.resolve(REAL_KEY) }, file);
+  for (const path of ["/responses", "/messages/count_tokens", "/responses"]) {
+    const response = await fetch(`${recorder.upstream.baseUrl}${path}`, { method: "POST", body: JSON.stringify({ stream: true }) });
+    await response.text();
+  }
+  await recorder.close();
+  const recording = await loadRecording(file);
+  assert.equal(recording.kind, "openai-responses");
+  assert.equal(recording.responses.length, 2, "the token count is not an answer of the model");
+  assert.deepEqual(recording.responses[0], { status: 200, sse: responsesSse("answer /v1/responses") });
+});
+
+Deno.test("A replay serves each kind of recording only to its own API, and estimates token counts without using an answer", async (t) => {
+  const recording: Recording = { version: 1, kind: "openai-responses", responses: [{ status: 200, sse: responsesSse("one") }, { status: 200, sse: responsesSse("two") }] };
+  await using replay = startReplayUpstream(recording);
+  assert.equal(replay.upstream.kind, "openai", "a Responses recording stands in for an OpenAI-style upstream");
+  const post = (path: string, body = JSON.stringify({ stream: true })) => fetch(`${replay.upstream.baseUrl}${path}`, { method: "POST", body });
+  await t.step("Responses calls get the recorded streams in order", async () => {
+    const first = await post("/responses");
+    assert.equal(first.headers.get("content-type"), "text/event-stream");
+    assert.equal(await first.text(), responsesSse("one"));
+  });
+  await t.step("a Chat Completions call is refused with a 400 naming the mismatch", async () => {
+    const wrong = await post("/chat/completions");
+    assert.equal(wrong.status, 400);
+    const body = await wrong.json();
+    assert.equal(body.error.type, "replay_mismatch");
+    assert.match(body.error.message, /holds OpenAI Responses API answers; the agent called \/v1\/chat\/completions/);
+  });
+  await t.step("a token count is estimated and uses no recorded answer", async () => {
+    const counted = await post("/messages/count_tokens", "x".repeat(400));
+    assert.deepEqual(await counted.json(), { input_tokens: 100 });
+    assert.equal(await (await post("/responses")).text(), responsesSse("two"), "the next answer is still the second");
+    assert.equal(replay.count, 2);
+  });
+  await t.step("an Anthropic recording is not served to the Responses API", async () => {
+    await using anthropic = startReplayUpstream({ version: 1, kind: "anthropic", responses: [{ status: 200, sse: "data: {}\n\n" }] });
+    assert.equal(anthropic.upstream.kind, "anthropic");
+    const wrong = await fetch(`${anthropic.upstream.baseUrl}/responses`, { method: "POST", body: "{}" });
+    assert.equal(wrong.status, 400);
+    await wrong.body?.cancel();
+    assert.equal(anthropic.count, 0);
+  });
+});
