@@ -44,7 +44,7 @@ export const AGENT_API: Readonly<Record<AgentCliName, "openai" | "anthropic">> =
 
 /**
  * Refuse, before anything starts, a run an agent CLI cannot do: anything but `run agentic` in a
- * container, or an upstream in another wire format (Claude Code speaks only Anthropic Messages,
+ * container (or a devcontainer), or an upstream in another wire format (Claude Code speaks only Anthropic Messages,
  * Codex only the OpenAI Responses API).
  */
 export function checkAgentRun(
@@ -52,8 +52,9 @@ export function checkAgentRun(
   run: { mode: "agentic" | "generate"; sandboxMode: string; api: "openai" | "anthropic"; profile: string; replay: boolean },
 ): void {
   if (run.mode !== "agentic") throw new SandboxError("usage", `--agent ${agent} is for run agentic`);
-  if (run.sandboxMode !== "container") {
-    throw new SandboxError("usage", `Agent "${agent}" needs sandbox mode "container", not "${run.sandboxMode}"`, {
+  // A devcontainer run is a container run on the repository's image: the layer goes on top of it.
+  if (run.sandboxMode !== "container" && run.sandboxMode !== "devcontainer") {
+    throw new SandboxError("usage", `Agent "${agent}" needs sandbox mode "container" or "devcontainer", not "${run.sandboxMode}"`, {
       detail: "Agent CLIs run from an image layer on the sandbox image",
     });
   }

@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { startCredentialProxy, TokenRegistry, type UpstreamProvider } from "../../lib/proxy/credential_proxy.ts";
 import { loadRecording, type Recording, startRecorder, startReplayUpstream } from "../../lib/run/replay.ts";
 import { tempDir } from "../_helpers.ts";
+import type { LlmPolicy } from "../../lib/proxy/llm_policy.ts";
 
 const REAL_KEY = "sk-real-agent-routes-0123456789";
 
@@ -39,9 +40,9 @@ function responsesSse(text: string): string {
   ].map((e) => `event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`).join("");
 }
 
-async function proxyFor(provider: UpstreamProvider) {
+async function proxyFor(provider: UpstreamProvider, policy?: LlmPolicy) {
   const tokens = new TokenRegistry();
-  const token = tokens.issue({ profile: "work", runId: "run-1", provider });
+  const token = tokens.issue({ profile: "work", runId: "run-1", provider, policy });
   const proxy = await startCredentialProxy({ hostnames: ["127.0.0.1"], tokens });
   return { proxy, token, url: (path: string) => proxy.url("127.0.0.1") + path };
 }
@@ -139,4 +140,78 @@ Deno.test("A replay serves each kind of recording only to its own API, and estim
     await wrong.body?.cancel();
     assert.equal(anthropic.count, 0);
   });
+});
+
+/** What Codex 0.169.0 sends as tools (trimmed): all of them run by the client. */
+const CODEX_TOOLS = [
+  { type: "function", name: "exec_command", parameters: { type: "object", properties: { cmd: { type: "string" } } } },
+  { type: "custom", name: "apply_patch", format: { type: "grammar", syntax: "lark", definition: "start: x" } },
+  { type: "namespace", name: "multi_agent_v1", tools: [{ type: "function", name: "spawn_agent", parameters: { type: "object" } }] },
+  { type: "tool_search", execution: "client", parameters: { type: "object" } },
+];
+
+Deno.test("The Responses API route refuses server-side tools and fetched inputs unless the profile allows them; Codex's own tools pass", async (t) => {
+  await using up = upstream(() => new Response(responsesSse("ok"), { headers: { "content-type": "text/event-stream" } }));
+  const provider: UpstreamProvider = { name: "fake", kind: "openai", baseUrl: up.baseUrl, key: () => Promise.resolve(REAL_KEY) };
+  const { proxy, token, url } = await proxyFor(provider);
+  await using _ = proxy;
+  const send = (body: Record<string, unknown>) =>
+    fetch(url("/responses"), { method: "POST", headers: { authorization: `Bearer ${token}` }, body: JSON.stringify({ model: "gpt-5.5", stream: true, ...body }) });
+
+  await t.step("Codex's request, as it sends it, is forwarded", async () => {
+    const response = await send({ tools: CODEX_TOOLS, input: [{ type: "message", role: "user", content: [{ type: "input_text", text: "hi" }] }] });
+    assert.equal(response.status, 200);
+    await response.body?.cancel();
+    assert.equal(up.seen.length, 1);
+  });
+  const refused: [string, Record<string, unknown>, RegExp][] = [
+    ["a web search tool", { tools: [...CODEX_TOOLS, { type: "web_search", external_web_access: true }] }, /tools\[4\] has type "web_search"/],
+    ["a server tool hidden in a namespace", { tools: [{ type: "namespace", name: "n", tools: [{ type: "function", name: "f" }, { type: "code_interpreter", container: { type: "auto" } }] }] }, /tools\[0\]\.tools\[1\] has type "code_interpreter"/],
+    ["an MCP connector", { tools: [{ type: "mcp", server_label: "x", server_url: "https://mcp.example" }] }, /has type "mcp"/],
+    ["tool search run by the provider", { tools: [{ type: "tool_search" }] }, /has type "tool_search"/],
+    ["an image the provider would fetch", { input: [{ type: "message", role: "user", content: [{ type: "input_image", image_url: "https://evil.example/x.png" }] }] }, /input\[0\]\.content\[0\] gives a URL/],
+    ["a stored prompt", { prompt: { id: "pmpt_123" } }, /stored prompt/],
+    ["a search model", { model: "gpt-5-search-api" }, /searches the web/],
+  ];
+  for (const [name, body, message] of refused) {
+    await t.step(`${name}: 403, and the upstream never hears of it`, async () => {
+      const response = await send(body);
+      assert.equal(response.status, 403);
+      const error = await response.json();
+      assert.equal(error.error.type, "permission_error");
+      assert.match(error.error.message, message);
+      assert.equal(up.seen.length, 1);
+    });
+  }
+  await t.step("with llm.server_tools: allow, the web search tool is forwarded", async () => {
+    const allowed = await proxyFor(provider, { serverTools: "allow" });
+    await using _ = allowed.proxy;
+    const response = await fetch(allowed.url("/responses"), {
+      method: "POST",
+      headers: { authorization: `Bearer ${allowed.token}` },
+      body: JSON.stringify({ model: "gpt-5.5", tools: [{ type: "web_search" }], input: "hi" }),
+    });
+    assert.equal(response.status, 200);
+    await response.body?.cancel();
+    assert.equal(up.seen.length, 2);
+  });
+});
+
+Deno.test("Token counting is held to the Messages rules: a server-side tool in it is refused, its twin forwarded", async () => {
+  await using up = upstream(() => Response.json({ input_tokens: 7 }));
+  const { proxy, token, url } = await proxyFor({ name: "fake", kind: "anthropic", baseUrl: up.baseUrl, key: () => Promise.resolve(REAL_KEY) });
+  await using _ = proxy;
+  const count = (tools: unknown[]) =>
+    fetch(url("/messages/count_tokens"), {
+      method: "POST",
+      headers: { "x-api-key": token },
+      body: JSON.stringify({ model: "claude-sonnet-4-5", tools, messages: [{ role: "user", content: "hi" }] }),
+    });
+  const refused = await count([{ type: "web_fetch_20250910", name: "web_fetch" }]);
+  assert.equal(refused.status, 403);
+  await refused.body?.cancel();
+  assert.equal(up.seen.length, 0);
+  const allowed = await count([{ name: "Bash", input_schema: { type: "object" } }]);
+  assert.deepEqual(await allowed.json(), { input_tokens: 7 });
+  assert.equal(up.seen.length, 1);
 });

@@ -87,15 +87,16 @@ Deno.test("Codex runs exec --json without approvals or its own sandbox, configur
 
 Deno.test("An agent is refused, before anything starts, where it cannot run", async (t) => {
   const ok = { mode: "agentic" as const, sandboxMode: "container", profile: "work", replay: false };
-  await t.step("each agent with its own API is accepted", () => {
+  await t.step("each agent with its own API is accepted, in a container or a devcontainer", () => {
     checkAgentRun("claude-code", { ...ok, api: "anthropic" });
     checkAgentRun("codex", { ...ok, api: "openai" });
+    checkAgentRun("codex", { ...ok, api: "openai", sandboxMode: "devcontainer" });
   });
   const refusals: [string, () => void, RegExp][] = [
     ["claude-code against an OpenAI provider", () => checkAgentRun("claude-code", { ...ok, api: "openai" }), /speaks the Anthropic Messages API, but profile "work" uses an OpenAI-style provider/],
     ["codex against an Anthropic provider", () => checkAgentRun("codex", { ...ok, api: "anthropic" }), /speaks the OpenAI Responses API/],
     ["codex replaying an Anthropic recording", () => checkAgentRun("codex", { ...ok, api: "anthropic", replay: true }), /the recording holds Anthropic Messages answers/],
-    ["sandbox mode none", () => checkAgentRun("codex", { ...ok, api: "openai", sandboxMode: "none" }), /needs sandbox mode "container"/],
+    ["sandbox mode none", () => checkAgentRun("codex", { ...ok, api: "openai", sandboxMode: "none" }), /needs sandbox mode "container" or "devcontainer", not "none"/],
     ["run generate", () => checkAgentRun("codex", { ...ok, api: "openai", mode: "generate" }), /is for run agentic/],
   ];
   for (const [name, attempt, message] of refusals) {
