@@ -3,6 +3,7 @@ import { type Command, Option } from "commander";
 import { DockerCli } from "../lib/sandbox/docker.ts";
 import { cliName } from "../lib/cli_name.ts";
 import {
+  DockerSandboxProvider,
   listSandboxes,
   statsAll,
   teardownAll,
@@ -63,6 +64,12 @@ export function registerSandboxCommands(program: Command): void {
       async (opts: { profile?: string; json?: boolean; volumes?: boolean }, command: Command) => {
         const provider = await sandboxToRemove(command, opts.profile);
         const report = await provider.teardown({ volumes: opts.volumes, signal });
+        // The profile's agent CLIs each have a container of their own (sandbox-PROFILE-AGENT).
+        for (const agent of AGENT_CLIS) {
+          const sibling = await new DockerSandboxProvider(provider.profile, { agent }).teardown({ volumes: opts.volumes, signal });
+          report.containers.push(...sibling.containers);
+          report.volumes.push(...sibling.volumes);
+        }
         if (opts.json) await stdout.json(report);
         else if (report.containers.length === 0) {
           await stdout.line(`no sandbox for profile ${provider.profile.name}`);

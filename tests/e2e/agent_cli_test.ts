@@ -223,6 +223,12 @@ async function agentScenario(scenario: Scenario): Promise<void> {
   assert.equal(replayMessages.at(-2)!.content, "Done: wrote greet.sh and ran it.");
   const replayId = runIdFrom(replayed.stderr);
   assert.equal(await git(repo, "show", `sandbox/${replayId}:greet.sh`), SCRIPT_BODY.trimEnd(), explain(replayed));
+
+  // 3. `sandbox down` removes the agent's container with the profile's own.
+  const down = await fixture.cli(["down", "-p", fixture.profile, "--volumes", "--json"]);
+  assert.equal(down.exitCode, 0, explain(down));
+  assert.ok(JSON.parse(down.stdout).containers.includes(container), explain(down));
+  assert.equal((await run(["docker", "container", "inspect", container])).exitCode, 1, `${container} is still there`);
 }
 
 Deno.test({
