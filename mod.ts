@@ -62,6 +62,12 @@ export type { ConfigIssue, SandboxErrorCode } from "./lib/errors.ts";
 
 export { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "./lib/run/container_driver.ts";
 export type { AgenticOptions, ContainerDriverOptions, GenerateOptions } from "./lib/run/container_driver.ts";
+export { AGENT_CLIS, AGENT_PACKAGES, AGENTS } from "./lib/agents/packages.ts";
+export type { AgentCliName, AgentName } from "./lib/agents/packages.ts";
+export { agentCli } from "./lib/agents/agent_cli.ts";
+export type { AgentCli } from "./lib/agents/agent_cli.ts";
+export { agentImageTagFor, ensureAgentImage } from "./lib/agents/agent_image.ts";
+export type { AgentImageInfo, AgentImageOptions } from "./lib/agents/agent_image.ts";
 export { HostProvider } from "./lib/sandbox/host_provider.ts";
 export { openSession, startHostProxies } from "./lib/proxy/session.ts";
 export type { HostProxies, SandboxSession, SessionOptions } from "./lib/proxy/session.ts";
