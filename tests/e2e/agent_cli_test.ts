@@ -314,3 +314,32 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name: "--timeout ends an agent CLI that is still waiting for its LLM: exit 124, and nothing of it is left running in the sandbox",
+  ...dockerTest(),
+  sanitizeResources: false,
+  sanitizeOps: false,
+  async fn() {
+    assertDocker();
+    const key = `sk-e2e-${crypto.randomUUID().replaceAll("-", "")}`;
+    await using fake = new FakeAgentLlm("anthropic", [{ kind: "text", text: "too late" }], key);
+    await using fixture = await RunFixture.make({ prefix: "e2e-agent-timeout", llmUrl: fake.baseUrl, keyEnv: KEY_ENV, prompt: "Wait.\n" });
+    fixture.env[KEY_ENV] = key;
+    fixture.config = await writeConfig(
+      fixture.dir.path,
+      `profiles:\n  ${fixture.profile}:\n    llm: {provider: custom, api: anthropic, base_url: "${fake.baseUrl}", key: {env: ${KEY_ENV}}, agent: claude-code}\n`,
+    );
+    const held = fake.hold();
+    const running = fixture.cli(["run", "agentic", "-p", fixture.profile, "--prompt-file", fixture.promptFile, "--timeout", "8s", "--format", "ndjson"]);
+    const reached = await Promise.race([held.reached.then(() => true), running.then(() => false)]);
+    if (!reached) assert.fail(`the agent never called the LLM\n${explain(await running)}`);
+    const container = `sandbox-${fixture.profile}-claude-code`;
+    const program = "/opt/sandbox/agents/claude-code/claude";
+    assert.ok((await inContainer(container, "ps -eo args")).includes(program), "the agent runs while its call is held");
+    const result = await running;
+    held.release();
+    assert.equal(result.exitCode, 124, explain(result));
+    assert.ok(!(await inContainer(container, "ps -eo args")).includes(program), "the agent outlived its run");
+  },
+});
