@@ -8,13 +8,14 @@ import { type AgentLaunch, agentLaunch, type LaunchInput } from "./launch.ts";
 import type { AgentCliName } from "./packages.ts";
 import type { EventTranslator } from "./translate.ts";
 import { SandboxError } from "../errors.ts";
+import { normalizeToolName } from "../run/tool_names.ts";
 
 export interface TranslatorOptions {
   /** The model the agent was told to use. */
   model?: string;
   /** The agent's own warnings, for stderr. */
   onDiagnostic?: (message: string) => void;
-  /** Tool names as the wire reports them. */
+  /** Tool names as the wire reports them (default for Claude Code: the seeds' standard names). */
   toolName?: (raw: string) => string;
 }
 
@@ -31,7 +32,8 @@ export function agentCli(name: AgentCliName): AgentCli {
     launch: (input) => agentLaunch(name, input),
     translator: (options = {}) =>
       name === "claude-code"
-        ? new ClaudeCodeTranslator({ model: options.model, toolName: options.toolName })
+        // Claude Code's tool names (Bash, Write…) as the seeds' drivers report them.
+        ? new ClaudeCodeTranslator({ model: options.model, toolName: options.toolName ?? normalizeToolName })
         : new CodexTranslator({ model: options.model, onDiagnostic: options.onDiagnostic }),
   };
 }

@@ -18,6 +18,7 @@
  */
 import type { AgenticMessageInit, DriverUsage } from "../run/protocol.ts";
 import { count, type EventTranslator, isObject, type JsonObject, str, sum } from "./translate.ts";
+import { costOf, roundUsd } from "../run/prices.ts";
 
 /** Tool names on the wire for Codex's item types, in the seeds' vocabulary where it has one. */
 export const CODEX_TOOL_NAMES: Readonly<Record<string, string>> = {
@@ -123,13 +124,21 @@ export class CodexTranslator implements EventTranslator {
       output_tokens: this.#output ?? null,
       cache_read_tokens: this.#cached ?? null,
       cache_creation_tokens: this.#cacheWrite ?? null,
-      // Codex reports no cost, and a guess is worse than none.
-      cost_usd: null,
+      // Codex reports no cost: the price table's, for the model it was told to use (null when the
+      // table does not know it, never a guess).
+      cost_usd: this.#cost(),
       duration_ms: Math.max(0, Math.round(this.#now() - this.#started)),
       // Codex does not say how many model calls a turn took.
       num_turns: null,
       model: this.#model,
     };
+  }
+
+  #cost(): number | null {
+    if (this.#input === undefined || this.#output === undefined) return null;
+    const tokens = { input: this.#input, output: this.#output, cacheRead: this.#cached, cacheWrite: this.#cacheWrite };
+    const cost = costOf(this.#model, tokens);
+    return cost === null ? null : roundUsd(cost);
   }
 
   #item(phase: string, item: JsonObject): { messages: AgenticMessageInit[]; known: boolean } {

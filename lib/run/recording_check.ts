@@ -38,8 +38,8 @@ export function recordingProblems(value: unknown): string[] {
   }
   if (value.version !== 1) add("version", `expected 1, found ${value.version === undefined ? "nothing" : describe(value.version)}`);
   const kind = value.kind;
-  if (kind !== "openai" && kind !== "anthropic") {
-    add("kind", `expected "openai" or "anthropic", found ${kind === undefined ? "nothing" : describe(kind)}`);
+  if (kind !== "openai" && kind !== "anthropic" && kind !== "openai-responses") {
+    add("kind", `expected "openai", "anthropic" or "openai-responses", found ${kind === undefined ? "nothing" : describe(kind)}`);
   }
   const responses = value.responses;
   if (!Array.isArray(responses)) {
@@ -47,7 +47,8 @@ export function recordingProblems(value: unknown): string[] {
   } else if (responses.length === 0) {
     add("responses", "the list is empty: a replay needs at least one recorded response");
   } else {
-    responses.forEach((entry, i) => entryProblems(entry, `responses[${i}]`, kind === "anthropic" ? "anthropic" : "openai", add));
+    const entryKind = kind === "anthropic" || kind === "openai-responses" ? kind : "openai";
+    responses.forEach((entry, i) => entryProblems(entry, `responses[${i}]`, entryKind, add));
   }
   if (problems.length === MAX_PROBLEMS) problems.push(`(only the first ${MAX_PROBLEMS} problems are shown)`);
   return problems;
@@ -56,7 +57,7 @@ export function recordingProblems(value: unknown): string[] {
 function entryProblems(
   entry: unknown,
   path: string,
-  kind: "openai" | "anthropic",
+  kind: "openai" | "anthropic" | "openai-responses",
   add: (path: string, message: string) => void,
 ): void {
   if (!isObject(entry)) return add(path, `expected {"status": 200, "body": {...}} or {"status": 200, "sse": "..."}, found ${describe(entry)}`);
@@ -71,14 +72,22 @@ function entryProblems(
   if (hasBody === hasSse) {
     return add(path, hasBody ? 'has both "body" and "sse": expected one of them' : 'expected a "body" (a JSON response) or an "sse" (a raw event stream)');
   }
+  const success = typeof status === "number" && status >= 200 && status <= 299;
   if (hasSse) {
     if (typeof entry.sse !== "string" || !/^data:/m.test(entry.sse)) {
       add(`${path}.sse`, `expected the text of a server-sent event stream ("data: ..." lines), found ${describe(entry.sse)}`);
+    } else if (kind === "openai-responses" && success && !/"type"\s*:\s*"response\.(completed|failed|incomplete)"/.test(entry.sse)) {
+      // Codex takes a stream that ends without one of these for a dropped connection, and retries.
+      add(`${path}.sse`, 'the stream never ends its response: expected a "response.completed", "response.failed" or "response.incomplete" event');
     }
     return;
   }
   // Error statuses carry whatever the provider said; only a success must be a readable answer.
-  if (typeof status === "number" && (status < 200 || status > 299)) return;
+  if (!success) return;
+  if (kind === "openai-responses") {
+    // Responses API clients (Codex) stream: the replay serves them what the recording holds.
+    return add(path, 'a Responses API answer is replayed to a streaming client: expected an "sse" stream, not a "body"');
+  }
   const body = entry.body;
   if (kind === "anthropic") anthropicProblems(body, `${path}.body`, add);
   else openaiProblems(body, `${path}.body`, add);

@@ -247,7 +247,7 @@ Deno.test({
         { kind: "tool", name: "Bash", input: { command: "sh greet.sh", description: "Run the script" } },
         { kind: "text", text: "Done: wrote greet.sh and ran it." },
       ],
-      tools: ["Write", "Bash"],
+      tools: ["write_file", "run_shell_command"],
       tokenEnv: "ANTHROPIC_API_KEY",
       homeFile: "\"firstStartVersion\"",
     }),

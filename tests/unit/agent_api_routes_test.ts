@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { startCredentialProxy, TokenRegistry, type UpstreamProvider } from "../../lib/proxy/credential_proxy.ts";
 import { loadRecording, type Recording, startRecorder, startReplayUpstream } from "../../lib/run/replay.ts";
+import { recordingProblems } from "../../lib/run/recording_check.ts";
 import { tempDir } from "../_helpers.ts";
 import type { LlmPolicy } from "../../lib/proxy/llm_policy.ts";
 
@@ -214,4 +215,16 @@ Deno.test("Token counting is held to the Messages rules: a server-side tool in i
   const allowed = await count([{ name: "Bash", input_schema: { type: "object" } }]);
   assert.deepEqual(await allowed.json(), { input_tokens: 7 });
   assert.equal(up.seen.length, 1);
+});
+
+Deno.test("A Responses API recording is checked at load: streams that end their response, no bodies for successes", () => {
+  const recording = (responses: unknown[]) => ({ version: 1, kind: "openai-responses", responses });
+  assert.deepEqual(recordingProblems(recording([{ status: 200, sse: responsesSse("ok") }, { status: 429, body: { error: { message: "slow down" } } }])), []);
+  const cut = responsesSse("ok").split("event: response.completed")[0];
+  assert.deepEqual(recordingProblems(recording([{ status: 200, sse: cut }])), [
+    'responses[0].sse: the stream never ends its response: expected a "response.completed", "response.failed" or "response.incomplete" event',
+  ]);
+  assert.deepEqual(recordingProblems(recording([{ status: 200, body: { object: "response", output: [] } }])), [
+    'responses[0]: a Responses API answer is replayed to a streaming client: expected an "sse" stream, not a "body"',
+  ]);
 });

@@ -78,7 +78,26 @@ class FakeProvider implements SandboxProvider {
     return Promise.reject(new Error("not used"));
   }
   status(): Promise<SandboxStatus> {
-    return Promise.resolve({ profile: "p", name: "sandbox-p", id: "x", image: "i", state: "running", health: "healthy", createdAt: "", current: true, kind: "shared" });
+    return Promise.resolve({
+      profile: "p",
+      name: "sandbox-p",
+      id: "x",
+      image: "i",
+      state: "running",
+      health: "healthy",
+      createdAt: "",
+      startedAt: "",
+      stoppedAt: null,
+      workspacePath: "/workspace",
+      current: true,
+      kind: "shared",
+    });
+  }
+  stop(): Promise<SandboxStatus> {
+    return this.status();
+  }
+  start(): Promise<SandboxStatus> {
+    return this.status();
   }
   healthCheck(): Promise<boolean> {
     return Promise.resolve(true);
@@ -153,15 +172,18 @@ Deno.test("executeAgentic() with an agent CLI that dies without a result fails n
   assert.deepEqual([...provider.files], []);
 });
 
-Deno.test("executeAgentic() with Claude Code passes instructions as a 0600 file it names, never inline", async () => {
+Deno.test("executeAgentic() with Claude Code passes instructions as a 0600 file it names, never inline, and reports standard tool names", async () => {
   const lines = [
     { type: "system", subtype: "init", session_id: "s", model: "claude-sonnet-4-5" },
+    { type: "assistant", message: { role: "assistant", content: [{ type: "tool_use", id: "t1", name: "Bash", input: { command: "ls" } }] } },
+    { type: "user", message: { role: "user", content: [{ type: "tool_result", tool_use_id: "t1", content: "a\nb" }] } },
     { type: "result", subtype: "success", is_error: false, result: "ok", num_turns: 1, total_cost_usd: 0.01, usage: { input_tokens: 1, output_tokens: 1 } },
   ].map((e) => JSON.stringify(e));
   const provider = new FakeProvider(lines);
   const driver = new ContainerDriver({ provider, env: ENV, agent: agentCli("claude-code"), model: "claude-sonnet-4-5" });
   const messages = await Array.fromAsync(driver.executeAgentic(PROMPT, { cwd: "/w", runId: "run-9", instructions: "Use tabs." }));
-  assert.deepEqual(messages.map((m) => m.type), ["result"]);
+  assert.deepEqual(messages.map((m) => m.type), ["tool_call", "tool_result", "result"]);
+  assert.deepEqual(messages.slice(0, 2).map((m) => m.tool_name), ["run_shell_command", "run_shell_command"], "Claude Code's names as the seeds' drivers report them");
   assert.equal(driver.getUsage()?.cost_usd, 0.01);
   const argv = provider.streams[0].argv;
   const file = argv[argv.indexOf("--append-system-prompt-file") + 1];

@@ -332,6 +332,15 @@ Deno.test("Codex's exec --json becomes thinking, matching tool calls and results
   assert.ok(seen.every((s) => s.known), "every event of this run is one the translator knows");
 });
 
+Deno.test("Codex: the cost comes from the price table for the model it was told to use, and is null for a model the table does not know", async () => {
+  const run = [CODEX_RUN[0], { type: "turn.completed", usage: { input_tokens: 1_000_000, cached_input_tokens: 400_000, output_tokens: 100_000 } }];
+  const priced = await translate(new CodexTranslator({ model: "gpt-5" }), run);
+  // gpt-5: $1.25 per million fresh input tokens, $0.125 cached, $10 output.
+  assert.equal(priced.messages.at(-1)!.usage!.cost_usd, 0.6 * 1.25 + 0.4 * 0.125 + 0.1 * 10);
+  const unknown = await translate(new CodexTranslator({ model: "replay" }), run);
+  assert.equal(unknown.messages.at(-1)!.usage!.cost_usd, null);
+});
+
 Deno.test("Codex: a failed turn is an is_error result with Codex's message; recoverable errors before it change nothing", async () => {
   const { messages } = await translate(new CodexTranslator({ model: "m" }), [
     CODEX_RUN[0],

@@ -22,7 +22,7 @@ Deno.test("recordingProblems() names every bad entry by its index and says what 
   const cases: [string, unknown, RegExp][] = [
     ["not an object", [1, 2], /^expected an object like/],
     ["wrong version", { ...recording([completion({ content: "x" })]), version: 2 }, /^version: expected 1, found number 2$/],
-    ["missing kind", { version: 1, responses: [completion({ content: "x" })] }, /^kind: expected "openai" or "anthropic", found nothing$/],
+    ["missing kind", { version: 1, responses: [completion({ content: "x" })] }, /^kind: expected "openai", "anthropic" or "openai-responses", found nothing$/],
     ["no responses", { version: 1, kind: "openai" }, /^responses: expected a list/],
     ["empty responses", recording([]), /^responses: the list is empty/],
     ["an entry that is not an object", recording([completion({ content: "x" }), "hello"]), /^responses\[1\]: expected \{"status": 200/],
