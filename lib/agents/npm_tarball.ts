@@ -144,5 +144,8 @@ export function displayRegistry(registry: string): string {
 /** A fetch error's reason without its URL (a mirror URL may carry credentials). */
 function describeFetchError(error: unknown): string {
   const text = error instanceof Error ? (error.cause instanceof Error ? error.cause.message : error.message) : String(error);
-  return text.replace(/https?:\/\/\S+/g, "the registry").split("\n")[0] || "the connection failed";
+  return text
+    .replace(/^error sending request for url \([^)]*\):\s*/i, "")
+    .replace(/https?:\/\/[^\s)]+/g, "the registry")
+    .split("\n")[0] || "the connection failed";
 }

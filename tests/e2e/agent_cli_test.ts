@@ -19,7 +19,6 @@ import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import { assertDocker, docker, dockerTest, explain, runCli, tempDir, writeConfig } from "../_helpers.ts";
 import { run, type RunResult } from "../../lib/process.ts";
 import { DEFAULT_BASE_IMAGE } from "../../lib/config.ts";
-import { imageTagFor } from "../../lib/sandbox/image.ts";
 import { agentImageTagFor } from "../../lib/agents/agent_image.ts";
 
 console.error("e2e: agent CLI tests starting");
@@ -285,7 +284,6 @@ Deno.test({
     // A base image under a name of its own (same content): its sandbox image and layer are new.
     const base = `sandbox-e2e-base:${crypto.randomUUID().slice(0, 8)}`;
     await docker("tag", DEFAULT_BASE_IMAGE, base);
-    const sandboxImage = await imageTagFor(base);
     await using dir = await tempDir("sandbox-e2e-offline-");
     const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
     const deadRegistry = `http://127.0.0.1:${(listener.addr as Deno.NetAddr).port}`;
@@ -295,22 +293,33 @@ Deno.test({
       fixture.dir.path,
       `profiles:\n  ${fixture.profile}:\n    llm: {provider: custom, api: anthropic, base_url: "http://127.0.0.1:9/v1", key: {env: ${KEY_ENV}}}\n    sandbox: {image: "${base}"}\n`,
     );
+    let sandboxImage: string | undefined;
     try {
       const result = await fixture.cli(
         ["run", "agentic", "-p", fixture.profile, "--agent", "claude-code", "--prompt-file", fixture.promptFile, "--format", "ndjson"],
         { npm_config_registry: deadRegistry, XDG_CACHE_HOME: `${dir.path}/cache` },
       );
       const context = explain(result);
+      // The sandbox image this run built for the new base (removed below).
+      sandboxImage = result.stderr.match(/Building sandbox image (sandbox-runtime:[0-9a-f]+) on /)?.[1];
+      assert.ok(sandboxImage, `the run built no sandbox image for ${base}\n${context}`);
       assert.equal(result.exitCode, 125, context);
-      assert.equal(result.stdout, "", context);
       const layer = await agentImageTagFor(sandboxImage, "claude-code");
-      assert.match(result.stderr, new RegExp(`Cannot build the missing claude-code image "${layer}": cannot download @anthropic-ai/claude-code-linux-x64@2\\.1\\.330 from ${deadRegistry}`), context);
+      // The run still ends as the protocol promises: one is_error result, then the usage.
+      const messages = result.stdout.trim().split("\n").map((line, i) => wireMessage(line, `line ${i + 1}\n${context}`));
+      assert.deepEqual(messages.map((m) => m.type), ["result", "usage"], context);
+      assert.equal(messages[0].is_error, true, context);
+      assert.ok(messages[0].content.startsWith(`Cannot build the missing claude-code image "${layer}"`), context);
+      assert.ok(
+        result.stderr.includes(`Cannot build the missing claude-code image "${layer}": cannot download @anthropic-ai/claude-code-linux-x64@2.1.330 from ${deadRegistry}`),
+        context,
+      );
       assert.match(result.stderr, /sandbox image build --agent claude-code/, context);
-      assert.match(result.stderr, new RegExp(`docker save ${layer}`), context);
+      assert.ok(result.stderr.includes(`docker save ${layer}`), context);
       assert.equal((await run(["docker", "image", "inspect", layer])).exitCode, 1, "no half-built layer is left");
     } finally {
       await run(["docker", "rmi", base]);
-      await run(["docker", "rmi", sandboxImage]);
+      if (sandboxImage) await run(["docker", "rmi", sandboxImage]);
     }
   },
 });
