@@ -32,6 +32,7 @@ const SECRET_GUARD = "lib/secret_guard.ts";
 const SECRET_GUARD_TESTS = ["tests/unit/secret_guard_test.ts"];
 const DOCKER_PROVIDER = "lib/sandbox/docker_provider.ts";
 const HOST_PROVIDER = "lib/sandbox/host_provider.ts";
+const AGENT_ROUTE_TESTS = ["tests/unit/agent_api_routes_test.ts"];
 
 /** Every rule of the secret-name pattern, each dropped on its own. */
 const SECRET_NAME_RULES: Mutation[] = [
@@ -400,6 +401,59 @@ export const MUTATIONS: Mutation[] = [
     find: `redactor.redactJson(JSON.stringify(recording, null, 2))`,
     replace: `JSON.stringify(recording, null, 2)`,
     tests: ["tests/unit/recorder_redaction_test.ts"],
+  },
+  {
+    name: "Responses API: any tool passes (web search, code interpreter, MCP…)",
+    file: LLM_POLICY,
+    find: `const refusal = responsesToolRefusal(tool, \`tools[\${index}]\`);`,
+    replace: `const refusal = undefined;`,
+    tests: AGENT_ROUTE_TESTS,
+  },
+  {
+    name: "Responses API: a namespace of tools is taken on trust",
+    file: LLM_POLICY,
+    find: `const refusal = responsesToolRefusal(inner, \`\${where}.tools[\${index}]\`);`,
+    replace: `const refusal = undefined;`,
+    tests: AGENT_ROUTE_TESTS,
+  },
+  {
+    name: "Responses API: tool search run by the provider passes",
+    file: LLM_POLICY,
+    find: `if (type === "tool_search" && isObject(tool) && tool.execution === "client") return undefined;`,
+    replace: `if (type === "tool_search") return undefined;`,
+    tests: AGENT_ROUTE_TESTS,
+  },
+  {
+    name: "Responses API: inputs the provider would fetch pass",
+    file: LLM_POLICY,
+    find: `        if (partUrl(part) !== undefined) {
+          return serverSide(
+            \`input[`,
+    replace: `        if (false) {
+          return serverSide(
+            \`input[`,
+    tests: AGENT_ROUTE_TESTS,
+  },
+  {
+    name: "token counting forwarded without the Messages checks",
+    file: LLM_POLICY,
+    find: `"/messages/count_tokens": { method: "POST", api: "anthropic", check: checkMessages },`,
+    replace: `"/messages/count_tokens": { method: "POST", api: "anthropic" },`,
+    tests: AGENT_ROUTE_TESTS,
+  },
+  {
+    name: "an agent CLI's package is used without checking its pinned integrity",
+    file: "lib/agents/npm_tarball.ts",
+    find: `  if (integrity !== tarball.integrity) {`,
+    replace: `  if (false) {`,
+    tests: ["tests/unit/agent_image_test.ts"],
+  },
+  {
+    name: "an agent CLI's prompt goes on its command line",
+    file: "lib/run/container_driver.ts",
+    find: `yield* this.#stream(["sh", "-c", ENTER_CWD, "sandbox-agent", options.cwd, ...launch.argv], {`,
+    replace: `yield* this.#stream(["sh", "-c", ENTER_CWD, "sandbox-agent", options.cwd, ...launch.argv, prompt], {`,
+    tests: ["tests/unit/agent_driver_test.ts"],
   },
   ...SECRET_NAME_RULES,
 ];
