@@ -1,0 +1,303 @@
+/**
+ * The host end of the relay: how a sandbox with no network reaches the proxies of its session.
+ *
+ * The relay inside the sandbox (relay/main.ts) listens on fixed loopback ports and carries each
+ * connection as a stream over the stdio of one long-lived exec (lib/proxy/mux.ts). Here, each
+ * stream the relay opens for a service we serve is piped to that proxy's Unix socket; nothing
+ * else is reachable through it. The relay is untrusted (the agent runs beside it as the same user
+ * and can replace it, or write to its stdout): every frame is checked by the mux, and anything
+ * malformed ends the mux — and with it that relay — never this process.
+ *
+ * When the exec ends for any reason (relay killed, container restarted, exec client killed,
+ * protocol error), every connection it carried fails at once and a new relay is started on the
+ * same ports, so the URLs the sandbox was given keep working.
+ */
+import { Mux, MuxStream, pipeStream } from "./mux.ts";
+import { SandboxError } from "../errors.ts";
+import { spawn } from "../process.ts";
+
+/** The services a relay may carry, and their port offsets from the session's base port. */
+export const RELAY_SERVICES = { llm: 0, egress: 1, git: 2 } as const;
+export type RelayService = keyof typeof RELAY_SERVICES;
+/** Ports inside the sandbox: 19080 credential proxy, 19081 egress proxy, 19082 git proxy. */
+export const DEFAULT_RELAY_BASE_PORT = 19080;
+/** When a base is taken (another session's relay in the same container), the next is this far up. */
+const BASE_PORT_STEP = 100;
+const BASE_PORT_ATTEMPTS = 20;
+export const READY_TIMEOUT_MS = 60_000;
+/** Relay exit code for "a port stayed in use". */
+const EXIT_PORT_IN_USE = 75;
+/** Delays before successive restart attempts; the last one repeats. */
+const RESTART_DELAYS_MS = [0, 100, 250, 500, 1_000];
+/** How long a closed relay gets to exit on its own before its exec is killed. */
+const CLOSE_GRACE_MS = 2_000;
+
+/** One started relay process, as the host sees it. */
+export interface RelayProcess {
+  /** The relay's stdout: frames from it. */
+  input: AsyncIterable<Uint8Array>;
+  /** Write to the relay's stdin; resolves when taken. */
+  output(bytes: Uint8Array): Promise<void>;
+  /** End the relay's stdin (it exits when it sees the end). */
+  closeInput(): Promise<void>;
+  /** Resolves when the process (the exec) has ended. */
+  finished: Promise<{ exitCode: number; stderrTail: string }>;
+  /** Stop it now (the exec client, and what it ran). */
+  kill(): Promise<void>;
+}
+
+/** Starts a relay with these arguments (`SERVICE=PORT`...). */
+export type RelayLauncher = (args: string[]) => RelayProcess;
+
+/**
+ * A relay run by `argv` (e.g. `docker exec -i … relay.js`, or `deno run relay/main.ts` in tests),
+ * with its stdio as the stream. `kill` also runs `options.kill` (e.g. to end the process tree
+ * inside the container, which killing the docker client does not).
+ */
+export function spawnRelayProcess(argv: string[], options: { kill?: () => Promise<void> } = {}): RelayProcess {
+  const stdin = new TransformStream<Uint8Array, Uint8Array>();
+  const writer = stdin.writable.getWriter();
+  const child = spawn(argv, { stdin: stdin.readable });
+  return {
+    input: child.stdout,
+    output: (bytes) => writer.write(bytes),
+    closeInput: () => writer.close(),
+    finished: child.finished.then((outcome) => ({ exitCode: outcome.exitCode, stderrTail: outcome.stderrTail })),
+    async kill() {
+      child.kill();
+      await options.kill?.();
+    },
+  };
+}
+
+export interface RelayOptions {
+  /** The Unix socket of each service to carry. */
+  sockets: Partial<Record<RelayService, string>>;
+  launch: RelayLauncher;
+  /** First base port to try (default 19080). */
+  basePort?: number;
+  readyTimeoutMs?: number;
+  /** A relay restart or failure, for diagnostics on stderr. */
+  onEvent?: (message: string) => void;
+  /** Names the sandbox in errors. */
+  sandboxName?: string;
+}
+
+export interface RelayHost extends AsyncDisposable {
+  /** The port of each carried service inside the sandbox (127.0.0.1). */
+  readonly ports: Partial<Record<RelayService, number>>;
+  /** How many relays have said READY so far (1 after start; more after restarts). */
+  readonly starts: number;
+  /** Resolves the next time a relay says READY (after a restart). */
+  nextReady(): Promise<void>;
+  close(): Promise<void>;
+}
+
+type Attempt =
+  | { kind: "ready"; process: RelayProcess; mux: Mux }
+  | { kind: "ports_in_use" }
+  | { kind: "failed"; message: string; detail: string };
+
+/**
+ * Start a relay and wait until it listens (READY), so that nothing in the sandbox races it.
+ * Raises `SandboxError` when no relay could be started.
+ */
+export async function startRelay(options: RelayOptions): Promise<RelayHost> {
+  const services = (Object.keys(RELAY_SERVICES) as RelayService[]).filter((s) => options.sockets[s] !== undefined);
+  if (services.length === 0) throw new TypeError("Cannot start a relay without a service");
+  const name = options.sandboxName ?? "sandbox";
+  let base = options.basePort ?? DEFAULT_RELAY_BASE_PORT;
+  for (let attempt = 0;; attempt++) {
+    const ports = portsFor(services, base);
+    const outcome = await launchOnce(options, ports);
+    if (outcome.kind === "ready") return new LiveRelay(options, ports, outcome);
+    if (outcome.kind === "ports_in_use" && attempt + 1 < BASE_PORT_ATTEMPTS) {
+      base += BASE_PORT_STEP;
+      continue;
+    }
+    if (outcome.kind === "ports_in_use") {
+      throw new SandboxError("exec_failed", `Cannot start the relay in sandbox "${name}": its ports are in use`, {
+        detail: `Tried ${BASE_PORT_ATTEMPTS} port ranges from ${options.basePort ?? DEFAULT_RELAY_BASE_PORT}`,
+      });
+    }
+    throw new SandboxError("exec_failed", `Cannot start the relay in sandbox "${name}": ${outcome.message}`, {
+      detail: outcome.detail,
+    });
+  }
+}
+
+function portsFor(services: RelayService[], base: number): Partial<Record<RelayService, number>> {
+  return Object.fromEntries(services.map((s) => [s, base + RELAY_SERVICES[s]]));
+}
+
+/** Launch one relay and wait for READY, its exit, or the timeout. */
+async function launchOnce(
+  options: RelayOptions,
+  ports: Partial<Record<RelayService, number>>,
+  signal?: AbortSignal,
+): Promise<Attempt> {
+  const args = Object.entries(ports).map(([service, port]) => `${service}=${port}`);
+  const process = options.launch(args);
+  let ready!: () => void;
+  const readied = new Promise<"ready">((resolve) => (ready = () => resolve("ready")));
+  const mux = new Mux({
+    role: "host",
+    input: process.input,
+    output: (bytes) => process.output(bytes),
+    services: Object.keys(ports),
+    onOpen: (stream, service) => void carry(stream, options.sockets[service as RelayService]!),
+    onReady: ready,
+  });
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeoutMs = options.readyTimeoutMs ?? READY_TIMEOUT_MS;
+  const timedOut = new Promise<"timeout">((resolve) => (timer = setTimeout(() => resolve("timeout"), timeoutMs)));
+  let onAbort = () => {};
+  const aborted = new Promise<"aborted">((resolve) => {
+    onAbort = () => resolve("aborted");
+    if (signal?.aborted) onAbort();
+    else signal?.addEventListener("abort", onAbort, { once: true });
+  });
+  const first = await Promise.race([readied, mux.done.then(() => "ended" as const), timedOut, aborted]);
+  clearTimeout(timer);
+  signal?.removeEventListener("abort", onAbort);
+  if (first === "ready") return { kind: "ready", process, mux };
+  const muxError = mux.ended ? await mux.done : undefined;
+  mux.close();
+  await stop(process);
+  const ended = await process.finished;
+  if (ended.exitCode === EXIT_PORT_IN_USE) return { kind: "ports_in_use" };
+  const why = first === "aborted"
+    ? "the session closed"
+    : first === "timeout"
+    ? `it did not answer within ${timeoutMs} ms`
+    : muxError
+    ? `it broke the protocol (${muxError.message})`
+    : `it exited with code ${ended.exitCode} before listening`;
+  return { kind: "failed", message: why, detail: ended.stderrTail.trim() };
+}
+
+/** Close the relay's stdin, give it a moment to exit, then kill it. */
+async function stop(process: RelayProcess): Promise<void> {
+  await process.closeInput().catch(() => {});
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<"late">((resolve) => (timer = setTimeout(() => resolve("late"), CLOSE_GRACE_MS)));
+  const outcome = await Promise.race([process.finished.then(() => "exited" as const), late]);
+  clearTimeout(timer);
+  if (outcome === "late") await process.kill().catch(() => {});
+  await process.finished;
+}
+
+/** Pipe one stream to its service's socket; a socket that cannot be reached resets the stream. */
+async function carry(stream: MuxStream, socketPath: string): Promise<void> {
+  let conn: Deno.UnixConn;
+  try {
+    conn = await Deno.connect({ transport: "unix", path: socketPath });
+  } catch {
+    stream.resetStream("the service is not available");
+    return;
+  }
+  await pipeStream(stream, conn).catch(() => {});
+}
+
+/** A relay that said READY, restarted on the same ports whenever it ends, until closed. */
+class LiveRelay implements RelayHost {
+  readonly ports: Partial<Record<RelayService, number>>;
+  #starts = 1;
+  #current: { process: RelayProcess; mux: Mux } | undefined;
+  #closing = false;
+  #closed: Promise<void> | undefined;
+  #waiters: (() => void)[] = [];
+  readonly #options: RelayOptions;
+  readonly #wake = new AbortController();
+  readonly #supervised: Promise<void>;
+
+  constructor(options: RelayOptions, ports: Partial<Record<RelayService, number>>, first: { process: RelayProcess; mux: Mux }) {
+    this.#options = options;
+    this.ports = ports;
+    this.#current = first;
+    this.#supervised = this.#supervise();
+  }
+
+  get starts(): number {
+    return this.#starts;
+  }
+
+  nextReady(): Promise<void> {
+    return new Promise((resolve) => this.#waiters.push(resolve));
+  }
+
+  /** Wait for the current relay to end; start another; repeat until closed. */
+  async #supervise(): Promise<void> {
+    let failures = 0;
+    while (!this.#closing) {
+      const current = this.#current;
+      if (current) {
+        const error = await Promise.race([current.mux.done, current.process.finished.then(() => undefined)]);
+        // Whatever ended first, end the rest: every carried connection fails now, not later.
+        current.mux.close();
+        if (this.#closing) return;
+        this.#options.onEvent?.(
+          `relay ended${error ? ` (${error.message})` : ""}; its connections were closed; restarting it`,
+        );
+        await stop(current.process);
+        this.#current = undefined;
+      }
+      if (this.#closing) return;
+      await this.#sleep(RESTART_DELAYS_MS[Math.min(failures, RESTART_DELAYS_MS.length - 1)]);
+      if (this.#closing) return;
+      const outcome = await launchOnce(this.#options, this.ports, this.#wake.signal);
+      if (outcome.kind === "ready") {
+        if (this.#closing) {
+          outcome.mux.close();
+          await stop(outcome.process);
+          return;
+        }
+        failures = 0;
+        this.#current = { process: outcome.process, mux: outcome.mux };
+        this.#starts++;
+        const waiters = this.#waiters;
+        this.#waiters = [];
+        for (const wake of waiters) wake();
+        continue;
+      }
+      failures++;
+      if (failures === 1 || failures % 30 === 0) {
+        this.#options.onEvent?.(
+          `cannot restart the relay: ${outcome.kind === "failed" ? outcome.message : "its ports are in use"}; retrying`,
+        );
+      }
+    }
+  }
+
+  #sleep(ms: number): Promise<void> {
+    const signal = this.#wake.signal;
+    if (ms === 0 || signal.aborted) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      signal.addEventListener("abort", done, { once: true });
+    });
+  }
+
+  close(): Promise<void> {
+    this.#closed ??= (async () => {
+      this.#closing = true;
+      this.#wake.abort();
+      const current = this.#current;
+      if (current) {
+        current.mux.close();
+        await stop(current.process);
+      }
+      await this.#supervised;
+    })();
+    return this.#closed;
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}

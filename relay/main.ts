@@ -1,0 +1,98 @@
+/**
+ * The relay: runs inside the sandbox, which has no network of its own (only `lo`).
+ *
+ * ```
+ * deno run --allow-net=127.0.0.1 --no-config relay.js llm=19080 egress=19081 [git=19082]
+ * ```
+ *
+ * It listens on 127.0.0.1 at the given ports, one per host service, and carries every connection
+ * it accepts as a stream over its own stdin/stdout (the stdio of the one `docker exec -i` the host
+ * keeps open for the session), framed by lib/proxy/mux.ts. It holds no secret and decides nothing:
+ * the proxies on the host check every request. When its stdin ends (the host went away) it exits
+ * at once, which closes every connection it carried.
+ *
+ * Exit codes: 0 the host closed the stream; 1 the stream broke; 2 usage; 75 a port stayed in use.
+ * `--check` loads the module and exits 0 (the image build warms Deno's cache with it).
+ */
+import { Mux, pipeStream } from "../lib/proxy/mux.ts";
+
+/** How long a port in use is retried: a relay restarted by the host may race its predecessor's exit. */
+const LISTEN_RETRY_MS = 2_000;
+const EXIT_TEMPFAIL = 75;
+const READ_BYTES = 256 * 1024;
+const SMALL_READ_BYTES = 16 * 1024;
+
+function fail(message: string, code: number): never {
+  Deno.stderr.writeSync(new TextEncoder().encode(`sandbox relay: ${message}\n`));
+  Deno.exit(code);
+}
+
+function parseServices(args: string[]): [service: string, port: number][] {
+  const services: [string, number][] = [];
+  for (const arg of args) {
+    const match = /^([a-z]{1,16})=(\d{1,5})$/.exec(arg);
+    if (!match || Number(match[2]) < 1 || Number(match[2]) > 65_535) fail(`invalid argument "${arg}"`, 2);
+    services.push([match[1], Number(match[2])]);
+  }
+  if (services.length === 0) fail("usage: relay.js SERVICE=PORT...", 2);
+  return services;
+}
+
+async function listen(port: number): Promise<Deno.TcpListener> {
+  const deadline = Date.now() + LISTEN_RETRY_MS;
+  while (true) {
+    try {
+      return Deno.listen({ hostname: "127.0.0.1", port });
+    } catch (error) {
+      if (!(error instanceof Deno.errors.AddrInUse) || Date.now() > deadline) {
+        fail(`cannot listen on 127.0.0.1:${port}: ${error instanceof Error ? error.name : error}`, EXIT_TEMPFAIL);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+}
+
+/** stdin as chunks; small reads are copied out so that the big buffer is reused. */
+async function* stdinChunks(): AsyncGenerator<Uint8Array> {
+  let buffer = new Uint8Array(READ_BYTES);
+  while (true) {
+    const n = await Deno.stdin.read(buffer);
+    if (n === null) return;
+    if (n < SMALL_READ_BYTES) yield buffer.slice(0, n);
+    else {
+      yield buffer.subarray(0, n);
+      buffer = new Uint8Array(READ_BYTES);
+    }
+  }
+}
+
+async function writeStdout(bytes: Uint8Array): Promise<void> {
+  let rest = bytes;
+  while (rest.length > 0) rest = rest.subarray(await Deno.stdout.write(rest));
+}
+
+async function serve(mux: Mux, listener: Deno.TcpListener, service: string): Promise<void> {
+  for await (const conn of listener) {
+    conn.setNoDelay(true);
+    const stream = mux.open(service);
+    if (!stream) {
+      conn.close();
+      continue;
+    }
+    pipeStream(stream, conn).catch(() => {});
+  }
+}
+
+async function main(args: string[]): Promise<never> {
+  if (args[0] === "--check") Deno.exit(0);
+  const services = parseServices(args);
+  const listeners = await Promise.all(services.map(([, port]) => listen(port)));
+  const mux = new Mux({ role: "relay", input: stdinChunks(), output: writeStdout });
+  services.forEach(([service], i) => void serve(mux, listeners[i], service).catch(() => {}));
+  mux.sendReady();
+  const error = await mux.done;
+  if (error) fail(`the stream to the host broke: ${error.message}`, 1);
+  Deno.exit(0);
+}
+
+await main(Deno.args);
