@@ -1,4 +1,5 @@
-# The sandbox image: a non-root user, a workspace and the exec wrapper, layered on any
+# The sandbox image: a non-root user, a workspace, the exec wrapper, the worker and the relay
+# (which carries the host proxies' connections over the exec stream), layered on any
 # Debian-like base. The tool builds it on demand and tags it by the hash of its inputs.
 ARG BASE_IMAGE=sandbox-base:bookworm
 FROM ${BASE_IMAGE}
@@ -16,6 +17,7 @@ RUN if ! getent passwd 10001 >/dev/null; then \
 COPY sandbox-exec /usr/local/bin/sandbox-exec
 COPY deno /usr/local/bin/deno
 COPY worker.js /opt/sandbox/worker.js
+COPY relay.js /opt/sandbox/relay.js
 RUN chmod 0755 /usr/local/bin/sandbox-exec /usr/local/bin/deno \
  && mkdir -p /opt/sandbox/deno-dir && chown 10001:10001 /opt/sandbox/deno-dir
 
@@ -30,6 +32,7 @@ USER 10001:10001
 # Warm Deno's caches for the worker as the user who runs it, at the path it runs from, so that a
 # run does not pay a cold start. Deno uses its cache only where it can write, and the root
 # filesystem is read-only at run time: the container's first act is to copy it to /tmp.
-RUN DENO_DIR=/opt/sandbox/deno-dir deno run --allow-all --no-config /opt/sandbox/worker.js --help >/dev/null
+RUN DENO_DIR=/opt/sandbox/deno-dir deno run --allow-all --no-config /opt/sandbox/worker.js --help >/dev/null \
+ && DENO_DIR=/opt/sandbox/deno-dir deno run --quiet --no-config --no-prompt --allow-net=127.0.0.1 /opt/sandbox/relay.js --check
 HEALTHCHECK --interval=30s --timeout=5s --start-period=2s --retries=3 CMD ["test", "-w", "/workspace"]
 CMD ["sh", "-c", "cp -a /opt/sandbox/deno-dir /tmp/.deno-dir-copy && mv -T /tmp/.deno-dir-copy /tmp/deno-dir; exec sleep infinity"]

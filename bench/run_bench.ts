@@ -4,7 +4,7 @@
  *
  * The CLI runs as a subprocess (`deno run -A cli.ts run agentic`) with a replayed one-step
  * conversation (`--model replay:FILE`, the LLM answers at once), in a fresh profile with default
- * settings (isolated network: egress proxy and firewall rules for every run), from a frozen copy
+ * settings (no network: egress proxy and the relay for every run), from a frozen copy
  * of the sources and with a temporary state directory. Every figure stands beside a baseline
  * measured in the same run: `docker exec CONTAINER true` for the warm run, `docker run --rm IMAGE
  * true` for the cold run, `cat` for `sandbox logs`. The warm figure is broken down into its parts
@@ -12,7 +12,6 @@
  * shows where the time goes.
  */
 import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
-import { pruneFirewall } from "../lib/sandbox/host_firewall.ts";
 import { readLines } from "../lib/lines.ts";
 import { StdoutWriter } from "../lib/output.ts";
 import { decodeMessages, encodeMessage } from "../lib/run/protocol.ts";
@@ -580,7 +579,6 @@ async function run(context: BenchContext): Promise<BenchResult> {
   } finally {
     context.progress(`removing profile ${setup.profile}`);
     await removeProfile(setup.profile).catch(() => {});
-    await pruneFirewall().catch(() => {});
     await Deno.remove(setup.dir, { recursive: true }).catch(() => {});
   }
 }

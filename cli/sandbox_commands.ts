@@ -8,7 +8,7 @@ import {
   statsAll,
   teardownAll,
 } from "../lib/sandbox/docker_provider.ts";
-import { pruneFirewall } from "../lib/sandbox/host_firewall.ts";
+import { removeLegacyFirewall } from "../lib/sandbox/legacy_cleanup.ts";
 import { ensureImage } from "../lib/sandbox/image.ts";
 import { openProvider } from "../lib/sandbox/providers.ts";
 import { openDevcontainer } from "../lib/sandbox/devcontainer/provider.ts";
@@ -142,7 +142,7 @@ export function registerSandboxCommands(program: Command): void {
         const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
         await provider.ensureRunning({ signal });
         // While the command runs, this process serves its proxies (LLM credentials, egress).
-        await using session = await openSession(profile, provider, { signal });
+        await using session = await openSession(profile, provider, { signal, onProgress: note });
         const stream = provider.execStream(argv, {
           cwd: opts.cwd,
           env: { ...session.env, ...env },
@@ -197,7 +197,8 @@ export function registerSandboxCommands(program: Command): void {
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
       const report = await teardownAll(new DockerCli(), signal);
-      await pruneFirewall();
+      // Chains older versions made (root only; nothing to do for anyone else).
+      await removeLegacyFirewall();
       if (opts.json) return void await stdout.json(report);
       const total = report.containers.length + report.networks.length + report.volumes.length;
       if (total === 0) return void await stdout.line("nothing to remove");

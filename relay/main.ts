@@ -2,7 +2,7 @@
  * The relay: runs inside the sandbox, which has no network of its own (only `lo`).
  *
  * ```
- * deno run --allow-net=127.0.0.1 --no-config relay.js llm=19080 egress=19081 [git=19082]
+ * deno run --allow-net=127.0.0.1 --no-config relay.js [--wait] llm=19080 egress=19081 [git=19082]
  * ```
  *
  * It listens on 127.0.0.1 at the given ports, one per host service, and carries every connection
@@ -11,12 +11,14 @@
  * the proxies on the host check every request. When its stdin ends (the host went away) it exits
  * at once, which closes every connection it carried.
  *
- * Exit codes: 0 the host closed the stream; 1 the stream broke; 2 usage; 75 a port stayed in use.
+ * Exit codes: 0 the host closed the stream; 1 the stream broke; 2 usage; 75 a port is in use.
+ * With `--wait`, a port in use is retried for a moment first: a relay restarted by the host may
+ * race its predecessor's exit.
  * `--check` loads the module and exits 0 (the image build warms Deno's cache with it).
  */
 import { Mux, pipeStream } from "../lib/proxy/mux.ts";
 
-/** How long a port in use is retried: a relay restarted by the host may race its predecessor's exit. */
+/** How long a port in use is retried with `--wait`. */
 const LISTEN_RETRY_MS = 2_000;
 const EXIT_TEMPFAIL = 75;
 const READ_BYTES = 256 * 1024;
@@ -31,21 +33,26 @@ function parseServices(args: string[]): [service: string, port: number][] {
   const services: [string, number][] = [];
   for (const arg of args) {
     const match = /^([a-z]{1,16})=(\d{1,5})$/.exec(arg);
-    if (!match || Number(match[2]) < 1 || Number(match[2]) > 65_535) fail(`invalid argument "${arg}"`, 2);
+    if (!match || Number(match[2]) < 1 || Number(match[2]) > 65_535) {
+      fail(`invalid argument "${arg}"`, 2);
+    }
     services.push([match[1], Number(match[2])]);
   }
   if (services.length === 0) fail("usage: relay.js SERVICE=PORT...", 2);
   return services;
 }
 
-async function listen(port: number): Promise<Deno.TcpListener> {
-  const deadline = Date.now() + LISTEN_RETRY_MS;
+async function listen(port: number, wait: boolean): Promise<Deno.TcpListener> {
+  const deadline = Date.now() + (wait ? LISTEN_RETRY_MS : 0);
   while (true) {
     try {
       return Deno.listen({ hostname: "127.0.0.1", port });
     } catch (error) {
-      if (!(error instanceof Deno.errors.AddrInUse) || Date.now() > deadline) {
-        fail(`cannot listen on 127.0.0.1:${port}: ${error instanceof Error ? error.name : error}`, EXIT_TEMPFAIL);
+      if (!(error instanceof Deno.errors.AddrInUse) || Date.now() >= deadline) {
+        fail(
+          `cannot listen on 127.0.0.1:${port}: ${error instanceof Error ? error.name : error}`,
+          EXIT_TEMPFAIL,
+        );
       }
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
@@ -85,8 +92,9 @@ async function serve(mux: Mux, listener: Deno.TcpListener, service: string): Pro
 
 async function main(args: string[]): Promise<never> {
   if (args[0] === "--check") Deno.exit(0);
-  const services = parseServices(args);
-  const listeners = await Promise.all(services.map(([, port]) => listen(port)));
+  const wait = args[0] === "--wait";
+  const services = parseServices(wait ? args.slice(1) : args);
+  const listeners = await Promise.all(services.map(([, port]) => listen(port, wait)));
   const mux = new Mux({ role: "relay", input: stdinChunks(), output: writeStdout });
   services.forEach(([service], i) => void serve(mux, listeners[i], service).catch(() => {}));
   mux.sendReady();

@@ -15,7 +15,7 @@
  * to wherever it points.
  */
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
-import { assertListenHostnames, formatHostForUrl, type ListenAddress } from "./egress_proxy.ts";
+import { assertListenOn, formatHostForUrl, type ListenAddress } from "./egress_proxy.ts";
 import { closeOnAbort } from "../process.ts";
 import { Redactor } from "../redact.ts";
 import {
@@ -104,6 +104,8 @@ export interface CredentialProxyOptions {
   hostnames: string[];
   /** 0 or absent: pick a free port. */
   port?: number;
+  /** Listen on this Unix socket instead of TCP (`hostnames` must then be empty). */
+  path?: string;
   tokens: TokenRegistry;
   maxBodyBytes?: number;
   upstreamTimeoutMs?: number;
@@ -118,6 +120,7 @@ export interface CredentialProxyOptions {
 }
 
 export interface CredentialProxy {
+  /** The TCP port; 0 when listening on a Unix socket. */
   port: number;
   addresses: ListenAddress[];
   /** `http://hostname:port/proxy/v1`: the OpenAI-style base URL for the sandbox. */
@@ -131,13 +134,20 @@ export interface CredentialProxy {
 export async function startCredentialProxy(
   options: CredentialProxyOptions,
 ): Promise<CredentialProxy> {
-  assertListenHostnames(options.hostnames);
+  assertListenOn(options);
   const closing = new AbortController();
   const handler = createHandler(options, closing.signal);
-  const servers: Deno.HttpServer<Deno.NetAddr>[] = [];
+  const servers: Deno.HttpServer<Deno.Addr>[] = [];
   try {
+    if (options.path !== undefined) {
+      servers.push(Deno.serve({
+        path: options.path,
+        onListen: () => {},
+        onError: () => jsonError(500, "api_error", "sandbox credential proxy: internal error"),
+      }, handler));
+    }
     for (const hostname of options.hostnames) {
-      const port = servers.length === 0 ? options.port ?? 0 : servers[0].addr.port;
+      const port = servers.length === 0 ? options.port ?? 0 : (servers[0].addr as Deno.NetAddr).port;
       servers.push(Deno.serve({
         hostname: hostname.replace(/^\[|\]$/g, ""),
         port,
@@ -151,7 +161,7 @@ export async function startCredentialProxy(
     await Promise.all(servers.map((server) => server.shutdown()));
     throw error;
   }
-  const port = servers[0].addr.port;
+  const port = options.path === undefined ? (servers[0].addr as Deno.NetAddr).port : 0;
 
   let closed: Promise<void> | undefined;
   // Set right below; a signal that has already aborted closes at once, before it is set.

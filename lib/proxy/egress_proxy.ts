@@ -1,6 +1,7 @@
 /**
- * The egress proxy: the only way out of a sandbox network. An HTTP forward proxy on raw TCP
- * (`Deno.serve` cannot answer CONNECT), listening on loopback and the sandbox network's gateway.
+ * The egress proxy: the only way out of an isolated sandbox. An HTTP forward proxy on a raw socket
+ * (`Deno.serve` cannot answer CONNECT): a Unix socket that the sandbox's relay reaches, or
+ * loopback TCP for `sandbox proxy`.
  *
  * - `CONNECT host:port` (HTTPS and anything else over TLS): policy check, connect, then bytes are
  *   piped both ways untouched. The proxy never sees inside TLS.
@@ -60,6 +61,8 @@ export interface EgressProxyOptions {
   hostnames: string[];
   /** 0 or absent: pick a free port. */
   port?: number;
+  /** Listen on this Unix socket instead of TCP (`hostnames` must then be empty). */
+  path?: string;
   mode: EgressMode;
   /** Allowlist patterns (see lib/egress_policy.ts), used in mode "allowlist". */
   allow: string[];
@@ -97,6 +100,7 @@ export interface ListenAddress {
 }
 
 export interface EgressProxy {
+  /** The TCP port; 0 when listening on a Unix socket. */
   port: number;
   addresses: ListenAddress[];
   /** `http://hostname:port`, for `HTTP_PROXY`/`HTTPS_PROXY`. */
@@ -113,11 +117,13 @@ export interface EgressProxy {
  */
 // deno-lint-ignore require-await
 export async function startEgressProxy(options: EgressProxyOptions): Promise<EgressProxy> {
-  assertListenHostnames(options.hostnames);
+  assertListenOn(options);
   // Before listening: a bad `hosts` entry raises here, with nothing to clean up.
   const proxy = new ProxySession(options);
-  const listeners = listenAll(options.hostnames, options.port ?? 0);
-  const port = listeners[0].addr.port;
+  const listeners: Deno.Listener[] = options.path === undefined
+    ? listenAll(options.hostnames, options.port ?? 0)
+    : [Deno.listen({ transport: "unix", path: options.path })];
+  const port = options.path === undefined ? (listeners[0].addr as Deno.NetAddr).port : 0;
   const acceptLoops = listeners.map((listener) => proxy.acceptFrom(listener));
 
   let closing: Promise<void> | undefined;
@@ -143,7 +149,13 @@ export async function startEgressProxy(options: EgressProxyOptions): Promise<Egr
   };
 }
 
-/** Shared by both host proxies: a listen address list must be non-empty and name no wildcard. */
+/** Shared by the host proxies: a Unix socket, or TCP addresses that name no wildcard. */
+export function assertListenOn(options: { hostnames: readonly string[]; path?: string }): void {
+  if (options.path === undefined) return assertListenHostnames(options.hostnames);
+  if (options.hostnames.length > 0) throw new TypeError("Cannot listen on a Unix socket and TCP addresses at once");
+}
+
+/** A listen address list must be non-empty and name no wildcard. */
 export function assertListenHostnames(hostnames: readonly string[]): void {
   if (hostnames.length === 0) throw new TypeError("Cannot start a proxy without a listen address");
   for (const hostname of hostnames) {
@@ -219,7 +231,7 @@ class ProxySession {
     }
   }
 
-  async acceptFrom(listener: Deno.TcpListener): Promise<void> {
+  async acceptFrom(listener: Deno.Listener): Promise<void> {
     try {
       for await (const conn of listener) {
         if (this.#closing.signal.aborted) {

@@ -16,7 +16,7 @@
  *   POST /git/git-receive-pack
  */
 import type { AccessLog } from "./access_log.ts";
-import { assertListenHostnames, formatHostForUrl } from "./egress_proxy.ts";
+import { assertListenOn, formatHostForUrl } from "./egress_proxy.ts";
 import { type GitRoute, parseGitRoute, PushFormatError, pushViolation, requestTarget, scanPushCommands } from "./git_protocol.ts";
 import { closeOnAbort } from "../process.ts";
 import type { Redactor } from "../redact.ts";
@@ -40,6 +40,8 @@ export interface GitRemote {
 
 export interface GitProxyOptions {
   hostnames: string[];
+  /** Listen on this Unix socket instead of TCP (`hostnames` must then be empty). */
+  path?: string;
   /** Session token → remote. */
   grants: Map<string, GitRemote>;
   log?: AccessLog;
@@ -52,6 +54,7 @@ export interface GitProxyOptions {
 }
 
 export interface GitProxy extends AsyncDisposable {
+  /** The TCP port; 0 when listening on a Unix socket. */
   port: number;
   /** The remote URL the sandbox uses: `http://host:port/git`. */
   url(hostname: string): string;
@@ -178,12 +181,13 @@ async function readCommandSection(
 
 /** Start the git proxy on `hostnames` (same port each; never all interfaces). */
 export function startGitProxy(options: GitProxyOptions): Promise<GitProxy> {
-  assertListenHostnames(options.hostnames);
+  assertListenOn(options);
   const handler = (req: Request): Promise<Response> => handleGitRequest(req, options);
 
-  const servers: Deno.HttpServer<Deno.NetAddr>[] = [];
+  const servers: Deno.HttpServer<Deno.Addr>[] = [];
   let port = 0;
   try {
+    if (options.path !== undefined) servers.push(Deno.serve({ path: options.path, onListen: () => {} }, handler));
     for (const hostname of options.hostnames) {
       const server = Deno.serve({ hostname, port, onListen: () => {} }, handler);
       servers.push(server);

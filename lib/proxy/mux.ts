@@ -88,14 +88,24 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
 /** One frame as bytes. */
-export function encodeFrame(type: FrameType, stream: number, payload: Uint8Array = new Uint8Array(0)): Uint8Array {
+export function encodeFrame(
+  type: FrameType,
+  stream: number,
+  payload: Uint8Array = new Uint8Array(0),
+): Uint8Array {
   const bytes = new Uint8Array(HEADER_BYTES + payload.length);
   writeHeader(bytes, 0, type, stream, payload.length);
   bytes.set(payload, HEADER_BYTES);
   return bytes;
 }
 
-function writeHeader(into: Uint8Array, at: number, type: number, stream: number, length: number): void {
+function writeHeader(
+  into: Uint8Array,
+  at: number,
+  type: number,
+  stream: number,
+  length: number,
+): void {
   const view = new DataView(into.buffer, into.byteOffset + at, HEADER_BYTES);
   view.setUint8(0, type);
   view.setUint32(1, stream);
@@ -166,13 +176,20 @@ export class FrameDecoder {
       const cap = payloadCap(type);
       if (cap === undefined) throw new MuxProtocolError(`unknown frame type ${type}`);
       if (length > cap) {
-        throw new MuxProtocolError(`${FRAME_NAMES[type]} frame of ${length} bytes (at most ${cap})`);
+        throw new MuxProtocolError(
+          `${FRAME_NAMES[type]} frame of ${length} bytes (at most ${cap})`,
+        );
       }
       if (chunk.length - at >= length) {
         frames.push({ type: type as FrameType, stream, payload: chunk.subarray(at, at + length) });
         at += length;
       } else {
-        this.#pending = { type: type as FrameType, stream, payload: new Uint8Array(length), fill: 0 };
+        this.#pending = {
+          type: type as FrameType,
+          stream,
+          payload: new Uint8Array(length),
+          fill: 0,
+        };
       }
     }
     return frames;
@@ -245,7 +262,9 @@ export class Mux {
   /** Relay: open a stream to `service`; undefined when at the stream cap or out of ids. */
   open(service: string): MuxStream | undefined {
     if (this.role !== "relay") throw new TypeError("Only the relay opens streams");
-    if (this.ended || this.#streams.size >= this.#maxStreams || this.#highestId >= MAX_STREAM_ID) return undefined;
+    if (this.ended || this.#streams.size >= this.#maxStreams || this.#highestId >= MAX_STREAM_ID) {
+      return undefined;
+    }
     const id = ++this.#highestId;
     const stream = new MuxStream(this, id);
     this.#streams.set(id, stream);
@@ -261,7 +280,9 @@ export class Mux {
   #end(error: Error | undefined): void {
     if (this.#ended !== null) return;
     this.#ended = error;
-    const why = new StreamResetError(error ? `relay connection failed: ${error.message}` : "relay connection closed");
+    const why = new StreamResetError(
+      error ? `relay connection failed: ${error.message}` : "relay connection closed",
+    );
     for (const stream of this.#streams.values()) stream._terminate(why);
     this.#streams.clear();
     this.#queue.length = 0;
@@ -288,7 +309,9 @@ export class Mux {
     const { type, stream: id, payload } = frame;
     if (this.role === "host") {
       if (!this.#ready) {
-        if (type !== FRAME.READY || id !== 0) throw new MuxProtocolError(`${FRAME_NAMES[type]} frame before READY`);
+        if (type !== FRAME.READY || id !== 0) {
+          throw new MuxProtocolError(`${FRAME_NAMES[type]} frame before READY`);
+        }
         if (decoder.decode(payload) !== PROTOCOL) {
           throw new MuxProtocolError(`the relay speaks "${printable(payload)}", not "${PROTOCOL}"`);
         }
@@ -299,10 +322,16 @@ export class Mux {
       if (type === FRAME.READY) throw new MuxProtocolError("a second READY frame");
       if (id === 0) throw new MuxProtocolError(`${FRAME_NAMES[type]} frame on stream 0`);
       if (type === FRAME.OPEN) return this.#accept(id, payload);
-      if (id > this.#highestId) throw new MuxProtocolError(`${FRAME_NAMES[type]} frame for stream ${id}, never opened`);
+      if (id > this.#highestId) {
+        throw new MuxProtocolError(`${FRAME_NAMES[type]} frame for stream ${id}, never opened`);
+      }
     } else {
-      if (type === FRAME.READY || type === FRAME.OPEN) throw new MuxProtocolError(`${FRAME_NAMES[type]} frame from the host`);
-      if (id === 0 || id > this.#highestId) throw new MuxProtocolError(`${FRAME_NAMES[type]} frame for stream ${id}, never opened`);
+      if (type === FRAME.READY || type === FRAME.OPEN) {
+        throw new MuxProtocolError(`${FRAME_NAMES[type]} frame from the host`);
+      }
+      if (id === 0 || id > this.#highestId) {
+        throw new MuxProtocolError(`${FRAME_NAMES[type]} frame for stream ${id}, never opened`);
+      }
     }
     const stream = this.#streams.get(id);
     // An ended stream: frames that crossed our RST or FIN are dropped.
@@ -314,7 +343,9 @@ export class Mux {
         return;
       case FRAME.WINDOW: {
         const credit = new DataView(payload.buffer, payload.byteOffset, payload.length);
-        if (payload.length !== 4 || credit.getUint32(0) === 0) throw new MuxProtocolError(`malformed WINDOW frame on stream ${id}`);
+        if (payload.length !== 4 || credit.getUint32(0) === 0) {
+          throw new MuxProtocolError(`malformed WINDOW frame on stream ${id}`);
+        }
         stream._credit(credit.getUint32(0));
         return;
       }
@@ -322,7 +353,11 @@ export class Mux {
         stream._receiveFin();
         return;
       case FRAME.RST:
-        stream._terminate(new StreamResetError(`stream reset by the peer${payload.length ? `: ${printable(payload)}` : ""}`));
+        stream._terminate(
+          new StreamResetError(
+            `stream reset by the peer${payload.length ? `: ${printable(payload)}` : ""}`,
+          ),
+        );
         this._forget(stream);
         return;
     }
@@ -330,7 +365,9 @@ export class Mux {
 
   /** Host: an OPEN from the relay. */
   #accept(id: number, payload: Uint8Array): void {
-    if (id <= this.#highestId) throw new MuxProtocolError(`OPEN for stream ${id} after stream ${this.#highestId}`);
+    if (id <= this.#highestId) {
+      throw new MuxProtocolError(`OPEN for stream ${id} after stream ${this.#highestId}`);
+    }
     this.#highestId = id;
     const service = decoder.decode(payload);
     if (!this.#services.has(service)) {
@@ -469,7 +506,9 @@ export class MuxStream {
     if (this.#remoteFin) return;
     this.#ungranted += bytes;
     if (this.#ungranted < WINDOW_UPDATE_BYTES && this.#inbound.length > 0) return;
-    if (this.#ungranted < WINDOW_UPDATE_BYTES && this.#receiveAllowance >= WINDOW_UPDATE_BYTES) return;
+    if (this.#ungranted < WINDOW_UPDATE_BYTES && this.#receiveAllowance >= WINDOW_UPDATE_BYTES) {
+      return;
+    }
     this.#receiveAllowance += this.#ungranted;
     this.#mux._sendControl(FRAME.WINDOW, this.id, u32(this.#ungranted));
     this.#ungranted = 0;
@@ -507,7 +546,11 @@ export class MuxStream {
   /** Abort both directions, telling the peer. */
   resetStream(reason = ""): void {
     if (this.#error) return;
-    this.#mux._sendControl(FRAME.RST, this.id, encoder.encode(reason.slice(0, MAX_CONTROL_BYTES / 4)));
+    this.#mux._sendControl(
+      FRAME.RST,
+      this.id,
+      encoder.encode(reason.slice(0, MAX_CONTROL_BYTES / 4)),
+    );
     this._terminate(new StreamResetError(reason ? `stream reset: ${reason}` : "stream reset"));
     this.#mux._forget(this);
   }
@@ -533,7 +576,9 @@ export class MuxStream {
 
   /** @internal WINDOW arrived. */
   _credit(bytes: number): void {
-    if (this.#sendCredit + bytes > MAX_WINDOW_BYTES) throw new MuxProtocolError(`window over ${MAX_WINDOW_BYTES} bytes on stream ${this.id}`);
+    if (this.#sendCredit + bytes > MAX_WINDOW_BYTES) {
+      throw new MuxProtocolError(`window over ${MAX_WINDOW_BYTES} bytes on stream ${this.id}`);
+    }
     this.#sendCredit += bytes;
     this.#writable.wake();
   }
@@ -600,7 +645,9 @@ export async function pipeStream(stream: MuxStream, conn: ByteConn): Promise<voi
   try {
     await Promise.all([up, down]);
   } catch (error) {
-    stream.resetStream(error instanceof StreamResetError ? "" : error instanceof Error ? error.name : "error");
+    stream.resetStream(
+      error instanceof StreamResetError ? "" : error instanceof Error ? error.name : "error",
+    );
     try {
       conn.close();
     } catch {

@@ -12,7 +12,7 @@
  * protocol error), every connection it carried fails at once and a new relay is started on the
  * same ports, so the URLs the sandbox was given keep working.
  */
-import { Mux, MuxStream, pipeStream } from "./mux.ts";
+import { Mux, type MuxStream, pipeStream } from "./mux.ts";
 import { SandboxError } from "../errors.ts";
 import { spawn } from "../process.ts";
 
@@ -46,7 +46,7 @@ export interface RelayProcess {
   kill(): Promise<void>;
 }
 
-/** Starts a relay with these arguments (`SERVICE=PORT`...). */
+/** Starts a relay with these arguments (`[--wait] SERVICE=PORT...`). */
 export type RelayLauncher = (args: string[]) => RelayProcess;
 
 /**
@@ -54,7 +54,10 @@ export type RelayLauncher = (args: string[]) => RelayProcess;
  * with its stdio as the stream. `kill` also runs `options.kill` (e.g. to end the process tree
  * inside the container, which killing the docker client does not).
  */
-export function spawnRelayProcess(argv: string[], options: { kill?: () => Promise<void> } = {}): RelayProcess {
+export function spawnRelayProcess(
+  argv: string[],
+  options: { kill?: () => Promise<void> } = {},
+): RelayProcess {
   const stdin = new TransformStream<Uint8Array, Uint8Array>();
   const writer = stdin.writable.getWriter();
   const child = spawn(argv, { stdin: stdin.readable });
@@ -62,7 +65,10 @@ export function spawnRelayProcess(argv: string[], options: { kill?: () => Promis
     input: child.stdout,
     output: (bytes) => writer.write(bytes),
     closeInput: () => writer.close(),
-    finished: child.finished.then((outcome) => ({ exitCode: outcome.exitCode, stderrTail: outcome.stderrTail })),
+    finished: child.finished.then((outcome) => ({
+      exitCode: outcome.exitCode,
+      stderrTail: outcome.stderrTail,
+    })),
     async kill() {
       child.kill();
       await options.kill?.();
@@ -103,7 +109,9 @@ type Attempt =
  * Raises `SandboxError` when no relay could be started.
  */
 export async function startRelay(options: RelayOptions): Promise<RelayHost> {
-  const services = (Object.keys(RELAY_SERVICES) as RelayService[]).filter((s) => options.sockets[s] !== undefined);
+  const services = (Object.keys(RELAY_SERVICES) as RelayService[]).filter((s) =>
+    options.sockets[s] !== undefined
+  );
   if (services.length === 0) throw new TypeError("Cannot start a relay without a service");
   const name = options.sandboxName ?? "sandbox";
   let base = options.basePort ?? DEFAULT_RELAY_BASE_PORT;
@@ -116,13 +124,23 @@ export async function startRelay(options: RelayOptions): Promise<RelayHost> {
       continue;
     }
     if (outcome.kind === "ports_in_use") {
-      throw new SandboxError("exec_failed", `Cannot start the relay in sandbox "${name}": its ports are in use`, {
-        detail: `Tried ${BASE_PORT_ATTEMPTS} port ranges from ${options.basePort ?? DEFAULT_RELAY_BASE_PORT}`,
-      });
+      throw new SandboxError(
+        "exec_failed",
+        `Cannot start the relay in sandbox "${name}": its ports are in use`,
+        {
+          detail: `Tried ${BASE_PORT_ATTEMPTS} port ranges from ${
+            options.basePort ?? DEFAULT_RELAY_BASE_PORT
+          }`,
+        },
+      );
     }
-    throw new SandboxError("exec_failed", `Cannot start the relay in sandbox "${name}": ${outcome.message}`, {
-      detail: outcome.detail,
-    });
+    throw new SandboxError(
+      "exec_failed",
+      `Cannot start the relay in sandbox "${name}": ${outcome.message}`,
+      {
+        detail: outcome.detail,
+      },
+    );
   }
 }
 
@@ -134,9 +152,14 @@ function portsFor(services: RelayService[], base: number): Partial<Record<RelayS
 async function launchOnce(
   options: RelayOptions,
   ports: Partial<Record<RelayService, number>>,
-  signal?: AbortSignal,
+  restart?: { signal: AbortSignal },
 ): Promise<Attempt> {
-  const args = Object.entries(ports).map(([service, port]) => `${service}=${port}`);
+  const signal = restart?.signal;
+  // A restart waits for its ports: the relay it replaces may not have released them yet.
+  const args = [
+    ...(restart ? ["--wait"] : []),
+    ...Object.entries(ports).map(([service, port]) => `${service}=${port}`),
+  ];
   const process = options.launch(args);
   let ready!: () => void;
   const readied = new Promise<"ready">((resolve) => (ready = () => resolve("ready")));
@@ -150,14 +173,21 @@ async function launchOnce(
   });
   let timer: ReturnType<typeof setTimeout> | undefined;
   const timeoutMs = options.readyTimeoutMs ?? READY_TIMEOUT_MS;
-  const timedOut = new Promise<"timeout">((resolve) => (timer = setTimeout(() => resolve("timeout"), timeoutMs)));
+  const timedOut = new Promise<"timeout">((
+    resolve,
+  ) => (timer = setTimeout(() => resolve("timeout"), timeoutMs)));
   let onAbort = () => {};
   const aborted = new Promise<"aborted">((resolve) => {
     onAbort = () => resolve("aborted");
     if (signal?.aborted) onAbort();
     else signal?.addEventListener("abort", onAbort, { once: true });
   });
-  const first = await Promise.race([readied, mux.done.then(() => "ended" as const), timedOut, aborted]);
+  const first = await Promise.race([
+    readied,
+    mux.done.then(() => "ended" as const),
+    timedOut,
+    aborted,
+  ]);
   clearTimeout(timer);
   signal?.removeEventListener("abort", onAbort);
   if (first === "ready") return { kind: "ready", process, mux };
@@ -180,7 +210,9 @@ async function launchOnce(
 async function stop(process: RelayProcess): Promise<void> {
   await process.closeInput().catch(() => {});
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const late = new Promise<"late">((resolve) => (timer = setTimeout(() => resolve("late"), CLOSE_GRACE_MS)));
+  const late = new Promise<"late">((
+    resolve,
+  ) => (timer = setTimeout(() => resolve("late"), CLOSE_GRACE_MS)));
   const outcome = await Promise.race([process.finished.then(() => "exited" as const), late]);
   clearTimeout(timer);
   if (outcome === "late") await process.kill().catch(() => {});
@@ -211,7 +243,11 @@ class LiveRelay implements RelayHost {
   readonly #wake = new AbortController();
   readonly #supervised: Promise<void>;
 
-  constructor(options: RelayOptions, ports: Partial<Record<RelayService, number>>, first: { process: RelayProcess; mux: Mux }) {
+  constructor(
+    options: RelayOptions,
+    ports: Partial<Record<RelayService, number>>,
+    first: { process: RelayProcess; mux: Mux },
+  ) {
     this.#options = options;
     this.ports = ports;
     this.#current = first;
@@ -232,12 +268,17 @@ class LiveRelay implements RelayHost {
     while (!this.#closing) {
       const current = this.#current;
       if (current) {
-        const error = await Promise.race([current.mux.done, current.process.finished.then(() => undefined)]);
+        const error = await Promise.race([
+          current.mux.done,
+          current.process.finished.then(() => undefined),
+        ]);
         // Whatever ended first, end the rest: every carried connection fails now, not later.
         current.mux.close();
         if (this.#closing) return;
         this.#options.onEvent?.(
-          `relay ended${error ? ` (${error.message})` : ""}; its connections were closed; restarting it`,
+          `relay ended${
+            error ? ` (${error.message})` : ""
+          }; its connections were closed; restarting it`,
         );
         await stop(current.process);
         this.#current = undefined;
@@ -245,7 +286,7 @@ class LiveRelay implements RelayHost {
       if (this.#closing) return;
       await this.#sleep(RESTART_DELAYS_MS[Math.min(failures, RESTART_DELAYS_MS.length - 1)]);
       if (this.#closing) return;
-      const outcome = await launchOnce(this.#options, this.ports, this.#wake.signal);
+      const outcome = await launchOnce(this.#options, this.ports, { signal: this.#wake.signal });
       if (outcome.kind === "ready") {
         if (this.#closing) {
           outcome.mux.close();
@@ -263,7 +304,9 @@ class LiveRelay implements RelayHost {
       failures++;
       if (failures === 1 || failures % 30 === 0) {
         this.#options.onEvent?.(
-          `cannot restart the relay: ${outcome.kind === "failed" ? outcome.message : "its ports are in use"}; retrying`,
+          `cannot restart the relay: ${
+            outcome.kind === "failed" ? outcome.message : "its ports are in use"
+          }; retrying`,
         );
       }
     }

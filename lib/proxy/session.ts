@@ -1,22 +1,30 @@
 /**
  * A sandbox in use: the host-side services that exist while something runs in it.
  *
- * Opening a session starts, in this process, the credential proxy (LLM calls, key attached here)
- * and the egress proxy (allowlisted outbound traffic), listening on loopback and on the host's
- * address on the sandbox's own network only, opens exactly their ports in the host firewall, and
- * issues a per-session token. Closing it revokes the token, closes the ports and stops both.
+ * Opening a session starts, in this process, the credential proxy (LLM calls, key attached here),
+ * the egress proxy (allowlisted outbound traffic) and, for a remote repository, the git proxy —
+ * each on a Unix socket in a directory only this user can enter, so the host opens no port — and
+ * issues a per-session token. The sandbox reaches them through a relay inside it (relay_host.ts):
+ * loopback ports there, carried over the stdio of one `docker exec`. That works with no network
+ * in the sandbox and with any engine the docker CLI reaches. Closing the session stops the relay,
+ * revokes the token and stops the proxies.
  */
 import { AccessLog } from "./access_log.ts";
 import { userStateDir, type Profile } from "../config.ts";
-import { startCredentialProxy, TokenRegistry, type UpstreamProvider } from "./credential_proxy.ts";
-import type { DockerSandboxProvider, SandboxNetwork } from "../sandbox/docker_provider.ts";
+import { PROXY_PATH_PREFIX, startCredentialProxy, TokenRegistry, type UpstreamProvider } from "./credential_proxy.ts";
+import { type DockerSandboxProvider, SANDBOX_USER } from "../sandbox/docker_provider.ts";
 import { startEgressProxy } from "./egress_proxy.ts";
-import { type GitRemote, startGitProxy } from "./git_proxy.ts";
-import { openProxyPorts } from "../sandbox/host_firewall.ts";
+import { GIT_PATH_PREFIX, type GitRemote, startGitProxy } from "./git_proxy.ts";
 import { KeyStore } from "../keys.ts";
 import { llmTarget } from "./llm_providers.ts";
 import { Redactor } from "../redact.ts";
 import { parseSize } from "../units.ts";
+import { type RelayHost, type RelayLauncher, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
+
+/** Where the image keeps the relay (Dockerfile). */
+export const RELAY_PATH = "/opt/sandbox/relay.js";
+/** `sun_path` holds 108 bytes; a longer socket path cannot be bound. */
+const MAX_SOCKET_PATH = 100;
 
 export interface SessionOptions {
   runId?: string | null;
@@ -34,17 +42,20 @@ export interface SessionOptions {
   model?: string;
   /** Serve the git proxy for this remote too (runs on a remote repository). */
   gitRemote?: GitRemote;
+  /** Diagnostics of the session (a relay restart), for stderr. */
+  onProgress?: (line: string) => void;
 }
 
 export interface SandboxSession extends AsyncDisposable {
   /** Variables for commands in the sandbox: proxy URLs and the session token. No key. */
   readonly env: Record<string, string>;
   readonly token: string;
-  readonly network: SandboxNetwork;
   readonly model: string;
   readonly redactor: Redactor;
   /** The git proxy's URL as the sandbox reaches it, when a remote was given. */
   readonly gitUrl?: string;
+  /** The relay carrying the proxies into the sandbox (its ports, its restarts). */
+  readonly relay: RelayHost;
   close(): Promise<void>;
 }
 
@@ -71,15 +82,53 @@ export interface HostProxies extends AsyncDisposable {
   close(): Promise<void>;
 }
 
+/** Where proxies listen: TCP addresses (`sandbox proxy`, mode none), or Unix sockets in a directory. */
+type Listen = { hostnames: string[] } | { socketDir: string };
+
+/** The proxies of one profile, however they listen, and the token they accept. */
+interface StartedProxies {
+  token: string;
+  model: string;
+  redactor: Redactor;
+  upstreamKind: string;
+  credentials: { port: number; url(hostname: string): string };
+  egress?: { port: number; url(hostname: string): string };
+  git?: { port: number; url(hostname: string): string };
+  /** With `socketDir`: the socket of each service. */
+  sockets: Partial<Record<RelayService, string>>;
+  close(): Promise<void>;
+}
+
+/** The variables a sandbox needs to use the proxies at these URLs. No key: the token only. */
+function sandboxEnv(
+  proxies: StartedProxies,
+  urls: { llm: string; egress?: string; git?: string; noProxy: string[] },
+): Record<string, string> {
+  const env: Record<string, string> = {
+    SANDBOX_LLM_BASE_URL: urls.llm,
+    SANDBOX_LLM_TOKEN: proxies.token,
+    SANDBOX_LLM_API: proxies.upstreamKind,
+    SANDBOX_LLM_MODEL: proxies.model,
+    // Stock SDKs and tools work unchanged: the token is their "API key", the proxy their endpoint.
+    OPENAI_BASE_URL: urls.llm,
+    OPENAI_API_KEY: proxies.token,
+    ANTHROPIC_BASE_URL: urls.llm.replace(/\/v1$/, ""),
+    ANTHROPIC_API_KEY: proxies.token,
+  };
+  if (urls.git) env.SANDBOX_GIT_URL = urls.git;
+  if (urls.egress) {
+    for (const name of ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]) env[name] = urls.egress;
+    const noProxy = [...new Set([...urls.noProxy, "localhost", "127.0.0.1"])].join(",");
+    for (const name of ["NO_PROXY", "no_proxy"]) env[name] = noProxy;
+  }
+  return env;
+}
+
 /**
- * Start the credential proxy and (unless the network mode is full) the egress proxy for `profile`
- * on `hostnames`, and issue a token for them.
+ * Start the credential proxy, the egress proxy (unless the network mode is full) and the git
+ * proxy (with a remote) for `profile`, and issue a token for them.
  */
-export async function startHostProxies(
-  profile: Profile,
-  hostnames: string[],
-  options: SessionOptions = {},
-): Promise<HostProxies> {
+async function startProxies(profile: Profile, listen: Listen, options: SessionOptions): Promise<StartedProxies> {
   const redactor = options.redactor ?? new Redactor();
   const keys = options.keys ?? new KeyStore({ redactor });
   const logPath = options.accessLogPath ?? defaultAccessLogPath();
@@ -98,6 +147,8 @@ export async function startHostProxies(
     // The profile's rules hold whatever serves the requests (a replay or recorder included).
     policy: configured.policy,
   });
+  const at = (service: RelayService) =>
+    "socketDir" in listen ? { hostnames: [], path: `${listen.socketDir}/${service}.sock` } : { hostnames: listen.hostnames };
 
   const cleanups: (() => Promise<void>)[] = [() => log.close()];
   const close = async () => {
@@ -107,7 +158,7 @@ export async function startHostProxies(
   };
   try {
     const credentials = await startCredentialProxy({
-      hostnames,
+      ...at("llm"),
       tokens,
       maxBodyBytes: parseSize(profile.llm.max_request_body),
       log,
@@ -117,7 +168,7 @@ export async function startHostProxies(
     cleanups.push(() => credentials.close());
     const { mode, allow, hosts } = profile.sandbox.network;
     const egress = mode === "full" ? undefined : await startEgressProxy({
-      hostnames,
+      ...at("egress"),
       mode,
       allow,
       hosts,
@@ -129,7 +180,7 @@ export async function startHostProxies(
     if (egress) cleanups.push(() => egress.close());
     const git = options.gitRemote
       ? await startGitProxy({
-        hostnames,
+        ...at("git"),
         grants: new Map([[token, options.gitRemote]]),
         log,
         redactor,
@@ -139,40 +190,22 @@ export async function startHostProxies(
       })
       : undefined;
     if (git) cleanups.push(() => git.close());
-
-    const envFor = (hostname: string) => {
-      const llmBase = credentials.url(hostname);
-      const env: Record<string, string> = {
-        SANDBOX_LLM_BASE_URL: llmBase,
-        SANDBOX_LLM_TOKEN: token,
-        SANDBOX_LLM_API: target.upstream.kind,
-        SANDBOX_LLM_MODEL: target.model,
-        // Stock SDKs and tools work unchanged: the token is their "API key", the proxy their endpoint.
-        OPENAI_BASE_URL: llmBase,
-        OPENAI_API_KEY: token,
-        ANTHROPIC_BASE_URL: llmBase.replace(/\/v1$/, ""),
-        ANTHROPIC_API_KEY: token,
-      };
-      if (git) env.SANDBOX_GIT_URL = git.url(hostname);
-      if (egress) {
-        const proxyUrl = egress.url(hostname);
-        for (const name of ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]) env[name] = proxyUrl;
-        const noProxy = [...new Set([hostname, "localhost", "127.0.0.1"])].join(",");
-        for (const name of ["NO_PROXY", "no_proxy"]) env[name] = noProxy;
-      }
-      return env;
-    };
+    const sockets: Partial<Record<RelayService, string>> = {};
+    if ("socketDir" in listen) {
+      sockets.llm = at("llm").path;
+      if (egress) sockets.egress = at("egress").path;
+      if (git) sockets.git = at("git").path;
+    }
     return {
       token,
       model: target.model,
       redactor,
-      ports: [credentials.port, ...(egress ? [egress.port] : []), ...(git ? [git.port] : [])],
-      gitUrl: (hostname) => git?.url(hostname),
-      llmUrl: (hostname) => credentials.url(hostname),
-      egressUrl: (hostname) => egress?.url(hostname),
-      envFor,
+      upstreamKind: target.upstream.kind,
+      credentials,
+      egress,
+      git,
+      sockets,
       close,
-      [Symbol.asyncDispose]: close,
     };
   } catch (error) {
     await close();
@@ -181,37 +214,125 @@ export async function startHostProxies(
 }
 
 /**
- * Open a session for a running sandbox: its proxies on loopback and on the host's address on the
- * sandbox network, and (for isolated networks) exactly their ports open in the host firewall.
+ * Start the credential proxy and (unless the network mode is full) the egress proxy for `profile`
+ * on `hostnames` (loopback TCP: `sandbox proxy`, and runs in sandbox mode none), and issue a token
+ * for them.
+ */
+export async function startHostProxies(
+  profile: Profile,
+  hostnames: string[],
+  options: SessionOptions = {},
+): Promise<HostProxies> {
+  const proxies = await startProxies(profile, { hostnames }, options);
+  const { credentials, egress, git } = proxies;
+  return {
+    token: proxies.token,
+    model: proxies.model,
+    redactor: proxies.redactor,
+    ports: [credentials.port, ...(egress ? [egress.port] : []), ...(git ? [git.port] : [])],
+    gitUrl: (hostname) => git?.url(hostname),
+    llmUrl: (hostname) => credentials.url(hostname),
+    egressUrl: (hostname) => egress?.url(hostname),
+    envFor: (hostname) =>
+      sandboxEnv(proxies, {
+        llm: credentials.url(hostname),
+        egress: egress?.url(hostname),
+        git: git?.url(hostname),
+        noProxy: [hostname],
+      }),
+    close: proxies.close,
+    [Symbol.asyncDispose]: proxies.close,
+  };
+}
+
+/**
+ * A new directory for a session's sockets, mode 0700 (only this user can connect to what is in
+ * it): in `$XDG_RUNTIME_DIR`, else the state directory, else the system's temporary directory —
+ * the first where a socket path fits.
+ */
+async function sessionSocketDir(): Promise<string> {
+  const bases = [Deno.env.get("XDG_RUNTIME_DIR"), `${userStateDir()}/run`].filter((b): b is string => Boolean(b));
+  for (const base of bases) {
+    if (`${base}/sandbox-session-XXXXXXXX/egress.sock`.length > MAX_SOCKET_PATH) continue;
+    try {
+      await Deno.mkdir(base, { recursive: true, mode: 0o700 });
+      return await Deno.makeTempDir({ dir: base, prefix: "sandbox-session-" });
+    } catch {
+      // Not writable here: try the next place.
+    }
+  }
+  return await Deno.makeTempDir({ prefix: "sandbox-session-" });
+}
+
+/** Runs the relay in `provider`'s container: `docker exec -i` under the exec wrapper, as the sandbox user. */
+export function dockerRelayLauncher(provider: DockerSandboxProvider): RelayLauncher {
+  return (args) => {
+    const id = `relay-${crypto.randomUUID()}`;
+    return spawnRelayProcess([
+      provider.docker.program,
+      "exec",
+      "--interactive",
+      "--user",
+      SANDBOX_USER,
+      provider.containerName,
+      "sandbox-exec",
+      id,
+      "deno",
+      "run",
+      "--quiet",
+      "--no-config",
+      "--no-prompt",
+      "--allow-net=127.0.0.1",
+      RELAY_PATH,
+      ...args,
+    ], { kill: () => provider.stopExec(id) });
+  };
+}
+
+/**
+ * Open a session for a running sandbox: its proxies on Unix sockets, a relay inside the sandbox
+ * that listens on loopback there and carries connections to them, and the variables that point
+ * the sandbox's tools at the relay. Returns once the relay listens.
  */
 export async function openSession(
   profile: Profile,
   provider: DockerSandboxProvider,
   options: SessionOptions = {},
 ): Promise<SandboxSession> {
-  const network = await provider.networkInfo(options.signal);
-  const proxies = await startHostProxies(profile, ["127.0.0.1", network.gateway], options);
-  let opening: AsyncDisposable & { close(): Promise<void> } | undefined;
+  const dir = await sessionSocketDir();
+  const cleanups: (() => Promise<void>)[] = [() => Deno.remove(dir, { recursive: true })];
+  const close = async () => {
+    for (const cleanup of cleanups.splice(0).reverse()) await cleanup().catch(() => {});
+  };
   try {
-    if (network.internal) {
-      opening = await openProxyPorts({ bridge: network.bridge, gateway: network.gateway, ports: proxies.ports });
-    }
+    const proxies = await startProxies(profile, { socketDir: dir }, options);
+    cleanups.push(() => proxies.close());
+    const relay = await startRelay({
+      sockets: proxies.sockets,
+      launch: dockerRelayLauncher(provider),
+      sandboxName: provider.containerName,
+      onEvent: (message) => options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
+    });
+    cleanups.push(() => relay.close());
+    const local = (port: number | undefined) => port === undefined ? undefined : `http://127.0.0.1:${port}`;
+    const gitUrl = relay.ports.git === undefined ? undefined : `${local(relay.ports.git)}${GIT_PATH_PREFIX}`;
+    return {
+      env: sandboxEnv(proxies, {
+        llm: `${local(relay.ports.llm)}${PROXY_PATH_PREFIX}`,
+        egress: local(relay.ports.egress),
+        git: gitUrl,
+        noProxy: [],
+      }),
+      gitUrl,
+      token: proxies.token,
+      model: proxies.model,
+      redactor: proxies.redactor,
+      relay,
+      close,
+      [Symbol.asyncDispose]: close,
+    };
   } catch (error) {
-    await proxies.close();
+    await close();
     throw error;
   }
-  const close = async () => {
-    await opening?.close();
-    await proxies.close();
-  };
-  return {
-    env: proxies.envFor(network.gateway),
-    gitUrl: proxies.gitUrl(network.gateway),
-    token: proxies.token,
-    network,
-    model: proxies.model,
-    redactor: proxies.redactor,
-    close,
-    [Symbol.asyncDispose]: close,
-  };
 }

@@ -398,6 +398,7 @@ async function prepare(
     model: context.chosen.model,
     signal,
     onAccess: context.onAccess,
+    onProgress: request.onProgress,
   };
   if (profile.sandbox.mode === "none") {
     request.onProgress?.("UNSAFE: sandbox mode \"none\" runs the agent on this machine with no isolation");

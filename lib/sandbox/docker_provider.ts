@@ -13,6 +13,7 @@ import { sha256Hex } from "../hash.ts";
 import { ensureImage, imageTagFor } from "./image.ts";
 import { agentImageTagFor, ensureAgentImage } from "../agents/agent_image.ts";
 import type { AgentCliName } from "../agents/packages.ts";
+import { removeLegacyFirewall } from "./legacy_cleanup.ts";
 import { withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
 import { spawn } from "../process.ts";
@@ -65,17 +66,7 @@ export function sandboxNames(profile: string, instance?: string) {
   return {
     container: base,
     volume: `${base}-workspace`,
-    network: (mode: "internal" | "open") => `sandbox-${profile}-${mode}`,
   };
-}
-
-export interface SandboxNetwork {
-  name: string;
-  /** The host's address on the network: where the sandbox reaches the proxies. */
-  gateway: string;
-  /** The host interface of the network's bridge. */
-  bridge: string;
-  internal: boolean;
 }
 
 interface ContainerInspect {
@@ -108,10 +99,6 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   get containerName(): string {
     return this.names.container;
-  }
-
-  get #networkName(): string {
-    return this.names.network(this.profile.sandbox.network.mode === "full" ? "open" : "internal");
   }
 
   /** Labels every object of this sandbox carries. */
@@ -169,14 +156,11 @@ export class DockerSandboxProvider implements SandboxProvider {
       String(resources.cpus),
       "--pids-limit",
       String(resources.pids),
+      // Isolated modes have no network at all, only `lo`: the proxies are reached through the
+      // relay on the exec stream, names resolve on the host (in the egress proxy), and a lookup
+      // inside fails at once (no route to any resolver), so DNS cannot carry data out either.
       "--network",
-      this.#networkName,
-      // Names resolve on the host, in the egress proxy: the embedded DNS server of an isolated
-      // sandbox forwards nowhere, so DNS cannot carry data out either; and a lookup fails in a
-      // second or two instead of the resolver's default twenty.
-      ...(this.profile.sandbox.network.mode === "full"
-        ? []
-        : ["--dns", "127.0.0.1", "--dns-option", "timeout:1", "--dns-option", "attempts:1"]),
+      this.profile.sandbox.network.mode === "full" ? "bridge" : "none",
       "--restart",
       "no",
       ...Object.entries(this.containerEnv()).flatMap(([k, v]) => ["--env", `${k}=${v}`]),
@@ -197,30 +181,6 @@ export class DockerSandboxProvider implements SandboxProvider {
     };
   }
 
-  /** The sandbox network: its host bridge interface and the host's address on it. */
-  async networkInfo(signal?: AbortSignal): Promise<SandboxNetwork> {
-    const out = await this.docker.ok(
-      ["network", "inspect", this.#networkName, "--format", "{{json .}}"],
-      "docker_failed",
-      `Cannot inspect network "${this.#networkName}"`,
-      { signal },
-    );
-    const net = JSON.parse(out) as {
-      Id: string;
-      Internal: boolean;
-      IPAM: { Config: { Gateway?: string; Subnet?: string }[] | null };
-      Options: Record<string, string> | null;
-    };
-    const gateway = net.IPAM.Config?.find((c) => c.Gateway && c.Gateway.includes("."))?.Gateway;
-    if (!gateway) throw new SandboxError("docker_failed", `Network "${this.#networkName}" has no IPv4 gateway`);
-    return {
-      name: this.#networkName,
-      gateway,
-      bridge: net.Options?.["com.docker.network.bridge.name"] ?? `br-${net.Id.slice(0, 12)}`,
-      internal: net.Internal,
-    };
-  }
-
   async #inspect(signal?: AbortSignal): Promise<ContainerInspect | undefined> {
     const result = await this.docker.run(["container", "inspect", this.names.container], { signal });
     if (result.exitCode !== 0) {
@@ -234,7 +194,6 @@ export class DockerSandboxProvider implements SandboxProvider {
     const { signal } = options;
     const { args, configHash } = await this.runArgs();
     const deadline = Date.now() + CONCURRENT_START_WAIT_MS;
-    let deduped = false;
     // Each pass moves one step (create, start, replace); a bounded number of passes turns an
     // engine that keeps undoing our steps into an error instead of a spin.
     for (let pass = 0;; pass++) {
@@ -267,20 +226,14 @@ export class DockerSandboxProvider implements SandboxProvider {
         await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
         continue;
       }
-      // Docker 20.10 happily creates two networks with one name when asked at the same moment,
-      // so creation is serialised on this host; the loop re-inspects after waiting.
+      // Creation is serialised on this host (image build, volume, container); the loop
+      // re-inspects after waiting.
       const created = await withHostLock(`profile-${this.profile.name}`, async () => {
         if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
         await this.#prepare(signal);
         return await this.docker.run(args, { signal });
       });
       if (created.exitCode === 0) continue;
-      if (/ambiguous/.test(created.stderr) && !deduped) {
-        // Two networks under one name (made by a process that does not share our host lock).
-        deduped = true;
-        await this.#dedupe("network", this.#networkName, signal);
-        continue;
-      }
       if (isAlreadyExists(created.stderr) && Date.now() < deadline) {
         // A concurrent `up` won the race for the name: use its container.
         await delay(100);
@@ -306,34 +259,15 @@ export class DockerSandboxProvider implements SandboxProvider {
     return result.exitCode !== 0 || result.stdout.trim() !== found.Image;
   }
 
-  /** Image, network and volume, each created only when missing and safe under races. */
+  /** Image and volume, each created only when missing and safe under races. */
   async #prepare(signal?: AbortSignal): Promise<void> {
     const base = await ensureImage(this.docker, this.profile.sandbox.image, { signal, onProgress: this.#options.onProgress });
     if (this.#options.agent) {
       await ensureAgentImage(this.docker, base.tag, this.#options.agent, { signal, onProgress: this.#options.onProgress });
     }
-    await this.#ensureNetwork(signal);
     await this.#createIfMissing(
       ["volume", "inspect", this.names.volume],
       ["volume", "create", ...labelArgs(this.labels()), this.names.volume],
-      signal,
-    );
-  }
-
-  async #ensureNetwork(signal?: AbortSignal): Promise<void> {
-    const internal = this.profile.sandbox.network.mode !== "full";
-    const labels = { [LABEL.owner]: OWNER, [LABEL.profile]: this.profile.name };
-    await this.#createIfMissing(
-      ["network", "inspect", this.#networkName],
-      [
-        "network",
-        "create",
-        "--driver",
-        "bridge",
-        ...(internal ? ["--internal"] : []),
-        ...labelArgs(labels),
-        this.#networkName,
-      ],
       signal,
     );
   }
@@ -436,6 +370,11 @@ export class DockerSandboxProvider implements SandboxProvider {
       { signal },
     );
     return () => this.#killTree(id);
+  }
+
+  /** End the process tree of exec `id` (one started under the exec wrapper with that id). */
+  stopExec(id: string): Promise<void> {
+    return this.#killTree(id);
   }
 
   /**
@@ -624,6 +563,18 @@ export class DockerSandboxProvider implements SandboxProvider {
     if (options.volumes) {
       const volume = await this.docker.run(["volume", "rm", this.names.volume], { signal: options.signal });
       if (volume.exitCode === 0) report.volumes.push(this.names.volume);
+    }
+    if (!this.#options.instance) {
+      // Older versions gave each profile a network (and, as root, a firewall chain on its bridge).
+      const networks = await this.docker.run(
+        ["network", "ls", "--filter", OWNER_FILTER, "--filter", `label=${LABEL.profile}=${this.profile.name}`, "--format", "{{.Name}}"],
+        { signal: options.signal },
+      );
+      for (const network of networks.stdout.split("\n").filter(Boolean)) {
+        const result = await this.docker.run(["network", "rm", network], { signal: options.signal });
+        if (result.exitCode === 0) report.networks.push(network);
+      }
+      if (report.networks.length > 0) await removeLegacyFirewall();
     }
     return report;
   }

@@ -3,7 +3,7 @@
  * tagged by a hash of what it is built from, rebuilt only when that changes.
  *
  * The hash covers the bytes of every file in the build context (Dockerfile, exec wrapper, worker
- * bundle, deno runtime) and nothing about how this CLI was packaged, so the bundled CLI and a
+ * and relay bundles, deno runtime) and nothing about how this CLI was packaged, so the bundled CLI and a
  * checkout of the same sources build, and share, the same image.
  *
  * A build reports phases (base image, sandbox image) with their elapsed time; the full output of
@@ -15,7 +15,7 @@ import { type DockerCli, LABEL, labelArgs, throwIfUnreachable } from "./docker.t
 import { CommandExitError, SandboxError, tail } from "../errors.ts";
 import { run } from "../process.ts";
 import { fileSha256, sha256Hex } from "../hash.ts";
-import { denoBinaryPath, workerBundlePath, workerContentHash } from "./worker_bundle.ts";
+import { denoBinaryPath, relayBundlePath, relayContentHash, workerBundlePath, workerContentHash } from "./worker_bundle.ts";
 
 export const IMAGE_REPOSITORY = "sandbox-runtime";
 
@@ -65,6 +65,7 @@ function contextFilesDigest(onProgress?: ImageOptions["onProgress"]): Promise<st
     const lines: string[] = [];
     for (const name of Object.keys(IMAGE_CONTEXT)) lines.push(`${name} ${await sha256Hex(IMAGE_CONTEXT[name])}`);
     lines.push(`worker.js ${await workerContentHash(onProgress)}`);
+    lines.push(`relay.js ${await relayContentHash(onProgress)}`);
     lines.push(`deno ${await fileSha256(denoBinaryPath(), `${userStateDir()}/cache`)}`);
     return lines.sort().join("\n");
   })();
@@ -222,6 +223,7 @@ export async function ensureImage(
       await Deno.writeTextFile(`${dir}/${name}`, content);
     }
     await place(await workerBundlePath(options.onProgress), `${dir}/worker.js`);
+    await place(await relayBundlePath(options.onProgress), `${dir}/relay.js`);
     await place(denoBinaryPath(), `${dir}/deno`);
     const child = docker.spawn([
       "build",

@@ -96,13 +96,7 @@ Deno.test("ensureRunning() starts the container with exactly the hardening flags
     "--pids-limit",
     "256",
     "--network",
-    "sandbox-work-internal",
-    "--dns",
-    "127.0.0.1",
-    "--dns-option",
-    "timeout:1",
-    "--dns-option",
-    "attempts:1",
+    "none",
     "--restart",
     "no",
     "--env",
@@ -115,19 +109,8 @@ Deno.test("ensureRunning() starts the container with exactly the hardening flags
   const argv = runs[0].join(" ");
   assert.doesNotMatch(argv, /--volume|-v |type=bind|docker\.sock|--privileged|--cap-add|HOME=/);
 
-  const [network] = await docker.callsStartingWith("network", "create");
-  assert.deepEqual(network, [
-    "network",
-    "create",
-    "--driver",
-    "bridge",
-    "--internal",
-    "--label",
-    "dev.sandbox.owner=sandbox",
-    "--label",
-    "dev.sandbox.profile=work",
-    "sandbox-work-internal",
-  ]);
+  // No network of its own: the sandbox has only `lo`, and no network is created.
+  assert.deepEqual(await docker.callsStartingWith("network"), []);
   const [volume] = await docker.callsStartingWith("volume", "create");
   assert.deepEqual(volume, [
     "volume",
@@ -150,14 +133,34 @@ Deno.test("ensureRunning() starts the container with exactly the hardening flags
   assert.equal(build[build.indexOf("--tag") + 1], tag);
 });
 
-Deno.test("network mode full puts the sandbox on a non-internal network of its own", async () => {
-  const profile = profileFrom("profiles: {open: {sandbox: {network: {mode: full}}}}", "open");
-  const probe = new DockerSandboxProvider(profile);
-  await using docker = await fakeDocker(freshEngine(await runningJsonFor(probe)));
-  await new DockerSandboxProvider(profile, { docker: docker.program }).ensureRunning();
-  const [network] = await docker.callsStartingWith("network", "create");
-  assert.ok(!network.includes("--internal"));
-  assert.equal(network.at(-1), "sandbox-open-open");
+Deno.test("network modes none and allowlist run the sandbox with no network; full on Docker's default bridge", async () => {
+  for (const [mode, expected] of [["none", "none"], ["allowlist", "none"], ["full", "bridge"]]) {
+    const profile = profileFrom(`profiles: {p: {sandbox: {network: {mode: ${mode}}}}}`, "p");
+    const probe = new DockerSandboxProvider(profile);
+    await using docker = await fakeDocker(freshEngine(await runningJsonFor(probe)));
+    await new DockerSandboxProvider(profile, { docker: docker.program }).ensureRunning();
+    const [run] = await docker.callsStartingWith("run");
+    assert.equal(run[run.indexOf("--network") + 1], expected, mode);
+    assert.equal(run.filter((a) => a === "--network").length, 1);
+    assert.ok(!run.includes("--dns"), "a sandbox with no network needs no resolver setting");
+    assert.deepEqual(await docker.callsStartingWith("network"), [], `mode ${mode} created a network`);
+  }
+});
+
+Deno.test("down removes the container and the profile's networks older versions made, and the volume only when asked", async () => {
+  await using docker = await fakeDocker(`
+case "$1 $2" in
+  "network ls") echo sandbox-work-internal ;;
+esac`);
+  const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+  const report = await provider.teardown();
+  assert.deepEqual(report, { containers: ["sandbox-work"], networks: ["sandbox-work-internal"], volumes: [] });
+  const [list] = await docker.callsStartingWith("network", "ls");
+  assert.ok(list.includes("label=dev.sandbox.owner=sandbox") && list.includes("label=dev.sandbox.profile=work"), list.join(" "));
+  assert.deepEqual(await docker.callsStartingWith("network", "rm"), [["network", "rm", "sandbox-work-internal"]]);
+  assert.deepEqual(await docker.callsStartingWith("volume", "rm"), []);
+  const withVolumes = await provider.teardown({ volumes: true });
+  assert.deepEqual(withVolumes.volumes, ["sandbox-work-workspace"]);
 });
 
 Deno.test("ensureRunning() is a single inspect when the container is current and running", async () => {

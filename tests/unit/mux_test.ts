@@ -87,7 +87,9 @@ function joined(services = ["llm", "egress"]) {
 
 async function readAll(stream: MuxStream): Promise<Uint8Array> {
   const chunks: Uint8Array[] = [];
-  for (let chunk = await stream.read(); chunk !== null; chunk = await stream.read()) chunks.push(chunk);
+  for (let chunk = await stream.read(); chunk !== null; chunk = await stream.read()) {
+    chunks.push(chunk);
+  }
   const all = new Uint8Array(chunks.reduce((n, c) => n + c.length, 0));
   let at = 0;
   for (const chunk of chunks) {
@@ -106,12 +108,18 @@ function pattern(size: number, seed: number): Uint8Array {
 /** Rejects if `promise` is still pending after `ms`: every wait in these tests has a deadline. */
 function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: ReturnType<typeof setTimeout>;
-  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
+  const late = new Promise<never>((
+    _,
+    reject,
+  ) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
   return Promise.race([promise, late]).finally(() => clearTimeout(timer));
 }
 
 /** A host mux fed exactly `bytes` by a fake relay; what it answered and how it ended. */
-async function hostFed(bytes: Uint8Array[], options: { services?: string[]; maxStreams?: number } = {}) {
+async function hostFed(
+  bytes: Uint8Array[],
+  options: { services?: string[]; maxStreams?: number } = {},
+) {
   const input = new Pipe();
   const answers: Uint8Array[] = [];
   const opened: number[] = [];
@@ -159,7 +167,9 @@ Deno.test("frames decode the same whatever the chunk boundaries", () => {
   for (const size of [1, 2, 5, 9, 10, 100, bytes.length]) {
     const decoder = new FrameDecoder();
     const out = [];
-    for (let at = 0; at < bytes.length; at += size) out.push(...decoder.push(bytes.subarray(at, at + size)));
+    for (let at = 0; at < bytes.length; at += size) {
+      out.push(...decoder.push(bytes.subarray(at, at + size)));
+    }
     assert.deepEqual(out.map((f) => [f.type, f.stream, f.payload.length]), [
       [FRAME.READY, 0, PROTOCOL.length],
       [FRAME.OPEN, 1, 3],
@@ -231,20 +241,35 @@ Deno.test("a reader that never reads stalls only its own stream: its writer stop
 
   const total = 16 * 1024 * 1024;
   const receiving = readAll(busyHost.stream);
-  for (let sent = 0; sent < total; sent += MAX_DATA_BYTES) await busy.write(pattern(MAX_DATA_BYTES, 5));
+  for (let sent = 0; sent < total; sent += MAX_DATA_BYTES) {
+    await busy.write(pattern(MAX_DATA_BYTES, 5));
+  }
   busy.closeWrite();
   const received = await within(receiving, 10_000, "the busy stream");
   assert.equal(received.length, total);
   assert.equal(stalledSent, INITIAL_WINDOW_BYTES, "the stalled stream sent past its window");
-  assert.ok(up.written < total + 2 * INITIAL_WINDOW_BYTES, "more was buffered than the windows allow");
+  assert.ok(
+    up.written < total + 2 * INITIAL_WINDOW_BYTES,
+    "more was buffered than the windows allow",
+  );
 
   // Once its reader reads, the stalled stream moves again.
   const chunk = await stalledHost.stream.read();
   assert.ok(chunk && chunk.length > 0);
-  for (let read = chunk.length; read < INITIAL_WINDOW_BYTES + 1; read += (await stalledHost.stream.read())!.length);
-  await within((async () => {
-    while (stalledSent <= INITIAL_WINDOW_BYTES) await new Promise((resolve) => setTimeout(resolve, 1));
-  })(), 2_000, "the stalled stream resuming");
+  for (
+    let read = chunk.length;
+    read < INITIAL_WINDOW_BYTES + 1;
+    read += (await stalledHost.stream.read())!.length
+  );
+  await within(
+    (async () => {
+      while (stalledSent <= INITIAL_WINDOW_BYTES) {
+        await new Promise((resolve) => setTimeout(resolve, 1));
+      }
+    })(),
+    2_000,
+    "the stalled stream resuming",
+  );
   relay.close();
   host.close();
   assert.ok(await stalledWriter instanceof StreamResetError);
@@ -260,7 +285,10 @@ Deno.test("half-close: after one side's FIN the other direction still flows, and
   assert.equal(decoder.decode(await within(readAll(server), 2_000, "request")), "request");
   await server.write(encoder.encode("response after the request ended"));
   server.closeWrite();
-  assert.equal(decoder.decode(await within(readAll(client), 2_000, "response")), "response after the request ended");
+  assert.equal(
+    decoder.decode(await within(readAll(client), 2_000, "response")),
+    "response after the request ended",
+  );
   await assert.rejects(() => client.write(encoder.encode("more")), StreamResetError);
   // Both directions ended: the stream has left both tables.
   assert.equal(host.streamCount, 0);
@@ -277,7 +305,10 @@ Deno.test("abrupt close: a reset fails the peer's reader and writer at once; the
     const server = (await accepted()).stream;
     const pending = server.read();
     client.resetStream("client went away");
-    await assert.rejects(() => within(pending, 2_000, "reader"), /stream reset by the peer: client went away/);
+    await assert.rejects(
+      () => within(pending, 2_000, "reader"),
+      /stream reset by the peer: client went away/,
+    );
     await assert.rejects(() => server.write(encoder.encode("x")), StreamResetError);
     relay.close();
     host.close();
@@ -289,10 +320,16 @@ Deno.test("abrupt close: a reset fails the peer's reader and writer at once; the
     const two = relay.open("egress")!;
     const hostOne = (await accepted()).stream;
     await accepted();
-    const reads = [one.read(), two.read(), hostOne.read()].map((p) => p.then(() => "data", (e) => e.name));
+    const reads = [one.read(), two.read(), hostOne.read()].map((p) =>
+      p.then(() => "data", (e) => e.name)
+    );
     up.end();
     down.end();
-    assert.deepEqual(await within(Promise.all(reads), 2_000, "reads"), ["StreamResetError", "StreamResetError", "StreamResetError"]);
+    assert.deepEqual(await within(Promise.all(reads), 2_000, "reads"), [
+      "StreamResetError",
+      "StreamResetError",
+      "StreamResetError",
+    ]);
     assert.equal(await host.done, undefined);
     await assert.rejects(() => one.write(encoder.encode("x")), StreamResetError);
     assert.equal(relay.open("llm"), undefined);
@@ -309,7 +346,9 @@ Deno.test("garbage from the relay ends the host mux with a protocol error", asyn
     assert.match(String(error), /OPEN frame before READY/);
   });
   await t.step("READY with another protocol", async () => {
-    const { error } = await hostFed([encodeFrame(FRAME.READY, 0, encoder.encode("sandbox-relay/9"))]);
+    const { error } = await hostFed([
+      encodeFrame(FRAME.READY, 0, encoder.encode("sandbox-relay/9")),
+    ]);
     assert.match(String(error), /speaks "sandbox-relay\/9"/);
   });
   await t.step("a second READY", async () => {
@@ -362,7 +401,14 @@ Deno.test("garbage from the relay ends the host mux with a protocol error", asyn
 
 Deno.test("limits: an OPEN for a service not served, or beyond the stream cap, is refused with RST and the mux lives on", async () => {
   const { error, opened, frames } = await hostFed(
-    [READY, open(1, "llm"), open(2, "docker"), open(3, "llm"), open(4, "llm"), encodeFrame(FRAME.DATA, 2, encoder.encode("x"))],
+    [
+      READY,
+      open(1, "llm"),
+      open(2, "docker"),
+      open(3, "llm"),
+      open(4, "llm"),
+      encodeFrame(FRAME.DATA, 2, encoder.encode("x")),
+    ],
     { maxStreams: 2 },
   );
   assert.equal(error, undefined, "a refused OPEN must not end the mux");

@@ -1,0 +1,295 @@
+/**
+ * The relay's host end with the real relay program (relay/main.ts) run as a local process: its
+ * loopback ports stand in for the sandbox's, Unix socket servers for the proxies. No Docker.
+ */
+import assert from "node:assert/strict";
+import { encodeFrame, FRAME, PROTOCOL } from "../../lib/proxy/mux.ts";
+import { type RelayLauncher, type RelayProcess, startRelay } from "../../lib/proxy/relay_host.ts";
+import { SandboxError } from "../../lib/errors.ts";
+import { tempDir } from "../_helpers.ts";
+
+const RELAY_MAIN = new URL("../../relay/main.ts", import.meta.url).pathname;
+const encoder = new TextEncoder();
+
+/** The relay as a local process; each launch is recorded so that a test can kill it by pid. */
+function localRelay(launched: Deno.ChildProcess[] = []): RelayLauncher {
+  return (args) => {
+    const child = new Deno.Command(Deno.execPath(), {
+      args: ["run", "--quiet", "--no-config", "--allow-net=127.0.0.1", RELAY_MAIN, ...args],
+      stdin: "piped",
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+    launched.push(child);
+    return processOf(child);
+  };
+}
+
+function processOf(child: Deno.ChildProcess): RelayProcess {
+  const writer = child.stdin.getWriter();
+  const stderr = new Response(child.stderr).text();
+  return {
+    input: child.stdout,
+    output: (bytes) => writer.write(bytes),
+    closeInput: () => writer.close(),
+    finished: child.status.then(async (status) => ({
+      exitCode: status.code,
+      stderrTail: await stderr,
+    })),
+    kill: () => {
+      try {
+        child.kill("SIGKILL");
+      } catch {
+        // Already gone.
+      }
+      return Promise.resolve();
+    },
+  };
+}
+
+/** A base port whose next two ports are free too (the relay takes base, base+1, base+2). */
+function freeBase(): number {
+  while (true) {
+    const probes: Deno.TcpListener[] = [];
+    try {
+      const first = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+      probes.push(first);
+      if (first.addr.port > 65_000) continue;
+      probes.push(Deno.listen({ hostname: "127.0.0.1", port: first.addr.port + 1 }));
+      probes.push(Deno.listen({ hostname: "127.0.0.1", port: first.addr.port + 2 }));
+      return first.addr.port;
+    } catch {
+      // Taken: try another.
+    } finally {
+      for (const probe of probes) probe.close();
+    }
+  }
+}
+
+/** An HTTP server on a Unix socket: the stand-in for a proxy. */
+function unixServer(path: string, handler: (req: Request) => Response | Promise<Response>) {
+  const server = Deno.serve({ path, onListen: () => {} }, handler);
+  return Object.assign(server, { [Symbol.asyncDispose]: () => server.shutdown() });
+}
+
+function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout>;
+  const late = new Promise<never>((
+    _,
+    reject,
+  ) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+Deno.test("startRelay() returns once the relay listens, and each port reaches only its own service's socket", async () => {
+  await using dir = await tempDir();
+  await using _llm = unixServer(
+    `${dir.path}/llm.sock`,
+    (req) => new Response(`llm ${new URL(req.url).pathname}`),
+  );
+  await using _egress = unixServer(`${dir.path}/egress.sock`, () => new Response("egress"));
+  const base = freeBase();
+  await using relay = await startRelay({
+    sockets: { llm: `${dir.path}/llm.sock`, egress: `${dir.path}/egress.sock` },
+    launch: localRelay(),
+    basePort: base,
+  });
+  assert.deepEqual(relay.ports, { llm: base, egress: base + 1 });
+  // No race with the relay: the first request right after start is served.
+  const llm = await fetch(`http://127.0.0.1:${base}/proxy/v1/models`);
+  assert.equal(await llm.text(), "llm /proxy/v1/models");
+  assert.equal(await (await fetch(`http://127.0.0.1:${base + 1}/`)).text(), "egress");
+  // The git service was not asked for: nothing listens on its port.
+  await assert.rejects(
+    () => Deno.connect({ hostname: "127.0.0.1", port: base + 2 }),
+    Deno.errors.ConnectionRefused,
+  );
+});
+
+Deno.test("a stalled download does not stall another request, and half-closed requests still get their answer", async () => {
+  await using dir = await tempDir();
+  const chunk = new Uint8Array(64 * 1024).fill(120);
+  await using _server = unixServer(`${dir.path}/llm.sock`, async (req) => {
+    if (new URL(req.url).pathname === "/endless") {
+      // Writes for as long as anyone reads: the client below never does.
+      return new Response(new ReadableStream({ pull: (controller) => controller.enqueue(chunk) }));
+    }
+    return new Response(`got ${(await req.text()).length} bytes`);
+  });
+  await using relay = await startRelay({
+    sockets: { llm: `${dir.path}/llm.sock` },
+    launch: localRelay(),
+    basePort: freeBase(),
+  });
+  const port = relay.ports.llm!;
+
+  const stalled = await Deno.connect({ hostname: "127.0.0.1", port });
+  await stalled.write(encoder.encode("GET /endless HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const first = new Uint8Array(1024);
+  assert.ok(await within(stalled.read(first), 5_000, "first bytes of the download"));
+  // The download has filled every buffer on its way by now; requests on other streams go on.
+  for (let i = 0; i < 20; i++) {
+    const answer = await fetch(`http://127.0.0.1:${port}/small`, {
+      method: "POST",
+      body: "x".repeat(i * 100),
+    });
+    assert.equal(
+      await within(answer.text(), 2_000, `request ${i} beside the stalled download`),
+      `got ${i * 100} bytes`,
+    );
+  }
+
+  // Half-close: the request ends with the client's FIN, and the answer still comes back.
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port });
+  await conn.write(
+    encoder.encode(
+      "POST /small HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    ),
+  );
+  await conn.closeWrite();
+  const answer = await within(new Response(conn.readable).text(), 5_000, "answer after half-close");
+  assert.match(answer, /^HTTP\/1\.1 200 OK\r\n/);
+  assert.match(answer, /got 5 bytes$/);
+  stalled.close();
+});
+
+Deno.test("killing the relay mid-request fails the request at once, and a new relay on the same port serves the next one within a second", async () => {
+  await using dir = await tempDir();
+  let arrived!: () => void;
+  const requestArrived = new Promise<void>((resolve) => (arrived = resolve));
+  const neverAnswered = Promise.withResolvers<Response>();
+  await using _server = unixServer(`${dir.path}/llm.sock`, (req) => {
+    if (new URL(req.url).pathname === "/slow") {
+      arrived();
+      return neverAnswered.promise;
+    }
+    return new Response("fresh");
+  });
+  const launched: Deno.ChildProcess[] = [];
+  const events: string[] = [];
+  await using relay = await startRelay({
+    sockets: { llm: `${dir.path}/llm.sock` },
+    launch: localRelay(launched),
+    basePort: freeBase(),
+    onEvent: (message) => events.push(message),
+  });
+  const port = relay.ports.llm!;
+  const inFlight = fetch(`http://127.0.0.1:${port}/slow`).then((r) => r.text());
+  await within(requestArrived, 5_000, "the slow request reaching the server");
+  const restarted = relay.nextReady();
+  const killedAt = performance.now();
+  launched[0].kill("SIGKILL");
+  await assert.rejects(() => within(inFlight, 2_000, "the in-flight request failing"), TypeError);
+  await within(restarted, 1_000, "a new relay");
+  const answer = await fetch(`http://127.0.0.1:${port}/fresh`);
+  assert.equal(await answer.text(), "fresh");
+  assert.ok(
+    performance.now() - killedAt < 1_500,
+    "the next request took more than a second after the kill",
+  );
+  assert.equal(relay.starts, 2);
+  assert.equal(launched.length, 2);
+  assert.match(events.join("\n"), /relay ended.*restarting it/);
+  neverAnswered.resolve(new Response("too late"));
+});
+
+Deno.test("a relay that sends garbage is cut off and replaced; the host process carries on", async () => {
+  await using dir = await tempDir();
+  await using _server = unixServer(`${dir.path}/llm.sock`, () => new Response("ok"));
+  const events: string[] = [];
+  let launches = 0;
+  const real = localRelay();
+  let hostileEnded!: (code: number) => void;
+  const hostileFinished = new Promise<{ exitCode: number; stderrTail: string }>((resolve) =>
+    hostileEnded = (exitCode) => resolve({ exitCode, stderrTail: "" })
+  );
+  const garbage = Promise.withResolvers<void>();
+  const hostile: RelayProcess = {
+    // READY, then garbage when the test says so; ends only when the host closes its input.
+    input: (async function* () {
+      yield encodeFrame(FRAME.READY, 0, encoder.encode(PROTOCOL));
+      await garbage.promise;
+      yield encoder.encode("GET / HTTP/1.1\r\n\r\n not a frame at all");
+      await hostileFinished;
+    })(),
+    output: () => Promise.resolve(),
+    closeInput: () => {
+      hostileEnded(0);
+      return Promise.resolve();
+    },
+    finished: hostileFinished,
+    kill: () => Promise.resolve(hostileEnded(137)),
+  };
+  await using relay = await startRelay({
+    sockets: { llm: `${dir.path}/llm.sock` },
+    launch: (args) => launches++ === 0 ? hostile : real(args),
+    basePort: freeBase(),
+    onEvent: (message) => events.push(message),
+  });
+  const restarted = relay.nextReady();
+  garbage.resolve();
+  await within(restarted, 5_000, "a replacement relay");
+  assert.match(events[0], /relay ended \(unknown frame type 71\)/);
+  assert.equal(await (await fetch(`http://127.0.0.1:${relay.ports.llm}/`)).text(), "ok");
+});
+
+Deno.test("a base port in use moves the relay to the next range; a relay that cannot start is an error with its stderr", async (t) => {
+  await using dir = await tempDir();
+  await using _server = unixServer(`${dir.path}/llm.sock`, () => new Response("ok"));
+  await t.step("port in use", async () => {
+    const base = freeBase();
+    using _taken = Deno.listen({ hostname: "127.0.0.1", port: base });
+    await using relay = await startRelay({
+      sockets: { llm: `${dir.path}/llm.sock` },
+      launch: localRelay(),
+      basePort: base,
+    });
+    assert.equal(relay.ports.llm, base + 100);
+    assert.equal(await (await fetch(`http://127.0.0.1:${base + 100}/`)).text(), "ok");
+  });
+  await t.step("exits before listening", async () => {
+    const failing: RelayLauncher = () => {
+      const child = new Deno.Command(Deno.execPath(), {
+        args: ["eval", "console.error('relay.js: module not found'); Deno.exit(1)"],
+        stdin: "piped",
+        stdout: "piped",
+        stderr: "piped",
+      }).spawn();
+      return processOf(child);
+    };
+    const error = await startRelay({
+      sockets: { llm: `${dir.path}/llm.sock` },
+      launch: failing,
+      sandboxName: "sandbox-x",
+    })
+      .then(() => undefined, (e) => e);
+    assert.ok(error instanceof SandboxError, String(error));
+    assert.equal(error.code, "exec_failed");
+    assert.match(
+      error.message,
+      /^Cannot start the relay in sandbox "sandbox-x": it exited with code 1 before listening$/,
+    );
+    assert.match(error.detail ?? "", /module not found/);
+  });
+});
+
+Deno.test("close() ends the relay process and frees its ports", async () => {
+  await using dir = await tempDir();
+  await using _server = unixServer(`${dir.path}/llm.sock`, () => new Response("ok"));
+  const launched: Deno.ChildProcess[] = [];
+  const relay = await startRelay({
+    sockets: { llm: `${dir.path}/llm.sock` },
+    launch: localRelay(launched),
+    basePort: freeBase(),
+  });
+  const port = relay.ports.llm!;
+  assert.equal(await (await fetch(`http://127.0.0.1:${port}/`)).text(), "ok");
+  await within(relay.close(), 5_000, "close");
+  const status = await within(launched[0].status, 2_000, "relay exit");
+  assert.equal(status.code, 0, "the relay should exit on its own when its stdin ends");
+  await assert.rejects(
+    () => Deno.connect({ hostname: "127.0.0.1", port }),
+    Deno.errors.ConnectionRefused,
+  );
+  assert.equal(launched.length, 1, "a closed relay must not be restarted");
+});
