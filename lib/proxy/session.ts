@@ -274,6 +274,10 @@ export function dockerRelayLauncher(provider: DockerSandboxProvider): RelayLaunc
       "--interactive",
       "--user",
       SANDBOX_USER,
+      // Its own Deno cache: the shared one (/tmp/deno-dir) is being copied into place when a new
+      // container starts, and a relay that created it first would spoil that copy for the worker.
+      "--env",
+      "DENO_DIR=/tmp/.sandbox-relay-deno",
       provider.containerName,
       "sandbox-exec",
       id,

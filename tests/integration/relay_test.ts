@@ -1,0 +1,138 @@
+/**
+ * Faults on the relay of a real sandbox session: whatever ends the exec stream (the relay killed
+ * inside, the docker exec client killed on the host, the container restarted), a request in
+ * flight fails at once — never hangs — and the next one works within about a second.
+ */
+import assert from "node:assert/strict";
+import { parseConfig, resolveProfile } from "../../lib/config.ts";
+import { openSession } from "../../lib/proxy/session.ts";
+import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
+import { run } from "../../lib/process.ts";
+import { assertDocker, docker, dockerTest, removeProfile, tempDir, uniqueProfile } from "../_helpers.ts";
+import { FakeUpstream } from "../unit/_fake_upstream.ts";
+
+console.error("integration: relay fault tests starting");
+
+const KEY_ENV = "SANDBOX_TEST_RELAY_KEY";
+
+function profileFrom(yaml: string, name: string) {
+  const result = parseConfig(yaml, undefined, () => undefined);
+  if (result.kind !== "ok") throw new Error(JSON.stringify(result.issues));
+  return resolveProfile(result.config, name);
+}
+
+function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout>;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+/** curl's answer to one LLM request from inside: "<http code> <curl exit code>". */
+const REQUEST = `curl -s -m 60 -o /dev/null -w '%{http_code} %{exitcode}' ` +
+  `-H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`;
+
+/** Pids of processes on this host whose command line contains every one of `parts`. */
+async function hostPids(...parts: string[]): Promise<number[]> {
+  const pids: number[] = [];
+  for await (const entry of Deno.readDir("/proc")) {
+    if (!/^\d+$/.test(entry.name)) continue;
+    const cmdline = await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => "");
+    if (parts.every((part) => cmdline.includes(part))) pids.push(Number(entry.name));
+  }
+  return pids;
+}
+
+Deno.test({
+  name: "when the relay's exec stream dies, an in-flight request fails at once and the next one works within a second",
+  ...dockerTest(),
+  async fn(t) {
+    assertDocker();
+    await using upstream = new FakeUpstream();
+    await using dir = await tempDir();
+    const name = uniqueProfile("it-relay");
+    const profile = profileFrom(
+      `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
+      name,
+    );
+    const provider = new DockerSandboxProvider(profile);
+    const events: string[] = [];
+    Deno.env.set(KEY_ENV, "sk-test-relay");
+    try {
+      await provider.ensureRunning();
+      await using session = await openSession(profile, provider, {
+        accessLogPath: `${dir.path}/access.ndjson`,
+        onProgress: (line) => events.push(line),
+      });
+      const request = () => provider.exec(["sh", "-c", REQUEST], { env: session.env, timeoutMs: 90_000 });
+
+      /** Start a request the upstream holds; end the stream with `fault`; see both outcomes. */
+      const survive = async (fault: () => Promise<void>) => {
+        upstream.behaviour = "hang";
+        const arrived = upstream.nextRequest();
+        const inFlight = request();
+        await within(arrived, 10_000, "the request reaching the upstream");
+        const restarted = session.relay.nextReady();
+        await fault();
+        // curl sees the connection end with nothing received: exit 52 (empty reply) or 56 (recv
+        // error). Its own deadline is 60 s: an answer within 2 s is the connection failing.
+        const failed = await within(inFlight, 2_000, "the in-flight request failing");
+        assert.match(failed.stdout, /^000 (52|56)$/, `in-flight request: ${failed.stdout} ${failed.stderr}`);
+        await within(restarted, 1_000, "a new relay after the in-flight request failed");
+        upstream.behaviour = "ok";
+        const next = await request();
+        assert.equal(next.stdout, "200 0", next.stderr);
+      };
+
+      await t.step("the relay killed inside the sandbox", async () => {
+        const pids = (await docker("exec", provider.containerName, "pgrep", "-f", "^deno run .*/opt/sandbox/relay.js")).split("\n");
+        assert.equal(pids.length, 1, `relay processes: ${pids}`);
+        await survive(async () => void await docker("exec", provider.containerName, "kill", "-KILL", pids[0]));
+      });
+
+      await t.step("the docker exec client killed on the host", async () => {
+        const clients = await hostPids("exec", provider.containerName, "/opt/sandbox/relay.js");
+        assert.equal(clients.length, 1, `docker exec clients of the relay: ${clients}`);
+        await survive(() => Promise.resolve(Deno.kill(clients[0], "SIGKILL")));
+      });
+
+      await t.step("the container restarted", async () => {
+        const restarted = session.relay.nextReady();
+        await docker("restart", "--time", "1", provider.containerName);
+        const runningAt = performance.now();
+        await within(restarted, 5_000, "a new relay after the container came back");
+        assert.ok(performance.now() - runningAt < 2_000, "the relay took more than a second or so to come back");
+        const next = await request();
+        assert.equal(next.stdout, "200 0", next.stderr);
+      });
+      assert.ok(events.some((line) => /relay ended.*restarting it/.test(line)), events.join("\n"));
+      assert.ok(session.relay.starts >= 4, `starts: ${session.relay.starts}`);
+    } finally {
+      Deno.env.delete(KEY_ENV);
+      await removeProfile(name);
+    }
+  },
+});
+
+Deno.test({
+  name: "closing a session ends its relay inside the sandbox",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using dir = await tempDir();
+    const name = uniqueProfile("it-relay-close");
+    const profile = profileFrom(`profiles:\n  ${name}: {}\n`, name);
+    const provider = new DockerSandboxProvider(profile);
+    try {
+      await provider.ensureRunning();
+      const session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
+      const before = await run(["docker", "exec", provider.containerName, "pgrep", "-f", "/opt/sandbox/relay.js"]);
+      assert.equal(before.stdout.trim().split("\n").length, 2, `the wrapper and the relay: ${before.stdout}`);
+      await within(session.close(), 5_000, "close");
+      const after = await run(["docker", "exec", provider.containerName, "pgrep", "-f", "/opt/sandbox/relay.js"]);
+      assert.equal(after.stdout.trim(), "", `left running: ${after.stdout}`);
+      assert.deepEqual(await hostPids("exec", provider.containerName, "/opt/sandbox/relay.js"), []);
+    } finally {
+      await removeProfile(name);
+    }
+  },
+});
