@@ -1,0 +1,169 @@
+/**
+ * The relay is untrusted: the agent runs beside it as the same user. These tests do what such an
+ * agent can do — write its own frames into the relay's stream to the host, or replace the relay
+ * with one of its own — and show that it gains nothing: every connection still needs the session
+ * token on the host, and a relay of its own reaches nothing at all. Each beside its positive twin.
+ */
+import assert from "node:assert/strict";
+import { parseConfig, resolveProfile } from "../../lib/config.ts";
+import { openSession } from "../../lib/proxy/session.ts";
+import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
+import {
+  assertDocker,
+  dockerTest,
+  explain,
+  removeProfile,
+  runCli,
+  tempDir,
+  uniqueProfile,
+  writeConfig,
+} from "../_helpers.ts";
+import { FakeUpstream } from "../unit/_fake_upstream.ts";
+
+console.error("security: relay tests starting");
+
+const KEY_ENV = "SANDBOX_TEST_RELAY_KEY";
+
+/**
+ * Runs inside the sandbox as the agent: finds the session's relay, and writes into its stdout
+ * (the stream to the host) an OPEN of the credential proxy and one HTTP request with `TOKEN`
+ * (argument 1), as one write (atomic: under the pipe's 4 KiB). The host's answer then arrives on
+ * a stream that relay never opened, so it quits and the host starts another.
+ * Frames: [type u8][stream id u32][length u32][payload] (lib/proxy/mux.ts).
+ */
+const INJECT = `
+const token = Deno.args[0];
+const [pid] = [...Deno.readDirSync("/proc")].map((e) => e.name).filter((pid) => {
+  try {
+    const cmdline = Deno.readTextFileSync("/proc/" + pid + "/cmdline");
+    return cmdline.startsWith("deno\\0run\\0") && cmdline.includes("/opt/sandbox/relay.js");
+  } catch { return false; }
+});
+const frame = (type, id, payload) => {
+  const bytes = new Uint8Array(9 + payload.length);
+  const view = new DataView(bytes.buffer);
+  view.setUint8(0, type); view.setUint32(1, id); view.setUint32(5, payload.length);
+  bytes.set(payload, 9);
+  return bytes;
+};
+const text = (s) => new TextEncoder().encode(s);
+const id = 0x7fff0000;
+const request = "GET /proxy/v1/models HTTP/1.1\\r\\nHost: x\\r\\nAuthorization: Bearer " + token + "\\r\\nConnection: close\\r\\n\\r\\n";
+// No FIN: like curl, the client keeps its side open until the answer came.
+const parts = [frame(2, id, text("llm")), frame(3, id, text(request))];
+const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+let at = 0; for (const p of parts) { all.set(p, at); at += p.length; }
+const out = Deno.openSync("/proc/" + pid + "/fd/1", { write: true });
+out.writeSync(all);
+out.close();
+console.log("injected into " + pid);
+`;
+
+function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout>;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+async function accessLog(path: string): Promise<Record<string, unknown>[]> {
+  const text = await Deno.readTextFile(path).catch(() => "");
+  return text.split("\n").filter(Boolean).map((line) => JSON.parse(line));
+}
+
+Deno.test({
+  name: "frames the agent writes into the relay's stream reach the credential proxy only as any request does: without the session token, 401",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using upstream = new FakeUpstream();
+    await using dir = await tempDir();
+    const name = uniqueProfile("sec-inject");
+    const parsed = parseConfig(
+      `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
+      undefined,
+      () => undefined,
+    );
+    if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
+    const profile = resolveProfile(parsed.config, name);
+    const provider = new DockerSandboxProvider(profile);
+    const logPath = `${dir.path}/access.ndjson`;
+    const events: string[] = [];
+    Deno.env.set(KEY_ENV, "sk-test-inject");
+    try {
+      await provider.ensureRunning();
+      await using session = await openSession(profile, provider, { accessLogPath: logPath, onProgress: (line) => events.push(line) });
+      await provider.writeFile("/tmp/inject.js", INJECT);
+      const inject = async (token: string) => {
+        const replaced = session.relay.nextReady();
+        const result = await provider.exec(["sh", "-c", `deno run -A /tmp/inject.js "${token}"`], { env: session.env });
+        assert.equal(result.exitCode, 0, result.stderr);
+        assert.match(result.stdout, /^injected into \d+/);
+        await within(replaced, 10_000, "the host replacing the relay");
+      };
+      // The attack: a made-up token. Then its twin: the same frames with the session's token.
+      await inject("sbx_not_the_token");
+      await inject("$SANDBOX_LLM_TOKEN");
+      assert.equal(events.filter((line) => /relay ended.*restarting it/.test(line)).length, 2, events.join("\n"));
+
+      const llm = (await accessLog(logPath)).filter((e) => e.kind === "llm");
+      assert.deepEqual(llm.map((e) => e.decision), ["deny", "allow"], JSON.stringify(llm));
+      assert.equal(llm[0].status, 401);
+      // The twin was forwarded; whether its answer got back before the relay it went through
+      // quit (on a stream it never opened) is a race: 200, or 499 for a client gone mid-answer.
+      assert.ok([200, 499].includes(llm[1].status as number), JSON.stringify(llm[1]));
+      assert.equal(upstream.requests.length, 1, "only the request with the session token reaches the upstream");
+      assert.equal(upstream.requests[0].headers.get("authorization"), "Bearer sk-test-inject");
+      // And the session works on after both.
+      const after = await provider.exec(
+        ["sh", "-c", `curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`],
+        { env: session.env },
+      );
+      assert.equal(after.stdout, "200", after.stderr);
+    } finally {
+      Deno.env.delete(KEY_ENV);
+      await removeProfile(name);
+    }
+  },
+});
+
+Deno.test({
+  name: "a second relay the agent starts reaches nothing on the host",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using upstream = new FakeUpstream();
+    await using dir = await tempDir();
+    const profile = uniqueProfile("sec-ownrelay");
+    const config = await writeConfig(
+      dir.path,
+      `profiles:\n  ${profile}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
+    );
+    const env = { [KEY_ENV]: "sk-test-own-relay", XDG_STATE_HOME: `${dir.path}/state` };
+    const request = (base: string) =>
+      `curl -s -m 3 -o /dev/null -w '%{http_code} %{exitcode}\\n' -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "${base}/models"`;
+    const script = [
+      // Positive twin: through the session's relay, the request arrives.
+      request("$SANDBOX_LLM_BASE_URL"),
+      // The agent's own relay, the same program on ports of its own: its stream ends at the agent.
+      // (Its stdin stays open, as a relay's does: it exits when its stdin ends.)
+      `sleep 60 | deno run --quiet --no-config --allow-net=127.0.0.1 /opt/sandbox/relay.js llm=19380 >/tmp/own-relay.out 2>&1 &`,
+      `for i in $(seq 100); do grep -q sandbox-relay /tmp/own-relay.out && break; sleep 0.1; done`,
+      "grep -c sandbox-relay /tmp/own-relay.out",
+      request("http://127.0.0.1:19380/proxy/v1"),
+      "kill %1",
+    ].join("\n");
+    try {
+      const result = await runCli(["exec", "--profile", profile, "--", "bash", "-c", script], { config, env });
+      assert.equal(result.exitCode, 0, explain(result));
+      // 200 through the session's relay. The agent's relay listens (its READY went to the agent's
+      // file) and takes the connection, but nothing carries it anywhere: curl times out (28), where
+      // a port with no listener would have been refused (7).
+      assert.deepEqual(result.stdout.trim().split("\n"), ["200 0", "1", "000 28"], result.stderr);
+      assert.equal(upstream.requests.length, 1, "a request through the agent's own relay reached the upstream");
+      const llm = (await accessLog(`${dir.path}/state/sandbox/access.ndjson`)).filter((e) => e.kind === "llm");
+      assert.equal(llm.length, 1);
+    } finally {
+      await removeProfile(profile);
+    }
+  },
+});
