@@ -16,13 +16,11 @@
  * race its predecessor's exit.
  * `--check` loads the module and exits 0 (the image build warms Deno's cache with it).
  */
-import { Mux, pipeStream } from "../lib/proxy/mux.ts";
+import { ChunkReader, Mux, pipeStream } from "../lib/proxy/mux.ts";
 
 /** How long a port in use is retried with `--wait`. */
 const LISTEN_RETRY_MS = 2_000;
 const EXIT_TEMPFAIL = 75;
-const READ_BYTES = 256 * 1024;
-const SMALL_READ_BYTES = 16 * 1024;
 
 function fail(message: string, code: number): never {
   Deno.stderr.writeSync(new TextEncoder().encode(`sandbox relay: ${message}\n`));
@@ -59,20 +57,6 @@ async function listen(port: number, wait: boolean): Promise<Deno.TcpListener> {
   }
 }
 
-/** stdin as chunks; small reads are copied out so that the big buffer is reused. */
-async function* stdinChunks(): AsyncGenerator<Uint8Array> {
-  let buffer = new Uint8Array(READ_BYTES);
-  while (true) {
-    const n = await Deno.stdin.read(buffer);
-    if (n === null) return;
-    if (n < SMALL_READ_BYTES) yield buffer.slice(0, n);
-    else {
-      yield buffer.subarray(0, n);
-      buffer = new Uint8Array(READ_BYTES);
-    }
-  }
-}
-
 async function writeStdout(bytes: Uint8Array): Promise<void> {
   let rest = bytes;
   while (rest.length > 0) rest = rest.subarray(await Deno.stdout.write(rest));
@@ -95,7 +79,8 @@ async function main(args: string[]): Promise<never> {
   const wait = args[0] === "--wait";
   const services = parseServices(wait ? args.slice(1) : args);
   const listeners = await Promise.all(services.map(([, port]) => listen(port, wait)));
-  const mux = new Mux({ role: "relay", input: stdinChunks(), output: writeStdout });
+  const input = new ChunkReader((buffer) => Deno.stdin.read(buffer));
+  const mux = new Mux({ role: "relay", input, output: writeStdout });
   services.forEach(([service], i) => void serve(mux, listeners[i], service).catch(() => {}));
   mux.sendReady();
   const error = await mux.done;

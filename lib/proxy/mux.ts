@@ -46,7 +46,7 @@ export type FrameType = typeof FRAME[keyof typeof FRAME];
 export const HEADER_BYTES = 9;
 export const PROTOCOL = "sandbox-relay/1";
 /** Largest DATA payload. Writes larger than this are split. */
-export const MAX_DATA_BYTES = 64 * 1024;
+export const MAX_DATA_BYTES = 128 * 1024;
 /** Largest payload of any other frame. */
 export const MAX_CONTROL_BYTES = 256;
 /** Bytes each side may send on a new stream before the receiver grants more. */
@@ -137,29 +137,44 @@ function payloadCap(type: number): number | undefined {
 }
 
 /**
- * Splits a byte stream into frames. The header is checked before any of the payload is held, so
- * a peer cannot make us buffer more than one capped payload. A payload that arrived whole in one
- * chunk is a view of that chunk (no copy).
+ * Splits a byte stream into frames. Each header is checked before any of its payload is taken.
+ * A DATA payload comes out in pieces as its bytes arrive (each piece a view of the input chunk,
+ * never a copy: one frame may span chunks, and copying it whole would cost more than the rest of
+ * the path); control payloads are small and come out whole.
  */
 export class FrameDecoder {
   readonly #header = new Uint8Array(HEADER_BYTES);
   #headerFill = 0;
-  #pending: { type: FrameType; stream: number; payload: Uint8Array; fill: number } | undefined;
+  /** The DATA frame whose payload is still arriving. */
+  #data: { stream: number; remaining: number } | undefined;
+  /** The control frame whose payload is still arriving. */
+  #control: { type: FrameType; stream: number; payload: Uint8Array; fill: number } | undefined;
 
-  /** The frames completed by `chunk`; raises `MuxProtocolError` on a malformed header. */
+  /**
+   * The frames (and DATA pieces) completed by `chunk`; raises `MuxProtocolError` on a malformed
+   * header.
+   */
   push(chunk: Uint8Array): Frame[] {
     const frames: Frame[] = [];
     let at = 0;
     while (at < chunk.length) {
-      if (this.#pending) {
-        const pending = this.#pending;
-        const take = Math.min(pending.payload.length - pending.fill, chunk.length - at);
-        pending.payload.set(chunk.subarray(at, at + take), pending.fill);
-        pending.fill += take;
+      if (this.#data) {
+        const take = Math.min(this.#data.remaining, chunk.length - at);
+        frames.push({ type: FRAME.DATA, stream: this.#data.stream, payload: chunk.subarray(at, at + take) });
         at += take;
-        if (pending.fill === pending.payload.length) {
-          frames.push({ type: pending.type, stream: pending.stream, payload: pending.payload });
-          this.#pending = undefined;
+        this.#data.remaining -= take;
+        if (this.#data.remaining === 0) this.#data = undefined;
+        continue;
+      }
+      if (this.#control) {
+        const control = this.#control;
+        const take = Math.min(control.payload.length - control.fill, chunk.length - at);
+        control.payload.set(chunk.subarray(at, at + take), control.fill);
+        control.fill += take;
+        at += take;
+        if (control.fill === control.payload.length) {
+          frames.push({ type: control.type, stream: control.stream, payload: control.payload });
+          this.#control = undefined;
         }
         continue;
       }
@@ -180,21 +195,58 @@ export class FrameDecoder {
           `${FRAME_NAMES[type]} frame of ${length} bytes (at most ${cap})`,
         );
       }
-      if (chunk.length - at >= length) {
-        frames.push({ type: type as FrameType, stream, payload: chunk.subarray(at, at + length) });
-        at += length;
+      if (type === FRAME.DATA) {
+        if (length === 0) throw new MuxProtocolError(`empty DATA frame on stream ${stream}`);
+        this.#data = { stream, remaining: length };
+      } else if (length === 0) {
+        frames.push({ type: type as FrameType, stream, payload: new Uint8Array(0) });
       } else {
-        this.#pending = {
-          type: type as FrameType,
-          stream,
-          payload: new Uint8Array(length),
-          fill: 0,
-        };
+        this.#control = { type: type as FrameType, stream, payload: new Uint8Array(length), fill: 0 };
       }
     }
     return frames;
   }
 }
+
+/**
+ * Reads a byte source in chunks that are handed over, not copied: the buffer is sized to what
+ * reads return (from 16 KiB up to `maxBytes`), a full read is handed over as it is and a new
+ * buffer taken, and a read that used little of a big buffer is copied out so the buffer is reused.
+ */
+export class ChunkReader {
+  #buffer: Uint8Array;
+  readonly #maxBytes: number;
+
+  constructor(readonly read: (buffer: Uint8Array) => Promise<number | null>, maxBytes = 256 * 1024) {
+    this.#maxBytes = maxBytes;
+    this.#buffer = new Uint8Array(MIN_READ_BYTES);
+  }
+
+  /** The next chunk, or null at the end. */
+  async next(): Promise<Uint8Array | null> {
+    const buffer = this.#buffer;
+    const n = await this.read(buffer);
+    if (n === null) return null;
+    if (n === buffer.length) {
+      // Full: hand it over, and read more at once next time.
+      this.#buffer = new Uint8Array(Math.min(buffer.length * 2, this.#maxBytes));
+      return buffer;
+    }
+    if (n >= buffer.length / 2) {
+      this.#buffer = new Uint8Array(buffer.length);
+      return buffer.subarray(0, n);
+    }
+    // Mostly empty: copy out what came, keep the buffer, and take a smaller one if it stays so.
+    if (buffer.length > MIN_READ_BYTES && n < buffer.length / 8) this.#buffer = new Uint8Array(buffer.length / 2);
+    return buffer.slice(0, n);
+  }
+
+  async *[Symbol.asyncIterator](): AsyncGenerator<Uint8Array> {
+    for (let chunk = await this.next(); chunk !== null; chunk = await this.next()) yield chunk;
+  }
+}
+
+const MIN_READ_BYTES = 16 * 1024;
 
 export type MuxRole = "host" | "relay";
 
@@ -338,7 +390,6 @@ export class Mux {
     if (!stream) return;
     switch (type) {
       case FRAME.DATA:
-        if (payload.length === 0) throw new MuxProtocolError(`empty DATA frame on stream ${id}`);
         stream._receive(payload);
         return;
       case FRAME.WINDOW: {
@@ -609,7 +660,6 @@ export interface ByteConn {
 
 /** Largest read from a connection into one DATA write. */
 const CONN_READ_BYTES = 256 * 1024;
-const SMALL_READ_BYTES = 16 * 1024;
 
 /**
  * Carry `conn` over `stream` both ways until both directions have ended. A half-close on either
@@ -618,19 +668,8 @@ const SMALL_READ_BYTES = 16 * 1024;
  */
 export async function pipeStream(stream: MuxStream, conn: ByteConn): Promise<void> {
   const up = (async () => {
-    let buffer = new Uint8Array(CONN_READ_BYTES);
-    while (true) {
-      const n = await conn.read(buffer);
-      if (n === null) break;
-      if (n < SMALL_READ_BYTES) {
-        // A small read is copied out and the buffer reused: no big allocation per request.
-        await stream.write(buffer.slice(0, n));
-      } else {
-        // A big one is handed over as it is (the stream queues it without copying).
-        await stream.write(buffer.subarray(0, n));
-        buffer = new Uint8Array(CONN_READ_BYTES);
-      }
-    }
+    const reader = new ChunkReader((buffer) => conn.read(buffer), CONN_READ_BYTES);
+    for (let chunk = await reader.next(); chunk !== null; chunk = await reader.next()) await stream.write(chunk);
     stream.closeWrite();
   })();
   const down = (async () => {

@@ -4,6 +4,7 @@
  */
 import assert from "node:assert/strict";
 import {
+  ChunkReader,
   encodeFrame,
   FRAME,
   FrameDecoder,
@@ -156,7 +157,7 @@ function concat(parts: Uint8Array[]): Uint8Array {
 const READY = encodeFrame(FRAME.READY, 0, encoder.encode(PROTOCOL));
 const open = (id: number, service = "llm") => encodeFrame(FRAME.OPEN, id, encoder.encode(service));
 
-Deno.test("frames decode the same whatever the chunk boundaries", () => {
+Deno.test("frames decode the same whatever the chunk boundaries, DATA in pieces that are views of the input", () => {
   const frames = [
     encodeFrame(FRAME.READY, 0, encoder.encode(PROTOCOL)),
     encodeFrame(FRAME.OPEN, 1, encoder.encode("llm")),
@@ -165,19 +166,45 @@ Deno.test("frames decode the same whatever the chunk boundaries", () => {
   ];
   const bytes = concat(frames);
   for (const size of [1, 2, 5, 9, 10, 100, bytes.length]) {
-    const decoder = new FrameDecoder();
+    const splitter = new FrameDecoder();
     const out = [];
     for (let at = 0; at < bytes.length; at += size) {
-      out.push(...decoder.push(bytes.subarray(at, at + size)));
+      out.push(...splitter.push(bytes.subarray(at, at + size)));
     }
-    assert.deepEqual(out.map((f) => [f.type, f.stream, f.payload.length]), [
-      [FRAME.READY, 0, PROTOCOL.length],
-      [FRAME.OPEN, 1, 3],
-      [FRAME.DATA, 1, 1000],
-      [FRAME.FIN, 1, 0],
-    ], `chunks of ${size}`);
-    assert.deepEqual(out[2].payload, pattern(1000, 1));
+    // A DATA payload comes in pieces as it arrives, each a view of the input; the rest whole.
+    const data = out.filter((f) => f.type === FRAME.DATA);
+    assert.ok(data.every((f) => f.stream === 1 && f.payload.length > 0 && f.payload.buffer === bytes.buffer));
+    assert.deepEqual(concat(data.map((f) => f.payload)), pattern(1000, 1), `chunks of ${size}`);
+    assert.deepEqual(
+      out.filter((f) => f.type !== FRAME.DATA).map((f) => [f.type, f.stream, decoder.decode(f.payload)]),
+      [[FRAME.READY, 0, PROTOCOL], [FRAME.OPEN, 1, "llm"], [FRAME.FIN, 1, ""]],
+      `chunks of ${size}`,
+    );
   }
+});
+
+Deno.test("ChunkReader hands full reads over without copying, copies small ones out, and grows its buffer to the reads", async () => {
+  const source = [70_000, 70_000, 100, 5];
+  let handed: Uint8Array | undefined;
+  const reader = new ChunkReader((buffer) => {
+    const size = source.shift();
+    if (size === undefined) return Promise.resolve(null);
+    const n = Math.min(size, buffer.length);
+    buffer.fill(n % 251, 0, n);
+    handed = buffer;
+    return Promise.resolve(n);
+  }, 64 * 1024);
+  const first = (await reader.next())!;
+  assert.equal(first.length, 16 * 1024, "the first read fills the initial 16 KiB buffer");
+  assert.equal(first.buffer, handed!.buffer, "a full read is handed over, not copied");
+  const second = (await reader.next())!;
+  assert.equal(second.length, 32 * 1024, "the buffer doubled after a full read");
+  const third = (await reader.next())!;
+  assert.equal(third.length, 100);
+  assert.notEqual(third.buffer, handed!.buffer, "a small read is copied out");
+  assert.deepEqual([...new Set(third)], [100]);
+  assert.equal((await reader.next())!.length, 5);
+  assert.equal(await reader.next(), null);
 });
 
 Deno.test("a header announcing an oversized payload is refused before any of the payload is held", () => {
@@ -188,7 +215,7 @@ Deno.test("a header announcing an oversized payload is refused before any of the
   view.setUint32(5, 0xffff_ffff);
   assert.throws(() => new FrameDecoder().push(header), MuxProtocolError);
   view.setUint32(5, MAX_DATA_BYTES + 1);
-  assert.throws(() => new FrameDecoder().push(header), /DATA frame of 65537 bytes/);
+  assert.throws(() => new FrameDecoder().push(header), new RegExp(`DATA frame of ${MAX_DATA_BYTES + 1} bytes`));
   view.setUint8(0, 99);
   assert.throws(() => new FrameDecoder().push(header), /unknown frame type 99/);
 });

@@ -1,0 +1,302 @@
+/**
+ * The relay (DESIGN.md targets: ≤ 1 ms p50 added per LLM request over the relay vs today's path;
+ * egress through the relay ≥ 0.8× a direct container download; 64 concurrent connections with
+ * fair progress).
+ *
+ * Three paths from inside a container, to one server in this process:
+ * - direct: an ordinary container on a network the bench creates, straight to the server at the
+ *   host's address on that network (no proxy);
+ * - TCP proxy (the transport before the relay): the same container through the credential and
+ *   egress proxies listening on TCP at that address (`startHostProxies`);
+ * - relay: a real sandbox (network none) through its session (`openSession`): relay inside,
+ *   `docker exec` stdio, the proxies on Unix sockets.
+ * The same client runs in each (a Deno script for requests, curl for downloads), rounds
+ * interleaved so that drift hits every path alike.
+ */
+import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
+import { parseConfig, resolveProfile } from "../lib/config.ts";
+import { KeyStore } from "../lib/keys.ts";
+import { Redactor } from "../lib/redact.ts";
+import { openSession, startHostProxies } from "../lib/proxy/session.ts";
+import { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
+import { imageTagFor } from "../lib/sandbox/image.ts";
+import { run, spawn } from "../lib/process.ts";
+import { removeProfile } from "../tests/_helpers.ts";
+
+const LATENCY_WARMUP = 30;
+const LATENCY_ROUNDS = 6;
+const LATENCY_PER_ROUND = 50;
+const DOWNLOAD_BYTES = 256 * 1024 * 1024;
+const DOWNLOAD_ROUNDS = 3;
+const CONCURRENT = 64;
+const CONCURRENT_BYTES = 16 * 1024 * 1024;
+const ADDED_P50_TARGET_MS = 1;
+const DOWNLOAD_RATIO_TARGET = 0.8;
+const FAIRNESS_TARGET = 0.9;
+
+const KEY_ENV = "SANDBOX_BENCH_RELAY_KEY";
+const KEY = `sk-bench-${crypto.randomUUID().replaceAll("-", "")}`;
+const COMPLETION = new TextEncoder().encode(JSON.stringify({
+  id: "chatcmpl-bench",
+  object: "chat.completion",
+  created: 0,
+  model: "bench-model",
+  choices: [{ index: 0, message: { role: "assistant", content: "Hello from the bench upstream." }, finish_reason: "stop" }],
+  usage: { prompt_tokens: 12, completion_tokens: 7, total_tokens: 19 },
+}));
+const BLOCK = new Uint8Array(1024 * 1024).fill(97);
+
+/** The in-container client: `latency URL TOKEN N` prints the N request times in ms as JSON. */
+const CLIENT = `
+const [mode, url, token, count] = Deno.args;
+const body = JSON.stringify({ model: "bench-model", messages: [{ role: "user", content: "List the files and summarise the README." }] });
+const times = [];
+for (let i = 0; i < Number(count); i++) {
+  const started = performance.now();
+  const response = await fetch(url, { method: "POST", body, headers: { authorization: "Bearer " + token, "content-type": "application/json" } });
+  await response.arrayBuffer();
+  if (response.status !== 200) { console.error("status " + response.status); Deno.exit(1); }
+  times.push(performance.now() - started);
+}
+console.log(JSON.stringify(times));
+`;
+
+/** One server, two addresses: loopback (for the proxies) and the bench network's gateway (direct). */
+function benchServer(hostnames: string[]): { port: number } & AsyncDisposable {
+  const handler = async (req: Request): Promise<Response> => {
+    const url = new URL(req.url);
+    if (url.pathname === "/file") {
+      const total = Number(url.searchParams.get("bytes"));
+      let sent = 0;
+      return new Response(new ReadableStream({
+        type: "bytes",
+        pull(controller) {
+          const size = Math.min(BLOCK.length, total - sent);
+          if (size <= 0) return controller.close();
+          controller.enqueue(BLOCK.slice(0, size));
+          sent += size;
+        },
+      }), { headers: { "content-length": String(total) } });
+    }
+    if (req.headers.get("authorization") !== `Bearer ${KEY}`) return new Response("bad key", { status: 401 });
+    await req.arrayBuffer();
+    return new Response(COMPLETION, { headers: { "content-type": "application/json" } });
+  };
+  const servers: Deno.HttpServer<Deno.NetAddr>[] = [];
+  for (const hostname of hostnames) {
+    servers.push(Deno.serve({ hostname, port: servers[0]?.addr.port ?? 0, onListen: () => {} }, handler));
+  }
+  return { port: servers[0].addr.port, [Symbol.asyncDispose]: async () => void await Promise.all(servers.map((s) => s.shutdown())) };
+}
+
+function percentile(values: number[], p: number): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))];
+}
+
+function median(values: number[]): number {
+  return percentile(values, 50);
+}
+
+/** Jain's fairness index of per-connection throughputs: 1 when all are equal, 1/n when one has all. */
+function jain(values: number[]): number {
+  const sum = values.reduce((a, b) => a + b, 0);
+  const squares = values.reduce((a, b) => a + b * b, 0);
+  return (sum * sum) / (values.length * squares);
+}
+
+type Path = "direct" | "tcp" | "relay";
+
+async function run_(context: BenchContext): Promise<BenchResult> {
+  const { signal } = context;
+  const suffix = crypto.randomUUID().slice(0, 8);
+  const network = `sandbox-bench-${suffix}`;
+  const ordinary = `sandbox-bench-direct-${suffix}`;
+  const profileName = `bench-relay-${suffix}`;
+  const stateDir = await Deno.makeTempDir({ prefix: "sandbox-bench-relay-" });
+  const docker = async (...args: string[]) => {
+    const result = await run(["docker", ...args], { signal, timeoutMs: 600_000 });
+    if (result.exitCode !== 0) throw new Error(`docker ${args.slice(0, 3).join(" ")} failed: ${result.stderr}`);
+    return result.stdout.trim();
+  };
+  const cleanups: (() => Promise<unknown>)[] = [() => Deno.remove(stateDir, { recursive: true })];
+  try {
+    await docker("network", "create", network);
+    cleanups.push(() => run(["docker", "network", "rm", network]));
+    const gateway = await docker("network", "inspect", network, "--format", "{{(index .IPAM.Config 0).Gateway}}");
+    const server = benchServer(["127.0.0.1", gateway]);
+    cleanups.push(async () => await server[Symbol.asyncDispose]());
+    const port = server.port;
+
+    const loaded = parseConfig(
+      [
+        "profiles:",
+        `  ${profileName}:`,
+        `    llm: {provider: custom, base_url: "http://127.0.0.1:${port}/v1", key: {env: ${KEY_ENV}}}`,
+        `    sandbox: {network: {mode: allowlist, allow: ["bench.test:${port}"], hosts: {bench.test: 127.0.0.1}}}`,
+      ].join("\n"),
+      "bench profile",
+    );
+    if (loaded.kind !== "ok") throw new Error(`bench profile invalid: ${JSON.stringify(loaded.issues)}`);
+    const profile = resolveProfile(loaded.config, profileName);
+    const redactor = new Redactor();
+    const keys = new KeyStore({ redactor, env: (name) => (name === KEY_ENV ? KEY : undefined) });
+    const provider = new DockerSandboxProvider(profile, { onProgress: context.progress });
+    cleanups.push(() => removeProfile(profileName));
+    context.progress("starting the sandbox and its session");
+    await provider.ensureRunning({ signal });
+    const session = await openSession(profile, provider, { keys, redactor, accessLogPath: `${stateDir}/access.ndjson` });
+    cleanups.push(() => session.close());
+    const tcp = await startHostProxies(profile, [gateway], { keys, redactor, accessLogPath: `${stateDir}/access.ndjson` });
+    cleanups.push(() => tcp.close());
+
+    const image = await imageTagFor(profile.sandbox.image);
+    await docker("run", "--detach", "--name", ordinary, "--network", network, "--user", "10001:10001", image, "sleep", "infinity");
+    cleanups.push(() => run(["docker", "rm", "--force", ordinary]));
+    await run(["docker", "exec", "-i", ordinary, "sh", "-c", "cat >/tmp/bench-client.js"], { stdin: CLIENT });
+    await provider.writeFile("/tmp/bench-client.js", CLIENT);
+    const tcpEnv = tcp.envFor(gateway);
+
+    /** A shell command in the container of `path`, with that path's proxy variables. */
+    const sh = async (path: Path, script: string): Promise<string> => {
+      const result = path === "relay"
+        ? await provider.exec(["sh", "-c", script], { env: session.env, signal, timeoutMs: 600_000 })
+        : await run([
+          "docker", "exec",
+          ...(path === "tcp" ? Object.entries(tcpEnv).flatMap(([k, v]) => ["--env", `${k}=${v}`]) : []),
+          ordinary, "sh", "-c", script,
+        ], { signal, timeoutMs: 600_000 });
+      if (result.exitCode !== 0) throw new Error(`${path}: ${script.slice(0, 60)}… exited ${result.exitCode}: ${result.stderr}`);
+      return result.stdout.trim();
+    };
+    const llm: Record<Path, { url: string; token: string }> = {
+      direct: { url: `http://${gateway}:${port}/v1/chat/completions`, token: KEY },
+      tcp: { url: `${tcp.llmUrl(gateway)}/chat/completions`, token: tcp.token },
+      relay: { url: `${session.env.SANDBOX_LLM_BASE_URL}/chat/completions`, token: session.token },
+    };
+    const latencies = async (path: Path, count: number) =>
+      JSON.parse(await sh(path, `deno run -A --no-config /tmp/bench-client.js latency '${llm[path].url}' '${llm[path].token}' ${count}`)) as number[];
+    const paths: Path[] = ["direct", "tcp", "relay"];
+
+    // 1. Latency per LLM request, keep-alive, sequential.
+    context.progress(`latency: ${LATENCY_ROUNDS} rounds × ${LATENCY_PER_ROUND} requests per path`);
+    for (const path of paths) await latencies(path, LATENCY_WARMUP);
+    const times: Record<Path, number[]> = { direct: [], tcp: [], relay: [] };
+    for (let round = 0; round < LATENCY_ROUNDS; round++) {
+      for (const path of paths) times[path].push(...await latencies(path, LATENCY_PER_ROUND));
+    }
+    const p50 = Object.fromEntries(paths.map((p) => [p, median(times[p])])) as Record<Path, number>;
+    const p90 = Object.fromEntries(paths.map((p) => [p, percentile(times[p], 90)])) as Record<Path, number>;
+
+    // 2. One large download: direct vs through the egress proxy (TCP, and relay).
+    const fileUrl = (path: Path, bytes: number) =>
+      path === "direct" ? `http://${gateway}:${port}/file?bytes=${bytes}` : `http://bench.test:${port}/file?bytes=${bytes}`;
+    const download = async (path: Path) =>
+      Number(await sh(path, `curl -sS -o /dev/null -w '%{speed_download}' '${fileUrl(path, DOWNLOAD_BYTES)}'`)) / 1e6;
+    context.progress(`download: ${DOWNLOAD_ROUNDS} × ${DOWNLOAD_BYTES / 1024 / 1024} MiB per path`);
+    const rates: Record<Path, number[]> = { direct: [], tcp: [], relay: [] };
+    for (let round = 0; round < DOWNLOAD_ROUNDS; round++) {
+      for (const path of paths) rates[path].push(await download(path));
+    }
+    const rate = Object.fromEntries(paths.map((p) => [p, median(rates[p])])) as Record<Path, number>;
+
+    // The relay's floor: raw `docker exec` stdio from the sandbox to this process, same size.
+    const rawRates: number[] = [];
+    for (let round = 0; round < DOWNLOAD_ROUNDS; round++) {
+      const started = performance.now();
+      const child = spawn(["docker", "exec", provider.containerName, "head", "-c", String(DOWNLOAD_BYTES), "/dev/zero"], { signal });
+      let bytes = 0;
+      for await (const chunk of child.stdout) bytes += chunk.length;
+      await child.finished;
+      if (bytes !== DOWNLOAD_BYTES) throw new Error(`raw docker exec carried ${bytes} of ${DOWNLOAD_BYTES} bytes`);
+      rawRates.push(bytes / ((performance.now() - started) * 1000));
+    }
+    const rawRate = median(rawRates);
+
+    // 3. 64 downloads at once: aggregate throughput and fairness between them.
+    context.progress(`${CONCURRENT} concurrent downloads of ${CONCURRENT_BYTES / 1024 / 1024} MiB`);
+    const concurrent = async (path: Path) => {
+      const script = `start=$(date +%s%N); for i in $(seq ${CONCURRENT}); do ` +
+        `curl -sS -o /dev/null -w '%{size_download} %{time_total}\\n' '${fileUrl(path, CONCURRENT_BYTES)}' & done; wait; ` +
+        `echo "wall $(( ($(date +%s%N) - start) / 1000 ))"`;
+      const lines = (await sh(path, script)).split("\n");
+      const wallUs = Number(lines.pop()!.split(" ")[1]);
+      const each = lines.map((l) => l.split(" ").map(Number)).filter(([size]) => size === CONCURRENT_BYTES);
+      if (each.length !== CONCURRENT) throw new Error(`${path}: ${each.length} of ${CONCURRENT} downloads completed`);
+      return {
+        aggregate: (CONCURRENT * CONCURRENT_BYTES) / wallUs, // bytes per µs = MB/s
+        fairness: jain(each.map(([size, seconds]) => size / seconds)),
+        slowest: Math.max(...each.map(([, s]) => s)),
+        fastest: Math.min(...each.map(([, s]) => s)),
+      };
+    };
+    const many = { direct: await concurrent("direct"), relay: await concurrent("relay") };
+
+    const figures: Figure[] = [
+      {
+        name: "LLM request p50 vs today's TCP proxy",
+        unit: "ms",
+        baseline: p50.tcp,
+        measured: p50.relay,
+        better: "lower",
+        target: { text: `≤ +${ADDED_P50_TARGET_MS} ms`, met: p50.relay - p50.tcp <= ADDED_P50_TARGET_MS },
+      },
+      { name: "LLM request p50 vs direct", unit: "ms", baseline: p50.direct, measured: p50.relay, better: "lower" },
+      { name: "LLM request p90 vs direct", unit: "ms", baseline: p90.direct, measured: p90.relay, better: "lower" },
+      {
+        name: `download ${DOWNLOAD_BYTES / 1024 / 1024} MiB via egress proxy vs direct`,
+        unit: "MB/s",
+        baseline: rate.direct,
+        measured: rate.relay,
+        better: "higher",
+        target: { text: `≥ ${DOWNLOAD_RATIO_TARGET}x`, met: rate.relay >= DOWNLOAD_RATIO_TARGET * rate.direct },
+      },
+      {
+        name: "download: relay vs raw docker exec stdio",
+        unit: "MB/s",
+        baseline: rawRate,
+        measured: rate.relay,
+        better: "higher",
+      },
+      {
+        name: "download via egress proxy: relay vs today's TCP",
+        unit: "MB/s",
+        baseline: rate.tcp,
+        measured: rate.relay,
+        better: "higher",
+      },
+      {
+        name: `${CONCURRENT} concurrent downloads, aggregate`,
+        unit: "MB/s",
+        baseline: many.direct.aggregate,
+        measured: many.relay.aggregate,
+        better: "higher",
+      },
+      {
+        name: `${CONCURRENT} concurrent downloads, fairness (Jain)`,
+        unit: "index",
+        baseline: many.direct.fairness,
+        measured: many.relay.fairness,
+        better: "higher",
+        target: { text: `≥ ${FAIRNESS_TARGET}`, met: many.relay.fairness >= FAIRNESS_TARGET },
+      },
+    ];
+    const notes = [
+      `paths: direct = ordinary container → server at the bench network's gateway; TCP proxy = same container → proxies on TCP at the gateway (before the relay); relay = sandbox (network none) → relay → docker exec stdio → proxies on Unix sockets`,
+      `LLM requests: keep-alive, sequential, ${LATENCY_ROUNDS * LATENCY_PER_ROUND} per path after ${LATENCY_WARMUP} warm-up, interleaved rounds; p50 direct ${p50.direct.toFixed(2)} ms, TCP proxy ${p50.tcp.toFixed(2)} ms, relay ${p50.relay.toFixed(2)} ms`,
+      `downloads: curl to /dev/null, median of ${DOWNLOAD_ROUNDS}; direct ${rates.direct.map((r) => r.toFixed(0)).join("/")}, TCP ${rates.tcp.map((r) => r.toFixed(0)).join("/")}, relay ${rates.relay.map((r) => r.toFixed(0)).join("/")}, raw docker exec stdio (head -c /dev/zero, read here) ${rawRates.map((r) => r.toFixed(0)).join("/")} MB/s`,
+      `${CONCURRENT} at once: slowest/fastest connection ${many.direct.slowest.toFixed(2)}/${many.direct.fastest.toFixed(2)} s direct, ${many.relay.slowest.toFixed(2)}/${many.relay.fastest.toFixed(2)} s relay`,
+    ];
+    return { figures, notes };
+  } finally {
+    for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
+  }
+}
+
+export const benchmark: Benchmark = {
+  name: "relay",
+  title: "in-container requests and downloads: sandbox over the relay vs an ordinary container",
+  baselineLabel: "baseline",
+  measuredLabel: "relay",
+  run: run_,
+};
