@@ -41,7 +41,11 @@ const COMPLETION = new TextEncoder().encode(JSON.stringify({
   object: "chat.completion",
   created: 0,
   model: "bench-model",
-  choices: [{ index: 0, message: { role: "assistant", content: "Hello from the bench upstream." }, finish_reason: "stop" }],
+  choices: [{
+    index: 0,
+    message: { role: "assistant", content: "Hello from the bench upstream." },
+    finish_reason: "stop",
+  }],
   usage: { prompt_tokens: 12, completion_tokens: 7, total_tokens: 19 },
 }));
 const BLOCK = new Uint8Array(1024 * 1024).fill(97);
@@ -68,25 +72,35 @@ function benchServer(hostnames: string[]): { port: number } & AsyncDisposable {
     if (url.pathname === "/file") {
       const total = Number(url.searchParams.get("bytes"));
       let sent = 0;
-      return new Response(new ReadableStream({
-        type: "bytes",
-        pull(controller) {
-          const size = Math.min(BLOCK.length, total - sent);
-          if (size <= 0) return controller.close();
-          controller.enqueue(BLOCK.slice(0, size));
-          sent += size;
-        },
-      }), { headers: { "content-length": String(total) } });
+      return new Response(
+        new ReadableStream({
+          type: "bytes",
+          pull(controller) {
+            const size = Math.min(BLOCK.length, total - sent);
+            if (size <= 0) return controller.close();
+            controller.enqueue(BLOCK.slice(0, size));
+            sent += size;
+          },
+        }),
+        { headers: { "content-length": String(total) } },
+      );
     }
-    if (req.headers.get("authorization") !== `Bearer ${KEY}`) return new Response("bad key", { status: 401 });
+    if (req.headers.get("authorization") !== `Bearer ${KEY}`) {
+      return new Response("bad key", { status: 401 });
+    }
     await req.arrayBuffer();
     return new Response(COMPLETION, { headers: { "content-type": "application/json" } });
   };
   const servers: Deno.HttpServer<Deno.NetAddr>[] = [];
   for (const hostname of hostnames) {
-    servers.push(Deno.serve({ hostname, port: servers[0]?.addr.port ?? 0, onListen: () => {} }, handler));
+    servers.push(
+      Deno.serve({ hostname, port: servers[0]?.addr.port ?? 0, onListen: () => {} }, handler),
+    );
   }
-  return { port: servers[0].addr.port, [Symbol.asyncDispose]: async () => void await Promise.all(servers.map((s) => s.shutdown())) };
+  return {
+    port: servers[0].addr.port,
+    [Symbol.asyncDispose]: async () => void await Promise.all(servers.map((s) => s.shutdown())),
+  };
 }
 
 function percentile(values: number[], p: number): number {
@@ -107,6 +121,26 @@ function jain(values: number[]): number {
 
 type Path = "direct" | "tcp" | "relay";
 
+/** p50 time for one byte to go into `docker exec -i CONTAINER cat` and come back. */
+async function execRoundTrip(container: string, signal: AbortSignal): Promise<number> {
+  const feed = new TransformStream<Uint8Array, Uint8Array>();
+  const child = spawn(["docker", "exec", "-i", container, "cat"], { stdin: feed.readable, signal });
+  const writer = feed.writable.getWriter();
+  const reader = child.stdout.getReader();
+  const times: number[] = [];
+  for (let i = 0; i < 220; i++) {
+    const started = performance.now();
+    await writer.write(new Uint8Array([i & 0xff]));
+    const { done } = await reader.read();
+    if (done) throw new Error("cat ended early");
+    if (i >= 20) times.push(performance.now() - started);
+  }
+  reader.releaseLock();
+  await writer.close();
+  await child.finished;
+  return median(times);
+}
+
 async function run_(context: BenchContext): Promise<BenchResult> {
   const { signal } = context;
   const suffix = crypto.randomUUID().slice(0, 8);
@@ -116,14 +150,22 @@ async function run_(context: BenchContext): Promise<BenchResult> {
   const stateDir = await Deno.makeTempDir({ prefix: "sandbox-bench-relay-" });
   const docker = async (...args: string[]) => {
     const result = await run(["docker", ...args], { signal, timeoutMs: 600_000 });
-    if (result.exitCode !== 0) throw new Error(`docker ${args.slice(0, 3).join(" ")} failed: ${result.stderr}`);
+    if (result.exitCode !== 0) {
+      throw new Error(`docker ${args.slice(0, 3).join(" ")} failed: ${result.stderr}`);
+    }
     return result.stdout.trim();
   };
   const cleanups: (() => Promise<unknown>)[] = [() => Deno.remove(stateDir, { recursive: true })];
   try {
     await docker("network", "create", network);
     cleanups.push(() => run(["docker", "network", "rm", network]));
-    const gateway = await docker("network", "inspect", network, "--format", "{{(index .IPAM.Config 0).Gateway}}");
+    const gateway = await docker(
+      "network",
+      "inspect",
+      network,
+      "--format",
+      "{{(index .IPAM.Config 0).Gateway}}",
+    );
     const server = benchServer(["127.0.0.1", gateway]);
     cleanups.push(async () => await server[Symbol.asyncDispose]());
     const port = server.port;
@@ -137,7 +179,9 @@ async function run_(context: BenchContext): Promise<BenchResult> {
       ].join("\n"),
       "bench profile",
     );
-    if (loaded.kind !== "ok") throw new Error(`bench profile invalid: ${JSON.stringify(loaded.issues)}`);
+    if (loaded.kind !== "ok") {
+      throw new Error(`bench profile invalid: ${JSON.stringify(loaded.issues)}`);
+    }
     const profile = resolveProfile(loaded.config, profileName);
     const redactor = new Redactor();
     const keys = new KeyStore({ redactor, env: (name) => (name === KEY_ENV ? KEY : undefined) });
@@ -145,28 +189,64 @@ async function run_(context: BenchContext): Promise<BenchResult> {
     cleanups.push(() => removeProfile(profileName));
     context.progress("starting the sandbox and its session");
     await provider.ensureRunning({ signal });
-    const session = await openSession(profile, provider, { keys, redactor, accessLogPath: `${stateDir}/access.ndjson` });
+    const session = await openSession(profile, provider, {
+      keys,
+      redactor,
+      accessLogPath: `${stateDir}/access.ndjson`,
+    });
     cleanups.push(() => session.close());
-    const tcp = await startHostProxies(profile, [gateway], { keys, redactor, accessLogPath: `${stateDir}/access.ndjson` });
+    const tcp = await startHostProxies(profile, [gateway], {
+      keys,
+      redactor,
+      accessLogPath: `${stateDir}/access.ndjson`,
+    });
     cleanups.push(() => tcp.close());
 
     const image = await imageTagFor(profile.sandbox.image);
-    await docker("run", "--detach", "--name", ordinary, "--network", network, "--user", "10001:10001", image, "sleep", "infinity");
+    await docker(
+      "run",
+      "--detach",
+      "--name",
+      ordinary,
+      "--network",
+      network,
+      "--user",
+      "10001:10001",
+      image,
+      "sleep",
+      "infinity",
+    );
     cleanups.push(() => run(["docker", "rm", "--force", ordinary]));
-    await run(["docker", "exec", "-i", ordinary, "sh", "-c", "cat >/tmp/bench-client.js"], { stdin: CLIENT });
+    await run(["docker", "exec", "-i", ordinary, "sh", "-c", "cat >/tmp/bench-client.js"], {
+      stdin: CLIENT,
+    });
     await provider.writeFile("/tmp/bench-client.js", CLIENT);
     const tcpEnv = tcp.envFor(gateway);
 
     /** A shell command in the container of `path`, with that path's proxy variables. */
     const sh = async (path: Path, script: string): Promise<string> => {
       const result = path === "relay"
-        ? await provider.exec(["sh", "-c", script], { env: session.env, signal, timeoutMs: 600_000 })
+        ? await provider.exec(["sh", "-c", script], {
+          env: session.env,
+          signal,
+          timeoutMs: 600_000,
+        })
         : await run([
-          "docker", "exec",
-          ...(path === "tcp" ? Object.entries(tcpEnv).flatMap(([k, v]) => ["--env", `${k}=${v}`]) : []),
-          ordinary, "sh", "-c", script,
+          "docker",
+          "exec",
+          ...(path === "tcp"
+            ? Object.entries(tcpEnv).flatMap(([k, v]) => ["--env", `${k}=${v}`])
+            : []),
+          ordinary,
+          "sh",
+          "-c",
+          script,
         ], { signal, timeoutMs: 600_000 });
-      if (result.exitCode !== 0) throw new Error(`${path}: ${script.slice(0, 60)}… exited ${result.exitCode}: ${result.stderr}`);
+      if (result.exitCode !== 0) {
+        throw new Error(
+          `${path}: ${script.slice(0, 60)}… exited ${result.exitCode}: ${result.stderr}`,
+        );
+      }
       return result.stdout.trim();
     };
     const llm: Record<Path, { url: string; token: string }> = {
@@ -175,7 +255,14 @@ async function run_(context: BenchContext): Promise<BenchResult> {
       relay: { url: `${session.env.SANDBOX_LLM_BASE_URL}/chat/completions`, token: session.token },
     };
     const latencies = async (path: Path, count: number) =>
-      JSON.parse(await sh(path, `deno run -A --no-config /tmp/bench-client.js latency '${llm[path].url}' '${llm[path].token}' ${count}`)) as number[];
+      JSON.parse(
+        await sh(
+          path,
+          `deno run -A --no-config /tmp/bench-client.js latency '${llm[path].url}' '${
+            llm[path].token
+          }' ${count}`,
+        ),
+      ) as number[];
     const paths: Path[] = ["direct", "tcp", "relay"];
 
     // 1. Latency per LLM request, keep-alive, sequential.
@@ -186,43 +273,80 @@ async function run_(context: BenchContext): Promise<BenchResult> {
       for (const path of paths) times[path].push(...await latencies(path, LATENCY_PER_ROUND));
     }
     const p50 = Object.fromEntries(paths.map((p) => [p, median(times[p])])) as Record<Path, number>;
-    const p90 = Object.fromEntries(paths.map((p) => [p, percentile(times[p], 90)])) as Record<Path, number>;
+    const p90 = Object.fromEntries(paths.map((p) => [p, percentile(times[p], 90)])) as Record<
+      Path,
+      number
+    >;
 
     // 2. One large download: direct vs through the egress proxy (TCP, and relay).
     const fileUrl = (path: Path, bytes: number) =>
-      path === "direct" ? `http://${gateway}:${port}/file?bytes=${bytes}` : `http://bench.test:${port}/file?bytes=${bytes}`;
+      path === "direct"
+        ? `http://${gateway}:${port}/file?bytes=${bytes}`
+        : `http://bench.test:${port}/file?bytes=${bytes}`;
     const download = async (path: Path) =>
-      Number(await sh(path, `curl -sS -o /dev/null -w '%{speed_download}' '${fileUrl(path, DOWNLOAD_BYTES)}'`)) / 1e6;
+      Number(
+        await sh(
+          path,
+          `curl -sS -o /dev/null -w '%{speed_download}' '${fileUrl(path, DOWNLOAD_BYTES)}'`,
+        ),
+      ) / 1e6;
     context.progress(`download: ${DOWNLOAD_ROUNDS} × ${DOWNLOAD_BYTES / 1024 / 1024} MiB per path`);
     const rates: Record<Path, number[]> = { direct: [], tcp: [], relay: [] };
     for (let round = 0; round < DOWNLOAD_ROUNDS; round++) {
       for (const path of paths) rates[path].push(await download(path));
     }
-    const rate = Object.fromEntries(paths.map((p) => [p, median(rates[p])])) as Record<Path, number>;
+    const rate = Object.fromEntries(paths.map((p) => [p, median(rates[p])])) as Record<
+      Path,
+      number
+    >;
 
-    // The relay's floor: raw `docker exec` stdio from the sandbox to this process, same size.
+    // The relay's floor: raw `docker exec -i` stdio from this process into the sandbox (the
+    // direction a download takes), same size, and its round trip for one byte.
     const rawRates: number[] = [];
     for (let round = 0; round < DOWNLOAD_ROUNDS; round++) {
+      const feed = new TransformStream<Uint8Array, Uint8Array>();
+      const child = spawn([
+        "docker",
+        "exec",
+        "-i",
+        provider.containerName,
+        "sh",
+        "-c",
+        "exec wc -c",
+      ], { stdin: feed.readable, signal });
+      const counted = new Response(child.stdout).text();
+      const writer = feed.writable.getWriter();
       const started = performance.now();
-      const child = spawn(["docker", "exec", provider.containerName, "head", "-c", String(DOWNLOAD_BYTES), "/dev/zero"], { signal });
-      let bytes = 0;
-      for await (const chunk of child.stdout) bytes += chunk.length;
-      await child.finished;
-      if (bytes !== DOWNLOAD_BYTES) throw new Error(`raw docker exec carried ${bytes} of ${DOWNLOAD_BYTES} bytes`);
+      for (let sent = 0; sent < DOWNLOAD_BYTES; sent += BLOCK.length) {
+        await writer.write(BLOCK.slice());
+      }
+      await writer.close();
+      const bytes = Number((await counted).trim());
       rawRates.push(bytes / ((performance.now() - started) * 1000));
+      await child.finished;
+      if (bytes !== DOWNLOAD_BYTES) {
+        throw new Error(`raw docker exec carried ${bytes} of ${DOWNLOAD_BYTES} bytes`);
+      }
     }
     const rawRate = median(rawRates);
+    const rawRoundTrip = await execRoundTrip(provider.containerName, signal);
 
     // 3. 64 downloads at once: aggregate throughput and fairness between them.
     context.progress(`${CONCURRENT} concurrent downloads of ${CONCURRENT_BYTES / 1024 / 1024} MiB`);
     const concurrent = async (path: Path) => {
       const script = `start=$(date +%s%N); for i in $(seq ${CONCURRENT}); do ` +
-        `curl -sS -o /dev/null -w '%{size_download} %{time_total}\\n' '${fileUrl(path, CONCURRENT_BYTES)}' & done; wait; ` +
+        `curl -sS -o /dev/null -w '%{size_download} %{time_total}\\n' '${
+          fileUrl(path, CONCURRENT_BYTES)
+        }' & done; wait; ` +
         `echo "wall $(( ($(date +%s%N) - start) / 1000 ))"`;
       const lines = (await sh(path, script)).split("\n");
       const wallUs = Number(lines.pop()!.split(" ")[1]);
-      const each = lines.map((l) => l.split(" ").map(Number)).filter(([size]) => size === CONCURRENT_BYTES);
-      if (each.length !== CONCURRENT) throw new Error(`${path}: ${each.length} of ${CONCURRENT} downloads completed`);
+      const each = lines.map((l) => l.split(" ").map(Number)).filter(([size]) =>
+        size === CONCURRENT_BYTES
+      );
+      if (each.length !== CONCURRENT) {
+        throw new Error(`${path}: ${each.length} of ${CONCURRENT} downloads completed`);
+      }
       return {
         aggregate: (CONCURRENT * CONCURRENT_BYTES) / wallUs, // bytes per µs = MB/s
         fairness: jain(each.map(([size, seconds]) => size / seconds)),
@@ -239,20 +363,38 @@ async function run_(context: BenchContext): Promise<BenchResult> {
         baseline: p50.tcp,
         measured: p50.relay,
         better: "lower",
-        target: { text: `≤ +${ADDED_P50_TARGET_MS} ms`, met: p50.relay - p50.tcp <= ADDED_P50_TARGET_MS },
+        target: {
+          text: `≤ +${ADDED_P50_TARGET_MS} ms`,
+          met: p50.relay - p50.tcp <= ADDED_P50_TARGET_MS,
+        },
       },
-      { name: "LLM request p50 vs direct", unit: "ms", baseline: p50.direct, measured: p50.relay, better: "lower" },
-      { name: "LLM request p90 vs direct", unit: "ms", baseline: p90.direct, measured: p90.relay, better: "lower" },
+      {
+        name: "LLM request p50 vs direct",
+        unit: "ms",
+        baseline: p50.direct,
+        measured: p50.relay,
+        better: "lower",
+      },
+      {
+        name: "LLM request p90 vs direct",
+        unit: "ms",
+        baseline: p90.direct,
+        measured: p90.relay,
+        better: "lower",
+      },
       {
         name: `download ${DOWNLOAD_BYTES / 1024 / 1024} MiB via egress proxy vs direct`,
         unit: "MB/s",
         baseline: rate.direct,
         measured: rate.relay,
         better: "higher",
-        target: { text: `≥ ${DOWNLOAD_RATIO_TARGET}x`, met: rate.relay >= DOWNLOAD_RATIO_TARGET * rate.direct },
+        target: {
+          text: `≥ ${DOWNLOAD_RATIO_TARGET}x`,
+          met: rate.relay >= DOWNLOAD_RATIO_TARGET * rate.direct,
+        },
       },
       {
-        name: "download: relay vs raw docker exec stdio",
+        name: "download: relay vs raw docker exec -i stdio",
         unit: "MB/s",
         baseline: rawRate,
         measured: rate.relay,
@@ -283,9 +425,24 @@ async function run_(context: BenchContext): Promise<BenchResult> {
     ];
     const notes = [
       `paths: direct = ordinary container → server at the bench network's gateway; TCP proxy = same container → proxies on TCP at the gateway (before the relay); relay = sandbox (network none) → relay → docker exec stdio → proxies on Unix sockets`,
-      `LLM requests: keep-alive, sequential, ${LATENCY_ROUNDS * LATENCY_PER_ROUND} per path after ${LATENCY_WARMUP} warm-up, interleaved rounds; p50 direct ${p50.direct.toFixed(2)} ms, TCP proxy ${p50.tcp.toFixed(2)} ms, relay ${p50.relay.toFixed(2)} ms`,
-      `downloads: curl to /dev/null, median of ${DOWNLOAD_ROUNDS}; direct ${rates.direct.map((r) => r.toFixed(0)).join("/")}, TCP ${rates.tcp.map((r) => r.toFixed(0)).join("/")}, relay ${rates.relay.map((r) => r.toFixed(0)).join("/")}, raw docker exec stdio (head -c /dev/zero, read here) ${rawRates.map((r) => r.toFixed(0)).join("/")} MB/s`,
-      `${CONCURRENT} at once: slowest/fastest connection ${many.direct.slowest.toFixed(2)}/${many.direct.fastest.toFixed(2)} s direct, ${many.relay.slowest.toFixed(2)}/${many.relay.fastest.toFixed(2)} s relay`,
+      `LLM requests: keep-alive, sequential, ${
+        LATENCY_ROUNDS * LATENCY_PER_ROUND
+      } per path after ${LATENCY_WARMUP} warm-up, interleaved rounds; p50 direct ${
+        p50.direct.toFixed(2)
+      } ms, TCP proxy ${p50.tcp.toFixed(2)} ms, relay ${p50.relay.toFixed(2)} ms`,
+      `downloads: curl to /dev/null, median of ${DOWNLOAD_ROUNDS}; direct ${
+        rates.direct.map((r) => r.toFixed(0)).join("/")
+      }, TCP ${rates.tcp.map((r) => r.toFixed(0)).join("/")}, relay ${
+        rates.relay.map((r) => r.toFixed(0)).join("/")
+      }, raw docker exec stdio (head -c /dev/zero, read here) ${
+        rawRates.map((r) => r.toFixed(0)).join("/")
+      } MB/s`,
+      `raw docker exec -i stdio round trip (1 byte through cat, p50 of 200): ${
+        rawRoundTrip.toFixed(3)
+      } ms`,
+      `${CONCURRENT} at once: slowest/fastest connection ${many.direct.slowest.toFixed(2)}/${
+        many.direct.fastest.toFixed(2)
+      } s direct, ${many.relay.slowest.toFixed(2)}/${many.relay.fastest.toFixed(2)} s relay`,
     ];
     return { figures, notes };
   } finally {

@@ -57,10 +57,13 @@ export const MAX_WINDOW_BYTES = 1 << 30;
 export const MAX_STREAMS = 256;
 /** Highest stream id; the relay that runs out of ids exits and is restarted. */
 export const MAX_STREAM_ID = 0xffff_ffff;
-/** How many bytes of its DATA a stream may have queued but not yet written out. */
-const STREAM_QUEUE_BYTES = 2 * MAX_DATA_BYTES;
+/**
+ * How many bytes of its DATA a stream may have queued but not yet written out: enough that it
+ * keeps reading its connection while a write is under way (no bubbles in the pipe).
+ */
+const STREAM_QUEUE_BYTES = 4 * MAX_DATA_BYTES;
 /** Frames queued together are written out in one write of up to this many bytes. */
-const WRITE_BATCH_BYTES = 1024 * 1024;
+const WRITE_BATCH_BYTES = 256 * 1024;
 /** Receivers grant credit in steps of at least this much (fewer WINDOW frames). */
 const WINDOW_UPDATE_BYTES = INITIAL_WINDOW_BYTES / 4;
 
@@ -160,7 +163,11 @@ export class FrameDecoder {
     while (at < chunk.length) {
       if (this.#data) {
         const take = Math.min(this.#data.remaining, chunk.length - at);
-        frames.push({ type: FRAME.DATA, stream: this.#data.stream, payload: chunk.subarray(at, at + take) });
+        frames.push({
+          type: FRAME.DATA,
+          stream: this.#data.stream,
+          payload: chunk.subarray(at, at + take),
+        });
         at += take;
         this.#data.remaining -= take;
         if (this.#data.remaining === 0) this.#data = undefined;
@@ -201,7 +208,12 @@ export class FrameDecoder {
       } else if (length === 0) {
         frames.push({ type: type as FrameType, stream, payload: new Uint8Array(0) });
       } else {
-        this.#control = { type: type as FrameType, stream, payload: new Uint8Array(length), fill: 0 };
+        this.#control = {
+          type: type as FrameType,
+          stream,
+          payload: new Uint8Array(length),
+          fill: 0,
+        };
       }
     }
     return frames;
@@ -217,7 +229,10 @@ export class ChunkReader {
   #buffer: Uint8Array;
   readonly #maxBytes: number;
 
-  constructor(readonly read: (buffer: Uint8Array) => Promise<number | null>, maxBytes = 256 * 1024) {
+  constructor(
+    readonly read: (buffer: Uint8Array) => Promise<number | null>,
+    maxBytes = 256 * 1024,
+  ) {
     this.#maxBytes = maxBytes;
     this.#buffer = new Uint8Array(MIN_READ_BYTES);
   }
@@ -237,7 +252,9 @@ export class ChunkReader {
       return buffer.subarray(0, n);
     }
     // Mostly empty: copy out what came, keep the buffer, and take a smaller one if it stays so.
-    if (buffer.length > MIN_READ_BYTES && n < buffer.length / 8) this.#buffer = new Uint8Array(buffer.length / 2);
+    if (buffer.length > MIN_READ_BYTES && n < buffer.length / 8) {
+      this.#buffer = new Uint8Array(buffer.length / 2);
+    }
     return buffer.slice(0, n);
   }
 
@@ -284,7 +301,10 @@ export class Mux {
   #ready = false;
   #ended: Error | undefined | null = null;
   #resolveDone!: (error: Error | undefined) => void;
-  readonly #queue: { bytes: Uint8Array; stream?: MuxStream }[] = [];
+  /** Frames that are not a stream's data: written before any DATA. */
+  readonly #control: Uint8Array[] = [];
+  /** DATA and FIN, per stream in order; streams with some queued are served in turn. */
+  readonly #outbound = new Map<MuxStream, { bytes: Uint8Array; data: boolean }[]>();
   #pumping = false;
 
   constructor(options: MuxOptions) {
@@ -337,7 +357,8 @@ export class Mux {
     );
     for (const stream of this.#streams.values()) stream._terminate(why);
     this.#streams.clear();
-    this.#queue.length = 0;
+    this.#control.length = 0;
+    this.#outbound.clear();
     this.#resolveDone(error);
   }
 
@@ -404,6 +425,7 @@ export class Mux {
         stream._receiveFin();
         return;
       case FRAME.RST:
+        this.#outbound.delete(stream);
         stream._terminate(
           new StreamResetError(
             `stream reset by the peer${payload.length ? `: ${printable(payload)}` : ""}`,
@@ -439,51 +461,74 @@ export class Mux {
     if (this.#streams.get(stream.id) === stream) this.#streams.delete(stream.id);
   }
 
-  /** Queue a control frame (WINDOW goes first: it only unblocks the peer). */
+  /** Queue a frame that is no stream's data (READY, OPEN, WINDOW, RST): it goes out first. */
   _sendControl(type: FrameType, id: number, payload?: Uint8Array): void {
-    this.#send(type, id, payload, type === FRAME.WINDOW);
+    this.#send(type, id, payload);
   }
 
-  #send(type: FrameType, id: number, payload?: Uint8Array, urgent = false): void {
+  #send(type: FrameType, id: number, payload?: Uint8Array): void {
     if (this.ended) return;
-    const entry = { bytes: encodeFrame(type, id, payload) };
-    if (urgent) this.#queue.unshift(entry);
-    else this.#queue.push(entry);
+    this.#control.push(encodeFrame(type, id, payload));
     void this.#pump();
   }
 
-  /** Queue a DATA frame; the stream is told when it has been written out. */
-  _sendData(stream: MuxStream, payload: Uint8Array): void {
+  /** Queue a stream's DATA (the stream is told when it has been written out) or its FIN, in order. */
+  _sendData(stream: MuxStream, payload: Uint8Array | "fin"): void {
     if (this.ended) return;
-    this.#queue.push({ bytes: payload, stream });
+    let queue = this.#outbound.get(stream);
+    if (!queue) this.#outbound.set(stream, queue = []);
+    queue.push(
+      payload === "fin"
+        ? { bytes: encodeFrame(FRAME.FIN, stream.id), data: false }
+        : { bytes: payload, data: true },
+    );
     void this.#pump();
   }
 
-  /** Write queued frames out, batching what has piled up into one write. */
+  /** Drop what a reset stream still had queued. */
+  _dropQueued(stream: MuxStream): void {
+    this.#outbound.delete(stream);
+  }
+
+  /**
+   * Write queued frames out, batching what has piled up into one write: control frames first,
+   * then one frame from each stream with data in turn, so that a stream with a lot queued (a
+   * download) delays another's next frame (an LLM call's) by at most one frame.
+   */
   async #pump(): Promise<void> {
     if (this.#pumping) return;
     this.#pumping = true;
     try {
-      while (this.#queue.length > 0 && !this.ended) {
+      while ((this.#control.length > 0 || this.#outbound.size > 0) && !this.ended) {
+        const batch: { bytes: Uint8Array; stream?: MuxStream; data: boolean }[] = [];
         let size = 0;
-        let count = 0;
-        while (count < this.#queue.length && size < WRITE_BATCH_BYTES) {
-          const entry = this.#queue[count++];
-          size += entry.stream ? HEADER_BYTES + entry.bytes.length : entry.bytes.length;
+        for (const bytes of this.#control.splice(0)) {
+          batch.push({ bytes, data: false });
+          size += bytes.length;
         }
-        const batch = this.#queue.splice(0, count);
+        while (size < WRITE_BATCH_BYTES && this.#outbound.size > 0) {
+          for (const [stream, queue] of this.#outbound) {
+            const entry = queue.shift()!;
+            // Served: to the back of the line (a Map keeps insertion order).
+            this.#outbound.delete(stream);
+            if (queue.length > 0) this.#outbound.set(stream, queue);
+            batch.push({ ...entry, stream });
+            size += entry.data ? HEADER_BYTES + entry.bytes.length : entry.bytes.length;
+            if (size >= WRITE_BATCH_BYTES) break;
+          }
+        }
         const bytes = new Uint8Array(size);
         let at = 0;
         for (const entry of batch) {
-          if (entry.stream) {
-            writeHeader(bytes, at, FRAME.DATA, entry.stream.id, entry.bytes.length);
+          if (entry.data) {
+            writeHeader(bytes, at, FRAME.DATA, entry.stream!.id, entry.bytes.length);
             at += HEADER_BYTES;
           }
           bytes.set(entry.bytes, at);
           at += entry.bytes.length;
         }
         await this.#options.output(bytes);
-        for (const entry of batch) entry.stream?._written(entry.bytes.length);
+        for (const entry of batch) if (entry.data) entry.stream!._written(entry.bytes.length);
       }
     } catch (error) {
       this.#end(error instanceof Error ? error : new Error(String(error)));
@@ -590,13 +635,15 @@ export class MuxStream {
   closeWrite(): void {
     if (this.#localFin || this.#error) return;
     this.#localFin = true;
-    this.#mux._sendControl(FRAME.FIN, this.id);
+    // Behind this stream's queued DATA, never ahead of it.
+    this.#mux._sendData(this, "fin");
     if (this.#remoteFin) this.#mux._forget(this);
   }
 
   /** Abort both directions, telling the peer. */
   resetStream(reason = ""): void {
     if (this.#error) return;
+    this.#mux._dropQueued(this);
     this.#mux._sendControl(
       FRAME.RST,
       this.id,
@@ -669,7 +716,9 @@ const CONN_READ_BYTES = 256 * 1024;
 export async function pipeStream(stream: MuxStream, conn: ByteConn): Promise<void> {
   const up = (async () => {
     const reader = new ChunkReader((buffer) => conn.read(buffer), CONN_READ_BYTES);
-    for (let chunk = await reader.next(); chunk !== null; chunk = await reader.next()) await stream.write(chunk);
+    for (let chunk = await reader.next(); chunk !== null; chunk = await reader.next()) {
+      await stream.write(chunk);
+    }
     stream.closeWrite();
   })();
   const down = (async () => {

@@ -29,6 +29,8 @@ export const READY_TIMEOUT_MS = 60_000;
 const EXIT_PORT_IN_USE = 75;
 /** Delays before successive restart attempts; the last one repeats. */
 const RESTART_DELAYS_MS = [0, 100, 250, 500, 1_000];
+/** Bytes buffered on their way into the relay's stdin (each side of the copy into the pipe). */
+const STDIN_BUFFER_BYTES = 512 * 1024;
 /** How long a closed relay gets to exit on its own before its exec is killed. */
 const CLOSE_GRACE_MS = 2_000;
 
@@ -58,7 +60,13 @@ export function spawnRelayProcess(
   argv: string[],
   options: { kill?: () => Promise<void> } = {},
 ): RelayProcess {
-  const stdin = new TransformStream<Uint8Array, Uint8Array>();
+  // Some buffering between the mux and the pipe, so that the next batch is ready while one is
+  // being written (a write into a pipe ends only when the reader took all of it).
+  const stdin = new TransformStream<Uint8Array, Uint8Array>(
+    undefined,
+    new ByteLengthQueuingStrategy({ highWaterMark: STDIN_BUFFER_BYTES }),
+    new ByteLengthQueuingStrategy({ highWaterMark: STDIN_BUFFER_BYTES }),
+  );
   const writer = stdin.writable.getWriter();
   const child = spawn(argv, { stdin: stdin.readable });
   return {

@@ -7,7 +7,15 @@
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
-import { DOCKER_AVAILABLE, explain, IN_CI, removeProfile, ROOT, tempDir, uniqueProfile } from "../_helpers.ts";
+import {
+  DOCKER_AVAILABLE,
+  explain,
+  IN_CI,
+  removeProfile,
+  ROOT,
+  tempDir,
+  uniqueProfile,
+} from "../_helpers.ts";
 import { FakeUpstream } from "../unit/_fake_upstream.ts";
 
 console.error("e2e: unprivileged user test starting");
@@ -15,7 +23,8 @@ console.error("e2e: unprivileged user test starting");
 const KEY_ENV = "SANDBOX_TEST_USER_KEY";
 
 Deno.test({
-  name: "an ordinary user in the docker group runs sandboxes with the default network policy, no root needed",
+  name:
+    "an ordinary user in the docker group runs sandboxes with the default network policy, no root needed",
   // Creating a user needs root: CI runs as root; elsewhere this runs only when it can.
   ignore: !IN_CI && (!DOCKER_AVAILABLE || Deno.uid() !== 0),
   async fn() {
@@ -25,30 +34,53 @@ Deno.test({
     assert.equal(built.exitCode, 0, explain(built));
 
     await using upstream = new FakeUpstream();
-    const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, () => new Response("hello from the host\n"));
-    await using hostServer = Object.assign(server, { [Symbol.asyncDispose]: () => server.shutdown() });
+    const server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      () => new Response("hello from the host\n"),
+    );
+    await using hostServer = Object.assign(server, {
+      [Symbol.asyncDispose]: () => server.shutdown(),
+    });
     await using dir = await tempDir("sandbox-user-");
     const user = `sbxt${crypto.randomUUID().slice(0, 8)}`;
     const home = `${dir.path}/home`;
     const profile = uniqueProfile("e2e-user");
     let created = false;
     try {
-      const added = await run(["useradd", "--no-create-home", "--home-dir", home, "--shell", "/bin/sh", "--groups", "docker", user]);
+      const added = await run([
+        "useradd",
+        "--no-create-home",
+        "--home-dir",
+        home,
+        "--shell",
+        "/bin/sh",
+        "--groups",
+        "docker",
+        user,
+      ]);
       assert.equal(added.exitCode, 0, explain(added));
       created = true;
       await Deno.chmod(dir.path, 0o755);
       await Deno.mkdir(home, { mode: 0o700 });
-      for (const [from, to] of [["dist/sandbox.js", "sandbox.js"], ["examples/hello/prompt.txt", "prompt.txt"], ["examples/hello/recording.json", "recording.json"]]) {
+      for (
+        const [from, to] of [["dist/sandbox.js", "sandbox.js"], [
+          "examples/hello/prompt.txt",
+          "prompt.txt",
+        ], ["examples/hello/recording.json", "recording.json"]]
+      ) {
         await Deno.copyFile(`${ROOT}/${from}`, `${home}/${to}`);
       }
-      await Deno.writeTextFile(`${home}/sandbox.yaml`, `profiles:
+      await Deno.writeTextFile(
+        `${home}/sandbox.yaml`,
+        `profiles:
   ${profile}:
     llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}
     sandbox:
       network:
         allow: ["allowed.test:${hostServer.addr.port}"]
         hosts: {allowed.test: 127.0.0.1}
-`);
+`,
+      );
       const ids = (await run(["id", "-u", user])).stdout.trim();
       const chown = await run(["chown", "-R", `${user}:${user}`, home]);
       assert.equal(chown.exitCode, 0, explain(chown));
@@ -56,13 +88,32 @@ Deno.test({
       /** The bundled CLI as the user, with a clean environment of its own. */
       const asUser = (args: string[]) =>
         run([
-          "runuser", "-u", user, "--",
-          "env", "-i", `HOME=${home}`, "PATH=/usr/local/bin:/usr/bin:/bin", `${KEY_ENV}=sk-test-user-key`,
-          Deno.execPath(), "run", "--allow-all", "--no-config", "sandbox.js", "--config", "sandbox.yaml", ...args,
+          "runuser",
+          "-u",
+          user,
+          "--",
+          "env",
+          "-i",
+          `HOME=${home}`,
+          "PATH=/usr/local/bin:/usr/bin:/bin",
+          `${KEY_ENV}=sk-test-user-key`,
+          Deno.execPath(),
+          "run",
+          "--allow-all",
+          "--no-config",
+          "sandbox.js",
+          "--config",
+          "sandbox.yaml",
+          ...args,
         ], { cwd: home, timeoutMs: 600_000 });
 
       const exec = await asUser([
-        "exec", "--profile", profile, "--", "sh", "-c",
+        "exec",
+        "--profile",
+        profile,
+        "--",
+        "sh",
+        "-c",
         [
           "id -u",
           `curl -s -m 10 -o /dev/null -w "llm %{http_code}\\n" -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`,
@@ -72,11 +123,26 @@ Deno.test({
         ].join("\n"),
       ]);
       assert.equal(exec.exitCode, 0, explain(exec));
-      assert.deepEqual(exec.stdout.trim().split("\n"), ["10001", "llm 200", "hello from the host", "denied 403", "lo"]);
+      assert.deepEqual(exec.stdout.trim().split("\n"), [
+        "10001",
+        "llm 200",
+        "hello from the host",
+        "denied 403",
+        "lo",
+      ]);
       assert.equal(upstream.requests.length, 1);
       assert.equal(upstream.requests[0].headers.get("authorization"), "Bearer sk-test-user-key");
 
-      const agent = await asUser(["run", "agentic", "--profile", profile, "--prompt-file", "prompt.txt", "--model", "replay:recording.json"]);
+      const agent = await asUser([
+        "run",
+        "agentic",
+        "--profile",
+        profile,
+        "--prompt-file",
+        "prompt.txt",
+        "--model",
+        "replay:recording.json",
+      ]);
       assert.equal(agent.exitCode, 0, explain(agent));
       const messages = agent.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
       assert.equal(messages.at(-1)?.type, "usage");

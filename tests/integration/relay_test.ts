@@ -8,7 +8,14 @@ import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
 import { run } from "../../lib/process.ts";
-import { assertDocker, docker, dockerTest, removeProfile, tempDir, uniqueProfile } from "../_helpers.ts";
+import {
+  assertDocker,
+  docker,
+  dockerTest,
+  removeProfile,
+  tempDir,
+  uniqueProfile,
+} from "../_helpers.ts";
 import { FakeUpstream } from "../unit/_fake_upstream.ts";
 
 console.error("integration: relay fault tests starting");
@@ -23,7 +30,10 @@ function profileFrom(yaml: string, name: string) {
 
 function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: ReturnType<typeof setTimeout>;
-  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
+  const late = new Promise<never>((
+    _,
+    reject,
+  ) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
   return Promise.race([promise, late]).finally(() => clearTimeout(timer));
 }
 
@@ -43,7 +53,8 @@ async function hostPids(...parts: string[]): Promise<number[]> {
 }
 
 Deno.test({
-  name: "when the relay's exec stream dies, an in-flight request fails at once and the next one works within a second",
+  name:
+    "when the relay's exec stream dies, an in-flight request fails at once and the next one works within a second",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -63,7 +74,8 @@ Deno.test({
         accessLogPath: `${dir.path}/access.ndjson`,
         onProgress: (line) => events.push(line),
       });
-      const request = () => provider.exec(["sh", "-c", REQUEST], { env: session.env, timeoutMs: 90_000 });
+      const request = () =>
+        provider.exec(["sh", "-c", REQUEST], { env: session.env, timeoutMs: 90_000 });
 
       /** Start a request the upstream holds; end the stream with `fault`; see both outcomes. */
       const survive = async (fault: () => Promise<void>) => {
@@ -76,7 +88,11 @@ Deno.test({
         // curl sees the connection end with nothing received: exit 52 (empty reply) or 56 (recv
         // error). Its own deadline is 60 s: an answer within 2 s is the connection failing.
         const failed = await within(inFlight, 2_000, "the in-flight request failing");
-        assert.match(failed.stdout, /^000 (52|56)$/, `in-flight request: ${failed.stdout} ${failed.stderr}`);
+        assert.match(
+          failed.stdout,
+          /^000 (52|56)$/,
+          `in-flight request: ${failed.stdout} ${failed.stderr}`,
+        );
         await within(restarted, 1_000, "a new relay after the in-flight request failed");
         upstream.behaviour = "ok";
         const next = await request();
@@ -84,9 +100,17 @@ Deno.test({
       };
 
       await t.step("the relay killed inside the sandbox", async () => {
-        const pids = (await docker("exec", provider.containerName, "pgrep", "-f", "^deno run .*/opt/sandbox/relay.js")).split("\n");
+        const pids = (await docker(
+          "exec",
+          provider.containerName,
+          "pgrep",
+          "-f",
+          "^deno run .*/opt/sandbox/relay.js",
+        )).split("\n");
         assert.equal(pids.length, 1, `relay processes: ${pids}`);
-        await survive(async () => void await docker("exec", provider.containerName, "kill", "-KILL", pids[0]));
+        await survive(async () =>
+          void await docker("exec", provider.containerName, "kill", "-KILL", pids[0])
+        );
       });
 
       await t.step("the docker exec client killed on the host", async () => {
@@ -100,7 +124,10 @@ Deno.test({
         await docker("restart", "--time", "1", provider.containerName);
         const runningAt = performance.now();
         await within(restarted, 5_000, "a new relay after the container came back");
-        assert.ok(performance.now() - runningAt < 2_000, "the relay took more than a second or so to come back");
+        assert.ok(
+          performance.now() - runningAt < 2_000,
+          "the relay took more than a second or so to come back",
+        );
         const next = await request();
         assert.equal(next.stdout, "200 0", next.stderr);
       });
@@ -124,11 +151,31 @@ Deno.test({
     const provider = new DockerSandboxProvider(profile);
     try {
       await provider.ensureRunning();
-      const session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
-      const before = await run(["docker", "exec", provider.containerName, "pgrep", "-f", "/opt/sandbox/relay.js"]);
-      assert.equal(before.stdout.trim().split("\n").length, 2, `the wrapper and the relay: ${before.stdout}`);
+      const session = await openSession(profile, provider, {
+        accessLogPath: `${dir.path}/access.ndjson`,
+      });
+      const before = await run([
+        "docker",
+        "exec",
+        provider.containerName,
+        "pgrep",
+        "-f",
+        "/opt/sandbox/relay.js",
+      ]);
+      assert.equal(
+        before.stdout.trim().split("\n").length,
+        2,
+        `the wrapper and the relay: ${before.stdout}`,
+      );
       await within(session.close(), 5_000, "close");
-      const after = await run(["docker", "exec", provider.containerName, "pgrep", "-f", "/opt/sandbox/relay.js"]);
+      const after = await run([
+        "docker",
+        "exec",
+        provider.containerName,
+        "pgrep",
+        "-f",
+        "/opt/sandbox/relay.js",
+      ]);
       assert.equal(after.stdout.trim(), "", `left running: ${after.stdout}`);
       assert.deepEqual(await hostPids("exec", provider.containerName, "/opt/sandbox/relay.js"), []);
     } finally {

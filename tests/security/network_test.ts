@@ -79,7 +79,10 @@ console.log(JSON.stringify(out));
 
 /** A server on the host, on all interfaces, that says who it is. */
 function hostServer(): Deno.HttpServer<Deno.NetAddr> & AsyncDisposable {
-  const server = Deno.serve({ hostname: "0.0.0.0", port: 0, onListen: () => {} }, () => new Response("hello from the host\n"));
+  const server = Deno.serve(
+    { hostname: "0.0.0.0", port: 0, onListen: () => {} },
+    () => new Response("hello from the host\n"),
+  );
   return Object.assign(server, { [Symbol.asyncDispose]: () => server.shutdown() });
 }
 
@@ -108,7 +111,12 @@ async function hostResolver(): Promise<{ port: number } & AsyncDisposable> {
 
 /** Every address of this host, IPv4 and global IPv6 (link-local ones need a scope to be named). */
 function hostAddresses(): string[] {
-  return [...new Set(Deno.networkInterfaces().filter((i) => i.family === "IPv4" || !i.address.startsWith("fe80:")).map((i) => i.address))];
+  return [
+    ...new Set(
+      Deno.networkInterfaces().filter((i) => i.family === "IPv4" || !i.address.startsWith("fe80:"))
+        .map((i) => i.address),
+    ),
+  ];
 }
 
 function target(address: string, port: number): string {
@@ -119,27 +127,63 @@ function target(address: string, port: number): string {
 async function ordinaryNetwork(): Promise<{ name: string; gateway: string } & AsyncDisposable> {
   const name = `sandbox-test-ordinary-${crypto.randomUUID().slice(0, 8)}`;
   await docker("network", "create", name);
-  const gateway = await docker("network", "inspect", name, "--format", "{{(index .IPAM.Config 0).Gateway}}");
-  return { name, gateway, [Symbol.asyncDispose]: async () => void await run(["docker", "network", "rm", name]) };
+  const gateway = await docker(
+    "network",
+    "inspect",
+    name,
+    "--format",
+    "{{(index .IPAM.Config 0).Gateway}}",
+  );
+  return {
+    name,
+    gateway,
+    [Symbol.asyncDispose]: async () => void await run(["docker", "network", "rm", name]),
+  };
 }
 
 /** The probe in an ordinary container: same image as the sandbox, same user, an ordinary network. */
-async function probeOrdinary(image: string, network: string, args: string[]): Promise<Record<string, unknown>> {
-  const result = await run(["docker", "run", "--rm", "--network", network, "--user", "10001:10001", image, "deno", "eval", PROBE, ...args], {
+async function probeOrdinary(
+  image: string,
+  network: string,
+  args: string[],
+): Promise<Record<string, unknown>> {
+  const result = await run([
+    "docker",
+    "run",
+    "--rm",
+    "--network",
+    network,
+    "--user",
+    "10001:10001",
+    image,
+    "deno",
+    "eval",
+    PROBE,
+    ...args,
+  ], {
     timeoutMs: 120_000,
   });
   assert.equal(result.exitCode, 0, explain(result));
   return JSON.parse(result.stdout);
 }
 
-async function probeSandbox(profile: string, config: string, env: Record<string, string>, args: string[]) {
-  const result = await runCli(["exec", "--profile", profile, "--", "deno", "eval", PROBE, ...args], { config, env });
+async function probeSandbox(
+  profile: string,
+  config: string,
+  env: Record<string, string>,
+  args: string[],
+) {
+  const result = await runCli(
+    ["exec", "--profile", profile, "--", "deno", "eval", PROBE, ...args],
+    { config, env },
+  );
   assert.equal(result.exitCode, 0, explain(result));
   return JSON.parse(result.stdout);
 }
 
 Deno.test({
-  name: "an isolated sandbox has network mode none, only lo inside, and on loopback only the relay's ports answer",
+  name:
+    "an isolated sandbox has network mode none, only lo inside, and on loopback only the relay's ports answer",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -147,7 +191,9 @@ Deno.test({
     const profile = uniqueProfile("sec-net");
     const config = await writeConfig(dir.path, `profiles:\n  ${profile}: {}\n`);
     try {
-      const found = await probeSandbox(profile, config, { XDG_STATE_HOME: `${dir.path}/state` }, ["scan"]);
+      const found = await probeSandbox(profile, config, { XDG_STATE_HOME: `${dir.path}/state` }, [
+        "scan",
+      ]);
       assert.deepEqual(found.interfaces, ["lo"]);
       // The default (allowlist) session: the credential proxy and the egress proxy, nothing else.
       assert.deepEqual(found["127.0.0.1"], [19080, 19081]);
@@ -162,7 +208,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "a server on the host is unreachable from an isolated sandbox at every host address, and reachable from an ordinary container",
+  name:
+    "a server on the host is unreachable from an isolated sandbox at every host address, and reachable from an ordinary container",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -171,11 +218,17 @@ Deno.test({
     await using network = await ordinaryNetwork();
     const port = server.addr.port;
     const profile = uniqueProfile("sec-host");
-    const config = await writeConfig(dir.path, `profiles:\n  ${profile}: {sandbox: {network: {mode: none}}}\n`);
+    const config = await writeConfig(
+      dir.path,
+      `profiles:\n  ${profile}: {sandbox: {network: {mode: none}}}\n`,
+    );
     try {
       const addresses = [...hostAddresses(), network.gateway];
       const targets = addresses.map((a) => target(a, port));
-      const found = await probeSandbox(profile, config, { XDG_STATE_HOME: `${dir.path}/state` }, ["connect", ...targets]);
+      const found = await probeSandbox(profile, config, { XDG_STATE_HOME: `${dir.path}/state` }, [
+        "connect",
+        ...targets,
+      ]);
       for (const address of addresses) {
         const outcome = found[target(address, port)];
         if (address === "127.0.0.1") {
@@ -186,15 +239,28 @@ Deno.test({
           assert.match(outcome, /^(ConnectionRefused|AddrNotAvailable)/, `${address}: ${outcome}`);
         } else if (address.includes(":")) {
           // No IPv6 at all inside (the engine disables it in containers), or no route.
-          assert.match(outcome, /Network is unreachable|os error 101|AddrNotAvailable/, `${address}: ${outcome}`);
+          assert.match(
+            outcome,
+            /Network is unreachable|os error 101|AddrNotAvailable/,
+            `${address}: ${outcome}`,
+          );
         } else {
           // No route to anything: the kernel refuses before a packet leaves.
           assert.match(outcome, /Network is unreachable|os error 101/, `${address}: ${outcome}`);
         }
       }
       // Positive control: the same probe from the same image reaches the server on an ordinary network.
-      const image = await docker("container", "inspect", `sandbox-${profile}`, "--format", "{{.Config.Image}}");
-      const control = await probeOrdinary(image, network.name, ["connect", target(network.gateway, port)]);
+      const image = await docker(
+        "container",
+        "inspect",
+        `sandbox-${profile}`,
+        "--format",
+        "{{.Config.Image}}",
+      );
+      const control = await probeOrdinary(image, network.name, [
+        "connect",
+        target(network.gateway, port),
+      ]);
       assert.equal(control[target(network.gateway, port)], "ok 200 hello from the host");
     } finally {
       await removeProfile(profile);
@@ -203,7 +269,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "names do not resolve in an isolated sandbox and fail fast, and a resolver on the host answers an ordinary container but not the sandbox",
+  name:
+    "names do not resolve in an isolated sandbox and fail fast, and a resolver on the host answers an ordinary container but not the sandbox",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -214,26 +281,58 @@ Deno.test({
     const config = await writeConfig(dir.path, `profiles:\n  ${profile}: {}\n`);
     try {
       // Every host address but loopback (inside, 127.0.0.1 is the sandbox's own, not the host's).
-      const servers = [...hostAddresses().filter((a) => !a.includes(":") && a !== "127.0.0.1"), network.gateway]
+      const servers = [
+        ...hostAddresses().filter((a) => !a.includes(":") && a !== "127.0.0.1"),
+        network.gateway,
+      ]
         .map((a) => `${a}:${resolver.port}`);
-      const found = await probeSandbox(profile, config, { XDG_STATE_HOME: `${dir.path}/state` }, ["resolve", "probe.test", ...servers]);
+      const found = await probeSandbox(profile, config, { XDG_STATE_HOME: `${dir.path}/state` }, [
+        "resolve",
+        "probe.test",
+        ...servers,
+      ]);
       for (const server of servers) {
         const outcome = found[server];
-        assert.match(outcome.error ?? `answered ${JSON.stringify(outcome)}`, /Network is unreachable|os error 101/, server);
+        assert.match(
+          outcome.error ?? `answered ${JSON.stringify(outcome)}`,
+          /Network is unreachable|os error 101/,
+          server,
+        );
         assert.ok(outcome.ms < 2_000, `${server}: the lookup took ${outcome.ms} ms`);
       }
       // The sandbox's own resolver configuration leads nowhere either, and says so at once.
       const started = performance.now();
-      const getent = await runCli(["exec", "--profile", profile, "--", "sh", "-c", "getent hosts allowed.test || echo no-resolution"], {
+      const getent = await runCli([
+        "exec",
+        "--profile",
+        profile,
+        "--",
+        "sh",
+        "-c",
+        "getent hosts allowed.test || echo no-resolution",
+      ], {
         config,
         env: { XDG_STATE_HOME: `${dir.path}/state` },
       });
       assert.equal(getent.stdout.trim(), "no-resolution", explain(getent));
       assert.ok(performance.now() - started < 10_000);
 
-      const image = await docker("container", "inspect", `sandbox-${profile}`, "--format", "{{.Config.Image}}");
-      const control = await probeOrdinary(image, network.name, ["resolve", "probe.test", `${network.gateway}:${resolver.port}`]);
-      assert.deepEqual((control[`${network.gateway}:${resolver.port}`] as { answer: string[] }).answer, ["10.9.8.7"]);
+      const image = await docker(
+        "container",
+        "inspect",
+        `sandbox-${profile}`,
+        "--format",
+        "{{.Config.Image}}",
+      );
+      const control = await probeOrdinary(image, network.name, [
+        "resolve",
+        "probe.test",
+        `${network.gateway}:${resolver.port}`,
+      ]);
+      assert.deepEqual(
+        (control[`${network.gateway}:${resolver.port}`] as { answer: string[] }).answer,
+        ["10.9.8.7"],
+      );
     } finally {
       await removeProfile(profile);
     }

@@ -61,7 +61,10 @@ console.log("injected into " + pid);
 
 function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: ReturnType<typeof setTimeout>;
-  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
+  const late = new Promise<never>((
+    _,
+    reject,
+  ) => (timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms)));
   return Promise.race([promise, late]).finally(() => clearTimeout(timer));
 }
 
@@ -71,7 +74,8 @@ async function accessLog(path: string): Promise<Record<string, unknown>[]> {
 }
 
 Deno.test({
-  name: "frames the agent writes into the relay's stream reach the credential proxy only as any request does: without the session token, 401",
+  name:
+    "frames the agent writes into the relay's stream reach the credential proxy only as any request does: without the session token, 401",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -91,11 +95,16 @@ Deno.test({
     Deno.env.set(KEY_ENV, "sk-test-inject");
     try {
       await provider.ensureRunning();
-      await using session = await openSession(profile, provider, { accessLogPath: logPath, onProgress: (line) => events.push(line) });
+      await using session = await openSession(profile, provider, {
+        accessLogPath: logPath,
+        onProgress: (line) => events.push(line),
+      });
       await provider.writeFile("/tmp/inject.js", INJECT);
       const inject = async (token: string) => {
         const replaced = session.relay.nextReady();
-        const result = await provider.exec(["sh", "-c", `deno run -A /tmp/inject.js "${token}"`], { env: session.env });
+        const result = await provider.exec(["sh", "-c", `deno run -A /tmp/inject.js "${token}"`], {
+          env: session.env,
+        });
         assert.equal(result.exitCode, 0, result.stderr);
         assert.match(result.stdout, /^injected into \d+/);
         await within(replaced, 10_000, "the host replacing the relay");
@@ -103,7 +112,11 @@ Deno.test({
       // The attack: a made-up token. Then its twin: the same frames with the session's token.
       await inject("sbx_not_the_token");
       await inject("$SANDBOX_LLM_TOKEN");
-      assert.equal(events.filter((line) => /relay ended.*restarting it/.test(line)).length, 2, events.join("\n"));
+      assert.equal(
+        events.filter((line) => /relay ended.*restarting it/.test(line)).length,
+        2,
+        events.join("\n"),
+      );
 
       const llm = (await accessLog(logPath)).filter((e) => e.kind === "llm");
       assert.deepEqual(llm.map((e) => e.decision), ["deny", "allow"], JSON.stringify(llm));
@@ -111,11 +124,19 @@ Deno.test({
       // The twin was forwarded; whether its answer got back before the relay it went through
       // quit (on a stream it never opened) is a race: 200, or 499 for a client gone mid-answer.
       assert.ok([200, 499].includes(llm[1].status as number), JSON.stringify(llm[1]));
-      assert.equal(upstream.requests.length, 1, "only the request with the session token reaches the upstream");
+      assert.equal(
+        upstream.requests.length,
+        1,
+        "only the request with the session token reaches the upstream",
+      );
       assert.equal(upstream.requests[0].headers.get("authorization"), "Bearer sk-test-inject");
       // And the session works on after both.
       const after = await provider.exec(
-        ["sh", "-c", `curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`],
+        [
+          "sh",
+          "-c",
+          `curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`,
+        ],
         { env: session.env },
       );
       assert.equal(after.stdout, "200", after.stderr);
@@ -153,14 +174,23 @@ Deno.test({
       "kill %1",
     ].join("\n");
     try {
-      const result = await runCli(["exec", "--profile", profile, "--", "bash", "-c", script], { config, env });
+      const result = await runCli(["exec", "--profile", profile, "--", "bash", "-c", script], {
+        config,
+        env,
+      });
       assert.equal(result.exitCode, 0, explain(result));
       // 200 through the session's relay. The agent's relay listens (its READY went to the agent's
       // file) and takes the connection, but nothing carries it anywhere: curl times out (28), where
       // a port with no listener would have been refused (7).
       assert.deepEqual(result.stdout.trim().split("\n"), ["200 0", "1", "000 28"], result.stderr);
-      assert.equal(upstream.requests.length, 1, "a request through the agent's own relay reached the upstream");
-      const llm = (await accessLog(`${dir.path}/state/sandbox/access.ndjson`)).filter((e) => e.kind === "llm");
+      assert.equal(
+        upstream.requests.length,
+        1,
+        "a request through the agent's own relay reached the upstream",
+      );
+      const llm = (await accessLog(`${dir.path}/state/sandbox/access.ndjson`)).filter((e) =>
+        e.kind === "llm"
+      );
       assert.equal(llm.length, 1);
     } finally {
       await removeProfile(profile);

@@ -173,10 +173,16 @@ Deno.test("frames decode the same whatever the chunk boundaries, DATA in pieces 
     }
     // A DATA payload comes in pieces as it arrives, each a view of the input; the rest whole.
     const data = out.filter((f) => f.type === FRAME.DATA);
-    assert.ok(data.every((f) => f.stream === 1 && f.payload.length > 0 && f.payload.buffer === bytes.buffer));
+    assert.ok(
+      data.every((f) =>
+        f.stream === 1 && f.payload.length > 0 && f.payload.buffer === bytes.buffer
+      ),
+    );
     assert.deepEqual(concat(data.map((f) => f.payload)), pattern(1000, 1), `chunks of ${size}`);
     assert.deepEqual(
-      out.filter((f) => f.type !== FRAME.DATA).map((f) => [f.type, f.stream, decoder.decode(f.payload)]),
+      out.filter((f) => f.type !== FRAME.DATA).map((
+        f,
+      ) => [f.type, f.stream, decoder.decode(f.payload)]),
       [[FRAME.READY, 0, PROTOCOL], [FRAME.OPEN, 1, "llm"], [FRAME.FIN, 1, ""]],
       `chunks of ${size}`,
     );
@@ -215,7 +221,10 @@ Deno.test("a header announcing an oversized payload is refused before any of the
   view.setUint32(5, 0xffff_ffff);
   assert.throws(() => new FrameDecoder().push(header), MuxProtocolError);
   view.setUint32(5, MAX_DATA_BYTES + 1);
-  assert.throws(() => new FrameDecoder().push(header), new RegExp(`DATA frame of ${MAX_DATA_BYTES + 1} bytes`));
+  assert.throws(
+    () => new FrameDecoder().push(header),
+    new RegExp(`DATA frame of ${MAX_DATA_BYTES + 1} bytes`),
+  );
   view.setUint8(0, 99);
   assert.throws(() => new FrameDecoder().push(header), /unknown frame type 99/);
 });
