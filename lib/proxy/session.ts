@@ -56,6 +56,8 @@ export interface SandboxSession extends AsyncDisposable {
   readonly gitUrl?: string;
   /** The relay carrying the proxies into the sandbox (its ports, its restarts). */
   readonly relay: RelayHost;
+  /** The directory of the proxies' Unix sockets (mode 0700; removed on close). */
+  readonly socketDir: string;
   close(): Promise<void>;
 }
 
@@ -252,11 +254,15 @@ export async function startHostProxies(
  */
 async function sessionSocketDir(): Promise<string> {
   const bases = [Deno.env.get("XDG_RUNTIME_DIR"), `${userStateDir()}/run`].filter((b): b is string => Boolean(b));
+  const fits = (dir: string) => `${dir}/egress.sock`.length <= MAX_SOCKET_PATH;
   for (const base of bases) {
-    if (`${base}/sandbox-session-XXXXXXXX/egress.sock`.length > MAX_SOCKET_PATH) continue;
+    // The directory's name adds its prefix and 16 random characters.
+    if (!fits(`${base}/sandbox-session-${"x".repeat(16)}`)) continue;
     try {
       await Deno.mkdir(base, { recursive: true, mode: 0o700 });
-      return await Deno.makeTempDir({ dir: base, prefix: "sandbox-session-" });
+      const dir = await Deno.makeTempDir({ dir: base, prefix: "sandbox-session-" });
+      if (fits(dir)) return dir;
+      await Deno.remove(dir);
     } catch {
       // Not writable here: try the next place.
     }
@@ -332,6 +338,7 @@ export async function openSession(
       model: proxies.model,
       redactor: proxies.redactor,
       relay,
+      socketDir: dir,
       close,
       [Symbol.asyncDispose]: close,
     };

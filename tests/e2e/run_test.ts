@@ -1,7 +1,7 @@
 /**
  * `sandbox run agentic|generate`, `sandbox runs` and `sandbox logs` as a user runs them: the real
  * CLI as a subprocess, a real sandbox container, and the scripted fake LLM on 127.0.0.1 behind the
- * credential proxy (the sandbox reaches the proxy through its own network's gateway). Every test
+ * credential proxy (the sandbox reaches the proxy through the relay on its exec stream). Every test
  * has its own profile (removed afterwards) and its own `$XDG_STATE_HOME`, so run logs are isolated.
  */
 import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";

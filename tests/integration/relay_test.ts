@@ -141,7 +141,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "closing a session ends its relay inside the sandbox",
+  name: "a session's sockets are in a directory only this user can enter, even when the state directory's path is too long for a socket, and close() removes it and ends the relay",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -149,36 +149,31 @@ Deno.test({
     const name = uniqueProfile("it-relay-close");
     const profile = profileFrom(`profiles:\n  ${name}: {}\n`, name);
     const provider = new DockerSandboxProvider(profile);
+    const saved = { state: Deno.env.get("XDG_STATE_HOME"), runtime: Deno.env.get("XDG_RUNTIME_DIR") };
+    // A state directory whose sockets would not fit in sun_path (108 bytes).
+    const longState = `${dir.path}/${"s".repeat(80)}`;
+    Deno.env.set("XDG_STATE_HOME", longState);
+    Deno.env.delete("XDG_RUNTIME_DIR");
     try {
       await provider.ensureRunning();
-      const session = await openSession(profile, provider, {
-        accessLogPath: `${dir.path}/access.ndjson`,
-      });
-      const before = await run([
-        "docker",
-        "exec",
-        provider.containerName,
-        "pgrep",
-        "-f",
-        "/opt/sandbox/relay.js",
-      ]);
-      assert.equal(
-        before.stdout.trim().split("\n").length,
-        2,
-        `the wrapper and the relay: ${before.stdout}`,
-      );
+      const session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
+      assert.ok(!session.socketDir.startsWith(longState), session.socketDir);
+      assert.equal((await Deno.stat(session.socketDir)).mode! & 0o777, 0o700);
+      const sockets = [...Deno.readDirSync(session.socketDir)].map((e) => e.name).sort();
+      assert.deepEqual(sockets, ["egress.sock", "llm.sock"]);
+      const before = await run(["docker", "exec", provider.containerName, "pgrep", "-f", "/opt/sandbox/relay.js"]);
+      assert.equal(before.stdout.trim().split("\n").length, 2, `the wrapper and the relay: ${before.stdout}`);
+
       await within(session.close(), 5_000, "close");
-      const after = await run([
-        "docker",
-        "exec",
-        provider.containerName,
-        "pgrep",
-        "-f",
-        "/opt/sandbox/relay.js",
-      ]);
+      const after = await run(["docker", "exec", provider.containerName, "pgrep", "-f", "/opt/sandbox/relay.js"]);
       assert.equal(after.stdout.trim(), "", `left running: ${after.stdout}`);
       assert.deepEqual(await hostPids("exec", provider.containerName, "/opt/sandbox/relay.js"), []);
+      await assert.rejects(() => Deno.stat(session.socketDir), Deno.errors.NotFound);
     } finally {
+      for (const [variable, value] of [["XDG_STATE_HOME", saved.state], ["XDG_RUNTIME_DIR", saved.runtime]] as const) {
+        if (value === undefined) Deno.env.delete(variable);
+        else Deno.env.set(variable, value);
+      }
       await removeProfile(name);
     }
   },

@@ -8,9 +8,12 @@ import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
+import { run } from "../../lib/process.ts";
 import {
   assertDocker,
+  DOCKER_AVAILABLE,
   dockerTest,
+  IN_CI,
   explain,
   removeProfile,
   runCli,
@@ -194,6 +197,50 @@ Deno.test({
       assert.equal(llm.length, 1);
     } finally {
       await removeProfile(profile);
+    }
+  },
+});
+
+Deno.test({
+  name: "another user on the host cannot connect to a session's proxy sockets; the session's own user can",
+  // Acting as another user needs root: CI runs as root; elsewhere this runs only when it can.
+  ignore: !IN_CI && (!DOCKER_AVAILABLE || Deno.uid() !== 0),
+  async fn() {
+    assertDocker();
+    assert.equal(Deno.uid(), 0, "this test acts as another user: run it as root");
+    await using dir = await tempDir();
+    const name = uniqueProfile("sec-sockets");
+    const parsed = parseConfig(`profiles:\n  ${name}: {}\n`, undefined, () => undefined);
+    if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
+    const profile = resolveProfile(parsed.config, name);
+    const provider = new DockerSandboxProvider(profile);
+    // The session's directory goes into a directory every user can enter, so that its own mode
+    // is the only thing between another user and the sockets.
+    await Deno.chmod(dir.path, 0o755);
+    const savedRuntime = Deno.env.get("XDG_RUNTIME_DIR");
+    Deno.env.set("XDG_RUNTIME_DIR", dir.path);
+    try {
+      await provider.ensureRunning();
+      await using session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
+      assert.ok(session.socketDir.startsWith(`${dir.path}/`), session.socketDir);
+      const parent = await run(["runuser", "-u", "nobody", "--", "ls", dir.path]);
+      assert.equal(parent.exitCode, 0, `the other user must be able to enter the parent: ${parent.stderr}`);
+      const curl = (socket: string) => [
+        "curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code} %{exitcode}",
+        "--unix-socket", `${session.socketDir}/${socket}`, "http://proxy/proxy/v1/models",
+      ];
+      // The attack: another local user (nobody) dials the credential proxy's socket directly.
+      const other = await run(["runuser", "-u", "nobody", "--", ...curl("llm.sock")]);
+      assert.equal(other.stdout, "000 7", `another user reached the socket: ${other.stdout} ${other.stderr}`);
+      const listing = await run(["runuser", "-u", "nobody", "--", "ls", session.socketDir]);
+      assert.match(listing.stderr, /Permission denied/);
+      // Its twin: the session's own user, same request, reaches the proxy (401: no token).
+      const own = await run(curl("llm.sock"));
+      assert.equal(own.stdout, "401 0", own.stderr);
+    } finally {
+      if (savedRuntime === undefined) Deno.env.delete("XDG_RUNTIME_DIR");
+      else Deno.env.set("XDG_RUNTIME_DIR", savedRuntime);
+      await removeProfile(name);
     }
   },
 });
