@@ -1,7 +1,7 @@
 /**
  * A remote repository, fetched and pushed from inside the sandbox through the host's git proxy.
  *
- * The sandbox's git talks only to `http://<gateway>:<port>/git` with its session token; the proxy
+ * The sandbox's git talks only to `http://127.0.0.1:<port>/git` (the relay, see lib/proxy/relay_host.ts) with its session token; the proxy
  * attaches the user's credentials for the real remote on the way out, and lets a push update only
  * the run's branch, and only when the run was started with `--push`. The bare repository in the
  * sandbox is fetched fresh before each worktree is made, so later runs move only new objects.

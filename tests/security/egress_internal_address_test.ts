@@ -2,7 +2,7 @@
  * Attack: reach a host service through the egress proxy under an allowed name that resolves to an
  * internal address (issue 9, item 6). The agent's side is a script that uses nothing but the
  * environment the session gives the sandbox (`HTTP_PROXY`), as an agent would, so it does not
- * depend on how the proxy is reached (a gateway address today, a relay later). `NO_PROXY` lists
+ * depend on how the proxy is reached (through the relay, on loopback inside). `NO_PROXY` lists
  * `localhost`, so the script overrides it, as an attacker would.
  *
  * The target is a server this test starts on the host's loopback only. The proxy must refuse
