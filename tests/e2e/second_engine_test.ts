@@ -108,7 +108,7 @@ Deno.test({
   async fn() {
     assert.ok(DOCKER_AVAILABLE, "CI is set but no Docker engine is reachable");
     assert.equal(Deno.uid(), 0, "this test starts a Docker daemon: run it as root");
-    await using upstream = new FakeUpstream();
+    await using upstream = new FakeUpstream({ key: "sk-test-engine" });
     const server = Deno.serve(
       { hostname: "127.0.0.1", port: 0, onListen: () => {} },
       () => new Response("hello from the host\n"),

@@ -33,7 +33,7 @@ Deno.test({
     const built = await run(["bash", `${ROOT}/scripts/bundle.sh`]);
     assert.equal(built.exitCode, 0, explain(built));
 
-    await using upstream = new FakeUpstream();
+    await using upstream = new FakeUpstream({ key: "sk-test-user-key" });
     const server = Deno.serve(
       { hostname: "127.0.0.1", port: 0, onListen: () => {} },
       () => new Response("hello from the host\n"),

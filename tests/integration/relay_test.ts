@@ -58,7 +58,7 @@ Deno.test({
   ...dockerTest(),
   async fn(t) {
     assertDocker();
-    await using upstream = new FakeUpstream();
+    await using upstream = new FakeUpstream({ key: "sk-test-relay" });
     await using dir = await tempDir();
     const name = uniqueProfile("it-relay");
     const profile = profileFrom(

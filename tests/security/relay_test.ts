@@ -82,7 +82,7 @@ Deno.test({
   ...dockerTest(),
   async fn() {
     assertDocker();
-    await using upstream = new FakeUpstream();
+    await using upstream = new FakeUpstream({ key: "sk-test-inject" });
     await using dir = await tempDir();
     const name = uniqueProfile("sec-inject");
     const parsed = parseConfig(
@@ -155,14 +155,14 @@ Deno.test({
   ...dockerTest(),
   async fn() {
     assertDocker();
-    await using upstream = new FakeUpstream();
+    await using upstream = new FakeUpstream({ key: "sk-test-inject" });
     await using dir = await tempDir();
     const profile = uniqueProfile("sec-ownrelay");
     const config = await writeConfig(
       dir.path,
       `profiles:\n  ${profile}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
     );
-    const env = { [KEY_ENV]: "sk-test-own-relay", XDG_STATE_HOME: `${dir.path}/state` };
+    const env = { [KEY_ENV]: upstream.key, XDG_STATE_HOME: `${dir.path}/state` };
     const request = (base: string) =>
       `curl -s -m 3 -o /dev/null -w '%{http_code} %{exitcode}\\n' -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "${base}/models"`;
     const script = [
