@@ -152,13 +152,13 @@ Deno.test({
     assert.ok(llm.requests.length >= 2, `the user's LLM was not used\n${context}`);
     assert.ok(llm.requests.every((r) => r.body?.model === "user-model"), context);
 
-    // The run ran in the sandbox container, on its isolated network, and never on the host.
+    // The run ran in the sandbox container, with no network, and never on the host.
     const probe = probeOutput(result.stdout, context);
     assert.ok(probe.includes(`host=${user.container}`), `not in the container: ${probe.join("\n")}`);
     assert.ok(probe.includes("notes=unset"), `NOTES reached the sandbox: ${probe.join("\n")}`);
     const inspect = await docker("inspect", user.container);
     const [container] = JSON.parse(inspect);
-    assert.deepEqual(Object.keys(container.NetworkSettings.Networks), [`sandbox-${user.profile}-internal`]);
+    assert.deepEqual(Object.keys(container.NetworkSettings.Networks), ["none"]);
     assert.ok(probe.some((line) => line.startsWith("SANDBOX_LLM_TOKEN=")), "the probe saw no worker environment");
 
     // The key is nowhere: not in any process environment the agent could see, not in docker
