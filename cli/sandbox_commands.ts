@@ -73,7 +73,7 @@ export function registerSandboxCommands(program: Command): void {
         if (opts.json) await stdout.json(report);
         else if (report.containers.length === 0) {
           await stdout.line(`no sandbox for profile ${provider.profile.name}`);
-        } else await stdout.line(`removed ${[...report.containers, ...report.volumes].join(", ")}`);
+        } else await stdout.line(`removed ${[...report.containers, ...report.networks, ...report.volumes].join(", ")}`);
       },
     );
 
