@@ -21,10 +21,14 @@
  * | 5    | FIN    | both          | none: the sender will send no more DATA on this stream        |
  * | 6    | RST    | both          | optional reason (UTF-8, ≤ 256 bytes): the stream is aborted   |
  *
- * Flow control is per stream: each side may send `INITIAL_WINDOW_BYTES` of DATA on a stream,
- * and more only as the receiver grants it with WINDOW frames after its consumer took the data.
- * So a stalled reader stalls only its own stream: the frame reader never waits on any one of
- * them, and the memory a peer can make us hold is bounded by window × streams.
+ * Flow control is per stream: a side may send the receiver's initial window of DATA on a stream
+ * (`RELAY_WINDOW_BYTES` towards the relay, `HOST_WINDOW_BYTES` towards the host), and more only
+ * as the receiver grants it with WINDOW frames after its consumer took the data. So a stalled
+ * reader stalls only its own stream: the frame reader never waits on any one of them, and the
+ * memory a peer can make us hold is bounded by our window × streams. The windows differ because
+ * the costs do: what the host holds for a hostile relay is host memory (small window), while a
+ * download's path through `docker exec` has deep buffers that a small window would leave idle
+ * (and what the relay holds is the sandbox's own memory).
  *
  * The host treats the relay as hostile: a frame of unknown type, a payload over its cap, DATA past
  * the window, a stream id that goes backwards, or anything before READY is a `MuxProtocolError`
@@ -49,8 +53,10 @@ export const PROTOCOL = "sandbox-relay/1";
 export const MAX_DATA_BYTES = 128 * 1024;
 /** Largest payload of any other frame. */
 export const MAX_CONTROL_BYTES = 256;
-/** Bytes each side may send on a new stream before the receiver grants more. */
-export const INITIAL_WINDOW_BYTES = 1024 * 1024;
+/** Bytes the relay may send on a new stream before the host grants more (host memory per stream). */
+export const HOST_WINDOW_BYTES = 512 * 1024;
+/** Bytes the host may send on a new stream before the relay grants more (downloads). */
+export const RELAY_WINDOW_BYTES = 8 * 1024 * 1024;
 /** Cap on the credit a peer may grant (a sanity bound, far above anything we grant). */
 export const MAX_WINDOW_BYTES = 1 << 30;
 /** Live streams at once; an OPEN beyond this is refused. */
@@ -64,8 +70,6 @@ export const MAX_STREAM_ID = 0xffff_ffff;
 const STREAM_QUEUE_BYTES = 4 * MAX_DATA_BYTES;
 /** Frames queued together are written out in one write of up to this many bytes. */
 const WRITE_BATCH_BYTES = 256 * 1024;
-/** Receivers grant credit in steps of at least this much (fewer WINDOW frames). */
-const WINDOW_UPDATE_BYTES = INITIAL_WINDOW_BYTES / 4;
 
 const FRAME_NAMES: Record<number, string> = Object.fromEntries(
   Object.entries(FRAME).map(([name, type]) => [type, name]),
@@ -560,9 +564,11 @@ export class MuxStream {
   #localFin = false;
   #error: StreamResetError | undefined;
   /** Bytes we may still send. */
-  #sendCredit = INITIAL_WINDOW_BYTES;
+  #sendCredit: number;
   /** Bytes the peer may still send us. */
-  #receiveAllowance = INITIAL_WINDOW_BYTES;
+  #receiveAllowance: number;
+  /** Credit is granted back in steps of at least this much (fewer WINDOW frames). */
+  readonly #updateBytes: number;
   /** Bytes consumed by our reader and not yet granted back. */
   #ungranted = 0;
   /** Bytes of our DATA queued in the mux and not yet written out. */
@@ -573,6 +579,12 @@ export class MuxStream {
   constructor(mux: Mux, id: number) {
     this.#mux = mux;
     this.id = id;
+    const [own, peer] = mux.role === "host"
+      ? [HOST_WINDOW_BYTES, RELAY_WINDOW_BYTES]
+      : [RELAY_WINDOW_BYTES, HOST_WINDOW_BYTES];
+    this.#receiveAllowance = own;
+    this.#sendCredit = peer;
+    this.#updateBytes = own / 4;
   }
 
   /** Reset (by either side) or ended with the mux. */
@@ -601,8 +613,8 @@ export class MuxStream {
   #grant(bytes: number): void {
     if (this.#remoteFin) return;
     this.#ungranted += bytes;
-    if (this.#ungranted < WINDOW_UPDATE_BYTES && this.#inbound.length > 0) return;
-    if (this.#ungranted < WINDOW_UPDATE_BYTES && this.#receiveAllowance >= WINDOW_UPDATE_BYTES) {
+    if (this.#ungranted < this.#updateBytes && this.#inbound.length > 0) return;
+    if (this.#ungranted < this.#updateBytes && this.#receiveAllowance >= this.#updateBytes) {
       return;
     }
     this.#receiveAllowance += this.#ungranted;

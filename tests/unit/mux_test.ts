@@ -9,12 +9,13 @@ import {
   FRAME,
   FrameDecoder,
   HEADER_BYTES,
-  INITIAL_WINDOW_BYTES,
+  HOST_WINDOW_BYTES,
   MAX_DATA_BYTES,
   Mux,
   MuxProtocolError,
   type MuxStream,
   PROTOCOL,
+  RELAY_WINDOW_BYTES,
   StreamResetError,
 } from "../../lib/proxy/mux.ts";
 
@@ -257,58 +258,57 @@ Deno.test("bytes arrive in order on each stream, and interleaved streams keep th
   host.close();
 });
 
-Deno.test("a reader that never reads stalls only its own stream: its writer stops at the window while another stream moves 16 MiB", async () => {
-  const { relay, readied, accepted, host, up } = joined();
-  await within(readied, 2_000, "READY");
-  const stalled = relay.open("egress")!;
-  const busy = relay.open("llm")!;
-  const stalledHost = await accepted();
-  const busyHost = await accepted();
-  assert.equal(stalledHost.stream.id, stalled.id);
+Deno.test("a reader that never reads stalls only its own stream: its writer stops at the window while another stream moves 16 MiB", async (t) => {
+  for (const direction of ["relay to host (uploads)", "host to relay (downloads)"] as const) {
+    await t.step(direction, async () => {
+      const { relay, readied, accepted, host, up, down } = joined();
+      await within(readied, 2_000, "READY");
+      const stalledRelay = relay.open("egress")!;
+      const busyRelay = relay.open("llm")!;
+      const stalledHost = (await accepted()).stream;
+      const busyHost = (await accepted()).stream;
+      assert.equal(stalledHost.id, stalledRelay.id);
+      const toHost = direction.startsWith("relay");
+      const [stalledWriter, stalledReader, busyWriter, busyReader] = toHost
+        ? [stalledRelay, stalledHost, busyRelay, busyHost]
+        : [stalledHost, stalledRelay, busyHost, busyRelay];
+      const window = toHost ? HOST_WINDOW_BYTES : RELAY_WINDOW_BYTES;
+      const wire = toHost ? up : down;
 
-  // The stalled stream's writer: it gets exactly one window's worth out, then waits.
-  let stalledSent = 0;
-  const stalledWriter = (async () => {
-    while (true) {
-      await stalled.write(pattern(MAX_DATA_BYTES, 3));
-      stalledSent += MAX_DATA_BYTES;
-    }
-  })().catch((error) => error);
+      // The stalled stream's writer: it gets exactly one window's worth out, then waits.
+      let stalledSent = 0;
+      let resumed!: () => void;
+      const resumedPast = new Promise<void>((resolve) => (resumed = resolve));
+      const writing = (async () => {
+        while (true) {
+          await stalledWriter.write(pattern(MAX_DATA_BYTES, 3));
+          stalledSent += MAX_DATA_BYTES;
+          if (stalledSent > window) resumed();
+        }
+      })().catch((error) => error);
 
-  const total = 16 * 1024 * 1024;
-  const receiving = readAll(busyHost.stream);
-  for (let sent = 0; sent < total; sent += MAX_DATA_BYTES) {
-    await busy.write(pattern(MAX_DATA_BYTES, 5));
-  }
-  busy.closeWrite();
-  const received = await within(receiving, 10_000, "the busy stream");
-  assert.equal(received.length, total);
-  assert.equal(stalledSent, INITIAL_WINDOW_BYTES, "the stalled stream sent past its window");
-  assert.ok(
-    up.written < total + 2 * INITIAL_WINDOW_BYTES,
-    "more was buffered than the windows allow",
-  );
-
-  // Once its reader reads, the stalled stream moves again.
-  const chunk = await stalledHost.stream.read();
-  assert.ok(chunk && chunk.length > 0);
-  for (
-    let read = chunk.length;
-    read < INITIAL_WINDOW_BYTES + 1;
-    read += (await stalledHost.stream.read())!.length
-  );
-  await within(
-    (async () => {
-      while (stalledSent <= INITIAL_WINDOW_BYTES) {
-        await new Promise((resolve) => setTimeout(resolve, 1));
+      const total = 16 * 1024 * 1024;
+      const receiving = readAll(busyReader);
+      for (let sent = 0; sent < total; sent += MAX_DATA_BYTES) {
+        await busyWriter.write(pattern(MAX_DATA_BYTES, 5));
       }
-    })(),
-    2_000,
-    "the stalled stream resuming",
-  );
-  relay.close();
-  host.close();
-  assert.ok(await stalledWriter instanceof StreamResetError);
+      busyWriter.closeWrite();
+      const received = await within(receiving, 10_000, "the busy stream");
+      assert.equal(received.length, total);
+      assert.equal(stalledSent, window, "the stalled stream sent past its window, or less than it");
+      assert.ok(wire.written < total + 2 * window, "more was buffered than the windows allow");
+
+      // Once its reader reads, the stalled stream moves again.
+      let read = 0;
+      while (read <= window / 2) {
+        read += (await within(stalledReader.read(), 2_000, "stalled data"))!.length;
+      }
+      await within(resumedPast, 2_000, "the stalled stream resuming");
+      relay.close();
+      host.close();
+      assert.ok(await writing instanceof StreamResetError);
+    });
+  }
 });
 
 Deno.test("half-close: after one side's FIN the other direction still flows, and each reader sees its end", async () => {
@@ -402,7 +402,7 @@ Deno.test("garbage from the relay ends the host mux with a protocol error", asyn
   });
   await t.step("DATA past the window", async () => {
     const frames = [READY, open(1)];
-    for (let sent = 0; sent <= INITIAL_WINDOW_BYTES; sent += MAX_DATA_BYTES) {
+    for (let sent = 0; sent <= HOST_WINDOW_BYTES; sent += MAX_DATA_BYTES) {
       frames.push(encodeFrame(FRAME.DATA, 1, new Uint8Array(MAX_DATA_BYTES)));
     }
     const { error } = await hostFed(frames);
