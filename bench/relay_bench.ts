@@ -434,7 +434,7 @@ async function run_(context: BenchContext): Promise<BenchResult> {
         rates.direct.map((r) => r.toFixed(0)).join("/")
       }, TCP ${rates.tcp.map((r) => r.toFixed(0)).join("/")}, relay ${
         rates.relay.map((r) => r.toFixed(0)).join("/")
-      }, raw docker exec stdio (head -c /dev/zero, read here) ${
+      }, raw docker exec -i stdio (written here, wc -c inside) ${
         rawRates.map((r) => r.toFixed(0)).join("/")
       } MB/s`,
       `raw docker exec -i stdio round trip (1 byte through cat, p50 of 200): ${
