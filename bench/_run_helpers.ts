@@ -15,7 +15,9 @@ const SOURCE_ENTRIES = [
   "deno.lock",
   "Dockerfile",
   "lib",
+  "cli",
   "worker",
+  "relay",
   "scripts",
 ];
 /** No timed child may run longer than this. */
