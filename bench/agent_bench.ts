@@ -9,7 +9,6 @@
  * worker's `--help`) as a part.
  */
 import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
-import { pruneFirewall } from "../lib/sandbox/host_firewall.ts";
 import { agentProgram } from "../lib/agents/launch.ts";
 import { removeProfile } from "../tests/_helpers.ts";
 import { type CliRunTiming, describe, snapshotSources, summarize, timeCliRun, timeCommand, timeRepeated } from "./_run_helpers.ts";
@@ -150,7 +149,6 @@ async function run(context: BenchContext): Promise<BenchResult> {
   } finally {
     context.progress(`removing profile ${profile}`);
     await removeProfile(profile).catch(() => {});
-    await pruneFirewall().catch(() => {});
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
 }
