@@ -455,5 +455,20 @@ export const MUTATIONS: Mutation[] = [
     replace: `yield* this.#stream(["sh", "-c", ENTER_CWD, "sandbox-agent", options.cwd, ...launch.argv, prompt], {`,
     tests: ["tests/unit/agent_driver_test.ts"],
   },
+  {
+    name: "closing a session leaves its token working (not revoked, its proxies still serving)",
+    file: "lib/proxy/session.ts",
+    find: `tokens.revoke(token);
+    for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});`,
+    replace: `return;`,
+    tests: ["tests/unit/session_token_test.ts"],
+  },
+  {
+    name: "session tokens are not random (a token captured in one session works in the next)",
+    file: CREDENTIAL_PROXY,
+    find: `base64Url(crypto.getRandomValues(new Uint8Array(32)))`,
+    replace: `base64Url(new Uint8Array(32))`,
+    tests: ["tests/unit/session_token_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];
