@@ -470,5 +470,12 @@ export const MUTATIONS: Mutation[] = [
     replace: `base64Url(new Uint8Array(32))`,
     tests: ["tests/unit/session_token_test.ts"],
   },
+  {
+    name: "sandbox mode none gives the worker the host's environment (the key with it)",
+    file: HOST_PROVIDER,
+    find: `clearEnv: true,`,
+    replace: `clearEnv: false,`,
+    tests: ["tests/unit/host_provider_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];
