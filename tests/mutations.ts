@@ -477,5 +477,13 @@ export const MUTATIONS: Mutation[] = [
     replace: `clearEnv: false,`,
     tests: ["tests/unit/host_provider_test.ts"],
   },
+  {
+    name: "a run in sandbox mode none leaves its proxies serving its token after it ends (library use)",
+    file: "lib/run/run.ts",
+    find: `    context.cleanups.push(() => proxies.close());`,
+    replace: ``,
+    // No Docker: mode none runs the worker on this host (a few seconds).
+    tests: ["tests/security/run_token_library_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];
