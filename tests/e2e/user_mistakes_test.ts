@@ -57,7 +57,7 @@ Deno.test({
       { name: "a recording that does not exist", args: replay(`${d}/nowhere.json`), says: /^sandbox: error: Cannot read recording ".*nowhere\.json": file not found$/m },
       { name: "a recording that is a list", args: replay(await write("r2.json", [completion])), says: /^sandbox: {3}expected an object like/m },
       { name: "a recording of another version", args: replay(await write("r3.json", { ...good, version: 2 })), says: /^sandbox: {3}version: expected 1, found number 2$/m },
-      { name: "a recording without a kind", args: replay(await write("r4.json", { version: 1, responses: good.responses })), says: /^sandbox: {3}kind: expected "openai" or "anthropic"/m },
+      { name: "a recording without a kind", args: replay(await write("r4.json", { version: 1, responses: good.responses })), says: /^sandbox: {3}kind: expected "openai", "anthropic" or "openai-responses"/m },
       { name: "a recording with no responses", args: replay(await write("r5.json", rec([]))), says: /^sandbox: {3}responses: the list is empty/m },
       { name: "a recording whose entry is not a chat completion", args: replay(await write("r6.json", rec([completion, { status: 200, body: { text: "hi" } }]))), says: /^sandbox: {3}responses\[1\]\.body: not a chat completion: no "choices" list$/m },
       { name: "a recording whose entry is not an object", args: replay(await write("r7.json", rec(["hi"]))), says: /^sandbox: {3}responses\[0\]: expected \{"status": 200/m },
