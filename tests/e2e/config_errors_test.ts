@@ -14,6 +14,7 @@ console.error("e2e: configuration error tests starting");
 const ENGINE_DOWN = `
 case "$1" in
   rm) echo "Error: No such container: $3" >&2; exit 1 ;;
+  network) exit 0 ;;  # down also looks for networks older versions made: none here
   *) echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2; exit 1 ;;
 esac`;
 
@@ -107,11 +108,13 @@ Deno.test("down -p removes a sandbox by its profile name whatever the configurat
   assert.equal(down.exitCode, 0, explain(down));
   // Human output: on stdout (progress and diagnostics alone go to stderr).
   assert.equal(down.stdout, "no sandbox for profile work\n", explain(down));
-  assert.deepEqual(await t.docker.callsStartingWith("rm"), [["rm", "--force", "sandbox-work"]]);
+  // The profile's container and its agent CLIs' containers (see Agent CLIs).
+  const removed = (name: string) => ["", "-claude-code", "-codex"].map((suffix) => ["rm", "--force", `${name}${suffix}`]);
+  assert.deepEqual(await t.docker.callsStartingWith("rm"), removed("sandbox-work"));
 
   const byEnv = await t.cli(["down"], { SANDBOX_PROFILE: "other" });
   assert.equal(byEnv.exitCode, 0, explain(byEnv));
-  assert.deepEqual((await t.docker.callsStartingWith("rm")).at(-1), ["rm", "--force", "sandbox-other"]);
+  assert.deepEqual((await t.docker.callsStartingWith("rm")).slice(-3), removed("sandbox-other"));
 
   // Without a name, the profile would come from the broken file: refused, saying how to proceed.
   const unnamed = await t.cli(["down"]);
@@ -130,7 +133,7 @@ Deno.test("down -p removes a sandbox by its profile name whatever the configurat
   for (const profile of ["work", "gone"]) {
     const result = await t.cli(["down", "-p", profile]);
     assert.equal(result.exitCode, 0, explain(result));
-    assert.deepEqual((await t.docker.callsStartingWith("rm")).at(-1), ["rm", "--force", `sandbox-${profile}`]);
+    assert.deepEqual((await t.docker.callsStartingWith("rm")).slice(-3), removed(`sandbox-${profile}`));
   }
   const bad = await t.cli(["down", "-p", "../x"]);
   assert.equal(bad.exitCode, 2, explain(bad));
