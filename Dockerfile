@@ -34,5 +34,8 @@ USER 10001:10001
 # filesystem is read-only at run time: the container's first act is to copy it to /tmp.
 RUN DENO_DIR=/opt/sandbox/deno-dir deno run --allow-all --no-config /opt/sandbox/worker.js --help >/dev/null \
  && DENO_DIR=/opt/sandbox/deno-dir deno run --quiet --no-config --no-prompt --allow-net=127.0.0.1 /opt/sandbox/relay.js --check
-HEALTHCHECK --interval=30s --timeout=5s --start-period=2s --retries=3 CMD ["test", "-w", "/workspace"]
-CMD ["sh", "-c", "cp -a /opt/sandbox/deno-dir /tmp/.deno-dir-copy && mv -T /tmp/.deno-dir-copy /tmp/deno-dir; exec sleep infinity"]
+# Under the exec wrapper like every command: it starts only if the container can still start one.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=2s --retries=3 CMD ["sandbox-exec", "health", "test", "-w", "/workspace"]
+# pid 1 is the wrapper in init mode (see scripts/sandbox-exec): it copies the cache to /tmp,
+# then reaps orphans; nothing in the sandbox can ptrace it.
+CMD ["sandbox-exec", "--init"]

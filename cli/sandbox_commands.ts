@@ -3,10 +3,10 @@ import { type Command, Option } from "commander";
 import { DockerCli } from "../lib/sandbox/docker.ts";
 import { cliName } from "../lib/cli_name.ts";
 import {
-  DockerSandboxProvider,
   listSandboxes,
   statsAll,
   teardownAll,
+  teardownProfile,
 } from "../lib/sandbox/docker_provider.ts";
 import { removeLegacyFirewall } from "../lib/sandbox/legacy_cleanup.ts";
 import { ensureImage } from "../lib/sandbox/image.ts";
@@ -48,7 +48,7 @@ export function registerSandboxCommands(program: Command): void {
     .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
       const profile = await profileFor(command, opts.profile);
       const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
-      const status = await provider.ensureRunning({ signal, checkImage: true });
+      const status = await provider.ensureRunning({ signal, checkImage: true, probe: true });
       // Human output on stdout, like every command's; progress (image builds) went to stderr.
       if (opts.json) await stdout.json(status);
       else {await stdout.line(
@@ -57,19 +57,15 @@ export function registerSandboxCommands(program: Command): void {
     });
 
   program.command("down")
-    .description("stop and remove the profile's sandbox container")
+    .description("stop and remove the profile's sandbox containers (shared, per repository, per run)")
     .addOption(profileOption()).addOption(jsonOption())
     .option("--volumes", "also remove its workspace volume (the sandbox's copy of your repos)")
     .action(
       async (opts: { profile?: string; json?: boolean; volumes?: boolean }, command: Command) => {
         const provider = await sandboxToRemove(command, opts.profile);
-        const report = await provider.teardown({ volumes: opts.volumes, signal });
-        // The profile's agent CLIs each have a container of their own (sandbox-PROFILE-AGENT).
-        for (const agent of AGENT_CLIS) {
-          const sibling = await new DockerSandboxProvider(provider.profile, { agent }).teardown({ volumes: opts.volumes, signal });
-          report.containers.push(...sibling.containers);
-          report.volumes.push(...sibling.volumes);
-        }
+        // Every container of the profile: its shared one, one per repository, per-run ones, and
+        // its agent CLIs' (sandbox-PROFILE-AGENT…): all carry the profile's label.
+        const report = await teardownProfile(provider.docker, provider.profile.name, { volumes: opts.volumes, signal });
         if (opts.json) await stdout.json(report);
         else if (report.containers.length === 0) {
           await stdout.line(`no sandbox for profile ${provider.profile.name}`);
@@ -102,12 +98,13 @@ export function registerSandboxCommands(program: Command): void {
     if (opts.json) return void await stdout.json(sandboxes);
     if (sandboxes.length === 0) return void await stdout.line(`no sandboxes (start one with: ${cliName()} up)`);
     await stdout.line(table(
-      ["PROFILE", "CONTAINER", "IMAGE", "STATE", "HEALTH", "AGE"],
+      ["PROFILE", "CONTAINER", "REPO", "IMAGE", "STATE", "HEALTH", "AGE"],
       sandboxes.map((
         s,
       ) => [
         s.profile,
         s.name,
+        s.repo ?? "-",
         s.image,
         s.state,
         s.health,
@@ -143,19 +140,29 @@ export function registerSandboxCommands(program: Command): void {
         await provider.ensureRunning({ signal });
         // While the command runs, this process serves its proxies (LLM credentials, egress).
         await using session = await openSession(profile, provider, { signal, onProgress: note });
+        // resources.disk: a workspace growing past it stops the command (exit 125).
+        await using watch = provider.watchDisk();
         const stream = provider.execStream(argv, {
           cwd: opts.cwd,
           env: { ...session.env, ...env },
           stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
-          signal,
+          signal: AbortSignal.any([signal, watch.signal]),
           timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
           onStderrLine: stderrLine,
         });
-        for await (const line of stream) {
-          await stdout.line(line);
-          if (stdout.closed) break;
+        let outcome;
+        try {
+          for await (const line of stream) {
+            await stdout.line(line);
+            if (stdout.closed) break;
+          }
+          outcome = await stream.outcome;
+        } catch (error) {
+          throw watch.signal.aborted ? watch.signal.reason : error;
+        } finally {
+          // What the command started, it takes with it (even what escaped its wrapper).
+          await provider.sweep();
         }
-        const outcome = await stream.outcome;
         if (outcome.oomKilled) {
           note(
             `the command was killed by the sandbox memory limit (${

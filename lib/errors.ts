@@ -28,6 +28,8 @@ export type SandboxErrorCode =
   | "interrupted"
   /** A command inside the sandbox was killed for exceeding the memory limit. */
   | "out_of_memory"
+  /** The sandbox's workspace grew past `resources.disk` (or its size could not be watched). */
+  | "disk_limit"
   /** A requested sandbox mode is not implemented by this build. */
   | "unsupported"
   /** The agent worker broke its contract: bad output, no result, a result not matching the schema. */

@@ -13,13 +13,14 @@
  */
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { sha256Hex } from "../hash.ts";
+import { formatBytes } from "../units.ts";
 import { run, spawn } from "../process.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
 
 export const REPOS_DIR = "/workspace/repos";
 export const WORKTREES_DIR = "/workspace/worktrees";
 /** A sandbox may send back at most this much (a hostile one could try to fill the host's disk). */
-const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
+export const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
 /**
  * Prefix for every git command the tool runs in the sandbox: the agent may have planted hooks, a
  * hooks path or an fsmonitor command in the shared repository, and none of them may run for us.
@@ -245,7 +246,7 @@ export async function collectResult(
   provider: SandboxProvider,
   repo: LocalRepo,
   worktree: RunWorktree,
-  options: { runId: string; signal?: AbortSignal },
+  options: { runId: string; signal?: AbortSignal; maxBytes?: number },
 ): Promise<RepoResult> {
   const { committed, head, refs } = await commitLeftovers(provider, worktree, options);
   const ignoredRefs = refsAddedBy(worktree, refs);
@@ -266,17 +267,10 @@ export async function collectResult(
     await git(["init", "-q", "--bare", quarantine], "make the quarantine repository");
     // The user's objects, read-only: the sandbox's thin pack may refer to them.
     await Deno.writeTextFile(`${quarantine}/objects/info/alternates`, `${repo.commonDir}/objects\n`);
-    // The pack is staged in the sandbox's /tmp and read whole: it is bounded by that tmpfs.
-    const bytes = await packFromSandbox(provider, worktree, head, options.signal);
-    if (bytes.byteLength > MAX_RESULT_PACK_BYTES) {
-      throw new SandboxError("exec_failed", "The sandbox sent back more than 2 GiB: refused");
-    }
-    const indexed = await run(["git", "-C", quarantine, "index-pack", "--stdin", "--strict", "--fix-thin"], {
-      stdin: bytes,
+    const receivedBytes = await importPack(provider, worktree, head, quarantine, {
+      maxBytes: Math.min(options.maxBytes ?? MAX_RESULT_PACK_BYTES, MAX_RESULT_PACK_BYTES),
+      signal: options.signal,
     });
-    if (indexed.exitCode !== 0) {
-      throw new CommandExitError("exec_failed", "The sandbox's result failed git's object checks", indexed);
-    }
     const type = await run(["git", "-C", quarantine, "cat-file", "-t", head]);
     if (type.stdout.trim() !== "commit") {
       throw new SandboxError("exec_failed", `The sandbox's result ${head} is not a commit it sent`);
@@ -294,7 +288,7 @@ export async function collectResult(
       commit: head,
       commits: log.split("\n").filter(Boolean),
       diffstat: diffstat.trimEnd(),
-      receivedBytes: bytes.byteLength,
+      receivedBytes,
     };
   } finally {
     await Deno.remove(quarantine, { recursive: true }).catch(() => {});
@@ -325,26 +319,58 @@ export async function commitLeftovers(
   return { committed: committed === "yes", head: head ?? "", refs };
 }
 
-/** The pack of `head ^base` from the sandbox's bare repository, as bytes. */
-async function packFromSandbox(
+/**
+ * The pack of `head ^base`, streamed from the sandbox's bare repository straight into the
+ * quarantine's `git index-pack --strict`: the host holds a chunk at a time, never the pack, and
+ * a pack larger than `maxBytes` is cut off and refused. Returns the bytes received.
+ */
+async function importPack(
   provider: SandboxProvider,
   worktree: RunWorktree,
   head: string,
-  signal?: AbortSignal,
-): Promise<Uint8Array> {
-  const dir = `/tmp/sandbox-packs/${crypto.randomUUID()}`;
-  await inSandbox(
-    provider,
-    "pack the run's result",
-    'mkdir -p "$(dirname "$2")" && printf "%s\\n^%s\\n" "$3" "$4" | ' + `${SAFE_GIT} -C "$1" pack-objects --stdout --revs --thin -q >"$2"`,
-    [worktree.bare, `${dir}.pack`, head, worktree.base],
-    signal,
+  quarantine: string,
+  options: { maxBytes: number; signal?: AbortSignal },
+): Promise<number> {
+  const pack = provider.execBytes(
+    ["sh", "-c", `printf "%s\\n^%s\\n" "$2" "$3" | ${SAFE_GIT} -C "$1" pack-objects --stdout --revs --thin -q`, "sh", worktree.bare, head, worktree.base],
+    { signal: options.signal, timeoutMs: 600_000 },
   );
-  try {
-    return await provider.readFile(`${dir}.pack`, { signal });
-  } finally {
-    await provider.exec(["rm", "-f", `${dir}.pack`]).catch(() => {});
+  let received = 0;
+  let tooBig = false;
+  const capped = pack.stdout.pipeThrough(
+    new TransformStream<Uint8Array, Uint8Array>({
+      transform(chunk, controller) {
+        received += chunk.byteLength;
+        if (received > options.maxBytes) {
+          tooBig = true;
+          controller.error(new RangeError("pack too large"));
+          return;
+        }
+        controller.enqueue(chunk);
+      },
+    }),
+  );
+  const indexed = await run(["git", "-C", quarantine, "index-pack", "--stdin", "--strict", "--fix-thin"], {
+    stdin: capped,
+    signal: options.signal,
+  });
+  if (tooBig) {
+    await pack.stop();
+    throw new SandboxError("exec_failed", `The sandbox sent back more than ${formatBytes(options.maxBytes)} of objects: refused`);
   }
+  if (indexed.exitCode !== 0) {
+    await pack.stop();
+    throw new CommandExitError("exec_failed", "The sandbox's result failed git's object checks", indexed);
+  }
+  const packed = await pack.outcome;
+  if (packed.exitCode !== 0) {
+    throw new CommandExitError("exec_failed", "Cannot pack the run's result in the sandbox", {
+      argv: ["git", "pack-objects"],
+      exitCode: packed.exitCode,
+      stderrTail: packed.stderrTail.trim(),
+    });
+  }
+  return received;
 }
 
 /** Remove the run's worktree and (unless `keepBranch`) its branch from the sandbox. */

@@ -9,9 +9,8 @@ import type { JsonSchema } from "../../worker/json_schema.ts";
 import type { Profile } from "../config.ts";
 import { ContainerDriver, GenerationError } from "./container_driver.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
-import { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
+import { DockerSandboxProvider, sandboxRepo } from "../sandbox/docker_provider.ts";
 import { exitCodeFor, SandboxError } from "../errors.ts";
-import { withHostLock } from "../lock.ts";
 import { HostProvider } from "../sandbox/host_provider.ts";
 import { describeKeySource, type KeySource, KeyStore } from "../keys.ts";
 import { BUILTIN_PROVIDERS, llmTarget } from "../proxy/llm_providers.ts";
@@ -21,7 +20,7 @@ import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream }
 import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
 import { finishRemoteRun, gitRemoteFor, isRemoteUrl, prepareRemoteWorktree, remoteAuthorization, type RemoteRepo, resolveRemoteRepo } from "../repo/remote.ts";
 import { run } from "../process.ts";
-import { listRuns, newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
+import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
 import { openSession, type SandboxSession, startHostProxies } from "../proxy/session.ts";
 import { workerBundlePath } from "../sandbox/worker_bundle.ts";
 import { openDevcontainer, prepareDevcontainerWorkspace, requireLocalRepo } from "../sandbox/devcontainer/provider.ts";
@@ -112,6 +111,9 @@ async function chooseUpstream(
 
 export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const { profile } = request;
+  // Limits enforced while the run is live (resources.disk) stop it through this signal.
+  const limits = new AbortController();
+  request = { ...request, signal: request.signal ? AbortSignal.any([request.signal, limits.signal]) : limits.signal };
   if (request.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
   if (profile.sandbox.mode === "devcontainer" && !request.repo) requireLocalRepo(undefined, false);
   const repo = request.repo ? await resolveRepo(request) : undefined;
@@ -166,7 +168,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   let place: Record<string, unknown> = {};
   try {
     const onAgentEvent = (line: string) => log.appendAgentEvent(line);
-    const { driver, cwd, provider, worktree, session, keep } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall, agent, onAgentEvent });
+    const { driver, cwd, provider, worktree, session, keep } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall, agent, onAgentEvent, limits });
     place = { container: provider?.containerName ?? null, workdir: cwd, kept: profile.sandbox.container !== "fresh" && (!worktree || request.repo?.keepWorktree === true) };
     if (request.mode === "agentic") {
       for await (const message of driver.executeAgentic(request.prompt, {
@@ -199,7 +201,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     }
     let extra: Record<string, unknown> | undefined;
     if (repo?.kind === "local" && worktree && provider && result) {
-      const back = await collectResult(provider, repo.local, worktree, { runId: id, signal: request.signal })
+      const back = await collectResult(provider, repo.local, worktree, { runId: id, signal: request.signal, maxBytes: profile.resources.diskBytes })
         .catch((error) => {
           keep.worktree = true;
           request.onProgress?.(
@@ -253,7 +255,9 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     });
     return { meta: log.meta, exitCode: failed ? 1 : 0, error: generationError };
   } catch (error) {
-    const failure = !(error instanceof SandboxError)
+    const failure = limits.signal.aborted
+      ? limits.signal.reason as SandboxError
+      : !(error instanceof SandboxError)
       ? new SandboxError("worker_failed", (error as Error).message ?? String(error), { cause: error })
       : error.code === "interrupted" && error.message !== "The run was interrupted"
       ? new SandboxError("interrupted", "The run was interrupted", { cause: error })
@@ -349,21 +353,26 @@ function snake(back: RepoResult): Record<string, unknown> {
   };
 }
 
-/** Is another run of this profile live right now? Then this one gets a container of its own. */
-async function otherRunLive(profile: string, self: string): Promise<boolean> {
-  return (await listRuns()).some((r) => r.profile === profile && r.status === "running" && r.id !== self);
-}
-
 /**
- * Is anything of another run executing in the shared container? Every command the tool starts
- * there runs under `sandbox-exec`; this catches runs whose logs live in another state directory.
+ * Lease the shared container for this run; undefined when another run or command is live in it.
+ * A container that cannot even start the lease is probed, and replaced when wedged, once.
  */
-async function commandsRunningIn(provider: DockerSandboxProvider, signal?: AbortSignal): Promise<boolean> {
-  const result = await provider.exec(["ps", "-eo", "args="], { signal, timeoutMs: 30_000 });
-  // Cannot look: assume the container is in use (a container of one's own is the safe side).
-  if (result.exitCode !== 0) return true;
-  const wrappers = result.stdout.split("\n").filter((line) => line.startsWith("/bin/sh /usr/local/bin/sandbox-exec "));
-  return wrappers.length > 1; // one is this very `ps`
+async function leaseShared(
+  provider: DockerSandboxProvider,
+  seconds: number,
+  runId: string,
+  signal?: AbortSignal,
+): Promise<(() => Promise<void>) | undefined> {
+  for (let attempt = 0;; attempt++) {
+    try {
+      return await provider.lease(runId, seconds, signal);
+    } catch {
+      signal?.throwIfAborted();
+      // Cannot look: a container of one's own is the safe side.
+      if (attempt === 1) return undefined;
+      await provider.ensureRunning({ signal, probe: true });
+    }
+  }
 }
 
 /** The sandbox side of a run: provider, session and driver, with their cleanups registered. */
@@ -380,6 +389,8 @@ async function prepare(
     /** An agent CLI instead of the worker. */
     agent?: AgentCliName;
     onAgentEvent?: (line: string) => void;
+    /** Aborted (with the reason) when the run passes a limit watched while it is live. */
+    limits: AbortController;
   },
 ): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean; branch: boolean } }> {
   /** Set when the result could not be brought back: the work then stays in the sandbox. */
@@ -420,33 +431,33 @@ async function prepare(
   if (profile.sandbox.mode !== "container") {
     throw new SandboxError("unsupported", `Sandbox mode "${profile.sandbox.mode}" is not implemented yet`);
   }
-  // A shared container cannot keep concurrent runs (same user) out of each other's files, so a run
-  // that starts while another of its profile is live gets a container of its own.
+  // A container and its workspace are shared only by runs on the same repository (or only by runs
+  // without one), and by one run at a time: runs are the same user inside, and could read each
+  // other's files and processes. A run that finds its container in use gets one of its own.
   let fresh = profile.sandbox.container === "fresh";
-  let provider = new DockerSandboxProvider(profile, { onProgress: request.onProgress, agent: context.agent });
+  const repoKey = context.repo?.kind === "local" ? context.repo.local.key : context.repo?.remote.key;
+  const repository = repoKey ? await sandboxRepo(repoKey) : undefined;
+  let provider = new DockerSandboxProvider(profile, { repository, onProgress: request.onProgress, agent: context.agent });
   if (!fresh) {
-    fresh = await otherRunLive(profile.name, context.id);
-    if (!fresh && context.repo) {
-      // One more look, inside the container, that also sees runs logged in other state
-      // directories; the look and the lease that marks this run are atomic across the host.
-      // Only runs on repositories pay for it (~0.2 s).
-      await provider.ensureRunning({ signal });
-      const shared = provider;
-      fresh = await withHostLock(`runs-${profile.name}`, async () => {
-        if (await commandsRunningIn(shared, signal)) return true;
-        const release = await shared.lease(context.id, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, signal);
-        context.cleanups.push(release);
-        return false;
-      });
-    }
+    await provider.ensureRunning({ signal });
+    const release = await leaseShared(provider, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, context.id, signal);
+    if (release) context.cleanups.push(release);
+    fresh = !release;
     if (fresh) request.onProgress?.("another run of this profile is live: this run gets a container of its own");
   }
   if (fresh) {
-    provider = new DockerSandboxProvider(profile, { instance: context.id.toLowerCase(), onProgress: request.onProgress, agent: context.agent });
+    provider = new DockerSandboxProvider(profile, { instance: context.id.toLowerCase(), repository, onProgress: request.onProgress, agent: context.agent });
     const own = provider;
     context.cleanups.push(() => own.teardown({ volumes: true }));
   }
   await provider.ensureRunning({ signal });
+  if (!fresh) {
+    // Before the lease goes: nothing the run started may outlive it into the next run.
+    const shared = provider;
+    context.cleanups.push(() => shared.sweep());
+  }
+  const watch = provider.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
+  context.cleanups.push(() => watch.close());
   const remote = context.repo?.kind === "remote" ? context.repo : undefined;
   const session: SandboxSession = await openSession(profile, provider, {
     ...sessionOptions,

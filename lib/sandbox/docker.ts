@@ -14,6 +14,8 @@ export const LABEL = {
   kind: "dev.sandbox.kind",
   configHash: "dev.sandbox.config-hash",
   contentHash: "dev.sandbox.content-hash",
+  /** The repository a container and its workspace serve (`name-hash`), absent for runs without one. */
+  repo: "dev.sandbox.repo",
 } as const;
 export const OWNER = "sandbox";
 export const OWNER_FILTER = `label=${LABEL.owner}=${OWNER}`;

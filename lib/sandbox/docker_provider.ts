@@ -16,10 +16,13 @@ import type { AgentCliName } from "../agents/packages.ts";
 import { removeLegacyFirewall } from "./legacy_cleanup.ts";
 import { withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
+import { execEnvByName, runEnvByName } from "./docker_env.ts";
+import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
 import { spawn } from "../process.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import type {
   EnsureRunningOptions,
+  ExecBytes,
   ExecOptions,
   ExecResult,
   ExecStream,
@@ -38,7 +41,10 @@ export const WORKSPACE_DIR = "/workspace";
 export const SANDBOX_HOME = "/home/sandbox";
 /** Exit code reported for a command killed by its timeout, as timeout(1) does. */
 const EXIT_TIMEOUT = 124;
-const EXEC_STATE_DIR = "/tmp/.sandbox-exec";
+/** The in-container wrapper every command runs under (scripts/sandbox-exec). */
+const SANDBOX_EXEC = "sandbox-exec";
+/** How long `ensureRunning({probe})` gives a trivial command to start and end. */
+const PROBE_TIMEOUT_MS = 10_000;
 /** How long `ensureRunning` waits for a container another process is creating. */
 const CONCURRENT_START_WAIT_MS = 60_000;
 const ENSURE_MAX_PASSES = 600;
@@ -58,6 +64,22 @@ export interface DockerProviderOptions {
   onProgress?: (line: string) => void;
   /** Host environment used for `environment.passthrough` (default: the process environment). */
   hostEnv?: (name: string) => string | undefined;
+  /**
+   * The repository this sandbox serves: its container and workspace are shared only by runs on
+   * that repository (`sandbox-<profile>-repo-<id>`), never by runs on another or without one.
+   */
+  repository?: SandboxRepo;
+}
+
+/** A repository's identity for naming its sandbox: `key` (`name-hash`, a label) and a short `id`. */
+export interface SandboxRepo {
+  key: string;
+  id: string;
+}
+
+/** The sandbox identity of a repository with key `key` (see lib/repo: stable per path or URL). */
+export async function sandboxRepo(key: string): Promise<SandboxRepo> {
+  return { key, id: (await sha256Hex(`repo\0${key}`)).slice(0, 12) };
 }
 
 /** Names of a profile's Docker objects: predictable, so a human can find them with `docker ps`. */
@@ -92,7 +114,8 @@ export class DockerSandboxProvider implements SandboxProvider {
     }
     this.profile = profile;
     this.docker = new DockerCli(options.docker);
-    const suffix = [options.agent, options.instance].filter(Boolean).join("-");
+    const own = options.instance ?? (options.repository ? `repo-${options.repository.id}` : undefined);
+    const suffix = [options.agent, own].filter(Boolean).join("-");
     this.names = sandboxNames(profile.name, suffix || undefined);
     this.#options = options;
   }
@@ -107,6 +130,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       [LABEL.owner]: OWNER,
       [LABEL.profile]: this.profile.name,
       [LABEL.kind]: this.#options.instance ? "run" : "shared",
+      ...(this.#options.repository ? { [LABEL.repo]: this.#options.repository.key } : {}),
       ...(configHash ? { [LABEL.configHash]: configHash } : {}),
     };
   }
@@ -124,13 +148,17 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   /**
-   * The `docker run` argv (after `docker`) for this profile, and the hash of it that labels the
-   * container. Everything that shapes the container is in the argv, so the hash covers it all.
+   * The `docker run` argv (after `docker`) for this profile, the variables its docker client
+   * needs (values passed by name, off the command line), and the hash of both that labels the
+   * container. Everything that shapes the container is in them, so the hash covers it all.
    */
-  async runArgs(): Promise<{ args: string[]; configHash: string }> {
+  async runArgs(): Promise<{ args: string[]; env: Record<string, string>; configHash: string }> {
     const { resources } = this.profile;
     const image = await this.#imageTag();
-    const tmpfsSize = resources.diskBytes;
+    // tmpfs pages count against the memory limit and cannot be swapped or reclaimed: /tmp and
+    // home together stay within half of it, so filling both still leaves room to run commands.
+    const tmpfsSize = tmpfsBytes(resources.memoryBytes);
+    const env = runEnvByName(this.containerEnv());
     const body = [
       "--hostname",
       this.names.container,
@@ -140,7 +168,6 @@ export class DockerSandboxProvider implements SandboxProvider {
       "ALL",
       "--security-opt",
       "no-new-privileges",
-      "--init",
       "--read-only",
       "--tmpfs",
       `/tmp:rw,nosuid,nodev,size=${tmpfsSize}`,
@@ -163,11 +190,12 @@ export class DockerSandboxProvider implements SandboxProvider {
       this.profile.sandbox.network.mode === "full" ? "bridge" : "none",
       "--restart",
       "no",
-      ...Object.entries(this.containerEnv()).flatMap(([k, v]) => ["--env", `${k}=${v}`]),
-      // The image's own command: it readies the worker's cache, then sleeps; work comes by exec.
+      ...env.args,
+      // The image's own command, `sandbox-exec --init` as pid 1 (instead of Docker's --init: an
+      // init the sandbox user cannot ptrace): it readies the worker's cache, then reaps orphans.
       image,
     ];
-    const configHash = (await sha256Hex(body.join("\0"))).slice(0, 16);
+    const configHash = (await sha256Hex(`${body.join("\0")}\0${JSON.stringify(env.clientEnv)}`)).slice(0, 16);
     return {
       args: [
         "run",
@@ -177,6 +205,7 @@ export class DockerSandboxProvider implements SandboxProvider {
         ...labelArgs(this.labels(configHash)),
         ...body,
       ],
+      env: env.clientEnv,
       configHash,
     };
   }
@@ -192,7 +221,7 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   async ensureRunning(options: EnsureRunningOptions = {}): Promise<SandboxStatus> {
     const { signal } = options;
-    const { args, configHash } = await this.runArgs();
+    const { args, env, configHash } = await this.runArgs();
     const deadline = Date.now() + CONCURRENT_START_WAIT_MS;
     // Each pass moves one step (create, start, replace); a bounded number of passes turns an
     // engine that keeps undoing our steps into an error instead of a spin.
@@ -206,7 +235,15 @@ export class DockerSandboxProvider implements SandboxProvider {
       const found = await this.#inspect(signal);
       const current = found?.Config.Labels?.[LABEL.configHash] === configHash &&
         !(options.checkImage && await this.#imageOutdated(found));
-      if (found && current && found.State.Running) return this.#toStatus(found, configHash);
+      if (found && current && found.State.Running) {
+        // Running is not enough: a container whose memory is all held (by tmpfs files, say)
+        // cannot start a command any more. Replace it; the workspace volume survives.
+        const wedged = found.State.Health?.Status === "unhealthy" || (options.probe && !await this.#probe(signal));
+        if (!wedged) return this.#toStatus(found, configHash);
+        this.#options.onProgress?.(`Replacing sandbox ${this.names.container}: it cannot run commands`);
+        await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
+        continue;
+      }
       if (found && current && found.State.Status === "created") {
         // Another process has just created it and is about to start it, or start failed.
         if (Date.now() < deadline) {
@@ -231,7 +268,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       const created = await withHostLock(`profile-${this.profile.name}`, async () => {
         if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
         await this.#prepare(signal);
-        return await this.docker.run(args, { signal });
+        return await this.docker.run(args, { signal, env });
       });
       if (created.exitCode === 0) continue;
       if (isAlreadyExists(created.stderr) && Date.now() < deadline) {
@@ -253,6 +290,16 @@ export class DockerSandboxProvider implements SandboxProvider {
     return this.#options.agent ? await agentImageTagFor(base, this.#options.agent) : base;
   }
 
+  /** Can the container start and finish a trivial command within a short deadline? */
+  async #probe(signal?: AbortSignal): Promise<boolean> {
+    const result = await this.docker.run(
+      ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "probe", "true"],
+      { signal, timeoutMs: PROBE_TIMEOUT_MS },
+    );
+    signal?.throwIfAborted();
+    return result.exitCode === 0;
+  }
+
   async #imageOutdated(found: ContainerInspect): Promise<boolean> {
     const tag = await this.#imageTag();
     const result = await this.docker.run(["image", "inspect", "--format", "{{.Id}}", tag]);
@@ -265,11 +312,41 @@ export class DockerSandboxProvider implements SandboxProvider {
     if (this.#options.agent) {
       await ensureAgentImage(this.docker, base.tag, this.#options.agent, { signal, onProgress: this.#options.onProgress });
     }
-    await this.#createIfMissing(
-      ["volume", "inspect", this.names.volume],
-      ["volume", "create", ...labelArgs(this.labels()), this.names.volume],
-      signal,
+    await this.#ensureVolume(signal);
+  }
+
+  /**
+   * The workspace volume, with a kernel quota of `resources.disk` where the engine's storage has
+   * project quotas (the local driver's `size` option: xfs mounted with pquota); elsewhere a plain
+   * volume, whose size `watchDisk` enforces instead.
+   */
+  async #ensureVolume(signal?: AbortSignal): Promise<void> {
+    const inspect = ["volume", "inspect", this.names.volume];
+    const create = ["volume", "create", ...labelArgs(this.labels())];
+    const found = await this.docker.run(inspect, { signal });
+    if (found.exitCode === 0) return;
+    if (/ambiguous/.test(found.stderr)) return await this.#dedupe("volume", this.names.volume, signal);
+    const quota = await this.docker.run(
+      [...create, "--opt", `size=${this.profile.resources.diskBytes}`, this.names.volume],
+      { signal },
     );
+    if (quota.exitCode === 0 || isAlreadyExists(quota.stderr)) return;
+    if (!/quota/i.test(quota.stderr)) {
+      throw new CommandExitError("docker_failed", `Cannot create volume "${this.names.volume}"`, quota);
+    }
+    await this.#createIfMissing(inspect, [...create, this.names.volume], signal);
+  }
+
+  /** The workspace volume's kernel quota in bytes, or undefined when it has none. */
+  async workspaceQuota(signal?: AbortSignal): Promise<number | undefined> {
+    const result = await this.docker.run(
+      ["volume", "inspect", "--format", "{{json .Options}}", this.names.volume],
+      { signal },
+    );
+    if (result.exitCode !== 0) return undefined;
+    const options = JSON.parse(result.stdout.trim() || "null") as Record<string, string> | null;
+    const size = options?.size;
+    return size && /^\d+$/.test(size) ? Number(size) : undefined;
   }
 
   async #createIfMissing(inspect: string[], create: string[], signal?: AbortSignal): Promise<void> {
@@ -297,27 +374,34 @@ export class DockerSandboxProvider implements SandboxProvider {
     for (const id of ids.slice(1)) await this.docker.run([kind, "rm", id], { signal });
   }
 
-  #execArgs(argv: readonly string[], id: string, options: ExecOptions): string[] {
+  #execArgs(argv: readonly string[], id: string, options: ExecOptions): { args: string[]; env: Record<string, string> } {
     if (argv.length === 0) throw new TypeError("Cannot run an empty command");
     assertNoSecrets(`sandbox "${this.names.container}"`, { env: options.env, envKind: "exec environment", argv });
-    return [
-      "exec",
-      ...(options.stdin !== undefined ? ["--interactive"] : []),
-      "--user",
-      SANDBOX_USER,
-      ...(options.cwd ? ["--workdir", options.cwd] : []),
-      ...Object.entries(options.env ?? {}).flatMap(([k, v]) => ["--env", `${k}=${v}`]),
-      this.names.container,
-      "sandbox-exec",
-      id,
-      ...argv,
-    ];
+    // By name: the values (the session token among them) stay off every command line.
+    const env = execEnvByName(options.env ?? {});
+    return {
+      args: [
+        "exec",
+        ...(options.stdin !== undefined ? ["--interactive"] : []),
+        "--user",
+        SANDBOX_USER,
+        ...(options.cwd ? ["--workdir", options.cwd] : []),
+        ...env.args,
+        this.names.container,
+        SANDBOX_EXEC,
+        id,
+        ...argv,
+      ],
+      env: env.clientEnv,
+    };
   }
 
   execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
     const id = crypto.randomUUID();
     const timeoutMs = options.timeoutMs;
-    const child = this.docker.spawn(this.#execArgs(argv, id, options), {
+    const { args, env } = this.#execArgs(argv, id, options);
+    const child = this.docker.spawn(args, {
+      env,
       stdin: options.stdin,
       signal: options.signal,
       timeoutMs,
@@ -336,9 +420,45 @@ export class DockerSandboxProvider implements SandboxProvider {
     });
   }
 
+  execBytes(argv: readonly string[], options: ExecOptions = {}): ExecBytes {
+    const id = crypto.randomUUID();
+    const { args, env } = this.#execArgs(argv, id, options);
+    const child = this.docker.spawn(args, {
+      env,
+      stdin: options.stdin,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs,
+      onStderrLine: options.onStderrLine,
+    });
+    let stopped = false;
+    const outcome = (async () => {
+      const ended = await child.finished;
+      if (ended.timedOut || ended.aborted || stopped) await this.#killTree(id);
+      if (ended.timedOut) {
+        throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms in sandbox "${this.names.container}"`);
+      }
+      if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
+      throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
+      const oomKilled = ended.exitCode === 137 && !stopped && await this.#wasOomKilled(id);
+      return { exitCode: ended.exitCode, durationMs: ended.durationMs, timedOut: false, oomKilled, stderrTail: ended.stderrTail };
+    })();
+    outcome.catch(() => {});
+    return {
+      stdout: child.stdout,
+      outcome,
+      stop: async () => {
+        stopped = true;
+        child.kill();
+        await outcome.catch(() => {});
+      },
+    };
+  }
+
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
     const id = crypto.randomUUID();
-    const result = await this.docker.run(this.#execArgs(argv, id, options), {
+    const { args, env } = this.#execArgs(argv, id, options);
+    const result = await this.docker.run(args, {
+      env,
       stdin: options.stdin,
       signal: options.signal,
       timeoutMs: options.timeoutMs,
@@ -358,18 +478,40 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   /**
-   * Hold a lease in the container: a process that shows other `sandbox` processes this container
-   * is in use, until released or `seconds` pass (so a crashed holder cannot hold it for ever).
+   * Hold the container for one run, if nothing else is live in it (another run's lease, worker or
+   * command; `sandbox-exec --lease` decides inside, under a lock, so two hosts cannot both win).
+   * Returns the release function, or undefined when the container is busy. The lease ends when
+   * released, when this process's docker client goes away (its stdin closes), or after `seconds`.
    */
-  async lease(name: string, seconds: number, signal?: AbortSignal): Promise<() => Promise<void>> {
-    const id = `lease-${name}`;
-    await this.docker.ok(
-      ["exec", "--detach", "--user", SANDBOX_USER, this.names.container, "sandbox-exec", id, "sleep", String(Math.ceil(seconds))],
-      "exec_failed",
-      `Cannot mark sandbox "${this.names.container}" as in use`,
-      { signal },
+  async lease(name: string, seconds: number, signal?: AbortSignal): Promise<(() => Promise<void>) | undefined> {
+    let input!: ReadableStreamDefaultController<Uint8Array>;
+    const stdin = new ReadableStream<Uint8Array>({ start: (controller) => void (input = controller) });
+    const holder = this.docker.spawn(
+      ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--lease", `lease-${name}`, String(Math.ceil(seconds))],
+      { stdin, signal },
     );
-    return () => this.#killTree(id);
+    const reader = holder.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    const first = await reader.read().catch(() => ({ value: undefined }));
+    void reader.cancel().catch(() => {});
+    const end = async () => {
+      try {
+        input.close();
+      } catch {
+        // Already closed.
+      }
+      const stuck = setTimeout(() => holder.kill(), 5_000);
+      try {
+        return await holder.finished;
+      } finally {
+        clearTimeout(stuck);
+      }
+    };
+    if (first.value?.startsWith("leased")) return async () => void await end();
+    const ended = await end();
+    signal?.throwIfAborted();
+    if (ended.exitCode === 75 || first.value?.startsWith("busy")) return undefined;
+    throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
+    throw new CommandExitError("exec_failed", `Cannot mark sandbox "${this.names.container}" as in use`, ended);
   }
 
   /** End the process tree of exec `id` (one started under the exec wrapper with that id). */
@@ -378,15 +520,49 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   /**
-   * Kill the process tree of exec `id` inside the container. A fork bomb can hold every pid, so
-   * that even `docker exec pkill` cannot start: retry briefly, then restart the container.
+   * Enforce `resources.disk` on the workspace while something runs in the sandbox. With a kernel
+   * quota of that size on the volume there is nothing to do; otherwise a watcher inside reports
+   * the workspace's size, and the returned signal aborts (a `disk_limit` error) when it passes the
+   * limit while growing, or when the watcher dies. Stop the commands with that signal; close the
+   * watch when done.
    */
+  watchDisk(options: { onAbort?: (reason: SandboxError) => void } = {}): DiskWatch {
+    const limitBytes = this.profile.resources.diskBytes;
+    const id = `du-${crypto.randomUUID()}`;
+    // Started in the background: the first command need not wait for it.
+    return startDiskWatch(async (stdin) => {
+      const quota = await this.workspaceQuota();
+      if (quota !== undefined && quota <= limitBytes) return undefined;
+      return this.docker.spawn(
+        ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--du", id, WORKSPACE_DIR],
+        { stdin },
+      );
+    }, { limitBytes, sandbox: this.names.container, profile: this.profile.name, onAbort: options.onAbort });
+  }
+
+  /**
+   * Kill every process in the container that belongs to no live exec (see scripts/sandbox-exec):
+   * what a command left behind after killing its own wrapper, for one. Runs and `sandbox exec`
+   * call it when they end.
+   */
+  async sweep(): Promise<void> {
+    await this.#stopInside(["--sweep"]);
+  }
+
+  /** Kill exec `id`'s whole process tree inside the container, then sweep. */
   async #killTree(id: string): Promise<void> {
-    const script = 'sid=$(cat "$1" 2>/dev/null) || exit 0; [ -n "$sid" ] && pkill -KILL -s "$sid"; rm -f "$1"; exit 0';
+    await this.#stopInside(["--kill", id]);
+  }
+
+  /**
+   * Run `sandbox-exec ARGS` (a kill or a sweep). A fork bomb can hold every pid, so that even
+   * this cannot start: retry briefly, then restart the container.
+   */
+  async #stopInside(args: string[]): Promise<void> {
     for (let attempt = 0; attempt < 10; attempt++) {
       const result = await this.docker.run(
-        ["exec", "--user", SANDBOX_USER, this.names.container, "sh", "-c", script, "sh", `${EXEC_STATE_DIR}/${id}.sid`],
-        { timeoutMs: 5_000 },
+        ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, ...args],
+        { timeoutMs: 15_000 },
       );
       if (result.exitCode === 0 || isNoSuchObject(result.stderr) || /is not running/.test(result.stderr)) return;
       await delay(100 * (attempt + 1));
@@ -399,20 +575,25 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   /** Did the memory cgroup's oom_kill count rise while exec `id` ran? */
   async #wasOomKilled(id: string): Promise<boolean> {
-    const script = 'before=$(cat "$1" 2>/dev/null || echo 0); rm -f "$1"; ' +
-      "now=$(sed -n 's/^oom_kill //p' /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null | head -n 1); " +
-      'echo "${before:-0} ${now:-0}"';
     const result = await this.docker.run(
-      ["exec", "--user", SANDBOX_USER, this.names.container, "sh", "-c", script, "sh", `${EXEC_STATE_DIR}/${id}.oom`],
+      ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--oom", id],
       { timeoutMs: 10_000 },
     );
     const [before, now] = result.stdout.trim().split(/\s+/).map(Number);
     return result.exitCode === 0 && now > before;
   }
 
+  /**
+   * `CONTAINER sandbox-exec ID ARGV` for the tool's own file transfers: under the wrapper like
+   * every command, so that a sweep never takes them for leftovers.
+   */
+  #wrapped(...argv: string[]): string[] {
+    return [this.names.container, SANDBOX_EXEC, crypto.randomUUID(), ...argv];
+  }
+
   async readFile(path: string, options: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
     const child = this.docker.spawn(
-      ["exec", "--user", SANDBOX_USER, this.names.container, "cat", "--", path],
+      ["exec", "--user", SANDBOX_USER, ...this.#wrapped("cat", "--", path)],
       { signal: options.signal },
     );
     const [bytes, outcome] = await Promise.all([new Response(child.stdout).bytes(), child.finished]);
@@ -432,7 +613,7 @@ export class DockerSandboxProvider implements SandboxProvider {
     const mode = (options.mode ?? 0o600).toString(8);
     const script = 'umask 077; mkdir -p "$(dirname "$1")" && cat >"$1" && chmod "$2" "$1"';
     const result = await this.docker.run(
-      ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, "sh", "-c", script, "sh", path, mode],
+      ["exec", "--interactive", "--user", SANDBOX_USER, ...this.#wrapped("sh", "-c", script, "sh", path, mode)],
       { stdin: data, signal: options.signal },
     );
     if (result.exitCode !== 0) {
@@ -448,8 +629,8 @@ export class DockerSandboxProvider implements SandboxProvider {
     const script = 'mkdir -p "$1" && tar -x -C "$1" --no-same-owner';
     const { dir: targetDir, base: targetBase } = splitPath(sandboxPath);
     const untar = this.docker.spawn(
-      ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, "sh", "-c",
-        `${script} && { [ "$2" = "$3" ] || mv -- "$1/$2" "$1/$3"; }`, "sh", targetDir, base, targetBase],
+      ["exec", "--interactive", "--user", SANDBOX_USER, ...this.#wrapped("sh", "-c",
+        `${script} && { [ "$2" = "$3" ] || mv -- "$1/$2" "$1/$3"; }`, "sh", targetDir, base, targetBase)],
       { stdin: tar.stdout, signal: options.signal },
     );
     const [packed, unpacked] = await Promise.all([tar.finished, untar.finished, new Response(untar.stdout).text()]);
@@ -466,7 +647,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   async copyOut(sandboxPath: string, hostPath: string, options: { signal?: AbortSignal } = {}): Promise<void> {
     const { dir, base } = splitPath(sandboxPath);
     const pack = this.docker.spawn(
-      ["exec", "--user", SANDBOX_USER, this.names.container, "tar", "-C", dir, "-c", "--", base],
+      ["exec", "--user", SANDBOX_USER, ...this.#wrapped("tar", "-C", dir, "-c", "--", base)],
       { signal: options.signal },
     );
     const { dir: targetDir, base: targetBase } = splitPath(hostPath);
@@ -513,6 +694,7 @@ export class DockerSandboxProvider implements SandboxProvider {
         workspacePath: WORKSPACE_DIR,
         current: false,
         kind: this.#options.instance ? "run" : "shared",
+        repo: this.#options.repository?.key ?? null,
       };
     }
     return this.#toStatus(found, (await this.runArgs()).configHash);
@@ -545,8 +727,8 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   async healthCheck(options: { signal?: AbortSignal } = {}): Promise<boolean> {
     const result = await this.docker.run(
-      ["exec", "--user", SANDBOX_USER, this.names.container, "true"],
-      { signal: options.signal, timeoutMs: 10_000 },
+      ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "probe", "true"],
+      { signal: options.signal, timeoutMs: PROBE_TIMEOUT_MS },
     );
     return result.exitCode === 0;
   }
@@ -578,6 +760,11 @@ export class DockerSandboxProvider implements SandboxProvider {
     }
     return report;
   }
+}
+
+/** Size of each of the /tmp and home tmpfs mounts: a quarter of the memory limit (see runArgs). */
+export function tmpfsBytes(memoryBytes: number): number {
+  return Math.max(1024 ** 2, Math.floor(memoryBytes / 4 / 4096) * 4096);
 }
 
 function notFound(name: string): SandboxError {
@@ -636,6 +823,7 @@ function inspectToStatus(found: ContainerInspect): Omit<SandboxStatus, "current"
     stoppedAt: found.State.Running ? null : dockerTime(found.State.FinishedAt),
     workspacePath: WORKSPACE_DIR,
     kind: labels[LABEL.kind] === "run" ? "run" : "shared",
+    repo: labels[LABEL.repo] ?? null,
   };
 }
 
@@ -699,6 +887,34 @@ export function parseDockerSize(text: string): number {
   const binary = prefix.endsWith("I");
   const power = " KMGT".indexOf(prefix[0] ?? " ");
   return Math.round(Number(match[1]) * (binary ? 1024 : 1000) ** Math.max(power, 0));
+}
+
+/**
+ * Remove every container of one profile (its shared one, one per repository, per-run ones) and
+ * with `volumes` their workspace volumes; by label, so nothing else is touched.
+ */
+export async function teardownProfile(
+  docker: DockerCli,
+  profile: string,
+  options: { volumes?: boolean; signal?: AbortSignal } = {},
+): Promise<TeardownReport> {
+  const filters = ["--filter", OWNER_FILTER, "--filter", `label=${LABEL.profile}=${profile}`];
+  const report: TeardownReport = { containers: [], networks: [], volumes: [] };
+  const containers = (await docker.ok(["ps", "--all", ...filters, "--format", "{{.Names}}"], "docker_failed", "Cannot list sandboxes", options))
+    .split("\n").filter(Boolean);
+  if (containers.length > 0) {
+    await docker.ok(["rm", "--force", ...containers], "docker_failed", `Cannot remove the sandboxes of profile "${profile}"`, options);
+    report.containers = containers;
+  }
+  if (options.volumes) {
+    const volumes = (await docker.ok(["volume", "ls", ...filters, "--format", "{{.Name}}"], "docker_failed", "Cannot list volumes", options))
+      .split("\n").filter(Boolean);
+    if (volumes.length > 0) {
+      await docker.ok(["volume", "rm", "--force", ...volumes], "docker_failed", `Cannot remove the volumes of profile "${profile}"`, options);
+      report.volumes = volumes;
+    }
+  }
+  return report;
 }
 
 /** Remove every container, network and volume this tool owns (by label), and nothing else. */

@@ -12,6 +12,7 @@ import { execStreamOf } from "./exec_stream.ts";
 import { run, spawn, type SpawnOptions } from "../process.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import type {
+  ExecBytes,
   ExecOptions,
   ExecResult,
   ExecStream,
@@ -71,6 +72,24 @@ export class HostProvider implements SandboxProvider {
     });
   }
 
+  execBytes(argv: readonly string[], options: ExecOptions = {}): ExecBytes {
+    const child = spawn(argv, spawnOptions(options));
+    const outcome = child.finished.then((ended) => {
+      if (ended.timedOut) throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
+      if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
+      return { exitCode: ended.exitCode, durationMs: ended.durationMs, timedOut: false, oomKilled: false, stderrTail: ended.stderrTail };
+    });
+    outcome.catch(() => {});
+    return {
+      stdout: child.stdout,
+      outcome,
+      stop: async () => {
+        child.kill();
+        await outcome.catch(() => {});
+      },
+    };
+  }
+
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
     const result = await run(argv, spawnOptions(options, argv));
     if (result.aborted) throw new SandboxError("interrupted", "Command interrupted");
@@ -127,6 +146,7 @@ export class HostProvider implements SandboxProvider {
       workspacePath: Deno.cwd(),
       current: true,
       kind: "run",
+      repo: null,
     });
   }
 

@@ -42,6 +42,15 @@ export interface ExecStream extends AsyncIterable<string> {
   readonly outcome: Promise<ExecStreamOutcome>;
 }
 
+/** A command whose stdout is bytes (a pack, an archive): read `stdout`, then `outcome`. */
+export interface ExecBytes {
+  readonly stdout: ReadableStream<Uint8Array>;
+  /** Resolves once the command has exited; raises like `execStream`'s outcome. */
+  readonly outcome: Promise<ExecStreamOutcome>;
+  /** Stop the command (and its whole tree) before it ends, e.g. when its output is refused. */
+  stop(): Promise<void>;
+}
+
 export type SandboxState = "running" | "stopped" | "missing" | "paused" | "restarting" | "dead" | "created";
 export type SandboxHealth = "healthy" | "unhealthy" | "starting" | "unknown";
 
@@ -65,6 +74,8 @@ export interface SandboxStatus {
   current: boolean;
   /** "shared" for a profile's long-lived container, "run" for a per-run container. */
   kind: "shared" | "run";
+  /** The repository a container serves (`name-hash`), or null for one without. */
+  repo: string | null;
 }
 
 export interface SandboxStats {
@@ -90,6 +101,11 @@ export interface EnsureRunningOptions {
    * `sandbox image build`). Costs one more docker call, so the hot path of a run skips it.
    */
   checkImage?: boolean;
+  /**
+   * Also check that a running container can still start a command (one `docker exec`), and
+   * replace it when it cannot. A container whose health check fails is replaced either way.
+   */
+  probe?: boolean;
 }
 
 export interface SandboxProvider {
@@ -101,6 +117,8 @@ export interface SandboxProvider {
   start(options?: { signal?: AbortSignal }): Promise<SandboxStatus>;
   /** Run a command, yielding stdout lines as they arrive. */
   execStream(argv: readonly string[], options?: ExecOptions): ExecStream;
+  /** Run a command, its stdout as a byte stream: nothing is buffered whole. */
+  execBytes(argv: readonly string[], options?: ExecOptions): ExecBytes;
   /** Run a command to completion. Non-zero exit is a result, not an error. */
   exec(argv: readonly string[], options?: ExecOptions): Promise<ExecResult>;
   readFile(path: string, options?: { signal?: AbortSignal }): Promise<Uint8Array>;

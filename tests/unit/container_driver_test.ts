@@ -9,6 +9,7 @@ import { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "../../lib/run/cont
 import { SandboxError } from "../../lib/errors.ts";
 import { type AgenticMessage, encodeMessage } from "../../lib/run/protocol.ts";
 import type {
+  ExecBytes,
   ExecOptions,
   ExecResult,
   ExecStream,
@@ -137,6 +138,10 @@ class FakeProvider implements SandboxProvider {
     };
   }
 
+  execBytes(argv: readonly string[]): ExecBytes {
+    throw new Error(`FakeProvider: execBytes is not scripted (${argv.join(" ")})`);
+  }
+
   exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
     this.execs.push({ argv, env: options.env, cwd: options.cwd });
     if (this.failRm && argv[0] === "rm") {
@@ -206,6 +211,7 @@ class FakeProvider implements SandboxProvider {
       workspacePath: "/workspace",
       current: true,
       kind: "shared",
+      repo: null,
     });
   }
 

@@ -1,0 +1,114 @@
+/**
+ * `resources.disk` for a workspace without a kernel quota: a watcher inside the sandbox
+ * (`sandbox-exec --du`) prints the workspace's size about once a second, and at once when the
+ * filesystem's free space falls fast; when it passes the limit while still growing, the watch's
+ * signal aborts with a `disk_limit` error, and whoever runs commands under that signal stops them.
+ *
+ * Growing, not merely over: a workspace left over the limit (by an earlier, stopped command) can
+ * still be cleaned up, but not grown. The watch fails closed: a watcher that dies, or cannot
+ * start, aborts the signal too.
+ */
+import { SandboxError } from "../errors.ts";
+import type { ChildProcess } from "../process.ts";
+import { formatBytes } from "../units.ts";
+
+export interface DiskWatch extends AsyncDisposable {
+  /** Aborts with the reason (a `SandboxError`) when the limit is passed or the watch fails. */
+  readonly signal: AbortSignal;
+  /** The last size seen, in bytes (undefined before the first report, or without a watcher). */
+  readonly usedBytes: number | undefined;
+  close(): Promise<void>;
+}
+
+export interface DiskWatchOptions {
+  limitBytes: number;
+  /** The sandbox (container name) and profile, for the message. */
+  sandbox: string;
+  profile: string;
+  /** Called once with the reason when the signal aborts. */
+  onAbort?: (reason: SandboxError) => void;
+}
+
+/**
+ * Watch the sizes `start(stdin)` prints (KiB, one per line); closing `stdin` ends the watcher.
+ * `start` resolves to undefined when there is nothing to watch (a kernel quota holds), and may
+ * throw (the sandbox cannot run it): that aborts the watch like a failure later.
+ */
+export function startDiskWatch(
+  start: (stdin: ReadableStream<Uint8Array>) => Promise<ChildProcess | undefined>,
+  options: DiskWatchOptions,
+): DiskWatch {
+  const controller = new AbortController();
+  let input!: ReadableStreamDefaultController<Uint8Array>;
+  const stdin = new ReadableStream<Uint8Array>({ start: (c) => void (input = c) });
+  let closing = false;
+  let used: number | undefined;
+  let child: ChildProcess | undefined;
+  const fail = (reason: SandboxError) => {
+    if (closing || controller.signal.aborted) return;
+    controller.abort(reason);
+    options.onAbort?.(reason);
+  };
+  const watching = (async () => {
+    try {
+      child = await start(stdin);
+      if (!child || closing) return;
+      for await (const line of child.lines()) {
+        const kib = Number(line.trim());
+        if (!Number.isFinite(kib)) continue;
+        const bytes = kib * 1024;
+        const previous = used;
+        used = bytes;
+        if (bytes > options.limitBytes && previous !== undefined && bytes > previous) {
+          fail(exceeded(options, bytes));
+          return;
+        }
+      }
+      const ended = await child.finished;
+      fail(new SandboxError("disk_limit", `The disk watch of sandbox "${options.sandbox}" stopped (exit code ${ended.exitCode})`, {
+        detail: `${ended.stderrTail ? `${ended.stderrTail}\n` : ""}Without it resources.disk cannot be enforced, so the command was stopped`,
+      }));
+    } catch (error) {
+      fail(new SandboxError("disk_limit", `Cannot watch the disk use of sandbox "${options.sandbox}": ${(error as Error).message}`, {
+        cause: error,
+      }));
+    }
+  })();
+  const close = async () => {
+    if (closing) return;
+    closing = true;
+    try {
+      input.close();
+    } catch {
+      // Already closed.
+    }
+    // The watcher ends at once when its stdin closes; a stuck docker client is killed.
+    const stuck = setTimeout(() => child?.kill(), 5_000);
+    try {
+      if (!controller.signal.aborted) await watching;
+      else child?.kill();
+      await child?.finished;
+    } finally {
+      clearTimeout(stuck);
+    }
+  };
+  return {
+    signal: controller.signal,
+    get usedBytes() {
+      return used;
+    },
+    close,
+    [Symbol.asyncDispose]: close,
+  };
+}
+
+function exceeded(options: DiskWatchOptions, bytes: number): SandboxError {
+  return new SandboxError(
+    "disk_limit",
+    `Sandbox "${options.sandbox}" exceeded resources.disk: /workspace holds ${formatBytes(bytes)}, the limit is ${formatBytes(options.limitBytes)}`,
+    {
+      detail: `The command writing to it was stopped. Free space in /workspace, raise resources.disk in profile "${options.profile}", ` +
+        `or remove the workspace with: sandbox down -p ${options.profile} --volumes`,
+    },
+  );
+}
