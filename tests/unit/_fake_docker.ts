@@ -14,6 +14,8 @@ export interface FakeDocker extends AsyncDisposable {
   calls(): Promise<string[][]>;
   /** The recorded calls whose argv starts with `prefix`. */
   callsStartingWith(...prefix: string[]): Promise<string[][]>;
+  /** The environment each call ran with, in the order of `calls()`. */
+  environments(): Promise<Record<string, string>[]>;
 }
 
 const SEPARATOR = "\x1f";
@@ -27,6 +29,7 @@ export async function fakeDocker(respond: string): Promise<FakeDocker> {
     `#!/usr/bin/env bash
 CALLS='${calls}'
 { printf '%s\\x1f' "$@"; printf '\\n'; } >>"$CALLS"
+env -0 >"$CALLS.env.$(wc -l <"$CALLS")"
 called() { grep -q "^$1" "$CALLS"; }
 ${respond}
 exit 0
@@ -43,6 +46,15 @@ exit 0
     calls: readCalls,
     async callsStartingWith(...prefix: string[]) {
       return (await readCalls()).filter((argv) => prefix.every((p, i) => argv[i] === p));
+    },
+    async environments() {
+      const count = (await readCalls()).length;
+      return await Promise.all(Array.from({ length: count }, async (_, i) => {
+        const text = await Deno.readTextFile(`${calls}.env.${i + 1}`).catch(() => "");
+        return Object.fromEntries(
+          text.split("\0").filter(Boolean).map((entry) => [entry.slice(0, entry.indexOf("=")), entry.slice(entry.indexOf("=") + 1)]),
+        );
+      }));
     },
     [Symbol.asyncDispose]: () => dir[Symbol.asyncDispose](),
   };

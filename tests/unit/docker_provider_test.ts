@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { DockerCli } from "../../lib/sandbox/docker.ts";
-import { DockerSandboxProvider, parseDockerSize, teardownAll } from "../../lib/sandbox/docker_provider.ts";
+import { DockerSandboxProvider, parseDockerSize, sandboxRepo, teardownAll, teardownProfile } from "../../lib/sandbox/docker_provider.ts";
 import type { SandboxError } from "../../lib/errors.ts";
 import { imageTagFor } from "../../lib/sandbox/image.ts";
 import { explain, runCli, tempDir, writeConfig } from "../_helpers.ts";
@@ -79,12 +79,12 @@ Deno.test("ensureRunning() starts the container with exactly the hardening flags
     "ALL",
     "--security-opt",
     "no-new-privileges",
-    "--init",
     "--read-only",
+    // Each tmpfs a quarter of the memory limit: together they leave half of it for processes.
     "--tmpfs",
-    "/tmp:rw,nosuid,nodev,size=1073741824",
+    "/tmp:rw,nosuid,nodev,size=536870912",
     "--tmpfs",
-    "/home/sandbox:rw,nosuid,nodev,size=1073741824,uid=10001,gid=10001,mode=0700",
+    "/home/sandbox:rw,nosuid,nodev,size=536870912,uid=10001,gid=10001,mode=0700",
     "--mount",
     "type=volume,src=sandbox-work-workspace,dst=/workspace",
     "--memory",
@@ -100,19 +100,25 @@ Deno.test("ensureRunning() starts the container with exactly the hardening flags
     "--restart",
     "no",
     "--env",
-    "TERM=xterm",
+    "TERM",
     "--env",
-    "FOO=bar",
+    "FOO",
     tag,
   ]);
-  // Nothing of the host is mounted or inherited.
+  // Nothing of the host is mounted or inherited, and no variable's value is on the command line:
+  // the docker client takes them from its own environment.
   const argv = runs[0].join(" ");
-  assert.doesNotMatch(argv, /--volume|-v |type=bind|docker\.sock|--privileged|--cap-add|HOME=/);
+  assert.doesNotMatch(argv, /--volume|-v |type=bind|docker\.sock|--privileged|--cap-add|HOME=|--init|xterm|bar/);
+  const calls = await docker.calls();
+  const env = (await docker.environments())[calls.findIndex((c) => c[0] === "run")];
+  assert.equal(env.TERM, "xterm");
+  assert.equal(env.FOO, "bar");
 
   // No network of its own: the sandbox has only `lo`, and no network is created.
   assert.deepEqual(await docker.callsStartingWith("network"), []);
-  const [volume] = await docker.callsStartingWith("volume", "create");
-  assert.deepEqual(volume, [
+  // The workspace asks for a kernel quota of resources.disk first (this engine grants it).
+  const volumes = await docker.callsStartingWith("volume", "create");
+  assert.deepEqual(volumes, [[
     "volume",
     "create",
     "--label",
@@ -121,8 +127,10 @@ Deno.test("ensureRunning() starts the container with exactly the hardening flags
     "dev.sandbox.profile=work",
     "--label",
     "dev.sandbox.kind=shared",
+    "--opt",
+    "size=1073741824",
     "sandbox-work-workspace",
-  ]);
+  ]]);
   const [build] = await docker.callsStartingWith("build");
   assert.equal(build[1], "--build-arg");
   assert.equal(build[2], "BASE_IMAGE=sandbox-base:bookworm");
@@ -324,11 +332,83 @@ Deno.test("exec passes cwd, env and stdin as docker flags and runs through the s
     "--workdir",
     "/workspace/x",
     "--env",
-    "A=1",
+    "SANDBOX_EXEC_ENV_A",
     "sandbox-work",
   ]);
   assert.equal(call[9], "sandbox-exec");
   assert.deepEqual(call.slice(11), ["echo", "a b"]);
+  // The value travels in the docker client's environment, renamed inside by sandbox-exec.
+  const [env] = await docker.environments();
+  assert.equal(env.SANDBOX_EXEC_ENV_A, "1");
+});
+
+Deno.test("exec never puts a variable's value on the docker command line, whatever its name", async () => {
+  await using docker = await fakeDocker(`[ "$1" = exec ] && echo ok`);
+  const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+  const token = `sbx_${crypto.randomUUID()}`;
+  // Names the docker client obeys itself get the same treatment: under the prefix, they cannot
+  // redirect or reconfigure the client.
+  const env = { SANDBOX_LLM_TOKEN: token, OPENAI_API_KEY: token, HTTP_PROXY: `http://${token}@proxy:1`, DOCKER_HOST: "tcp://elsewhere:1" };
+  const result = await provider.exec(["true"], { env });
+  assert.equal(result.stdout, "ok\n");
+  const [call] = await docker.callsStartingWith("exec");
+  assert.ok(!call.join(" ").includes(token), call.join(" "));
+  assert.ok(!call.join(" ").includes("elsewhere"), call.join(" "));
+  const [seen] = await docker.environments();
+  assert.equal(seen.SANDBOX_EXEC_ENV_SANDBOX_LLM_TOKEN, token);
+  assert.equal(seen.SANDBOX_EXEC_ENV_HTTP_PROXY, `http://${token}@proxy:1`);
+  assert.notEqual(seen.DOCKER_HOST, "tcp://elsewhere:1");
+  assert.equal(seen.HTTP_PROXY, Deno.env.get("HTTP_PROXY"));
+});
+
+Deno.test("on storage without project quotas the workspace falls back to a plain volume", async () => {
+  const probe = new DockerSandboxProvider(WORK);
+  await using docker = await fakeDocker(freshEngine(
+    await runningJsonFor(probe),
+    `if [ "$1 $2" = "volume create" ] && [ "$(( $# ))" -gt 9 ]; then
+       echo "Error response from daemon: create $9: quota size requested but no quota support" >&2; exit 1
+     fi`,
+  ));
+  const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+  await provider.ensureRunning();
+  const volumes = await docker.callsStartingWith("volume", "create");
+  assert.equal(volumes.length, 2);
+  assert.deepEqual(volumes[0].slice(-3), ["--opt", "size=1073741824", "sandbox-work-workspace"]);
+  assert.deepEqual(volumes[1].slice(-2), ["dev.sandbox.kind=shared", "sandbox-work-workspace"]);
+});
+
+Deno.test("workspaceQuota() reads the volume's size option, and nothing when it has none", async () => {
+  await using quota = await fakeDocker(`[ "$1 $2" = "volume inspect" ] && echo '{"size":"1073741824"}'`);
+  assert.equal(await new DockerSandboxProvider(WORK, { docker: quota.program }).workspaceQuota(), 1024 ** 3);
+  await using plain = await fakeDocker(`[ "$1 $2" = "volume inspect" ] && echo 'null'`);
+  assert.equal(await new DockerSandboxProvider(WORK, { docker: plain.program }).workspaceQuota(), undefined);
+});
+
+Deno.test("runs on a repository get a container and volume of their own, labelled with it; down removes them all", async () => {
+  const repo = await sandboxRepo("app-0123456789ab");
+  const other = await sandboxRepo("lib-ba9876543210");
+  assert.match(repo.id, /^[0-9a-f]{12}$/);
+  assert.notEqual(repo.id, other.id);
+  const probe = new DockerSandboxProvider(WORK, { repository: repo });
+  assert.equal(probe.containerName, `sandbox-work-repo-${repo.id}`);
+  assert.equal(probe.names.volume, `sandbox-work-repo-${repo.id}-workspace`);
+  assert.notEqual(new DockerSandboxProvider(WORK, { repository: other }).containerName, probe.containerName);
+  assert.equal(new DockerSandboxProvider(WORK).containerName, "sandbox-work");
+  assert.equal(probe.labels()["dev.sandbox.repo"], "app-0123456789ab");
+  assert.equal(probe.labels()["dev.sandbox.kind"], "shared");
+
+  await using docker = await fakeDocker(`
+case "$1" in
+  ps) echo sandbox-work; echo "sandbox-work-repo-${repo.id}" ;;
+  volume) [ "$2" = ls ] && { echo sandbox-work-workspace; echo "sandbox-work-repo-${repo.id}-workspace"; } ;;
+esac`);
+  const report = await teardownProfile(new DockerCli(docker.program), "work", { volumes: true });
+  assert.deepEqual(report.containers, ["sandbox-work", `sandbox-work-repo-${repo.id}`]);
+  assert.deepEqual(report.volumes, ["sandbox-work-workspace", `sandbox-work-repo-${repo.id}-workspace`]);
+  const [ps] = await docker.callsStartingWith("ps");
+  assert.ok(ps.includes("label=dev.sandbox.owner=sandbox") && ps.includes("label=dev.sandbox.profile=work"), ps.join(" "));
+  const [volumeLs] = await docker.callsStartingWith("volume", "ls");
+  assert.ok(volumeLs.includes("label=dev.sandbox.profile=work"), volumeLs.join(" "));
 });
 
 Deno.test("teardownAll() removes only objects carrying the owner label", async () => {

@@ -1,0 +1,70 @@
+/**
+ * The disk watch's decisions, against a real child process that prints sizes (KiB per line) as
+ * `sandbox-exec --du` does inside a sandbox.
+ */
+import assert from "node:assert/strict";
+import { startDiskWatch } from "../../lib/sandbox/disk_watch.ts";
+import type { SandboxError } from "../../lib/errors.ts";
+import { spawn } from "../../lib/process.ts";
+
+const MIB = 1024 ** 2;
+
+/** A watcher printing `sizes` (KiB), one every 20 ms, then waiting for its stdin to end. */
+function printer(sizes: number[]) {
+  const script = `for s in ${sizes.join(" ")}; do echo "$s"; sleep 0.02; done; cat >/dev/null`;
+  return (stdin: ReadableStream<Uint8Array>) => Promise.resolve(spawn(["sh", "-c", script], { stdin }));
+}
+
+const OPTIONS = { limitBytes: 10 * MIB, sandbox: "sandbox-w", profile: "w" };
+
+Deno.test("the watch fires when the workspace grows past the limit, naming resources.disk and the size", async () => {
+  const reasons: SandboxError[] = [];
+  await using watch = startDiskWatch(printer([1024, 4096, 9216, 12288, 20480]), { ...OPTIONS, onAbort: (r) => reasons.push(r) });
+  const reason = await new Promise<SandboxError>((resolve) => watch.signal.addEventListener("abort", () => resolve(watch.signal.reason)));
+  assert.equal(reason.code, "disk_limit");
+  assert.match(reason.message, /exceeded resources\.disk: \/workspace holds 12(\.0)? MiB, the limit is 10(\.0)? MiB/);
+  assert.match(reason.detail ?? "", /sandbox down -p w --volumes/);
+  assert.deepEqual(reasons, [reason]);
+  assert.equal(watch.usedBytes, 12288 * 1024);
+});
+
+Deno.test("a workspace left over the limit may shrink or stay, but not grow", async (t) => {
+  await t.step("staying and shrinking: no abort, the watcher ends when closed", async () => {
+    const watch = startDiskWatch(printer([15360, 15360, 12288, 8192]), OPTIONS);
+    // The last size is reported: the watch has seen everything the watcher printed.
+    while (watch.usedBytes !== 8192 * 1024) await new Promise((resolve) => setTimeout(resolve, 10));
+    await watch.close();
+    assert.equal(watch.signal.aborted, false);
+  });
+  await t.step("growing while over: abort", async () => {
+    await using watch = startDiskWatch(printer([15360, 15361]), OPTIONS);
+    await new Promise((resolve) => watch.signal.addEventListener("abort", resolve));
+    assert.equal((watch.signal.reason as SandboxError).code, "disk_limit");
+  });
+});
+
+Deno.test("the watch fails closed: a watcher that dies or cannot start aborts it", async (t) => {
+  await t.step("the watcher exits", async () => {
+    await using watch = startDiskWatch(
+      (stdin) => Promise.resolve(spawn(["sh", "-c", "echo 1024; echo killed >&2; exit 137"], { stdin })),
+      OPTIONS,
+    );
+    await new Promise((resolve) => watch.signal.addEventListener("abort", resolve));
+    const reason = watch.signal.reason as SandboxError;
+    assert.equal(reason.code, "disk_limit");
+    assert.match(reason.message, /disk watch of sandbox "sandbox-w" stopped \(exit code 137\)/);
+    assert.match(reason.detail ?? "", /killed/);
+  });
+  await t.step("the watcher cannot start", async () => {
+    await using watch = startDiskWatch(() => Promise.reject(new Error("OCI runtime exec failed")), OPTIONS);
+    await new Promise((resolve) => watch.signal.addEventListener("abort", resolve));
+    assert.match((watch.signal.reason as SandboxError).message, /Cannot watch the disk use of sandbox "sandbox-w": OCI runtime exec failed/);
+  });
+});
+
+Deno.test("with a kernel quota there is no watcher, and closing the watch is immediate", async () => {
+  const watch = startDiskWatch(() => Promise.resolve(undefined), OPTIONS);
+  await watch.close();
+  assert.equal(watch.signal.aborted, false);
+  assert.equal(watch.usedBytes, undefined);
+});
