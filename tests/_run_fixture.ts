@@ -4,8 +4,17 @@
  */
 import type { RunMeta } from "../lib/run/run_log.ts";
 import type { RunResult } from "../lib/process.ts";
+import { isRemoteUrl, resolveRemoteRepo } from "../lib/repo/remote.ts";
+import { resolveLocalRepo } from "../lib/repo/local.ts";
+import { sandboxNames, sandboxRepo } from "../lib/sandbox/docker_provider.ts";
 import { removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "./_helpers.ts";
 import { FAKE_LLM_KEY } from "./_fake_llm.ts";
+
+/** The shared container of `profile`'s runs on repository `repo` (a path or URL). */
+export async function repoContainerOf(profile: string, repo: string): Promise<string> {
+  const key = isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : (await resolveLocalRepo(repo)).key;
+  return sandboxNames(profile, `repo-${(await sandboxRepo(key)).id}`).container;
+}
 
 /** Kills a CLI that hangs, so that a broken build fails the test instead of stalling it. */
 export const CLI_TIMEOUT_MS = 240_000;
@@ -51,9 +60,14 @@ export class RunFixture implements AsyncDisposable {
     return fixture;
   }
 
-  /** The profile's shared container. */
+  /** The profile's shared container (of runs without a repository). */
   get container(): string {
     return `sandbox-${this.profile}`;
+  }
+
+  /** The profile's shared container of runs on repository `repo` (a path or URL). */
+  repoContainer(repo: string): Promise<string> {
+    return repoContainerOf(this.profile, repo);
   }
 
   /** `sandbox ARGS` to completion, with this fixture's config and environment (plus `env`). */

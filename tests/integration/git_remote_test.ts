@@ -8,6 +8,7 @@ import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
 import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { GitHttpServer } from "../_git_server.ts";
+import { repoContainerOf } from "../_run_fixture.ts";
 import {
   assertDocker,
   docker,
@@ -98,7 +99,7 @@ Deno.test({
       assert.ok(server.authorizations.includes(expected), "the remote never saw the token");
 
       // Nothing in the sandbox holds the token: not its config, not a file, not the kept repository.
-      const container = `sandbox-${profile}`;
+      const container = await repoContainerOf(profile, server.url("proj.git"));
       assert.ok(!(await docker("container", "inspect", container)).includes(token));
       const grep = await run(
         ["docker", "exec", "-i", "-u", "0", container, "grep", "-rlsF", "-D", "skip", "--exclude-dir=proc", "--exclude-dir=sys", "--exclude-dir=dev", "-f", "/dev/stdin", "/"],
