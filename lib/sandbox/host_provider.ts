@@ -73,7 +73,7 @@ export class HostProvider implements SandboxProvider {
   }
 
   execBytes(argv: readonly string[], options: ExecOptions = {}): ExecBytes {
-    const child = spawn(argv, spawnOptions(options));
+    const child = spawn(argv, spawnOptions(options, argv));
     const outcome = child.finished.then((ended) => {
       if (ended.timedOut) throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
       if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
