@@ -5,6 +5,7 @@
  * has its own profile (removed afterwards) and its own `$XDG_STATE_HOME`, so run logs are isolated.
  */
 import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
+import { HeldLlm } from "../_held_llm.ts";
 import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import assert from "node:assert/strict";
 import { readLines } from "../../lib/lines.ts";
@@ -13,7 +14,6 @@ import { run, type RunResult } from "../../lib/process.ts";
 import type { RunMeta } from "../../lib/run/run_log.ts";
 import {
   FakeLlm,
-  type FakeStep,
   httpError,
   text,
   toolCall,
@@ -149,60 +149,6 @@ async function assertNoLeftovers(fixture: RunTestFixture, context: string): Prom
   assert.deepEqual(left, [], `processes left in the sandbox:\n${processes.join("\n")}\n${context}`);
   const prompts = await run(["docker", "exec", fixture.container, "ls", "-A", "/tmp/sandbox-prompts"]);
   assert.equal(prompts.stdout.trim(), "", `prompt files left in the sandbox: ${prompts.stdout}\n${context}`);
-}
-
-/**
- * A loopback upstream in front of a `FakeLlm` that can hold one request until the test releases
- * it: the run then sits, live, between two events for as long as the test needs.
- */
-class HeldLlm implements AsyncDisposable {
-  readonly fake: FakeLlm;
-  readonly #server: Deno.HttpServer<Deno.NetAddr>;
-  #count = 0;
-  #holdAt = 0;
-  #arrived = Promise.withResolvers<void>();
-  #released = Promise.withResolvers<void>();
-
-  constructor(script: FakeStep[]) {
-    this.fake = new FakeLlm(script);
-    this.#server = Deno.serve(
-      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
-      async (req) => {
-        const n = ++this.#count;
-        const body = await req.arrayBuffer();
-        if (n === this.#holdAt) {
-          this.#arrived.resolve();
-          await this.#released.promise;
-        }
-        const url = new URL(req.url);
-        return await fetch(`http://127.0.0.1:${this.fake.port}${url.pathname}${url.search}`, {
-          method: req.method,
-          headers: req.headers,
-          body: body.byteLength ? body : undefined,
-        });
-      },
-    );
-  }
-
-  get baseUrl(): string {
-    return `http://127.0.0.1:${this.#server.addr.port}/v1`;
-  }
-
-  /** Hold the `n`-th request (1-based); resolves once it has arrived. */
-  hold(n: number): Promise<void> {
-    this.#holdAt = n;
-    return this.#arrived.promise;
-  }
-
-  release(): void {
-    this.#released.resolve();
-  }
-
-  async [Symbol.asyncDispose](): Promise<void> {
-    this.release();
-    await this.#server.shutdown();
-    await this.fake[Symbol.asyncDispose]();
-  }
 }
 
 /**

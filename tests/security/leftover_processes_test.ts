@@ -1,0 +1,209 @@
+/**
+ * Attack: leave a process behind that outlives the run or exec that started it, to spy on the
+ * next one (issue 9, item 4). The agent's side does what real code does to detach: `setsid -f`,
+ * a double fork, `nohup … &`, a classic daemon (fork, setsid, fork, close everything), and
+ * killing its own wrapper so that its children are orphaned to init. Every escapee is a `sleep`
+ * with its own duration, so `ps` names it.
+ *
+ * Each test first sees the escapees alive (they did leave their process group, or their wrapper)
+ * and then sees them gone; and where a defence is only the last line, its twin shows the escape
+ * working without it.
+ */
+import assert from "node:assert/strict";
+import { parseConfig, resolveProfile } from "../../lib/config.ts";
+import { run } from "../../lib/process.ts";
+import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
+import { text, toolCall } from "../_fake_llm.ts";
+import { HeldLlm } from "../_held_llm.ts";
+import { assertDocker, dockerTest, explain, removeProfile, runCli, spawnCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
+import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
+
+console.error("security: leftover process tests starting");
+
+/** Shell that starts five detached `sleep N` (N = base+1 … base+5), each by another trick. */
+function escapes(base: number): string {
+  const [a, b, c, d, e] = [1, 2, 3, 4, 5].map((i) => base + i);
+  return [
+    `setsid -f sleep ${a}`,
+    `(sleep ${b} &)`,
+    `nohup sleep ${c} >/dev/null 2>&1 &`,
+    `sh -c 'sleep ${d} </dev/null >/dev/null 2>&1 & exit 0'`,
+    // A classic daemon: fork, new session, fork again, no inherited descriptors.
+    `perl -MPOSIX -e 'exit if fork; POSIX::setsid(); exit if fork; close STDIN; close STDOUT; close STDERR; exec "sleep", "${e}"'`,
+    "echo ESCAPES-STARTED",
+  ].join("; ");
+}
+
+/** The `sleep` commands among the sandbox's processes, read as root from outside. */
+async function sleepers(container: string): Promise<string[]> {
+  const ps = await run(["docker", "exec", "--user", "0", container, "ps", "-eo", "args="]);
+  assert.equal(ps.exitCode, 0, ps.stderr);
+  assert.match(ps.stdout, /ps -eo args=/, "ps did not list itself: the check would prove nothing");
+  return ps.stdout.split("\n").filter((line) => /^sleep \d+$/.test(line)).sort();
+}
+
+function sleeps(base: number): string[] {
+  return [1, 2, 3, 4, 5].map((i) => `sleep ${base + i}`);
+}
+
+/**
+ * A running sandbox of a fresh profile, removed on dispose; `cli` runs the CLI on the same
+ * profile (its config file, a private state directory).
+ */
+async function sandbox(prefix: string) {
+  assertDocker();
+  const dir = await tempDir(`sandbox-${prefix}-`);
+  const name = uniqueProfile(prefix);
+  const yaml = `profiles:\n  ${name}: {}\n`;
+  const config = await writeConfig(dir.path, yaml);
+  const parsed = parseConfig(yaml, config, () => undefined);
+  if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
+  const provider = new DockerSandboxProvider(resolveProfile(parsed.config, name));
+  await provider.ensureRunning();
+  return Object.assign(provider, {
+    cli: (args: string[]) =>
+      runCli(args, { config, env: { XDG_STATE_HOME: `${dir.path}/state`, OPENAI_API_KEY: "sk-unused-by-exec" }, timeoutMs: CLI_TIMEOUT_MS }),
+    async [Symbol.asyncDispose]() {
+      await removeProfile(name);
+      await dir[Symbol.asyncDispose]();
+    },
+  });
+}
+
+Deno.test({
+  name: "what an agent detaches with setsid, a double fork, nohup or a daemon runs during its run and is gone after it",
+  ...dockerTest(),
+  async fn(t) {
+    assertDocker();
+    await using llm = new HeldLlm([toolCall("execute", { command: escapes(1000) }), text("Started them")]);
+    await using fixture = await RunFixture.make({ prefix: "sec-left", llmUrl: llm.baseUrl, keyEnv: "SEC_LEFT_KEY", prompt: "Start the helpers\n" });
+    const held = llm.hold(2);
+    const child = spawnCli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"], {
+      config: fixture.config,
+      env: fixture.env,
+      timeoutMs: CLI_TIMEOUT_MS,
+    });
+    const output = new Response(child.stdout).text();
+    const toolResults = await held;
+    assert.match(toolResults, /ESCAPES-STARTED/);
+
+    await t.step("while the run is live, all five are running", async () => {
+      assert.deepEqual(await sleepers(fixture.container), sleeps(1000));
+    });
+
+    llm.release();
+    const [stdout, ended] = await Promise.all([output, child.finished]);
+    assert.equal(ended.exitCode, 0, `${stdout}\n${ended.stderrTail}`);
+
+    await t.step("after the run, none is left in the container", async () => {
+      assert.deepEqual(await sleepers(fixture.container), []);
+    });
+  },
+});
+
+Deno.test({
+  name: "a command's detached processes die when its exec ends, even with no sweep after it",
+  ...dockerTest(),
+  async fn(t) {
+    await using box = await sandbox("sec-exec");
+
+    await t.step("under the wrapper (a subreaper) the escapees end with the command", async () => {
+      const result = await box.exec(["sh", "-c", escapes(2000)]);
+      assert.equal(result.exitCode, 0, result.stderr);
+      assert.equal(result.stdout.trim(), "ESCAPES-STARTED");
+      assert.deepEqual(await sleepers(box.containerName), []);
+    });
+
+    await t.step("twin: the same command without the wrapper leaves them all running, until a sweep", async () => {
+      const plain = await run(["docker", "exec", "--user", "10001", box.containerName, "sh", "-c", escapes(2100)]);
+      assert.equal(plain.exitCode, 0, plain.stderr);
+      assert.deepEqual(await sleepers(box.containerName), sleeps(2100));
+      await box.sweep();
+      assert.deepEqual(await sleepers(box.containerName), []);
+    });
+  },
+});
+
+/** Shell: start `sleep N` detached, then SIGKILL the wrapper this command runs under. */
+function killOwnWrapper(n: number): string {
+  return `setsid -f sleep ${n}; p=$$; ` +
+    `while q=$(ps -o ppid= -p "$p" | tr -d ' ') && [ "$q" != 0 ]; do p=$q; done; ` +
+    `echo "killing wrapper $p: $(tr '\\0' ' ' </proc/$p/cmdline)"; kill -9 "$p"; sleep 5`;
+}
+
+Deno.test({
+  name: "a command that kills its own wrapper orphans its children only until the sweep that ends every exec",
+  ...dockerTest(),
+  async fn(t) {
+    await using box = await sandbox("sec-wrap");
+
+    await t.step("the escape works: the wrapper is killed, the orphan runs on", async () => {
+      const result = await box.exec(["sh", "-c", killOwnWrapper(3001)]);
+      assert.match(result.stdout, /killing wrapper \d+: \/usr\/bin\/perl \/usr\/local\/bin\/sandbox-exec /);
+      assert.equal(result.exitCode, 137, result.stderr);
+      assert.deepEqual(await sleepers(box.containerName), ["sleep 3001"]);
+    });
+
+    await t.step("the sweep kills it", async () => {
+      await box.sweep();
+      assert.deepEqual(await sleepers(box.containerName), []);
+    });
+
+    await t.step("`sandbox exec` sweeps when it ends: nothing survives it", async () => {
+      const result = await box.cli(["exec", "-p", box.profile.name, "--", "sh", "-c", killOwnWrapper(3002)]);
+      assert.match(result.stdout, /killing wrapper/, explain(result));
+      assert.deepEqual(await sleepers(box.containerName), []);
+    });
+
+    await t.step("the sweep keeps what live commands are running", async () => {
+      const live = box.execStream(["sh", "-c", "setsid -f sleep 3003; echo up; sleep 30"]);
+      const iterator = live[Symbol.asyncIterator]();
+      assert.equal((await iterator.next()).value, "up");
+      await box.sweep();
+      assert.deepEqual(await sleepers(box.containerName), ["sleep 30", "sleep 3003"]);
+      await iterator.return?.(undefined);
+      await live.outcome.catch(() => {});
+      assert.deepEqual(await sleepers(box.containerName), []);
+    });
+  },
+});
+
+Deno.test({
+  name: "nothing in the sandbox can ptrace init or a wrapper (to run code in a protected tree), or read their environment",
+  ...dockerTest(),
+  async fn(t) {
+    await using box = await sandbox("sec-ptrace");
+    const live = box.execStream(["sh", "-c", "echo up; exec sleep 40"]);
+    const iterator = live[Symbol.asyncIterator]();
+    assert.equal((await iterator.next()).value, "up");
+    try {
+      const table = await box.exec(["ps", "-eo", "pid=,ppid=,args="]);
+      const rows = table.stdout.split("\n").map((l) => l.trim().split(/\s+/)).filter((r) => r.length > 2);
+      const wrapper = rows.find((r) => r[1] === "0" && r.join(" ").includes("sandbox-exec") && r.join(" ").endsWith("echo up; exec sleep 40"));
+      const sleeper = rows.find((r) => r.slice(2).join(" ") === "sleep 40");
+      assert.ok(wrapper && sleeper, table.stdout);
+      // PTRACE_ATTACH (16) from the sandbox user; the syscall number by architecture.
+      const attach = (pid: string) =>
+        box.exec(["perl", "-e", `my $n = (\`uname -m\` =~ /aarch64/) ? 117 : 101; my $pid = ${Number(pid)};
+          if (syscall($n, 16, $pid, 0, 0) == 0) { waitpid($pid, 0); syscall($n, 17, $pid, 0, 0); print "attached\\n" }
+          else { print "refused: $!\\n" }`]);
+
+      await t.step("init and the wrapper refuse ptrace", async () => {
+        assert.match((await attach("1")).stdout, /^refused: Operation not permitted/);
+        assert.match((await attach(wrapper[0])).stdout, /^refused: Operation not permitted/);
+      });
+      await t.step("twin: an ordinary process of the same user can be attached", async () => {
+        assert.equal((await attach(sleeper[0])).stdout, "attached\n");
+      });
+      await t.step("their environment is unreadable; an ordinary one's is readable", async () => {
+        const read = await box.exec(["sh", "-c", `cat /proc/1/environ; cat /proc/${wrapper[0]}/environ; cat /proc/${sleeper[0]}/environ | tr '\\0' '\\n' | grep -c HOME=`]);
+        assert.match(read.stderr, /\/proc\/1\/environ: Permission denied/);
+        assert.match(read.stderr, new RegExp(`/proc/${wrapper[0]}/environ: Permission denied`));
+        assert.equal(read.stdout, "1\n");
+      });
+    } finally {
+      await iterator.return?.(undefined);
+      await live.outcome.catch(() => {});
+    }
+  },
+});
