@@ -20,26 +20,30 @@ import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
 
 console.error("security: leftover process tests starting");
 
-/** Shell that starts five detached `sleep N` (N = base+1 … base+5), each by another trick. */
+/**
+ * Shell that starts five detached `sleep N` (N = base+1 … base+5), each by another trick. Each
+ * lets go of the command's output, as a daemon does, so that the command itself can end.
+ */
 function escapes(base: number): string {
   const [a, b, c, d, e] = [1, 2, 3, 4, 5].map((i) => base + i);
+  const quiet = "</dev/null >/dev/null 2>&1";
   return [
-    `setsid -f sleep ${a}`,
-    `(sleep ${b} &)`,
-    `nohup sleep ${c} >/dev/null 2>&1 &`,
-    `sh -c 'sleep ${d} </dev/null >/dev/null 2>&1 & exit 0'`,
+    `setsid -f sleep ${a} ${quiet}`,
+    `(sleep ${b} ${quiet} &)`,
+    `nohup sleep ${c} ${quiet} &`,
+    `sh -c 'sleep ${d} ${quiet} & exit 0'`,
     // A classic daemon: fork, new session, fork again, no inherited descriptors.
     `perl -MPOSIX -e 'exit if fork; POSIX::setsid(); exit if fork; close STDIN; close STDOUT; close STDERR; exec "sleep", "${e}"'`,
     "echo ESCAPES-STARTED",
-  ].join("; ");
+  ].join("\n");
 }
 
-/** The `sleep` commands among the sandbox's processes, read as root from outside. */
+/** The `sleep NNNN` commands among the sandbox's processes, read as root from outside. */
 async function sleepers(container: string): Promise<string[]> {
   const ps = await run(["docker", "exec", "--user", "0", container, "ps", "-eo", "args="]);
   assert.equal(ps.exitCode, 0, ps.stderr);
   assert.match(ps.stdout, /ps -eo args=/, "ps did not list itself: the check would prove nothing");
-  return ps.stdout.split("\n").filter((line) => /^sleep \d+$/.test(line)).sort();
+  return ps.stdout.split("\n").filter((line) => /^sleep \d{4}$/.test(line)).sort();
 }
 
 function sleeps(base: number): string[] {
@@ -84,7 +88,10 @@ Deno.test({
       timeoutMs: CLI_TIMEOUT_MS,
     });
     const output = new Response(child.stdout).text();
-    const toolResults = await held;
+    const toolResults = await Promise.race([
+      held,
+      child.finished.then((ended) => Promise.reject(new Error(`the run ended before its second LLM request\n${ended.stderrTail}`))),
+    ]);
     assert.match(toolResults, /ESCAPES-STARTED/);
 
     await t.step("while the run is live, all five are running", async () => {
@@ -126,7 +133,7 @@ Deno.test({
 
 /** Shell: start `sleep N` detached, then SIGKILL the wrapper this command runs under. */
 function killOwnWrapper(n: number): string {
-  return `setsid -f sleep ${n}; p=$$; ` +
+  return `setsid -f sleep ${n} </dev/null >/dev/null 2>&1; p=$$; ` +
     `while q=$(ps -o ppid= -p "$p" | tr -d ' ') && [ "$q" != 0 ]; do p=$q; done; ` +
     `echo "killing wrapper $p: $(tr '\\0' ' ' </proc/$p/cmdline)"; kill -9 "$p"; sleep 5`;
 }
@@ -156,11 +163,11 @@ Deno.test({
     });
 
     await t.step("the sweep keeps what live commands are running", async () => {
-      const live = box.execStream(["sh", "-c", "setsid -f sleep 3003; echo up; sleep 30"]);
+      const live = box.execStream(["sh", "-c", "setsid -f sleep 3003 </dev/null >/dev/null 2>&1; echo up; sleep 3030"]);
       const iterator = live[Symbol.asyncIterator]();
       assert.equal((await iterator.next()).value, "up");
       await box.sweep();
-      assert.deepEqual(await sleepers(box.containerName), ["sleep 30", "sleep 3003"]);
+      assert.deepEqual(await sleepers(box.containerName), ["sleep 3003", "sleep 3030"]);
       await iterator.return?.(undefined);
       await live.outcome.catch(() => {});
       assert.deepEqual(await sleepers(box.containerName), []);
