@@ -1,0 +1,98 @@
+/**
+ * Attack: read a live run's session token from a command line (issue 9, item 5). `ps` shows every
+ * process's argv to every local user, on the host and in the sandbox; whoever has the token can
+ * spend the user's key through the credential proxy while the run lives.
+ *
+ * While a run is held live between two LLM requests, the test reads every host process's
+ * `/proc/*\/cmdline` and, as root inside, every sandbox process's: the token is in none. The
+ * positive twin: the token is delivered — it is in the worker's environment (and the agent printed
+ * it, which is how the test learns it), and the docker client carried it in its own environment.
+ * Searches read the token from stdin, so no check puts it on a command line itself.
+ */
+import assert from "node:assert/strict";
+import { run } from "../../lib/process.ts";
+import { text, toolCall } from "../_fake_llm.ts";
+import { HeldLlm } from "../_held_llm.ts";
+import { assertDocker, docker, dockerTest, spawnCli } from "../_helpers.ts";
+import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
+
+console.error("security: token command-line tests starting");
+
+/** `/proc/PID/FILE` of every host process whose FILE contains `needle`. */
+async function hostProcessesWith(file: "cmdline" | "environ", needle: string): Promise<{ pid: string; cmdline: string }[]> {
+  const found: { pid: string; cmdline: string }[] = [];
+  let read = 0;
+  for await (const entry of Deno.readDir("/proc")) {
+    if (!/^\d+$/.test(entry.name)) continue;
+    const content = await Deno.readTextFile(`/proc/${entry.name}/${file}`).catch(() => undefined);
+    if (content === undefined) continue;
+    read++;
+    if (content.includes(needle)) {
+      const cmdline = (await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => "")).replaceAll("\0", " ");
+      found.push({ pid: entry.name, cmdline });
+    }
+  }
+  assert.ok(read > 10, `read only ${read} host processes' ${file}: the check would prove nothing`);
+  return found;
+}
+
+/** Sandbox `/proc/PID/FILE` paths holding `needle`, searched as `user` (grep reads it from stdin). */
+async function sandboxFilesWith(container: string, user: string, file: "cmdline" | "environ", needle: string): Promise<string[]> {
+  const result = await run(
+    ["docker", "exec", "-i", "--user", user, container, "sh", "-c", `grep -lsF -f /dev/stdin /proc/[0-9]*/${file}; ls -d /proc/[0-9]* | wc -l`],
+    { stdin: needle },
+  );
+  const lines = result.stdout.trim().split("\n");
+  const count = Number(lines.pop());
+  assert.ok(count > 2, `the sandbox listed ${count} processes: the check would prove nothing\n${result.stderr}`);
+  return lines.filter(Boolean);
+}
+
+Deno.test({
+  name: "a live run's session token is on no command line, host or sandbox, and is in the worker's environment",
+  ...dockerTest(),
+  async fn(t) {
+    assertDocker();
+    await using llm = new HeldLlm([toolCall("execute", { command: "echo OWN=$SANDBOX_LLM_TOKEN" }), text("Done")]);
+    await using fixture = await RunFixture.make({ prefix: "sec-token", llmUrl: llm.baseUrl, keyEnv: "SEC_TOKEN_KEY", prompt: "Print it\n" });
+    const held = llm.hold(2);
+    const child = spawnCli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"], {
+      config: fixture.config,
+      env: fixture.env,
+      timeoutMs: CLI_TIMEOUT_MS,
+    });
+    const output = new Response(child.stdout).text();
+    try {
+      const body = await Promise.race([
+        held,
+        child.finished.then((ended) => Promise.reject(new Error(`the run ended before its second LLM request\n${ended.stderrTail}`))),
+      ]);
+      const token = /OWN=(sbx_[A-Za-z0-9_-]+)/.exec(body)?.[1];
+      assert.ok(token, `the agent did not print its token: ${body.slice(0, 400)}`);
+
+      await t.step("no host process has it on its command line", async () => {
+        assert.deepEqual(await hostProcessesWith("cmdline", token), []);
+      });
+      await t.step("no sandbox process has it on its command line", async () => {
+        assert.deepEqual(await sandboxFilesWith(fixture.container, "0", "cmdline", token), []);
+      });
+      await t.step("docker inspect of the sandbox does not show it", async () => {
+        assert.ok(!(await docker("container", "inspect", fixture.container)).includes(token));
+      });
+      await t.step("twin: the worker has it in its environment", async () => {
+        const holders = await sandboxFilesWith(fixture.container, "10001", "environ", token);
+        const pids = holders.map((path) => path.split("/")[2]);
+        const cmdlines = await Promise.all(pids.map((pid) => run(["docker", "exec", fixture.container, "cat", `/proc/${pid}/cmdline`])));
+        assert.ok(cmdlines.some((c) => c.stdout.includes("worker.js")), `holders: ${holders.join(", ")}`);
+      });
+      await t.step("twin: it went in through the docker client's environment, by name", async () => {
+        const clients = await hostProcessesWith("environ", `SANDBOX_EXEC_ENV_SANDBOX_LLM_TOKEN=${token}`);
+        assert.ok(clients.some((c) => c.cmdline.includes("--env SANDBOX_EXEC_ENV_SANDBOX_LLM_TOKEN ")), JSON.stringify(clients));
+      });
+    } finally {
+      llm.release();
+      const [stdout, ended] = await Promise.all([output, child.finished]);
+      assert.equal(ended.exitCode, 0, `${stdout}\n${ended.stderrTail}`);
+    }
+  },
+});
