@@ -238,7 +238,8 @@ export class DockerSandboxProvider implements SandboxProvider {
       if (found && current && found.State.Running) {
         // Running is not enough: a container whose memory is all held (by tmpfs files, say)
         // cannot start a command any more. Replace it; the workspace volume survives.
-        const wedged = found.State.Health?.Status === "unhealthy" || (options.probe && !await this.#probe(signal));
+        // A failing health check alone may be a slow machine: the probe decides.
+        const wedged = (options.probe || found.State.Health?.Status === "unhealthy") && !await this.#probe(signal);
         if (!wedged) return this.#toStatus(found, configHash);
         this.#options.onProgress?.(`Replacing sandbox ${this.names.container}: it cannot run commands`);
         await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
