@@ -17,10 +17,21 @@ function printer(sizes: number[]) {
 
 const OPTIONS = { limitBytes: 10 * MIB, sandbox: "sandbox-w", profile: "w" };
 
+/** The watch's abort reason; fails (instead of hanging) when it does not abort within 10 s. */
+function aborted(watch: { signal: AbortSignal }): Promise<SandboxError> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error("the watch did not abort within 10 s")), 10_000);
+    watch.signal.addEventListener("abort", () => {
+      clearTimeout(timer);
+      resolve(watch.signal.reason);
+    });
+  });
+}
+
 Deno.test("the watch fires when the workspace grows past the limit, naming resources.disk and the size", async () => {
   const reasons: SandboxError[] = [];
   await using watch = startDiskWatch(printer([1024, 4096, 9216, 12288, 20480]), { ...OPTIONS, onAbort: (r) => reasons.push(r) });
-  const reason = await new Promise<SandboxError>((resolve) => watch.signal.addEventListener("abort", () => resolve(watch.signal.reason)));
+  const reason = await aborted(watch);
   assert.equal(reason.code, "disk_limit");
   assert.match(reason.message, /exceeded resources\.disk: \/workspace holds 12(\.0)? MiB, the limit is 10(\.0)? MiB/);
   assert.match(reason.detail ?? "", /sandbox down -p w --volumes/);
@@ -32,14 +43,16 @@ Deno.test("a workspace left over the limit may shrink or stay, but not grow", as
   await t.step("staying and shrinking: no abort, the watcher ends when closed", async () => {
     const watch = startDiskWatch(printer([15360, 15360, 12288, 8192]), OPTIONS);
     // The last size is reported: the watch has seen everything the watcher printed.
-    while (watch.usedBytes !== 8192 * 1024) await new Promise((resolve) => setTimeout(resolve, 10));
+    for (let waited = 0; watch.usedBytes !== 8192 * 1024; waited += 10) {
+      assert.ok(waited < 10_000, `the last size never arrived: ${watch.usedBytes}`);
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
     await watch.close();
     assert.equal(watch.signal.aborted, false);
   });
   await t.step("growing while over: abort", async () => {
     await using watch = startDiskWatch(printer([15360, 15361]), OPTIONS);
-    await new Promise((resolve) => watch.signal.addEventListener("abort", resolve));
-    assert.equal((watch.signal.reason as SandboxError).code, "disk_limit");
+    assert.equal((await aborted(watch)).code, "disk_limit");
   });
 });
 
@@ -49,16 +62,14 @@ Deno.test("the watch fails closed: a watcher that dies or cannot start aborts it
       (stdin) => Promise.resolve(spawn(["sh", "-c", "echo 1024; echo killed >&2; exit 137"], { stdin })),
       OPTIONS,
     );
-    await new Promise((resolve) => watch.signal.addEventListener("abort", resolve));
-    const reason = watch.signal.reason as SandboxError;
+    const reason = await aborted(watch);
     assert.equal(reason.code, "disk_limit");
     assert.match(reason.message, /disk watch of sandbox "sandbox-w" stopped \(exit code 137\)/);
     assert.match(reason.detail ?? "", /killed/);
   });
   await t.step("the watcher cannot start", async () => {
     await using watch = startDiskWatch(() => Promise.reject(new Error("OCI runtime exec failed")), OPTIONS);
-    await new Promise((resolve) => watch.signal.addEventListener("abort", resolve));
-    assert.match((watch.signal.reason as SandboxError).message, /Cannot watch the disk use of sandbox "sandbox-w": OCI runtime exec failed/);
+    assert.match((await aborted(watch)).message, /Cannot watch the disk use of sandbox "sandbox-w": OCI runtime exec failed/);
   });
 });
 
