@@ -34,11 +34,16 @@ import {
 } from "./context.ts";
 import { progress } from "./progress.ts";
 
-/** Mode devcontainer: which repository's devcontainer the sandbox runs. */
-const repoOption = () =>
+/**
+ * The repository whose own sandbox a command uses (mode devcontainer: whose devcontainer it runs);
+ * for `image build`, only the devcontainer's.
+ */
+const repoOption = (devcontainerOnly = false) =>
   new Option(
     "--repo <path>",
-    "sandbox mode devcontainer: the local repository whose devcontainer is built (default: the current directory's)",
+    devcontainerOnly
+      ? "sandbox mode devcontainer: the local repository whose devcontainer is built (default: the current directory's)"
+      : "the repository whose own sandbox to use (runs on it share that one); mode devcontainer: whose devcontainer is built (default: the current directory's)",
   );
 
 export function registerSandboxCommands(program: Command): void {
@@ -219,7 +224,7 @@ export function registerSandboxCommands(program: Command): void {
   const image = program.command("image").description("manage the sandbox image");
   image.command("build")
     .description("build (or rebuild) the sandbox image for a profile")
-    .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption())
+    .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption(true))
     .addOption(
       new Option("--agent <agent>", "build (or rebuild) an agent CLI's layer on the sandbox image instead")
         .choices([...AGENT_CLIS]),

@@ -1,7 +1,9 @@
 /** Choosing the `SandboxProvider` implementation for a profile's sandbox mode. */
 import type { Profile } from "../config.ts";
 import { DockerCli } from "./docker.ts";
-import { type DockerProviderOptions, DockerSandboxProvider } from "./docker_provider.ts";
+import { type DockerProviderOptions, DockerSandboxProvider, type SandboxRepo, sandboxRepo } from "./docker_provider.ts";
+import { resolveLocalRepo } from "../repo/local.ts";
+import { isRemoteUrl, resolveRemoteRepo } from "../repo/remote.ts";
 import { SandboxError } from "../errors.ts";
 import type { SandboxProvider } from "./provider.ts";
 import { devcontainerProvider, openDevcontainer } from "./devcontainer/provider.ts";
@@ -25,7 +27,11 @@ export function createProvider(profile: Profile, options: DockerProviderOptions 
 }
 
 export interface OpenProviderOptions extends DockerProviderOptions {
-  /** Mode devcontainer: the local repository whose devcontainer is built (default: the current directory's). */
+  /**
+   * The repository whose own sandbox to use (a path or URL; see `DockerProviderOptions.repository`).
+   * Mode devcontainer: the local repository whose devcontainer is built (default: the current
+   * directory's), and whose sandbox it is.
+   */
   repo?: string;
   signal?: AbortSignal;
   /** Mode devcontainer: rebuild its image even when current. */
@@ -34,8 +40,11 @@ export interface OpenProviderOptions extends DockerProviderOptions {
 
 /** The provider for `profile`; in mode devcontainer, after building the repository's image if it changed. */
 export async function openProvider(profile: Profile, options: OpenProviderOptions = {}): Promise<DockerSandboxProvider> {
-  if (profile.sandbox.mode !== "devcontainer") return createProvider(profile, options) as DockerSandboxProvider;
   const { repo, signal, force, ...rest } = options;
+  if (profile.sandbox.mode !== "devcontainer") {
+    const repository = repo === undefined ? undefined : await repositoryOf(repo);
+    return createProvider(profile, { ...rest, repository }) as DockerSandboxProvider;
+  }
   const devcontainer = await openDevcontainer(profile, {
     repo: repo ?? Deno.cwd(),
     docker: new DockerCli(options.docker),
@@ -44,5 +53,10 @@ export async function openProvider(profile: Profile, options: OpenProviderOption
     signal,
     force,
   });
-  return devcontainerProvider(devcontainer, rest);
+  return devcontainerProvider(devcontainer, { ...rest, repository: await repositoryOf(repo ?? Deno.cwd()) });
+}
+
+/** The sandbox identity of a repository path or URL (as runs on it name their container). */
+async function repositoryOf(repo: string): Promise<SandboxRepo> {
+  return await sandboxRepo(isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : (await resolveLocalRepo(repo)).key);
 }

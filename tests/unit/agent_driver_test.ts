@@ -9,6 +9,7 @@ import { agentCli } from "../../lib/agents/agent_cli.ts";
 import { ContainerDriver } from "../../lib/run/container_driver.ts";
 import { SandboxError } from "../../lib/errors.ts";
 import type {
+  ExecBytes,
   ExecOptions,
   ExecResult,
   ExecStream,
@@ -68,6 +69,9 @@ class FakeProvider implements SandboxProvider {
   readFile(): Promise<Uint8Array> {
     return Promise.reject(new Error("not used"));
   }
+  execBytes(): ExecBytes {
+    throw new Error("not used");
+  }
   copyIn(): Promise<void> {
     return Promise.reject(new Error("not used"));
   }
@@ -91,6 +95,7 @@ class FakeProvider implements SandboxProvider {
       workspacePath: "/workspace",
       current: true,
       kind: "shared",
+      repo: null,
     });
   }
   stop(): Promise<SandboxStatus> {

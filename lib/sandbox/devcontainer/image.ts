@@ -31,6 +31,8 @@ const IMAGE_USER_LABEL = "dev.sandbox.devcontainer.image-user";
 
 /** Tools the sandbox layer and the tool's own commands need in the image, with their Debian packages. */
 const REQUIRED_TOOLS: Record<string, string> = {
+  // The exec wrapper (scripts/sandbox-exec) is a Perl script: Debian's essential perl-base.
+  perl: "perl-base",
   setsid: "util-linux",
   pkill: "procps",
   ps: "procps",
@@ -364,7 +366,7 @@ async function missingPackages(docker: DockerCli, image: string, config: Devcont
   if (result.exitCode !== 0) {
     if (/\/bin\/sh|no such file or directory|executable file not found/i.test(result.stderr)) {
       throw new SandboxError("image_build_failed", `${what}: it has no shell (/bin/sh)`, {
-        detail: "The sandbox layer needs /bin/sh, setsid, pkill, ps, useradd/groupadd/usermod/groupmod, getent, git and tar: base the devcontainer on an image that has them (Debian-like)",
+        detail: "The sandbox layer needs /bin/sh, perl, setsid, pkill, ps, useradd/groupadd/usermod/groupmod, getent, git and tar: base the devcontainer on an image that has them (Debian-like)",
       });
     }
     throw new CommandExitError("image_build_failed", `${what}: cannot check what it holds`, result);
