@@ -112,6 +112,12 @@ Deno.test({
       assert.deepEqual(processes.filter((p) => p.includes("while")), [], processes.join("\n"));
     });
 
+    await t.step("`sandbox exec --repo` reaches the same container as the runs on that repository", async () => {
+      const result = await fixture.cli(["exec", "-p", fixture.profile, "--repo", repoA, "--", "sh", "-c", "hostname; cat /workspace/a-notes.txt"]);
+      assert.equal(result.exitCode, 0, explain(result));
+      assert.equal(result.stdout, `${field(first, "HOST")}\nA-NOTES-SECRET\n`);
+    });
+
     const third = await runOn(repoB, LOOK_OTHER_REPO);
     await t.step("run 3, on repository B, is in another container with nothing of A", async () => {
       assert.equal(field(third, "HOST"), await fixture.repoContainer(repoB));
