@@ -901,18 +901,21 @@ export async function teardownProfile(
 ): Promise<TeardownReport> {
   const filters = ["--filter", OWNER_FILTER, "--filter", `label=${LABEL.profile}=${profile}`];
   const report: TeardownReport = { containers: [], networks: [], volumes: [] };
-  const containers = (await docker.ok(["ps", "--all", ...filters, "--format", "{{.Names}}"], "docker_failed", "Cannot list sandboxes", options))
-    .split("\n").filter(Boolean);
-  if (containers.length > 0) {
-    await docker.ok(["rm", "--force", ...containers], "docker_failed", `Cannot remove the sandboxes of profile "${profile}"`, options);
-    report.containers = containers;
+  const list = async (args: string[], what: string) =>
+    (await docker.ok(args, "docker_failed", `Cannot list ${what}`, options)).split("\n").filter(Boolean);
+  // One by one: an object removed meanwhile by someone else is simply not reported.
+  const remove = async (args: string[], name: string) => {
+    const removed = await docker.run([...args, name], options);
+    if (removed.exitCode === 0) return true;
+    if (isNoSuchObject(removed.stderr)) return false;
+    throw new CommandExitError("docker_failed", `Cannot remove "${name}" of profile "${profile}"`, removed);
+  };
+  for (const name of await list(["ps", "--all", ...filters, "--format", "{{.Names}}"], "sandboxes")) {
+    if (await remove(["rm", "--force"], name)) report.containers.push(name);
   }
   if (options.volumes) {
-    const volumes = (await docker.ok(["volume", "ls", ...filters, "--format", "{{.Name}}"], "docker_failed", "Cannot list volumes", options))
-      .split("\n").filter(Boolean);
-    if (volumes.length > 0) {
-      await docker.ok(["volume", "rm", "--force", ...volumes], "docker_failed", `Cannot remove the volumes of profile "${profile}"`, options);
-      report.volumes = volumes;
+    for (const name of await list(["volume", "ls", ...filters, "--format", "{{.Name}}"], "volumes")) {
+      if (await remove(["volume", "rm", "--force"], name)) report.volumes.push(name);
     }
   }
   return report;

@@ -869,7 +869,7 @@ Deno.test({
       assert.equal(meta.status, "succeeded");
       assert.deepEqual(meta.extra, {
         // Where the agent worked (for `sandbox cp RUN_ID:PATH`): the worktree, removed at the end.
-        container: fixture.container,
+        container: await fixture.repoContainer(repo),
         workdir: `/workspace/worktrees/${id}`,
         kept: false,
         repo,
