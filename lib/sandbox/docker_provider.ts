@@ -747,18 +747,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       const volume = await this.docker.run(["volume", "rm", this.names.volume], { signal: options.signal });
       if (volume.exitCode === 0) report.volumes.push(this.names.volume);
     }
-    if (!this.#options.instance) {
-      // Older versions gave each profile a network (and, as root, a firewall chain on its bridge).
-      const networks = await this.docker.run(
-        ["network", "ls", "--filter", OWNER_FILTER, "--filter", `label=${LABEL.profile}=${this.profile.name}`, "--format", "{{.Name}}"],
-        { signal: options.signal },
-      );
-      for (const network of networks.stdout.split("\n").filter(Boolean)) {
-        const result = await this.docker.run(["network", "rm", network], { signal: options.signal });
-        if (result.exitCode === 0) report.networks.push(network);
-      }
-      if (report.networks.length > 0) await removeLegacyFirewall();
-    }
+    if (!this.#options.instance) report.networks = await removeLegacyNetworks(this.docker, this.profile.name, options.signal);
     return report;
   }
 }
@@ -890,6 +879,21 @@ export function parseDockerSize(text: string): number {
   return Math.round(Number(match[1]) * (binary ? 1024 : 1000) ** Math.max(power, 0));
 }
 
+/** Older versions gave each profile a network (and, as root, a firewall chain on its bridge). */
+async function removeLegacyNetworks(docker: DockerCli, profile: string, signal?: AbortSignal): Promise<string[]> {
+  const removed: string[] = [];
+  const networks = await docker.run(
+    ["network", "ls", "--filter", OWNER_FILTER, "--filter", `label=${LABEL.profile}=${profile}`, "--format", "{{.Name}}"],
+    { signal },
+  );
+  for (const network of networks.stdout.split("\n").filter(Boolean)) {
+    const result = await docker.run(["network", "rm", network], { signal });
+    if (result.exitCode === 0) removed.push(network);
+  }
+  if (removed.length > 0) await removeLegacyFirewall();
+  return removed;
+}
+
 /**
  * Remove every container of one profile (its shared one, one per repository, per-run ones) and
  * with `volumes` their workspace volumes; by label, so nothing else is touched.
@@ -903,11 +907,12 @@ export async function teardownProfile(
   const report: TeardownReport = { containers: [], networks: [], volumes: [] };
   const list = async (args: string[], what: string) =>
     (await docker.ok(args, "docker_failed", `Cannot list ${what}`, options)).split("\n").filter(Boolean);
-  // One by one: an object removed meanwhile by someone else is simply not reported.
+  // One by one: an object removed meanwhile by someone else is simply not reported (`rm --force`
+  // of a missing container exits 0 on docker 20.10, saying so only on stderr).
   const remove = async (args: string[], name: string) => {
     const removed = await docker.run([...args, name], options);
-    if (removed.exitCode === 0) return true;
     if (isNoSuchObject(removed.stderr)) return false;
+    if (removed.exitCode === 0) return true;
     throw new CommandExitError("docker_failed", `Cannot remove "${name}" of profile "${profile}"`, removed);
   };
   for (const name of await list(["ps", "--all", ...filters, "--format", "{{.Names}}"], "sandboxes")) {
@@ -918,6 +923,7 @@ export async function teardownProfile(
       if (await remove(["volume", "rm", "--force"], name)) report.volumes.push(name);
     }
   }
+  report.networks = await removeLegacyNetworks(docker, profile, options.signal);
   return report;
 }
 

@@ -10,9 +10,14 @@ import { fakeDocker } from "../unit/_fake_docker.ts";
 
 console.error("e2e: configuration error tests starting");
 
-/** A fake docker whose engine is down: anything that reaches it fails with exit 125. */
+/**
+ * A fake docker whose engine is down: anything that reaches it fails with exit 125 — except the
+ * listing by label that `down` starts with (one leftover container per profile), and its removal
+ * (gone meanwhile).
+ */
 const ENGINE_DOWN = `
 case "$1" in
+  ps) for a in "$@"; do case "$a" in label=dev.sandbox.profile=*) echo "sandbox-\${a#label=dev.sandbox.profile=}" ;; esac; done ;;
   rm) echo "Error: No such container: $3" >&2; exit 1 ;;
   network) exit 0 ;;  # down also looks for networks older versions made: none here
   *) echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2; exit 1 ;;
@@ -108,13 +113,17 @@ Deno.test("down -p removes a sandbox by its profile name whatever the configurat
   assert.equal(down.exitCode, 0, explain(down));
   // Human output: on stdout (progress and diagnostics alone go to stderr).
   assert.equal(down.stdout, "no sandbox for profile work\n", explain(down));
-  // The profile's container and its agent CLIs' containers (see Agent CLIs).
-  const removed = (name: string) => ["", "-claude-code", "-codex"].map((suffix) => ["rm", "--force", `${name}${suffix}`]);
-  assert.deepEqual(await t.docker.callsStartingWith("rm"), removed("sandbox-work"));
+  // Every container labelled with the profile (its shared one, per repository, per run, its agent
+  // CLIs'; see Agent CLIs), found by label and removed by name.
+  const listed = (name: string) => ["ps", "--all", "--filter", "label=dev.sandbox.owner=sandbox", "--filter", `label=dev.sandbox.profile=${name}`, "--format", "{{.Names}}"];
+  const removed = (name: string) => ["rm", "--force", name];
+  assert.deepEqual(await t.docker.callsStartingWith("ps"), [listed("work")]);
+  assert.deepEqual(await t.docker.callsStartingWith("rm"), [removed("sandbox-work")]);
 
   const byEnv = await t.cli(["down"], { SANDBOX_PROFILE: "other" });
   assert.equal(byEnv.exitCode, 0, explain(byEnv));
-  assert.deepEqual((await t.docker.callsStartingWith("rm")).slice(-3), removed("sandbox-other"));
+  assert.deepEqual((await t.docker.callsStartingWith("ps")).at(-1), listed("other"));
+  assert.deepEqual((await t.docker.callsStartingWith("rm")).at(-1), removed("sandbox-other"));
 
   // Without a name, the profile would come from the broken file: refused, saying how to proceed.
   const unnamed = await t.cli(["down"]);
@@ -133,7 +142,8 @@ Deno.test("down -p removes a sandbox by its profile name whatever the configurat
   for (const profile of ["work", "gone"]) {
     const result = await t.cli(["down", "-p", profile]);
     assert.equal(result.exitCode, 0, explain(result));
-    assert.deepEqual((await t.docker.callsStartingWith("rm")).slice(-3), removed(`sandbox-${profile}`));
+    assert.deepEqual((await t.docker.callsStartingWith("ps")).at(-1), listed(profile));
+    assert.deepEqual((await t.docker.callsStartingWith("rm")).at(-1), removed(`sandbox-${profile}`));
   }
   const bad = await t.cli(["down", "-p", "../x"]);
   assert.equal(bad.exitCode, 2, explain(bad));
