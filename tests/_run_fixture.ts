@@ -5,14 +5,16 @@
 import type { RunMeta } from "../lib/run/run_log.ts";
 import type { RunResult } from "../lib/process.ts";
 import { isRemoteUrl, resolveRemoteRepo } from "../lib/repo/remote.ts";
-import { resolveLocalRepo } from "../lib/repo/local.ts";
+import { localRepoKey } from "../lib/repo/local.ts";
+import { run } from "../lib/process.ts";
 import { sandboxNames, sandboxRepo } from "../lib/sandbox/docker_provider.ts";
 import { removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "./_helpers.ts";
 import { FAKE_LLM_KEY } from "./_fake_llm.ts";
 
-/** The shared container of `profile`'s runs on repository `repo` (a path or URL). */
+/** The shared container of `profile`'s runs on repository `repo` (a path or URL; no commit needed). */
 export async function repoContainerOf(profile: string, repo: string): Promise<string> {
-  const key = isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : (await resolveLocalRepo(repo)).key;
+  const top = async () => (await run(["git", "-C", repo, "rev-parse", "--show-toplevel"])).stdout.trim();
+  const key = isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : await localRepoKey(await top());
   return sandboxNames(profile, `repo-${(await sandboxRepo(key)).id}`).container;
 }
 

@@ -104,15 +104,20 @@ export async function resolveLocalRepo(path: string, baseName = "HEAD"): Promise
   }
   const commonDir = (await git(["-C", repoPath, "rev-parse", "--path-format=absolute", "--git-common-dir"], "find the git directory")).trim();
   const status = await git(["-C", repoPath, "status", "--porcelain"], "read the repository's status");
-  const name = repoPath.replace(/\/+$/, "").split("/").pop()!.replace(/[^A-Za-z0-9._-]/g, "_");
   return {
     path: repoPath,
     commonDir,
     base: base.stdout.trim(),
     baseName,
-    key: `${name}-${(await sha256Hex(repoPath)).slice(0, 12)}`,
+    key: await localRepoKey(repoPath),
     uncommitted: status.split("\n").filter(Boolean).length,
   };
+}
+
+/** The key of the repository at top-level directory `repoPath`: its name and a hash of the path. */
+export async function localRepoKey(repoPath: string): Promise<string> {
+  const name = repoPath.replace(/\/+$/, "").split("/").pop()!.replace(/[^A-Za-z0-9._-]/g, "_");
+  return `${name}-${(await sha256Hex(repoPath)).slice(0, 12)}`;
 }
 
 /** A branch name the user's repository accepts and does not have yet. */

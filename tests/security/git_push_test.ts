@@ -14,6 +14,7 @@ import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
 import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { GitHttpServer } from "../_git_server.ts";
+import { repoContainerOf } from "../_run_fixture.ts";
 import { assertDocker, docker, dockerTest, explain, removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
 
 console.error("security: git push policy attacks starting");
@@ -195,7 +196,7 @@ Deno.test({
         const where = /branch agent\/work: (\d+) commit\(s\) on [0-9a-f]{12}, not pushed: kept in (\S+) as (\S+) of (\S+)$/m.exec(result.stderr);
         assert.ok(where, context);
         const [, count, container, branch, bare] = where;
-        assert.equal(container, `sandbox-${profile}`);
+        assert.equal(container, await repoContainerOf(profile, remote.server.url("proj.git")));
         assert.equal(count, "1");
         assert.equal(await docker("exec", container, "git", "-C", bare, "rev-parse", `refs/heads/${branch}`), commit);
       });

@@ -11,6 +11,7 @@ import assert from "node:assert/strict";
 import { run, type RunResult } from "../../lib/process.ts";
 import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { assertDocker, docker, dockerTest, explain, removeProfile, runCli, tempDir, uniqueProfile } from "../_helpers.ts";
+import { repoContainerOf } from "../_run_fixture.ts";
 
 console.error("security: hostile repository tests starting");
 
@@ -82,7 +83,8 @@ async function setup(prefix: string, llm: FakeLlm) {
     profile,
     openaiKey,
     repo: await Deno.realPath(repo),
-    container: `sandbox-${profile}`,
+    // Runs on the repository use its own container.
+    container: await repoContainerOf(profile, repo),
     /** Commit `sandbox.yaml` with `text` into the repository. */
     async commitConfig(text: string) {
       await Deno.writeTextFile(`${repo}/sandbox.yaml`, text);
