@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { run, type RunResult } from "../lib/process.ts";
 import { SOURCE_LABEL } from "../lib/sandbox/devcontainer/image.ts";
-import { RunFixture } from "./_run_fixture.ts";
+import { repoContainerOf, RunFixture } from "./_run_fixture.ts";
 
 export const KEY_ENV = "SANDBOX_E2E_DEVCONTAINER_KEY";
 const USER_GIT = ["-c", "user.name=Repo Owner", "-c", "user.email=owner@example.test", "-c", "commit.gpgsign=false"];
@@ -35,6 +35,12 @@ export async function commitFiles(repo: string, files: Record<string, string>, m
 
 export class DevcontainerFixture extends RunFixture {
   repo = "";
+  #container = "";
+
+  /** The repository's own sandbox: devcontainer runs, `up --repo` and `exec --repo` use it. */
+  override get container(): string {
+    return this.#container;
+  }
 
   /** A profile in mode devcontainer (extra YAML under `sandbox:` may follow), and a repository with `files`. */
   static async create(
@@ -49,6 +55,7 @@ export class DevcontainerFixture extends RunFixture {
     await git(path, "init", "-q", "-b", "main");
     await commitFiles(path, files, "initial commit");
     fixture.repo = await Deno.realPath(path);
+    fixture.#container = await repoContainerOf(fixture.profile, fixture.repo);
     return fixture;
   }
 

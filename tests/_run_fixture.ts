@@ -11,11 +11,14 @@ import { sandboxNames, sandboxRepo } from "../lib/sandbox/docker_provider.ts";
 import { removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "./_helpers.ts";
 import { FAKE_LLM_KEY } from "./_fake_llm.ts";
 
-/** The shared container of `profile`'s runs on repository `repo` (a path or URL; no commit needed). */
-export async function repoContainerOf(profile: string, repo: string): Promise<string> {
+/**
+ * The shared container of `profile`'s runs on repository `repo` (a path or URL; no commit needed),
+ * or of its agent CLI `agent`'s runs there.
+ */
+export async function repoContainerOf(profile: string, repo: string, agent?: string): Promise<string> {
   const top = async () => (await run(["git", "-C", repo, "rev-parse", "--show-toplevel"])).stdout.trim();
   const key = isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : await localRepoKey(await top());
-  return sandboxNames(profile, `repo-${(await sandboxRepo(key)).id}`).container;
+  return sandboxNames(profile, [agent, `repo-${(await sandboxRepo(key)).id}`].filter(Boolean).join("-")).container;
 }
 
 /** Kills a CLI that hangs, so that a broken build fails the test instead of stalling it. */

@@ -13,7 +13,7 @@
  * branches come back.
  */
 import assert from "node:assert/strict";
-import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
+import { CLI_TIMEOUT_MS, repoContainerOf, RunFixture } from "../_run_fixture.ts";
 import { type AgentStep, FakeAgentLlm } from "../_fake_agent_llm.ts";
 import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import { assertDocker, docker, dockerTest, explain, runCli, tempDir, writeConfig } from "../_helpers.ts";
@@ -158,7 +158,8 @@ async function agentScenario(scenario: Scenario): Promise<void> {
   );
   const repo = await createRepo(`${dir.path}/repo`);
   const recording = `${dir.path}/recording.json`;
-  const container = `sandbox-${fixture.profile}-${scenario.agent}`;
+  // The agent's own container for runs on this repository.
+  const container = await repoContainerOf(fixture.profile, repo, scenario.agent);
 
   // 1. Recorded run, with the key on the host; looked into while the agent waits for its first answer.
   const held = fake.hold();
