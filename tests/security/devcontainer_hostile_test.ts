@@ -130,7 +130,8 @@ Deno.test({
       assert.equal(seen.LOOPBACK, "unreachable", context);
       assert.equal(seen.LIFECYCLE_NET, "unreachable", context);
       assert.doesNotMatch(seen.NETS, /docker0|br-/, context);
-      assert.equal(seen.PID1, "docker-init", context);
+      // Its own pid namespace: pid 1 is the sandbox's init (the exec wrapper), not the host's.
+      assert.equal(seen.PID1, "sandbox-exec", context);
       assert.equal(server.counter.hits, 0, "the host's loopback service was reached from the sandbox");
       // Twin: the same request with the host network granted reaches it.
       const granted = await run(["docker", "run", "--rm", "--network", "host", "sandbox-base:bookworm", "curl", "-sS", "-m", "5", `http://127.0.0.1:${port}/`]);
@@ -156,7 +157,8 @@ Deno.test({
       assert.deepEqual(hostConfig.SecurityOpt, ["no-new-privileges"]);
       assert.notEqual(hostConfig.NetworkMode, "host");
       assert.equal(hostConfig.PidMode, "");
-      assert.equal(hostConfig.Init, true);
+      // Not Docker's init: pid 1 is `sandbox-exec --init`, which nothing in the sandbox can ptrace.
+      assert.notEqual(hostConfig.Init, true);
       assert.equal(hostConfig.ReadonlyRootfs, true);
       assert.ok(!hostConfig.Binds || hostConfig.Binds.length === 0, JSON.stringify(hostConfig.Binds));
       assert.ok(!hostConfig.PortBindings || Object.keys(hostConfig.PortBindings).length === 0, JSON.stringify(hostConfig.PortBindings));
