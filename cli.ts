@@ -12,6 +12,7 @@ import { checkNamedConfigFirst, cliState, note, signal, stdout } from "./cli/con
 import { registerProxyCommand } from "./cli/proxy_command.ts";
 import { stopSpinner } from "./cli/progress.ts";
 import { reportError } from "./cli/report.ts";
+import { trace } from "./lib/trace.ts";
 import { registerRunCommand } from "./cli/run_command.ts";
 import { registerRunsCommands } from "./cli/runs_commands.ts";
 import { registerSandboxCommands } from "./cli/sandbox_commands.ts";
@@ -57,6 +58,7 @@ function acceptGlobalOptionsAnywhere(command: Command): void {
   }
 }
 export async function main(args: string[]): Promise<number> {
+  trace("cli: modules loaded");
   const program = buildProgram();
   try {
     return await runProgram(program, args);

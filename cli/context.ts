@@ -15,11 +15,12 @@ import {
 } from "../lib/config.ts";
 import { shellQuote } from "../lib/config_summary.ts";
 import { ConfigError, EXIT, SandboxError } from "../lib/errors.ts";
-import { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
+import type { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
 import { isSecretName } from "../lib/secret_guard.ts";
 import { StdoutWriter } from "../lib/output.ts";
 import { escapeControls } from "../lib/run/transcript.ts";
 import { parseDuration } from "../lib/units.ts";
+import { trace } from "../lib/trace.ts";
 import { clearSpinner, redrawSpinner } from "./progress.ts";
 
 /** Buffered: events join the write in flight instead of one awaited write each; flushed in main. */
@@ -84,6 +85,7 @@ let loaded: Promise<LoadedConfig> | undefined;
 export function configFor(command: Command): Promise<LoadedConfig> {
   loaded ??= (async () => {
     const result = await loadConfig({ explicit: globals(command).config });
+    trace("cli: configuration loaded");
     for (const ignored of result.ignored ?? []) reportIgnored(ignored);
     if (result.kind === "invalid") throw new ConfigError(result.file, result.issues);
     return result;
@@ -130,6 +132,7 @@ export async function sandboxToRemove(command: Command, name?: string): Promise<
       });
     }
   }
+  const { DockerSandboxProvider } = await import("../lib/sandbox/docker_provider.ts");
   return new DockerSandboxProvider(bareProfile(chosen));
 }
 
@@ -144,6 +147,7 @@ export async function sandboxByName(command: Command, name?: string): Promise<Do
       detail: `Set profiles.${profile.name}.sandbox.mode to "container"`,
     });
   }
+  const { DockerSandboxProvider } = await import("../lib/sandbox/docker_provider.ts");
   return new DockerSandboxProvider(profile.sandbox.mode === "container" ? profile : bareProfile(profile.name));
 }
 

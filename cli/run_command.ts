@@ -2,10 +2,7 @@
 import { type Command, Option } from "commander";
 import { SandboxError } from "../lib/errors.ts";
 import { cliName } from "../lib/cli_name.ts";
-import { runAgent } from "../lib/run/run.ts";
-import { encodeMessage } from "../lib/run/protocol.ts";
-import { renderMessage } from "../lib/run/transcript.ts";
-import { type JsonSchema, loadJsonSchema } from "../worker/json_schema.ts";
+import type { JsonSchema } from "../worker/json_schema.ts";
 import {
   cliState,
   note,
@@ -108,6 +105,14 @@ async function runAction(
   opts: RunFlags,
   command: Command,
 ): Promise<number> {
+  // Loaded here, not at start-up (only the command that runs pays for its modules), while the
+  // configuration and the prompt are read.
+  const modules = Promise.all([
+    import("../lib/run/run.ts"),
+    import("../lib/run/protocol.ts"),
+    import("../lib/run/transcript.ts"),
+  ]);
+  modules.catch(() => {}); // awaited below; a usage error first must not leave it unhandled
   const timeoutMs = parseTimeout(opts.timeout);
   if (!opts.repo && (opts.base || opts.branch || opts.keepWorktree || opts.push)) {
     throw new SandboxError("usage", "--base, --branch, --keep-worktree and --push need --repo");
@@ -120,11 +125,13 @@ async function runAction(
   let schema: JsonSchema | undefined;
   if (opts.schema) {
     try {
+      const { loadJsonSchema } = await import("../worker/json_schema.ts");
       schema = await loadJsonSchema(opts.schema);
     } catch (error) {
       throw new SandboxError("usage", (error as Error).message);
     }
   }
+  const [{ runAgent }, { encodeMessage }, { renderMessage }] = await modules;
   const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
   const outcome = await runAgent({
     mode,

@@ -1,20 +1,10 @@
 /** Commands that manage sandboxes: up, down, status/ls, exec, stats, teardown, image build. */
+// The engine's modules are imported by the action that needs them (`await import(...)`), so that
+// starting the CLI loads only what the command it runs uses.
 import { type Command, Option } from "commander";
 import { DockerCli } from "../lib/sandbox/docker.ts";
 import { cliName } from "../lib/cli_name.ts";
-import {
-  listSandboxes,
-  statsAll,
-  teardownAll,
-  teardownProfile,
-} from "../lib/sandbox/docker_provider.ts";
-import { removeLegacyFirewall } from "../lib/sandbox/legacy_cleanup.ts";
-import { ensureImage } from "../lib/sandbox/image.ts";
-import { openProvider } from "../lib/sandbox/providers.ts";
-import { openDevcontainer } from "../lib/sandbox/devcontainer/provider.ts";
-import { ensureAgentImage } from "../lib/agents/agent_image.ts";
 import { AGENT_CLIS, type AgentCliName } from "../lib/agents/packages.ts";
-import { openSession } from "../lib/proxy/session.ts";
 import { table } from "../lib/output.ts";
 import { formatAge, formatBytes } from "../lib/units.ts";
 import {
@@ -51,6 +41,7 @@ export function registerSandboxCommands(program: Command): void {
     .description("start the profile's sandbox container if it is not running (idempotent)")
     .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption())
     .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
+      const { openProvider } = await import("../lib/sandbox/providers.ts");
       const profile = await profileFor(command, opts.profile);
       const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
       const status = await provider.ensureRunning({ signal, checkImage: true, probe: true });
@@ -70,6 +61,7 @@ export function registerSandboxCommands(program: Command): void {
         const provider = await sandboxToRemove(command, opts.profile);
         // Every container of the profile: its shared one, one per repository, per-run ones, and
         // its agent CLIs' (sandbox-PROFILE-AGENT…): all carry the profile's label.
+        const { teardownProfile } = await import("../lib/sandbox/docker_provider.ts");
         const report = await teardownProfile(provider.docker, provider.profile.name, { volumes: opts.volumes, signal });
         if (opts.json) await stdout.json(report);
         else if (report.containers.length === 0) {
@@ -99,6 +91,7 @@ export function registerSandboxCommands(program: Command): void {
     });
 
   const listAction = async (opts: { json?: boolean }) => {
+    const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
     const sandboxes = await listSandboxes(new DockerCli(), signal);
     if (opts.json) return void await stdout.json(sandboxes);
     if (sandboxes.length === 0) return void await stdout.line(`no sandboxes (start one with: ${cliName()} up)`);
@@ -140,6 +133,10 @@ export function registerSandboxCommands(program: Command): void {
       ) => {
         const env = parseEnvPairs(opts.env);
         const timeoutMs = parseTimeout(opts.timeout);
+        const [{ openProvider }, { openSession }] = await Promise.all([
+          import("../lib/sandbox/providers.ts"),
+          import("../lib/proxy/session.ts"),
+        ]);
         const profile = await profileFor(command, opts.profile);
         const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
         await provider.ensureRunning({ signal });
@@ -183,6 +180,7 @@ export function registerSandboxCommands(program: Command): void {
     .description("memory, CPU and processes of each running sandbox")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
+      const { statsAll } = await import("../lib/sandbox/docker_provider.ts");
       const stats = await statsAll(new DockerCli(), signal);
       if (opts.json) return void await stdout.json(stats);
       if (stats.length === 0) return void await stdout.line("no running sandboxes");
@@ -208,6 +206,10 @@ export function registerSandboxCommands(program: Command): void {
     .requiredOption("--all", "confirm: remove all of them, including orphans of crashed runs")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
+      const [{ teardownAll }, { removeLegacyFirewall }] = await Promise.all([
+        import("../lib/sandbox/docker_provider.ts"),
+        import("../lib/sandbox/legacy_cleanup.ts"),
+      ]);
       const report = await teardownAll(new DockerCli(), signal);
       // Chains older versions made (root only; nothing to do for anyone else).
       await removeLegacyFirewall();
@@ -230,6 +232,10 @@ export function registerSandboxCommands(program: Command): void {
         .choices([...AGENT_CLIS]),
     )
     .action(async (opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName }, command: Command) => {
+      const [{ ensureImage }, { ensureAgentImage }] = await Promise.all([
+        import("../lib/sandbox/image.ts"),
+        import("../lib/agents/agent_image.ts"),
+      ]);
       const profile = await profileFor(command, opts.profile);
       const docker = new DockerCli();
       // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
@@ -239,6 +245,7 @@ export function registerSandboxCommands(program: Command): void {
         else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
       };
       if (profile.sandbox.mode === "devcontainer") {
+        const { openDevcontainer } = await import("../lib/sandbox/devcontainer/provider.ts");
         const devcontainer = await openDevcontainer(profile, { repo: opts.repo ?? Deno.cwd(), force: !opts.agent, onProgress: progress, signal });
         const info = await ensureImage(docker, devcontainer.profile.sandbox.image, { force: !opts.agent, onProgress: progress, signal });
         if (opts.agent) return await layer(info.tag);

@@ -23,9 +23,11 @@ import { run } from "../process.ts";
 import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
 import { openSession, type SandboxSession, startHostProxies } from "../proxy/session.ts";
 import { workerBundlePath } from "../sandbox/worker_bundle.ts";
-import { openDevcontainer, prepareDevcontainerWorkspace, requireLocalRepo } from "../sandbox/devcontainer/provider.ts";
 import { type AgentCliName, type AgentName, isAgentCli } from "../agents/packages.ts";
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
+
+/** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
+const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
 
 export const REPLAY_PREFIX = "replay:";
 /** Where a run's agent works inside the sandbox when no repository is given. */
@@ -115,7 +117,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const limits = new AbortController();
   request = { ...request, signal: request.signal ? AbortSignal.any([request.signal, limits.signal]) : limits.signal };
   if (request.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
-  if (profile.sandbox.mode === "devcontainer" && !request.repo) requireLocalRepo(undefined, false);
+  if (profile.sandbox.mode === "devcontainer" && !request.repo) (await devcontainerModule()).requireLocalRepo(undefined, false);
   const repo = request.repo ? await resolveRepo(request) : undefined;
   const redactor = new Redactor();
   const keys = new KeyStore({ redactor });
@@ -305,7 +307,7 @@ type ResolvedRepo =
 /** Check the repository request before anything slow starts; user mistakes are usage errors. */
 async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
   const repo = request.repo!;
-  if (request.profile.sandbox.mode === "devcontainer") requireLocalRepo(repo.path, isRemoteUrl(repo.path));
+  if (request.profile.sandbox.mode === "devcontainer") (await devcontainerModule()).requireLocalRepo(repo.path, isRemoteUrl(repo.path));
   else if (request.profile.sandbox.mode !== "container") {
     throw new SandboxError("usage", "--repo needs sandbox mode \"container\"", {
       detail: "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
@@ -398,7 +400,7 @@ async function prepare(
   const { signal } = request;
   // Mode devcontainer: the repository's devcontainer image, run by the Docker provider from here on.
   const devcontainer = request.profile.sandbox.mode === "devcontainer" && context.repo?.kind === "local"
-    ? await openDevcontainer(request.profile, { repo: context.repo.local.path, base: context.repo.local.base, onProgress: request.onProgress, signal })
+    ? await (await devcontainerModule()).openDevcontainer(request.profile, { repo: context.repo.local.path, base: context.repo.local.base, onProgress: request.onProgress, signal })
     : undefined;
   const profile = devcontainer?.profile ?? request.profile;
   const sessionOptions = {
@@ -511,7 +513,7 @@ async function prepare(
     onAgentEvent: context.onAgentEvent,
   });
   const cwd = devcontainer && worktree
-    ? await prepareDevcontainerWorkspace(provider, devcontainer, {
+    ? await (await devcontainerModule()).prepareDevcontainerWorkspace(provider, devcontainer, {
       worktree: worktree.path,
       env: session.env,
       timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs,
