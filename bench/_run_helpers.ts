@@ -128,6 +128,8 @@ export interface CliRunTiming {
   runId: string | null;
   /** The first NDJSON line on stdout: the worker's first event, through the CLI. */
   firstEventMs: number;
+  /** The last line on stdout (the `usage` event): what follows is the user waiting for cleanup. */
+  lastEventMs: number;
   /** The process has exited and stdout and stderr are closed. */
   exitMs: number;
   /** Event types, in order. */
@@ -163,11 +165,13 @@ export async function timeCliRun(
     },
   });
   let firstEventMs: number | null = null;
+  let lastEventMs = 0;
   let text = "";
   const decoder = new TextDecoder();
   const reading = (async () => {
     for await (const chunk of child.stdout) {
       if (firstEventMs === null && chunk.includes(0x0a)) firstEventMs = performance.now() - started;
+      if (chunk.includes(0x0a)) lastEventMs = performance.now() - started;
       text += decoder.decode(chunk, { stream: true });
     }
   })();
@@ -196,6 +200,7 @@ export async function timeCliRun(
     runIdMs,
     runId,
     firstEventMs,
+    lastEventMs,
     exitMs,
     types,
     stderr,
