@@ -10,7 +10,8 @@ import type { Command } from "commander";
 import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
 import type { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
-import { note, profileOption, sandboxByName, signal } from "./context.ts";
+import { note, sandboxByName, signal } from "./context.ts";
+import { profileOption } from "./options.ts";
 
 type Side =
   | { kind: "host"; path: string }

@@ -4,13 +4,12 @@ import { SandboxError } from "../lib/errors.ts";
 import {
   cliState,
   collect,
-  jsonOption,
   note,
   profileFor,
-  profileOption,
   signal,
   stdout,
 } from "./context.ts";
+import { jsonOption, profileOption } from "./options.ts";
 
 export function registerProxyCommand(program: Command): void {
   program.command("proxy")

@@ -3,7 +3,8 @@ import { type Command, Option } from "commander";
 import { SandboxError } from "../lib/errors.ts";
 import { cliName } from "../lib/cli_name.ts";
 import { table } from "../lib/output.ts";
-import { cliState, jsonOption, signal, stdout } from "./context.ts";
+import { cliState, signal, stdout } from "./context.ts";
+import { jsonOption } from "./options.ts";
 
 export function registerRunsCommands(program: Command): void {
   program.command("runs")

@@ -8,21 +8,17 @@ import { AGENT_CLIS, type AgentCliName } from "../lib/agents/packages.ts";
 import { table } from "../lib/output.ts";
 import { formatAge, formatBytes } from "../lib/units.ts";
 import {
-  cliState,
   collect,
-  jsonOption,
   note,
-  parseEnvPairs,
-  parseTimeout,
   profileFor,
-  profileOption,
   sandboxByName,
   sandboxToRemove,
   signal,
-  stderrLine,
   stdout,
 } from "./context.ts";
+import { jsonOption, profileOption } from "./options.ts";
 import { progress } from "./progress.ts";
+import type { ExecFlags } from "./exec_action.ts";
 
 /**
  * The repository whose own sandbox a command uses (mode devcontainer: whose devcontainer it runs);
@@ -125,56 +121,10 @@ export function registerSandboxCommands(program: Command): void {
     )
     .argument("<command...>", "the command and its arguments (after --)")
     .passThroughOptions()
-    .action(
-      async (
-        argv: string[],
-        opts: { profile?: string; cwd: string; env: string[]; timeout?: string; repo?: string },
-        command: Command,
-      ) => {
-        const env = parseEnvPairs(opts.env);
-        const timeoutMs = parseTimeout(opts.timeout);
-        const [{ openProvider }, { openSession }] = await Promise.all([
-          import("../lib/sandbox/providers.ts"),
-          import("../lib/proxy/session.ts"),
-        ]);
-        const profile = await profileFor(command, opts.profile);
-        const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
-        await provider.ensureRunning({ signal });
-        // While the command runs, this process serves its proxies (LLM credentials, egress).
-        await using session = await openSession(profile, provider, { signal, onProgress: note });
-        // resources.disk: a workspace growing past it stops the command (exit 125).
-        await using watch = provider.watchDisk();
-        const stream = provider.execStream(argv, {
-          cwd: opts.cwd,
-          env: { ...session.env, ...env },
-          stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
-          signal: AbortSignal.any([signal, watch.signal]),
-          timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
-          onStderrLine: stderrLine,
-        });
-        let outcome;
-        try {
-          for await (const line of stream) {
-            await stdout.line(line);
-            if (stdout.closed) break;
-          }
-          outcome = await stream.outcome;
-        } catch (error) {
-          throw watch.signal.aborted ? watch.signal.reason : error;
-        } finally {
-          // What the command started, it takes with it (even what escaped its wrapper).
-          await provider.sweep();
-        }
-        if (outcome.oomKilled) {
-          note(
-            `the command was killed by the sandbox memory limit (${
-              formatBytes(profile.resources.memoryBytes)
-            }); raise resources.memory in profile ${profile.name}`,
-          );
-        }
-        cliState.exitCode = outcome.exitCode;
-      },
-    );
+    .action(async (argv: string[], opts: ExecFlags, command: Command) => {
+      const { execAction } = await import("./exec_action.ts");
+      await execAction(argv, opts, command);
+    });
 
   program.command("stats")
     .description("memory, CPU and processes of each running sandbox")
