@@ -9,7 +9,6 @@ export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 /** What the CLI needs to run from a copy: the module graph, the lock, the image's build context. */
 const SOURCE_ENTRIES = [
   "cli.ts",
-  "cli",
   "mod.ts",
   "deno.json",
   "deno.lock",
