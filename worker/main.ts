@@ -127,7 +127,11 @@ export async function main(args: readonly string[]): Promise<number> {
  * code is loaded. Exits as soon as the input ends after the job: the host is gone.
  */
 async function serve(socket: string | undefined): Promise<number> {
-  const preload = () => Promise.all([import("./agentic.ts"), import("./generate.ts")]).then(() => {});
+  // A spare loads its code, and runs it once, while it waits: its job then starts warm.
+  const preload = async () => {
+    const [{ warmUpAgentic }] = await Promise.all([import("./agentic.ts"), import("./generate.ts")]);
+    await warmUpAgentic();
+  };
   let channel: Channel;
   try {
     channel = socket === undefined ? stdioChannel() : await socketChannel(socket, preload);
