@@ -7,7 +7,9 @@
  */
 import type { JsonSchema } from "../../worker/json_schema.ts";
 import type { Profile } from "../config.ts";
-import { ContainerDriver, GenerationError } from "./container_driver.ts";
+import { ContainerDriver, GenerationError, WORKER_COMMAND } from "./container_driver.ts";
+import { startWorker, type WorkerProcess } from "./worker_process.ts";
+import { trace } from "../trace.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
 import { DockerSandboxProvider, sandboxRepo } from "../sandbox/docker_provider.ts";
 import { exitCodeFor, SandboxError } from "../errors.ts";
@@ -146,6 +148,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   }
   await using log = await RunLog.create({ id, mode: request.mode, profile: profile.name, model, sandbox: sandboxKind }, redactor);
   request.onStart?.(log.meta);
+  trace("run: id");
 
   const cleanups: (() => Promise<unknown>)[] = [];
   if (chosen.local) cleanups.push(() => chosen.local!.close());
@@ -154,9 +157,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   // The protocol promises one result and the usage last, whatever happens: what was sent decides
   // what a failure still owes the reader.
   const sent = { result: false, usage: false };
+  let events = 0;
   const emit = async (message: AgenticMessage) => {
     await log.append(message);
     await request.onEvent(message);
+    if (events++ === 0) trace("run: first event");
     if (message.type === "result") sent.result = true;
     if (message.type === "usage") sent.usage = true;
   };
@@ -271,7 +276,9 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage, error: failure.message, extra: place });
     return { meta: log.meta, exitCode: exitCodeFor(failure), error: failure };
   } finally {
+    trace("run: cleaning up");
     for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
+    trace("run: cleaned up");
   }
 }
 
@@ -460,6 +467,16 @@ async function prepare(
   }
   const watch = provider.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
   context.cleanups.push(() => watch.close());
+  trace("run: sandbox running");
+  // The worker loads its code (~0.3 s) while the session opens and the repository goes in: it
+  // waits for its job, which it gets once they are ready. (An agent CLI is started by its driver.)
+  let early: WorkerProcess | undefined = context.agent ? undefined : startWorker(provider, [...WORKER_COMMAND, "serve"], {
+    timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs,
+    signal,
+    onStderrLine: request.onWorkerStderr,
+  });
+  // A run that fails before its job was sent ends the worker's input: it stops.
+  context.cleanups.push(() => Promise.resolve(early?.close()));
   const remote = context.repo?.kind === "remote" ? context.repo : undefined;
   const session: SandboxSession = await openSession(profile, provider, {
     ...sessionOptions,
@@ -476,6 +493,7 @@ async function prepare(
       : undefined,
   });
   context.cleanups.push(() => session.close());
+  trace("run: session open");
   let worktree: RunWorktree | undefined;
   if (remote) {
     worktree = await prepareRemoteWorktree(provider, remote.remote, {
@@ -511,6 +529,11 @@ async function prepare(
     onStderrLine: request.onWorkerStderr,
     agent: context.agent ? agentCli(context.agent) : undefined,
     onAgentEvent: context.onAgentEvent,
+    worker: () => {
+      const started = early;
+      early = undefined;
+      return started;
+    },
   });
   const cwd = devcontainer && worktree
     ? await (await devcontainerModule()).prepareDevcontainerWorkspace(provider, devcontainer, {
