@@ -264,12 +264,17 @@ export class DockerSandboxProvider implements SandboxProvider {
         await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
         continue;
       }
-      // Creation is serialised on this host (image build, volume, container); the loop
-      // re-inspects after waiting.
-      const created = await withHostLock(`profile-${this.profile.name}`, async () => {
-        if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
+      // Creation of the profile's shared container is serialised on this host (volume,
+      // container); the loop re-inspects after waiting. A run's own container has names no one
+      // else uses: runs that start together create theirs at the same time (an image build is
+      // serialised by itself, see image.ts).
+      const create = async () => {
         await this.#prepare(signal);
         return await this.docker.run(args, { signal, env });
+      };
+      const created = this.#options.instance ? await create() : await withHostLock(`profile-${this.profile.name}`, async () => {
+        if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
+        return await create();
       });
       if (created.exitCode === 0) continue;
       if (isAlreadyExists(created.stderr) && Date.now() < deadline) {
