@@ -457,7 +457,8 @@ async function prepare(
   if (fresh) {
     provider = new DockerSandboxProvider(profile, { instance: context.id.toLowerCase(), repository, onProgress: request.onProgress, agent: context.agent });
     const own = provider;
-    context.cleanups.push(() => own.teardown({ volumes: true }));
+    // Removed behind the run's back: its user does not wait for it (see teardownDetached).
+    context.cleanups.push(() => Promise.resolve(own.teardownDetached()));
   }
   await provider.ensureRunning({ signal });
   if (!fresh) {
