@@ -7,8 +7,9 @@
  * - `worker serve --socket PATH`: a worker started ahead of its run (a "spare"): it listens on the
  *   Unix socket PATH, loads its code (the agent's libraries, what makes a worker slow to start),
  *   and waits, holding no secret, for one connection that brings the job. It then stops listening
- *   and runs the job, writing framed lines back on that connection: `o` + an event (its stdout),
- *   `e` + a diagnostic line (its stderr), and last `x` + its exit code. The connector inside the
+ *   and runs the job, writing framed lines back on that connection: `p` + its parent's pid (its
+ *   exec wrapper), `o` + an event (its stdout), `e` + a diagnostic line (its stderr), and last
+ *   `x` + its exit code. The connector inside the
  *   sandbox (scripts/sandbox-attach) turns them back into stdout, stderr and an exit code.
  *
  * Either way, the input staying open is the host's presence: when it ends after the job (the host
@@ -117,6 +118,10 @@ export function framedChannel(conn: Deno.Conn): Channel {
     queue = sent.catch(() => {});
     return sent;
   };
+  // The connector waits, after the last frame, for this process's parent (its exec wrapper) to
+  // end: the wrapper ends the worker's whole process tree first, so a run's leftovers are gone by
+  // the time its host sees the end.
+  void send("p", String(Deno.ppid)).catch(() => {});
   let pending = "";
   return {
     readable: conn.readable,

@@ -395,7 +395,15 @@ export async function removeWorktree(
   worktree: RunWorktree,
   options: { keepBranch?: boolean } = {},
 ): Promise<void> {
-  await provider.exec([
+  await provider.exec(removeWorktreeArgv(worktree, options), { timeoutMs: 120_000 }).catch(() => {});
+}
+
+/** The command, run in the sandbox, that removes the run's worktree (and unless `keepBranch` its branch). */
+export function removeWorktreeArgv(
+  worktree: Pick<RunWorktree, "bare" | "path" | "branch">,
+  options: { keepBranch?: boolean } = {},
+): string[] {
+  return [
     "sh",
     "-c",
     `${SAFE_GIT} -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; ${SAFE_GIT} -C "$1" worktree prune; ` +
@@ -404,5 +412,5 @@ export async function removeWorktree(
     worktree.bare,
     worktree.path,
     options.keepBranch ? "" : worktree.branch,
-  ], { timeoutMs: 120_000 }).catch(() => {});
+  ];
 }

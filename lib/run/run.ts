@@ -9,9 +9,10 @@ import type { JsonSchema } from "../../worker/json_schema.ts";
 import type { Profile } from "../config.ts";
 import { ContainerDriver, GenerationError, WORKER_COMMAND } from "./container_driver.ts";
 import { startWorker, type WorkerProcess } from "./worker_process.ts";
+import { attachSpare, spareCommand } from "../sandbox/spare.ts";
 import { trace } from "../trace.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
-import { DockerSandboxProvider, sandboxRepo } from "../sandbox/docker_provider.ts";
+import { DockerSandboxProvider, type LeaseRelease, sandboxRepo } from "../sandbox/docker_provider.ts";
 import { exitCodeFor, SandboxError } from "../errors.ts";
 import { HostProvider } from "../sandbox/host_provider.ts";
 import { describeKeySource, type KeySource, KeyStore } from "../keys.ts";
@@ -19,7 +20,7 @@ import { BUILTIN_PROVIDERS, llmTarget } from "../proxy/llm_providers.ts";
 import { type AgenticMessage, agenticMessage, driverUsage } from "./protocol.ts";
 import { Redactor } from "../redact.ts";
 import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream } from "./replay.ts";
-import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
+import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, removeWorktreeArgv, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
 import { finishRemoteRun, gitRemoteFor, isRemoteUrl, prepareRemoteWorktree, remoteAuthorization, type RemoteRepo, resolveRemoteRepo } from "../repo/remote.ts";
 import { run } from "../process.ts";
 import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
@@ -371,7 +372,7 @@ async function leaseShared(
   seconds: number,
   runId: string,
   signal?: AbortSignal,
-): Promise<(() => Promise<void>) | undefined> {
+): Promise<LeaseRelease | undefined> {
   for (let attempt = 0;; attempt++) {
     try {
       return await provider.lease(runId, seconds, signal);
@@ -447,52 +448,76 @@ async function prepare(
   const repoKey = context.repo?.kind === "local" ? context.repo.local.key : context.repo?.remote.key;
   const repository = repoKey ? await sandboxRepo(repoKey) : undefined;
   let provider = new DockerSandboxProvider(profile, { repository, onProgress: request.onProgress, agent: context.agent });
+  const remote = context.repo?.kind === "remote" ? context.repo : undefined;
+  const openFor = (sandbox: DockerSandboxProvider) =>
+    openSession(profile, sandbox, {
+      ...sessionOptions,
+      gitRemote: remote
+        ? gitRemoteFor(remote.remote, {
+          branch: remote.branch,
+          push: request.repo?.push === true,
+          authorization: remoteAuthorization(remote.remote, {
+            token: profile.git.token,
+            keys: context.keys,
+            redactor: context.redactor,
+          }),
+        })
+        : undefined,
+    });
+  /** What the shared container's lease does behind the run, filled in as the run goes. */
+  const behind: { worktree?: RunWorktree; spare: boolean } = { spare: false };
+  let opening: Promise<SandboxSession> | undefined;
+  let leased = false;
   if (!fresh) {
     await provider.ensureRunning({ signal });
+    // The relay starts while the lease is taken: the two are independent, and the lease is all
+    // but always granted (when it is not, this session is closed and one opened elsewhere).
+    opening = openFor(provider);
+    opening.catch(() => {});
     const release = await leaseShared(provider, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, context.id, signal);
-    if (release) context.cleanups.push(release);
-    fresh = !release;
-    if (fresh) request.onProgress?.("another run of this profile is live: this run gets a container of its own");
+    if (release) {
+      leased = true;
+      // Behind the run, inside the container, without the user waiting: its worktree removed,
+      // whatever it left running killed, the next run's worker started (see lease()).
+      context.cleanups.push(() =>
+        release({
+          then: behind.worktree && !request.repo?.keepWorktree && !keep.worktree
+            ? [removeWorktreeArgv(behind.worktree, { keepBranch: keep.branch })]
+            : [],
+          spare: behind.spare ? spareCommand() : undefined,
+        })
+      );
+    } else {
+      fresh = true;
+      request.onProgress?.("another run of this profile is live: this run gets a container of its own");
+      await opening.then((session) => session.close(), () => {});
+      opening = undefined;
+    }
   }
   if (fresh) {
     provider = new DockerSandboxProvider(profile, { instance: context.id.toLowerCase(), repository, onProgress: request.onProgress, agent: context.agent });
     const own = provider;
     // Removed behind the run's back: its user does not wait for it (see teardownDetached).
     context.cleanups.push(() => Promise.resolve(own.teardownDetached()));
+    await provider.ensureRunning({ signal });
   }
-  await provider.ensureRunning({ signal });
-  if (!fresh) {
-    // Before the lease goes: nothing the run started may outlive it into the next run.
-    const shared = provider;
-    context.cleanups.push(() => shared.sweep());
-  }
+  const sandbox = provider;
+  trace("run: sandbox running");
+  // The worker: the one waiting in a leased container (loaded, warm), or one started now, which
+  // loads its code while the session opens and the repository goes in. Either gets its job once
+  // they are ready. (An agent CLI is started by its driver.)
+  const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr };
+  const starting: Promise<WorkerProcess | undefined> = context.agent ? Promise.resolve(undefined) : (async () => {
+    behind.spare = leased;
+    const spare = leased ? await attachSpare(sandbox, workerOptions).catch(() => undefined) : undefined;
+    trace(spare ? "run: attached to the waiting worker" : "run: worker started");
+    return spare ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
+  })();
+  // A run that fails before its job was sent ends the worker's input: it stops.
+  context.cleanups.push(async () => (await starting.catch(() => undefined))?.close());
   const watch = provider.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
   context.cleanups.push(() => watch.close());
-  trace("run: sandbox running");
-  // The worker loads its code (~0.3 s) while the session opens and the repository goes in: it
-  // waits for its job, which it gets once they are ready. (An agent CLI is started by its driver.)
-  let early: WorkerProcess | undefined = context.agent ? undefined : startWorker(provider, [...WORKER_COMMAND, "serve"], {
-    timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs,
-    signal,
-    onStderrLine: request.onWorkerStderr,
-  });
-  // A run that fails before its job was sent ends the worker's input: it stops.
-  context.cleanups.push(() => Promise.resolve(early?.close()));
-  const remote = context.repo?.kind === "remote" ? context.repo : undefined;
-  const session: SandboxSession = await openSession(profile, provider, {
-    ...sessionOptions,
-    gitRemote: remote
-      ? gitRemoteFor(remote.remote, {
-        branch: remote.branch,
-        push: request.repo?.push === true,
-        authorization: remoteAuthorization(remote.remote, {
-          token: profile.git.token,
-          keys: context.keys,
-          redactor: context.redactor,
-        }),
-      })
-      : undefined,
-  });
+  const session: SandboxSession = await (opening ?? openFor(provider));
   context.cleanups.push(() => session.close());
   trace("run: session open");
   let worktree: RunWorktree | undefined;
@@ -511,18 +536,21 @@ async function prepare(
   }
   if (worktree) {
     const created = worktree;
-    if (!request.repo?.keepWorktree) {
-      context.cleanups.push(async () => {
-        if (!keep.worktree) await removeWorktree(provider, created, { keepBranch: keep.branch });
-      });
-    }
-    else {
+    if (request.repo?.keepWorktree) {
       context.cleanups.push(() => {
         request.onProgress?.(`worktree kept: ${created.path} in ${provider.containerName}`);
         return Promise.resolve();
       });
+    } else if (leased) {
+      behind.worktree = created;
+    } else if (!fresh) {
+      context.cleanups.push(async () => {
+        if (!keep.worktree) await removeWorktree(provider, created, { keepBranch: keep.branch });
+      });
     }
+    // (A container of the run's own goes with everything in it.)
   }
+  let early = await starting;
   const driver = new ContainerDriver({
     provider,
     env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },

@@ -16,6 +16,7 @@ import type { AgentCliName } from "../agents/packages.ts";
 import { removeLegacyFirewall } from "./legacy_cleanup.ts";
 import { withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
+import { readLines } from "../lines.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
 import { spawn, spawnDetached } from "../process.ts";
@@ -33,6 +34,20 @@ import type {
   SandboxStatus,
   TeardownReport,
 } from "./provider.ts";
+
+/** What a released lease does behind its run, in the container (see `lease`). */
+export interface LeaseAfter {
+  /** Commands to run before the sweep, in order (each argv; no US or newline in them). */
+  then?: (readonly string[])[];
+  /** The command of the worker that waits for the next run. */
+  spare?: readonly string[];
+}
+
+/** Hands a leased container back; see `DockerSandboxProvider.lease`. */
+export type LeaseRelease = (after?: LeaseAfter) => Promise<void>;
+
+/** How long a release waits for the lease to say it has the instructions. */
+const LEASE_ACK_TIMEOUT_MS = 5_000;
 
 /** The sandbox user, created by the Dockerfile. */
 export const SANDBOX_UID = 10001;
@@ -486,39 +501,66 @@ export class DockerSandboxProvider implements SandboxProvider {
   /**
    * Hold the container for one run, if nothing else is live in it (another run's lease, worker or
    * command; `sandbox-exec --lease` decides inside, under a lock, so two hosts cannot both win).
-   * Returns the release function, or undefined when the container is busy. The lease ends when
-   * released, when this process's docker client goes away (its stdin closes), or after `seconds`.
+   * Returns the release function, or undefined when the container is busy. A lease that is still
+   * cleaning up behind its run is waited for (a few seconds at most), not counted as busy.
+   *
+   * Releasing hands the container back and says what to do behind the run, which the lease does
+   * inside the container once this process has let go — so the run's user waits for none of it,
+   * and it happens even if this process is killed first (the lease then only sweeps): run `then`
+   * (e.g. remove the run's worktree), kill whatever the run left behind, then start `spare` (the
+   * next run's worker, see spare.ts). The lease also ends after `seconds`, so a holder that hangs
+   * cannot hold the container for ever.
    */
-  async lease(name: string, seconds: number, signal?: AbortSignal): Promise<(() => Promise<void>) | undefined> {
+  async lease(name: string, seconds: number, signal?: AbortSignal): Promise<LeaseRelease | undefined> {
     let input!: ReadableStreamDefaultController<Uint8Array>;
     const stdin = new ReadableStream<Uint8Array>({ start: (controller) => void (input = controller) });
     const holder = this.docker.spawn(
       ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--lease", `lease-${name}`, String(Math.ceil(seconds))],
       { stdin, signal },
     );
-    const reader = holder.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    const reader = readLines(holder.stdout, 1024).getReader();
     const first = await reader.read().catch(() => ({ value: undefined }));
-    void reader.cancel().catch(() => {});
-    const end = async () => {
+    const close = () => {
       try {
         input.close();
       } catch {
         // Already closed.
       }
-      const stuck = setTimeout(() => holder.kill(), 5_000);
-      try {
-        return await holder.finished;
-      } finally {
-        clearTimeout(stuck);
-      }
     };
-    if (first.value?.startsWith("leased")) return async () => void await end();
-    const ended = await end();
+    if (first.value === "leased") {
+      return async (after: LeaseAfter = {}) => {
+        const encoder = new TextEncoder();
+        const line = (kind: string, argv: readonly string[]) => {
+          if (argv.some((arg) => arg.includes("\x1f") || arg.includes("\n"))) throw new TypeError(`Cannot pass "${argv.join(" ")}" to the lease`);
+          input.enqueue(encoder.encode([kind, ...argv].join("\x1f") + "\n"));
+        };
+        try {
+          for (const command of after.then ?? []) line("then", command);
+          if (after.spare) line("spare", after.spare);
+        } finally {
+          close();
+        }
+        // Once the lease has it all ("released"), its client can go: what is left happens inside.
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const acknowledged = await Promise.race([
+          reader.read().then((next) => next.value === "released", () => false),
+          new Promise<false>((resolve) => timer = setTimeout(() => resolve(false), LEASE_ACK_TIMEOUT_MS)),
+        ]).finally(() => clearTimeout(timer));
+        void reader.cancel().catch(() => {});
+        holder.kill();
+        if (!acknowledged) await holder.finished;
+      };
+    }
+    void reader.cancel().catch(() => {});
+    close();
+    const stuck = setTimeout(() => holder.kill(), 5_000);
+    const ended = await holder.finished.finally(() => clearTimeout(stuck));
     signal?.throwIfAborted();
-    if (ended.exitCode === 75 || first.value?.startsWith("busy")) return undefined;
+    if (ended.exitCode === 75 || first.value === "busy") return undefined;
     throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
     throw new CommandExitError("exec_failed", `Cannot mark sandbox "${this.names.container}" as in use`, ended);
   }
+
 
   /** End the process tree of exec `id` (one started under the exec wrapper with that id). */
   stopExec(id: string): Promise<void> {

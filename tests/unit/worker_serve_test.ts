@@ -233,7 +233,8 @@ Deno.test("a spare worker waits on its socket holding no secret, runs the one jo
   assert.deepEqual(events.map((m) => m.type), ["result", "usage"]);
   assert.equal(events[0].content, "hello from the spare");
   assert.equal(frames.at(-1), "x0", "the last frame is the exit code");
-  assert.ok(frames.every((f) => /^[oex]/.test(f)), `every line is framed: ${frames.join(" | ")}`);
+  assert.ok(frames.every((f) => /^[oexp]/.test(f)), `every line is framed: ${frames.join(" | ")}`);
+  assert.equal(frames[0], `p${Deno.pid}`, "the first frame names the worker's parent (here, this test)");
   assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker));
   await assert.rejects(Deno.stat(socket), Deno.errors.NotFound, "the socket is gone: one job per worker");
 });
