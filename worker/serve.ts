@@ -81,16 +81,19 @@ export function stdioChannel(): Channel {
 }
 
 /**
- * Listen on the Unix socket `path` and resolve with the channel of the first connection; the
- * listener is closed then (one job per worker). `ready` runs once the socket listens, before the
- * wait: the worker loads its code then, so a connection that comes early just waits in the queue.
+ * Run `ready` (the worker loads and warms its code), then listen on the Unix socket `path` and
+ * resolve with the channel of the first connection; the listener is closed then (one job per
+ * worker). The socket appears only once the worker is ready: that is what its wrapper waits for
+ * before the next run may lease the container (scripts/sandbox-exec `--spare`).
  */
 export async function socketChannel(path: string, ready: () => Promise<void>): Promise<Channel> {
+  await ready();
+  // A socket file left by a worker that was killed would stop this one from listening.
+  await Deno.remove(path).catch(() => {});
   const listener = Deno.listen({ transport: "unix", path });
   let conn: Deno.UnixConn;
   try {
     await Deno.chmod(path, 0o600);
-    await ready();
     conn = await listener.accept();
   } finally {
     listener.close();

@@ -376,7 +376,8 @@ async function leaseShared(
   for (let attempt = 0;; attempt++) {
     try {
       return await provider.lease(runId, seconds, signal);
-    } catch {
+    } catch (error) {
+      trace(`run: cannot lease: ${error instanceof Error ? error.message : error}`);
       signal?.throwIfAborted();
       // Cannot look: a container of one's own is the safe side.
       if (attempt === 1) return undefined;
@@ -468,12 +469,21 @@ async function prepare(
   const behind: { worktree?: RunWorktree; spare: boolean } = { spare: false };
   let opening: Promise<SandboxSession> | undefined;
   let leased = false;
+  const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr };
+  /** The worker waiting in the shared container, reached while the lease is taken. */
+  let waiting: Promise<WorkerProcess | undefined> = Promise.resolve(undefined);
   if (!fresh) {
     await provider.ensureRunning({ signal });
-    // The relay starts while the lease is taken: the two are independent, and the lease is all
-    // but always granted (when it is not, this session is closed and one opened elsewhere).
+    // The relay starts, and the waiting worker is reached, while the lease is taken: they are
+    // independent, and the lease is all but always granted (when it is not, both are let go and
+    // the run goes to a container of its own).
     opening = openFor(provider);
     opening.catch(() => {});
+    const shared = provider;
+    if (!context.agent) {
+      waiting = attachSpare(shared, workerOptions).catch(() => undefined);
+      context.cleanups.push(async () => (await waiting)?.close());
+    }
     const release = await leaseShared(provider, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, context.id, signal);
     if (release) {
       leased = true;
@@ -492,6 +502,8 @@ async function prepare(
       request.onProgress?.("another run of this profile is live: this run gets a container of its own");
       await opening.then((session) => session.close(), () => {});
       opening = undefined;
+      (await waiting)?.close();
+      waiting = Promise.resolve(undefined);
     }
   }
   if (fresh) {
@@ -506,10 +518,10 @@ async function prepare(
   // The worker: the one waiting in a leased container (loaded, warm), or one started now, which
   // loads its code while the session opens and the repository goes in. Either gets its job once
   // they are ready. (An agent CLI is started by its driver.)
-  const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr };
   const starting: Promise<WorkerProcess | undefined> = context.agent ? Promise.resolve(undefined) : (async () => {
     behind.spare = leased;
-    const spare = leased ? await attachSpare(sandbox, workerOptions).catch(() => undefined) : undefined;
+    // Reached too early (the lease was still waiting for the worker to get ready): once more.
+    const spare = leased ? (await waiting ?? await attachSpare(sandbox, workerOptions).catch(() => undefined)) : undefined;
     trace(spare ? "run: attached to the waiting worker" : "run: worker started");
     return spare ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
   })();

@@ -17,6 +17,7 @@ import { removeLegacyFirewall } from "./legacy_cleanup.ts";
 import { withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
 import { readLines } from "../lines.ts";
+import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
 import { spawn, spawnDetached } from "../process.ts";
@@ -556,7 +557,10 @@ export class DockerSandboxProvider implements SandboxProvider {
     const stuck = setTimeout(() => holder.kill(), 5_000);
     const ended = await holder.finished.finally(() => clearTimeout(stuck));
     signal?.throwIfAborted();
-    if (ended.exitCode === 75 || first.value === "busy") return undefined;
+    if (ended.exitCode === 75 || first.value === "busy") {
+      trace(`lease: ${this.names.container} is busy: ${ended.stderrTail.trim()}`);
+      return undefined;
+    }
     throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
     throw new CommandExitError("exec_failed", `Cannot mark sandbox "${this.names.container}" as in use`, ended);
   }

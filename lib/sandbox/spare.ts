@@ -25,9 +25,12 @@ const CONNECTED = "sandbox-attach: connected";
 /** The connector's exit code when there is no spare to connect to. */
 const EXIT_NO_SPARE = 75;
 
-/** The command a released lease runs as the container's spare. */
+/**
+ * What a released lease starts as the container's spare: the socket that says it is ready (it
+ * listens once its code is loaded and warm), then the command.
+ */
 export function spareCommand(): string[] {
-  return [...WORKER_COMMAND, "serve", "--socket", SPARE_SOCKET];
+  return [SPARE_SOCKET, ...WORKER_COMMAND, "serve", "--socket", SPARE_SOCKET];
 }
 
 export interface AttachOptions {
