@@ -138,7 +138,14 @@ for (const ending of ["failure", "timeout", "interrupt"] as const) {
           assert.equal(left.stdout, "left by the agent\n", context);
           assert.match(cli.stderr, new RegExp(`^sandbox: worktree kept: ${worktree} in `, "m"), context);
         } else {
-          assert.ok(!entries.includes(id), `${worktree} was left in ${container}\n${context}`);
+          // Removed behind the run, in the container, once its lease is released (the CLI does not
+          // wait for it): gone within moments of the exit.
+          let left = entries;
+          for (const deadline = Date.now() + FILE_DEADLINE_MS; left.includes(id) && Date.now() < deadline;) {
+            await new Promise((resolve) => setTimeout(resolve, 100));
+            left = (await inSandbox(container, "ls", "-A", WORKTREES)).stdout.split("\n").filter(Boolean);
+          }
+          assert.ok(!left.includes(id), `${worktree} was left in ${container}\n${context}`);
         }
       },
     });
