@@ -515,12 +515,17 @@ export class DockerSandboxProvider implements SandboxProvider {
   async lease(name: string, seconds: number, signal?: AbortSignal): Promise<LeaseRelease | undefined> {
     let input!: ReadableStreamDefaultController<Uint8Array>;
     const stdin = new ReadableStream<Uint8Array>({ start: (controller) => void (input = controller) });
+    // Not tied to `signal` once granted: a run that is interrupted still releases its lease with
+    // what to do behind it. While waiting for the grant, an abort stops the wait.
     const holder = this.docker.spawn(
       ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--lease", `lease-${name}`, String(Math.ceil(seconds))],
-      { stdin, signal },
+      { stdin },
     );
+    const stop = () => holder.kill();
+    signal?.addEventListener("abort", stop, { once: true });
     const reader = readLines(holder.stdout, 1024).getReader();
     const first = await reader.read().catch(() => ({ value: undefined }));
+    signal?.removeEventListener("abort", stop);
     const close = () => {
       try {
         input.close();

@@ -137,7 +137,8 @@ class RunTestFixture extends RunFixture {
 
   /** The sandbox's processes, one command line each. */
   async processes(): Promise<string[]> {
-    return (await docker("exec", this.container, "ps", "-eo", "args")).split("\n").slice(1);
+    // As root: the sweep behind a run (moments after it) kills the sandbox user's stray processes.
+    return (await docker("exec", "--user", "0", this.container, "ps", "-eo", "args")).split("\n").slice(1);
   }
 }
 
@@ -295,7 +296,7 @@ Deno.test({
 
     await t.step("the file is in the run's working directory in the sandbox", async () => {
       assert.equal(
-        await docker("exec", fixture.container, "cat", `/workspace/runs/${id}/hello.txt`),
+        await docker("exec", "--user", "0", fixture.container, "cat", `/workspace/runs/${id}/hello.txt`),
         "hi",
       );
     });

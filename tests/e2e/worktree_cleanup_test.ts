@@ -63,9 +63,13 @@ async function createRepo(path: string): Promise<string> {
   return await Deno.realPath(path);
 }
 
-/** `docker exec CONTAINER ARGS`: exit code and stdout. */
+/**
+ * `docker exec CONTAINER ARGS`, as root (no capability: it reads what others may read): exit code
+ * and stdout. Not as the sandbox user, whose processes outside the tool's wrapper the cleanup
+ * behind a run kills, moments after the run.
+ */
 async function inSandbox(container: string, ...args: string[]): Promise<{ exitCode: number; stdout: string }> {
-  const result = await run(["docker", "exec", container, ...args]);
+  const result = await run(["docker", "exec", "--user", "0", container, ...args]);
   return { exitCode: result.exitCode, stdout: result.stdout };
 }
 
