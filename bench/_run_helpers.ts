@@ -236,7 +236,7 @@ export interface TracedCall {
   exitCode: number;
   /** Short description, no values: "docker exec mkdir", "iptables -I". */
   label: string;
-  /** The `docker exec` that runs the worker. */
+  /** The `docker exec` that runs the worker (or reaches the one waiting). */
   worker: boolean;
 }
 
@@ -283,7 +283,8 @@ export async function readTrace(traceFile: string): Promise<TracedCall[]> {
       endMs: Number(BigInt(end) / 1000n) / 1000,
       exitCode: Number(rc),
       label: labelCall(program, args),
-      worker: args.includes("/opt/sandbox/worker.js"),
+      // The worker's exec: one that starts it, or the connector to the one waiting in the sandbox.
+      worker: args.includes("/opt/sandbox/worker.js") || args.includes("/usr/local/bin/sandbox-attach"),
     };
   });
   return calls.sort((a, b) => a.startMs - b.startMs);
@@ -304,6 +305,8 @@ function labelCall(program: string, args: string[]): string {
   let command = args.slice(i + 1);
   if (command[0] === "sandbox-exec") command = command.slice(2);
   if (command.includes("/opt/sandbox/worker.js")) return "docker exec worker";
+  if (command.includes("/usr/local/bin/sandbox-attach")) return "docker exec worker (waiting one)";
+  if (command[0] === "--lease" || args.includes("--lease")) return "docker exec lease";
   if (command[0] === "sh" && command[1] === "-c") return "docker exec sh -c (write file)";
   return `docker exec ${command[0] ?? ""}`.trim();
 }
