@@ -33,6 +33,8 @@ import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
 
 export const REPLAY_PREFIX = "replay:";
+/** A container started later than this before a run asked for it is taken as started for it. */
+const CLOCK_SLACK_MS = 2_000;
 /** Where a run's agent works inside the sandbox when no repository is given. */
 export const RUNS_WORKSPACE = "/workspace/runs";
 /** So that an agent's own `git commit` works in its worktree. */
@@ -473,18 +475,34 @@ async function prepare(
   /** The worker waiting in the shared container, reached while the lease is taken. */
   let waiting: Promise<WorkerProcess | undefined> = Promise.resolve(undefined);
   if (!fresh) {
-    await provider.ensureRunning({ signal });
-    // The relay starts, and the waiting worker is reached, while the lease is taken: they are
-    // independent, and the lease is all but always granted (when it is not, both are let go and
-    // the run goes to a container of its own).
-    opening = openFor(provider);
-    opening.catch(() => {});
+    // The relay starts, and the waiting worker is reached, while Docker is asked about the
+    // container and the lease is taken: they are independent, the container is all but always
+    // up, and the lease all but always granted. When the container had to be started (or made)
+    // just now, or the lease is refused, what started early is let go.
     const shared = provider;
-    if (!context.agent) {
-      waiting = attachSpare(shared, workerOptions).catch(() => undefined);
-      context.cleanups.push(async () => (await waiting)?.close());
+    const early = () => {
+      opening = openFor(shared);
+      opening.catch(() => {});
+      if (!context.agent) waiting = attachSpare(shared, workerOptions).catch(() => undefined);
+    };
+    const letGo = async () => {
+      await opening?.then((session) => session.close(), () => {});
+      opening = undefined;
+      (await waiting)?.close();
+      waiting = Promise.resolve(undefined);
+    };
+    const asked = Date.now();
+    early();
+    context.cleanups.push(async () => (await waiting)?.close());
+    trace("run: looking at the sandbox");
+    const status = await provider.ensureRunning({ signal });
+    trace("run: sandbox up");
+    if (!status.startedAt || Date.parse(status.startedAt) >= asked - CLOCK_SLACK_MS) {
+      await letGo();
+      early();
     }
     const release = await leaseShared(provider, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, context.id, signal);
+    trace(release ? "run: leased" : "run: busy");
     if (release) {
       leased = true;
       // Behind the run, inside the container, without the user waiting: its worktree removed,
@@ -500,10 +518,7 @@ async function prepare(
     } else {
       fresh = true;
       request.onProgress?.("another run of this profile is live: this run gets a container of its own");
-      await opening.then((session) => session.close(), () => {});
-      opening = undefined;
-      (await waiting)?.close();
-      waiting = Promise.resolve(undefined);
+      await letGo();
     }
   }
   if (fresh) {
