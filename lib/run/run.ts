@@ -480,10 +480,15 @@ async function prepare(
     // up, and the lease all but always granted. When the container had to be started (or made)
     // just now, or the lease is refused, what started early is let go.
     const shared = provider;
-    const early = () => {
+    // `fresh`: a container started just now has no worker waiting: one starts at once (it gets
+    // its job only once the lease is granted).
+    const early = (started = false) => {
       opening = openFor(shared);
       opening.catch(() => {});
-      if (!context.agent) waiting = attachSpare(shared, workerOptions).catch(() => undefined);
+      if (context.agent) return;
+      waiting = started
+        ? Promise.resolve(startWorker(shared, [...WORKER_COMMAND, "serve"], workerOptions))
+        : attachSpare(shared, workerOptions).catch(() => undefined);
     };
     const letGo = async () => {
       await opening?.then((session) => session.close(), () => {});
@@ -499,7 +504,7 @@ async function prepare(
     trace("run: sandbox up");
     if (!status.startedAt || Date.parse(status.startedAt) >= asked - CLOCK_SLACK_MS) {
       await letGo();
-      early();
+      early(true);
     }
     const release = await leaseShared(provider, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, context.id, signal);
     trace(release ? "run: leased" : "run: busy");
@@ -533,6 +538,16 @@ async function prepare(
   // The worker: the one waiting in a leased container (loaded, warm), or one started now, which
   // loads its code while the session opens and the repository goes in. Either gets its job once
   // they are ready. (An agent CLI is started by its driver.)
+  // A local repository goes in while the session opens (it needs the lease, not the relay).
+  const local = context.repo?.kind === "local" ? context.repo : undefined;
+  const sending = local
+    ? prepareWorktree(provider, local.local, { runId: context.id, branch: local.branch, signal }).then((created) => {
+      // Removed behind the run even when the session then fails to open.
+      if (leased && !request.repo?.keepWorktree) behind.worktree = created;
+      return created;
+    })
+    : undefined;
+  sending?.catch(() => {});
   const starting: Promise<WorkerProcess | undefined> = context.agent ? Promise.resolve(undefined) : (async () => {
     behind.spare = leased;
     // Reached too early (the lease was still waiting for the worker to get ready): once more.
@@ -557,9 +572,9 @@ async function prepare(
       signal,
     });
     request.onProgress?.(`fetched ${remote.remote.url} into the sandbox; base ${worktree.base.slice(0, 12)}`);
-  } else if (context.repo?.kind === "local") {
-    worktree = await prepareWorktree(provider, context.repo.local, { runId: context.id, branch: context.repo.branch, signal });
-    request.onProgress?.(`sent ${context.repo.local.baseName} (${context.repo.local.base.slice(0, 12)}): ${worktree.sentBytes} bytes of objects`);
+  } else if (local && sending) {
+    worktree = await sending;
+    request.onProgress?.(`sent ${local.local.baseName} (${local.local.base.slice(0, 12)}): ${worktree.sentBytes} bytes of objects`);
   }
   if (worktree) {
     const created = worktree;
