@@ -471,7 +471,7 @@ async function prepare(
   const behind: { worktree?: RunWorktree; spare: boolean } = { spare: false };
   let opening: Promise<SandboxSession> | undefined;
   let leased = false;
-  const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr };
+  const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr, runId: context.id };
   /** The worker waiting in the shared container, reached while the lease is taken. */
   let waiting: Promise<WorkerProcess | undefined> = Promise.resolve(undefined);
   if (!fresh) {
@@ -552,7 +552,7 @@ async function prepare(
     behind.spare = leased;
     // Reached too early (the lease was still waiting for the worker to get ready): once more.
     const spare = leased ? (await waiting ?? await attachSpare(sandbox, workerOptions).catch(() => undefined)) : undefined;
-    trace(spare ? "run: attached to the waiting worker" : "run: worker started");
+    trace(spare ? "run: worker ready (waiting, or started at once)" : "run: worker started");
     return spare ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
   })();
   // A run that fails before its job was sent ends the worker's input: it stops.

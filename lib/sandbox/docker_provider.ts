@@ -419,7 +419,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
-    const id = crypto.randomUUID();
+    const id = execId(options);
     const timeoutMs = options.timeoutMs;
     const { args, env } = this.#execArgs(argv, id, options);
     const child = this.docker.spawn(args, {
@@ -443,7 +443,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   execBytes(argv: readonly string[], options: ExecOptions = {}): ExecBytes {
-    const id = crypto.randomUUID();
+    const id = execId(options);
     const { args, env } = this.#execArgs(argv, id, options);
     const child = this.docker.spawn(args, {
       env,
@@ -477,7 +477,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
-    const id = crypto.randomUUID();
+    const id = execId(options);
     const { args, env } = this.#execArgs(argv, id, options);
     const result = await this.docker.run(args, {
       env,
@@ -829,6 +829,11 @@ export class DockerSandboxProvider implements SandboxProvider {
 /** Size of each of the /tmp and home tmpfs mounts: a quarter of the memory limit (see runArgs). */
 export function tmpfsBytes(memoryBytes: number): number {
   return Math.max(1024 ** 2, Math.floor(memoryBytes / 4 / 4096) * 4096);
+}
+
+/** An exec's id in the container (the wrapper's): a run's own are named after it (see ExecOptions.runId). */
+function execId(options: ExecOptions): string {
+  return options.runId ? `worker-${options.runId}-${crypto.randomUUID()}` : crypto.randomUUID();
 }
 
 function notFound(name: string): SandboxError {
