@@ -56,8 +56,11 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
   } catch (error) {
     throw watch.signal.aborted ? watch.signal.reason : error;
   } finally {
-    // What the command started, it takes with it (even what escaped its wrapper).
-    await provider.sweep();
+    // What the command started, it takes with it, even what escaped its wrapper. A wrapper that
+    // lived to the end reports its command's exit code (below 128 unless the command died of a
+    // signal) and has ended its whole tree itself: a sweep is needed only when it may not have —
+    // killed (the exec ends by a signal), or the exec failed.
+    if (!outcome || outcome.exitCode >= 128) await provider.sweep();
   }
   if (outcome.oomKilled) {
     note(
