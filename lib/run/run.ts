@@ -33,8 +33,6 @@ import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
 
 export const REPLAY_PREFIX = "replay:";
-/** A container started later than this before a run asked for it is taken as started for it. */
-const CLOCK_SLACK_MS = 2_000;
 /** Where a run's agent works inside the sandbox when no repository is given. */
 export const RUNS_WORKSPACE = "/workspace/runs";
 /** So that an agent's own `git commit` works in its worktree. */
@@ -496,13 +494,12 @@ async function prepare(
       (await waiting)?.close();
       waiting = Promise.resolve(undefined);
     };
-    const asked = Date.now();
     early();
     context.cleanups.push(async () => (await waiting)?.close());
     trace("run: looking at the sandbox");
-    const status = await provider.ensureRunning({ signal });
+    await provider.ensureRunning({ signal });
     trace("run: sandbox up");
-    if (!status.startedAt || Date.parse(status.startedAt) >= asked - CLOCK_SLACK_MS) {
+    if (!provider.wasRunning) {
       await letGo();
       early(true);
     }

@@ -140,6 +140,17 @@ export class DockerSandboxProvider implements SandboxProvider {
     return this.names.container;
   }
 
+  #wasRunning = false;
+
+  /**
+   * Whether the last `ensureRunning` found the container up and current as it was, without
+   * starting, creating or replacing it: what was started in it meanwhile (a run's relay, say)
+   * reached this very container.
+   */
+  get wasRunning(): boolean {
+    return this.#wasRunning;
+  }
+
   /** Labels every object of this sandbox carries. */
   labels(configHash?: string): Record<string, string> {
     return {
@@ -256,7 +267,10 @@ export class DockerSandboxProvider implements SandboxProvider {
         // cannot start a command any more. Replace it; the workspace volume survives.
         // A failing health check alone may be a slow machine: the probe decides.
         const wedged = (options.probe || found.State.Health?.Status === "unhealthy") && !await this.#probe(signal);
-        if (!wedged) return this.#toStatus(found, configHash);
+        if (!wedged) {
+          this.#wasRunning = pass === 0;
+          return this.#toStatus(found, configHash);
+        }
         this.#options.onProgress?.(`Replacing sandbox ${this.names.container}: it cannot run commands`);
         await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
         continue;
