@@ -23,7 +23,7 @@ async function commanderParse(args: string[]): Promise<Parsed> {
   const program = await buildProgram();
   let parsed: Parsed | undefined;
   const capture = (_: Command, action: Command) => {
-    const { config, ...opts } = action.opts();
+    const { config: _config, ...opts } = action.opts();
     const path = [];
     for (let c: Command | null = action; c && c !== program; c = c.parent) path.unshift(c.name());
     parsed = {
