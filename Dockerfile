@@ -15,10 +15,11 @@ RUN if ! getent passwd 10001 >/dev/null; then \
  && chmod 0700 /home/sandbox
 
 COPY sandbox-exec /usr/local/bin/sandbox-exec
+COPY sandbox-attach /usr/local/bin/sandbox-attach
 COPY deno /usr/local/bin/deno
 COPY worker.js /opt/sandbox/worker.js
 COPY relay.js /opt/sandbox/relay.js
-RUN chmod 0755 /usr/local/bin/sandbox-exec /usr/local/bin/deno \
+RUN chmod 0755 /usr/local/bin/sandbox-exec /usr/local/bin/sandbox-attach /usr/local/bin/deno \
  && mkdir -p /opt/sandbox/deno-dir && chown 10001:10001 /opt/sandbox/deno-dir
 
 ENV HOME=/home/sandbox \

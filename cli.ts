@@ -1,21 +1,21 @@
 /**
  * The `sandbox` command line: parse arguments, call `lib/`, turn errors into exit codes.
  * This is the only module that exits the process. The commands live in `cli/`.
+ *
+ * Start-up loads only what the command needs: `run` and `exec` in their plain forms are read by
+ * the fast path (cli/fast_path.ts) and never load commander; every other command line builds the
+ * commander program, whose actions import the engine's modules when they run.
  */
-import { Command, CommanderError } from "commander";
+import "./cli/defer_yaml.ts";
+import type { Command } from "commander";
 import denoJson from "./deno.json" with { type: "json" };
 import { cliName } from "./lib/cli_name.ts";
 import { EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
-import { registerConfigCommands } from "./cli/config_commands.ts";
-import { registerCpCommand } from "./cli/cp_command.ts";
-import { checkNamedConfigFirst, cliState, note, signal, stdout } from "./cli/context.ts";
-import { registerProxyCommand } from "./cli/proxy_command.ts";
+import { checkNamedConfigFirst, cliState, type Invocation, note, signal, stdout } from "./cli/context.ts";
+import { type FastCommand, parseFastPath } from "./cli/fast_path.ts";
 import { stopSpinner } from "./cli/progress.ts";
 import { reportError } from "./cli/report.ts";
-import { registerRunCommand } from "./cli/run_command.ts";
-import { registerRunsCommands } from "./cli/runs_commands.ts";
-import { registerSandboxCommands } from "./cli/sandbox_commands.ts";
-import { registerTrustCommand } from "./cli/trust_command.ts";
+import { trace } from "./lib/trace.ts";
 
 const VERSION = denoJson.version;
 const encoder = new TextEncoder();
@@ -23,7 +23,27 @@ const encoder = new TextEncoder();
 const CONFIG_FLAGS = "-c, --config <file>";
 const CONFIG_HELP = "configuration file (default: ./sandbox.yaml, the repo root's, or ~/.config/sandbox/config.yaml)";
 
-function buildProgram(): Command {
+/** The whole command line interface, with every command's options and help. */
+export async function buildProgram(): Promise<Command> {
+  const [
+    { Command },
+    { registerConfigCommands },
+    { registerCpCommand },
+    { registerProxyCommand },
+    { registerRunCommand },
+    { registerRunsCommands },
+    { registerSandboxCommands },
+    { registerTrustCommand },
+  ] = await Promise.all([
+    import("commander"),
+    import("./cli/config_commands.ts"),
+    import("./cli/cp_command.ts"),
+    import("./cli/proxy_command.ts"),
+    import("./cli/run_command.ts"),
+    import("./cli/runs_commands.ts"),
+    import("./cli/sandbox_commands.ts"),
+    import("./cli/trust_command.ts"),
+  ]);
   // Named as the user runs it (`./sandbox` from a checkout), so that the usage lines are true.
   const program = new Command(cliName())
     .description("Run AI coding agents in isolated Docker sandboxes")
@@ -56,23 +76,57 @@ function acceptGlobalOptionsAnywhere(command: Command): void {
     else sub.option(CONFIG_FLAGS, CONFIG_HELP);
   }
 }
+
 export async function main(args: string[]): Promise<number> {
-  const program = buildProgram();
+  trace("cli: modules loaded");
   try {
-    return await runProgram(program, args);
+    const fast = parseFastPath(args);
+    return await outcomeOf(() => fast ? runFast(fast) : runProgram(args));
   } finally {
     stopSpinner();
   }
 }
 
-async function runProgram(program: Command, args: string[]): Promise<number> {
+/** `run` or `exec` as commander would run them, without commander. */
+async function runFast(fast: FastCommand): Promise<void> {
+  const invocation: Invocation = { optsWithGlobals: () => ({ config: fast.config }) };
+  // As commander's preAction hook does: a named configuration is checked before anything else.
+  await checkNamedConfigFirst(undefined, invocation);
+  if (fast.kind === "run") {
+    const { runAction } = await import("./cli/run_action.ts");
+    cliState.exitCode = await runAction(fast.mode, fast.opts, invocation);
+  } else {
+    const { execAction } = await import("./cli/exec_action.ts");
+    await execAction(fast.argv, fast.opts, invocation);
+  }
+}
+
+/** commander stopped: help or version shown (exit code 0), or a usage mistake it reported. */
+class CommanderExit extends Error {
+  constructor(readonly exitCode: number) {
+    super("commander exited");
+  }
+}
+
+async function runProgram(args: string[]): Promise<void> {
+  const [{ CommanderError }, program] = await Promise.all([import("commander"), buildProgram()]);
   try {
     await program.parseAsync(args, { from: "user" });
+  } catch (error) {
+    if (error instanceof CommanderError) throw new CommanderExit(error.exitCode);
+    throw error;
+  }
+}
+
+/** Run the command; its exit code, with every error reported as the user should see it. */
+async function outcomeOf(command: () => Promise<void>): Promise<number> {
+  try {
+    await command();
     await stdout.flush();
     return cliState.endedBySignal ? EXIT.ok : signal.aborted ? EXIT.interrupted : cliState.exitCode;
   } catch (error) {
     await stdout.flush().catch(() => {});
-    if (error instanceof CommanderError) {
+    if (error instanceof CommanderExit) {
       // Help and version are successes; anything else commander rejects is a usage error.
       return error.exitCode === 0 ? EXIT.ok : EXIT.usage;
     }

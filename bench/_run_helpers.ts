@@ -9,7 +9,6 @@ export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 /** What the CLI needs to run from a copy: the module graph, the lock, the image's build context. */
 const SOURCE_ENTRIES = [
   "cli.ts",
-  "cli",
   "mod.ts",
   "deno.json",
   "deno.lock",
@@ -128,6 +127,8 @@ export interface CliRunTiming {
   runId: string | null;
   /** The first NDJSON line on stdout: the worker's first event, through the CLI. */
   firstEventMs: number;
+  /** The last line on stdout (the `usage` event): what follows is the user waiting for cleanup. */
+  lastEventMs: number;
   /** The process has exited and stdout and stderr are closed. */
   exitMs: number;
   /** Event types, in order. */
@@ -163,11 +164,13 @@ export async function timeCliRun(
     },
   });
   let firstEventMs: number | null = null;
+  let lastEventMs = 0;
   let text = "";
   const decoder = new TextDecoder();
   const reading = (async () => {
     for await (const chunk of child.stdout) {
       if (firstEventMs === null && chunk.includes(0x0a)) firstEventMs = performance.now() - started;
+      if (chunk.includes(0x0a)) lastEventMs = performance.now() - started;
       text += decoder.decode(chunk, { stream: true });
     }
   })();
@@ -196,6 +199,7 @@ export async function timeCliRun(
     runIdMs,
     runId,
     firstEventMs,
+    lastEventMs,
     exitMs,
     types,
     stderr,
@@ -232,7 +236,7 @@ export interface TracedCall {
   exitCode: number;
   /** Short description, no values: "docker exec mkdir", "iptables -I". */
   label: string;
-  /** The `docker exec` that runs the worker. */
+  /** The `docker exec` that runs the worker (or reaches the one waiting). */
   worker: boolean;
 }
 
@@ -279,7 +283,8 @@ export async function readTrace(traceFile: string): Promise<TracedCall[]> {
       endMs: Number(BigInt(end) / 1000n) / 1000,
       exitCode: Number(rc),
       label: labelCall(program, args),
-      worker: args.includes("/opt/sandbox/worker.js"),
+      // The worker's exec: one that starts it, or the connector to the one waiting in the sandbox.
+      worker: args.includes("/opt/sandbox/worker.js") || args.includes("/usr/local/bin/sandbox-attach"),
     };
   });
   return calls.sort((a, b) => a.startMs - b.startMs);
@@ -300,6 +305,8 @@ function labelCall(program: string, args: string[]): string {
   let command = args.slice(i + 1);
   if (command[0] === "sandbox-exec") command = command.slice(2);
   if (command.includes("/opt/sandbox/worker.js")) return "docker exec worker";
+  if (command.includes("/usr/local/bin/sandbox-attach")) return "docker exec worker (waiting one)";
+  if (command[0] === "--lease" || args.includes("--lease")) return "docker exec lease";
   if (command[0] === "sh" && command[1] === "-c") return "docker exec sh -c (write file)";
   return `docker exec ${command[0] ?? ""}`.trim();
 }

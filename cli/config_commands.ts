@@ -1,6 +1,6 @@
 /** `sandbox config validate|show`. */
 import type { Command } from "commander";
-import YAML from "yaml";
+import { loadYaml } from "../lib/yaml.ts";
 import {
   type Config,
   loadConfigOrThrow,
@@ -9,7 +9,8 @@ import {
   resolveProfile,
 } from "../lib/config.ts";
 import { BUILTIN_PROVIDERS } from "../lib/proxy/llm_providers.ts";
-import { configFor, jsonOption, stdout } from "./context.ts";
+import { configFor, stdout } from "./context.ts";
+import { jsonOption } from "./options.ts";
 
 export function registerConfigCommands(program: Command): void {
   const config = program.command("config").description("check and print the configuration");
@@ -31,6 +32,7 @@ export function registerConfigCommands(program: Command): void {
     .description("print the effective configuration, defaults filled in")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }, command: Command) => {
+      const YAML = await loadYaml();
       const { config, file } = await configFor(command);
       const effective = effectiveConfig(config);
       if (opts.json) await stdout.json({ file: file ?? null, ...effective });

@@ -2,7 +2,7 @@
  * What every command shares: the one stdout writer, stderr notes, the interrupt signal, the state
  * `main` turns into an exit code, and small argument parsers.
  */
-import { type Command, Option } from "commander";
+import type { OptionValues } from "commander";
 import {
   bareProfile,
   type Config,
@@ -15,11 +15,12 @@ import {
 } from "../lib/config.ts";
 import { shellQuote } from "../lib/config_summary.ts";
 import { ConfigError, EXIT, SandboxError } from "../lib/errors.ts";
-import { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
+import type { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
 import { isSecretName } from "../lib/secret_guard.ts";
 import { StdoutWriter } from "../lib/output.ts";
 import { escapeControls } from "../lib/run/transcript.ts";
 import { parseDuration } from "../lib/units.ts";
+import { trace } from "../lib/trace.ts";
 import { clearSpinner, redrawSpinner } from "./progress.ts";
 
 /** Buffered: events join the write in flight instead of one awaited write each; flushed in main. */
@@ -65,7 +66,15 @@ interface GlobalOptions {
   config?: string;
 }
 
-export function globals(command: Command): GlobalOptions {
+/**
+ * The command being run, as the actions see it: commander's `Command`, or what the fast path
+ * (fast_path.ts) makes for `run` and `exec` without loading commander.
+ */
+export interface Invocation {
+  optsWithGlobals(): OptionValues;
+}
+
+export function globals(command: Invocation): GlobalOptions {
   return command.optsWithGlobals() as GlobalOptions;
 }
 
@@ -81,9 +90,10 @@ let loaded: Promise<LoadedConfig> | undefined;
  * The configuration, loaded once per process. Project files ignored for want of trust are reported
  * on stderr (which file, what it would change, how to trust it); an invalid file is a ConfigError.
  */
-export function configFor(command: Command): Promise<LoadedConfig> {
+export function configFor(command: Invocation): Promise<LoadedConfig> {
   loaded ??= (async () => {
     const result = await loadConfig({ explicit: globals(command).config });
+    trace("cli: configuration loaded");
     for (const ignored of result.ignored ?? []) reportIgnored(ignored);
     if (result.kind === "invalid") throw new ConfigError(result.file, result.issues);
     return result;
@@ -104,11 +114,11 @@ function reportIgnored(ignored: IgnoredConfig): void {
  * Every command runs this first: a configuration named with --config or $SANDBOX_CONFIG must exist
  * and be valid, whether or not the command needs it, so that a typo never goes unnoticed.
  */
-export async function checkNamedConfigFirst(_program: Command, action: Command): Promise<void> {
+export async function checkNamedConfigFirst(_program: unknown, action: Invocation): Promise<void> {
   if (namedConfigFile({ explicit: globals(action).config })) await configFor(action);
 }
 
-export async function profileFor(command: Command, name?: string) {
+export async function profileFor(command: Invocation, name?: string) {
   const { config } = await configFor(command);
   return resolveProfile(config, name);
 }
@@ -118,7 +128,7 @@ export async function profileFor(command: Command, name?: string) {
  * configuration never stops a cleanup. The name is `-p`, else `$SANDBOX_PROFILE`, else the
  * configuration's `default_profile` (which needs a valid configuration), else "default".
  */
-export async function sandboxToRemove(command: Command, name?: string): Promise<DockerSandboxProvider> {
+export async function sandboxToRemove(command: Invocation, name?: string): Promise<DockerSandboxProvider> {
   let chosen = name ?? (Deno.env.get("SANDBOX_PROFILE") || undefined);
   if (chosen === undefined) {
     try {
@@ -130,6 +140,7 @@ export async function sandboxToRemove(command: Command, name?: string): Promise<
       });
     }
   }
+  const { DockerSandboxProvider } = await import("../lib/sandbox/docker_provider.ts");
   return new DockerSandboxProvider(bareProfile(chosen));
 }
 
@@ -137,13 +148,14 @@ export async function sandboxToRemove(command: Command, name?: string): Promise<
  * The profile's sandbox container, found by its name (`sandbox-P`) as in every mode that has one:
  * `stop`, `start` and `cp` act on what exists and build nothing (a devcontainer's image included).
  */
-export async function sandboxByName(command: Command, name?: string): Promise<DockerSandboxProvider> {
+export async function sandboxByName(command: Invocation, name?: string): Promise<DockerSandboxProvider> {
   const profile = await profileFor(command, name);
   if (profile.sandbox.mode === "none") {
     throw new SandboxError("usage", `Profile "${profile.name}" uses sandbox mode "none": there is no sandbox`, {
       detail: `Set profiles.${profile.name}.sandbox.mode to "container"`,
     });
   }
+  const { DockerSandboxProvider } = await import("../lib/sandbox/docker_provider.ts");
   return new DockerSandboxProvider(profile.sandbox.mode === "container" ? profile : bareProfile(profile.name));
 }
 
@@ -193,9 +205,3 @@ export async function readInput(path: string, what: string): Promise<string> {
   }
 }
 
-export const jsonOption = () => new Option("--json", "machine-readable output on stdout");
-export const profileOption = () =>
-  new Option(
-    "-p, --profile <name>",
-    'profile to use (default: $SANDBOX_PROFILE, default_profile, or "default")',
-  );

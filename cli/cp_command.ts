@@ -9,9 +9,9 @@
 import type { Command } from "commander";
 import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
-import { type DockerSandboxProvider, WORKSPACE_DIR } from "../lib/sandbox/docker_provider.ts";
-import { readRun } from "../lib/run/run_log.ts";
-import { note, profileOption, sandboxByName, signal } from "./context.ts";
+import type { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
+import { note, sandboxByName, signal } from "./context.ts";
+import { profileOption } from "./options.ts";
 
 type Side =
   | { kind: "host"; path: string }
@@ -50,6 +50,10 @@ function dirname(path: string): string {
 
 /** The sandbox and directory a sandbox-side argument points into. */
 async function resolveSandbox(side: Extract<Side, { kind: "sandbox" }>, command: Command, profileName?: string): Promise<SandboxTarget> {
+  const [{ WORKSPACE_DIR }, { readRun }] = await Promise.all([
+    import("../lib/sandbox/docker_provider.ts"),
+    import("../lib/run/run_log.ts"),
+  ]);
   let name = profileName;
   let base = WORKSPACE_DIR;
   if (side.run !== undefined) {

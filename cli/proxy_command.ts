@@ -1,17 +1,15 @@
 /** `sandbox proxy`: the credential and egress proxies standalone, for orchestrators' own containers. */
 import type { Command } from "commander";
 import { SandboxError } from "../lib/errors.ts";
-import { startHostProxies } from "../lib/proxy/session.ts";
 import {
   cliState,
   collect,
-  jsonOption,
   note,
   profileFor,
-  profileOption,
   signal,
   stdout,
 } from "./context.ts";
+import { jsonOption, profileOption } from "./options.ts";
 
 export function registerProxyCommand(program: Command): void {
   program.command("proxy")
@@ -27,6 +25,7 @@ export function registerProxyCommand(program: Command): void {
     )
     .action(
       async (opts: { profile?: string; json?: boolean; listen: string[] }, command: Command) => {
+        const { startHostProxies } = await import("../lib/proxy/session.ts");
         const profile = await profileFor(command, opts.profile);
         const hostnames = opts.listen.length > 0 ? opts.listen : ["127.0.0.1"];
         await using proxies = await startHostProxies(profile, hostnames, { signal }).catch(

@@ -1,24 +1,9 @@
 /** `sandbox run agentic|generate`: an agent in the sandbox, its messages on stdout. */
 import { type Command, Option } from "commander";
-import { SandboxError } from "../lib/errors.ts";
-import { cliName } from "../lib/cli_name.ts";
-import { runAgent } from "../lib/run/run.ts";
-import { encodeMessage } from "../lib/run/protocol.ts";
-import { renderMessage } from "../lib/run/transcript.ts";
-import { type JsonSchema, loadJsonSchema } from "../worker/json_schema.ts";
-import {
-  cliState,
-  note,
-  parseTimeout,
-  profileFor,
-  profileOption,
-  readInput,
-  signal,
-  stdout,
-} from "./context.ts";
-import { progress } from "./progress.ts";
-import { reportError } from "./report.ts";
-import { type AgentName, AGENTS } from "../lib/agents/packages.ts";
+import { cliState } from "./context.ts";
+import { profileOption } from "./options.ts";
+import type { RunFlags } from "./run_action.ts";
+import { AGENTS } from "../lib/agents/packages.ts";
 
 export function registerRunCommand(program: Command): void {
   const runCommand = program.command("run").description(
@@ -79,87 +64,8 @@ export function registerRunCommand(program: Command): void {
       sub.option("--schema <file>", "JSON Schema the result must satisfy");
     }
     sub.action(async (opts: RunFlags, command: Command) => {
+      const { runAction } = await import("./run_action.ts");
       cliState.exitCode = await runAction(mode, opts, command);
     });
   }
-}
-
-interface RunFlags {
-  promptFile: string;
-  profile?: string;
-  model?: string;
-  timeout?: string;
-  record?: string;
-  format?: "ndjson" | "pretty";
-  instructionsFile?: string;
-  cwd?: string;
-  schema?: string;
-  repo?: string;
-  base?: string;
-  branch?: string;
-  keepWorktree?: boolean;
-  push?: boolean;
-  lifecycleEvents?: boolean;
-  agent?: AgentName;
-}
-
-async function runAction(
-  mode: "agentic" | "generate",
-  opts: RunFlags,
-  command: Command,
-): Promise<number> {
-  const timeoutMs = parseTimeout(opts.timeout);
-  if (!opts.repo && (opts.base || opts.branch || opts.keepWorktree || opts.push)) {
-    throw new SandboxError("usage", "--base, --branch, --keep-worktree and --push need --repo");
-  }
-  const profile = await profileFor(command, opts.profile);
-  const prompt = await readInput(opts.promptFile, "prompt file");
-  const instructions = opts.instructionsFile
-    ? await readInput(opts.instructionsFile, "instructions file")
-    : undefined;
-  let schema: JsonSchema | undefined;
-  if (opts.schema) {
-    try {
-      schema = await loadJsonSchema(opts.schema);
-    } catch (error) {
-      throw new SandboxError("usage", (error as Error).message);
-    }
-  }
-  const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
-  const outcome = await runAgent({
-    mode,
-    prompt,
-    profile,
-    model: opts.model,
-    instructions,
-    schema,
-    timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
-    record: opts.record,
-    hostCwd: opts.cwd,
-    agent: opts.agent,
-    repo: opts.repo
-      ? {
-        path: opts.repo,
-        base: opts.base,
-        branch: opts.branch,
-        keepWorktree: opts.keepWorktree,
-        push: opts.push,
-      }
-      : undefined,
-    onLifecycle: opts.lifecycleEvents ? (event) => stdout.json(event) : undefined,
-    signal,
-    onStart: (meta) =>
-      note(
-        `run ${meta.id} (profile ${meta.profile}, model ${meta.model}); replay with: ${cliName()} logs ${meta.id}`,
-      ),
-    onProgress: progress,
-    onWorkerStderr: (line) => {
-      if (Deno.env.get("SANDBOX_DEBUG")) note(`worker: ${line}`);
-    },
-    onEvent: async (message) => {
-      await stdout.line(pretty ? renderMessage(message) : encodeMessage(message));
-    },
-  });
-  if (outcome.error) reportError(outcome.error);
-  return outcome.exitCode;
 }

@@ -3,16 +3,15 @@ import { type Command, Option } from "commander";
 import { SandboxError } from "../lib/errors.ts";
 import { cliName } from "../lib/cli_name.ts";
 import { table } from "../lib/output.ts";
-import { decodeMessage } from "../lib/run/protocol.ts";
-import { listRuns, readEventBatches, readRun } from "../lib/run/run_log.ts";
-import { renderMessage } from "../lib/run/transcript.ts";
-import { cliState, jsonOption, signal, stdout } from "./context.ts";
+import { cliState, signal, stdout } from "./context.ts";
+import { jsonOption } from "./options.ts";
 
 export function registerRunsCommands(program: Command): void {
   program.command("runs")
     .description("past and live runs: id, profile, status, started, duration, tokens, exit, branch")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
+      const { listRuns } = await import("../lib/run/run_log.ts");
       const runs = await listRuns();
       if (opts.json) return void await stdout.json(runs);
       if (runs.length === 0) {
@@ -43,6 +42,11 @@ export function registerRunsCommands(program: Command): void {
         .choices(["ndjson", "pretty"]),
     )
     .action(async (id: string, opts: { follow?: boolean; format?: string }) => {
+      const [{ readEventBatches, readRun }, { decodeMessage }, { renderMessage }] = await Promise.all([
+        import("../lib/run/run_log.ts"),
+        import("../lib/run/protocol.ts"),
+        import("../lib/run/transcript.ts"),
+      ]);
       if (!await readRun(id)) {
         throw new SandboxError("usage", `No run "${id}"`, {
           detail: `List runs with: ${cliName()} runs`,

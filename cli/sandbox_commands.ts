@@ -1,38 +1,24 @@
 /** Commands that manage sandboxes: up, down, status/ls, exec, stats, teardown, image build. */
+// The engine's modules are imported by the action that needs them (`await import(...)`), so that
+// starting the CLI loads only what the command it runs uses.
 import { type Command, Option } from "commander";
 import { DockerCli } from "../lib/sandbox/docker.ts";
 import { cliName } from "../lib/cli_name.ts";
-import {
-  listSandboxes,
-  statsAll,
-  teardownAll,
-  teardownProfile,
-} from "../lib/sandbox/docker_provider.ts";
-import { removeLegacyFirewall } from "../lib/sandbox/legacy_cleanup.ts";
-import { ensureImage } from "../lib/sandbox/image.ts";
-import { openProvider } from "../lib/sandbox/providers.ts";
-import { openDevcontainer } from "../lib/sandbox/devcontainer/provider.ts";
-import { ensureAgentImage } from "../lib/agents/agent_image.ts";
 import { AGENT_CLIS, type AgentCliName } from "../lib/agents/packages.ts";
-import { openSession } from "../lib/proxy/session.ts";
 import { table } from "../lib/output.ts";
 import { formatAge, formatBytes } from "../lib/units.ts";
 import {
-  cliState,
   collect,
-  jsonOption,
   note,
-  parseEnvPairs,
-  parseTimeout,
   profileFor,
-  profileOption,
   sandboxByName,
   sandboxToRemove,
   signal,
-  stderrLine,
   stdout,
 } from "./context.ts";
+import { jsonOption, profileOption } from "./options.ts";
 import { progress } from "./progress.ts";
+import type { ExecFlags } from "./exec_action.ts";
 
 /**
  * The repository whose own sandbox a command uses (mode devcontainer: whose devcontainer it runs);
@@ -51,6 +37,7 @@ export function registerSandboxCommands(program: Command): void {
     .description("start the profile's sandbox container if it is not running (idempotent)")
     .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption())
     .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
+      const { openProvider } = await import("../lib/sandbox/providers.ts");
       const profile = await profileFor(command, opts.profile);
       const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
       const status = await provider.ensureRunning({ signal, checkImage: true, probe: true });
@@ -70,6 +57,7 @@ export function registerSandboxCommands(program: Command): void {
         const provider = await sandboxToRemove(command, opts.profile);
         // Every container of the profile: its shared one, one per repository, per-run ones, and
         // its agent CLIs' (sandbox-PROFILE-AGENT…): all carry the profile's label.
+        const { teardownProfile } = await import("../lib/sandbox/docker_provider.ts");
         const report = await teardownProfile(provider.docker, provider.profile.name, { volumes: opts.volumes, signal });
         if (opts.json) await stdout.json(report);
         else if (report.containers.length === 0) {
@@ -99,6 +87,7 @@ export function registerSandboxCommands(program: Command): void {
     });
 
   const listAction = async (opts: { json?: boolean }) => {
+    const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
     const sandboxes = await listSandboxes(new DockerCli(), signal);
     if (opts.json) return void await stdout.json(sandboxes);
     if (sandboxes.length === 0) return void await stdout.line(`no sandboxes (start one with: ${cliName()} up)`);
@@ -132,57 +121,16 @@ export function registerSandboxCommands(program: Command): void {
     )
     .argument("<command...>", "the command and its arguments (after --)")
     .passThroughOptions()
-    .action(
-      async (
-        argv: string[],
-        opts: { profile?: string; cwd: string; env: string[]; timeout?: string; repo?: string },
-        command: Command,
-      ) => {
-        const env = parseEnvPairs(opts.env);
-        const timeoutMs = parseTimeout(opts.timeout);
-        const profile = await profileFor(command, opts.profile);
-        const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
-        await provider.ensureRunning({ signal });
-        // While the command runs, this process serves its proxies (LLM credentials, egress).
-        await using session = await openSession(profile, provider, { signal, onProgress: note });
-        // resources.disk: a workspace growing past it stops the command (exit 125).
-        await using watch = provider.watchDisk();
-        const stream = provider.execStream(argv, {
-          cwd: opts.cwd,
-          env: { ...session.env, ...env },
-          stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
-          signal: AbortSignal.any([signal, watch.signal]),
-          timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
-          onStderrLine: stderrLine,
-        });
-        let outcome;
-        try {
-          for await (const line of stream) {
-            await stdout.line(line);
-            if (stdout.closed) break;
-          }
-          outcome = await stream.outcome;
-        } catch (error) {
-          throw watch.signal.aborted ? watch.signal.reason : error;
-        } finally {
-          // What the command started, it takes with it (even what escaped its wrapper).
-          await provider.sweep();
-        }
-        if (outcome.oomKilled) {
-          note(
-            `the command was killed by the sandbox memory limit (${
-              formatBytes(profile.resources.memoryBytes)
-            }); raise resources.memory in profile ${profile.name}`,
-          );
-        }
-        cliState.exitCode = outcome.exitCode;
-      },
-    );
+    .action(async (argv: string[], opts: ExecFlags, command: Command) => {
+      const { execAction } = await import("./exec_action.ts");
+      await execAction(argv, opts, command);
+    });
 
   program.command("stats")
     .description("memory, CPU and processes of each running sandbox")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
+      const { statsAll } = await import("../lib/sandbox/docker_provider.ts");
       const stats = await statsAll(new DockerCli(), signal);
       if (opts.json) return void await stdout.json(stats);
       if (stats.length === 0) return void await stdout.line("no running sandboxes");
@@ -208,6 +156,10 @@ export function registerSandboxCommands(program: Command): void {
     .requiredOption("--all", "confirm: remove all of them, including orphans of crashed runs")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
+      const [{ teardownAll }, { removeLegacyFirewall }] = await Promise.all([
+        import("../lib/sandbox/docker_provider.ts"),
+        import("../lib/sandbox/legacy_cleanup.ts"),
+      ]);
       const report = await teardownAll(new DockerCli(), signal);
       // Chains older versions made (root only; nothing to do for anyone else).
       await removeLegacyFirewall();
@@ -230,6 +182,10 @@ export function registerSandboxCommands(program: Command): void {
         .choices([...AGENT_CLIS]),
     )
     .action(async (opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName }, command: Command) => {
+      const [{ ensureImage }, { ensureAgentImage }] = await Promise.all([
+        import("../lib/sandbox/image.ts"),
+        import("../lib/agents/agent_image.ts"),
+      ]);
       const profile = await profileFor(command, opts.profile);
       const docker = new DockerCli();
       // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
@@ -239,6 +195,7 @@ export function registerSandboxCommands(program: Command): void {
         else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
       };
       if (profile.sandbox.mode === "devcontainer") {
+        const { openDevcontainer } = await import("../lib/sandbox/devcontainer/provider.ts");
         const devcontainer = await openDevcontainer(profile, { repo: opts.repo ?? Deno.cwd(), force: !opts.agent, onProgress: progress, signal });
         const info = await ensureImage(docker, devcontainer.profile.sandbox.image, { force: !opts.agent, onProgress: progress, signal });
         if (opts.agent) return await layer(info.tag);

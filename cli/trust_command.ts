@@ -5,10 +5,12 @@
 import type { Command } from "commander";
 import { CONFIG_FILE_NAMES, findProjectConfigFile, validateConfigText } from "../lib/config.ts";
 import { shellQuote, summarizeConfig } from "../lib/config_summary.ts";
+import { loadYaml } from "../lib/yaml.ts";
 import { ConfigError, SandboxError } from "../lib/errors.ts";
 import { table } from "../lib/output.ts";
 import { listTrust, revokeTrust, trustContent, trustKey } from "../lib/trust.ts";
-import { jsonOption, note, stdout } from "./context.ts";
+import { note, stdout } from "./context.ts";
+import { jsonOption } from "./options.ts";
 
 interface TrustFlags {
   list?: boolean;
@@ -54,6 +56,7 @@ async function trust(file: string, json?: boolean): Promise<void> {
     throw new SandboxError("usage", `Cannot trust ${shellQuote(file)}: ${reason}`);
   }
   const text = new TextDecoder().decode(bytes);
+  await loadYaml();
   const checked = validateConfigText(text, file, "project");
   if (checked.kind === "invalid") {
     note("not trusted: a project file must be valid, and may not use a key command");

@@ -6,13 +6,17 @@
  */
 import { z } from "zod";
 import { AGENTS, DEFAULT_AGENT } from "./agents/packages.ts";
-import YAML from "yaml";
+import { loadYaml, parseYamlDocument, type YamlDocument, yamlDeferred } from "./yaml.ts";
+import { parsedDocument } from "./config_cache.ts";
 import { type ConfigIssue, ConfigError, SandboxError } from "./errors.ts";
 import { parseDuration, parseSize } from "./units.ts";
 import { joinPath, userConfigDir } from "./paths.ts";
 import { findSecret, isSecretName, knownSecrets } from "./secret_guard.ts";
 import { shellQuote, summarizeConfig } from "./config_summary.ts";
 import { trustStateOf } from "./trust.ts";
+
+// `parseConfig()` is synchronous: YAML is ready when this module is, unless the CLI deferred it.
+if (!yamlDeferred()) await loadYaml();
 
 export { isSecretName } from "./secret_guard.ts";
 export { userConfigDir, userStateDir } from "./paths.ts";
@@ -292,16 +296,20 @@ export function parseConfig(
   file?: string,
   env: (name: string) => string | undefined = (n) => Deno.env.get(n),
 ): ConfigLoadResult {
-  const doc = YAML.parseDocument(text, { prettyErrors: true });
-  if (doc.errors.length > 0) {
-    return {
-      kind: "invalid",
-      file,
-      issues: doc.errors.map((e) => ({ path: "", message: `YAML syntax: ${e.message}` })),
-    };
+  return checkDocument(parseYamlDocument(text), file, env);
+}
+
+/** Validate a parsed document (see `parseConfig`). */
+function checkDocument(
+  doc: YamlDocument,
+  file?: string,
+  env: (name: string) => string | undefined = (n) => Deno.env.get(n),
+): ConfigLoadResult {
+  if (doc.kind === "invalid") {
+    return { kind: "invalid", file, issues: doc.errors.map((message) => ({ path: "", message: `YAML syntax: ${message}` })) };
   }
   const issues: ConfigIssue[] = [];
-  const raw = interpolate(doc.toJS() ?? {}, env, issues);
+  const raw = interpolate(doc.value, env, issues);
   if (issues.length > 0) return { kind: "invalid", file, issues };
   const parsed = ConfigSchema.safeParse(raw);
   if (!parsed.success) return { kind: "invalid", file, issues: issuesFromZod(parsed.error) };
@@ -383,6 +391,7 @@ async function selectConfig(options: FindConfigOptions): Promise<Selection> {
     if (source === "project") {
       const state = await trustStateOf(file, bytes, options.trustStore);
       if (state !== "trusted") {
+        await loadYaml();
         ignored.push({
           file,
           state,
@@ -414,20 +423,27 @@ export async function findConfigFile(options: FindConfigOptions = {}): Promise<s
 export async function loadConfig(options: FindConfigOptions = {}): Promise<ConfigLoadResult> {
   const selected = await selectConfig(options);
   const { ignored } = selected;
-  if (selected.kind === "none") return { ...parseConfig("profiles: {}", undefined), ignored };
+  if (selected.kind === "none") return { ...checkDocument({ kind: "ok", value: { profiles: {} } }), ignored };
   const { file, source } = selected;
   if (selected.kind === "unreadable") {
     return { kind: "invalid", file, source, issues: [{ path: "", message: `cannot read: ${selected.reason}` }], ignored };
   }
-  return { ...validateConfigText(new TextDecoder().decode(selected.bytes), file, source), source, ignored };
+  const text = new TextDecoder().decode(selected.bytes);
+  return { ...validateConfigText(text, file, source, await parsedDocument(text)), source, ignored };
 }
 
 /**
  * Every rule a configuration from `source` must pass: the schema, no secret in a value that enters
  * the sandbox, and for a project file no key command.
  */
-export function validateConfigText(text: string, file: string | undefined, source: ConfigSource): ConfigLoadResult {
-  let result = parseConfig(text, file);
+export function validateConfigText(
+  text: string,
+  file: string | undefined,
+  source: ConfigSource,
+  /** `text` already parsed (e.g. from the parse cache). */
+  parsed?: YamlDocument,
+): ConfigLoadResult {
+  let result = parsed ? checkDocument(parsed, file) : parseConfig(text, file);
   if (source === "project") result = rejectHostCommands(result);
   return rejectSecretValues(result);
 }

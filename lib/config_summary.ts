@@ -7,7 +7,10 @@
  * file is quoted with control, C1 and bidirectional characters escaped, so that the file cannot
  * write terminal escapes to the user's screen through it.
  */
-import YAML from "yaml";
+import { loadYaml, yaml, yamlDeferred } from "./yaml.ts";
+
+// `summarizeConfig()` is synchronous: YAML is ready when this module is, unless the CLI deferred it.
+if (!yamlDeferred()) await loadYaml();
 
 const MAX_LINES = 24;
 const MAX_VALUE_CHARS = 80;
@@ -63,11 +66,15 @@ function keySource(value: unknown): string {
   return quoteForTerminal(value);
 }
 
-/** What each profile of the document sets, one line per section; at most `MAX_LINES` lines. */
+/**
+ * What each profile of the document sets, one line per section; at most `MAX_LINES` lines. (The
+ * yaml module must be loaded: see yaml.ts.)
+ */
 export function summarizeConfig(text: string): string[] {
+  const parser = yaml();
   let doc: unknown;
   try {
-    doc = YAML.parse(text);
+    doc = parser.parse(text);
   } catch {
     return ["(not valid YAML)"];
   }

@@ -245,6 +245,30 @@ export function spawn(argv: readonly string[], options?: SpawnOptions): ChildPro
   return new ChildProcess(argv, options);
 }
 
+/**
+ * Start `argv` in a session of its own, detached from this process, and return at once: work that
+ * must happen but that nobody should wait for (removing a run's container after its result). It
+ * outlives this process, and a Ctrl-C meant for this process does not reach it. Its output is
+ * discarded; nothing reports how it ended.
+ */
+export function spawnDetached(argv: readonly string[], options: { env?: Record<string, string> } = {}): void {
+  if (argv.length === 0) throw new TypeError("Cannot run an empty command");
+  try {
+    const child = new Deno.Command(argv[0], {
+      args: argv.slice(1),
+      env: options.env,
+      stdin: "null",
+      stdout: "null",
+      stderr: "null",
+      detached: true,
+    }).spawn();
+    child.unref();
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) throw new ProgramNotFoundError(argv[0], { cause: error });
+    throw error;
+  }
+}
+
 /** Run a child to completion, collecting stdout and stderr. Never throws on non-zero exit. */
 export async function run(argv: readonly string[], options?: SpawnOptions): Promise<RunResult> {
   let stderr = "";

@@ -110,6 +110,8 @@ export interface SandboxInput {
   argv?: readonly string[];
   /** A file the tool writes into the sandbox. */
   file?: { path: string; data: string | Uint8Array };
+  /** Text handed in another way (a worker's job on its input): `what` names it in the message. */
+  texts?: { what: string; data: string }[];
 }
 
 /**
@@ -141,5 +143,9 @@ export function assertNoSecrets(target: string, input: SandboxInput, secrets: re
     const text = typeof data === "string" ? data : new TextDecoder().decode(data);
     const found = findSecret(text, secrets);
     if (found) refuse(`file "${path}"`, found);
+  }
+  for (const { what, data } of input.texts ?? []) {
+    const found = findSecret(data, secrets);
+    if (found) refuse(what, found);
   }
 }

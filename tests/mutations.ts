@@ -544,8 +544,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "the exec wrapper is not a subreaper (setsid and double forks escape it)",
     file: "scripts/sandbox-exec",
-    find: "  prctl($PR_SET_CHILD_SUBREAPER, 1);\n",
-    replace: "",
+    find: "  prctl($PR_SET_DUMPABLE, 0);\n  prctl($PR_SET_CHILD_SUBREAPER, 1);\n",
+    replace: "  prctl($PR_SET_DUMPABLE, 0);\n",
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {

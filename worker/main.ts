@@ -2,28 +2,40 @@
  * The agent worker: runs inside the sandbox (or on the host in mode "none") and speaks the wire
  * protocol of `lib/protocol.ts` on stdout, nothing else; diagnostics go to stderr.
  *
+ *   worker serve [--socket PATH]
  *   worker agentic  --prompt-file F [--instructions-file F] [--model M] [--cwd D] [--max-turns N]
  *   worker generate --prompt-file F [--schema F.json] [--model M]
  *
- * The LLM connection comes from the environment (see `llm.ts`). The prompt file is only read:
- * its owner (the host) deletes it. Exit codes: 0 once a result was emitted, even an `is_error`
- * one (a missing prompt file, a bad schema, an unreachable LLM, a failed agent are all results);
- * 2 for bad usage (nothing on stdout); 1 if a result could not be emitted at all.
+ * `serve` takes its job — prompt, run variables, options — as one JSON line on stdin (or, with
+ * `--socket`, from the one connection a worker started ahead of its run waits for): see
+ * worker/serve.ts and worker/job.ts. The argv forms read the prompt from a file, which they only
+ * read (its owner, the host, deletes it). The LLM connection comes from the environment (see
+ * `llm.ts`), the job's variables added to it. Exit codes: 0 once a result was emitted, even an
+ * `is_error` one (a missing prompt file, a bad schema, an unreachable LLM, a failed agent are all
+ * results); 2 for bad usage (nothing on stdout); 1 if a result could not be emitted at all; 130
+ * when the host went away (`serve`'s input ended) before the end.
  */
 import { parseArgs } from "node:util";
 import { Emitter } from "./emit.ts";
-import { loadJsonSchema } from "./json_schema.ts";
+import type { WorkerJob } from "./job.ts";
+import { type JsonSchema, loadJsonSchema } from "./json_schema.ts";
 import { describeError, llmSettings, scrubEnvironment } from "./llm.ts";
+import { type Channel, EXIT_HOST_GONE, inputEnded, readJob, socketChannel, stdioChannel } from "./serve.ts";
+import { StdoutWriter } from "../lib/output.ts";
 
 export const USAGE = `Usage:
+  worker serve [--socket PATH]
   worker agentic  --prompt-file F [--instructions-file F] [--model M] [--cwd D] [--max-turns N]
   worker generate --prompt-file F [--schema F.json] [--model M]
 
+serve reads its job (one JSON line: mode, prompt, env, cwd, instructions, model, maxTurns,
+schema) from stdin, or with --socket from the first connection to that Unix socket.
 Environment: SANDBOX_LLM_BASE_URL, SANDBOX_LLM_TOKEN, SANDBOX_LLM_MODEL, SANDBOX_LLM_API,
 SANDBOX_LLM_MAX_RETRIES. Output: one AgenticMessage JSON object per line on stdout.`;
 
 export type WorkerCommand =
   | { kind: "help" }
+  | { kind: "serve"; socket?: string }
   | {
     kind: "agentic";
     promptFile: string;
@@ -35,6 +47,7 @@ export type WorkerCommand =
   | { kind: "generate"; promptFile: string; schemaFile?: string; model?: string };
 
 const FLAGS = {
+  serve: ["socket"],
   agentic: ["prompt-file", "instructions-file", "model", "cwd", "max-turns"],
   generate: ["prompt-file", "schema", "model"],
 } as const;
@@ -45,8 +58,8 @@ export function parseWorkerArgs(args: readonly string[]): WorkerCommand {
   if (mode === undefined || mode === "--help" || mode === "-h" || mode === "help") {
     return { kind: "help" };
   }
-  if (mode !== "agentic" && mode !== "generate") {
-    throw new TypeError(`Unknown mode "${mode}": expected "agentic" or "generate"`);
+  if (mode !== "agentic" && mode !== "generate" && mode !== "serve") {
+    throw new TypeError(`Unknown mode "${mode}": expected "serve", "agentic" or "generate"`);
   }
   const options = Object.fromEntries(
     FLAGS[mode].map((name) => [name, { type: "string" as const }]),
@@ -58,6 +71,7 @@ export function parseWorkerArgs(args: readonly string[]): WorkerCommand {
     throw new TypeError(`Invalid arguments for "${mode}": ${(error as Error).message}`);
   }
   const value = (name: string) => values[name] as string | undefined;
+  if (mode === "serve") return { kind: "serve", socket: value("socket") };
   const promptFile = value("prompt-file");
   if (!promptFile) throw new TypeError(`Missing --prompt-file for "${mode}"`);
   if (mode === "generate") {
@@ -91,33 +105,87 @@ export async function main(args: readonly string[]): Promise<number> {
     console.log(USAGE);
     return 0;
   }
-  // stdout belongs to the protocol: a library that logs with console.log must not corrupt it.
-  console.log = console.error;
-  console.info = console.error;
-  console.debug = console.error;
-
-  const started = performance.now();
-  const emit = new Emitter();
+  if (command.kind === "serve") return await serve(command.socket);
+  divertConsole();
   const fallbackModel = command.model || Deno.env.get("SANDBOX_LLM_MODEL") || null;
-  try {
-    const givenEnv = Deno.env.toObject();
-    const llm = llmSettings(givenEnv, command.model);
-    scrubEnvironment();
+  return await runTask(async () => {
     const prompt = await readInput(command.promptFile, "prompt");
     if (prompt.trim() === "") throw new Error(`The prompt file "${command.promptFile}" is empty`);
     if (command.kind === "agentic") {
-      const cwd = workingDirectory(command.cwd);
       const instructions = command.instructionsFile
         ? await readInput(command.instructionsFile, "instructions")
         : undefined;
+      return { mode: "agentic", prompt, env: {}, instructions, cwd: command.cwd, model: command.model, maxTurns: command.maxTurns };
+    }
+    const schema = command.schemaFile ? await loadJsonSchema(command.schemaFile) : undefined;
+    return { mode: "generate", prompt, env: {}, schema, model: command.model };
+  }, new Emitter(), fallbackModel);
+}
+
+/**
+ * `worker serve`: the job from stdin, or (with `socket`) from the first connection after the
+ * code is loaded. Exits as soon as the input ends after the job: the host is gone.
+ */
+async function serve(socket: string | undefined): Promise<number> {
+  // A spare loads its code, and runs it once, while it waits: its job then starts warm.
+  const preload = async () => {
+    const [{ warmUpAgentic }] = await Promise.all([import("./agentic.ts"), import("./generate.ts")]);
+    await warmUpAgentic();
+  };
+  let channel: Channel;
+  try {
+    channel = socket === undefined ? stdioChannel() : await socketChannel(socket, preload);
+  } catch (error) {
+    console.error(`worker: cannot listen on "${socket}": ${describeError(error)}`);
+    return 1;
+  }
+  divertConsole(channel.diagnostic);
+  const reader = channel.readable.getReader();
+  const emit = new Emitter(new StdoutWriter(channel.events));
+  let job: WorkerJob | undefined;
+  const code = await runTask(async () => {
+    try {
+      job = (await readJob(reader)).job;
+    } catch (error) {
+      throw new Error(`Cannot read the job: ${(error as Error).message}`);
+    }
+    // The host's input stays open while it waits for the run; its end means nobody does.
+    void inputEnded(reader).then(async () => {
+      await channel.finish(EXIT_HOST_GONE);
+      Deno.exit(EXIT_HOST_GONE);
+    });
+    if (job.prompt.trim() === "") throw new Error("The job's prompt is empty");
+    return job;
+  }, emit, () => job?.model || job?.env.SANDBOX_LLM_MODEL || Deno.env.get("SANDBOX_LLM_MODEL") || null);
+  await channel.finish(code);
+  return code;
+}
+
+/**
+ * Read the task (`load`), then run it, emitting events, the result and the usage; every failure
+ * before the result becomes an is_error result. Returns the exit code.
+ */
+async function runTask(
+  load: () => Promise<WorkerJob>,
+  emit: Emitter,
+  fallbackModel: string | null | (() => string | null),
+): Promise<number> {
+  const started = performance.now();
+  try {
+    const job = await load();
+    const givenEnv = { ...Deno.env.toObject(), ...job.env };
+    const llm = llmSettings(givenEnv, job.model);
+    scrubEnvironment();
+    if (job.mode === "agentic") {
+      const cwd = workingDirectory(job.cwd);
       // Loaded on demand: `generate` need not evaluate deepagents, LangGraph and LangSmith.
       const { runAgentic } = await import("./agentic.ts");
-      const { maxTurns } = command;
+      const { prompt, instructions, maxTurns } = job;
       await runAgentic({ prompt, instructions, cwd, maxTurns, llm, toolEnv: givenEnv }, emit);
     } else {
-      const schema = command.schemaFile ? await loadJsonSchema(command.schemaFile) : undefined;
+      const schema: JsonSchema | undefined = job.schema;
       const { runGenerate } = await import("./generate.ts");
-      await runGenerate({ prompt, schema, llm }, emit);
+      await runGenerate({ prompt: job.prompt, schema, llm }, emit);
     }
     return 0;
   } catch (error) {
@@ -125,22 +193,30 @@ export async function main(args: readonly string[]): Promise<number> {
       console.error(`worker: failed after the result: ${describeError(error)}`);
       return 1;
     }
+    const model = typeof fallbackModel === "function" ? fallbackModel() : fallbackModel;
     try {
-      await emit.result(`Cannot run the worker: ${describeError(error)}`, {
-        isError: true,
-        model: fallbackModel,
-      });
-      await emit.usage({
-        duration_ms: Math.round(performance.now() - started),
-        num_turns: 0,
-        model: fallbackModel,
-      });
+      await emit.result(`Cannot run the worker: ${describeError(error)}`, { isError: true, model });
+      await emit.usage({ duration_ms: Math.round(performance.now() - started), num_turns: 0, model });
       return 0;
     } catch (emitError) {
       console.error(`worker: cannot emit a result: ${describeError(emitError)}`);
       return 1;
     }
   }
+}
+
+/**
+ * stdout (or the socket) belongs to the protocol: a library that logs with console.log must not
+ * corrupt it. Every console method writes to stderr, or through `line` when given.
+ */
+function divertConsole(line?: (text: string) => void): void {
+  if (!line) {
+    console.log = console.info = console.debug = console.error;
+    return;
+  }
+  const write = (...args: unknown[]) =>
+    line(args.map((arg) => typeof arg === "string" ? arg : Deno.inspect(arg)).join(" "));
+  console.log = console.info = console.debug = console.warn = console.error = write;
 }
 
 async function readInput(file: string, what: string): Promise<string> {

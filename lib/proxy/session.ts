@@ -271,9 +271,11 @@ async function sessionSocketDir(): Promise<string> {
 }
 
 /** Runs the relay in `provider`'s container: `docker exec -i` under the exec wrapper, as the sandbox user. */
-export function dockerRelayLauncher(provider: DockerSandboxProvider): RelayLauncher {
+export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: string | null): RelayLauncher {
   return (args) => {
-    const id = `relay-${crypto.randomUUID()}`;
+    // A run's relay is named after the run: its lease, taken while the relay starts, knows it as
+    // the run's own (scripts/sandbox-exec, --lease).
+    const id = runId ? `relay-${runId}-${crypto.randomUUID()}` : `relay-${crypto.randomUUID()}`;
     return spawnRelayProcess([
       provider.docker.program,
       "exec",
@@ -319,7 +321,7 @@ export async function openSession(
     cleanups.push(() => proxies.close());
     const relay = await startRelay({
       sockets: proxies.sockets,
-      launch: dockerRelayLauncher(provider),
+      launch: dockerRelayLauncher(provider, options.runId),
       sandboxName: provider.containerName,
       onEvent: (message) => options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
     });

@@ -14,7 +14,7 @@
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { sha256Hex } from "../hash.ts";
 import { formatBytes } from "../units.ts";
-import { run, spawn } from "../process.ts";
+import { type ProcessOutcome, run, spawn } from "../process.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
 
 export const REPOS_DIR = "/workspace/repos";
@@ -163,9 +163,14 @@ function byteCounter(): { stream: TransformStream<Uint8Array, Uint8Array>; bytes
   };
 }
 
+/** What the sandbox prints once it listed its refs: the host sends the pack after it. */
+const REFS_END = "sandbox: refs listed";
+
 /**
  * Send the base commit's objects (only those the sandbox lacks) and create the run's worktree on
- * a new branch.
+ * a new branch — in one `docker exec`: the sandbox lists what its bare repository has, the host
+ * packs only what is missing into the same exec's input, and the sandbox unpacks it and adds the
+ * worktree. (Three execs before, each a round trip to the engine.)
  */
 export async function prepareWorktree(
   provider: SandboxProvider,
@@ -174,46 +179,52 @@ export async function prepareWorktree(
 ): Promise<RunWorktree> {
   const bare = `${REPOS_DIR}/${repo.key}.git`;
   const path = `${WORKTREES_DIR}/${options.runId}`;
-  // What the sandbox already has: every ref tip of its bare repository.
-  const listed = await inSandbox(
-    provider,
-    "prepare the repository",
-    `${RESET_BARE}; ${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)"`,
-    [bare],
-    options.signal,
-  );
-  const refsBefore = listed.split("\n").filter(Boolean);
-  const haves = await commitsKnownToHost(repo, refsBefore.map((line) => line.split(" ")[0]));
+  const branch = sandboxBranch(options.runId);
   const counter = byteCounter();
-  const pack = spawn(
-    ["git", "-C", repo.path, "pack-objects", "--stdout", "--revs", "--thin", "--delta-base-offset", "-q"],
-    { stdin: [repo.base, ...haves.map((h) => `^${h}`)].join("\n") + "\n", signal: options.signal },
-  );
-  const receive = provider.exec(
-    ["sh", "-c", `${SAFE_GIT} -C "$1" index-pack --stdin --fix-thin >/dev/null`, "sh", bare],
-    { stdin: pack.stdout.pipeThrough(counter.stream), signal: options.signal, timeoutMs: 600_000 },
-  );
-  const [packed, received] = await Promise.all([pack.finished, receive]);
-  if (packed.exitCode !== 0) throw new CommandExitError("exec_failed", "Cannot pack the repository", packed);
-  if (received.exitCode !== 0) {
-    throw new CommandExitError("exec_failed", "Cannot unpack the repository in the sandbox", {
-      argv: ["git", "index-pack"],
-      exitCode: received.exitCode,
-      stderrTail: received.stderr.trim(),
+  const packInput = new TransformStream<Uint8Array, Uint8Array>();
+  const script = `${RESET_BARE} && ${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)" && echo "$5" && ` +
+    `${SAFE_GIT} -C "$1" index-pack --stdin --fix-thin >/dev/null && ` +
+    `${SAFE_GIT} -C "$1" update-ref "refs/sandbox/bases/$2" "$2" && mkdir -p "$(dirname "$3")" && ` +
+    `${SAFE_GIT} -C "$1" worktree add -q -b "$4" "$3" "$2"`;
+  const steps = provider.execStream(["sh", "-c", script, "sh", bare, repo.base, path, branch, REFS_END], {
+    stdin: packInput.readable.pipeThrough(counter.stream),
+    signal: options.signal,
+    timeoutMs: 600_000,
+  });
+  // What the sandbox already has: every ref tip of its bare repository.
+  const refsBefore: string[] = [];
+  let packed: Promise<ProcessOutcome> | undefined;
+  try {
+    for await (const line of steps) {
+      if (packed) continue;
+      if (line !== REFS_END) {
+        if (line) refsBefore.push(line);
+        continue;
+      }
+      const haves = await commitsKnownToHost(repo, refsBefore.map((ref) => ref.split(" ")[0]));
+      const pack = spawn(
+        ["git", "-C", repo.path, "pack-objects", "--stdout", "--revs", "--thin", "--delta-base-offset", "-q"],
+        { stdin: [repo.base, ...haves.map((h) => `^${h}`)].join("\n") + "\n", signal: options.signal },
+      );
+      pack.stdout.pipeTo(packInput.writable).catch(() => {});
+      packed = pack.finished;
+    }
+  } finally {
+    if (!packed) await packInput.writable.close().catch(() => {});
+  }
+  const [outcome, packOutcome] = await Promise.all([steps.outcome, packed]);
+  if (packOutcome && packOutcome.exitCode !== 0) throw new CommandExitError("exec_failed", "Cannot pack the repository", packOutcome);
+  if (outcome.exitCode !== 0) {
+    throw new CommandExitError("exec_failed", "Cannot prepare the repository and the run's worktree in the sandbox", {
+      argv: ["sh", "-c", script],
+      exitCode: outcome.exitCode,
+      stderrTail: outcome.stderrTail.trim(),
     });
   }
-  await inSandbox(
-    provider,
-    "create the run's worktree",
-    `${SAFE_GIT} -C "$1" update-ref "refs/sandbox/bases/$2" "$2" && mkdir -p "$(dirname "$3")" && ` +
-      `${SAFE_GIT} -C "$1" worktree add -q -b "$4" "$3" "$2"`,
-    [bare, repo.base, path, sandboxBranch(options.runId)],
-    options.signal,
-  );
   return {
     bare,
     path,
-    branch: sandboxBranch(options.runId),
+    branch,
     targetBranch: options.branch,
     base: repo.base,
     refsBefore,
@@ -384,7 +395,15 @@ export async function removeWorktree(
   worktree: RunWorktree,
   options: { keepBranch?: boolean } = {},
 ): Promise<void> {
-  await provider.exec([
+  await provider.exec(removeWorktreeArgv(worktree, options), { timeoutMs: 120_000 }).catch(() => {});
+}
+
+/** The command, run in the sandbox, that removes the run's worktree (and unless `keepBranch` its branch). */
+export function removeWorktreeArgv(
+  worktree: Pick<RunWorktree, "bare" | "path" | "branch">,
+  options: { keepBranch?: boolean } = {},
+): string[] {
+  return [
     "sh",
     "-c",
     `${SAFE_GIT} -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; ${SAFE_GIT} -C "$1" worktree prune; ` +
@@ -393,5 +412,5 @@ export async function removeWorktree(
     worktree.bare,
     worktree.path,
     options.keepBranch ? "" : worktree.branch,
-  ], { timeoutMs: 120_000 }).catch(() => {});
+  ];
 }

@@ -6,22 +6,30 @@
  * - `generate()` returns the result's content, or with a JSON Schema the parsed, validated value.
  * - `cleanupSession()` returns false: the driver keeps no conversation state.
  *
+ * The worker runs as `worker serve` and gets its job — the prompt, the session variables, the
+ * options — as one line on its input (worker/job.ts): the prompt never touches argv or a file, and
+ * no extra `docker exec` writes or removes one. The job is checked like everything else that
+ * enters a sandbox: no known secret in it (lib/secret_guard.ts).
+ *
  * Errors: an empty prompt is a `usage` error (the caller's fault). A malformed or invalid line, a
  * worker that ends without a `result`, a schema mismatch and a failed `docker exec` are
- * `worker_failed` (or the provider's own code) with context. The prompt file is removed in
- * `finally`, whatever happened.
+ * `worker_failed` (or the provider's own code) with context. An agent CLI's private files are
+ * removed in `finally`, whatever happened.
  */
 import { checkJson, type JsonSchema } from "../../worker/json_schema.ts";
+import type { WorkerJob } from "../../worker/job.ts";
 import { SandboxError } from "../errors.ts";
+import { assertNoSecrets } from "../secret_guard.ts";
+import { startWorker, type WorkerProcess } from "./worker_process.ts";
 import { type AgenticMessage, decodeMessages, type DriverUsage } from "./protocol.ts";
-import type { SandboxProvider } from "../sandbox/provider.ts";
+import type { ExecStream, SandboxProvider } from "../sandbox/provider.ts";
 import { formatDuration } from "../units.ts";
 import type { AgentCli } from "../agents/agent_cli.ts";
 import { translateAgentLines } from "../agents/translate.ts";
 
-/** How the worker is started inside the image. */
+/** How the worker is started inside the image (with `serve`, it reads its job from stdin). */
 export const WORKER_COMMAND = ["deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js"] as const;
-/** Where per-run prompt files live in the sandbox (a tmpfs, readable only by the sandbox user). */
+/** Where an agent CLI's per-run files live in the sandbox (a tmpfs, readable only by the sandbox user). */
 export const PROMPT_ROOT = "/tmp/sandbox-prompts";
 
 /**
@@ -41,9 +49,15 @@ export interface ContainerDriverOptions {
   /** Session variables: the credential proxy's URL and token. Never a key. */
   env: Record<string, string>;
   model?: string;
-  /** The worker command (default: the bundle baked into the image). */
+  /** The worker command (default: the bundle baked into the image); `serve` is appended. */
   workerCommand?: readonly string[];
-  /** Directory for prompt files (default `/tmp/sandbox-prompts`). */
+  /**
+   * The worker of the next call, already started (a run starts it while its session opens, or
+   * attaches one that was waiting in the sandbox): called once per call. Default: start
+   * `workerCommand serve` when the call comes.
+   */
+  worker?: () => WorkerProcess | undefined;
+  /** Directory for an agent CLI's files (default `/tmp/sandbox-prompts`). */
   promptRoot?: string;
   /** Worker diagnostics (stderr), line by line. */
   onStderrLine?: (line: string) => void;
@@ -97,62 +111,66 @@ export class ContainerDriver {
 
   async *executeAgentic(prompt: string, options: AgenticOptions): AsyncGenerator<AgenticMessage> {
     if (this.#options.agent) return yield* this.#executeAgentCli(this.#options.agent, prompt, options);
-    const files = await this.#writeInputs(prompt, options.runId, { instructions: options.instructions });
-    try {
-      // The worker creates and enters --cwd itself: one `docker exec` fewer per run.
-      const argv = [
-        ...this.#workerCommand(),
-        "agentic",
-        "--prompt-file",
-        files.prompt,
-        "--cwd",
-        options.cwd,
-        ...(files.instructions ? ["--instructions-file", files.instructions] : []),
-        ...(this.#options.model ? ["--model", this.#options.model] : []),
-        ...(options.maxTurns ? ["--max-turns", String(options.maxTurns)] : []),
-      ];
-      yield* this.#stream(argv, { timeoutMs: options.timeoutMs, signal: options.signal });
-    } finally {
-      await this.#removeInputs(files.dir);
-    }
+    // The worker creates and enters its cwd itself: one `docker exec` fewer per run.
+    yield* this.#runWorker({
+      mode: "agentic",
+      prompt,
+      env: this.#options.env,
+      cwd: options.cwd,
+      instructions: options.instructions,
+      model: this.#options.model,
+      maxTurns: options.maxTurns,
+    }, options);
   }
 
   async generate(prompt: string, options: GenerateOptions = {}): Promise<{ value: unknown; sessionId: null }> {
-    const files = await this.#writeInputs(prompt, options.runId, {
-      schema: options.schema ? JSON.stringify(options.schema.schema) : undefined,
-      schemaName: options.schema?.name,
+    let result: AgenticMessage | undefined;
+    // The schema travels in the job, named by the caller's file: the worker's messages name it so.
+    const job: WorkerJob = { mode: "generate", prompt, env: this.#options.env, model: this.#options.model, schema: options.schema };
+    for await (const message of this.#runWorker(job, options)) {
+      if (message.type === "result") result = message;
+    }
+    if (!result) throw new SandboxError("worker_failed", "Worker did not emit a result message");
+    if (result.is_error) throw new GenerationError(`Generation failed: ${result.content ?? "no detail"}`);
+    if (!options.schema) return { value: result.content ?? "", sessionId: null };
+    const checked = checkJson(result.content ?? "", options.schema);
+    if (!checked.ok) {
+      throw new GenerationError(`Worker result does not match the schema: ${checked.problem}`, {
+        detail: (result.content ?? "").slice(0, 500),
+      });
+    }
+    return { value: checked.value, sessionId: null };
+  }
+
+  /**
+   * The worker with its job on its input: the prompt never touches argv or a file. The job is
+   * checked first: no known secret enters the sandbox through it (the session token is no secret
+   * of the host's: it is made for the sandbox).
+   */
+  async *#runWorker(job: WorkerJob, options: { timeoutMs?: number; signal?: AbortSignal }): AsyncGenerator<AgenticMessage> {
+    if (job.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
+    const { provider } = this.#options;
+    const target = `the worker in ${"containerName" in provider ? `sandbox "${provider.containerName}"` : "the sandbox"}`;
+    assertNoSecrets(target, {
+      env: job.env,
+      envKind: "worker environment",
+      argv: [job.cwd, job.model].filter((v): v is string => v !== undefined),
+      texts: [
+        { what: "the prompt", data: job.prompt },
+        ...(job.instructions !== undefined ? [{ what: "the instructions", data: job.instructions }] : []),
+        ...(job.schema ? [{ what: `the JSON Schema "${job.schema.file}"`, data: JSON.stringify(job.schema.schema) }] : []),
+      ],
+    });
+    const worker = this.#options.worker?.() ?? startWorker(provider, [...this.#workerCommand(), "serve"], {
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+      onStderrLine: this.#options.onStderrLine,
     });
     try {
-      const argv = [
-        ...this.#workerCommand(),
-        "generate",
-        "--prompt-file",
-        files.prompt,
-        ...(files.schema ? ["--schema", files.schema] : []),
-        ...(this.#options.model ? ["--model", this.#options.model] : []),
-      ];
-      let result: AgenticMessage | undefined;
-      for await (const message of this.#stream(argv, options)) {
-        if (message.type === "result") result = message;
-      }
-      if (!result) throw new SandboxError("worker_failed", "Worker did not emit a result message");
-      if (result.is_error) {
-        // The worker names its copy of the schema; the caller knows the file by its own name.
-        const detail = files.schema && options.schema
-          ? (result.content ?? "").replaceAll(files.schema, options.schema.file)
-          : result.content ?? "no detail";
-        throw new GenerationError(`Generation failed: ${detail}`);
-      }
-      if (!options.schema) return { value: result.content ?? "", sessionId: null };
-      const checked = checkJson(result.content ?? "", options.schema);
-      if (!checked.ok) {
-        throw new GenerationError(`Worker result does not match the schema: ${checked.problem}`, {
-          detail: (result.content ?? "").slice(0, 500),
-        });
-      }
-      return { value: checked.value, sessionId: null };
+      worker.send(job);
+      yield* this.#consume(worker.stream, { timeoutMs: options.timeoutMs });
     } finally {
-      await this.#removeInputs(files.dir);
+      worker.close();
     }
   }
 
@@ -193,7 +211,7 @@ export class ContainerDriver {
     }
   }
 
-  /** Run the worker, validate every line, keep `usage`, require exactly one `result`. */
+  /** Run `argv` (an agent CLI), validate every line, keep `usage`, require exactly one `result`. */
   async *#stream(
     argv: string[],
     options: {
@@ -208,7 +226,6 @@ export class ContainerDriver {
       decode?: (lines: AsyncIterable<string>) => AsyncIterable<AgenticMessage>;
     },
   ): AsyncGenerator<AgenticMessage> {
-    this.#usage = null;
     const stream = this.#options.provider.execStream(argv, {
       cwd: options.cwd,
       env: options.env ?? this.#options.env,
@@ -217,6 +234,19 @@ export class ContainerDriver {
       signal: options.signal,
       onStderrLine: this.#options.onStderrLine,
     });
+    yield* this.#consume(stream, options);
+  }
+
+  /** Validate every line of `stream`, keep `usage`, require exactly one `result`. */
+  async *#consume(
+    stream: ExecStream,
+    options: {
+      timeoutMs?: number;
+      producer?: string;
+      decode?: (lines: AsyncIterable<string>) => AsyncIterable<AgenticMessage>;
+    },
+  ): AsyncGenerator<AgenticMessage> {
+    this.#usage = null;
     const producer = options.producer ?? "Worker";
     let results = 0;
     try {
@@ -249,11 +279,11 @@ export class ContainerDriver {
     return this.#options.workerCommand ?? WORKER_COMMAND;
   }
 
-  /** Prompt (and friends) into the sandbox through stdin, mode 0600, in a per-run directory. */
+  /** An agent CLI's files into the sandbox through stdin, mode 0600, in a per-run directory. */
   async #writeInputs(
     prompt: string,
     runId: string | undefined,
-    extra: { instructions?: string; schema?: string; schemaName?: string; promptFile?: boolean },
+    extra: { instructions?: string; promptFile?: boolean },
   ): Promise<{ dir: string; prompt: string; instructions?: string; schema?: string }> {
     if (prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
     const dir = `${this.#options.promptRoot ?? PROMPT_ROOT}/${runId ?? crypto.randomUUID()}`;
@@ -266,11 +296,6 @@ export class ContainerDriver {
       if (extra.instructions !== undefined) {
         files.instructions = `${dir}/instructions.txt`;
         await provider.writeFile(files.instructions, extra.instructions, { mode: 0o600 });
-      }
-      if (extra.schema !== undefined) {
-        // The worker names the provider's response format after the file: keep the caller's name.
-        files.schema = `${dir}/${extra.schemaName ?? "schema"}.json`;
-        await provider.writeFile(files.schema, extra.schema, { mode: 0o600 });
       }
     } catch (error) {
       await this.#removeInputs(dir);

@@ -7,9 +7,12 @@
  */
 import type { JsonSchema } from "../../worker/json_schema.ts";
 import type { Profile } from "../config.ts";
-import { ContainerDriver, GenerationError } from "./container_driver.ts";
+import { ContainerDriver, GenerationError, WORKER_COMMAND } from "./container_driver.ts";
+import { startWorker, type WorkerProcess } from "./worker_process.ts";
+import { attachSpare, spareCommand } from "../sandbox/spare.ts";
+import { trace } from "../trace.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
-import { DockerSandboxProvider, sandboxRepo } from "../sandbox/docker_provider.ts";
+import { DockerSandboxProvider, type LeaseRelease, sandboxRepo } from "../sandbox/docker_provider.ts";
 import { exitCodeFor, SandboxError } from "../errors.ts";
 import { HostProvider } from "../sandbox/host_provider.ts";
 import { describeKeySource, type KeySource, KeyStore } from "../keys.ts";
@@ -17,15 +20,17 @@ import { BUILTIN_PROVIDERS, llmTarget } from "../proxy/llm_providers.ts";
 import { type AgenticMessage, agenticMessage, driverUsage } from "./protocol.ts";
 import { Redactor } from "../redact.ts";
 import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream } from "./replay.ts";
-import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
+import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, removeWorktreeArgv, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
 import { finishRemoteRun, gitRemoteFor, isRemoteUrl, prepareRemoteWorktree, remoteAuthorization, type RemoteRepo, resolveRemoteRepo } from "../repo/remote.ts";
 import { run } from "../process.ts";
 import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
 import { openSession, type SandboxSession, startHostProxies } from "../proxy/session.ts";
 import { workerBundlePath } from "../sandbox/worker_bundle.ts";
-import { openDevcontainer, prepareDevcontainerWorkspace, requireLocalRepo } from "../sandbox/devcontainer/provider.ts";
 import { type AgentCliName, type AgentName, isAgentCli } from "../agents/packages.ts";
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
+
+/** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
+const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
 
 export const REPLAY_PREFIX = "replay:";
 /** Where a run's agent works inside the sandbox when no repository is given. */
@@ -115,7 +120,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const limits = new AbortController();
   request = { ...request, signal: request.signal ? AbortSignal.any([request.signal, limits.signal]) : limits.signal };
   if (request.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
-  if (profile.sandbox.mode === "devcontainer" && !request.repo) requireLocalRepo(undefined, false);
+  if (profile.sandbox.mode === "devcontainer" && !request.repo) (await devcontainerModule()).requireLocalRepo(undefined, false);
   const repo = request.repo ? await resolveRepo(request) : undefined;
   const redactor = new Redactor();
   const keys = new KeyStore({ redactor });
@@ -144,6 +149,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   }
   await using log = await RunLog.create({ id, mode: request.mode, profile: profile.name, model, sandbox: sandboxKind }, redactor);
   request.onStart?.(log.meta);
+  trace("run: id");
 
   const cleanups: (() => Promise<unknown>)[] = [];
   if (chosen.local) cleanups.push(() => chosen.local!.close());
@@ -152,9 +158,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   // The protocol promises one result and the usage last, whatever happens: what was sent decides
   // what a failure still owes the reader.
   const sent = { result: false, usage: false };
+  let events = 0;
   const emit = async (message: AgenticMessage) => {
     await log.append(message);
     await request.onEvent(message);
+    if (events++ === 0) trace("run: first event");
     if (message.type === "result") sent.result = true;
     if (message.type === "usage") sent.usage = true;
   };
@@ -269,7 +277,9 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage, error: failure.message, extra: place });
     return { meta: log.meta, exitCode: exitCodeFor(failure), error: failure };
   } finally {
+    trace("run: cleaning up");
     for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
+    trace("run: cleaned up");
   }
 }
 
@@ -305,7 +315,7 @@ type ResolvedRepo =
 /** Check the repository request before anything slow starts; user mistakes are usage errors. */
 async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
   const repo = request.repo!;
-  if (request.profile.sandbox.mode === "devcontainer") requireLocalRepo(repo.path, isRemoteUrl(repo.path));
+  if (request.profile.sandbox.mode === "devcontainer") (await devcontainerModule()).requireLocalRepo(repo.path, isRemoteUrl(repo.path));
   else if (request.profile.sandbox.mode !== "container") {
     throw new SandboxError("usage", "--repo needs sandbox mode \"container\"", {
       detail: "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
@@ -362,11 +372,12 @@ async function leaseShared(
   seconds: number,
   runId: string,
   signal?: AbortSignal,
-): Promise<(() => Promise<void>) | undefined> {
+): Promise<LeaseRelease | undefined> {
   for (let attempt = 0;; attempt++) {
     try {
       return await provider.lease(runId, seconds, signal);
-    } catch {
+    } catch (error) {
+      trace(`run: cannot lease: ${error instanceof Error ? error.message : error}`);
       signal?.throwIfAborted();
       // Cannot look: a container of one's own is the safe side.
       if (attempt === 1) return undefined;
@@ -398,7 +409,7 @@ async function prepare(
   const { signal } = request;
   // Mode devcontainer: the repository's devcontainer image, run by the Docker provider from here on.
   const devcontainer = request.profile.sandbox.mode === "devcontainer" && context.repo?.kind === "local"
-    ? await openDevcontainer(request.profile, { repo: context.repo.local.path, base: context.repo.local.base, onProgress: request.onProgress, signal })
+    ? await (await devcontainerModule()).openDevcontainer(request.profile, { repo: context.repo.local.path, base: context.repo.local.base, onProgress: request.onProgress, signal })
     : undefined;
   const profile = devcontainer?.profile ?? request.profile;
   const sessionOptions = {
@@ -438,42 +449,116 @@ async function prepare(
   const repoKey = context.repo?.kind === "local" ? context.repo.local.key : context.repo?.remote.key;
   const repository = repoKey ? await sandboxRepo(repoKey) : undefined;
   let provider = new DockerSandboxProvider(profile, { repository, onProgress: request.onProgress, agent: context.agent });
+  const remote = context.repo?.kind === "remote" ? context.repo : undefined;
+  const openFor = (sandbox: DockerSandboxProvider) =>
+    openSession(profile, sandbox, {
+      ...sessionOptions,
+      gitRemote: remote
+        ? gitRemoteFor(remote.remote, {
+          branch: remote.branch,
+          push: request.repo?.push === true,
+          authorization: remoteAuthorization(remote.remote, {
+            token: profile.git.token,
+            keys: context.keys,
+            redactor: context.redactor,
+          }),
+        })
+        : undefined,
+    });
+  /** What the shared container's lease does behind the run, filled in as the run goes. */
+  const behind: { worktree?: RunWorktree; spare: boolean } = { spare: false };
+  let opening: Promise<SandboxSession> | undefined;
+  let leased = false;
+  const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr, runId: context.id };
+  /** The worker waiting in the shared container, reached while the lease is taken. */
+  let waiting: Promise<WorkerProcess | undefined> = Promise.resolve(undefined);
   if (!fresh) {
+    // The relay starts, and the waiting worker is reached, while Docker is asked about the
+    // container and the lease is taken: they are independent, the container is all but always
+    // up, and the lease all but always granted. When the container had to be started (or made)
+    // just now, or the lease is refused, what started early is let go.
+    const shared = provider;
+    // `fresh`: a container started just now has no worker waiting: one starts at once (it gets
+    // its job only once the lease is granted).
+    const early = (started = false) => {
+      opening = openFor(shared);
+      opening.catch(() => {});
+      if (context.agent) return;
+      waiting = started
+        ? Promise.resolve(startWorker(shared, [...WORKER_COMMAND, "serve"], workerOptions))
+        : attachSpare(shared, workerOptions).catch(() => undefined);
+    };
+    const letGo = async () => {
+      await opening?.then((session) => session.close(), () => {});
+      opening = undefined;
+      (await waiting)?.close();
+      waiting = Promise.resolve(undefined);
+    };
+    early();
+    context.cleanups.push(async () => (await waiting)?.close());
+    trace("run: looking at the sandbox");
     await provider.ensureRunning({ signal });
+    trace("run: sandbox up");
+    if (!provider.wasRunning) {
+      await letGo();
+      early(true);
+    }
     const release = await leaseShared(provider, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, context.id, signal);
-    if (release) context.cleanups.push(release);
-    fresh = !release;
-    if (fresh) request.onProgress?.("another run of this profile is live: this run gets a container of its own");
+    trace(release ? "run: leased" : "run: busy");
+    if (release) {
+      leased = true;
+      // Behind the run, inside the container, without the user waiting: its worktree removed,
+      // whatever it left running killed, the next run's worker started (see lease()).
+      context.cleanups.push(() =>
+        release({
+          then: behind.worktree && !request.repo?.keepWorktree && !keep.worktree
+            ? [removeWorktreeArgv(behind.worktree, { keepBranch: keep.branch })]
+            : [],
+          spare: behind.spare ? spareCommand() : undefined,
+        })
+      );
+    } else {
+      fresh = true;
+      request.onProgress?.("another run of this profile is live: this run gets a container of its own");
+      await letGo();
+    }
   }
   if (fresh) {
     provider = new DockerSandboxProvider(profile, { instance: context.id.toLowerCase(), repository, onProgress: request.onProgress, agent: context.agent });
     const own = provider;
-    context.cleanups.push(() => own.teardown({ volumes: true }));
+    // Removed behind the run's back: its user does not wait for it (see teardownDetached).
+    context.cleanups.push(() => Promise.resolve(own.teardownDetached()));
+    await provider.ensureRunning({ signal });
   }
-  await provider.ensureRunning({ signal });
-  if (!fresh) {
-    // Before the lease goes: nothing the run started may outlive it into the next run.
-    const shared = provider;
-    context.cleanups.push(() => shared.sweep());
-  }
+  const sandbox = provider;
+  trace("run: sandbox running");
+  // The worker: the one waiting in a leased container (loaded, warm), or one started now, which
+  // loads its code while the session opens and the repository goes in. Either gets its job once
+  // they are ready. (An agent CLI is started by its driver.)
+  // A local repository goes in while the session opens (it needs the lease, not the relay).
+  const local = context.repo?.kind === "local" ? context.repo : undefined;
+  const sending = local
+    ? prepareWorktree(provider, local.local, { runId: context.id, branch: local.branch, signal }).then((created) => {
+      // Removed behind the run even when the session then fails to open.
+      if (leased && !request.repo?.keepWorktree) behind.worktree = created;
+      return created;
+    })
+    : undefined;
+  sending?.catch(() => {});
+  const starting: Promise<WorkerProcess | undefined> = context.agent ? Promise.resolve(undefined) : (async () => {
+    behind.spare = leased;
+    // Reached too early (the lease was still waiting for the worker to get ready): once more.
+    const spare = leased ? (await waiting ?? await attachSpare(sandbox, workerOptions).catch(() => undefined)) : undefined;
+    trace(spare ? "run: worker ready (waiting, or started at once)" : "run: worker started");
+    return spare ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
+  })();
+  // A run that fails before its job was sent ends the worker's input: it stops.
+  context.cleanups.push(async () => (await starting.catch(() => undefined))?.close());
   const watch = provider.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
   context.cleanups.push(() => watch.close());
-  const remote = context.repo?.kind === "remote" ? context.repo : undefined;
-  const session: SandboxSession = await openSession(profile, provider, {
-    ...sessionOptions,
-    gitRemote: remote
-      ? gitRemoteFor(remote.remote, {
-        branch: remote.branch,
-        push: request.repo?.push === true,
-        authorization: remoteAuthorization(remote.remote, {
-          token: profile.git.token,
-          keys: context.keys,
-          redactor: context.redactor,
-        }),
-      })
-      : undefined,
-  });
+  const session: SandboxSession = await (opening ?? openFor(provider));
   context.cleanups.push(() => session.close());
+  trace("run: session open");
   let worktree: RunWorktree | undefined;
   if (remote) {
     worktree = await prepareRemoteWorktree(provider, remote.remote, {
@@ -484,24 +569,27 @@ async function prepare(
       signal,
     });
     request.onProgress?.(`fetched ${remote.remote.url} into the sandbox; base ${worktree.base.slice(0, 12)}`);
-  } else if (context.repo?.kind === "local") {
-    worktree = await prepareWorktree(provider, context.repo.local, { runId: context.id, branch: context.repo.branch, signal });
-    request.onProgress?.(`sent ${context.repo.local.baseName} (${context.repo.local.base.slice(0, 12)}): ${worktree.sentBytes} bytes of objects`);
+  } else if (local && sending) {
+    worktree = await sending;
+    request.onProgress?.(`sent ${local.local.baseName} (${local.local.base.slice(0, 12)}): ${worktree.sentBytes} bytes of objects`);
   }
   if (worktree) {
     const created = worktree;
-    if (!request.repo?.keepWorktree) {
-      context.cleanups.push(async () => {
-        if (!keep.worktree) await removeWorktree(provider, created, { keepBranch: keep.branch });
-      });
-    }
-    else {
+    if (request.repo?.keepWorktree) {
       context.cleanups.push(() => {
         request.onProgress?.(`worktree kept: ${created.path} in ${provider.containerName}`);
         return Promise.resolve();
       });
+    } else if (leased) {
+      behind.worktree = created;
+    } else if (!fresh) {
+      context.cleanups.push(async () => {
+        if (!keep.worktree) await removeWorktree(provider, created, { keepBranch: keep.branch });
+      });
     }
+    // (A container of the run's own goes with everything in it.)
   }
+  let early = await starting;
   const driver = new ContainerDriver({
     provider,
     env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },
@@ -509,9 +597,14 @@ async function prepare(
     onStderrLine: request.onWorkerStderr,
     agent: context.agent ? agentCli(context.agent) : undefined,
     onAgentEvent: context.onAgentEvent,
+    worker: () => {
+      const started = early;
+      early = undefined;
+      return started;
+    },
   });
   const cwd = devcontainer && worktree
-    ? await prepareDevcontainerWorkspace(provider, devcontainer, {
+    ? await (await devcontainerModule()).prepareDevcontainerWorkspace(provider, devcontainer, {
       worktree: worktree.path,
       env: session.env,
       timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs,

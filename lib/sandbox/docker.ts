@@ -80,7 +80,7 @@ function mapSpawnError(error: unknown, program: string): unknown {
   if (error instanceof ProgramNotFoundError) {
     return new SandboxError("docker_missing", `Cannot find the docker CLI ("${program}")`, {
       cause: error,
-      detail: "Install Docker (on Debian: apt-get install docker.io) or put docker on PATH",
+      detail: provisionHint() ?? "Install Docker (on Debian: apt-get install docker.io) or put docker on PATH",
     });
   }
   return error;
@@ -90,9 +90,20 @@ function mapSpawnError(error: unknown, program: string): unknown {
 export function throwIfUnreachable(stderr: string): void {
   if (DAEMON_DOWN.some((needle) => stderr.includes(needle))) {
     throw new SandboxError("daemon_down", "Cannot reach the Docker engine", {
-      detail: `${firstLine(stderr)}\nStart it (e.g. sudo dockerd, or systemctl start docker) or set DOCKER_HOST`,
+      detail: `${firstLine(stderr)}\n${
+        provisionHint() ?? "Start it (e.g. sudo dockerd, or systemctl start docker) or set DOCKER_HOST"
+      }`,
     });
   }
+}
+
+/**
+ * Run from a checkout (`./sandbox`), the provisioning script installs and starts what is missing;
+ * the launcher checks only what costs nothing, so the fix for an engine that is down is named here.
+ */
+function provisionHint(): string | undefined {
+  const script = Deno.env.get("SANDBOX_PROVISION");
+  return script ? `Install or start it with: bash ${script} (or set DOCKER_HOST to another engine)` : undefined;
 }
 
 /** docker's way of saying the named object does not exist. */

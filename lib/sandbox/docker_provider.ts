@@ -16,9 +16,11 @@ import type { AgentCliName } from "../agents/packages.ts";
 import { removeLegacyFirewall } from "./legacy_cleanup.ts";
 import { withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
+import { readLines } from "../lines.ts";
+import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
-import { spawn } from "../process.ts";
+import { spawn, spawnDetached } from "../process.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import type {
   EnsureRunningOptions,
@@ -33,6 +35,20 @@ import type {
   SandboxStatus,
   TeardownReport,
 } from "./provider.ts";
+
+/** What a released lease does behind its run, in the container (see `lease`). */
+export interface LeaseAfter {
+  /** Commands to run before the sweep, in order (each argv; no US or newline in them). */
+  then?: (readonly string[])[];
+  /** The command of the worker that waits for the next run. */
+  spare?: readonly string[];
+}
+
+/** Hands a leased container back; see `DockerSandboxProvider.lease`. */
+export type LeaseRelease = (after?: LeaseAfter) => Promise<void>;
+
+/** How long a release waits for the lease to say it has the instructions. */
+const LEASE_ACK_TIMEOUT_MS = 5_000;
 
 /** The sandbox user, created by the Dockerfile. */
 export const SANDBOX_UID = 10001;
@@ -122,6 +138,17 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   get containerName(): string {
     return this.names.container;
+  }
+
+  #wasRunning = false;
+
+  /**
+   * Whether the last `ensureRunning` found the container up and current as it was, without
+   * starting, creating or replacing it: what was started in it meanwhile (a run's relay, say)
+   * reached this very container.
+   */
+  get wasRunning(): boolean {
+    return this.#wasRunning;
   }
 
   /** Labels every object of this sandbox carries. */
@@ -240,7 +267,10 @@ export class DockerSandboxProvider implements SandboxProvider {
         // cannot start a command any more. Replace it; the workspace volume survives.
         // A failing health check alone may be a slow machine: the probe decides.
         const wedged = (options.probe || found.State.Health?.Status === "unhealthy") && !await this.#probe(signal);
-        if (!wedged) return this.#toStatus(found, configHash);
+        if (!wedged) {
+          this.#wasRunning = pass === 0;
+          return this.#toStatus(found, configHash);
+        }
         this.#options.onProgress?.(`Replacing sandbox ${this.names.container}: it cannot run commands`);
         await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
         continue;
@@ -264,12 +294,17 @@ export class DockerSandboxProvider implements SandboxProvider {
         await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
         continue;
       }
-      // Creation is serialised on this host (image build, volume, container); the loop
-      // re-inspects after waiting.
-      const created = await withHostLock(`profile-${this.profile.name}`, async () => {
-        if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
+      // Creation of the profile's shared container is serialised on this host (volume,
+      // container); the loop re-inspects after waiting. A run's own container has names no one
+      // else uses: runs that start together create theirs at the same time (an image build is
+      // serialised by itself, see image.ts).
+      const create = async () => {
         await this.#prepare(signal);
         return await this.docker.run(args, { signal, env });
+      };
+      const created = this.#options.instance ? await create() : await withHostLock(`profile-${this.profile.name}`, async () => {
+        if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
+        return await create();
       });
       if (created.exitCode === 0) continue;
       if (isAlreadyExists(created.stderr) && Date.now() < deadline) {
@@ -398,7 +433,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
-    const id = crypto.randomUUID();
+    const id = execId(options);
     const timeoutMs = options.timeoutMs;
     const { args, env } = this.#execArgs(argv, id, options);
     const child = this.docker.spawn(args, {
@@ -422,7 +457,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   execBytes(argv: readonly string[], options: ExecOptions = {}): ExecBytes {
-    const id = crypto.randomUUID();
+    const id = execId(options);
     const { args, env } = this.#execArgs(argv, id, options);
     const child = this.docker.spawn(args, {
       env,
@@ -456,7 +491,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
-    const id = crypto.randomUUID();
+    const id = execId(options);
     const { args, env } = this.#execArgs(argv, id, options);
     const result = await this.docker.run(args, {
       env,
@@ -481,39 +516,74 @@ export class DockerSandboxProvider implements SandboxProvider {
   /**
    * Hold the container for one run, if nothing else is live in it (another run's lease, worker or
    * command; `sandbox-exec --lease` decides inside, under a lock, so two hosts cannot both win).
-   * Returns the release function, or undefined when the container is busy. The lease ends when
-   * released, when this process's docker client goes away (its stdin closes), or after `seconds`.
+   * Returns the release function, or undefined when the container is busy. A lease that is still
+   * cleaning up behind its run is waited for (a few seconds at most), not counted as busy.
+   *
+   * Releasing hands the container back and says what to do behind the run, which the lease does
+   * inside the container once this process has let go — so the run's user waits for none of it,
+   * and it happens even if this process is killed first (the lease then only sweeps): run `then`
+   * (e.g. remove the run's worktree), kill whatever the run left behind, then start `spare` (the
+   * next run's worker, see spare.ts). The lease also ends after `seconds`, so a holder that hangs
+   * cannot hold the container for ever.
    */
-  async lease(name: string, seconds: number, signal?: AbortSignal): Promise<(() => Promise<void>) | undefined> {
+  async lease(name: string, seconds: number, signal?: AbortSignal): Promise<LeaseRelease | undefined> {
     let input!: ReadableStreamDefaultController<Uint8Array>;
     const stdin = new ReadableStream<Uint8Array>({ start: (controller) => void (input = controller) });
+    // Not tied to `signal` once granted: a run that is interrupted still releases its lease with
+    // what to do behind it. While waiting for the grant, an abort stops the wait.
     const holder = this.docker.spawn(
       ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--lease", `lease-${name}`, String(Math.ceil(seconds))],
-      { stdin, signal },
+      { stdin },
     );
-    const reader = holder.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    const stop = () => holder.kill();
+    signal?.addEventListener("abort", stop, { once: true });
+    const reader = readLines(holder.stdout, 1024).getReader();
     const first = await reader.read().catch(() => ({ value: undefined }));
-    void reader.cancel().catch(() => {});
-    const end = async () => {
+    signal?.removeEventListener("abort", stop);
+    const close = () => {
       try {
         input.close();
       } catch {
         // Already closed.
       }
-      const stuck = setTimeout(() => holder.kill(), 5_000);
-      try {
-        return await holder.finished;
-      } finally {
-        clearTimeout(stuck);
-      }
     };
-    if (first.value?.startsWith("leased")) return async () => void await end();
-    const ended = await end();
+    if (first.value === "leased") {
+      return async (after: LeaseAfter = {}) => {
+        const encoder = new TextEncoder();
+        const line = (kind: string, argv: readonly string[]) => {
+          if (argv.some((arg) => arg.includes("\x1f") || arg.includes("\n"))) throw new TypeError(`Cannot pass "${argv.join(" ")}" to the lease`);
+          input.enqueue(encoder.encode([kind, ...argv].join("\x1f") + "\n"));
+        };
+        try {
+          for (const command of after.then ?? []) line("then", command);
+          if (after.spare) line("spare", after.spare);
+        } finally {
+          close();
+        }
+        // Once the lease has it all ("released"), its client can go: what is left happens inside.
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const acknowledged = await Promise.race([
+          reader.read().then((next) => next.value === "released", () => false),
+          new Promise<false>((resolve) => timer = setTimeout(() => resolve(false), LEASE_ACK_TIMEOUT_MS)),
+        ]).finally(() => clearTimeout(timer));
+        void reader.cancel().catch(() => {});
+        holder.kill();
+        if (!acknowledged) await holder.finished;
+      };
+    }
+    void reader.cancel().catch(() => {});
+    close();
+    const stuck = setTimeout(() => holder.kill(), 5_000);
+    const ended = await holder.finished.finally(() => clearTimeout(stuck));
     signal?.throwIfAborted();
-    if (ended.exitCode === 75 || first.value?.startsWith("busy")) return undefined;
+    if (ended.exitCode === 75 || first.value === "busy") {
+      trace(`lease: ${this.names.container} is busy: ${ended.stderrTail.trim()}`);
+      return undefined;
+    }
     throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
     throw new CommandExitError("exec_failed", `Cannot mark sandbox "${this.names.container}" as in use`, ended);
   }
+
 
   /** End the process tree of exec `id` (one started under the exec wrapper with that id). */
   stopExec(id: string): Promise<void> {
@@ -734,6 +804,24 @@ export class DockerSandboxProvider implements SandboxProvider {
     return result.exitCode === 0;
   }
 
+  /**
+   * Remove this container and its workspace volume in a process of its own, and return at once:
+   * a run with a container of its own does not make its user wait for the removal (~0.2 s), which
+   * happens even when this process exits right after. Should it never start (this process killed
+   * first), the container and volume keep their owner labels: `teardown --all` removes them.
+   */
+  teardownDetached(): void {
+    spawnDetached([
+      "sh",
+      "-c",
+      '"$1" rm --force "$2" >/dev/null 2>&1; "$1" volume rm "$3" >/dev/null 2>&1',
+      "sh",
+      this.docker.program,
+      this.names.container,
+      this.names.volume,
+    ]);
+  }
+
   async teardown(options: { volumes?: boolean; signal?: AbortSignal } = {}): Promise<TeardownReport> {
     const report: TeardownReport = { containers: [], networks: [], volumes: [] };
     const removed = await this.docker.run(["rm", "--force", this.names.container], { signal: options.signal });
@@ -755,6 +843,11 @@ export class DockerSandboxProvider implements SandboxProvider {
 /** Size of each of the /tmp and home tmpfs mounts: a quarter of the memory limit (see runArgs). */
 export function tmpfsBytes(memoryBytes: number): number {
   return Math.max(1024 ** 2, Math.floor(memoryBytes / 4 / 4096) * 4096);
+}
+
+/** An exec's id in the container (the wrapper's): a run's own are named after it (see ExecOptions.runId). */
+function execId(options: ExecOptions): string {
+  return options.runId ? `worker-${options.runId}-${crypto.randomUUID()}` : crypto.randomUUID();
 }
 
 function notFound(name: string): SandboxError {

@@ -15,6 +15,7 @@ import { type DockerCli, LABEL, labelArgs, throwIfUnreachable } from "./docker.t
 import { CommandExitError, SandboxError, tail } from "../errors.ts";
 import { run } from "../process.ts";
 import { fileSha256, sha256Hex } from "../hash.ts";
+import { withHostLock } from "../lock.ts";
 import { denoBinaryPath, relayBundlePath, relayContentHash, workerBundlePath, workerContentHash } from "./worker_bundle.ts";
 
 export const IMAGE_REPOSITORY = "sandbox-runtime";
@@ -207,12 +208,26 @@ export async function ensureImage(
   await contextFilesDigest(options.onProgress);
   const tag = await imageTagFor(baseImage);
   const contentHash = await contextHash(baseImage, baseId);
-  const labels = options.force ? undefined : await imageLabels(docker, tag, options.signal);
   // An image of an older version carried the owner label, which every container started from it
   // inherits (a hand-made one too, so teardown would take it): such an image is rebuilt.
-  if (labels?.[LABEL.contentHash] === contentHash && labels[LABEL.owner] === undefined) {
-    return { tag, contentHash, built: false };
-  }
+  const current = async () => {
+    const labels = await imageLabels(docker, tag, options.signal);
+    return labels?.[LABEL.contentHash] === contentHash && labels[LABEL.owner] === undefined;
+  };
+  if (!options.force && await current()) return { tag, contentHash, built: false };
+  // One build of a tag at a time on this host: runs that start together (each in a container of
+  // its own) wait for the one build, then find the image there.
+  return await withHostLock(`image-${tag.replace(/[^A-Za-z0-9_.-]/g, "_")}`, async () => {
+    if (!options.force && await current()) return { tag, contentHash, built: false };
+    return await buildImage(docker, { baseImage, tag, contentHash }, options);
+  });
+}
+
+async function buildImage(
+  docker: DockerCli,
+  { baseImage, tag, contentHash }: { baseImage: string; tag: string; contentHash: string },
+  options: ImageOptions,
+): Promise<ImageInfo> {
   const started = performance.now();
   const log = await openBuildLog(tag);
   options.onProgress?.(`Building sandbox image ${tag} on ${baseImage} (log: ${log.path})`, "begin");

@@ -6,7 +6,6 @@ import { resolveLocalRepo } from "../repo/local.ts";
 import { isRemoteUrl, resolveRemoteRepo } from "../repo/remote.ts";
 import { SandboxError } from "../errors.ts";
 import type { SandboxProvider } from "./provider.ts";
-import { devcontainerProvider, openDevcontainer } from "./devcontainer/provider.ts";
 
 /** The provider for `profile`, or a usage error for modes that have no container to manage. */
 export function createProvider(profile: Profile, options: DockerProviderOptions = {}): SandboxProvider & {
@@ -45,6 +44,8 @@ export async function openProvider(profile: Profile, options: OpenProviderOption
     const repository = repo === undefined ? undefined : await repositoryOf(repo);
     return createProvider(profile, { ...rest, repository }) as DockerSandboxProvider;
   }
+  // Loaded only in this mode: its modules (jsonc-parser among them) cost every other command time.
+  const { devcontainerProvider, openDevcontainer } = await import("./devcontainer/provider.ts");
   const devcontainer = await openDevcontainer(profile, {
     repo: repo ?? Deno.cwd(),
     docker: new DockerCli(options.docker),

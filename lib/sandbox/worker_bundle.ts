@@ -4,34 +4,54 @@
  * over the exec stream; a bundle of its own so that it starts fast).
  *
  * The bundled CLI carries both bundles embedded (`scripts/bundle.sh` registers them before the
- * CLI starts). Run from a checkout, each is bundled from source on first use and cached in the
- * state directory under a hash of the sources, so an unchanged checkout never bundles twice.
+ * CLI starts), gzipped and in base64, with their SHA-256: a 7 MB string literal would cost every
+ * start of the CLI ~200 ms and ~100 MB to parse, and the bytes are needed only when an image is
+ * built, so they are decompressed then and only then. Run from a checkout, each is bundled from
+ * source on first use and cached in the state directory under a hash of the sources, so an
+ * unchanged checkout never bundles twice.
  */
-import { userStateDir } from "../config.ts";
+import { userStateDir } from "../paths.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
-import { fileSha256, sha256Hex } from "../hash.ts";
+import { fileSha256, sha256Hex, sha256HexOf } from "../hash.ts";
 import { run } from "../process.ts";
 
 type BundleName = "worker" | "relay";
 const ENTRY: Record<BundleName, string> = { worker: "worker/main.ts", relay: "relay/main.ts" };
 
-const embedded: Partial<Record<BundleName, string>> = {};
-/** SHA-256 of each embedded bundle, computed when the CLI was bundled (hashing costs ~30 ms). */
-const embeddedSha256: Partial<Record<BundleName, string>> = {};
+/** An embedded bundle: gzip, in base64, and the SHA-256 of the bundle itself (computed by bundle.sh). */
+interface Embedded {
+  gzipBase64: string;
+  sha256: string;
+}
 
-function embed(name: BundleName, text: string, sha256?: string): void {
-  embedded[name] = text;
-  embeddedSha256[name] = sha256 && /^[0-9a-f]{64}$/.test(sha256.trim()) ? sha256.trim() : undefined;
+const embedded: Partial<Record<BundleName, Embedded>> = {};
+
+function embed(name: BundleName, gzipBase64: string, sha256: string): void {
+  if (!/^[0-9a-f]{64}$/.test(sha256.trim())) throw new TypeError(`Invalid SHA-256 for the embedded ${name} bundle`);
+  embedded[name] = { gzipBase64: gzipBase64.trim(), sha256: sha256.trim() };
 }
 
 /** Called by the bundled CLI's entry, before anything else runs. */
-export function setEmbeddedWorker(text: string, sha256?: string): void {
-  embed("worker", text, sha256);
+export function setEmbeddedWorker(gzipBase64: string, sha256: string): void {
+  embed("worker", gzipBase64, sha256);
 }
 
 /** Called by the bundled CLI's entry, before anything else runs. */
-export function setEmbeddedRelay(text: string, sha256?: string): void {
-  embed("relay", text, sha256);
+export function setEmbeddedRelay(gzipBase64: string, sha256: string): void {
+  embed("relay", gzipBase64, sha256);
+}
+
+/** The bytes of an embedded bundle: decompressed only now, when an image is being built. */
+async function embeddedBytes(bundle: Embedded): Promise<Uint8Array> {
+  const compressed = Uint8Array.fromBase64(bundle.gzipBase64);
+  const bytes = await new Response(
+    new Blob([compressed]).stream().pipeThrough(new DecompressionStream("gzip")),
+  ).bytes();
+  // The bytes that go into the image must be the ones the tag's hash names.
+  if (await sha256HexOf(bytes) !== bundle.sha256) {
+    throw new SandboxError("image_build_failed", "The embedded bundle does not match its SHA-256: this bundled CLI is damaged");
+  }
+  return bytes;
 }
 
 const SOURCE_ROOT = new URL("../..", import.meta.url);
@@ -54,7 +74,7 @@ let identity: Promise<string> | undefined;
 /** A cheap fingerprint of the bundles' sources (no bundling): names the cached bundle files. */
 export function workerIdentity(): Promise<string> {
   identity ??= (async () => {
-    if (embedded.worker !== undefined) return await sha256Hex(`${embedded.worker}\0${embedded.relay ?? ""}`);
+    if (embedded.worker !== undefined) return await sha256Hex(`${embedded.worker.sha256}\0${embedded.relay?.sha256 ?? ""}`);
     const parts: string[] = [];
     for (const file of await sourceFiles()) {
       parts.push(file, await Deno.readTextFile(new URL(file, SOURCE_ROOT)).catch(() => ""));
@@ -68,8 +88,8 @@ const contentHashes: Partial<Record<BundleName, Promise<string>>> = {};
 
 function contentHash(name: BundleName, onProgress?: (line: string, phase?: "begin" | "end") => void): Promise<string> {
   const hash = contentHashes[name] ??= (async () => {
-    const text = embedded[name];
-    if (text !== undefined) return embeddedSha256[name] ?? await sha256Hex(text);
+    const bundle = embedded[name];
+    if (bundle !== undefined) return bundle.sha256;
     return await fileSha256(await bundlePath(name, onProgress), `${userStateDir()}/cache`);
   })();
   hash.catch(() => contentHashes[name] = undefined);
@@ -112,9 +132,9 @@ async function bundlePath(name: BundleName, onProgress?: (line: string, phase?: 
   }
   // The partial file keeps the .js extension: deno bundle picks the module format from it.
   const partial = `${path}.${Deno.pid}.partial.js`;
-  const text = embedded[name];
-  if (text !== undefined) {
-    await Deno.writeTextFile(partial, text);
+  const bundle = embedded[name];
+  if (bundle !== undefined) {
+    await Deno.writeFile(partial, await embeddedBytes(bundle));
   } else if (embedded.worker !== undefined) {
     throw new SandboxError("image_build_failed", `Cannot find the ${name} bundle: this bundled CLI was built without it`);
   } else {

@@ -198,7 +198,8 @@ Deno.test({
         const [, count, container, branch, bare] = where;
         assert.equal(container, await repoContainerOf(profile, remote.server.url("proj.git")));
         assert.equal(count, "1");
-        assert.equal(await docker("exec", container, "git", "-C", bare, "rev-parse", `refs/heads/${branch}`), commit);
+        // Under the exec wrapper, like every command of the tool's: the sweep behind the run spares it.
+        assert.equal(await docker("exec", container, "sandbox-exec", `check-${crypto.randomUUID()}`, "git", "-C", bare, "rev-parse", `refs/heads/${branch}`), commit);
       });
     } finally {
       await removeProfile(profile);

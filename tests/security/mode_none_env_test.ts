@@ -50,11 +50,14 @@ Deno.test("mode none: the key is in neither the worker's environment nor its com
   const toolEnv = decoded(output, "tool", context);
   const workerEnv = decoded(output, "worker", context).replaceAll("\0", "\n");
   const workerCommand = decoded(output, "worker-cmd", context);
-  // The dumped parent is the worker itself, running on this host.
-  assert.match(workerCommand, /\bdeno run\b.*\bagentic\b/, `not the worker: ${workerCommand}\n${context}`);
+  // The dumped parent is the worker itself, running on this host (`worker serve`: its job, the
+  // session variables included, arrives on its stdin, so its own environment is the host's minimum).
+  assert.match(workerCommand, /\bdeno run\b.*\bworker[^ ]*\.js (serve|agentic)\b/, `not the worker: ${workerCommand}\n${context}`);
+  assert.ok(!workerCommand.includes(FAKE_LLM_KEY), `the worker's command line holds the key\n${workerCommand}`);
+  // Positive control: the agent's commands get the session token, in place of the key.
+  assert.match(toolEnv, /^SANDBOX_LLM_TOKEN=sbx_[A-Za-z0-9_-]{20,}$/m, `the command's environment lacks the session token\n${toolEnv}`);
+  assert.match(toolEnv, /^OPENAI_API_KEY=sbx_/m, `the command's environment: OPENAI_API_KEY is not the token\n${toolEnv}`);
   for (const [what, env] of [["the command's environment", toolEnv], ["the worker's environment", workerEnv]]) {
-    assert.match(env, /^SANDBOX_LLM_TOKEN=sbx_[A-Za-z0-9_-]{20,}$/m, `${what} lacks the session token\n${env}`);
-    assert.match(env, /^OPENAI_API_KEY=sbx_/m, `${what}: OPENAI_API_KEY is not the token\n${env}`);
     assert.ok(!env.includes(FAKE_LLM_KEY), `${what} holds the key\n${env}`);
     assert.doesNotMatch(env, new RegExp(`^${KEY_ENV}=`, "m"), `${what} has the key's variable\n${env}`);
   }

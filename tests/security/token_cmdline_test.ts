@@ -4,10 +4,11 @@
  * spend the user's key through the credential proxy while the run lives.
  *
  * While a run is held live between two LLM requests, the test reads every host process's
- * `/proc/*\/cmdline` and, as root inside, every sandbox process's: the token is in none. The
- * positive twin: the token is delivered — it is in the worker's environment (and the agent printed
- * it, which is how the test learns it), and the docker client carried it in its own environment.
- * Searches read the token from stdin, so no check puts it on a command line itself.
+ * `/proc/*\/cmdline` and, as root inside, every sandbox process's: the token is in none, and in no
+ * host process's environment either (it goes to the worker in its job, on the exec's stdin). The
+ * positive twin: the token is delivered — the agent printed it (which is how the test learns it),
+ * and a command the agent left running has it in its environment. Searches read the token from
+ * stdin, so no check puts it on a command line itself.
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
@@ -49,11 +50,15 @@ async function sandboxFilesWith(container: string, user: string, file: "cmdline"
 }
 
 Deno.test({
-  name: "a live run's session token is on no command line, host or sandbox, and is in the worker's environment",
+  name: "a live run's session token is on no command line, host or sandbox, nor in a host process's environment, and its agent's commands have it",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
-    await using llm = new HeldLlm([toolCall("execute", { command: "echo OWN=$SANDBOX_LLM_TOKEN" }), text("Done")]);
+    // The command leaves a process running while the run is held: its environment is the twin.
+    await using llm = new HeldLlm([
+      toolCall("execute", { command: "echo OWN=$SANDBOX_LLM_TOKEN; (sleep 3600 </dev/null >/dev/null 2>&1 &)" }),
+      text("Done"),
+    ]);
     await using fixture = await RunFixture.make({ prefix: "sec-token", llmUrl: llm.baseUrl, keyEnv: "SEC_TOKEN_KEY", prompt: "Print it\n" });
     const held = llm.hold(2);
     const child = spawnCli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"], {
@@ -79,15 +84,21 @@ Deno.test({
       await t.step("docker inspect of the sandbox does not show it", async () => {
         assert.ok(!(await docker("container", "inspect", fixture.container)).includes(token));
       });
-      await t.step("twin: the worker has it in its environment", async () => {
+      await t.step("no host process has it in its environment (it went in on the worker's input)", async () => {
+        // The sandbox's own processes show in the host's /proc too: those in its pid namespace are
+        // the twin's business, not the host's.
+        const here = await Deno.readLink("/proc/self/ns/pid");
+        const holders = [];
+        for (const found of await hostProcessesWith("environ", token)) {
+          if (await Deno.readLink(`/proc/${found.pid}/ns/pid`).catch(() => here) === here) holders.push(found);
+        }
+        assert.deepEqual(holders, []);
+      });
+      await t.step("twin: the agent's command has it in its environment", async () => {
         const holders = await sandboxFilesWith(fixture.container, "10001", "environ", token);
         const pids = holders.map((path) => path.split("/")[2]);
-        const cmdlines = await Promise.all(pids.map((pid) => run(["docker", "exec", fixture.container, "cat", `/proc/${pid}/cmdline`])));
-        assert.ok(cmdlines.some((c) => c.stdout.includes("worker.js")), `holders: ${holders.join(", ")}`);
-      });
-      await t.step("twin: it went in through the docker client's environment, by name", async () => {
-        const clients = await hostProcessesWith("environ", `SANDBOX_EXEC_ENV_SANDBOX_LLM_TOKEN=${token}`);
-        assert.ok(clients.some((c) => c.cmdline.includes("--env SANDBOX_EXEC_ENV_SANDBOX_LLM_TOKEN ")), JSON.stringify(clients));
+        const cmdlines = await Promise.all(pids.map((pid) => run(["docker", "exec", "--user", "0", fixture.container, "cat", `/proc/${pid}/cmdline`])));
+        assert.ok(cmdlines.some((c) => c.stdout.startsWith("sleep\u00003600")), `holders: ${holders.join(", ")}`);
       });
     } finally {
       llm.release();

@@ -1,11 +1,14 @@
 /**
  * `ContainerDriver` against an in-memory `SandboxProvider`: one test per row of the seeds' error
- * contract, plus the prompt-delivery and cleanup rules. No Docker, no subprocess: the fake's
- * `execStream` yields scripted lines (counting how many were read) and its `exec`/`writeFile`
- * record every call.
+ * contract, plus the job-delivery rules (the prompt on the worker's input, never argv, env or a
+ * file). No Docker, no subprocess: the fake's `execStream` yields scripted lines (counting how many
+ * were read) and records what its input received; its `exec`/`writeFile` record every call.
  */
 import assert from "node:assert/strict";
-import { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "../../lib/run/container_driver.ts";
+import { ContainerDriver, WORKER_COMMAND } from "../../lib/run/container_driver.ts";
+import { parseJob, type WorkerJob } from "../../worker/job.ts";
+import { registerSecret } from "../../lib/secret_guard.ts";
+import { startWorker } from "../../lib/run/worker_process.ts";
 import { SandboxError } from "../../lib/errors.ts";
 import { type AgenticMessage, encodeMessage } from "../../lib/run/protocol.ts";
 import type {
@@ -37,6 +40,10 @@ interface ExecCall {
 }
 
 interface StreamCall extends ExecCall {
+  /** What the command's input received, so far. */
+  input: string;
+  /** Its input was ended. */
+  inputClosed: boolean;
   /** Lines the consumer has pulled from the stream. */
   consumed: number;
   /** The consumer stopped the stream (`return()` reached the producer). */
@@ -60,26 +67,13 @@ class FakeProvider implements SandboxProvider {
     this.#scripts = scripts;
   }
 
-  /** Every argv and env value this provider was handed, for leak checks. */
+  /** Every argv and env value and every file this provider was handed, for leak checks. */
   get everything(): string[] {
     const calls: ExecCall[] = [...this.execs, ...this.streams];
-    return calls.flatMap((c) => [...c.argv, ...Object.values(c.env ?? {}), c.cwd ?? ""]);
-  }
-
-  /** `rm -rf -- DIR` calls, by directory. */
-  get removed(): string[] {
-    return this.execs
-      .filter((c) => c.argv[0] === "rm")
-      .map((c) => {
-        assert.deepEqual(c.argv.slice(0, 3), ["rm", "-rf", "--"]);
-        assert.equal(c.argv.length, 4);
-        return c.argv[3];
-      });
-  }
-
-  /** Directories that prompt files were written into. */
-  get promptDirs(): string[] {
-    return [...new Set(this.writes.map((w) => w.path.replace(/\/[^/]*$/, "")))];
+    return [
+      ...calls.flatMap((c) => [...c.argv, ...Object.values(c.env ?? {}), c.cwd ?? ""]),
+      ...this.writes.flatMap((w) => [w.path, w.data]),
+    ];
   }
 
   ensureRunning(): Promise<SandboxStatus> {
@@ -93,11 +87,23 @@ class FakeProvider implements SandboxProvider {
       argv,
       env: options.env,
       cwd: options.cwd,
+      input: "",
+      inputClosed: false,
       consumed: 0,
       stoppedEarly: false,
       closed: false,
     };
     this.streams.push(call);
+    if (options.stdin instanceof ReadableStream) {
+      const decoder = new TextDecoder();
+      (async () => {
+        for await (const chunk of options.stdin as ReadableStream<Uint8Array>) call.input += decoder.decode(chunk, { stream: true });
+        call.inputClosed = true;
+      })();
+    } else if (options.stdin !== undefined) {
+      call.input = typeof options.stdin === "string" ? options.stdin : new TextDecoder().decode(options.stdin);
+      call.inputClosed = true;
+    }
     let settle!: (outcome: Promise<ExecStreamOutcome>) => void;
     const outcome = new Promise<ExecStreamOutcome>((resolve) => settle = resolve);
     outcome.catch(() => {});
@@ -281,14 +287,29 @@ async function rejectsWith(promise: Promise<unknown>, code: string): Promise<San
   return error;
 }
 
-/** The prompt directory of run `runId` was written into, then removed exactly once. */
-function assertPromptDirRemoved(provider: FakeProvider, runId = "run-1"): void {
-  const dir = `${PROMPT_ROOT}/${runId}`;
-  assert.deepEqual(provider.promptDirs, [dir]);
-  assert.deepEqual(provider.removed, [dir]);
+/** Let the input readers of the fake catch up (they read asynchronously). */
+const settled = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+/**
+ * Each call started `worker serve` with no variables and no file: its one job came on its input,
+ * which was ended when the call did. Returns the jobs.
+ */
+async function assertJobsOnInput(provider: FakeProvider): Promise<WorkerJob[]> {
+  await settled();
+  assert.deepEqual(provider.writes, [], "no file was written");
+  assert.deepEqual(provider.execs, [], "no other command ran");
+  return provider.streams.map((call) => {
+    assert.deepEqual(call.argv, [...WORKER_COMMAND, "serve"]);
+    assert.equal(call.env, undefined, "the exec carries no variables: they are in the job");
+    assert.ok(call.inputClosed, "the worker's input was not ended");
+    const lines = call.input.split("\n");
+    assert.equal(lines.pop(), "", "the job is one line");
+    assert.equal(lines.length, 1, "exactly one job");
+    return parseJob(lines[0]);
+  });
 }
 
-Deno.test("an empty prompt is a usage error and nothing is written or run", async (t) => {
+Deno.test("an empty prompt is a usage error and nothing is started", async (t) => {
   for (const prompt of ["", "  \n\t "]) {
     await t.step(`executeAgentic(${JSON.stringify(prompt)})`, async () => {
       const provider = new FakeProvider();
@@ -307,7 +328,7 @@ Deno.test("an empty prompt is a usage error and nothing is written or run", asyn
   }
 });
 
-Deno.test("a malformed JSON line raises worker_failed at once, reads nothing after it, stops the worker and removes the prompt", async () => {
+Deno.test("a malformed JSON line raises worker_failed at once, reads nothing after it and stops the worker", async () => {
   const provider = new FakeProvider({
     lines: [TOOL_CALL, "{not json", TOOL_RESULT, RESULT, USAGE],
   });
@@ -330,7 +351,7 @@ Deno.test("a malformed JSON line raises worker_failed at once, reads nothing aft
   assert.equal(provider.streams[0].consumed, 2, "lines after the malformed one were read");
   assert.ok(provider.streams[0].closed, "the worker stream was not stopped");
   assert.equal(driver.getUsage(), null);
-  assertPromptDirRemoved(provider);
+  await assertJobsOnInput(provider);
 });
 
 Deno.test("valid JSON that is not an AgenticMessage raises worker_failed", async (t) => {
@@ -349,7 +370,7 @@ Deno.test("valid JSON that is not an AgenticMessage raises worker_failed", async
       const provider = new FakeProvider({ lines: [bad, RESULT, USAGE] });
       await rejectsWith(collect(driverFor(provider)), "worker_failed");
       assert.equal(provider.streams[0].consumed, 1, "lines after the invalid one were read");
-      assertPromptDirRemoved(provider);
+      await assertJobsOnInput(provider);
     });
   }
 });
@@ -363,7 +384,7 @@ Deno.test("a worker that exits without a result raises worker_failed naming its 
     const error = await rejectsWith(collect(driverFor(provider)), "worker_failed");
     assert.match(error.message, /exited with code 3\b/);
     assert.equal(error.detail, "worker: boom", "the worker's stderr tail is the error's detail");
-    assertPromptDirRemoved(provider);
+    await assertJobsOnInput(provider);
   });
   await t.step("generate", async () => {
     const provider = new FakeProvider({ lines: [USAGE], outcome: { exitCode: 1 } });
@@ -372,7 +393,7 @@ Deno.test("a worker that exits without a result raises worker_failed naming its 
       "worker_failed",
     );
     assert.match(error.message, /code 1\b|result/);
-    assertPromptDirRemoved(provider);
+    await assertJobsOnInput(provider);
   });
   await t.step("killed by the memory limit", async () => {
     const provider = new FakeProvider({
@@ -381,14 +402,14 @@ Deno.test("a worker that exits without a result raises worker_failed naming its 
     });
     const error = await rejectsWith(collect(driverFor(provider)), "worker_failed");
     assert.match(error.message, /memory/);
-    assertPromptDirRemoved(provider);
+    await assertJobsOnInput(provider);
   });
 });
 
 Deno.test("a worker that emits two results raises worker_failed", async () => {
   const provider = new FakeProvider({ lines: [RESULT, RESULT, USAGE] });
   await rejectsWith(collect(driverFor(provider)), "worker_failed");
-  assertPromptDirRemoved(provider);
+  await assertJobsOnInput(provider);
 });
 
 const SCHEMA: JsonSchema = {
@@ -410,26 +431,17 @@ Deno.test("generate() with a schema returns the parsed value when the result sat
   assert.deepEqual(value, { name: "x", count: 3 });
   assert.equal(sessionId, null);
   assert.equal(driver.getUsage()?.input_tokens, 12);
-  assertPromptDirRemoved(provider);
+  await assertJobsOnInput(provider);
 });
 
-// The worker's loadJsonSchema() reads the file as the schema itself (a regression guard: the
-// driver once serialised the whole {file, schema, name} wrapper).
-Deno.test("generate() hands the worker the JSON Schema itself, in a 0600 file next to the prompt", async () => {
+Deno.test("generate() hands the worker the JSON Schema in its job, named by the caller's file", async () => {
   const provider = new FakeProvider({
     lines: [line({ type: "result", content: `{"name":"x","count":3}` }), USAGE],
   });
   await driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" });
-  const schemaWrite = provider.writes.find((w) => w.path.endsWith(".json"));
-  assert.ok(schemaWrite, "no schema file written");
-  assert.equal(schemaWrite.mode, 0o600);
-  const argv = provider.streams[0].argv;
-  assert.equal(argv[argv.indexOf("--schema") + 1], schemaWrite.path);
-  assert.deepEqual(
-    JSON.parse(schemaWrite.data),
-    SCHEMA.schema,
-    "schema.json is not the schema the caller gave",
-  );
+  const [job] = await assertJobsOnInput(provider);
+  assert.equal(job.mode, "generate");
+  assert.deepEqual(job.schema, SCHEMA, "the job's schema is not the one the caller gave");
 });
 
 Deno.test("generate() raises worker_failed when the result does not match the schema", async (t) => {
@@ -449,7 +461,7 @@ Deno.test("generate() raises worker_failed when the result does not match the sc
         error.detail?.includes(content.slice(0, 20)),
         "the offending output is not in the error's detail",
       );
-      assertPromptDirRemoved(provider);
+      await assertJobsOnInput(provider);
     });
   }
   await t.step("the worker itself reports the mismatch as an is_error result", async () => {
@@ -463,11 +475,11 @@ Deno.test("generate() raises worker_failed when the result does not match the sc
       driverFor(provider).generate("answer", { schema: SCHEMA, runId: "run-1" }),
       "worker_failed",
     );
-    assertPromptDirRemoved(provider);
+    await assertJobsOnInput(provider);
   });
 });
 
-Deno.test("a failed docker exec propagates with the provider's own code and the prompt is still removed", async (t) => {
+Deno.test("a failed docker exec propagates with the provider's own code and the worker's input is ended", async (t) => {
   const cases: [string, StreamScript, string][] = [
     ["the container is gone", {
       lines: [],
@@ -494,7 +506,7 @@ Deno.test("a failed docker exec propagates with the provider's own code and the 
     await t.step(`executeAgentic: ${what}`, async () => {
       const provider = new FakeProvider(script);
       await rejectsWith(collect(driverFor(provider)), code);
-      assertPromptDirRemoved(provider);
+      await assertJobsOnInput(provider);
     });
     await t.step(`generate: ${what}`, async () => {
       const provider = new FakeProvider({
@@ -502,12 +514,12 @@ Deno.test("a failed docker exec propagates with the provider's own code and the 
         lines: script.lines.filter((l) => l !== TOOL_CALL),
       });
       await rejectsWith(driverFor(provider).generate("answer", { runId: "run-1" }), code);
-      assertPromptDirRemoved(provider);
+      await assertJobsOnInput(provider);
     });
   }
 });
 
-Deno.test("a consumer that stops early stops the worker and the prompt is removed", async () => {
+Deno.test("a consumer that stops early stops the worker and ends its input", async () => {
   const provider = new FakeProvider({ lines: [TOOL_CALL, TOOL_RESULT, RESULT, USAGE] });
   for await (
     const message of driverFor(provider).executeAgentic("do it", { cwd: "/w", runId: "run-1" })
@@ -517,41 +529,7 @@ Deno.test("a consumer that stops early stops the worker and the prompt is remove
   }
   assert.equal(provider.streams[0].consumed, 1);
   assert.ok(provider.streams[0].stoppedEarly, "the worker stream was not told to stop");
-  assertPromptDirRemoved(provider);
-});
-
-Deno.test("a failure to remove the prompt directory is not the caller's problem", async () => {
-  const provider = new FakeProvider({ lines: [RESULT, USAGE] });
-  provider.failRm = true;
-  const messages = await collect(driverFor(provider));
-  assert.deepEqual(messages.map((m) => m.type), ["result"]);
-  assert.deepEqual(provider.removed, [`${PROMPT_ROOT}/run-1`]);
-});
-
-Deno.test("a failed write of the instructions removes the prompt directory and propagates", async () => {
-  const provider = new FakeProvider();
-  provider.failWritesTo = /instructions/;
-  const driver = driverFor(provider);
-  await rejectsWith(
-    Array.fromAsync(
-      driver.executeAgentic("do it", { cwd: "/w", runId: "run-1", instructions: "be brief" }),
-    ),
-    "exec_failed",
-  );
-  assert.deepEqual(provider.streams, []);
-  assertPromptDirRemoved(provider);
-});
-
-// Regression test for a fixed bug (lib/container_driver.ts #writeInputs), which was: the write of prompt.txt is outside the try/catch, so
-// a write that fails after creating the directory (DockerSandboxProvider.writeFile runs
-// `mkdir -p && cat >file`: a full tmpfs, a killed docker exec) leaves the directory and a partial
-// prompt behind. The write is now inside the try, so the catch removes the directory.
-Deno.test("a failed write of the prompt itself still removes the prompt directory", async () => {
-  const provider = new FakeProvider();
-  provider.failWritesTo = /prompt\.txt$/;
-  await rejectsWith(collect(driverFor(provider)), "exec_failed");
-  assert.deepEqual(provider.streams, []);
-  assertPromptDirRemoved(provider);
+  await assertJobsOnInput(provider);
 });
 
 Deno.test("usage is not yielded but is available from getUsage()", async () => {
@@ -570,7 +548,7 @@ Deno.test("usage is not yielded but is available from getUsage()", async () => {
     num_turns: 2,
     model: "fake-model",
   });
-  assertPromptDirRemoved(provider);
+  await assertJobsOnInput(provider);
 });
 
 Deno.test("getUsage() is reset by the next call", async () => {
@@ -588,34 +566,21 @@ Deno.test("cleanupSession() returns false: the driver keeps no session state", (
   assert.equal(driver.cleanupSession(""), false);
 });
 
-Deno.test("the prompt goes through writeFile (stdin), never into argv or env", async (t) => {
+Deno.test("the prompt, instructions and session variables go in the job on the worker's input, never into argv, env or a file", async (t) => {
   const prompt = `secret-prompt-${crypto.randomUUID()}`;
   const instructions = `secret-instructions-${crypto.randomUUID()}`;
   await t.step("executeAgentic", async () => {
     const provider = new FakeProvider({ lines: [RESULT, USAGE] });
     await Array.fromAsync(
-      driverFor(provider).executeAgentic(prompt, { cwd: "/w", runId: "run-1", instructions }),
+      driverFor(provider).executeAgentic(prompt, { cwd: "/w", runId: "run-1", instructions, maxTurns: 4 }),
     );
-    const promptWrite = provider.writes.find((w) => w.data === prompt);
-    assert.ok(promptWrite, "the prompt was not written with writeFile");
-    assert.equal(promptWrite.mode, 0o600);
-    assert.ok(
-      provider.writes.some((w) => w.data === instructions && w.mode === 0o600),
-      "instructions not written 0600",
-    );
+    const [job] = await assertJobsOnInput(provider);
+    assert.deepEqual(job, { mode: "agentic", prompt, env: SESSION_ENV, cwd: "/w", instructions, model: "fake-model", maxTurns: 4, schema: undefined });
     for (const value of provider.everything) {
-      assert.ok(!value.includes(prompt), `the prompt appears in argv/env: ${value}`);
-      assert.ok(!value.includes(instructions), `the instructions appear in argv/env: ${value}`);
+      assert.ok(!value.includes(prompt), `the prompt appears in argv/env/a file: ${value}`);
+      assert.ok(!value.includes(instructions), `the instructions appear in argv/env/a file: ${value}`);
+      assert.ok(!value.includes(SESSION_ENV.SANDBOX_LLM_TOKEN), `the session token appears in argv/env/a file: ${value}`);
     }
-    const argv = provider.streams[0].argv;
-    assert.deepEqual(argv.slice(0, WORKER_COMMAND.length), [...WORKER_COMMAND]);
-    assert.equal(argv[argv.indexOf("--prompt-file") + 1], promptWrite.path);
-    assert.deepEqual(
-      provider.streams[0].env,
-      SESSION_ENV,
-      "the worker gets the session variables and nothing else",
-    );
-    assertPromptDirRemoved(provider);
   });
   await t.step("generate", async () => {
     const provider = new FakeProvider({ lines: [RESULT, USAGE] });
@@ -623,15 +588,15 @@ Deno.test("the prompt goes through writeFile (stdin), never into argv or env", a
       value: "done",
       sessionId: null,
     });
-    assert.ok(provider.writes.some((w) => w.data === prompt && w.mode === 0o600));
+    const [job] = await assertJobsOnInput(provider);
+    assert.equal(job.prompt, prompt);
     for (const value of provider.everything) {
-      assert.ok(!value.includes(prompt), `the prompt appears in argv/env: ${value}`);
+      assert.ok(!value.includes(prompt), `the prompt appears in argv/env/a file: ${value}`);
     }
-    assertPromptDirRemoved(provider);
   });
 });
 
-Deno.test("two concurrent executeAgentic() calls use different prompt paths", async () => {
+Deno.test("two concurrent executeAgentic() calls each start their own worker with their own job", async () => {
   const provider = new FakeProvider({ lines: [TOOL_CALL, RESULT, USAGE] }, {
     lines: [TOOL_CALL, RESULT, USAGE],
   });
@@ -642,17 +607,46 @@ Deno.test("two concurrent executeAgentic() calls use different prompt paths", as
   ]);
   assert.equal(a.length, 2);
   assert.equal(b.length, 2);
-  const paths = provider.writes.map((w) => w.path);
-  assert.equal(paths.length, 2);
-  assert.notEqual(paths[0], paths[1]);
-  assert.notEqual(provider.promptDirs[0], provider.promptDirs[1]);
-  const promptArgs = provider.streams.map((s) => s.argv[s.argv.indexOf("--prompt-file") + 1]);
-  assert.deepEqual(new Set(promptArgs), new Set(paths));
-  assert.deepEqual(
-    new Set(provider.removed),
-    new Set(provider.promptDirs),
-    "each call removes its own directory",
-  );
+  const jobs = await assertJobsOnInput(provider);
+  assert.deepEqual(new Set(jobs.map((j) => `${j.prompt} ${j.cwd}`)), new Set(["first /w/a", "second /w/b"]));
+});
+
+Deno.test("a worker started ahead of the call gets the job, and no other worker is started", async () => {
+  const provider = new FakeProvider({ lines: [RESULT, USAGE] });
+  // As a run does: the worker starts while the session opens; the job comes once the call does.
+  const early = startWorker(provider, [...WORKER_COMMAND, "serve"]);
+  let asked = 0;
+  const driver = new ContainerDriver({ provider, env: SESSION_ENV, worker: () => (asked++, early) });
+  assert.equal(provider.streams.length, 1);
+  const messages = await collect(driver, "from the start");
+  assert.deepEqual(messages.map((m) => m.type), ["result"]);
+  assert.equal(asked, 1);
+  const [job] = await assertJobsOnInput(provider);
+  assert.equal(job.prompt, "from the start");
+});
+
+Deno.test("a job that carries a known secret is refused before any worker starts", async (t) => {
+  const secret = `sk-known-${crypto.randomUUID()}`;
+  registerSecret(secret, "the test's key");
+  const cases: [string, (provider: FakeProvider) => Promise<unknown>][] = [
+    ["in the prompt", (provider) => collect(driverFor(provider), `use ${secret}`)],
+    ["in the instructions", (provider) => Array.fromAsync(driverFor(provider).executeAgentic("hi", { cwd: "/w", instructions: secret }))],
+    ["in a session variable", (provider) => collect(new ContainerDriver({ provider, env: { NOTES: secret } }))],
+    ["in generate()'s prompt", (provider) => driverFor(provider).generate(`use ${secret}`)],
+  ];
+  for (const [what, call] of cases) {
+    await t.step(what, async () => {
+      const provider = new FakeProvider({ lines: [RESULT, USAGE] });
+      const error = await rejectsWith(call(provider), "config_invalid");
+      assert.ok(!error.message.includes(secret), "the message names the secret's value");
+      assert.match(error.message, /the test's key/);
+      assert.deepEqual(provider.streams, [], "a worker was started");
+    });
+  }
+  await t.step("the same job without the secret runs (positive twin)", async () => {
+    const provider = new FakeProvider({ lines: [RESULT, USAGE] });
+    assert.deepEqual((await collect(driverFor(provider), "use nothing secret")).map((m) => m.type), ["result"]);
+  });
 });
 
 Deno.test("a worker cut short by its deadline or an interrupt is reported as the run's fate, not a command's", async (t) => {
@@ -664,7 +658,7 @@ Deno.test("a worker cut short by its deadline or an interrupt is reported as the
     const run = Array.fromAsync(driverFor(provider).executeAgentic("do it", { cwd: "/w", runId: "run-1", timeoutMs: 5_000 }));
     const error = await rejectsWith(run, "timeout");
     assert.equal(error.message, "The run timed out after 5s");
-    assertPromptDirRemoved(provider);
+    await assertJobsOnInput(provider);
   });
   await t.step("interrupt", async () => {
     const provider = new FakeProvider({ lines: [TOOL_CALL], outcome: { reject: new SandboxError("interrupted", "Command interrupted") } });

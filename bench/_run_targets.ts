@@ -1,0 +1,339 @@
+/**
+ * The issue-11 figures of `run_bench.ts`, each beside its baseline from the same run: the bundled
+ * CLI's start against the checkout's, `sandbox exec -- true` against `docker exec true`, a second
+ * run on a repository against a warm run, a fresh-container run's wait after its last event against
+ * the removal it no longer waits for, and 8 concurrent runs against the same 8 one after another.
+ */
+import type { BenchContext, Figure } from "./main.ts";
+import { run } from "../lib/process.ts";
+import {
+  CHILD_TIMEOUT_MS,
+  type CliRunTiming,
+  describe,
+  summarize,
+  timeCliRun,
+  timeCommand,
+  type TimedOptions,
+} from "./_run_helpers.ts";
+
+/** What `run_bench.ts` prepared: a frozen source copy, a state directory, a warm profile. */
+export interface RunSetup {
+  dir: string;
+  src: string;
+  state: string;
+  profile: string;
+  container: string;
+  env: Record<string, string>;
+  cli(args: string[]): string[];
+  runArgv: string[];
+}
+
+export interface Measured {
+  figures: Figure[];
+  notes: string[];
+}
+
+const STARTS = 9;
+const EXECS = 7;
+const REPO_RUNS = 5;
+const FRESH_RUNS = 3;
+const CONCURRENT = 8;
+const EXEC_TARGET_RATIO = 1.5;
+const REPO_TARGET_MS = 500;
+const CONCURRENT_TARGET_RATIO = 0.5;
+/** GNU time, for peak memory (skipped where it is missing). */
+const GNU_TIME = "/usr/bin/time";
+
+/** Alternate two commands `count` times each (after one untimed round); timings of each. */
+async function alternate(
+  a: readonly string[],
+  b: readonly string[],
+  count: number,
+  options: TimedOptions,
+): Promise<[number[], number[]]> {
+  await timeCommand(a, options);
+  await timeCommand(b, options);
+  const times: [number[], number[]] = [[], []];
+  for (let i = 0; i < count; i++) {
+    options.signal?.throwIfAborted();
+    times[0].push(await timeCommand(a, options));
+    times[1].push(await timeCommand(b, options));
+  }
+  return times;
+}
+
+/** Peak resident memory of `argv` in MiB, by GNU time; undefined where it is not installed. */
+async function peakMiB(argv: readonly string[], options: TimedOptions): Promise<number | undefined> {
+  try {
+    await Deno.stat(GNU_TIME);
+  } catch {
+    return undefined;
+  }
+  const result = await run([GNU_TIME, "-f", "peak-kib %M", ...argv], { ...options, timeoutMs: CHILD_TIMEOUT_MS });
+  const match = /peak-kib (\d+)\s*$/.exec(result.stderr);
+  return match ? Number(match[1]) / 1024 : undefined;
+}
+
+/** The bundled CLI (scripts/bundle.sh of the frozen copy) as the installed launcher runs it. */
+async function bundledCli(setup: RunSetup, context: BenchContext): Promise<(args: string[]) => string[]> {
+  context.progress("bundling the CLI from the frozen sources (scripts/bundle.sh)");
+  const built = await run(["bash", `${setup.src}/scripts/bundle.sh`], { cwd: setup.src, timeoutMs: CHILD_TIMEOUT_MS });
+  if (built.exitCode !== 0) throw new Error(`scripts/bundle.sh failed: ${built.stderr.slice(-2_000)}`);
+  const config = JSON.parse(await Deno.readTextFile(`${setup.src}/deno.json`)) as { unstable?: string[] };
+  const unstable = (config.unstable ?? []).map((feature) => `--unstable-${feature}`);
+  const bundle = `${setup.src}/dist/sandbox.js`;
+  return (args) => [
+    Deno.execPath(),
+    "run",
+    "-A",
+    "--quiet",
+    "--no-config",
+    ...unstable,
+    bundle,
+    "--config",
+    `${setup.dir}/sandbox.yaml`,
+    ...args,
+  ];
+}
+
+/** The bundled CLI against the checkout: `--version`, peak memory, and a warm run's first event. */
+export async function measureBundle(
+  setup: RunSetup,
+  context: BenchContext,
+  warmFirstMs: number,
+): Promise<Measured> {
+  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
+  const bundled = await bundledCli(setup, context);
+  context.progress(`start: ${STARTS} × checkout and bundle --version, alternating`);
+  const [checkout, bundle] = await alternate(setup.cli(["--version"]), bundled(["--version"]), STARTS, at);
+  const checkoutStart = summarize(checkout);
+  const bundleStart = summarize(bundle);
+  const checkoutPeak = await peakMiB(setup.cli(["--version"]), at);
+  const bundlePeak = await peakMiB(bundled(["--version"]), at);
+  context.progress("warm runs through the bundle (same image: its tag is a hash of the same bytes)");
+  // The CLI's own arguments of the warm run: from its `run agentic` on.
+  const runArgs = setup.runArgv.slice(setup.runArgv.indexOf("agentic") - 1);
+  const bundleRuns: CliRunTiming[] = [];
+  await timeCliRun(bundled(runArgs), at);
+  for (let i = 0; i < 5; i++) bundleRuns.push(await timeCliRun(bundled(runArgs), at));
+  const disturbed = bundleRuns.filter((t) => t.disturbed).length;
+  const bundleFirst = summarize(bundleRuns.map((t) => t.firstEventMs));
+  const figures: Figure[] = [
+    {
+      name: "bundled CLI start: checkout cli.ts --version → bundle --version",
+      unit: "ms",
+      baseline: checkoutStart.median,
+      measured: bundleStart.median,
+      better: "lower",
+      target: { text: "≤ checkout", met: bundleStart.median <= checkoutStart.median },
+    },
+    {
+      name: "warm run through the bundle: checkout → bundle, first event",
+      unit: "ms",
+      baseline: warmFirstMs,
+      measured: bundleFirst.median,
+      better: "lower",
+    },
+  ];
+  if (checkoutPeak !== undefined && bundlePeak !== undefined) {
+    figures.push({
+      name: "peak memory, --version: checkout → bundle",
+      unit: "MiB",
+      baseline: checkoutPeak,
+      measured: bundlePeak,
+      better: "lower",
+    });
+  }
+  return {
+    figures,
+    notes: [
+      `bundle: --version ${describe(bundleStart)}; checkout --version ${describe(checkoutStart)}; warm run first event ${
+        describe(bundleFirst)
+      }${disturbed ? ` (${disturbed} not warm)` : ""}; peak memory checkout ${checkoutPeak?.toFixed(0) ?? "?"} MiB, bundle ${
+        bundlePeak?.toFixed(0) ?? "?"
+      } MiB`,
+    ],
+  };
+}
+
+/** `sandbox exec -- true` against `docker exec CONTAINER true`, alternating. */
+export async function measureExec(setup: RunSetup, context: BenchContext): Promise<Measured> {
+  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
+  context.progress(`exec: ${EXECS} × sandbox exec -- true and docker exec true, alternating`);
+  const [raw, ours] = await alternate(
+    ["docker", "exec", setup.container, "true"],
+    setup.cli(["exec", "-p", setup.profile, "--", "true"]),
+    EXECS,
+    at,
+  );
+  const baseline = summarize(raw);
+  const measured = summarize(ours);
+  return {
+    figures: [{
+      name: "sandbox exec -- true: docker exec true → sandbox exec",
+      unit: "ms",
+      baseline: baseline.median,
+      measured: measured.median,
+      better: "lower",
+      target: {
+        text: `≤ ${EXEC_TARGET_RATIO}× docker exec`,
+        met: measured.median <= EXEC_TARGET_RATIO * baseline.median,
+      },
+    }],
+    notes: [`exec: sandbox exec -- true ${describe(measured)}; docker exec true ${describe(baseline)}`],
+  };
+}
+
+/** A git repository with one commit, for `--repo` runs. */
+async function makeRepo(path: string): Promise<void> {
+  await Deno.mkdir(path, { recursive: true });
+  const git = async (...args: string[]) => {
+    const result = await run(["git", "-C", path, ...args], { timeoutMs: CHILD_TIMEOUT_MS });
+    if (result.exitCode !== 0) throw new Error(`git ${args.join(" ")}: ${result.stderr}`);
+  };
+  await git("init", "-q", "-b", "main");
+  await Deno.writeTextFile(`${path}/README.md`, "# bench\n");
+  await git("add", "README.md");
+  await git("-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-q", "-m", "init");
+}
+
+/** A second (and later) run on the same repository, nothing new to send, against a warm run. */
+export async function measureRepo(
+  setup: RunSetup,
+  context: BenchContext,
+  warmFirstMs: number,
+): Promise<Measured> {
+  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
+  const repo = `${setup.dir}/repo`;
+  await makeRepo(repo);
+  const argv = [...setup.runArgv, "--repo", repo];
+  context.progress(`repository: a first run, then ${REPO_RUNS} more on the same repository`);
+  const first = await timeCliRun(argv, at);
+  const again: CliRunTiming[] = [];
+  for (let i = 0; i < REPO_RUNS; i++) {
+    context.signal.throwIfAborted();
+    again.push(await timeCliRun(argv, at));
+  }
+  const second = summarize(again.map((t) => t.firstEventMs));
+  const exit = summarize(again.map((t) => t.exitMs));
+  return {
+    figures: [{
+      name: "repository, second run: warm run → first event",
+      unit: "ms",
+      baseline: warmFirstMs,
+      measured: second.median,
+      better: "lower",
+      target: { text: `≤ ${REPO_TARGET_MS} ms median`, met: second.median <= REPO_TARGET_MS },
+    }],
+    notes: [
+      `repository: first run first event ${Math.round(first.firstEventMs)} ms, exit ${Math.round(first.exitMs)} ms; later runs first event ${
+        describe(second)
+      }, exit ${describe(exit)}`,
+    ],
+  };
+}
+
+/** Containers (any state) carrying `label`. */
+async function containersWith(label: string): Promise<string[]> {
+  const result = await run(["docker", "ps", "-aq", "--filter", `label=${label}`], { timeoutMs: 30_000 });
+  return result.stdout.split("\n").filter(Boolean);
+}
+
+/**
+ * Runs of a `container: fresh` profile: from the last event to the exit (what the user waits for
+ * after the result), against removing such a container and volume with docker, and how long until
+ * nothing of them is left.
+ */
+export async function measureFresh(
+  setup: RunSetup,
+  context: BenchContext,
+  freshProfile: string,
+  image: string,
+): Promise<Measured> {
+  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
+  const argv = setup.runArgv.map((arg) => arg === setup.profile ? freshProfile : arg);
+  context.progress(`fresh container: ${FRESH_RUNS} runs of a profile with sandbox.container: fresh`);
+  const runs: CliRunTiming[] = [];
+  const removals: number[] = [];
+  const leftoversGoneMs: number[] = [];
+  for (let i = 0; i < FRESH_RUNS; i++) {
+    context.signal.throwIfAborted();
+    const timing = await timeCliRun(argv, at);
+    runs.push(timing);
+    const exitedAt = performance.now();
+    // How long after the exit nothing of the run's container is left (cleanup done behind it).
+    const deadline = exitedAt + 60_000;
+    while ((await containersWith(`dev.sandbox.profile=${freshProfile}`)).length > 0 && performance.now() < deadline) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    leftoversGoneMs.push(performance.now() - exitedAt);
+    // The baseline: removing a container and a volume like the run's, with docker.
+    const name = `${freshProfile}-baseline`;
+    await timeCommand(["docker", "volume", "create", "--label", "dev.sandbox.bench=1", name], at);
+    await timeCommand([
+      "docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1",
+      "--mount", `type=volume,src=${name},dst=/workspace`, image, "sleep", "infinity",
+    ], at);
+    removals.push(
+      await timeCommand(["docker", "rm", "--force", name], at) + await timeCommand(["docker", "volume", "rm", name], at),
+    );
+  }
+  const wait = summarize(runs.map((t) => t.exitMs - t.lastEventMs));
+  const removal = summarize(removals);
+  return {
+    figures: [{
+      name: "fresh container run: container+volume removal → last event to exit",
+      unit: "ms",
+      baseline: removal.median,
+      measured: wait.median,
+      better: "lower",
+      target: { text: "< 0.5× the removal (not waited for)", met: wait.median < 0.5 * removal.median },
+    }],
+    notes: [
+      `fresh: last event → exit ${describe(wait)}; docker rm --force + volume rm ${describe(removal)}; first event ${
+        describe(summarize(runs.map((t) => t.firstEventMs)))
+      }; nothing of the run's container left ${describe(summarize(leftoversGoneMs))} after the exit`,
+    ],
+  };
+}
+
+/** Wall time of `count` runs of the profile at once, and one after another; each must succeed. */
+export async function measureConcurrency(setup: RunSetup, context: BenchContext): Promise<Measured> {
+  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
+  context.progress(`concurrency: ${CONCURRENT} runs one after another, then ${CONCURRENT} at once`);
+  let started = performance.now();
+  for (let i = 0; i < CONCURRENT; i++) await timeCliRun(setup.runArgv, at);
+  const sequential = performance.now() - started;
+  started = performance.now();
+  const together = await Promise.all(Array.from({ length: CONCURRENT }, () => timeCliRun(setup.runArgv, at)));
+  const concurrent = performance.now() - started;
+  // Each in a container of its own (the hostile-agent rules): read where each run worked.
+  const containers = new Set<string>();
+  for (const timing of together) {
+    const meta = JSON.parse(await Deno.readTextFile(`${setup.state}/sandbox/runs/${timing.runId}/meta.json`)) as {
+      extra?: { container?: string };
+    };
+    containers.add(meta.extra?.container ?? "?");
+  }
+  if (containers.size !== CONCURRENT) {
+    throw new Error(`${CONCURRENT} concurrent runs worked in ${containers.size} containers: ${[...containers].join(", ")}`);
+  }
+  return {
+    figures: [{
+      name: `${CONCURRENT} concurrent runs, one profile: one after another → at once (wall)`,
+      unit: "ms",
+      baseline: sequential,
+      measured: concurrent,
+      better: "lower",
+      target: {
+        text: `≤ ${CONCURRENT_TARGET_RATIO}× sequential`,
+        met: concurrent <= CONCURRENT_TARGET_RATIO * sequential,
+      },
+    }],
+    notes: [
+      `concurrency: ${CONCURRENT} runs at once, all succeeded, each in its own container; first events ${
+        describe(summarize(together.map((t) => t.firstEventMs)))
+      }, exits ${describe(summarize(together.map((t) => t.exitMs)))}`,
+    ],
+  };
+}

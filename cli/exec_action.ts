@@ -1,0 +1,73 @@
+/**
+ * What `sandbox exec` does once its arguments are parsed (by commander, or by the fast path that
+ * spares it loading commander: fast_path.ts).
+ */
+import { formatBytes } from "../lib/units.ts";
+import {
+  cliState,
+  type Invocation,
+  note,
+  parseEnvPairs,
+  parseTimeout,
+  profileFor,
+  signal,
+  stderrLine,
+  stdout,
+} from "./context.ts";
+import { progress } from "./progress.ts";
+
+export interface ExecFlags {
+  profile?: string;
+  cwd: string;
+  env: string[];
+  timeout?: string;
+  repo?: string;
+}
+
+export async function execAction(argv: string[], opts: ExecFlags, command: Invocation): Promise<void> {
+  const env = parseEnvPairs(opts.env);
+  const timeoutMs = parseTimeout(opts.timeout);
+  const [{ openProvider }, { openSession }] = await Promise.all([
+    import("../lib/sandbox/providers.ts"),
+    import("../lib/proxy/session.ts"),
+  ]);
+  const profile = await profileFor(command, opts.profile);
+  const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
+  await provider.ensureRunning({ signal });
+  // While the command runs, this process serves its proxies (LLM credentials, egress).
+  await using session = await openSession(profile, provider, { signal, onProgress: note });
+  // resources.disk: a workspace growing past it stops the command (exit 125).
+  await using watch = provider.watchDisk();
+  const stream = provider.execStream(argv, {
+    cwd: opts.cwd,
+    env: { ...session.env, ...env },
+    stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
+    signal: AbortSignal.any([signal, watch.signal]),
+    timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
+    onStderrLine: stderrLine,
+  });
+  let outcome;
+  try {
+    for await (const line of stream) {
+      await stdout.line(line);
+      if (stdout.closed) break;
+    }
+    outcome = await stream.outcome;
+  } catch (error) {
+    throw watch.signal.aborted ? watch.signal.reason : error;
+  } finally {
+    // What the command started, it takes with it, even what escaped its wrapper. A wrapper that
+    // lived to the end reports its command's exit code (below 128 unless the command died of a
+    // signal) and has ended its whole tree itself: a sweep is needed only when it may not have —
+    // killed (the exec ends by a signal), or the exec failed.
+    if (!outcome || outcome.exitCode >= 128) await provider.sweep();
+  }
+  if (outcome.oomKilled) {
+    note(
+      `the command was killed by the sandbox memory limit (${
+        formatBytes(profile.resources.memoryBytes)
+      }); raise resources.memory in profile ${profile.name}`,
+    );
+  }
+  cliState.exitCode = outcome.exitCode;
+}

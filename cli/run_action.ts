@@ -1,0 +1,109 @@
+/**
+ * What `sandbox run agentic|generate` does once its arguments are parsed (by commander, or by the
+ * fast path that spares a run loading it: fast_path.ts).
+ */
+import { SandboxError } from "../lib/errors.ts";
+import { cliName } from "../lib/cli_name.ts";
+import type { JsonSchema } from "../worker/json_schema.ts";
+import {
+  type Invocation,
+  note,
+  parseTimeout,
+  profileFor,
+  readInput,
+  signal,
+  stdout,
+} from "./context.ts";
+import { progress } from "./progress.ts";
+import { reportError } from "./report.ts";
+import type { AgentName } from "../lib/agents/packages.ts";
+
+export interface RunFlags {
+  promptFile: string;
+  profile?: string;
+  model?: string;
+  timeout?: string;
+  record?: string;
+  format?: "ndjson" | "pretty";
+  instructionsFile?: string;
+  cwd?: string;
+  schema?: string;
+  repo?: string;
+  base?: string;
+  branch?: string;
+  keepWorktree?: boolean;
+  push?: boolean;
+  lifecycleEvents?: boolean;
+  agent?: AgentName;
+}
+
+export async function runAction(
+  mode: "agentic" | "generate",
+  opts: RunFlags,
+  command: Invocation,
+): Promise<number> {
+  // Loaded here, not at start-up (only the command that runs pays for its modules), while the
+  // configuration and the prompt are read.
+  const modules = Promise.all([
+    import("../lib/run/run.ts"),
+    import("../lib/run/protocol.ts"),
+    import("../lib/run/transcript.ts"),
+  ]);
+  modules.catch(() => {}); // awaited below; a usage error first must not leave it unhandled
+  const timeoutMs = parseTimeout(opts.timeout);
+  if (!opts.repo && (opts.base || opts.branch || opts.keepWorktree || opts.push)) {
+    throw new SandboxError("usage", "--base, --branch, --keep-worktree and --push need --repo");
+  }
+  const profile = await profileFor(command, opts.profile);
+  const prompt = await readInput(opts.promptFile, "prompt file");
+  const instructions = opts.instructionsFile
+    ? await readInput(opts.instructionsFile, "instructions file")
+    : undefined;
+  let schema: JsonSchema | undefined;
+  if (opts.schema) {
+    try {
+      const { loadJsonSchema } = await import("../worker/json_schema.ts");
+      schema = await loadJsonSchema(opts.schema);
+    } catch (error) {
+      throw new SandboxError("usage", (error as Error).message);
+    }
+  }
+  const [{ runAgent }, { encodeMessage }, { renderMessage }] = await modules;
+  const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
+  const outcome = await runAgent({
+    mode,
+    prompt,
+    profile,
+    model: opts.model,
+    instructions,
+    schema,
+    timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
+    record: opts.record,
+    hostCwd: opts.cwd,
+    agent: opts.agent,
+    repo: opts.repo
+      ? {
+        path: opts.repo,
+        base: opts.base,
+        branch: opts.branch,
+        keepWorktree: opts.keepWorktree,
+        push: opts.push,
+      }
+      : undefined,
+    onLifecycle: opts.lifecycleEvents ? (event) => stdout.json(event) : undefined,
+    signal,
+    onStart: (meta) =>
+      note(
+        `run ${meta.id} (profile ${meta.profile}, model ${meta.model}); replay with: ${cliName()} logs ${meta.id}`,
+      ),
+    onProgress: progress,
+    onWorkerStderr: (line) => {
+      if (Deno.env.get("SANDBOX_DEBUG")) note(`worker: ${line}`);
+    },
+    onEvent: async (message) => {
+      await stdout.line(pretty ? renderMessage(message) : encodeMessage(message));
+    },
+  });
+  if (outcome.error) reportError(outcome.error);
+  return outcome.exitCode;
+}

@@ -1,0 +1,86 @@
+/**
+ * The next run's worker, ready before the run: a shared container keeps one worker that has
+ * loaded its code and waits, holding no secret, on a Unix socket inside the container
+ * (`worker serve --socket`, worker/serve.ts) — a "spare". The run that leases the container
+ * attaches to it with one `docker exec` of the connector (scripts/sandbox-attach) and hands it the
+ * job; its first event then comes in tens of milliseconds instead of the ~0.4 s a worker takes to
+ * load.
+ *
+ * A spare is started only by the lease of a run that has ended, after that run's leftovers were
+ * killed (scripts/sandbox-exec: `--lease` … `spare`): so it never shares the container with
+ * another run's processes, and nothing of one run lives on into the next. When there is none (a
+ * new container, or a spare a concurrent run took), the run starts its own worker.
+ */
+import { SandboxError } from "../errors.ts";
+import type { ExecStream, SandboxProvider } from "./provider.ts";
+import { hostInput, type WorkerProcess, workerProcess } from "../run/worker_process.ts";
+import { WORKER_COMMAND } from "../run/container_driver.ts";
+
+/** Where the spare listens inside the container (the sandbox's /tmp, a tmpfs). */
+export const SPARE_SOCKET = "/tmp/.sandbox-spare.sock";
+/** The connector in the image (scripts/sandbox-attach). */
+export const SANDBOX_ATTACH = "/usr/local/bin/sandbox-attach";
+/** What the connector says on stderr once it reached the spare. */
+const CONNECTED = "sandbox-attach: connected";
+/** The connector's exit code when there is no spare to connect to. */
+const EXIT_NO_SPARE = 75;
+
+/**
+ * What a released lease starts as the container's spare: the socket that says it is ready (it
+ * listens once its code is loaded and warm), then the command.
+ */
+export function spareCommand(): string[] {
+  return [SPARE_SOCKET, ...WORKER_COMMAND, "serve", "--socket", SPARE_SOCKET];
+}
+
+export interface AttachOptions {
+  /** The worker's deadline (the run's timeout). */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+  onStderrLine?: (line: string) => void;
+}
+
+/**
+ * Attach to the spare waiting in `provider`'s container: the worker, once the connector reached
+ * it, or undefined when the container has none (nothing was sent to anyone). The connector runs
+ * like any command (under the exec wrapper: killed at the deadline or on a stop; killing it closes
+ * the worker's connection, and the worker stops).
+ */
+export async function attachSpare(provider: SandboxProvider, options: AttachOptions = {}): Promise<WorkerProcess | undefined> {
+  const input = hostInput();
+  let connected!: () => void;
+  const attached = new Promise<"attached">((resolve) => connected = () => resolve("attached"));
+  const stream = provider.execStream([SANDBOX_ATTACH, SPARE_SOCKET], {
+    stdin: input.stream,
+    signal: options.signal,
+    timeoutMs: options.timeoutMs,
+    onStderrLine: (line) => line === CONNECTED ? connected() : options.onStderrLine?.(line),
+  });
+  const lines = stream[Symbol.asyncIterator]();
+  // The first line comes only after the job is sent: before that, the stream ends only if the
+  // connector found no worker.
+  const first = lines.next();
+  const which = await Promise.race([attached, first.then(() => "ended" as const, () => "ended" as const)]);
+  if (which === "ended") {
+    input.close();
+    const line = await first;
+    if (line.done) {
+      const outcome = await stream.outcome;
+      if (outcome.exitCode === EXIT_NO_SPARE) return undefined;
+      throw new SandboxError("exec_failed", `Cannot reach the worker waiting in the sandbox: the connector exited with code ${outcome.exitCode}`, {
+        detail: outcome.stderrTail || undefined,
+      });
+    }
+  }
+  const joined: ExecStream = {
+    outcome: stream.outcome,
+    [Symbol.asyncIterator]: async function* () {
+      try {
+        for (let next = await first; !next.done; next = await lines.next()) yield next.value;
+      } finally {
+        await lines.return?.(undefined);
+      }
+    },
+  };
+  return workerProcess(joined, input);
+}

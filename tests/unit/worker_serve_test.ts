@@ -1,0 +1,245 @@
+/**
+ * `worker serve`: the job (prompt, run variables, options) on the worker's input, never in argv
+ * or a file; a spare worker (`--socket`) that loads its code and waits, holding no secret, for one
+ * connection; and a worker that stops when the host's input ends.
+ */
+import assert from "node:assert/strict";
+import { type AgenticMessage, decodeMessage } from "../../lib/run/protocol.ts";
+import { spawn } from "../../lib/process.ts";
+import { encodeJob, parseJob, type WorkerJob } from "../../worker/job.ts";
+import { frame } from "../../worker/serve.ts";
+import { ROOT, tempDir } from "../_helpers.ts";
+import { FAKE_LLM_KEY, FakeLlm, text, toolCall, writeThenExecute } from "../_fake_llm.ts";
+
+const WORKER = `${ROOT}/worker/main.ts`;
+
+/** With only the permissions it needs: no network but the LLM's port (and a spare's socket). */
+function workerArgv(llmPort: number, ...args: string[]): string[] {
+  const socket = args.includes("--socket") ? `,unix:${args[args.indexOf("--socket") + 1]}` : "";
+  return [
+    Deno.execPath(),
+    "run",
+    "--quiet",
+    `--config=${ROOT}/deno.json`,
+    "--allow-read",
+    "--allow-write",
+    "--allow-env",
+    "--allow-run",
+    "--allow-sys",
+    `--allow-net=127.0.0.1:${llmPort}${socket}`,
+    WORKER,
+    ...args,
+  ];
+}
+
+function llmEnv(baseUrl: string): Record<string, string> {
+  return {
+    SANDBOX_LLM_API: "openai",
+    SANDBOX_LLM_BASE_URL: baseUrl,
+    SANDBOX_LLM_TOKEN: FAKE_LLM_KEY,
+    SANDBOX_LLM_MODEL: "fake-model",
+    SANDBOX_LLM_MAX_RETRIES: "0",
+  };
+}
+
+/** A stdin the test writes to and closes when it chooses (a host keeps it open for the run). */
+function hostInput() {
+  let controller!: ReadableStreamDefaultController<Uint8Array>;
+  const stream = new ReadableStream<Uint8Array>({ start: (c) => void (controller = c) });
+  return {
+    stream,
+    send: (text: string) => controller.enqueue(new TextEncoder().encode(text)),
+    close: () => {
+      try {
+        controller.close();
+      } catch {
+        // Already closed.
+      }
+    },
+  };
+}
+
+function decodeAll(stdout: string): AgenticMessage[] {
+  return stdout.split("\n").filter(Boolean).map((line, i) => decodeMessage(line, i + 1));
+}
+
+Deno.test("parseJob() accepts a job line and refuses every malformed one, saying what is wrong", async (t) => {
+  const job: WorkerJob = { mode: "agentic", prompt: "hi", env: { A: "1" }, cwd: "/w", maxTurns: 3 };
+  await t.step("a round trip through encodeJob()", () => {
+    assert.deepEqual(parseJob(encodeJob(job).trim()), { ...job, instructions: undefined, model: undefined, schema: undefined });
+  });
+  const bad: [string, unknown, RegExp][] = [
+    ["not JSON", "{nope", /not JSON/],
+    ["an array", [], /not a JSON object/],
+    ["an unknown mode", { ...job, mode: "shell" }, /mode is "shell"/],
+    ["no prompt", { ...job, prompt: undefined }, /no prompt/],
+    ["env values that are not strings", { ...job, env: { A: 1 } }, /env is not an object of strings/],
+    ["a cwd that is not a string", { ...job, cwd: ["/"] }, /cwd is not a string/],
+    ["maxTurns below one", { ...job, maxTurns: 0 }, /maxTurns is 0/],
+    ["a schema without its parts", { ...job, mode: "generate", schema: { name: "x" } }, /schema is not/],
+  ];
+  for (const [what, value, message] of bad) {
+    await t.step(what, () => {
+      assert.throws(() => parseJob(typeof value === "string" ? value : JSON.stringify(value)), (e: Error) => e instanceof TypeError && message.test(e.message));
+    });
+  }
+});
+
+Deno.test("worker serve runs the job it reads from stdin: the prompt reaches the LLM without touching argv or a file", async () => {
+  await using dir = await tempDir("sandbox-serve-");
+  const work = `${dir.path}/work`;
+  const marker = `PROMPT-MARKER-${crypto.randomUUID()}`;
+  await using fake = new FakeLlm(writeThenExecute("hello.txt", "hi\n", 'cat hello.txt; echo "env=[$PROJECT_VAR]"'));
+  const input = hostInput();
+  // The run's variables come in the job; the process environment has none of them.
+  const argv = workerArgv(fake.port, "serve");
+  const child = spawn(argv, {
+    cwd: dir.path,
+    clearEnv: true,
+    env: { HOME: Deno.env.get("HOME") ?? "/tmp" },
+    stdin: input.stream,
+    timeoutMs: 120_000,
+  });
+  input.send(encodeJob({
+    mode: "agentic",
+    prompt: `Create hello.txt. ${marker}`,
+    env: { ...llmEnv(fake.proxyBaseUrl), PROJECT_VAR: "42" },
+    cwd: work,
+  }));
+  const stdout = new Response(child.stdout).text();
+  const outcome = await child.finished;
+  input.close();
+  const messages = decodeAll(await stdout);
+  assert.equal(outcome.exitCode, 0, outcome.stderrTail);
+  assert.deepEqual(messages.map((m) => m.type), ["tool_call", "tool_result", "tool_call", "tool_result", "thinking", "result", "usage"]);
+  assert.equal(await Deno.readTextFile(`${work}/hello.txt`), "hi\n");
+  assert.match(messages[3].tool_output ?? "", /env=\[42\]/, "commands get the job's variables");
+  assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker), "the prompt reached the LLM");
+  assert.equal(fake.requests[0].headers.get("authorization"), `Bearer ${FAKE_LLM_KEY}`, "the job's token is the key");
+  assert.ok(!argv.join(" ").includes(marker), "the prompt is not in argv");
+  for await (const entry of Deno.readDir(dir.path)) {
+    if (entry.isFile) assert.ok(!(await Deno.readTextFile(`${dir.path}/${entry.name}`)).includes(marker), `no file holds the prompt: ${entry.name}`);
+  }
+});
+
+Deno.test("worker serve stops at once when the host's input ends before the run does", async () => {
+  await using dir = await tempDir("sandbox-serve-");
+  const work = `${dir.path}/work`;
+  await using fake = new FakeLlm([
+    toolCall("execute", { command: "echo one >> log.txt; sleep 0.3" }),
+    toolCall("execute", { command: "echo two >> log.txt; sleep 0.3" }),
+    toolCall("execute", { command: "echo three >> log.txt; sleep 0.3" }),
+    toolCall("execute", { command: "echo four >> log.txt" }),
+    text("done"),
+  ]);
+  const input = hostInput();
+  const child = spawn(workerArgv(fake.port, "serve"), {
+    clearEnv: true,
+    env: { HOME: Deno.env.get("HOME") ?? "/tmp" },
+    stdin: input.stream,
+    timeoutMs: 60_000,
+  });
+  input.send(encodeJob({ mode: "agentic", prompt: "Count", env: llmEnv(fake.proxyBaseUrl), cwd: work }));
+  const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+  const first = await reader.read();
+  assert.match(first.value ?? "", /"type":"tool_call"/);
+  input.close();
+  const outcome = await child.finished;
+  await reader.cancel().catch(() => {});
+  assert.equal(outcome.exitCode, 130, outcome.stderrTail);
+  const log = await Deno.readTextFile(`${work}/log.txt`).catch(() => "");
+  assert.ok(!log.includes("four"), `the agent went on after the host left: ${JSON.stringify(log)}`);
+});
+
+Deno.test("worker serve turns a job it cannot read into an is_error result", async (t) => {
+  for (const [what, line, message] of [
+    ["not JSON", "{nope\n", /Cannot read the job: The job is not JSON/],
+    ["an empty prompt", encodeJob({ mode: "generate", prompt: "  ", env: {} }), /prompt is empty/],
+    ["input that ends without a line", "", /ended before a whole job line/],
+  ] as const) {
+    await t.step(what, async () => {
+      const input = hostInput();
+      const child = spawn(workerArgv(1, "serve"), {
+        clearEnv: true,
+        env: { HOME: Deno.env.get("HOME") ?? "/tmp" },
+        stdin: input.stream,
+        timeoutMs: 60_000,
+      });
+      if (line) input.send(line);
+      else input.close();
+      const stdout = new Response(child.stdout).text();
+      const outcome = await child.finished;
+      input.close();
+      const messages = decodeAll(await stdout);
+      assert.equal(outcome.exitCode, 0, outcome.stderrTail);
+      assert.deepEqual(messages.map((m) => m.type), ["result", "usage"]);
+      assert.equal(messages[0].is_error, true);
+      assert.match(messages[0].content ?? "", message);
+    });
+  }
+});
+
+/** Connect to a spare's socket: send the job, read the framed lines back until it closes. */
+async function attach(path: string, job: WorkerJob): Promise<{ frames: string[] }> {
+  const conn = await Deno.connect({ transport: "unix", path });
+  await conn.write(new TextEncoder().encode(encodeJob(job)));
+  const text = await new Response(conn.readable).text();
+  return { frames: text.split("\n").filter(Boolean) };
+}
+
+async function waitForSocket(path: string, child: { finished: Promise<unknown> }): Promise<void> {
+  let exited = false;
+  child.finished.then(() => exited = true);
+  for (const deadline = Date.now() + 60_000; Date.now() < deadline && !exited;) {
+    try {
+      if ((await Deno.stat(path)).isSocket) return;
+    } catch {
+      // Not there yet.
+    }
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  throw new Error(`no socket at ${path}`);
+}
+
+Deno.test("a spare worker waits on its socket holding no secret, runs the one job it is given, frames its output and exits", async () => {
+  await using dir = await tempDir("sandbox-spare-");
+  const socket = `${dir.path}/spare.sock`;
+  await using fake = new FakeLlm([text("hello from the spare")]);
+  const [program, ...args] = workerArgv(fake.port, "serve", "--socket", socket);
+  const process = new Deno.Command(program, {
+    args,
+    clearEnv: true,
+    env: { HOME: Deno.env.get("HOME") ?? "/tmp", SANDBOX_LLM_MODEL: "fake-model" },
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const finished = process.output();
+  const child = { pid: process.pid, finished };
+  await waitForSocket(socket, child);
+  assert.equal((await Deno.stat(socket)).mode! & 0o777, 0o600, "only its owner may connect");
+  const environ = await Deno.readTextFile(`/proc/${child.pid}/environ`);
+  const cmdline = await Deno.readTextFile(`/proc/${child.pid}/cmdline`);
+  assert.ok(environ.includes("SANDBOX_LLM_MODEL=fake-model"), "the environment was read (positive control)");
+  for (const secret of [FAKE_LLM_KEY, "SANDBOX_LLM_TOKEN", "OPENAI_API_KEY"]) {
+    assert.ok(!environ.includes(secret) && !cmdline.includes(secret), `the waiting worker holds no ${secret}`);
+  }
+  const marker = `PROMPT-${crypto.randomUUID()}`;
+  const { frames } = await attach(socket, { mode: "generate", prompt: marker, env: llmEnv(fake.proxyBaseUrl) });
+  const outcome = await finished;
+  assert.equal(outcome.code, 0, new TextDecoder().decode(outcome.stderr));
+  assert.equal(outcome.stdout.byteLength, 0, "nothing on the spare's own stdout: its output went to the connection");
+  const events = frames.filter((f) => f.startsWith("o")).map((f, i) => decodeMessage(f.slice(1), i + 1));
+  assert.deepEqual(events.map((m) => m.type), ["result", "usage"]);
+  assert.equal(events[0].content, "hello from the spare");
+  assert.equal(frames.at(-1), "x0", "the last frame is the exit code");
+  assert.ok(frames.every((f) => /^[oexp]/.test(f)), `every line is framed: ${frames.join(" | ")}`);
+  assert.equal(frames[0], `p${Deno.pid}`, "the first frame names the worker's parent (here, this test)");
+  assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker));
+  await assert.rejects(Deno.stat(socket), Deno.errors.NotFound, "the socket is gone: one job per worker");
+});
+
+Deno.test("frame() tags every line of a multi-line diagnostic", () => {
+  assert.equal(frame("e", "one\ntwo"), "eone\netwo\n");
+  assert.equal(frame("o", '{"type":"result"}'), 'o{"type":"result"}\n');
+});

@@ -1,0 +1,170 @@
+/**
+ * `worker serve`: the worker takes its job (worker/job.ts) from its input instead of argv and
+ * files, so that the prompt touches neither.
+ *
+ * - `worker serve`: the job is the first line of stdin; events go to stdout, diagnostics to
+ *   stderr, as in the argv form.
+ * - `worker serve --socket PATH`: a worker started ahead of its run (a "spare"): it listens on the
+ *   Unix socket PATH, loads its code (the agent's libraries, what makes a worker slow to start),
+ *   and waits, holding no secret, for one connection that brings the job. It then stops listening
+ *   and runs the job, writing framed lines back on that connection: `p` + its parent's pid (its
+ *   exec wrapper), `o` + an event (its stdout), `e` + a diagnostic line (its stderr), and last
+ *   `x` + its exit code. The connector inside the
+ *   sandbox (scripts/sandbox-attach) turns them back into stdout, stderr and an exit code.
+ *
+ * Either way, the input staying open is the host's presence: when it ends after the job (the host
+ * stopped, was killed, or the run was cut short), the worker exits at once instead of working on
+ * for nobody.
+ */
+import { MAX_JOB_BYTES, parseJob, type WorkerJob } from "./job.ts";
+
+/** Exit code when the host went away before the worker finished. */
+export const EXIT_HOST_GONE = 130;
+const encoder = new TextEncoder();
+
+/** A byte stream the worker reads its job from, and writes to. */
+export interface Channel {
+  /** The job's line, then the rest of the input (its end means the host is gone). */
+  readable: ReadableStream<Uint8Array>;
+  /** Events: one message per line. */
+  events: { write(bytes: Uint8Array): Promise<number> };
+  /** Diagnostics, line by line. */
+  diagnostic(line: string): void;
+  /** Say how the worker ends, then close. */
+  finish(code: number): Promise<void>;
+}
+
+/**
+ * Read the first line of `readable` (the job), leaving the reader positioned after it. Raises
+ * `TypeError` when the input ends first or the line is too long.
+ */
+export async function readJob(
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+): Promise<{ job: WorkerJob; rest: Uint8Array }> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  while (true) {
+    const { value, done } = await reader.read();
+    if (done) throw new TypeError("The input ended before a whole job line");
+    const newline = value.indexOf(0x0a);
+    if (newline === -1) {
+      chunks.push(value);
+      size += value.byteLength;
+      if (size > MAX_JOB_BYTES) throw new TypeError(`The job line is longer than ${MAX_JOB_BYTES} bytes`);
+      continue;
+    }
+    chunks.push(value.subarray(0, newline));
+    const line = new TextDecoder().decode(concat(chunks));
+    return { job: parseJob(line), rest: value.subarray(newline + 1) };
+  }
+}
+
+/** Resolves when the input ends (or breaks): the host is gone. */
+export async function inputEnded(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<void> {
+  try {
+    while (!(await reader.read()).done) {
+      // Nothing more is expected after the job; whatever comes is ignored.
+    }
+  } catch {
+    // A broken input is an ended one.
+  }
+}
+
+/** The process's own stdio: `worker serve` without a socket. */
+export function stdioChannel(): Channel {
+  return {
+    readable: Deno.stdin.readable,
+    events: Deno.stdout,
+    diagnostic: (line) => Deno.stderr.writeSync(encoder.encode(line + "\n")),
+    finish: () => Promise.resolve(),
+  };
+}
+
+/**
+ * Run `ready` (the worker loads and warms its code), then listen on the Unix socket `path` and
+ * resolve with the channel of the first connection; the listener is closed then (one job per
+ * worker). The socket appears only once the worker is ready: that is what its wrapper waits for
+ * before the next run may lease the container (scripts/sandbox-exec `--spare`).
+ */
+export async function socketChannel(path: string, ready: () => Promise<void>): Promise<Channel> {
+  await ready();
+  // A socket file left by a worker that was killed would stop this one from listening.
+  await Deno.remove(path).catch(() => {});
+  const listener = Deno.listen({ transport: "unix", path });
+  let conn: Deno.UnixConn;
+  try {
+    await Deno.chmod(path, 0o600);
+    conn = await listener.accept();
+  } finally {
+    listener.close();
+    await Deno.remove(path).catch(() => {});
+  }
+  return framedChannel(conn);
+}
+
+/** Framed lines on one connection: `o` events, `e` diagnostics, `x` the exit code. */
+export function framedChannel(conn: Deno.Conn): Channel {
+  // One frame at a time: an event and a diagnostic written at once must not interleave.
+  let queue: Promise<unknown> = Promise.resolve();
+  let broken = false;
+  const send = (tag: string, text: string): Promise<void> => {
+    const bytes = encoder.encode(frame(tag, text));
+    const sent = queue.then(async () => {
+      if (broken) throw new Deno.errors.BrokenPipe("The host is gone");
+      try {
+        for (let done = 0; done < bytes.byteLength;) done += await conn.write(bytes.subarray(done));
+      } catch (error) {
+        broken = true;
+        throw error;
+      }
+    });
+    queue = sent.catch(() => {});
+    return sent;
+  };
+  // The connector waits, after the last frame, for this process's parent (its exec wrapper) to
+  // end: the wrapper ends the worker's whole process tree first, so a run's leftovers are gone by
+  // the time its host sees the end.
+  void send("p", String(Deno.ppid)).catch(() => {});
+  let pending = "";
+  return {
+    readable: conn.readable,
+    events: {
+      // Events arrive as whole lines (the emitter writes one per call); a partial one waits.
+      async write(bytes: Uint8Array): Promise<number> {
+        pending += new TextDecoder().decode(bytes);
+        const end = pending.lastIndexOf("\n");
+        if (end !== -1) {
+          const lines = pending.slice(0, end);
+          pending = pending.slice(end + 1);
+          for (const line of lines.split("\n")) await send("o", line);
+        }
+        return bytes.byteLength;
+      },
+    },
+    diagnostic: (line) => void send("e", line).catch(() => {}),
+    async finish(code: number): Promise<void> {
+      await send("x", String(code)).catch(() => {});
+      await queue;
+      try {
+        conn.close();
+      } catch {
+        // Already closed by the host.
+      }
+    },
+  };
+}
+
+/** `tag` + each line of `text`, newline-terminated (a diagnostic may span lines). */
+export function frame(tag: string, text: string): string {
+  return text.split("\n").map((line) => `${tag}${line}\n`).join("");
+}
+
+function concat(chunks: Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(chunks.reduce((n, c) => n + c.byteLength, 0));
+  let at = 0;
+  for (const chunk of chunks) {
+    out.set(chunk, at);
+    at += chunk.byteLength;
+  }
+  return out;
+}
