@@ -502,6 +502,14 @@ async function prepare(
     if (!provider.wasRunning) {
       await letGo();
       early(true);
+    } else if (opening) {
+      // Started before Docker was asked: a concurrent run may have been making the container
+      // just then ("No such container"). It exists now, so one more try is the answer.
+      opening = opening.catch((error) => {
+        trace(`run: early relay failed (${error instanceof Error ? error.message : error}); once more`);
+        return openFor(shared);
+      });
+      opening.catch(() => {});
     }
     const release = await leaseShared(provider, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, context.id, signal);
     trace(release ? "run: leased" : "run: busy");
