@@ -562,5 +562,12 @@ export const MUTATIONS: Mutation[] = [
     replace: "    print \"swept $killed\\n\"; exit 0;",
     tests: ["tests/security/leftover_processes_test.ts"],
   },
+  {
+    name: "the tool's Deno programs share the container's Deno cache (an earlier run's planted code runs in them)",
+    file: "scripts/sandbox-exec",
+    find: "  my $deno_dir = private_deno_dir(@command);\n",
+    replace: "  my $deno_dir;\n",
+    tests: ["tests/security/deno_cache_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];

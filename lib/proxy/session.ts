@@ -282,10 +282,7 @@ export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: str
       "--interactive",
       "--user",
       SANDBOX_USER,
-      // Its own Deno cache: the shared one (/tmp/deno-dir) is being copied into place when a new
-      // container starts, and a relay that created it first would spoil that copy for the worker.
-      "--env",
-      "DENO_DIR=/tmp/.sandbox-relay-deno",
+      // (Its Deno cache is its own, made by the wrapper from the image's: scripts/sandbox-exec.)
       provider.containerName,
       "sandbox-exec",
       id,
