@@ -38,20 +38,29 @@ const variant = source.slice(0, start) + payload.padEnd(end - start, " ") + sour
 // The variant's code, compiled by this same deno (same V8, same flags) into a cache of its own.
 const work = Deno.makeTempDirSync();
 Deno.writeTextFileSync(`${work}/worker.js`, variant);
-let data: Uint8Array | undefined;
-for (let attempt = 0; attempt < 5 && !data; attempt++) {
-  await new Deno.Command("deno", {
-    args: ["run", "--allow-all", "--no-config", `${work}/worker.js`, "serve"],
-    env: { DENO_DIR: `${work}/deno-dir` },
-    stdin: "null",
-    stdout: "null",
-    stderr: "null",
-  }).output();
-  const row = new DatabaseSync(`${work}/deno-dir/v8_code_cache_v2`)
-    .prepare("select data from codecache where specifier = ?").get(`file://${work}/worker.js`);
-  data = row?.data as Uint8Array | undefined;
-}
+const data = (await cachedRow(`${work}/worker.js`, `${work}/deno-dir`))?.data;
 if (!data) throw new Error("no cached code was made for the variant");
+
+// Deno's hash of the real source, as it stores it: from a cache of our own that the real
+// worker fills (a new container's caches hold no row for it yet).
+async function cachedRow(program: string, denoDir: string): Promise<{ data: Uint8Array; hash: bigint } | undefined> {
+  for (let attempt = 0; attempt < 5; attempt++) {
+    await new Deno.Command("deno", {
+      args: ["run", "--allow-all", "--no-config", program, "serve"],
+      env: { DENO_DIR: denoDir },
+      stdin: "null",
+      stdout: "null",
+      stderr: "null",
+    }).output();
+    try {
+      const select = new DatabaseSync(`${denoDir}/v8_code_cache_v2`).prepare("select data, source_hash from codecache where specifier = ?");
+      select.setReadBigInts(true);
+      const row = select.get(`file://${program}`);
+      if (row) return { data: row.data as Uint8Array, hash: row.source_hash as bigint };
+    } catch { /* not made yet */ }
+  }
+  return undefined;
+}
 
 // Every code cache in reach: the one this agent's own worker uses, the image's default, the rest
 // of /tmp. Where the worker's row is missing, it is added with the hash another cache holds.
@@ -66,7 +75,7 @@ const walk = (dir: string) => {
 };
 walk("/tmp");
 caches.delete(`${work}/deno-dir`);
-let hash: bigint | undefined;
+let hash = (await cachedRow(WORKER, `${work}/real-deno-dir`))?.hash;
 for (const dir of caches) {
   try {
     const select = new DatabaseSync(`${dir}/v8_code_cache_v2`).prepare("select source_hash from codecache where specifier = ?");
