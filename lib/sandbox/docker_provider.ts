@@ -22,6 +22,7 @@ import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
 import { spawn, spawnDetached } from "../process.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
+import { formatBytes } from "../units.ts";
 import type {
   EnsureRunningOptions,
   ExecBytes,
@@ -714,21 +715,51 @@ export class DockerSandboxProvider implements SandboxProvider {
     }
   }
 
-  /** The reverse of `copyIn`. Host-side extraction refuses absolute and `..` member names (GNU tar default). */
+  /**
+   * The reverse of `copyIn`. Host-side extraction refuses absolute and `..` member names (GNU tar
+   * default). What the sandbox sends may not fill the host's disk: files are archived sparse (a
+   * hole costs the workspace nothing, so a 1 TB file of holes fits in any `resources.disk`, and it
+   * stays a hole on the host), and the stream is cut off past twice `resources.disk` — more than
+   * the workspace can hold, headers included — and the copy refused.
+   */
   async copyOut(sandboxPath: string, hostPath: string, options: { signal?: AbortSignal } = {}): Promise<void> {
     const { dir, base } = splitPath(sandboxPath);
+    const limitBytes = 2 * this.profile.resources.diskBytes;
+    const tooLarge = new AbortController();
+    const signal = options.signal ? AbortSignal.any([options.signal, tooLarge.signal]) : tooLarge.signal;
     const pack = this.docker.spawn(
-      ["exec", "--user", SANDBOX_USER, ...this.#wrapped("tar", "-C", dir, "-c", "--", base)],
-      { signal: options.signal },
+      ["exec", "--user", SANDBOX_USER, ...this.#wrapped("tar", "-C", dir, "--sparse", "-c", "--", base)],
+      { signal },
+    );
+    let received = 0;
+    const capped = pack.stdout.pipeThrough(
+      new TransformStream<Uint8Array, Uint8Array>({
+        transform(chunk, controller) {
+          received += chunk.byteLength;
+          if (received > limitBytes) {
+            tooLarge.abort();
+            controller.terminate();
+            return;
+          }
+          controller.enqueue(chunk);
+        },
+      }),
     );
     const { dir: targetDir, base: targetBase } = splitPath(hostPath);
     const staging = await Deno.makeTempDir({ dir: targetDir, prefix: ".sandbox-copy-" });
     try {
       const untar = spawn(
         ["tar", "-x", "-C", staging, "--no-same-owner", "--no-same-permissions", "--delay-directory-restore"],
-        { stdin: pack.stdout, signal: options.signal },
+        { stdin: capped, signal },
       );
       const [packed, unpacked] = await Promise.all([pack.finished, untar.finished, new Response(untar.stdout).text()]);
+      if (tooLarge.signal.aborted) {
+        throw new SandboxError(
+          "exec_failed",
+          `Cannot copy "${sandboxPath}" out of sandbox "${this.names.container}": it is larger than ${formatBytes(limitBytes)}, twice resources.disk of profile "${this.profile.name}"`,
+          { detail: "Nothing was written. A workspace cannot hold that much: the file is sparse or was still growing" },
+        );
+      }
       if (packed.exitCode !== 0) {
         throwIfDockerExecFailed(packed.exitCode, packed.stderrTail, this.names.container);
         throw new CommandExitError("exec_failed", `Cannot read "${sandboxPath}" in sandbox "${this.names.container}"`, packed);
