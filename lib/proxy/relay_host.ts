@@ -8,11 +8,17 @@
  * and can replace it, or write to its stdout): every frame is checked by the mux, and anything
  * malformed ends the mux — and with it that relay — never this process.
  *
+ * With `sandboxSocketDir` (a local engine, whose sandbox has the proxies' socket directory
+ * bind-mounted read-only at that path), the relay is asked to carry connections to those sockets
+ * itself instead (`--sockets`); it does when it can reach them, and says which in READY
+ * (`transport`). The stream is then only the relay's lifetime; the proxies check every
+ * connection the same way, whichever path it came by.
+ *
  * When the exec ends for any reason (relay killed, container restarted, exec client killed,
  * protocol error), every connection it carried fails at once and a new relay is started on the
  * same ports, so the URLs the sandbox was given keep working.
  */
-import { Mux, type MuxStream, pipeStream } from "./mux.ts";
+import { Mux, type MuxStream, pipeStream, type RelayTransport } from "./mux.ts";
 import { SandboxError } from "../errors.ts";
 import { spawn } from "../process.ts";
 
@@ -48,7 +54,27 @@ export interface RelayProcess {
   kill(): Promise<void>;
 }
 
-/** Starts a relay with these arguments (`[--wait] SERVICE=PORT...`). */
+/**
+ * Deno's permission flags for a relay started with `args`: loopback; FFI, to make the pipe on its
+ * stdin bigger (relay/main.ts: the agent, the same user, can run native code anyway); and with
+ * `--sockets DIR` each service's socket there (Deno asks for net access to each socket's exact
+ * path, and read and write access to it).
+ */
+export function relayPermissions(args: readonly string[]): string[] {
+  const at = args.indexOf("--sockets");
+  if (at < 0) return ["--allow-net=127.0.0.1", "--allow-ffi"];
+  const dir = args[at + 1];
+  const sockets = args.flatMap((arg) => /^([a-z]{1,16})=\d+$/.exec(arg)?.[1] ?? [])
+    .map((service) => `${dir}/${service}.sock`);
+  return [
+    `--allow-net=${["127.0.0.1", ...sockets.map((path) => `unix:${path}`)].join(",")}`,
+    `--allow-read=${sockets.join(",")}`,
+    `--allow-write=${sockets.join(",")}`,
+    "--allow-ffi",
+  ];
+}
+
+/** Starts a relay with these arguments (`[--wait] [--sockets DIR] SERVICE=PORT...`). */
 export type RelayLauncher = (args: string[]) => RelayProcess;
 
 /**
@@ -87,6 +113,11 @@ export function spawnRelayProcess(
 export interface RelayOptions {
   /** The Unix socket of each service to carry. */
   sockets: Partial<Record<RelayService, string>>;
+  /**
+   * Where the sandbox sees the directory of those sockets (`SERVICE.sock` in it), when it is
+   * bind-mounted there: the relay then connects to them itself if it can.
+   */
+  sandboxSocketDir?: string;
   launch: RelayLauncher;
   /** First base port to try (default 19080). */
   basePort?: number;
@@ -102,13 +133,15 @@ export interface RelayHost extends AsyncDisposable {
   readonly ports: Partial<Record<RelayService, number>>;
   /** How many relays have said READY so far (1 after start; more after restarts). */
   readonly starts: number;
+  /** How the current relay carries connections: the exec stream, or the mounted sockets. */
+  readonly transport: RelayTransport;
   /** Resolves the next time a relay says READY (after a restart). */
   nextReady(): Promise<void>;
   close(): Promise<void>;
 }
 
 type Attempt =
-  | { kind: "ready"; process: RelayProcess; mux: Mux }
+  | { kind: "ready"; process: RelayProcess; mux: Mux; transport: RelayTransport }
   | { kind: "ports_in_use" }
   | { kind: "failed"; message: string; detail: string };
 
@@ -166,11 +199,16 @@ async function launchOnce(
   // A restart waits for its ports: the relay it replaces may not have released them yet.
   const args = [
     ...(restart ? ["--wait"] : []),
+    ...(options.sandboxSocketDir === undefined ? [] : ["--sockets", options.sandboxSocketDir]),
     ...Object.entries(ports).map(([service, port]) => `${service}=${port}`),
   ];
   const process = options.launch(args);
-  let ready!: () => void;
-  const readied = new Promise<"ready">((resolve) => (ready = () => resolve("ready")));
+  let transport: RelayTransport = "stream";
+  let ready!: (said: RelayTransport) => void;
+  const readied = new Promise<"ready">((resolve) => (ready = (said) => {
+    transport = said;
+    resolve("ready");
+  }));
   const mux = new Mux({
     role: "host",
     input: process.input,
@@ -198,7 +236,7 @@ async function launchOnce(
   ]);
   clearTimeout(timer);
   signal?.removeEventListener("abort", onAbort);
-  if (first === "ready") return { kind: "ready", process, mux };
+  if (first === "ready") return { kind: "ready", process, mux, transport };
   const muxError = mux.ended ? await mux.done : undefined;
   mux.close();
   await stop(process);
@@ -243,6 +281,7 @@ async function carry(stream: MuxStream, socketPath: string): Promise<void> {
 class LiveRelay implements RelayHost {
   readonly ports: Partial<Record<RelayService, number>>;
   #starts = 1;
+  #transport: RelayTransport;
   #current: { process: RelayProcess; mux: Mux } | undefined;
   #closing = false;
   #closed: Promise<void> | undefined;
@@ -254,16 +293,21 @@ class LiveRelay implements RelayHost {
   constructor(
     options: RelayOptions,
     ports: Partial<Record<RelayService, number>>,
-    first: { process: RelayProcess; mux: Mux },
+    first: { process: RelayProcess; mux: Mux; transport: RelayTransport },
   ) {
     this.#options = options;
     this.ports = ports;
     this.#current = first;
+    this.#transport = first.transport;
     this.#supervised = this.#supervise();
   }
 
   get starts(): number {
     return this.#starts;
+  }
+
+  get transport(): RelayTransport {
+    return this.#transport;
   }
 
   nextReady(): Promise<void> {
@@ -303,6 +347,7 @@ class LiveRelay implements RelayHost {
         }
         failures = 0;
         this.#current = { process: outcome.process, mux: outcome.mux };
+        this.#transport = outcome.transport;
         this.#starts++;
         const waiters = this.#waiters;
         this.#waiters = [];

@@ -4,18 +4,26 @@
  */
 import assert from "node:assert/strict";
 import { encodeFrame, FRAME, PROTOCOL } from "../../lib/proxy/mux.ts";
-import { type RelayLauncher, type RelayProcess, startRelay } from "../../lib/proxy/relay_host.ts";
+import {
+  type RelayLauncher,
+  relayPermissions,
+  type RelayProcess,
+  startRelay,
+} from "../../lib/proxy/relay_host.ts";
 import { SandboxError } from "../../lib/errors.ts";
 import { tempDir } from "../_helpers.ts";
 
 const RELAY_MAIN = new URL("../../relay/main.ts", import.meta.url).pathname;
 const encoder = new TextEncoder();
 
-/** The relay as a local process; each launch is recorded so that a test can kill it by pid. */
+/**
+ * The relay as a local process; each launch is recorded so that a test can kill it by pid. It gets
+ * the permissions the docker launcher gives it (`relayPermissions`).
+ */
 function localRelay(launched: Deno.ChildProcess[] = []): RelayLauncher {
   return (args) => {
     const child = new Deno.Command(Deno.execPath(), {
-      args: ["run", "--quiet", "--no-config", "--allow-net=127.0.0.1", RELAY_MAIN, ...args],
+      args: ["run", "--quiet", "--no-config", ...relayPermissions(args), RELAY_MAIN, ...args],
       stdin: "piped",
       stdout: "piped",
       stderr: "piped",
@@ -292,4 +300,211 @@ Deno.test("close() ends the relay process and frees its ports", async () => {
     Deno.errors.ConnectionRefused,
   );
   assert.equal(launched.length, 1, "a closed relay must not be restarted");
+});
+
+Deno.test("with the sockets reachable where the sandbox sees them, the relay connects to them itself and says so; each port reaches only its own service", async () => {
+  // Two directories: where the host end would carry streams (answers "stream …"), and the one
+  // mounted into the sandbox (answers "socket …"): which one answers shows the path taken.
+  await using host = await tempDir();
+  await using mounted = await tempDir();
+  const servers = [];
+  for (const [dir, word] of [[host.path, "stream"], [mounted.path, "socket"]]) {
+    for (const service of ["llm", "egress"]) {
+      servers.push(
+        unixServer(
+          `${dir}/${service}.sock`,
+          (req) => new Response(`${word} ${service} ${new URL(req.url).pathname}`),
+        ),
+      );
+    }
+  }
+  try {
+    await using relay = await startRelay({
+      sockets: { llm: `${host.path}/llm.sock`, egress: `${host.path}/egress.sock` },
+      sandboxSocketDir: mounted.path,
+      launch: localRelay(),
+      basePort: freeBase(),
+    });
+    assert.equal(relay.transport, "socket");
+    assert.equal(
+      await (await fetch(`http://127.0.0.1:${relay.ports.llm}/proxy/v1/models`)).text(),
+      "socket llm /proxy/v1/models",
+    );
+    assert.equal(
+      await (await fetch(`http://127.0.0.1:${relay.ports.egress}/x`)).text(),
+      "socket egress /x",
+    );
+  } finally {
+    for (const server of servers) await server.shutdown();
+  }
+});
+
+Deno.test("when any service's socket does not answer where the sandbox would see it, the relay carries everything over the stream", async (t) => {
+  await using host = await tempDir();
+  await using mounted = await tempDir();
+  await using _llm = unixServer(`${host.path}/llm.sock`, () => new Response("stream llm"));
+  await using _egress = unixServer(`${host.path}/egress.sock`, () => new Response("stream egress"));
+  const cases: [string, string][] = [
+    ["only one of the two sockets is there", mounted.path],
+    ["the directory does not exist (no mount)", `${mounted.path}/absent`],
+  ];
+  await using _mountedLlm = unixServer(
+    `${mounted.path}/llm.sock`,
+    () => new Response("socket llm"),
+  );
+  for (const [name, dir] of cases) {
+    await t.step(name, async () => {
+      await using relay = await startRelay({
+        sockets: { llm: `${host.path}/llm.sock`, egress: `${host.path}/egress.sock` },
+        sandboxSocketDir: dir,
+        launch: localRelay(),
+        basePort: freeBase(),
+      });
+      assert.equal(relay.transport, "stream");
+      assert.equal(
+        await (await fetch(`http://127.0.0.1:${relay.ports.llm}/`)).text(),
+        "stream llm",
+      );
+      assert.equal(
+        await (await fetch(`http://127.0.0.1:${relay.ports.egress}/`)).text(),
+        "stream egress",
+      );
+    });
+  }
+});
+
+Deno.test("on the socket path, bytes arrive intact and in order both ways, and a half-close is passed on while the answer still comes back", async () => {
+  await using dir = await tempDir();
+  const size = 48 * 1024 * 1024;
+  const body = pattern(size);
+  // A raw server: it answers what it received only once it has read to the end, which it sees
+  // only if the relay passes the client's half-close on.
+  const listener = Deno.listen({ transport: "unix", path: `${dir.path}/llm.sock` });
+  const serving = (async () => {
+    for await (const conn of listener) {
+      (async () => {
+        const first = new Uint8Array(1);
+        if (await conn.read(first) === null) return conn.close();
+        if (first[0] === "D".charCodeAt(0)) {
+          await writeAll(conn, body);
+        } else {
+          let got = 1, sum = checksum(0, first);
+          const buffer = new Uint8Array(256 * 1024);
+          for (let n = await conn.read(buffer); n !== null; n = await conn.read(buffer)) {
+            got += n;
+            sum = checksum(sum, buffer.subarray(0, n));
+          }
+          await writeAll(conn, encoder.encode(`got ${got} bytes, sum ${sum}`));
+        }
+        conn.close();
+      })().catch(() => {});
+    }
+  })();
+  try {
+    await using relay = await startRelay({
+      sockets: { llm: `${dir.path}/llm.sock` },
+      sandboxSocketDir: dir.path,
+      launch: localRelay(),
+      basePort: freeBase(),
+    });
+    assert.equal(relay.transport, "socket");
+    const exchange = async (request: Uint8Array) => {
+      const conn = await Deno.connect({ hostname: "127.0.0.1", port: relay.ports.llm! });
+      const writing = writeAll(conn, request).then(() => conn.closeWrite());
+      const answer = new Uint8Array(
+        await within(new Response(conn.readable).arrayBuffer(), 20_000, "answer"),
+      );
+      await writing;
+      return answer;
+    };
+    const downloaded = await exchange(encoder.encode("D"));
+    assert.equal(downloaded.length, size);
+    assert.ok(downloaded.every((byte, i) => byte === body[i]), "the download arrived changed");
+    const upload = pattern(8 * 1024 * 1024, 3);
+    upload[0] = "U".charCodeAt(0);
+    const answer = new TextDecoder().decode(await exchange(upload));
+    assert.equal(answer, `got ${upload.length} bytes, sum ${checksum(0, upload)}`);
+  } finally {
+    listener.close();
+    await serving;
+  }
+});
+
+function pattern(size: number, seed = 7): Uint8Array {
+  const bytes = new Uint8Array(size);
+  for (let i = 0; i < size; i++) bytes[i] = (i * 31 + seed) & 0xff;
+  return bytes;
+}
+
+function checksum(sum: number, bytes: Uint8Array): number {
+  for (let i = 0; i < bytes.length; i++) sum = (sum * 33 + bytes[i]) >>> 0;
+  return sum;
+}
+
+async function writeAll(conn: Deno.Conn, bytes: Uint8Array): Promise<void> {
+  let rest = bytes;
+  while (rest.length > 0) rest = rest.subarray(await conn.write(rest));
+}
+
+Deno.test("on the socket path, killing the relay mid-request fails the request at once, and a new relay serves the next one within a second, on the sockets again", async () => {
+  await using dir = await tempDir();
+  const arrived = Promise.withResolvers<void>();
+  const neverAnswered = Promise.withResolvers<Response>();
+  await using _server = unixServer(`${dir.path}/llm.sock`, (req) => {
+    if (new URL(req.url).pathname === "/slow") {
+      arrived.resolve();
+      return neverAnswered.promise;
+    }
+    return new Response("fresh");
+  });
+  const launched: Deno.ChildProcess[] = [];
+  await using relay = await startRelay({
+    sockets: { llm: `${dir.path}/llm.sock` },
+    sandboxSocketDir: dir.path,
+    launch: localRelay(launched),
+    basePort: freeBase(),
+  });
+  assert.equal(relay.transport, "socket");
+  const port = relay.ports.llm!;
+  const inFlight = fetch(`http://127.0.0.1:${port}/slow`).then((r) => r.text());
+  await within(arrived.promise, 5_000, "the slow request reaching the server");
+  const restarted = relay.nextReady();
+  const killedAt = performance.now();
+  launched[0].kill("SIGKILL");
+  await assert.rejects(() => within(inFlight, 2_000, "the in-flight request failing"), TypeError);
+  await within(restarted, 1_000, "a new relay");
+  assert.equal(await (await fetch(`http://127.0.0.1:${port}/fresh`)).text(), "fresh");
+  assert.ok(
+    performance.now() - killedAt < 1_500,
+    "the next request took more than a second after the kill",
+  );
+  assert.equal(relay.transport, "socket");
+  assert.equal(relay.starts, 2);
+  neverAnswered.resolve(new Response("too late"));
+});
+
+Deno.test("on the socket path, closing the relay's stdin (the session closing) ends the relay and every connection it carried", async () => {
+  await using dir = await tempDir();
+  const arrived = Promise.withResolvers<void>();
+  const neverAnswered = Promise.withResolvers<Response>();
+  await using _server = unixServer(`${dir.path}/llm.sock`, () => {
+    arrived.resolve();
+    return neverAnswered.promise;
+  });
+  const launched: Deno.ChildProcess[] = [];
+  const relay = await startRelay({
+    sockets: { llm: `${dir.path}/llm.sock` },
+    sandboxSocketDir: dir.path,
+    launch: localRelay(launched),
+    basePort: freeBase(),
+  });
+  assert.equal(relay.transport, "socket");
+  const inFlight = fetch(`http://127.0.0.1:${relay.ports.llm}/slow`).then((r) => r.text());
+  // Its failure is awaited below, after close(): seen now so that it is never unhandled.
+  const failed = inFlight.then(() => undefined, (error) => error);
+  await within(arrived.promise, 5_000, "the request reaching the server");
+  await within(relay.close(), 5_000, "close");
+  assert.equal((await within(launched[0].status, 2_000, "relay exit")).code, 0);
+  assert.ok((await within(failed, 2_000, "the in-flight request failing")) instanceof TypeError);
+  neverAnswered.resolve(new Response("too late"));
 });
