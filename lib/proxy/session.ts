@@ -6,8 +6,11 @@
  * each on a Unix socket in a directory only this user can enter, so the host opens no port — and
  * issues a per-session token. The sandbox reaches them through a relay inside it (relay_host.ts):
  * loopback ports there, carried over the stdio of one `docker exec`. That works with no network
- * in the sandbox and with any engine the docker CLI reaches. Closing the session stops the relay,
- * revokes the token and stops the proxies.
+ * in the sandbox and with any engine the docker CLI reaches. On a local engine the sockets are in
+ * the container's own directory, bind-mounted read-only into it (lib/sandbox/proxy_mount.ts), and
+ * the relay connects to them directly when it can (`relay.transport`); `SANDBOX_RELAY_TRANSPORT=
+ * stream` (or `relayTransport: "stream"`) keeps to the exec stream. Closing the session stops the
+ * relay, revokes the token, stops the proxies and removes the sockets.
  */
 import { AccessLog } from "./access_log.ts";
 import { userStateDir, type Profile } from "../config.ts";
@@ -19,12 +22,14 @@ import { KeyStore } from "../keys.ts";
 import { llmTarget } from "./llm_providers.ts";
 import { Redactor } from "../redact.ts";
 import { parseSize } from "../units.ts";
-import { type RelayHost, type RelayLauncher, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
+import { type RelayHost, type RelayLauncher, relayPermissions, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
+import { makeSessionSocketDir, MAX_SOCKET_PATH, prepareProxyMountSource, type SessionSocketDir } from "../sandbox/proxy_mount.ts";
+import { SandboxError } from "../errors.ts";
 
 /** Where the image keeps the relay (Dockerfile). */
 export const RELAY_PATH = "/opt/sandbox/relay.js";
-/** `sun_path` holds 108 bytes; a longer socket path cannot be bound. */
-const MAX_SOCKET_PATH = 100;
+/** Names the relay transport to keep to: `stream`, or `auto` (the default). */
+export const RELAY_TRANSPORT_ENV = "SANDBOX_RELAY_TRANSPORT";
 
 export interface SessionOptions {
   runId?: string | null;
@@ -44,6 +49,12 @@ export interface SessionOptions {
   gitRemote?: GitRemote;
   /** Diagnostics of the session (a relay restart), for stderr. */
   onProgress?: (line: string) => void;
+  /**
+   * `stream`: the relay carries everything over the exec stream even where the sockets are
+   * mounted; `auto` (default): the sockets when the relay can reach them. Default from
+   * `$SANDBOX_RELAY_TRANSPORT`.
+   */
+  relayTransport?: "auto" | "stream";
 }
 
 export interface SandboxSession extends AsyncDisposable {
@@ -56,8 +67,13 @@ export interface SandboxSession extends AsyncDisposable {
   readonly gitUrl?: string;
   /** The relay carrying the proxies into the sandbox (its ports, its restarts). */
   readonly relay: RelayHost;
-  /** The directory of the proxies' Unix sockets (mode 0700; removed on close). */
+  /**
+   * The directory of the proxies' Unix sockets (removed on close): in the container's mounted
+   * directory (mode 0711, under a 0700 parent), or, kept to the stream, a 0700 directory.
+   */
   readonly socketDir: string;
+  /** Where the sandbox sees `socketDir`, when it is in the container's mounted directory. */
+  readonly sandboxSocketDir?: string;
   close(): Promise<void>;
 }
 
@@ -270,6 +286,23 @@ async function sessionSocketDir(): Promise<string> {
   return await Deno.makeTempDir({ prefix: "sandbox-session-" });
 }
 
+/**
+ * A new directory for a session's sockets in the container's mounted directory, unless the
+ * session keeps to the stream or a socket path there would not fit. Where the container has no
+ * such mount (an older one, a remote engine), the relay finds nothing there and uses the stream.
+ */
+async function mountedSocketDir(
+  containerName: string,
+  transport = Deno.env.get(RELAY_TRANSPORT_ENV) || "auto",
+): Promise<SessionSocketDir | undefined> {
+  if (transport !== "auto" && transport !== "stream") {
+    throw new SandboxError("config_invalid", `Invalid ${RELAY_TRANSPORT_ENV} "${transport}": use "auto" or "stream"`);
+  }
+  if (transport === "stream") return undefined;
+  const source = await prepareProxyMountSource(containerName).catch(() => undefined);
+  return source ? await makeSessionSocketDir(source) : undefined;
+}
+
 /** Runs the relay in `provider`'s container: `docker exec -i` under the exec wrapper, as the sandbox user. */
 export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: string | null): RelayLauncher {
   return (args) => {
@@ -291,7 +324,7 @@ export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: str
       "--quiet",
       "--no-config",
       "--no-prompt",
-      "--allow-net=127.0.0.1",
+      ...relayPermissions(args),
       RELAY_PATH,
       ...args,
     ], { kill: () => provider.stopExec(id) });
@@ -308,7 +341,8 @@ export async function openSession(
   provider: DockerSandboxProvider,
   options: SessionOptions = {},
 ): Promise<SandboxSession> {
-  const dir = await sessionSocketDir();
+  const mounted = await mountedSocketDir(provider.containerName, options.relayTransport);
+  const dir = mounted?.host ?? await sessionSocketDir();
   const cleanups: (() => Promise<void>)[] = [() => Deno.remove(dir, { recursive: true })];
   const close = async () => {
     for (const cleanup of cleanups.splice(0).reverse()) await cleanup().catch(() => {});
@@ -316,8 +350,11 @@ export async function openSession(
   try {
     const proxies = await startProxies(profile, { socketDir: dir }, options);
     cleanups.push(() => proxies.close());
+    // The sandbox user is another uid: it may connect (the 0700 parent keeps everyone else out).
+    if (mounted) for (const socket of Object.values(proxies.sockets)) await Deno.chmod(socket, 0o666);
     const relay = await startRelay({
       sockets: proxies.sockets,
+      sandboxSocketDir: mounted?.sandbox,
       launch: dockerRelayLauncher(provider, options.runId),
       sandboxName: provider.containerName,
       onEvent: (message) => options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
@@ -338,6 +375,7 @@ export async function openSession(
       redactor: proxies.redactor,
       relay,
       socketDir: dir,
+      sandboxSocketDir: mounted?.sandbox,
       close,
       [Symbol.asyncDispose]: close,
     };

@@ -21,6 +21,7 @@ import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
 import { spawn, spawnDetached } from "../process.ts";
+import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH } from "./proxy_mount.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import { formatBytes } from "../units.ts";
 import type {
@@ -86,6 +87,12 @@ export interface DockerProviderOptions {
    * that repository (`sandbox-<profile>-repo-<id>`), never by runs on another or without one.
    */
   repository?: SandboxRepo;
+  /**
+   * Bind-mount the proxies' socket directory read-only into a container this creates, when the
+   * engine may share this machine's filesystem (proxy_mount.ts; default true). Without it the
+   * relay carries everything over the exec stream.
+   */
+  proxyMount?: boolean;
 }
 
 /** A repository's identity for naming its sandbox: `key` (`name-hash`, a label) and a short `id`. */
@@ -284,6 +291,10 @@ export class DockerSandboxProvider implements SandboxProvider {
         }
       }
       if (found && current && !found.State.Running) {
+        // Its mount's source must exist for it to start (the state directory may have been cleared).
+        if (found.Mounts?.some((m) => m.Destination === PROXY_MOUNT_PATH)) {
+          await prepareProxyMountSource(this.names.container).catch(() => {});
+        }
         const started = await this.docker.run(["start", found.Id], { signal });
         if (started.exitCode === 0) continue;
       }
@@ -301,6 +312,14 @@ export class DockerSandboxProvider implements SandboxProvider {
       // serialised by itself, see image.ts).
       const create = async () => {
         await this.#prepare(signal);
+        const mount = await this.#proxyMountArgs();
+        if (mount.length === 0) return await this.docker.run(args, { signal, env });
+        // Not part of the configuration (hash): an accelerator whose absence changes no rule.
+        const mounted = await this.docker.run([...args.slice(0, -1), ...mount, args.at(-1)!], { signal, env });
+        if (mounted.exitCode === 0 || isAlreadyExists(mounted.stderr)) return mounted;
+        // The engine could not bind it (not this machine's filesystem after all): without it.
+        this.#mountRefused = true;
+        await this.#removeNeverStarted(signal);
         return await this.docker.run(args, { signal, env });
       };
       const created = this.#options.instance ? await create() : await withHostLock(`profile-${this.profile.name}`, async () => {
@@ -325,6 +344,24 @@ export class DockerSandboxProvider implements SandboxProvider {
   async #imageTag(): Promise<string> {
     const base = await imageTagFor(this.profile.sandbox.image);
     return this.#options.agent ? await agentImageTagFor(base, this.#options.agent) : base;
+  }
+
+  #mountRefused = false;
+
+  /** `--mount` of the proxies' socket directory, or nothing (see `proxyMount`). */
+  async #proxyMountArgs(): Promise<string[]> {
+    if (this.#options.proxyMount === false || this.#mountRefused) return [];
+    if (!await engineMayShareFilesystem(this.docker)) return [];
+    const source = await prepareProxyMountSource(this.names.container).catch(() => undefined);
+    return source ? ["--mount", `type=bind,src=${source},dst=${PROXY_MOUNT_PATH},readonly`] : [];
+  }
+
+  /** Remove the container a failed `docker run` left created but never started, if it did. */
+  async #removeNeverStarted(signal?: AbortSignal): Promise<void> {
+    const found = await this.#inspect(signal);
+    if (found && found.State.Status === "created" && !found.State.StartedAt?.match(/^[1-9]/)) {
+      await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
+    }
   }
 
   /** Can the container start and finish a trivial command within a short deadline? */

@@ -4,6 +4,7 @@ import { DockerCli } from "../../lib/sandbox/docker.ts";
 import { DockerSandboxProvider, parseDockerSize, sandboxRepo, teardownAll, teardownProfile } from "../../lib/sandbox/docker_provider.ts";
 import type { SandboxError } from "../../lib/errors.ts";
 import { imageTagFor } from "../../lib/sandbox/image.ts";
+import { proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
 import { explain, runCli, tempDir, writeConfig } from "../_helpers.ts";
 import { fakeDocker, inspectJson } from "./_fake_docker.ts";
 
@@ -43,7 +44,26 @@ async function runningJsonFor(provider: DockerSandboxProvider): Promise<string> 
   return inspectJson(provider.containerName, "running", provider.labels(configHash));
 }
 
+/** Run `fn` with these variables set (undefined: unset), then put them back. */
+async function withEnv<T>(vars: Record<string, string | undefined>, fn: () => Promise<T>): Promise<T> {
+  const saved = Object.fromEntries(Object.keys(vars).map((name) => [name, Deno.env.get(name)]));
+  const apply = (values: Record<string, string | undefined>) => {
+    for (const [name, value] of Object.entries(values)) {
+      if (value === undefined) Deno.env.delete(name);
+      else Deno.env.set(name, value);
+    }
+  };
+  apply(vars);
+  try {
+    return await fn();
+  } finally {
+    apply(saved);
+  }
+}
+
 Deno.test("ensureRunning() starts the container with exactly the hardening flags and limits", async () => {
+  await using state = await tempDir();
+  await withEnv({ XDG_STATE_HOME: state.path, DOCKER_HOST: undefined, DOCKER_CONTEXT: undefined, DOCKER_CONFIG: state.path }, async () => {
   const hostEnv = (
     name: string,
   ) => (name === "TERM" ? "xterm" : name === "HOME" ? "/root" : undefined);
@@ -51,6 +71,8 @@ Deno.test("ensureRunning() starts the container with exactly the hardening flags
   await using docker = await fakeDocker(freshEngine(await runningJsonFor(probe)));
   const provider = new DockerSandboxProvider(WORK, { docker: docker.program, hostEnv });
   const { configHash } = await provider.runArgs();
+  const mountSource = await proxyMountSource("sandbox-work");
+  assert.ok(mountSource.startsWith(`${state.path}/sandbox/proxy/`), mountSource);
   const status = await provider.ensureRunning();
   assert.equal(status.state, "running");
   assert.equal(status.current, true);
@@ -103,11 +125,18 @@ Deno.test("ensureRunning() starts the container with exactly the hardening flags
     "TERM",
     "--env",
     "FOO",
+    // The one host directory: the proxies' sockets of this container's sessions, read-only
+    // (a local engine; not in the configuration hash: it changes no rule).
+    "--mount",
+    `type=bind,src=${mountSource},dst=/run/sandbox-proxy,readonly`,
     tag,
   ]);
-  // Nothing of the host is mounted or inherited, and no variable's value is on the command line:
-  // the docker client takes them from its own environment.
-  const argv = runs[0].join(" ");
+  // Its parent keeps every other host user out; the sandbox user may only pass through it.
+  assert.equal((await Deno.stat(`${state.path}/sandbox/proxy`)).mode! & 0o777, 0o700);
+  assert.equal((await Deno.stat(mountSource)).mode! & 0o777, 0o711);
+  // Nothing else of the host is mounted or inherited, and no variable's value is on the command
+  // line: the docker client takes them from its own environment.
+  const argv = runs[0].filter((a) => !a.startsWith(`type=bind,src=${mountSource},`)).join(" ");
   assert.doesNotMatch(argv, /--volume|-v |type=bind|docker\.sock|--privileged|--cap-add|HOME=|--init|xterm|bar/);
   const calls = await docker.calls();
   const env = (await docker.environments())[calls.findIndex((c) => c[0] === "run")];
@@ -139,6 +168,43 @@ Deno.test("ensureRunning() starts the container with exactly the hardening flags
   assert.ok(!build.some((a) => a.startsWith("dev.sandbox.owner=")), build.join(" "));
   assert.ok(build.some((a) => a.startsWith("dev.sandbox.content-hash=")));
   assert.equal(build[build.indexOf("--tag") + 1], tag);
+  });
+});
+
+Deno.test("the proxies' socket directory is mounted only where the engine may share this machine's filesystem", async (t) => {
+  await using state = await tempDir();
+  const mounts = async (vars: Record<string, string | undefined>, respond = "", options = {}) =>
+    await withEnv({ XDG_STATE_HOME: state.path, DOCKER_CONFIG: state.path, DOCKER_HOST: undefined, DOCKER_CONTEXT: undefined, ...vars }, async () => {
+      const probe = new DockerSandboxProvider(WORK);
+      await using docker = await fakeDocker(freshEngine(await runningJsonFor(probe), respond));
+      await new DockerSandboxProvider(WORK, { docker: docker.program, ...options }).ensureRunning();
+      return (await docker.callsStartingWith("run")).map((run) => run.filter((a) => a.includes("dst=/run/sandbox-proxy")).length);
+    });
+  await t.step("the default engine, or one on a Unix socket: mounted", async () => {
+    assert.deepEqual(await mounts({}), [1]);
+    assert.deepEqual(await mounts({ DOCKER_HOST: "unix:///run/user/1000/docker.sock" }), [1]);
+  });
+  await t.step("a remote engine (tcp, ssh): not mounted", async () => {
+    assert.deepEqual(await mounts({ DOCKER_HOST: "tcp://10.0.0.5:2376" }), [0]);
+    assert.deepEqual(await mounts({ DOCKER_HOST: "ssh://user@build-host" }), [0]);
+  });
+  await t.step("a context: as its endpoint says", async () => {
+    const endpoint = (url: string) => `if [ "$1 $2" = "context inspect" ]; then echo '${url}'; exit 0; fi`;
+    assert.deepEqual(await mounts({ DOCKER_CONTEXT: "rootless" }, endpoint("unix:///run/user/1000/docker.sock")), [1]);
+    assert.deepEqual(await mounts({ DOCKER_CONTEXT: "remote" }, endpoint("ssh://user@build-host")), [0]);
+    await Deno.writeTextFile(`${state.path}/config.json`, JSON.stringify({ currentContext: "remote" }));
+    assert.deepEqual(await mounts({}, endpoint("tcp://10.0.0.5:2376")), [0]);
+    await Deno.remove(`${state.path}/config.json`);
+  });
+  await t.step("an engine that cannot bind it: the container is made without it", async () => {
+    const refuse = `if [ "$1" = run ] && printf '%s\n' "$@" | grep -q '^type=bind'; then
+  echo 'docker: Error response from daemon: invalid mount config for type "bind": bind source path does not exist' >&2; exit 125
+fi`;
+    assert.deepEqual(await mounts({}, refuse), [1, 0]);
+  });
+  await t.step("proxyMount: false: not mounted", async () => {
+    assert.deepEqual(await mounts({}, "", { proxyMount: false }), [0]);
+  });
 });
 
 Deno.test("network modes none and allowlist run the sandbox with no network; full on Docker's default bridge", async () => {

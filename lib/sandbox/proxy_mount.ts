@@ -1,0 +1,141 @@
+/**
+ * The proxies' socket directory, bind-mounted read-only into a sandbox on a local engine.
+ *
+ * Over the exec stream every byte of a download is copied through the `docker` client and the
+ * engine (about 450 MB/s here, against 2 GB/s for a container's own connection). When the engine
+ * shares this machine's filesystem (a local, rootless or Podman engine), each container instead
+ * gets one host directory of its own, `<state dir>/proxy/<id>`, mounted read-only at
+ * `PROXY_MOUNT_PATH`; each session of that container puts its proxies' Unix sockets in a
+ * subdirectory of it, and the relay inside connects to them directly (relay/main.ts `--sockets`).
+ * Policy does not move: the sockets are the same proxies, which check the token, the allowlist
+ * and the push rules on every connection however it arrives.
+ *
+ * Who can reach what: `<state dir>/proxy` is 0700, so no other user of this machine reaches any
+ * socket under it; a container's directory and its sessions' are 0711 and the sockets 0666, so
+ * that the sandbox user (uid 10001, whatever it maps to on the host) can connect to a socket whose
+ * path it knows but list nothing; and the mount is read-only, so nothing in the sandbox can create,
+ * replace, remove or re-permission anything in it (not even when its uid happens to own the
+ * files). A container sees only its own directory (`<id>` hashes the engine's address and the
+ * container's name).
+ */
+import { userStateDir } from "../paths.ts";
+import { sha256Hex } from "../hash.ts";
+import type { DockerCli } from "./docker.ts";
+
+/** Where a sandbox sees its directory. */
+export const PROXY_MOUNT_PATH = "/run/sandbox-proxy";
+/** `sun_path` holds 108 bytes; a longer socket path cannot be bound. */
+export const MAX_SOCKET_PATH = 100;
+/** A session's directory name: this many hex digits. */
+const SESSION_NAME_CHARS = 16;
+/** The longest socket name a session puts in its directory. */
+const LONGEST_SOCKET = "egress.sock";
+
+type Env = (name: string) => string | undefined;
+const processEnv: Env = (name) => Deno.env.get(name);
+
+/**
+ * The engine the `docker` CLI talks to, as far as the environment names it: `DOCKER_HOST`, else
+ * the context (`DOCKER_CONTEXT`, else the current one in the CLI's configuration; "" for the
+ * default).
+ */
+async function engineAddress(env: Env): Promise<{ host: string; context: string }> {
+  const host = env("DOCKER_HOST") ?? "";
+  let context = host ? "" : env("DOCKER_CONTEXT") ?? "";
+  if (!host && !context) {
+    const config = `${env("DOCKER_CONFIG") || `${env("HOME") ?? "/tmp"}/.docker`}/config.json`;
+    try {
+      const parsed = JSON.parse(await Deno.readTextFile(config));
+      if (typeof parsed?.currentContext === "string") context = parsed.currentContext;
+    } catch {
+      // No configuration: the default engine.
+    }
+  }
+  return { host, context: context === "default" ? "" : context };
+}
+
+/**
+ * Whether the engine may share this machine's filesystem: it is reached on a Unix socket (the
+ * default one, or a context's). A remote engine (tcp://, ssh://) is not; an engine in a VM on a
+ * Unix socket (Docker Desktop) passes this test, binds the directory, and its sandboxes' relays
+ * then find the sockets unreachable and use the exec stream.
+ */
+export async function engineMayShareFilesystem(
+  docker: DockerCli,
+  env: Env = processEnv,
+): Promise<boolean> {
+  const { host, context } = await engineAddress(env);
+  if (host) return host.startsWith("unix://");
+  if (!context) return true;
+  const inspected = await docker.run([
+    "context",
+    "inspect",
+    "--format",
+    "{{.Endpoints.docker.Host}}",
+    context,
+  ]);
+  return inspected.exitCode === 0 && inspected.stdout.trim().startsWith("unix://");
+}
+
+/** The host directory mounted into container `containerName` (not created). */
+export async function proxyMountSource(
+  containerName: string,
+  env: Env = processEnv,
+): Promise<string> {
+  const { host, context } = await engineAddress(env);
+  const id = (await sha256Hex(`${host}\0${context}\0${containerName}`)).slice(0, 16);
+  return `${userStateDir()}/proxy/${id}`;
+}
+
+/**
+ * Create the directory mounted into `containerName` (the parent 0700, it 0711) and return it;
+ * undefined when the sockets in it would have paths too long to bind, or its path cannot be
+ * written in a `--mount` option.
+ */
+export async function prepareProxyMountSource(containerName: string): Promise<string | undefined> {
+  const dir = await proxyMountSource(containerName);
+  if (`${dir}/${"x".repeat(SESSION_NAME_CHARS)}/${LONGEST_SOCKET}`.length > MAX_SOCKET_PATH) {
+    return undefined;
+  }
+  if (/[,"'\s=]/.test(dir)) return undefined;
+  const parent = dir.slice(0, dir.lastIndexOf("/"));
+  await Deno.mkdir(parent, { recursive: true, mode: 0o700 });
+  await assertOwnDirectory(parent);
+  // Whatever made it (an older version, a umask), only this user may enter it.
+  await Deno.chmod(parent, 0o700);
+  await Deno.mkdir(dir, { recursive: true, mode: 0o711 });
+  await assertOwnDirectory(dir);
+  await Deno.chmod(dir, 0o711);
+  return dir;
+}
+
+/** A session's socket directory in a container's mounted one, as the host and the sandbox see it. */
+export interface SessionSocketDir {
+  host: string;
+  sandbox: string;
+}
+
+/**
+ * A new directory for one session's sockets inside `mountSource` (0711: the sandbox user can
+ * reach a socket by name, list nothing).
+ */
+export async function makeSessionSocketDir(mountSource: string): Promise<SessionSocketDir> {
+  const name = Array.from(
+    crypto.getRandomValues(new Uint8Array(SESSION_NAME_CHARS / 2)),
+    (b) => b.toString(16).padStart(2, "0"),
+  ).join("");
+  const host = `${mountSource}/${name}`;
+  // Fails if it exists: a name is never shared.
+  await Deno.mkdir(host, { mode: 0o711 });
+  await Deno.chmod(host, 0o711);
+  return { host, sandbox: `${PROXY_MOUNT_PATH}/${name}` };
+}
+
+/** A directory (not a link to one) that this user owns. */
+async function assertOwnDirectory(path: string): Promise<void> {
+  const info = await Deno.lstat(path);
+  const uid = Deno.uid();
+  if (!info.isDirectory || (uid !== null && info.uid !== uid)) {
+    throw new Deno.errors.PermissionDenied(`${path} is not a directory of this user`);
+  }
+}
