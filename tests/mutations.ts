@@ -590,5 +590,19 @@ export const MUTATIONS: Mutation[] = [
     replace: `"tar", "-C", dir, "-c", "--", base`,
     tests: ["tests/security/copy_out_test.ts"],
   },
+  {
+    name: "the proxies' socket directory is mounted into the sandbox writable",
+    file: DOCKER_PROVIDER,
+    find: "dst=${PROXY_MOUNT_PATH},readonly",
+    replace: "dst=${PROXY_MOUNT_PATH}",
+    tests: ["tests/unit/docker_provider_test.ts", "tests/security/relay_socket_test.ts"],
+  },
+  {
+    name: "the directory above the sockets lets every host user through",
+    file: "lib/sandbox/proxy_mount.ts",
+    find: "  await Deno.chmod(parent, 0o700);",
+    replace: "  await Deno.chmod(parent, 0o755);",
+    tests: ["tests/unit/docker_provider_test.ts", "tests/security/relay_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];

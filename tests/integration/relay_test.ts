@@ -1,7 +1,9 @@
 /**
  * Faults on the relay of a real sandbox session: whatever ends the exec stream (the relay killed
  * inside, the docker exec client killed on the host, the container restarted), a request in
- * flight fails at once — never hangs — and the next one works within about a second.
+ * flight fails at once — never hangs — and the next one works within about a second. On both
+ * paths: the exec stream (kept to with `relayTransport: "stream"`, as a remote engine gets it) and
+ * the mounted sockets (this engine is local), where the exec still holds the relay's lifetime.
  */
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
@@ -52,93 +54,100 @@ async function hostPids(...parts: string[]): Promise<number[]> {
   return pids;
 }
 
-Deno.test({
-  name:
-    "when the relay's exec stream dies, an in-flight request fails at once and the next one works within a second",
-  ...dockerTest(),
-  async fn(t) {
-    assertDocker();
-    await using upstream = new FakeUpstream({ key: "sk-test-relay" });
-    await using dir = await tempDir();
-    const name = uniqueProfile("it-relay");
-    const profile = profileFrom(
-      `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
-      name,
-    );
-    const provider = new DockerSandboxProvider(profile);
-    const events: string[] = [];
-    Deno.env.set(KEY_ENV, "sk-test-relay");
-    try {
-      await provider.ensureRunning();
-      await using session = await openSession(profile, provider, {
-        accessLogPath: `${dir.path}/access.ndjson`,
-        onProgress: (line) => events.push(line),
-      });
-      const request = () =>
-        provider.exec(["sh", "-c", REQUEST], { env: session.env, timeoutMs: 90_000 });
+for (const transport of ["stream", "socket"] as const) {
+  Deno.test({
+    name: transport === "stream"
+      ? "when the relay's exec stream dies, an in-flight request fails at once and the next one works within a second (the stream path)"
+      : "on the socket path too, when the relay's exec ends, an in-flight request fails at once and the next one works within a second",
+    ...dockerTest(),
+    async fn(t) {
+      assertDocker();
+      await using upstream = new FakeUpstream({ key: "sk-test-relay" });
+      await using dir = await tempDir();
+      const name = uniqueProfile(`it-relay-${transport}`);
+      const profile = profileFrom(
+        `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
+        name,
+      );
+      const provider = new DockerSandboxProvider(profile);
+      const events: string[] = [];
+      Deno.env.set(KEY_ENV, "sk-test-relay");
+      try {
+        await provider.ensureRunning();
+        await using session = await openSession(profile, provider, {
+          accessLogPath: `${dir.path}/access.ndjson`,
+          onProgress: (line) => events.push(line),
+          relayTransport: transport === "stream" ? "stream" : "auto",
+        });
+        assert.equal(session.relay.transport, transport);
+        const request = () =>
+          provider.exec(["sh", "-c", REQUEST], { env: session.env, timeoutMs: 90_000 });
 
-      /** Start a request the upstream holds; end the stream with `fault`; see both outcomes. */
-      const survive = async (fault: () => Promise<void>) => {
-        upstream.behaviour = "hang";
-        const arrived = upstream.nextRequest();
-        const inFlight = request();
-        await within(arrived, 10_000, "the request reaching the upstream");
-        const restarted = session.relay.nextReady();
-        await fault();
-        // curl sees the connection end with nothing received: exit 52 (empty reply) or 56 (recv
-        // error). Its own deadline is 60 s: an answer within 2 s is the connection failing.
-        const failed = await within(inFlight, 2_000, "the in-flight request failing");
-        assert.match(
-          failed.stdout,
-          /^000 (52|56)$/,
-          `in-flight request: ${failed.stdout} ${failed.stderr}`,
-        );
-        await within(restarted, 1_000, "a new relay after the in-flight request failed");
-        upstream.behaviour = "ok";
-        const next = await request();
-        assert.equal(next.stdout, "200 0", next.stderr);
-      };
+        /** Start a request the upstream holds; end the exec with `fault`; see both outcomes. */
+        const survive = async (fault: () => Promise<void>) => {
+          upstream.behaviour = "hang";
+          const arrived = upstream.nextRequest();
+          const inFlight = request();
+          await within(arrived, 10_000, "the request reaching the upstream");
+          const restarted = session.relay.nextReady();
+          await fault();
+          // curl sees the connection end with nothing received: exit 52 (empty reply) or 56 (recv
+          // error). Its own deadline is 60 s: an answer within 2 s is the connection failing.
+          const failed = await within(inFlight, 2_000, "the in-flight request failing");
+          assert.match(
+            failed.stdout,
+            /^000 (52|56)$/,
+            `in-flight request: ${failed.stdout} ${failed.stderr}`,
+          );
+          await within(restarted, 1_000, "a new relay after the in-flight request failed");
+          assert.equal(session.relay.transport, transport, "the new relay takes the same path");
+          upstream.behaviour = "ok";
+          const next = await request();
+          assert.equal(next.stdout, "200 0", next.stderr);
+        };
 
-      await t.step("the relay killed inside the sandbox", async () => {
-        const pids = (await docker(
-          "exec",
-          provider.containerName,
-          "pgrep",
-          "-f",
-          "^deno run .*/opt/sandbox/relay.js",
-        )).split("\n");
-        assert.equal(pids.length, 1, `relay processes: ${pids}`);
-        await survive(async () =>
-          void await docker("exec", provider.containerName, "kill", "-KILL", pids[0])
-        );
-      });
+        await t.step("the relay killed inside the sandbox", async () => {
+          const pids = (await docker(
+            "exec",
+            provider.containerName,
+            "pgrep",
+            "-f",
+            "^deno run .*/opt/sandbox/relay.js",
+          )).split("\n");
+          assert.equal(pids.length, 1, `relay processes: ${pids}`);
+          await survive(async () =>
+            void await docker("exec", provider.containerName, "kill", "-KILL", pids[0])
+          );
+        });
 
-      await t.step("the docker exec client killed on the host", async () => {
-        const clients = await hostPids("exec", provider.containerName, "/opt/sandbox/relay.js");
-        assert.equal(clients.length, 1, `docker exec clients of the relay: ${clients}`);
-        await survive(() => Promise.resolve(Deno.kill(clients[0], "SIGKILL")));
-      });
+        await t.step("the docker exec client killed on the host", async () => {
+          const clients = await hostPids("exec", provider.containerName, "/opt/sandbox/relay.js");
+          assert.equal(clients.length, 1, `docker exec clients of the relay: ${clients}`);
+          await survive(() => Promise.resolve(Deno.kill(clients[0], "SIGKILL")));
+        });
 
-      await t.step("the container restarted", async () => {
-        const restarted = session.relay.nextReady();
-        await docker("restart", "--time", "1", provider.containerName);
-        const runningAt = performance.now();
-        await within(restarted, 5_000, "a new relay after the container came back");
-        assert.ok(
-          performance.now() - runningAt < 2_000,
-          "the relay took more than a second or so to come back",
-        );
-        const next = await request();
-        assert.equal(next.stdout, "200 0", next.stderr);
-      });
-      assert.ok(events.some((line) => /relay ended.*restarting it/.test(line)), events.join("\n"));
-      assert.ok(session.relay.starts >= 4, `starts: ${session.relay.starts}`);
-    } finally {
-      Deno.env.delete(KEY_ENV);
-      await removeProfile(name);
-    }
-  },
-});
+        await t.step("the container restarted", async () => {
+          const restarted = session.relay.nextReady();
+          await docker("restart", "--time", "1", provider.containerName);
+          const runningAt = performance.now();
+          await within(restarted, 5_000, "a new relay after the container came back");
+          assert.ok(
+            performance.now() - runningAt < 2_000,
+            "the relay took more than a second or so to come back",
+          );
+          assert.equal(session.relay.transport, transport);
+          const next = await request();
+          assert.equal(next.stdout, "200 0", next.stderr);
+        });
+        assert.ok(events.some((line) => /relay ended.*restarting it/.test(line)), events.join("\n"));
+        assert.ok(session.relay.starts >= 4, `starts: ${session.relay.starts}`);
+      } finally {
+        Deno.env.delete(KEY_ENV);
+        await removeProfile(name);
+      }
+    },
+  });
+}
 
 Deno.test({
   name: "a session's sockets are in a directory only this user can enter, even when the state directory's path is too long for a socket, and close() removes it and ends the relay",
@@ -174,6 +183,40 @@ Deno.test({
         if (value === undefined) Deno.env.delete(variable);
         else Deno.env.set(variable, value);
       }
+      await removeProfile(name);
+    }
+  },
+});
+
+Deno.test({
+  name: "a container made without the socket mount (by an older version, or where the engine could not bind it) carries the session over the exec stream",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using upstream = new FakeUpstream({ key: "sk-test-relay" });
+    await using dir = await tempDir();
+    const name = uniqueProfile("it-relay-nomount");
+    const profile = profileFrom(
+      `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
+      name,
+    );
+    Deno.env.set(KEY_ENV, "sk-test-relay");
+    try {
+      await new DockerSandboxProvider(profile, { proxyMount: false }).ensureRunning();
+      const mounts = await docker("inspect", "--format", "{{range .Mounts}}{{.Destination}} {{end}}", `sandbox-${name}`);
+      assert.doesNotMatch(mounts, /sandbox-proxy/);
+      // A later process, which would mount the directory: the container is current (the mount is
+      // no part of its configuration), so it is kept, and the relay finds no socket.
+      const provider = new DockerSandboxProvider(profile);
+      await provider.ensureRunning();
+      assert.ok(provider.wasRunning, "the container without the mount was replaced");
+      await using session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
+      assert.equal(session.relay.transport, "stream");
+      const result = await provider.exec(["sh", "-c", REQUEST], { env: session.env, timeoutMs: 60_000 });
+      assert.equal(result.stdout, "200 0", result.stderr);
+      assert.equal(upstream.requests.length, 1);
+    } finally {
+      Deno.env.delete(KEY_ENV);
       await removeProfile(name);
     }
   },

@@ -202,10 +202,10 @@ Deno.test({
 });
 
 Deno.test({
-  name: "another user on the host cannot connect to a session's proxy sockets; the session's own user can",
+  name: "another user on the host cannot connect to a session's proxy sockets, in the container's mounted directory or kept to the stream; the session's own user can",
   // Acting as another user needs root: CI runs as root; elsewhere this runs only when it can.
   ignore: !IN_CI && (!DOCKER_AVAILABLE || Deno.uid() !== 0),
-  async fn() {
+  async fn(t) {
     assertDocker();
     assert.equal(Deno.uid(), 0, "this test acts as another user: run it as root");
     await using dir = await tempDir();
@@ -214,32 +214,59 @@ Deno.test({
     if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
     const profile = resolveProfile(parsed.config, name);
     const provider = new DockerSandboxProvider(profile);
-    // The session's directory goes into a directory every user can enter, so that its own mode
-    // is the only thing between another user and the sockets.
+    // The state and runtime directories go into a directory every user can enter, so that the
+    // tool's own modes are the only thing between another user and the sockets.
     await Deno.chmod(dir.path, 0o755);
-    const savedRuntime = Deno.env.get("XDG_RUNTIME_DIR");
+    const saved = { state: Deno.env.get("XDG_STATE_HOME"), runtime: Deno.env.get("XDG_RUNTIME_DIR") };
+    Deno.env.set("XDG_STATE_HOME", `${dir.path}/state`);
     Deno.env.set("XDG_RUNTIME_DIR", dir.path);
-    try {
-      await provider.ensureRunning();
-      await using session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
-      assert.ok(session.socketDir.startsWith(`${dir.path}/`), session.socketDir);
-      const parent = await run(["runuser", "-u", "nobody", "--", "ls", dir.path]);
-      assert.equal(parent.exitCode, 0, `the other user must be able to enter the parent: ${parent.stderr}`);
-      const curl = (socket: string) => [
-        "curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code} %{exitcode}",
-        "--unix-socket", `${session.socketDir}/${socket}`, "http://proxy/proxy/v1/models",
-      ];
+    const curl = (socket: string) => [
+      "curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code} %{exitcode}",
+      "--unix-socket", socket, "http://proxy/proxy/v1/models",
+    ];
+    const attack = async (session: { socketDir: string }) => {
       // The attack: another local user (nobody) dials the credential proxy's socket directly.
-      const other = await run(["runuser", "-u", "nobody", "--", ...curl("llm.sock")]);
+      const other = await run(["runuser", "-u", "nobody", "--", ...curl(`${session.socketDir}/llm.sock`)]);
       assert.equal(other.stdout, "000 7", `another user reached the socket: ${other.stdout} ${other.stderr}`);
       const listing = await run(["runuser", "-u", "nobody", "--", "ls", session.socketDir]);
       assert.match(listing.stderr, /Permission denied/);
       // Its twin: the session's own user, same request, reaches the proxy (401: no token).
-      const own = await run(curl("llm.sock"));
+      const own = await run(curl(`${session.socketDir}/llm.sock`));
       assert.equal(own.stdout, "401 0", own.stderr);
+    };
+    try {
+      await provider.ensureRunning();
+      await t.step("in the container's mounted directory (the socket path)", async () => {
+        // The state directory may have been made 0700 by this tool (its first mkdir): opened up
+        // here, so that the 0700 directory the sockets are under is the only barrier left.
+        for (const path of [`${dir.path}/state`, `${dir.path}/state/sandbox`]) await Deno.chmod(path, 0o755);
+        await using session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
+        assert.equal(session.relay.transport, "socket");
+        assert.ok(session.socketDir.startsWith(`${dir.path}/state/sandbox/proxy/`), session.socketDir);
+        // The sandbox user must reach the sockets, so below the 0700 directory all may pass: it
+        // is what keeps everyone else out. The other user can enter everything above it.
+        assert.equal((await Deno.stat(`${dir.path}/state/sandbox/proxy`)).mode! & 0o777, 0o700);
+        const parent = await run(["runuser", "-u", "nobody", "--", "ls", `${dir.path}/state/sandbox`]);
+        assert.equal(parent.exitCode, 0, `the other user must be able to enter the parent: ${parent.stderr}`);
+        await attack(session);
+      });
+      await t.step("kept to the stream: a 0700 directory of the session's own", async () => {
+        await using session = await openSession(profile, provider, {
+          accessLogPath: `${dir.path}/access.ndjson`,
+          relayTransport: "stream",
+        });
+        assert.equal(session.relay.transport, "stream");
+        assert.ok(session.socketDir.startsWith(`${dir.path}/`), session.socketDir);
+        assert.equal((await Deno.stat(session.socketDir)).mode! & 0o777, 0o700);
+        const parent = await run(["runuser", "-u", "nobody", "--", "ls", dir.path]);
+        assert.equal(parent.exitCode, 0, `the other user must be able to enter the parent: ${parent.stderr}`);
+        await attack(session);
+      });
     } finally {
-      if (savedRuntime === undefined) Deno.env.delete("XDG_RUNTIME_DIR");
-      else Deno.env.set("XDG_RUNTIME_DIR", savedRuntime);
+      for (const [variable, value] of [["XDG_STATE_HOME", saved.state], ["XDG_RUNTIME_DIR", saved.runtime]] as const) {
+        if (value === undefined) Deno.env.delete(variable);
+        else Deno.env.set(variable, value);
+      }
       await removeProfile(name);
     }
   },
