@@ -25,6 +25,7 @@ import { parseSize } from "../units.ts";
 import { type RelayHost, type RelayLauncher, relayPermissions, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
 import { makeSessionSocketDir, MAX_SOCKET_PATH, prepareProxyMountSource, type SessionSocketDir } from "../sandbox/proxy_mount.ts";
 import { SandboxError } from "../errors.ts";
+import { trace } from "../trace.ts";
 
 /** Where the image keeps the relay (Dockerfile). */
 export const RELAY_PATH = "/opt/sandbox/relay.js";
@@ -360,6 +361,7 @@ export async function openSession(
       onEvent: (message) => options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
     });
     cleanups.push(() => relay.close());
+    trace(`session: relay ready (${relay.transport} path)`);
     const local = (port: number | undefined) => port === undefined ? undefined : `http://127.0.0.1:${port}`;
     const gitUrl = relay.ports.git === undefined ? undefined : `${local(relay.ports.git)}${GIT_PATH_PREFIX}`;
     return {

@@ -26,8 +26,11 @@ import type { DockerCli } from "./docker.ts";
 export const PROXY_MOUNT_PATH = "/run/sandbox-proxy";
 /** `sun_path` holds 108 bytes; a longer socket path cannot be bound. */
 export const MAX_SOCKET_PATH = 100;
-/** A session's directory name: this many hex digits. */
-const SESSION_NAME_CHARS = 16;
+/** The most a socket path in the mounted directory may take: `sun_path` and its final NUL. */
+const MAX_MOUNTED_SOCKET_BYTES = 107;
+/** Names are short, so that a socket's path fits under a long home directory. */
+const CONTAINER_NAME_CHARS = 12;
+const SESSION_NAME_CHARS = 8;
 /** The longest socket name a session puts in its directory. */
 const LONGEST_SOCKET = "egress.sock";
 
@@ -83,7 +86,10 @@ export async function proxyMountSource(
   env: Env = processEnv,
 ): Promise<string> {
   const { host, context } = await engineAddress(env);
-  const id = (await sha256Hex(`${host}\0${context}\0${containerName}`)).slice(0, 16);
+  const id = (await sha256Hex(`${host}\0${context}\0${containerName}`)).slice(
+    0,
+    CONTAINER_NAME_CHARS,
+  );
   return `${userStateDir()}/proxy/${id}`;
 }
 
@@ -94,9 +100,8 @@ export async function proxyMountSource(
  */
 export async function prepareProxyMountSource(containerName: string): Promise<string | undefined> {
   const dir = await proxyMountSource(containerName);
-  if (`${dir}/${"x".repeat(SESSION_NAME_CHARS)}/${LONGEST_SOCKET}`.length > MAX_SOCKET_PATH) {
-    return undefined;
-  }
+  const longest = `${dir}/${"x".repeat(SESSION_NAME_CHARS)}/${LONGEST_SOCKET}`;
+  if (new TextEncoder().encode(longest).length > MAX_MOUNTED_SOCKET_BYTES) return undefined;
   if (/[,"'\s=]/.test(dir)) return undefined;
   const parent = dir.slice(0, dir.lastIndexOf("/"));
   await Deno.mkdir(parent, { recursive: true, mode: 0o700 });
@@ -120,15 +125,22 @@ export interface SessionSocketDir {
  * reach a socket by name, list nothing).
  */
 export async function makeSessionSocketDir(mountSource: string): Promise<SessionSocketDir> {
-  const name = Array.from(
-    crypto.getRandomValues(new Uint8Array(SESSION_NAME_CHARS / 2)),
-    (b) => b.toString(16).padStart(2, "0"),
-  ).join("");
-  const host = `${mountSource}/${name}`;
-  // Fails if it exists: a name is never shared.
-  await Deno.mkdir(host, { mode: 0o711 });
-  await Deno.chmod(host, 0o711);
-  return { host, sandbox: `${PROXY_MOUNT_PATH}/${name}` };
+  for (let attempt = 1;; attempt++) {
+    const name = Array.from(
+      crypto.getRandomValues(new Uint8Array(SESSION_NAME_CHARS / 2)),
+      (b) => b.toString(16).padStart(2, "0"),
+    ).join("");
+    const host = `${mountSource}/${name}`;
+    try {
+      // Fails if it exists: a name is never shared.
+      await Deno.mkdir(host, { mode: 0o711 });
+    } catch (error) {
+      if (error instanceof Deno.errors.AlreadyExists && attempt < 5) continue;
+      throw error;
+    }
+    await Deno.chmod(host, 0o711);
+    return { host, sandbox: `${PROXY_MOUNT_PATH}/${name}` };
+  }
 }
 
 /** A directory (not a link to one) that this user owns. */

@@ -1,9 +1,11 @@
 /**
- * Any engine the docker CLI reaches works, because the exec stream is the only path between the
- * sandbox and its proxies: the test starts a second Docker engine of its own — its own data root,
- * exec root, socket, and network namespace (`unshare --net`: with `--bridge none` a daemon deletes
- * the host's `docker0`, which would break the first engine's default network) — and runs the CLI
- * against it with `DOCKER_HOST`. The engine and everything in it are removed after.
+ * Any engine the docker CLI reaches works, because the exec stream is a path between the sandbox
+ * and its proxies that needs nothing else: the test starts a second Docker engine of its own — its
+ * own data root, exec root, socket, and network namespace (`unshare --net`: with `--bridge none` a
+ * daemon deletes the host's `docker0`, which would break the first engine's default network) —
+ * and runs the CLI against it with `DOCKER_HOST`, kept to the exec stream (what a remote engine
+ * gets), and as it comes (this engine shares the machine's filesystem: the mounted sockets). The
+ * engine and everything in it are removed after.
  */
 import assert from "node:assert/strict";
 import { run, spawn } from "../../lib/process.ts";
@@ -102,7 +104,7 @@ async function startEngine(root: string): Promise<{ host: string; stop(): Promis
 
 Deno.test({
   name:
-    "the CLI works against a second engine reached through DOCKER_HOST: no network in the sandbox, proxies through the relay",
+    "the CLI works against a second engine reached through DOCKER_HOST: no network in the sandbox, proxies through the relay, over the exec stream or the mounted sockets",
   // Starting a daemon needs root: CI runs as root; elsewhere this runs only when it can.
   ignore: !IN_CI && (!DOCKER_AVAILABLE || Deno.uid() !== 0),
   async fn() {
@@ -152,14 +154,17 @@ Deno.test({
         `curl -s -m 10 -o /dev/null -w "llm %{http_code}\\n" -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`,
         `curl -sS -m 10 http://allowed.test:${port}/`,
       ].join("\n");
-      const result = await runCli(["exec", "--profile", profile, "--", "sh", "-c", script], {
-        config,
-        env,
-        timeoutMs: 600_000,
-      });
-      assert.equal(result.exitCode, 0, explain(result));
-      assert.deepEqual(result.stdout.trim().split("\n"), ["lo", "llm 200", "hello from the host"]);
-      assert.equal(upstream.requests.length, 1);
+      for (const [transport, path] of [["stream", "stream"], ["auto", "socket"]]) {
+        const result = await runCli(["exec", "--profile", profile, "--", "sh", "-c", script], {
+          config,
+          env: { ...env, SANDBOX_RELAY_TRANSPORT: transport, SANDBOX_TRACE: "1" },
+          timeoutMs: 600_000,
+        });
+        assert.equal(result.exitCode, 0, explain(result));
+        assert.match(result.stderr, new RegExp(`relay ready \\(${path} path\\)`), result.stderr);
+        assert.deepEqual(result.stdout.trim().split("\n"), ["lo", "llm 200", "hello from the host"]);
+      }
+      assert.equal(upstream.requests.length, 2);
 
       // The sandbox lives on the second engine, with no network, and not on the first.
       const there = await run([

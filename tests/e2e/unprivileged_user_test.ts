@@ -85,8 +85,8 @@ Deno.test({
       const chown = await run(["chown", "-R", `${user}:${user}`, home]);
       assert.equal(chown.exitCode, 0, explain(chown));
 
-      /** The bundled CLI as the user, with a clean environment of its own. */
-      const asUser = (args: string[]) =>
+      /** The bundled CLI as the user, with a clean environment of its own (plus `env`). */
+      const asUser = (args: string[], env: string[] = []) =>
         run([
           "runuser",
           "-u",
@@ -97,6 +97,7 @@ Deno.test({
           `HOME=${home}`,
           "PATH=/usr/local/bin:/usr/bin:/bin",
           `${KEY_ENV}=sk-test-user-key`,
+          ...env,
           Deno.execPath(),
           "run",
           "--allow-all",
@@ -121,8 +122,10 @@ Deno.test({
           `curl -s -m 10 -o /dev/null -w "denied %{http_code}\\n" http://denied.test/`,
           "ls /sys/class/net",
         ].join("\n"),
-      ]);
+      ], ["SANDBOX_TRACE=1"]);
       assert.equal(exec.exitCode, 0, explain(exec));
+      // This engine is local: the relay reached the user's sockets, mounted into the sandbox.
+      assert.match(exec.stderr, /relay ready \(socket path\)/, exec.stderr);
       assert.deepEqual(exec.stdout.trim().split("\n"), [
         "10001",
         "llm 200",
@@ -132,6 +135,20 @@ Deno.test({
       ]);
       assert.equal(upstream.requests.length, 1);
       assert.equal(upstream.requests[0].headers.get("authorization"), "Bearer sk-test-user-key");
+
+      // The same user, kept to the exec stream (what a remote engine gets), reaches them too.
+      const streamed = await asUser([
+        "exec",
+        "--profile",
+        profile,
+        "--",
+        "sh",
+        "-c",
+        `curl -s -m 10 -o /dev/null -w "llm %{http_code}\\n" -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`,
+      ], ["SANDBOX_TRACE=1", "SANDBOX_RELAY_TRANSPORT=stream"]);
+      assert.equal(streamed.exitCode, 0, explain(streamed));
+      assert.match(streamed.stderr, /relay ready \(stream path\)/, streamed.stderr);
+      assert.equal(streamed.stdout.trim(), "llm 200");
 
       const agent = await asUser([
         "run",
