@@ -75,10 +75,8 @@ export const MAX_STREAM_ID = 0xffff_ffff;
  * keeps reading its connection while a write is under way (no bubbles in the pipe).
  */
 const STREAM_QUEUE_BYTES = 4 * MAX_DATA_BYTES;
-/** Frames queued together are written out in one turn of up to this many bytes. */
+/** Frames queued together are written out in one write of up to this many bytes. */
 const WRITE_BATCH_BYTES = 256 * 1024;
-/** A DATA payload this big is written as it is, not copied into the batch. */
-const SMALL_FRAME_BYTES = 16 * 1024;
 
 const FRAME_NAMES: Record<number, string> = Object.fromEntries(
   Object.entries(FRAME).map(([name, type]) => [type, name]),
@@ -234,19 +232,12 @@ export class FrameDecoder {
 }
 
 /**
- * Reads a byte source in chunks that are handed over, never copied and never reused: each read
- * goes into the free end of an arena buffer and comes out as a view of it, so that one
- * allocation (which the engine zero-fills) serves many reads, and no byte is zeroed twice. An
- * arena with little room left is replaced by a new one, twice as big while reads fill what room
- * they are given (a download), from 16 KiB up to `maxBytes`. A chunk keeps its arena alive until
- * it is dropped: use this for sources whose chunks are consumed soon or whose memory is bounded
- * elsewhere (the proxies' sockets on the host, the agent's connections and the host's stream in
- * the relay), not for what a hostile peer can make us hold.
+ * Reads a byte source in chunks that are handed over, not copied: the buffer is sized to what
+ * reads return (from 16 KiB up to `maxBytes`), a full read is handed over as it is and a new
+ * buffer taken, and a read that used little of a big buffer is copied out so the buffer is reused.
  */
 export class ChunkReader {
-  #arena: Uint8Array;
-  #at = 0;
-  #nextBytes: number;
+  #buffer: Uint8Array;
   readonly #maxBytes: number;
 
   constructor(
@@ -254,24 +245,28 @@ export class ChunkReader {
     maxBytes = 256 * 1024,
   ) {
     this.#maxBytes = maxBytes;
-    this.#nextBytes = Math.min(MIN_READ_BYTES, maxBytes);
-    this.#arena = new Uint8Array(0);
+    this.#buffer = new Uint8Array(MIN_READ_BYTES);
   }
 
   /** The next chunk, or null at the end. */
   async next(): Promise<Uint8Array | null> {
-    if (this.#arena.length - this.#at < Math.max(1, this.#arena.length / 8)) {
-      this.#arena = new Uint8Array(this.#nextBytes);
-      this.#at = 0;
-    }
-    const room = this.#arena.subarray(this.#at);
-    const n = await this.read(room);
+    const buffer = this.#buffer;
+    const n = await this.read(buffer);
     if (n === null) return null;
-    const chunk = this.#arena.subarray(this.#at, this.#at + n);
-    this.#at += n;
-    // It filled all the room it had: more is waiting, so the next arena is bigger.
-    if (n === room.length) this.#nextBytes = Math.min(this.#nextBytes * 2, this.#maxBytes);
-    return chunk;
+    if (n === buffer.length) {
+      // Full: hand it over, and read more at once next time.
+      this.#buffer = new Uint8Array(Math.min(buffer.length * 2, this.#maxBytes));
+      return buffer;
+    }
+    if (n >= buffer.length / 2) {
+      this.#buffer = new Uint8Array(buffer.length);
+      return buffer.subarray(0, n);
+    }
+    // Mostly empty: copy out what came, keep the buffer, and take a smaller one if it stays so.
+    if (buffer.length > MIN_READ_BYTES && n < buffer.length / 8) {
+      this.#buffer = new Uint8Array(buffer.length / 2);
+    }
+    return buffer.slice(0, n);
   }
 
   async *[Symbol.asyncIterator](): AsyncGenerator<Uint8Array> {
@@ -538,36 +533,17 @@ export class Mux {
             if (size >= WRITE_BATCH_BYTES) break;
           }
         }
-        // Small frames are copied together into one write; a large payload goes out as it is,
-        // after its header: copying it would cost more than the write it saves.
-        const writes: Uint8Array[] = [];
-        let joined = new Uint8Array(0);
+        const bytes = new Uint8Array(size);
         let at = 0;
-        const room = (bytes: number) => {
-          if (at + bytes <= joined.length) return;
-          if (at > 0) writes.push(joined.subarray(0, at));
-          joined = new Uint8Array(Math.max(bytes, Math.min(size, SMALL_FRAME_BYTES * 4)));
-          at = 0;
-        };
         for (const entry of batch) {
-          const large = entry.data && entry.bytes.length >= SMALL_FRAME_BYTES;
           if (entry.data) {
-            room(HEADER_BYTES);
-            writeHeader(joined, at, FRAME.DATA, entry.stream!.id, entry.bytes.length);
+            writeHeader(bytes, at, FRAME.DATA, entry.stream!.id, entry.bytes.length);
             at += HEADER_BYTES;
           }
-          if (large) {
-            writes.push(joined.subarray(0, at), entry.bytes);
-            joined = joined.subarray(at);
-            at = 0;
-            continue;
-          }
-          room(entry.bytes.length);
-          joined.set(entry.bytes, at);
+          bytes.set(entry.bytes, at);
           at += entry.bytes.length;
         }
-        if (at > 0) writes.push(joined.subarray(0, at));
-        for (const bytes of writes) await this.#options.output(bytes);
+        await this.#options.output(bytes);
         for (const entry of batch) if (entry.data) entry.stream!._written(entry.bytes.length);
       }
     } catch (error) {
@@ -649,12 +625,10 @@ export class MuxStream {
   #grant(bytes: number): void {
     if (this.#remoteFin) return;
     this.#ungranted += bytes;
-    // A quarter of the window at a time. This never stalls the peer: what it may still send,
-    // what waits here for our reader and what we have not granted back always add up to the
-    // window, so a peer out of credit with nothing left for our reader means all of it is
-    // ungranted. Granting each chunk as it is read instead (once the peer's credit runs low, as
-    // it always does in a download) cost a write and a trip through the engine per chunk.
-    if (this.#ungranted < this.#updateBytes) return;
+    if (this.#ungranted < this.#updateBytes && this.#inbound.length > 0) return;
+    if (this.#ungranted < this.#updateBytes && this.#receiveAllowance >= this.#updateBytes) {
+      return;
+    }
     this.#receiveAllowance += this.#ungranted;
     this.#mux._sendControl(FRAME.WINDOW, this.id, u32(this.#ungranted));
     this.#ungranted = 0;
