@@ -23,7 +23,7 @@ import { llmTarget } from "./llm_providers.ts";
 import { Redactor } from "../redact.ts";
 import { parseSize } from "../units.ts";
 import { type RelayHost, type RelayLauncher, relayPermissions, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
-import { makeSessionSocketDir, MAX_SOCKET_PATH, prepareProxyMountSource, type SessionSocketDir } from "../sandbox/proxy_mount.ts";
+import { makeSessionSocketDir, MAX_SOCKET_PATH, prepareProxyMountSource, type SessionSocketDir, sweepStaleSessionDirs } from "../sandbox/proxy_mount.ts";
 import { SandboxError } from "../errors.ts";
 import { trace } from "../trace.ts";
 
@@ -301,7 +301,9 @@ async function mountedSocketDir(
   }
   if (transport === "stream") return undefined;
   const source = await prepareProxyMountSource(containerName).catch(() => undefined);
-  return source ? await makeSessionSocketDir(source) : undefined;
+  if (!source) return undefined;
+  await sweepStaleSessionDirs(source).catch(() => {});
+  return await makeSessionSocketDir(source);
 }
 
 /** Runs the relay in `provider`'s container: `docker exec -i` under the exec wrapper, as the sandbox user. */

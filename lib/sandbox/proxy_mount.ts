@@ -143,6 +143,29 @@ export async function makeSessionSocketDir(mountSource: string): Promise<Session
   }
 }
 
+/** A session directory this old whose credential proxy does not answer was left by a crash. */
+const STALE_SESSION_MS = 60_000;
+
+/**
+ * Remove what sessions that ended without closing (a killed process) left in `mountSource`:
+ * directories older than a minute whose `llm.sock` has no listener (every live session has one).
+ */
+export async function sweepStaleSessionDirs(mountSource: string): Promise<void> {
+  for await (const entry of Deno.readDir(mountSource)) {
+    if (!entry.isDirectory || !/^[0-9a-f]+$/.test(entry.name)) continue;
+    const dir = `${mountSource}/${entry.name}`;
+    try {
+      const info = await Deno.lstat(dir);
+      if (Date.now() - (info.mtime?.getTime() ?? Date.now()) < STALE_SESSION_MS) continue;
+      (await Deno.connect({ transport: "unix", path: `${dir}/llm.sock` })).close();
+    } catch (error) {
+      if (error instanceof Deno.errors.ConnectionRefused || error instanceof Deno.errors.NotFound) {
+        await Deno.remove(dir, { recursive: true }).catch(() => {});
+      }
+    }
+  }
+}
+
 /** A directory (not a link to one) that this user owns. */
 async function assertOwnDirectory(path: string): Promise<void> {
   const info = await Deno.lstat(path);
