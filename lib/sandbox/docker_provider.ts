@@ -1,7 +1,8 @@
 /**
  * `DockerSandboxProvider`: a profile's sandbox as a hardened, long-lived Docker container.
  *
- * Work enters through `docker exec`; nothing of the host is mounted. The container is created
+ * Work enters through `docker exec`; nothing of the host is mounted but, on a local engine, the
+ * container's own directory of proxy sockets, read-only (proxy_mount.ts). The container is created
  * from a `docker run` argv derived purely from the profile, and labelled with a hash of that argv,
  * so that a configuration change is detected with one `docker inspect` and the container replaced.
  */
