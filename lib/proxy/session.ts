@@ -303,7 +303,8 @@ async function mountedSocketDir(
   const source = await prepareProxyMountSource(containerName).catch(() => undefined);
   if (!source) return undefined;
   await sweepStaleSessionDirs(source).catch(() => {});
-  return await makeSessionSocketDir(source);
+  // Not there after all (removed under us, say): the stream needs no such directory.
+  return await makeSessionSocketDir(source).catch(() => undefined);
 }
 
 /** Runs the relay in `provider`'s container: `docker exec -i` under the exec wrapper, as the sandbox user. */
