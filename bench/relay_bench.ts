@@ -504,7 +504,7 @@ async function run_(context: BenchContext): Promise<BenchResult> {
     }
     const list = (values: number[]) => values.map((r) => r.toFixed(0)).join("/");
     const notes = [
-      `paths: direct = ordinary container → server at the bench network's gateway; TCP proxy = same container → proxies on TCP at the gateway (before the relay); socket = sandbox (network none) → relay → the proxies' Unix sockets, mounted into the sandbox; stream = the same sandbox, a session kept to the exec stream → relay → docker exec stdio → the proxies' Unix sockets`,
+      `paths (one upstream server, in a process of its own): direct = ordinary container → server at the bench network's gateway; TCP proxy = same container → proxies on TCP at the gateway (before the relay); socket = sandbox (network none) → relay → the proxies' Unix sockets, mounted into the sandbox; stream = the same sandbox, a session kept to the exec stream → relay → docker exec stdio → the proxies' Unix sockets`,
       `LLM requests: keep-alive, sequential, ${
         LATENCY_ROUNDS * LATENCY_PER_ROUND
       } per path after ${LATENCY_WARMUP} warm-up, interleaved rounds; p50 direct ${
