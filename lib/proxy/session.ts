@@ -15,7 +15,7 @@
 import { AccessLog } from "./access_log.ts";
 import { userStateDir, type Profile } from "../config.ts";
 import { PROXY_PATH_PREFIX, startCredentialProxy, TokenRegistry, type UpstreamProvider } from "./credential_proxy.ts";
-import { type DockerSandboxProvider, SANDBOX_USER } from "../sandbox/docker_provider.ts";
+import { type DockerSandboxProvider, RELAY_USER } from "../sandbox/docker_provider.ts";
 import { startEgressProxy } from "./egress_proxy.ts";
 import { GIT_PATH_PREFIX, type GitRemote, startGitProxy } from "./git_proxy.ts";
 import { KeyStore } from "../keys.ts";
@@ -307,7 +307,10 @@ async function mountedSocketDir(
   return await makeSessionSocketDir(source).catch(() => undefined);
 }
 
-/** Runs the relay in `provider`'s container: `docker exec -i` under the exec wrapper, as the sandbox user. */
+/**
+ * Runs the relay in `provider`'s container: `docker exec -i` under the exec wrapper, as the relay's
+ * own uid (not the sandbox user's: nothing the agent runs can ptrace, read or kill it).
+ */
 export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: string | null): RelayLauncher {
   return (args) => {
     // A run's relay is named after the run: its lease, taken while the relay starts, knows it as
@@ -318,8 +321,8 @@ export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: str
       "exec",
       "--interactive",
       "--user",
-      SANDBOX_USER,
-      // (Its Deno cache is its own, made by the wrapper from the image's: scripts/sandbox-exec.)
+      RELAY_USER,
+      // (Its Deno cache is the image's, read-only: scripts/sandbox-exec.)
       provider.containerName,
       "sandbox-exec",
       id,

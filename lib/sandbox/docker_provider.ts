@@ -56,6 +56,14 @@ const LEASE_ACK_TIMEOUT_MS = 5_000;
 /** The sandbox user, created by the Dockerfile. */
 export const SANDBOX_UID = 10001;
 export const SANDBOX_USER = `${SANDBOX_UID}:${SANDBOX_UID}`;
+/**
+ * The relay's uid (no passwd entry needed): not the sandbox user's, so that nothing the agent runs
+ * can read the relay's memory or environment, ptrace, signal or kill it (scripts/sandbox-exec).
+ */
+export const RELAY_UID = 10002;
+export const RELAY_USER = `${RELAY_UID}:${RELAY_UID}`;
+/** Exec ids of relays start with this (lib/proxy/session.ts): they are stopped as the relay's uid. */
+export const RELAY_EXEC_PREFIX = "relay-";
 export const WORKSPACE_DIR = "/workspace";
 export const SANDBOX_HOME = "/home/sandbox";
 /** Exit code reported for a command killed by its timeout, as timeout(1) does. */
@@ -624,8 +632,12 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
 
-  /** End the process tree of exec `id` (one started under the exec wrapper with that id). */
+  /**
+   * End the process tree of exec `id` (one started under the exec wrapper with that id). A relay's
+   * (`relay-…`) runs as its own uid, which only that uid (or root) can signal: it is stopped as it.
+   */
   stopExec(id: string): Promise<void> {
+    if (id.startsWith(RELAY_EXEC_PREFIX)) return this.#stopInside(["--kill", id], RELAY_USER);
     return this.#killTree(id);
   }
 
@@ -668,10 +680,10 @@ export class DockerSandboxProvider implements SandboxProvider {
    * Run `sandbox-exec ARGS` (a kill or a sweep). A fork bomb can hold every pid, so that even
    * this cannot start: retry briefly, then restart the container.
    */
-  async #stopInside(args: string[]): Promise<void> {
+  async #stopInside(args: string[], user = SANDBOX_USER): Promise<void> {
     for (let attempt = 0; attempt < 10; attempt++) {
       const result = await this.docker.run(
-        ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, ...args],
+        ["exec", "--user", user, this.names.container, SANDBOX_EXEC, ...args],
         { timeoutMs: 15_000 },
       );
       if (result.exitCode === 0 || isNoSuchObject(result.stderr) || /is not running/.test(result.stderr)) return;
