@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession } from "../../lib/proxy/session.ts";
-import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
+import { DockerSandboxProvider, RELAY_USER } from "../../lib/sandbox/docker_provider.ts";
 import { run } from "../../lib/process.ts";
 import {
   assertDocker,
@@ -115,8 +115,9 @@ for (const transport of ["stream", "socket"] as const) {
             "^deno run .*/opt/sandbox/relay.js",
           )).split("\n");
           assert.equal(pids.length, 1, `relay processes: ${pids}`);
+          // Killed as its own uid: the sandbox user cannot (tests/security/relay_uid_test.ts).
           await survive(async () =>
-            void await docker("exec", provider.containerName, "kill", "-KILL", pids[0])
+            void await docker("exec", "--user", RELAY_USER, provider.containerName, "kill", "-KILL", pids[0])
           );
         });
 

@@ -1,13 +1,15 @@
 /**
- * The relay is untrusted: the agent runs beside it as the same user. These tests do what such an
- * agent can do — write its own frames into the relay's stream to the host, or replace the relay
- * with one of its own — and show that it gains nothing: every connection still needs the session
- * token on the host, and a relay of its own reaches nothing at all. Each beside its positive twin.
+ * The relay is untrusted: it runs in the agent's container (as a uid of its own, so that the agent
+ * cannot read or ptrace it: tests/security/relay_uid_test.ts). These tests do what whoever could
+ * write into the relay's stream to the host could do — write their own frames into it — and what
+ * the agent can do — replace the relay with one of its own — and show that it gains nothing: every
+ * connection still needs the session token on the host, and a relay of its own reaches nothing at
+ * all. Each beside its positive twin.
  */
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession } from "../../lib/proxy/session.ts";
-import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
+import { DockerSandboxProvider, RELAY_USER } from "../../lib/sandbox/docker_provider.ts";
 import { run } from "../../lib/process.ts";
 import {
   assertDocker,
@@ -28,14 +30,14 @@ console.error("security: relay tests starting");
 const KEY_ENV = "SANDBOX_TEST_RELAY_KEY";
 
 /**
- * Runs inside the sandbox as the agent: finds the session's relay, and writes into its stdout
- * (the stream to the host) an OPEN of the credential proxy and one HTTP request with `TOKEN`
- * (argument 1), as one write (atomic: under the pipe's 4 KiB). The host's answer then arrives on
+ * Runs inside the sandbox: finds the session's relay, and writes into its stdout (the stream to
+ * the host) an OPEN of the credential proxy and one HTTP request with the token in
+ * `$INJECT_TOKEN`, as one write (atomic: under the pipe's 4 KiB). The host's answer then arrives on
  * a stream that relay never opened, so it quits and the host starts another.
  * Frames: [type u8][stream id u32][length u32][payload] (lib/proxy/mux.ts).
  */
 const INJECT = `
-const token = Deno.args[0];
+const token = Deno.env.get("INJECT_TOKEN");
 const [pid] = [...Deno.readDirSync("/proc")].map((e) => e.name).filter((pid) => {
   try {
     const cmdline = Deno.readTextFileSync("/proc/" + pid + "/cmdline");
@@ -78,7 +80,7 @@ async function accessLog(path: string): Promise<Record<string, unknown>[]> {
 
 Deno.test({
   name:
-    "frames the agent writes into the relay's stream reach the credential proxy only as any request does: without the session token, 401",
+    "the agent cannot open the relay's stream to the host, and frames written into it (by the relay's own uid) reach the credential proxy only as any request does: without the session token, 401",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -102,19 +104,28 @@ Deno.test({
         accessLogPath: logPath,
         onProgress: (line) => events.push(line),
       });
-      await provider.writeFile("/tmp/inject.js", INJECT);
+      await provider.writeFile("/tmp/inject.js", INJECT, { mode: 0o644 });
+      // The agent itself cannot even open the relay's stream: the relay is another uid's.
+      const refused = await provider.exec(["deno", "run", "-A", "/tmp/inject.js"], {
+        env: { ...session.env, INJECT_TOKEN: session.token },
+      });
+      assert.notEqual(refused.exitCode, 0, refused.stdout);
+      assert.match(refused.stderr, /PermissionDenied: Permission denied \(os error 13\): open '\/proc\/\d+\/fd\/1'/);
+      assert.equal(session.relay.starts, 1, "the relay carries on");
+      // Whoever can (the relay's own uid; the token is passed by name, off the command line):
       const inject = async (token: string) => {
         const replaced = session.relay.nextReady();
-        const result = await provider.exec(["sh", "-c", `deno run -A /tmp/inject.js "${token}"`], {
-          env: session.env,
-        });
+        const result = await run([
+          "docker", "exec", "--user", RELAY_USER, "--env", "INJECT_TOKEN", "--env", "DENO_DIR=/opt/sandbox/deno-dir",
+          provider.containerName, "deno", "run", "-A", "/tmp/inject.js",
+        ], { env: { INJECT_TOKEN: token } });
         assert.equal(result.exitCode, 0, result.stderr);
         assert.match(result.stdout, /^injected into \d+/);
         await within(replaced, 10_000, "the host replacing the relay");
       };
       // The attack: a made-up token. Then its twin: the same frames with the session's token.
       await inject("sbx_not_the_token");
-      await inject("$SANDBOX_LLM_TOKEN");
+      await inject(session.token);
       assert.equal(
         events.filter((line) => /relay ended.*restarting it/.test(line)).length,
         2,
