@@ -604,5 +604,19 @@ export const MUTATIONS: Mutation[] = [
     replace: "  await Deno.chmod(parent, 0o755);",
     tests: ["tests/unit/docker_provider_test.ts", "tests/security/relay_test.ts"],
   },
+  {
+    name: "the relay runs as the sandbox user (a leftover of the agent's uid can ptrace it, read its memory and token, kill it)",
+    file: "lib/proxy/session.ts",
+    find: "      RELAY_USER,\n",
+    replace: "      \"10001:10001\",\n",
+    tests: ["tests/security/relay_uid_test.ts"],
+  },
+  {
+    name: "the relay's wrapper keeps its state in the sandbox user's /tmp directory (made first, it is the relay's; an agent's plant is used)",
+    file: "scripts/sandbox-exec",
+    find: `my $STATE = $< == $SANDBOX_UID ? "/tmp/.sandbox-exec" : undef;`,
+    replace: `my $STATE = "/tmp/.sandbox-exec";`,
+    tests: ["tests/security/relay_uid_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];
