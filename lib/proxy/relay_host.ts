@@ -4,9 +4,10 @@
  * The relay inside the sandbox (relay/main.ts) listens on fixed loopback ports and carries each
  * connection as a stream over the stdio of one long-lived exec (lib/proxy/mux.ts). Here, each
  * stream the relay opens for a service we serve is piped to that proxy's Unix socket; nothing
- * else is reachable through it. The relay is untrusted (the agent runs beside it as the same user
- * and can replace it, or write to its stdout): every frame is checked by the mux, and anything
- * malformed ends the mux — and with it that relay — never this process.
+ * else is reachable through it. The relay is untrusted (it runs in the agent's container; as a uid
+ * of its own, which the agent cannot ptrace or signal, but the agent can start relays of its own,
+ * and its input is the agent's): every frame is checked by the mux, and anything malformed ends the
+ * mux — and with it that relay — never this process.
  *
  * With `sandboxSocketDir` (a local engine, whose sandbox has the proxies' socket directory
  * bind-mounted read-only at that path), the relay is asked to carry connections to those sockets
@@ -56,7 +57,8 @@ export interface RelayProcess {
 
 /**
  * Deno's permission flags for a relay started with `args`: loopback; FFI, to make the pipe on its
- * stdin bigger (relay/main.ts: the agent, the same user, can run native code anyway); and with
+ * stdin bigger (relay/main.ts; the relay runs only the image's code: its program and Deno cache are
+ * the read-only image's, scripts/sandbox-exec); and with
  * `--sockets DIR` each service's socket there (Deno asks for net access to each socket's exact
  * path, and read and write access to it).
  */
