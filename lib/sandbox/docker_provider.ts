@@ -634,7 +634,8 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   /**
    * End the process tree of exec `id` (one started under the exec wrapper with that id). A relay's
-   * (`relay-…`) runs as its own uid, which only that uid (or root) can signal: it is stopped as it.
+   * (`relay-…`) runs as its own uid, which only that uid can signal (root in the container has no
+   * capabilities): it is stopped as that uid.
    */
   stopExec(id: string): Promise<void> {
     if (id.startsWith(RELAY_EXEC_PREFIX)) return this.#stopInside(["--kill", id], RELAY_USER);

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { DockerCli } from "../../lib/sandbox/docker.ts";
-import { DockerSandboxProvider, parseDockerSize, sandboxRepo, teardownAll, teardownProfile } from "../../lib/sandbox/docker_provider.ts";
+import { DockerSandboxProvider, parseDockerSize, RELAY_USER, SANDBOX_USER, sandboxRepo, teardownAll, teardownProfile } from "../../lib/sandbox/docker_provider.ts";
 import type { SandboxError } from "../../lib/errors.ts";
 import { imageTagFor } from "../../lib/sandbox/image.ts";
 import { proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
@@ -563,4 +563,16 @@ exit 1`);
       assert.match(result.stdout, /Usage: sandbox/);
     }
   });
+});
+
+Deno.test("stopExec() stops a relay as the relay's uid, which the sandbox user cannot signal, and other execs as the sandbox user", async () => {
+  await using docker = await fakeDocker("");
+  const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
+  await provider.stopExec("relay-run1-1234");
+  await provider.stopExec("exec-5678");
+  assert.deepEqual(await docker.callsStartingWith("exec"), [
+    ["exec", "--user", RELAY_USER, "sandbox-work", "sandbox-exec", "--kill", "relay-run1-1234"],
+    ["exec", "--user", SANDBOX_USER, "sandbox-work", "sandbox-exec", "--kill", "exec-5678"],
+  ]);
+  assert.notEqual(RELAY_USER, SANDBOX_USER);
 });
