@@ -1,5 +1,6 @@
 /** Shared test helpers: the CLI as a subprocess, temporary configs, and the Docker gate. */
 import { run, type RunResult, spawn, type SpawnOptions } from "../lib/process.ts";
+import { PROXY_MOUNT_PATH } from "../lib/sandbox/proxy_mount.ts";
 
 export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 export const CLI = `${ROOT}/cli.ts`;
@@ -93,4 +94,24 @@ export async function writeConfig(dir: string, yaml: string, name = "sandbox.yam
   const path = `${dir}/${name}`;
   await Deno.writeTextFile(path, yaml);
   return path;
+}
+
+/** One of `docker inspect`'s `Mounts`. */
+export interface InspectedMount {
+  Type: string;
+  Source?: string;
+  Destination?: string;
+  RW?: boolean;
+}
+
+/**
+ * The only host path a sandbox may have mounted: its own proxy socket directory, read-only, at
+ * PROXY_MOUNT_PATH (lib/sandbox/proxy_mount.ts; present on engines that share this machine's
+ * filesystem). Returns the other bind mounts, which a hardened container must not have.
+ */
+export function unexpectedBinds(mounts: InspectedMount[] | null | undefined): InspectedMount[] {
+  return (mounts ?? []).filter((m) =>
+    m.Type === "bind" &&
+    !(m.Destination === PROXY_MOUNT_PATH && m.RW === false && /\/proxy\/[0-9a-f]+$/.test(m.Source ?? ""))
+  );
 }

@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
 import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
-import { assertDocker, dockerTest, explain, tempDir, writeConfig } from "../_helpers.ts";
+import { assertDocker, dockerTest, explain, tempDir, unexpectedBinds, writeConfig } from "../_helpers.ts";
 import { DevcontainerFixture, executeOutputs, KEY_ENV, keyValues, parseLines } from "../_devcontainer_fixture.ts";
 
 console.error("security: hostile devcontainer tests starting");
@@ -162,7 +162,9 @@ Deno.test({
       assert.equal(hostConfig.ReadonlyRootfs, true);
       assert.ok(!hostConfig.Binds || hostConfig.Binds.length === 0, JSON.stringify(hostConfig.Binds));
       assert.ok(!hostConfig.PortBindings || Object.keys(hostConfig.PortBindings).length === 0, JSON.stringify(hostConfig.PortBindings));
-      assert.ok(mounts.every((m: { Type: string }) => m.Type === "volume" || m.Type === "tmpfs"), JSON.stringify(mounts));
+      assert.ok(mounts.every((m: { Type: string }) => m.Type === "volume" || m.Type === "tmpfs" || m.Type === "bind"), JSON.stringify(mounts));
+      // The one host path: its own proxy sockets, read-only (lib/sandbox/proxy_mount.ts).
+      assert.deepEqual(unexpectedBinds(mounts), [], JSON.stringify(mounts));
       assert.equal(user, "10001:10001");
     });
   },
