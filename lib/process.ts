@@ -63,8 +63,24 @@ export class ProgramNotFoundError extends SandboxError {
   }
 }
 
+/**
+ * A running child as its users see it: a local process (`ChildProcess`), or a `docker exec` made
+ * through the engine's API in its stead (lib/sandbox/engine_api.ts).
+ */
+export interface Child {
+  readonly argv: readonly string[];
+  /** Raw stdout; consume it or `lines()`, not both. */
+  readonly stdout: ReadableStream<Uint8Array>;
+  /** Resolves when the child has exited and stderr is fully read. */
+  readonly finished: Promise<ProcessOutcome>;
+  /** stdout as lines; a line over the cap raises `LineTooLongError` (and the child is stopped). */
+  lines(): AsyncGenerator<string>;
+  /** Stop it: SIGTERM, then SIGKILL after the grace period. */
+  kill(graceMs?: number): void;
+}
+
 /** A running child. Read `lines()` (or `stdout`) and await `finished`. */
-export class ChildProcess {
+export class ChildProcess implements Child {
   readonly argv: readonly string[];
   /** Raw stdout; consume it or `lines()`, not both. */
   readonly stdout: ReadableStream<Uint8Array>;
@@ -167,7 +183,7 @@ export class ChildProcess {
     // A killed child's grandchildren can keep stderr open for as long as they live: after a kill,
     // stderr gets a short grace period and is then cut, so that cancelling never hangs.
     const stopStderr = new AbortController();
-    const stderrTail = readStderr(this.#child.stderr, options, stopStderr.signal);
+    const stderrTail = collectStderr(this.#child.stderr, options, stopStderr.signal);
     try {
       const status = await this.#child.status;
       let grace: ReturnType<typeof setTimeout> | undefined;
@@ -192,7 +208,11 @@ export class ChildProcess {
   }
 }
 
-async function readStderr(
+/**
+ * Read a child's stderr to its end (or until `stop`): each chunk and line to the callbacks, and
+ * its tail as the result.
+ */
+export async function collectStderr(
   stream: ReadableStream<Uint8Array>,
   options: Pick<SpawnOptions, "onStderrLine" | "onStderrChunk">,
   stop: AbortSignal,

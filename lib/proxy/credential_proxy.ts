@@ -14,6 +14,7 @@
  * upstream request. Redirects are passed back, never followed: following one would carry the key
  * to wherever it points.
  */
+import { trace } from "../trace.ts";
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
 import { assertListenOn, formatHostForUrl, type ListenAddress } from "./egress_proxy.ts";
 import { closeOnAbort } from "../process.ts";
@@ -217,6 +218,7 @@ function createHandler(
 
   return async (req) => {
     const started = performance.now();
+    trace("credential proxy: request");
     const url = new URL(req.url);
     const entry: LogFields = {
       time: new Date().toISOString(),

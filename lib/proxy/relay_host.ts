@@ -21,7 +21,7 @@
  */
 import { Mux, type MuxStream, pipeStream, type RelayTransport } from "./mux.ts";
 import { SandboxError } from "../errors.ts";
-import { spawn } from "../process.ts";
+import { type Child, spawn, type SpawnOptions } from "../process.ts";
 
 /** The services a relay may carry, and their port offsets from the session's base port. */
 export const RELAY_SERVICES = { llm: 0, egress: 1, git: 2 } as const;
@@ -86,7 +86,7 @@ export type RelayLauncher = (args: string[]) => RelayProcess;
  */
 export function spawnRelayProcess(
   argv: string[],
-  options: { kill?: () => Promise<void> } = {},
+  options: { kill?: () => Promise<void>; spawn?: (argv: string[], options: SpawnOptions) => Child } = {},
 ): RelayProcess {
   // Some buffering between the mux and the pipe, so that the next batch is ready while one is
   // being written (a write into a pipe ends only when the reader took all of it).
@@ -96,7 +96,7 @@ export function spawnRelayProcess(
     new ByteLengthQueuingStrategy({ highWaterMark: STDIN_BUFFER_BYTES }),
   );
   const writer = stdin.writable.getWriter();
-  const child = spawn(argv, { stdin: stdin.readable });
+  const child = (options.spawn ?? spawn)(argv, { stdin: stdin.readable });
   return {
     input: child.stdout,
     output: (bytes) => writer.write(bytes),

@@ -334,7 +334,11 @@ export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: str
       ...relayPermissions(args),
       RELAY_PATH,
       ...args,
-    ], { kill: () => provider.stopExec(id) });
+    ], {
+      kill: () => provider.stopExec(id),
+      // As every docker call: through the engine's API where it may (lib/sandbox/docker.ts).
+      spawn: (argv, options) => provider.docker.spawn(argv.slice(1), options),
+    });
   };
 }
 

@@ -16,6 +16,7 @@
  * `worker_failed` (or the provider's own code) with context. An agent CLI's private files are
  * removed in `finally`, whatever happened.
  */
+import { trace } from "../trace.ts";
 import { checkJson, type JsonSchema } from "../../worker/json_schema.ts";
 import type { WorkerJob } from "../../worker/job.ts";
 import { SandboxError } from "../errors.ts";
@@ -168,6 +169,7 @@ export class ContainerDriver {
     });
     try {
       worker.send(job);
+      trace("driver: job sent");
       yield* this.#consume(worker.stream, { timeoutMs: options.timeoutMs });
     } finally {
       worker.close();

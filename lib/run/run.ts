@@ -496,10 +496,26 @@ async function prepare(
     };
     early();
     context.cleanups.push(async () => (await waiting)?.close());
+    // The lease is asked for at once too (the runs that are the container's own are not counted
+    // against it: scripts/sandbox-exec). An answer from a container that was not up as it is now
+    // is let go below, and the lease asked for again.
+    const leaseSeconds = (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60;
+    let asked: Promise<LeaseRelease | undefined> | undefined = provider.lease(context.id, leaseSeconds, signal);
+    asked.catch(() => {});
+    const unclaimed = asked;
+    let claimed = false;
+    // Granted but never used (the run failed first): handed back, nothing to do behind it.
+    context.cleanups.push(async () => {
+      if (!claimed) await (await unclaimed.catch(() => undefined))?.();
+    });
     trace("run: looking at the sandbox");
     await provider.ensureRunning({ signal });
     trace("run: sandbox up");
     if (!provider.wasRunning) {
+      // Handed back before the lease is asked for again (it would be found live: busy).
+      asked = undefined;
+      claimed = true;
+      await (await unclaimed.catch(() => undefined))?.();
       await letGo();
       early(true);
     } else if (opening) {
@@ -511,7 +527,15 @@ async function prepare(
       });
       opening.catch(() => {});
     }
-    const release = await leaseShared(provider, (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60, context.id, signal);
+    const release = asked
+      ? await asked.then((granted) => {
+        claimed = true;
+        return granted;
+      }, (error) => {
+        trace(`run: cannot lease: ${error instanceof Error ? error.message : error}`);
+        return leaseShared(provider, leaseSeconds, context.id, signal);
+      })
+      : await leaseShared(provider, leaseSeconds, context.id, signal);
     trace(release ? "run: leased" : "run: busy");
     if (release) {
       leased = true;

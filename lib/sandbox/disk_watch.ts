@@ -9,7 +9,7 @@
  * start, aborts the signal too.
  */
 import { SandboxError } from "../errors.ts";
-import type { ChildProcess } from "../process.ts";
+import type { Child } from "../process.ts";
 import { formatBytes } from "../units.ts";
 
 export interface DiskWatch extends AsyncDisposable {
@@ -35,7 +35,7 @@ export interface DiskWatchOptions {
  * throw (the sandbox cannot run it): that aborts the watch like a failure later.
  */
 export function startDiskWatch(
-  start: (stdin: ReadableStream<Uint8Array>) => Promise<ChildProcess | undefined>,
+  start: (stdin: ReadableStream<Uint8Array>) => Promise<Child | undefined>,
   options: DiskWatchOptions,
 ): DiskWatch {
   const controller = new AbortController();
@@ -43,7 +43,7 @@ export function startDiskWatch(
   const stdin = new ReadableStream<Uint8Array>({ start: (c) => void (input = c) });
   let closing = false;
   let used: number | undefined;
-  let child: ChildProcess | undefined;
+  let child: Child | undefined;
   const fail = (reason: SandboxError) => {
     if (closing || controller.signal.aborted) return;
     controller.abort(reason);

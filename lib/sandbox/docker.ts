@@ -1,11 +1,15 @@
 /**
  * The `docker` CLI as a function, with its failures mapped to typed errors.
  *
- * We shell out rather than speak the Engine API so that `DOCKER_HOST` and docker contexts work
- * exactly as they do for the user's own `docker` commands.
+ * Docker is reached the way the user's own `docker` commands reach it, so that `DOCKER_HOST` and
+ * docker contexts work as they do for them: through the CLI, except for the calls on every run's
+ * path (`exec`, and inspecting a container, volume or image), which go straight to the engine's
+ * socket when it is the very engine the CLI would reach (engine_api.ts says when): the same
+ * request, without starting the CLI each time.
  */
 import { CommandExitError, SandboxError, type SandboxErrorCode } from "../errors.ts";
-import { ProgramNotFoundError, run, type RunResult, spawn, type SpawnOptions } from "../process.ts";
+import { type Child, ProgramNotFoundError, run, type RunResult, spawn, type SpawnOptions } from "../process.ts";
+import { EngineExec, engineSocket, execRequestOf, inspectRequestOf, inspectViaEngine } from "./engine_api.ts";
 
 /** Label keys on every object this tool creates. Teardown selects by `OWNER`, nothing else. */
 export const LABEL = {
@@ -33,9 +37,31 @@ export class DockerCli {
 
   /** Run `docker ARGS`; non-zero exit is returned, daemon/CLI absence is thrown. */
   async run(args: readonly string[], options?: SpawnOptions): Promise<RunResult> {
-    const result = await this.#guard(() => run([this.program, ...args], options));
+    const result = await this.#guard(() => this.#run(args, options));
     throwIfUnreachable(result.stderr);
     return result;
+  }
+
+  async #run(args: readonly string[], options?: SpawnOptions): Promise<RunResult> {
+    const socket = this.#engine(options);
+    const inspect = socket ? inspectRequestOf(args) : undefined;
+    if (socket && inspect) {
+      const answered = await inspectViaEngine(socket, [this.program, ...args], inspect, options);
+      if (answered) return answered;
+    } else if (socket && execRequestOf(args, options?.env)) {
+      // As process.run(), with the exec made through the engine.
+      let stderr = "";
+      const child = this.spawn(args, {
+        ...options,
+        onStderrChunk: (text) => {
+          stderr += text;
+          options?.onStderrChunk?.(text);
+        },
+      });
+      const [stdout, outcome] = await Promise.all([new Response(child.stdout).text(), child.finished]);
+      return { ...outcome, stdout, stderr };
+    }
+    return await run([this.program, ...args], options);
   }
 
   /** Run `docker ARGS` and require success; the error carries `code` and the stderr tail. */
@@ -59,12 +85,31 @@ export class DockerCli {
   }
 
   /** Start `docker ARGS` streaming; spawn failure is mapped like `run`. */
-  spawn(args: readonly string[], options?: SpawnOptions) {
+  spawn(args: readonly string[], options: SpawnOptions = {}): Child {
+    const socket = this.#engine(options);
+    const request = socket ? execRequestOf(args, options.env) : undefined;
+    if (socket && request) {
+      return new EngineExec(socket, [this.program, ...args], request, options, () => this.#spawnCli(args, options));
+    }
+    return this.#spawnCli(args, options);
+  }
+
+  #spawnCli(args: readonly string[], options?: SpawnOptions): Child {
     try {
       return spawn([this.program, ...args], options);
     } catch (error) {
       throw mapSpawnError(error, this.program);
     }
+  }
+
+  /**
+   * The engine's socket when this call may go there: the CLI is the one on PATH (not a program
+   * a caller named), and the call changes nothing the CLI reads from its own environment.
+   */
+  #engine(options?: SpawnOptions): string | undefined {
+    if (this.program !== "docker" || options?.clearEnv || options?.cwd) return undefined;
+    if (Object.keys(options?.env ?? {}).some((name) => /^DOCKER_/i.test(name))) return undefined;
+    return engineSocket();
   }
 
   async #guard<T>(fn: () => Promise<T>): Promise<T> {

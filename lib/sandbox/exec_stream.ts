@@ -1,5 +1,5 @@
 /** Turning a spawned child into an `ExecStream`: stdout lines, then an outcome. */
-import type { ChildProcess } from "../process.ts";
+import type { Child } from "../process.ts";
 import type { ExecStream, ExecStreamOutcome } from "./provider.ts";
 
 /**
@@ -7,7 +7,7 @@ import type { ExecStream, ExecStreamOutcome } from "./provider.ts";
  * true when the consumer left before the end, after the child has been told to stop.
  */
 export function execStreamOf(
-  child: ChildProcess,
+  child: Child,
   finish: (stoppedEarly: boolean) => Promise<ExecStreamOutcome>,
 ): ExecStream {
   let settle!: (outcome: Promise<ExecStreamOutcome>) => void;
