@@ -33,11 +33,29 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
   ]);
   const profile = await profileFor(command, opts.profile);
   const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
-  await provider.ensureRunning({ signal });
-  // While the command runs, this process serves its proxies (LLM credentials, egress).
-  await using session = await openSession(profile, provider, { signal, onProgress: note });
+  // While the command runs, this process serves its proxies (LLM credentials, egress). Their relay
+  // starts while Docker is asked about the container, which is all but always up as it is; when
+  // it had to be started, made or replaced just now, the relay is started again in it.
+  const open = () => openSession(profile, provider, { signal, onProgress: note });
+  let opening = open();
+  opening.catch(() => {});
+  try {
+    await provider.ensureRunning({ signal });
+  } catch (error) {
+    await opening.then((session) => session.close(), () => {});
+    throw error;
+  }
+  if (!provider.wasRunning) {
+    await opening.then((session) => session.close(), () => {});
+    opening = open();
+  } else {
+    // Started before Docker was asked: a concurrent command may have been making the container
+    // just then ("No such container"). It exists now, so one more try is the answer.
+    opening = opening.catch(open);
+  }
   // resources.disk: a workspace growing past it stops the command (exit 125).
   await using watch = provider.watchDisk();
+  await using session = await opening;
   const stream = provider.execStream(argv, {
     cwd: opts.cwd,
     env: { ...session.env, ...env },

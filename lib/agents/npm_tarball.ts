@@ -7,7 +7,6 @@
  * rebuilt sandbox image does not download the agent again, and lets a machine without the
  * registry build the layer from a tarball copied there by hand.
  */
-import { createHash } from "node:crypto";
 import { SandboxError } from "../errors.ts";
 import type { PlatformTarball } from "./packages.ts";
 
@@ -84,7 +83,7 @@ export async function fetchTarball(tarball: PlatformTarball, options: FetchTarba
   // Written beside the final name and renamed only once its hash matches: a partial or tampered
   // download never sits in the cache under the name the next build trusts.
   const partial = `${path}.${Deno.pid}.partial`;
-  const hash = createHash("sha512");
+  const hash = await sha512();
   try {
     const file = await Deno.open(partial, { write: true, create: true, truncate: true, mode: 0o644 });
     try {
@@ -120,7 +119,7 @@ export async function integrityOf(path: string): Promise<string | undefined> {
   } catch {
     return undefined;
   }
-  const hash = createHash("sha512");
+  const hash = await sha512();
   try {
     for await (const chunk of file.readable) hash.update(chunk);
   } catch {
@@ -148,4 +147,14 @@ function describeFetchError(error: unknown): string {
     .replace(/^error sending request for url \([^)]*\):\s*/i, "")
     .replace(/https?:\/\/[^\s)]+/g, "the registry")
     .split("\n")[0] || "the connection failed";
+}
+
+/**
+ * An incremental SHA-512 (Web Crypto has none). Node's crypto module is loaded here, when a
+ * tarball is checked, not with the CLI: the modules that import this one are on every run's path,
+ * and loading it costs each start ~15 ms.
+ */
+async function sha512() {
+  const { createHash } = await import("node:crypto");
+  return createHash("sha512");
 }

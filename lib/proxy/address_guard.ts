@@ -16,7 +16,6 @@
  * the IPv4 address they carry). Unlike it, private ranges are denied by default here: the sandbox
  * runs on a developer machine whose LAN is exactly what it must not reach.
  */
-import { lookup } from "node:dns/promises";
 import { isIpLiteral } from "./egress_policy.ts";
 
 /** Resolve a host name to IP addresses (one lookup; the proxy never asks twice). */
@@ -24,6 +23,9 @@ export type Resolver = (hostname: string, signal: AbortSignal) => Promise<string
 
 /** The system resolver (getaddrinfo: /etc/hosts, then DNS), as `Deno.connect` would use it. */
 export async function systemResolver(hostname: string, signal: AbortSignal): Promise<string[]> {
+  // Node's dns module loads on the first lookup: every session starts an egress proxy, and most
+  // never resolve a name (loading it costs each start ~10 ms).
+  const { lookup } = await import("node:dns/promises");
   // getaddrinfo cannot be cancelled; the caller stops waiting instead.
   const answer = lookup(hostname, { all: true, verbatim: true });
   const aborted = new Promise<never>((_, reject) => {

@@ -96,14 +96,18 @@ export async function resolveLocalRepo(path: string, baseName = "HEAD"): Promise
     });
   }
   const repoPath = top.stdout.trim();
-  const base = await run(["git", "-C", repoPath, "rev-parse", "--verify", "--quiet", `${baseName}^{commit}`]);
+  // Independent questions, asked at once (each a git process).
+  const [base, commonDirText, status] = await Promise.all([
+    run(["git", "-C", repoPath, "rev-parse", "--verify", "--quiet", `${baseName}^{commit}`]),
+    git(["-C", repoPath, "rev-parse", "--path-format=absolute", "--git-common-dir"], "find the git directory"),
+    git(["-C", repoPath, "status", "--porcelain"], "read the repository's status"),
+  ]);
   if (base.exitCode !== 0) {
     throw new SandboxError("usage", `Base "${baseName}" not found in "${repoPath}"`, {
       detail: "Name a branch, tag or commit that exists (default: the current HEAD, which needs at least one commit)",
     });
   }
-  const commonDir = (await git(["-C", repoPath, "rev-parse", "--path-format=absolute", "--git-common-dir"], "find the git directory")).trim();
-  const status = await git(["-C", repoPath, "status", "--porcelain"], "read the repository's status");
+  const commonDir = commonDirText.trim();
   return {
     path: repoPath,
     commonDir,
@@ -122,11 +126,14 @@ export async function localRepoKey(repoPath: string): Promise<string> {
 
 /** A branch name the user's repository accepts and does not have yet. */
 export async function checkRunBranch(repo: LocalRepo, branch: string): Promise<void> {
-  const valid = await run(["git", "check-ref-format", "--branch", branch]);
+  const [valid, listed] = await Promise.all([
+    run(["git", "check-ref-format", "--branch", branch]),
+    git(["-C", repo.path, "for-each-ref", "--format=%(refname)", "refs/heads/"], "list branches"),
+  ]);
   if (valid.exitCode !== 0) throw new SandboxError("usage", `Invalid branch name "${branch}"`);
   // A ref can be neither an existing branch nor a prefix or extension of one ("a" vs "a/b").
   const target = `refs/heads/${branch}`;
-  const refs = (await git(["-C", repo.path, "for-each-ref", "--format=%(refname)", "refs/heads/"], "list branches")).split("\n");
+  const refs = listed.split("\n");
   const clash = refs.find((ref) => ref === target || ref.startsWith(`${target}/`) || target.startsWith(`${ref}/`));
   if (clash) {
     const message = clash === target
@@ -165,12 +172,20 @@ function byteCounter(): { stream: TransformStream<Uint8Array, Uint8Array>; bytes
 
 /** What the sandbox prints once it listed its refs: the host sends the pack after it. */
 const REFS_END = "sandbox: refs listed";
+/**
+ * What it prints instead when its bare repository has the base commit already (a later run on the
+ * same repository): nothing is sent, and the host does not wait to pack nothing.
+ */
+const HAS_BASE = "sandbox: base present";
 
 /**
  * Send the base commit's objects (only those the sandbox lacks) and create the run's worktree on
  * a new branch — in one `docker exec`: the sandbox lists what its bare repository has, the host
  * packs only what is missing into the same exec's input, and the sandbox unpacks it and adds the
- * worktree. (Three execs before, each a round trip to the engine.)
+ * worktree. (Three execs before, each a round trip to the engine.) When the bare repository has
+ * the base commit already, the sandbox says so and goes on at once: no pack, no round trip. (It
+ * trusts that commit as far as the host did before, when it left out of the pack every commit the
+ * sandbox had a ref to: an earlier run's agent on the same repository could have written either.)
  */
 export async function prepareWorktree(
   provider: SandboxProvider,
@@ -182,11 +197,12 @@ export async function prepareWorktree(
   const branch = sandboxBranch(options.runId);
   const counter = byteCounter();
   const packInput = new TransformStream<Uint8Array, Uint8Array>();
-  const script = `${RESET_BARE} && ${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)" && echo "$5" && ` +
-    `${SAFE_GIT} -C "$1" index-pack --stdin --fix-thin >/dev/null && ` +
+  const script = `${RESET_BARE} && ${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)" && ` +
+    `{ if ${SAFE_GIT} -C "$1" cat-file -e "$2^{commit}" 2>/dev/null; then echo "$6"; else echo "$5" && ` +
+    `${SAFE_GIT} -C "$1" index-pack --stdin --fix-thin >/dev/null; fi; } && ` +
     `${SAFE_GIT} -C "$1" update-ref "refs/sandbox/bases/$2" "$2" && mkdir -p "$(dirname "$3")" && ` +
     `${SAFE_GIT} -C "$1" worktree add -q -b "$4" "$3" "$2"`;
-  const steps = provider.execStream(["sh", "-c", script, "sh", bare, repo.base, path, branch, REFS_END], {
+  const steps = provider.execStream(["sh", "-c", script, "sh", bare, repo.base, path, branch, REFS_END, HAS_BASE], {
     stdin: packInput.readable.pipeThrough(counter.stream),
     signal: options.signal,
     timeoutMs: 600_000,
@@ -194,9 +210,15 @@ export async function prepareWorktree(
   // What the sandbox already has: every ref tip of its bare repository.
   const refsBefore: string[] = [];
   let packed: Promise<ProcessOutcome> | undefined;
+  let listed = false;
   try {
     for await (const line of steps) {
-      if (packed) continue;
+      if (packed || listed) continue;
+      if (line === HAS_BASE) {
+        listed = true;
+        await packInput.writable.close().catch(() => {});
+        continue;
+      }
       if (line !== REFS_END) {
         if (line) refsBefore.push(line);
         continue;
@@ -210,7 +232,7 @@ export async function prepareWorktree(
       packed = pack.finished;
     }
   } finally {
-    if (!packed) await packInput.writable.close().catch(() => {});
+    if (!packed && !listed) await packInput.writable.close().catch(() => {});
   }
   const [outcome, packOutcome] = await Promise.all([steps.outcome, packed]);
   if (packOutcome && packOutcome.exitCode !== 0) throw new CommandExitError("exec_failed", "Cannot pack the repository", packOutcome);
