@@ -127,10 +127,13 @@ export async function main(args: readonly string[]): Promise<number> {
  * code is loaded. Exits as soon as the input ends after the job: the host is gone.
  */
 async function serve(socket: string | undefined): Promise<number> {
-  // A spare loads its code, and runs it once, while it waits: its job then starts warm.
+  // A spare loads its code, and runs it once, while it waits: its job then starts warm. It
+  // listens as soon as its code is loaded (the next run need not wait for the warm-up to lease
+  // the container and reach it), and a job that comes meanwhile starts once the warm-up is over.
+  let warming: Promise<void> = Promise.resolve();
   const preload = async () => {
     const [{ warmUpAgentic }] = await Promise.all([import("./agentic.ts"), import("./generate.ts")]);
-    await warmUpAgentic();
+    warming = warmUpAgentic();
   };
   let channel: Channel;
   try {
@@ -155,6 +158,7 @@ async function serve(socket: string | undefined): Promise<number> {
       Deno.exit(EXIT_HOST_GONE);
     });
     if (job.prompt.trim() === "") throw new Error("The job's prompt is empty");
+    await warming;
     return job;
   }, emit, () => job?.model || job?.env.SANDBOX_LLM_MODEL || Deno.env.get("SANDBOX_LLM_MODEL") || null);
   await channel.finish(code);

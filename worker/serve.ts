@@ -81,10 +81,10 @@ export function stdioChannel(): Channel {
 }
 
 /**
- * Run `ready` (the worker loads and warms its code), then listen on the Unix socket `path` and
- * resolve with the channel of the first connection; the listener is closed then (one job per
- * worker). The socket appears only once the worker is ready: that is what its wrapper waits for
- * before the next run may lease the container (scripts/sandbox-exec `--spare`).
+ * Run `ready` (the worker loads its code), then listen on the Unix socket `path` and resolve with
+ * the channel of the first connection; the listener is closed then (one job per worker). The
+ * socket appears only once the worker is ready: that is what its wrapper waits for before the
+ * next run may lease the container (scripts/sandbox-exec `--spare`).
  */
 export async function socketChannel(path: string, ready: () => Promise<void>): Promise<Channel> {
   await ready();
