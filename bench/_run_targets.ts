@@ -14,7 +14,11 @@ import {
   timeCliRun,
   timeCommand,
   type TimedOptions,
+  timeRepeated,
 } from "./_run_helpers.ts";
+
+/** The sandbox user (lib/sandbox/docker_provider.ts SANDBOX_USER). */
+const SANDBOX_USER = "10001:10001";
 
 /** What `run_bench.ts` prepared: a frozen source copy, a state directory, a warm profile. */
 export interface RunSetup {
@@ -156,8 +160,25 @@ export async function measureBundle(
   };
 }
 
-/** `sandbox exec -- true` against `docker exec CONTAINER true`, alternating. */
-export async function measureExec(setup: RunSetup, context: BenchContext): Promise<Measured> {
+/**
+ * The relay's start as `sandbox exec` pays it before its command (no command may start before the
+ * proxies' ports listen): the image's relay under the exec wrapper (which gives it its own Deno
+ * cache), loaded and exiting at once (`--check`), one `docker exec`.
+ */
+function relayStart(container: string): string[] {
+  return [
+    "docker", "exec", "--user", SANDBOX_USER, container, "sandbox-exec", `bench-relay-${crypto.randomUUID()}`,
+    "deno", "run", "--quiet", "--no-config", "--no-prompt", "--allow-net=127.0.0.1", "/opt/sandbox/relay.js", "--check",
+  ];
+}
+
+/**
+ * `sandbox exec -- true` against `docker exec CONTAINER true`, alternating; and against its floor
+ * on this machine, measured in the same run: a Deno process's start (an empty script), then the
+ * relay's start in the sandbox, then `docker exec true` — the three things any `sandbox exec`
+ * must do one after the other.
+ */
+export async function measureExec(setup: RunSetup, context: BenchContext, denoEmptyMs: number): Promise<Measured> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
   context.progress(`exec: ${EXECS} × sandbox exec -- true and docker exec true, alternating`);
   const [raw, ours] = await alternate(
@@ -168,6 +189,9 @@ export async function measureExec(setup: RunSetup, context: BenchContext): Promi
   );
   const baseline = summarize(raw);
   const measured = summarize(ours);
+  context.progress(`exec: ${EXECS} × the relay's start in the sandbox (its floor's middle part)`);
+  const relay = summarize(await timeRepeated(relayStart(setup.container), EXECS, at));
+  const floor = denoEmptyMs + relay.median + baseline.median;
   return {
     figures: [{
       name: "sandbox exec -- true: docker exec true → sandbox exec",
@@ -179,8 +203,20 @@ export async function measureExec(setup: RunSetup, context: BenchContext): Promi
         text: `≤ ${EXEC_TARGET_RATIO}× docker exec`,
         met: measured.median <= EXEC_TARGET_RATIO * baseline.median,
       },
+    }, {
+      name: "floor: deno start + relay start + docker exec true → sandbox exec",
+      unit: "ms",
+      baseline: floor,
+      measured: measured.median,
+      better: "lower",
     }],
-    notes: [`exec: sandbox exec -- true ${describe(measured)}; docker exec true ${describe(baseline)}`],
+    notes: [
+      `exec: sandbox exec -- true ${describe(measured)}; docker exec true ${describe(baseline)}; relay start (docker exec of relay.js --check under the wrapper) ${
+        describe(relay)
+      }; floor ${Math.round(floor)} ms = deno empty ${Math.round(denoEmptyMs)} + relay start ${Math.round(relay.median)} + docker exec true ${
+        Math.round(baseline.median)
+      } (${(floor / baseline.median).toFixed(1)}× docker exec)`,
+    ],
   };
 }
 
@@ -297,9 +333,36 @@ export async function measureFresh(
   };
 }
 
-/** Wall time of `count` runs of the profile at once, and one after another; each must succeed. */
-export async function measureConcurrency(setup: RunSetup, context: BenchContext): Promise<Measured> {
+/**
+ * Wall time of `count` containers of `image` started at once (`docker run -d`, each then running a
+ * command): what `count` concurrent runs need besides the one that leases the shared container.
+ */
+async function containersAtOnce(image: string, count: number, context: BenchContext): Promise<number> {
+  const names = Array.from({ length: count }, () => `sandbox-bench-floor-${crypto.randomUUID().slice(0, 8)}`);
+  const started = performance.now();
+  try {
+    await Promise.all(names.map(async (name) => {
+      await timeCommand(["docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1", image, "sleep", "60"], { signal: context.signal });
+      await timeCommand(["docker", "exec", name, "true"], { signal: context.signal });
+    }));
+    return performance.now() - started;
+  } finally {
+    await run(["docker", "rm", "--force", ...names], { timeoutMs: 60_000 });
+  }
+}
+
+/**
+ * Wall time of `count` runs of the profile at once, and one after another; each must succeed. The
+ * floor beside it: the `count - 1` containers the concurrent runs need, started at once with
+ * docker alone, and the same runs' first events.
+ */
+export async function measureConcurrency(setup: RunSetup, context: BenchContext, image: string): Promise<Measured> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
+  context.progress(`concurrency: ${CONCURRENT - 1} containers at once with docker run (the floor)`);
+  await containersAtOnce(image, 1, context);
+  const floors: number[] = [];
+  for (let i = 0; i < 3; i++) floors.push(await containersAtOnce(image, CONCURRENT - 1, context));
+  const floor = summarize(floors);
   context.progress(`concurrency: ${CONCURRENT} runs one after another, then ${CONCURRENT} at once`);
   let started = performance.now();
   for (let i = 0; i < CONCURRENT; i++) await timeCliRun(setup.runArgv, at);
@@ -329,11 +392,19 @@ export async function measureConcurrency(setup: RunSetup, context: BenchContext)
         text: `≤ ${CONCURRENT_TARGET_RATIO}× sequential`,
         met: concurrent <= CONCURRENT_TARGET_RATIO * sequential,
       },
+    }, {
+      name: `floor: ${CONCURRENT - 1} containers started at once (docker run) → ${CONCURRENT} runs at once`,
+      unit: "ms",
+      baseline: floor.median,
+      measured: concurrent,
+      better: "lower",
     }],
     notes: [
       `concurrency: ${CONCURRENT} runs at once, all succeeded, each in its own container; first events ${
         describe(summarize(together.map((t) => t.firstEventMs)))
-      }, exits ${describe(summarize(together.map((t) => t.exitMs)))}`,
+      }, exits ${describe(summarize(together.map((t) => t.exitMs)))}; ${CONCURRENT - 1} containers started at once with docker run -d (and one exec each) ${
+        describe(floor)
+      }, ${(floor.median / sequential).toFixed(2)}× the ${CONCURRENT} runs one after another`,
     ],
   };
 }

@@ -8,8 +8,8 @@
  * of the sources and with a temporary state directory. Every figure stands beside a baseline
  * measured in the same run: `docker exec CONTAINER true` for the warm run, `docker run --rm IMAGE
  * true` for the cold run, `cat` for `sandbox logs`. The warm figure is broken down into its parts
- * (CLI start, docker and iptables calls traced by wrappers on PATH, the worker's start) so that it
- * shows where the time goes.
+ * (CLI start, the run's own trace points with SANDBOX_TRACE=1 — its steps and each call to the
+ * engine —, the worker's start) so that it shows where the time goes.
  */
 import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
 import { readLines } from "../lib/lines.ts";
@@ -23,15 +23,12 @@ import {
   type CliRunTiming,
   countLines,
   describe,
-  readTrace,
   snapshotSources,
   summarize,
   syntheticEvents,
   timeCliRun,
   timeCommand,
   timeRepeated,
-  type TracedCall,
-  writeTracers,
 } from "./_run_helpers.ts";
 import { measureBundle, measureConcurrency, measureExec, measureFresh, measureRepo } from "./_run_targets.ts";
 
@@ -92,15 +89,12 @@ interface Setup {
   runArgv: string[];
   /** A profile like `profile` with `sandbox.container: fresh`. */
   freshProfile: string;
-  traceFile: string;
-  traceBin: string;
 }
 
 async function prepare(): Promise<Setup> {
   const dir = await Deno.makeTempDir({ prefix: "sandbox-bench-run-" });
   const src = `${dir}/src`;
   const state = `${dir}/state`;
-  const traceBin = `${dir}/trace-bin`;
   try {
     await snapshotSources(src);
   } catch (error) {
@@ -108,7 +102,6 @@ async function prepare(): Promise<Setup> {
     throw error;
   }
   await Deno.mkdir(state);
-  await Deno.mkdir(traceBin);
   const profile = `bench-${crypto.randomUUID().slice(0, 8)}`;
   const freshProfile = `${profile}-fresh`;
   await Deno.writeTextFile(
@@ -118,8 +111,6 @@ async function prepare(): Promise<Setup> {
   await Deno.writeTextFile(`${dir}/recording.json`, JSON.stringify(RECORDING));
   await Deno.writeTextFile(`${dir}/prompt.txt`, "Answer with one word: done\n");
   await Deno.writeTextFile(`${src}/empty.ts`, "\n");
-  const traceFile = `${dir}/trace.log`;
-  await writeTracers(traceBin, traceFile);
   const cli = (args: string[]) => [
     Deno.execPath(),
     "run",
@@ -150,62 +141,58 @@ async function prepare(): Promise<Setup> {
       "--format",
       "ndjson",
     ]),
-    traceFile,
-    traceBin,
     freshProfile,
   };
 }
 
-/** A run with the docker and iptables tracers first on PATH, and the calls it made. */
+/** One `SANDBOX_TRACE` line: milliseconds since the CLI process started, and what happened. */
+interface TracePoint {
+  ms: number;
+  label: string;
+}
+
+const TRACE_LINE = /^sandbox: trace ([\d.]+) ms (.*)$/;
+
+/**
+ * A run with `SANDBOX_TRACE=1`: its timing, and the trace points it printed on stderr (the CLI's
+ * own clock: its steps, and each call to the engine, see lib/trace.ts).
+ */
 async function tracedRun(
   setup: Setup,
   signal: AbortSignal,
-): Promise<{ timing: CliRunTiming; calls: TracedCall[] }> {
-  await Deno.remove(setup.traceFile).catch(() => {});
-  const timing = await timeCliRun(setup.runArgv, {
-    cwd: setup.src,
-    env: { ...setup.env, PATH: `${setup.traceBin}:${Deno.env.get("PATH") ?? "/usr/bin:/bin"}` },
-    signal,
+): Promise<{ timing: CliRunTiming; points: TracePoint[] }> {
+  const timing = await timeCliRun(setup.runArgv, { cwd: setup.src, env: { ...setup.env, SANDBOX_TRACE: "1" }, signal });
+  const points = timing.stderr.split("\n").flatMap((line) => {
+    const match = TRACE_LINE.exec(line);
+    return match ? [{ ms: Number(match[1]), label: match[2] }] : [];
   });
-  return { timing, calls: await readTrace(setup.traceFile) };
+  return { timing, points };
 }
 
-/** The phases of one traced run, in milliseconds. */
+/** The phases of one traced run, in milliseconds (the CLI's clock). */
 interface Phases {
-  /** Spawn to the run id on stderr. */
+  /** Process start to the run id. */
   cli: number;
-  /** Run id to the start of the worker's `docker exec`. */
+  /** Run id to the job handed to the worker (sandbox, lease, relay, worker reached). */
   setup: number;
-  /** Start of the worker's `docker exec` to the first event on the CLI's stdout. */
+  /** Job handed over to the first event. */
   worker: number;
-  /** Calls that ended before the worker's exec started. */
-  before: TracedCall[];
-  after: TracedCall[];
 }
 
-function phasesOf(timing: CliRunTiming, calls: TracedCall[]): Phases {
-  const worker = calls.find((c) => c.worker);
-  if (!worker || timing.runIdMs === null) {
-    throw new Error(
-      `traced run: no worker exec or no run id (calls: ${calls.map((c) => c.label).join(", ")})`,
-    );
-  }
-  const workerAt = worker.startMs - timing.spawnedAtMs;
-  return {
-    cli: timing.runIdMs,
-    setup: workerAt - timing.runIdMs,
-    worker: timing.firstEventMs - workerAt,
-    before: calls.filter((c) => c.startMs < worker.startMs),
-    after: calls.filter((c) => c.startMs > worker.startMs),
+function phasesOf(points: TracePoint[]): Phases {
+  const at = (label: string) => {
+    const point = points.find((p) => p.label === label);
+    if (!point) throw new Error(`traced run: no "${label}" (trace: ${points.map((p) => p.label).join(", ")})`);
+    return point.ms;
   };
+  const id = at("run: id");
+  const job = at("driver: job sent");
+  return { cli: id, setup: job - id, worker: at("run: first event") - job };
 }
 
-function listCalls(calls: TracedCall[], spawnedAtMs: number): string {
-  return calls.map((c) =>
-    `${c.label} @${Math.round(c.startMs - spawnedAtMs)} ${Math.round(c.endMs - c.startMs)} ms${
-      c.exitCode === 0 ? "" : ` (exit ${c.exitCode})`
-    }`
-  ).join(", ");
+/** The trace points, shortened: `label @ms`. */
+function listPoints(points: TracePoint[]): string {
+  return points.map((p) => `${p.label.replace(/^docker api: /, "api ")} @${Math.round(p.ms)}`).join(", ");
 }
 
 /**
@@ -349,30 +336,21 @@ async function run(context: BenchContext): Promise<BenchResult> {
     ];
     const workerWritable = summarize(await timeRepeated(writableCache, STARTUP_RUNS, at));
 
-    // 4. Where a warm run's time goes: docker and iptables calls, traced.
-    context.progress(`warm, traced: ${TRACED_RUNS} runs with docker and iptables wrapped`);
-    const traced: { timing: CliRunTiming; phases: Phases }[] = [];
+    // 4. Where a warm run's time goes: its own trace points (SANDBOX_TRACE=1).
+    context.progress(`warm, traced: ${TRACED_RUNS} runs with SANDBOX_TRACE=1`);
+    const traced: { timing: CliRunTiming; phases: Phases; points: TracePoint[] }[] = [];
     for (let i = 0; i < TRACED_RUNS; i++) {
       signal.throwIfAborted();
-      const { timing, calls } = await tracedRun(setup, signal);
-      traced.push({ timing, phases: phasesOf(timing, calls) });
+      await timeCommand(["docker", "exec", container, "true"], at);
+      const { timing, points } = await tracedRun(setup, signal);
+      traced.push({ timing, phases: phasesOf(points), points });
     }
     const setupPhase = summarize(traced.map((t) => t.phases.setup));
     const workerPhase = summarize(traced.map((t) => t.phases.worker));
     const typical = [...traced].sort((a, b) => a.timing.firstEventMs - b.timing.firstEventMs)[
       Math.ceil(traced.length / 2) - 1
     ];
-    notes.push(
-      `warm, traced (wrappers add ~3 ms a call), median run: run id @${
-        Math.round(typical.phases.cli)
-      } ms; ${typical.phases.before.length} calls before the worker's exec: ${
-        listCalls(typical.phases.before, typical.timing.spawnedAtMs)
-      }; worker exec @${Math.round(typical.phases.cli + typical.phases.setup)}; first event @${
-        Math.round(typical.timing.firstEventMs)
-      }; after it: ${listCalls(typical.phases.after, typical.timing.spawnedAtMs)}; exit @${
-        Math.round(typical.timing.exitMs)
-      }`,
-    );
+    notes.push(`warm, traced, median run (ms on the CLI's clock; first event on stdout @${Math.round(typical.timing.firstEventMs)} from spawn): ${listPoints(typical.points)}`);
 
     // 5. Cold runs: the container removed before each (image, network and volume kept).
     const image = (await new Deno.Command("docker", {
@@ -401,17 +379,7 @@ async function run(context: BenchContext): Promise<BenchResult> {
     }
     await timeCommand(rm, at);
     const coldTraced = await tracedRun(setup, signal);
-    const coldWorker = coldTraced.calls.find((c) => c.worker);
-    notes.push(
-      `cold, traced: ${
-        coldTraced.calls.filter((c) => !coldWorker || c.startMs < coldWorker.startMs).length
-      } calls before the worker's exec: ${
-        listCalls(
-          coldTraced.calls.filter((c) => !coldWorker || c.startMs < coldWorker.startMs),
-          coldTraced.timing.spawnedAtMs,
-        )
-      }; first event @${Math.round(coldTraced.timing.firstEventMs)} ms`,
-    );
+    notes.push(`cold, traced (ms on the CLI's clock): ${listPoints(coldTraced.points)}`);
     const runBaseline = summarize(runTrue);
     const coldFirst = summarize(cold.map((t) => t.firstEventMs));
     const coldExit = summarize(cold.map((t) => t.exitMs));
@@ -466,10 +434,10 @@ async function run(context: BenchContext): Promise<BenchResult> {
     // run's wait after its result, concurrent runs (last: it loads the machine most).
     const targets = [
       await measureBundle(setup, context, warmFirst.median),
-      await measureExec(setup, context),
+      await measureExec(setup, context, denoEmpty.median),
       await measureRepo(setup, context, warmFirst.median),
       await measureFresh(setup, context, setup.freshProfile, imageTag),
-      await measureConcurrency(setup, context),
+      await measureConcurrency(setup, context, imageTag),
     ];
 
     const figures: Figure[] = [
@@ -519,7 +487,7 @@ async function run(context: BenchContext): Promise<BenchResult> {
         better: "lower",
       },
       {
-        name: `part: warm, run id → worker exec (${typical.phases.before.length} calls, traced)`,
+        name: "part: warm, run id → job handed to the worker (traced)",
         unit: "ms",
         baseline: 0,
         measured: setupPhase.median,
@@ -533,7 +501,7 @@ async function run(context: BenchContext): Promise<BenchResult> {
         better: "lower",
       },
       {
-        name: "part: warm, worker --help → worker exec to first event (traced)",
+        name: "part: warm, worker --help → job handed over to first event (traced)",
         unit: "ms",
         baseline: workerHelp.median,
         measured: workerPhase.median,
