@@ -334,34 +334,50 @@ export async function measureFresh(
 }
 
 /**
- * Wall time of `count` containers of `image` started at once (`docker run -d`, each then running a
- * command): what `count` concurrent runs need besides the one that leases the shared container.
+ * The least that `count` concurrent runs must do, done at once with docker alone: `count - 1`
+ * containers started (`docker run -d`; the hostile-agent rules give each run but the one that
+ * leases the shared container one of its own), a worker loaded in each of them (the shared
+ * container's is already waiting) and a relay in each of the `count` containers (the image's
+ * programs under the exec wrapper, loaded and exiting at once), and `count` CLI processes started
+ * (`--version`). Wall time in milliseconds.
  */
-async function containersAtOnce(image: string, count: number, context: BenchContext): Promise<number> {
-  const names = Array.from({ length: count }, () => `sandbox-bench-floor-${crypto.randomUUID().slice(0, 8)}`);
+async function floorAtOnce(setup: RunSetup, image: string, count: number, context: BenchContext): Promise<number> {
+  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
+  const names = Array.from({ length: count - 1 }, () => `sandbox-bench-floor-${crypto.randomUUID().slice(0, 8)}`);
   const started = performance.now();
   try {
-    await Promise.all(names.map(async (name) => {
-      await timeCommand(["docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1", image, "sleep", "60"], { signal: context.signal });
-      await timeCommand(["docker", "exec", name, "true"], { signal: context.signal });
-    }));
+    await Promise.all([
+      ...names.map(async (name) => {
+        await timeCommand(["docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1", image], at);
+        await Promise.all([timeCommand(workerStart(name), at), timeCommand(relayStart(name), at)]);
+      }),
+      timeCommand(relayStart(setup.container), at),
+      ...Array.from({ length: count }, () => timeCommand(setup.cli(["--version"]), at)),
+    ]);
     return performance.now() - started;
   } finally {
     await run(["docker", "rm", "--force", ...names], { timeoutMs: 60_000 });
   }
 }
 
+/** The image's worker under the exec wrapper, loaded (`--help`), as a run's worker starts. */
+function workerStart(container: string): string[] {
+  return [
+    "docker", "exec", "--user", SANDBOX_USER, container, "sandbox-exec", `bench-worker-${crypto.randomUUID()}`,
+    "deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js", "--help",
+  ];
+}
+
 /**
  * Wall time of `count` runs of the profile at once, and one after another; each must succeed. The
- * floor beside it: the `count - 1` containers the concurrent runs need, started at once with
- * docker alone, and the same runs' first events.
+ * floor beside it: what those concurrent runs must do at least, done at once with docker alone
+ * (floorAtOnce).
  */
 export async function measureConcurrency(setup: RunSetup, context: BenchContext, image: string): Promise<Measured> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
-  context.progress(`concurrency: ${CONCURRENT - 1} containers at once with docker run (the floor)`);
-  await containersAtOnce(image, 1, context);
+  context.progress(`concurrency: the floor, ${CONCURRENT - 1} containers started and ${CONCURRENT} relays, ${CONCURRENT - 1} workers and ${CONCURRENT} CLIs loaded at once (3 times)`);
   const floors: number[] = [];
-  for (let i = 0; i < 3; i++) floors.push(await containersAtOnce(image, CONCURRENT - 1, context));
+  for (let i = 0; i < 3; i++) floors.push(await floorAtOnce(setup, image, CONCURRENT, context));
   const floor = summarize(floors);
   context.progress(`concurrency: ${CONCURRENT} runs one after another, then ${CONCURRENT} at once`);
   let started = performance.now();
@@ -393,7 +409,7 @@ export async function measureConcurrency(setup: RunSetup, context: BenchContext,
         met: concurrent <= CONCURRENT_TARGET_RATIO * sequential,
       },
     }, {
-      name: `floor: ${CONCURRENT - 1} containers started at once (docker run) → ${CONCURRENT} runs at once`,
+      name: `floor: ${CONCURRENT - 1} containers, workers, relays, CLIs at once → ${CONCURRENT} runs at once`,
       unit: "ms",
       baseline: floor.median,
       measured: concurrent,
@@ -402,7 +418,7 @@ export async function measureConcurrency(setup: RunSetup, context: BenchContext,
     notes: [
       `concurrency: ${CONCURRENT} runs at once, all succeeded, each in its own container; first events ${
         describe(summarize(together.map((t) => t.firstEventMs)))
-      }, exits ${describe(summarize(together.map((t) => t.exitMs)))}; ${CONCURRENT - 1} containers started at once with docker run -d (and one exec each) ${
+      }, exits ${describe(summarize(together.map((t) => t.exitMs)))}; floor (${CONCURRENT - 1} containers started with docker run -d, a worker loaded in each, ${CONCURRENT} relays loaded, ${CONCURRENT} CLI starts, all at once) ${
         describe(floor)
       }, ${(floor.median / sequential).toFixed(2)}× the ${CONCURRENT} runs one after another`,
     ],

@@ -27,11 +27,14 @@ export interface ExecFlags {
 export async function execAction(argv: string[], opts: ExecFlags, command: Invocation): Promise<void> {
   const env = parseEnvPairs(opts.env);
   const timeoutMs = parseTimeout(opts.timeout);
-  const [{ openProvider }, { openSession }] = await Promise.all([
+  // Loaded while the configuration is read.
+  const modules = Promise.all([
     import("../lib/sandbox/providers.ts"),
     import("../lib/proxy/session.ts"),
   ]);
+  modules.catch(() => {}); // awaited below; a configuration error first must not leave it unhandled
   const profile = await profileFor(command, opts.profile);
+  const [{ openProvider }, { openSession }] = await modules;
   const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
   // While the command runs, this process serves its proxies (LLM credentials, egress). Their relay
   // starts while Docker is asked about the container, which is all but always up as it is; when
@@ -53,9 +56,12 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
     // just then ("No such container"). It exists now, so one more try is the answer.
     opening = opening.catch(open);
   }
-  // resources.disk: a workspace growing past it stops the command (exit 125).
-  await using watch = provider.watchDisk();
-  await using session = await opening;
+  const session = await opening;
+  // resources.disk: a workspace growing past it stops the command (exit 125). Started once the
+  // relay is up (its walk of the workspace would slow the relay's start), before the command.
+  const watch = provider.watchDisk();
+  // Both closed together once the command is over (after the sweep, when there is one).
+  await using _closing = { [Symbol.asyncDispose]: () => Promise.all([session.close(), watch.close()]).then(() => {}) };
   const stream = provider.execStream(argv, {
     cwd: opts.cwd,
     env: { ...session.env, ...env },
