@@ -100,6 +100,20 @@ async function bundledCli(setup: RunSetup, context: BenchContext): Promise<(args
   ];
 }
 
+/**
+ * A copy of the bundle without its embedded worker (the gzip's base64 replaced by an empty
+ * string): what the bundle's start would be without those bytes to read and parse. It cannot build
+ * an image; `--version` does not need one.
+ */
+async function bundleWithoutWorker(bundle: string): Promise<string> {
+  const text = await Deno.readTextFile(bundle);
+  const match = /var (\w+) = "H4sI[A-Za-z0-9+/=]*";/.exec(text);
+  if (!match) throw new Error(`no embedded worker found in ${bundle}`);
+  const stripped = bundle.replace(/\.js$/, ".no-worker.js");
+  await Deno.writeTextFile(stripped, text.replace(match[0], `var ${match[1]} = "";`));
+  return stripped;
+}
+
 /** The bundled CLI against the checkout: `--version`, peak memory, and a warm run's first event. */
 export async function measureBundle(
   setup: RunSetup,
@@ -112,6 +126,9 @@ export async function measureBundle(
   const [checkout, bundle] = await alternate(setup.cli(["--version"]), bundled(["--version"]), STARTS, at);
   const checkoutStart = summarize(checkout);
   const bundleStart = summarize(bundle);
+  const withoutWorker = await bundleWithoutWorker(`${setup.src}/dist/sandbox.js`);
+  const stripped = (args: string[]) => bundled(args).map((arg) => arg.endsWith("/dist/sandbox.js") ? withoutWorker : arg);
+  const [withWorker, noWorker] = await alternate(bundled(["--version"]), stripped(["--version"]), STARTS, at);
   const checkoutPeak = await peakMiB(setup.cli(["--version"]), at);
   const bundlePeak = await peakMiB(bundled(["--version"]), at);
   context.progress("warm runs through the bundle (same image: its tag is a hash of the same bytes)");
@@ -130,6 +147,13 @@ export async function measureBundle(
       measured: bundleStart.median,
       better: "lower",
       target: { text: "≤ checkout", met: bundleStart.median <= checkoutStart.median },
+    },
+    {
+      name: "what-if: bundle --version, as built → without its embedded worker",
+      unit: "ms",
+      baseline: summarize(withWorker).median,
+      measured: summarize(noWorker).median,
+      better: "lower",
     },
     {
       name: "warm run through the bundle: checkout → bundle, first event",
