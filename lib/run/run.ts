@@ -489,7 +489,10 @@ async function prepare(
         : attachSpare(shared, workerOptions).catch(() => undefined);
     };
     const letGo = async () => {
-      await opening?.then((session) => session.close(), () => {});
+      // Closed once it is open, without the run waiting for that (its relay may still be loading):
+      // before this process ends, whatever happens.
+      const dropped = opening?.then((session) => session.close(), () => {});
+      if (dropped) context.cleanups.push(() => dropped);
       opening = undefined;
       (await waiting)?.close();
       waiting = Promise.resolve(undefined);
