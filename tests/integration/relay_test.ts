@@ -3,13 +3,16 @@
  * inside, the docker exec client killed on the host, the container restarted), a request in
  * flight fails at once — never hangs — and the next one works within about a second. On both
  * paths: the exec stream (kept to with `relayTransport: "stream"`, as a remote engine gets it) and
- * the mounted sockets (this engine is local), where the exec still holds the relay's lifetime.
+ * the mounted sockets (this engine is local), where the exec still holds the relay's lifetime. And
+ * both ways the relay's exec is made: through the docker CLI (a client process on the host, which
+ * can be killed) and through the engine's socket (lib/sandbox/engine_api.ts: no client process).
  */
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, RELAY_USER } from "../../lib/sandbox/docker_provider.ts";
 import { run } from "../../lib/process.ts";
+import { engineSocket, resetEngineSocket } from "../../lib/sandbox/engine_api.ts";
 import {
   assertDocker,
   docker,
@@ -54,14 +57,26 @@ async function hostPids(...parts: string[]): Promise<number[]> {
   return pids;
 }
 
-for (const transport of ["stream", "socket"] as const) {
+const VARIANTS = [
+  { transport: "stream", exec: "the docker CLI" },
+  { transport: "stream", exec: "the engine's socket" },
+  { transport: "socket", exec: "the docker CLI" },
+] as const;
+
+for (const { transport, exec } of VARIANTS) {
   Deno.test({
     name: transport === "stream"
-      ? "when the relay's exec stream dies, an in-flight request fails at once and the next one works within a second (the stream path)"
-      : "on the socket path too, when the relay's exec ends, an in-flight request fails at once and the next one works within a second",
+      ? `when the relay's exec stream dies, an in-flight request fails at once and the next one works within a second (the stream path, the exec through ${exec})`
+      : `on the socket path too, when the relay's exec ends, an in-flight request fails at once and the next one works within a second (the exec through ${exec})`,
     ...dockerTest(),
     async fn(t) {
       assertDocker();
+      const cli = exec === "the docker CLI";
+      const savedChoice = Deno.env.get("SANDBOX_DOCKER_API");
+      if (cli) Deno.env.set("SANDBOX_DOCKER_API", "0");
+      resetEngineSocket();
+      // On a machine whose engine is the CLI's default one, the other way is the socket's.
+      if (!cli && !Deno.env.get("DOCKER_HOST")) assert.ok(engineSocket(), "the engine's socket is not used here");
       await using upstream = new FakeUpstream({ key: "sk-test-relay" });
       await using dir = await tempDir();
       const name = uniqueProfile(`it-relay-${transport}`);
@@ -121,11 +136,16 @@ for (const transport of ["stream", "socket"] as const) {
           );
         });
 
-        await t.step("the docker exec client killed on the host", async () => {
-          const clients = await hostPids("exec", provider.containerName, "/opt/sandbox/relay.js");
-          assert.equal(clients.length, 1, `docker exec clients of the relay: ${clients}`);
-          await survive(() => Promise.resolve(Deno.kill(clients[0], "SIGKILL")));
-        });
+        const clients = await hostPids("exec", provider.containerName, "/opt/sandbox/relay.js");
+        if (cli) {
+          await t.step("the docker exec client killed on the host", async () => {
+            assert.equal(clients.length, 1, `docker exec clients of the relay: ${clients}`);
+            await survive(() => Promise.resolve(Deno.kill(clients[0], "SIGKILL")));
+          });
+        } else {
+          // Through the engine's socket there is no client process to kill: the stream is this one's.
+          assert.equal(clients.length, 0, `docker exec clients of the relay: ${clients}`);
+        }
 
         await t.step("the container restarted", async () => {
           const restarted = session.relay.nextReady();
@@ -141,9 +161,12 @@ for (const transport of ["stream", "socket"] as const) {
           assert.equal(next.stdout, "200 0", next.stderr);
         });
         assert.ok(events.some((line) => /relay ended.*restarting it/.test(line)), events.join("\n"));
-        assert.ok(session.relay.starts >= 4, `starts: ${session.relay.starts}`);
+        assert.ok(session.relay.starts >= (cli ? 4 : 3), `starts: ${session.relay.starts}`);
       } finally {
         Deno.env.delete(KEY_ENV);
+        if (savedChoice === undefined) Deno.env.delete("SANDBOX_DOCKER_API");
+        else Deno.env.set("SANDBOX_DOCKER_API", savedChoice);
+        resetEngineSocket();
         await removeProfile(name);
       }
     },
