@@ -191,7 +191,6 @@ async function main(args: string[]): Promise<never> {
     ? "socket"
     : "stream";
   const listeners = await Promise.all(services.map(([, port]) => listen(port, wait)));
-  enlargeStdinPipe();
   const input = new ChunkReader((buffer) => Deno.stdin.read(buffer), STDIN_READ_BYTES);
   const mux = new Mux({ role: "relay", input, output: writeStdout });
   services.forEach(([service], i) =>
@@ -200,6 +199,9 @@ async function main(args: string[]): Promise<never> {
       : serve(mux, listeners[i], service)).catch(() => {})
   );
   mux.sendReady(transport);
+  // Only the stream path carries the connections' bytes on stdin; the pipe is made bigger after
+  // READY, which loading FFI would otherwise delay (~20 ms of every run's and exec's start).
+  if (transport === "stream") enlargeStdinPipe();
   const error = await mux.done;
   if (error) fail(`the stream to the host broke: ${error.message}`, 1);
   Deno.exit(0);
