@@ -618,5 +618,26 @@ export const MUTATIONS: Mutation[] = [
     replace: `my $STATE = "/tmp/.sandbox-exec";`,
     tests: ["tests/security/relay_uid_test.ts"],
   },
+  {
+    name: "a run's docker calls go to this machine's engine although DOCKER_HOST names another one",
+    file: "lib/sandbox/engine_api.ts",
+    find: `    if (host && !host.startsWith("unix://")) return undefined;\n`,
+    replace: ``,
+    tests: ["tests/unit/engine_api_test.ts"],
+  },
+  {
+    name: "a run's docker calls go to this machine's engine although DOCKER_CONTEXT names another one",
+    file: "lib/sandbox/engine_api.ts",
+    find: `    if (context && context !== "default") return undefined;\n`,
+    replace: ``,
+    tests: ["tests/unit/engine_api_test.ts"],
+  },
+  {
+    name: "a run's docker calls go to this machine's engine although the CLI's config chooses another context",
+    file: "lib/sandbox/engine_api.ts",
+    find: `    if (!context && !host && otherContextConfigured()) return undefined;\n`,
+    replace: ``,
+    tests: ["tests/unit/engine_api_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];

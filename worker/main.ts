@@ -246,5 +246,9 @@ function workingDirectory(cwd: string | undefined): string {
 if (import.meta.main) {
   const code = await main(Deno.args);
   // Keep-alive sockets and library timers must not hold the process open after the usage line.
-  Deno.exit(code);
+  // On the next turn, not inside this module's evaluation: Deno writes a module's V8 code cache
+  // only once its evaluation is complete, and the image build's run of `--help` is what leaves the
+  // worker's compiled code in the image's Deno cache, which every worker start copies (without it,
+  // each start compiles the 7 MB bundle again: ~80 ms).
+  setTimeout(() => Deno.exit(code), 0);
 }

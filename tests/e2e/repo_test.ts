@@ -572,7 +572,7 @@ function randomBytes(length: number): Uint8Array {
 }
 
 Deno.test({
-  name: "run --repo: a second run against the same repository sends only the objects the sandbox lacks",
+  name: "run --repo: a second run against the same repository sends only the objects the sandbox lacks, and nothing when it has the base",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -582,6 +582,9 @@ Deno.test({
       // Run 2: the worktree is at the new commit, with the big file from run 1's transfer.
       toolCall("execute", { command: "git log --format=%s; cat small.txt; wc -c <big.bin" }),
       text("Nothing to change either"),
+      // Run 3, on the same commit: its worktree is at it, though nothing was sent.
+      toolCall("execute", { command: "git log --format=%s; cat small.txt; git status --porcelain | wc -l" }),
+      text("Still nothing to change"),
     ]);
     await using fixture = await RepoFixture.create("e2e-incr", llm.baseUrl);
     const repo = await createRepo(`${fixture.dir.path}/user-repo`, {
@@ -606,6 +609,13 @@ Deno.test({
     assert.ok(nextBytes < firstBytes / 10, `run 2 sent ${nextBytes} bytes, run 1 ${firstBytes}\n${context}`);
     const [seen] = executeOutputs(parseLines(next.stdout, context));
     assert.match(seen ?? "", /^small change\ninitial commit\na small change\n\s*204800\b/, context);
+
+    const third = await fixture.run(["--repo", repo]);
+    const thirdContext = explain(third);
+    assert.equal(third.exitCode, 0, thirdContext);
+    assert.match(third.stderr, new RegExp(`sent HEAD \\(${second.slice(0, 12)}\\): 0 bytes of objects`), thirdContext);
+    const [again] = executeOutputs(parseLines(third.stdout, thirdContext));
+    assert.match(again ?? "", /^small change\ninitial commit\na small change\n\s*0\s*$/, thirdContext);
   },
 });
 
