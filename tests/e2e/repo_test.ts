@@ -615,7 +615,7 @@ Deno.test({
     assert.equal(third.exitCode, 0, thirdContext);
     assert.match(third.stderr, new RegExp(`sent HEAD \\(${second.slice(0, 12)}\\): 0 bytes of objects`), thirdContext);
     const [again] = executeOutputs(parseLines(third.stdout, thirdContext));
-    assert.match(again ?? "", /^small change\ninitial commit\na small change\n\s*0\s*$/, thirdContext);
+    assert.match(again ?? "", /^small change\ninitial commit\na small change\n\s*0\n/, thirdContext);
   },
 });
 
