@@ -17,8 +17,9 @@ import {
   timeRepeated,
 } from "./_run_helpers.ts";
 
-/** The sandbox user (lib/sandbox/docker_provider.ts SANDBOX_USER). */
+/** The sandbox user and the relay's (lib/sandbox/docker_provider.ts SANDBOX_USER, RELAY_USER). */
 const SANDBOX_USER = "10001:10001";
+const RELAY_USER = "10002:10002";
 
 /** What `run_bench.ts` prepared: a frozen source copy, a state directory, a warm profile. */
 export interface RunSetup {
@@ -186,12 +187,12 @@ export async function measureBundle(
 
 /**
  * The relay's start as `sandbox exec` pays it before its command (no command may start before the
- * proxies' ports listen): the image's relay under the exec wrapper (which gives it its own Deno
- * cache), loaded and exiting at once (`--check`), one `docker exec`.
+ * proxies' ports listen): the image's relay under the exec wrapper, as the relay's own uid,
+ * loaded and exiting at once (`--check`), one `docker exec`.
  */
 function relayStart(container: string): string[] {
   return [
-    "docker", "exec", "--user", SANDBOX_USER, container, "sandbox-exec", `bench-relay-${crypto.randomUUID()}`,
+    "docker", "exec", "--user", RELAY_USER, container, "sandbox-exec", `bench-relay-${crypto.randomUUID()}`,
     "deno", "run", "--quiet", "--no-config", "--no-prompt", "--allow-net=127.0.0.1", "/opt/sandbox/relay.js", "--check",
   ];
 }
