@@ -146,6 +146,8 @@ async function serve(socket: string | undefined): Promise<number> {
   const reader = channel.readable.getReader();
   const emit = new Emitter(new StdoutWriter(channel.events));
   let job: WorkerJob | undefined;
+  /** Set once the job has run: its input ending then is the host done, not gone. */
+  let finished = false;
   const code = await runTask(async () => {
     try {
       job = (await readJob(reader)).job;
@@ -154,6 +156,7 @@ async function serve(socket: string | undefined): Promise<number> {
     }
     // The host's input stays open while it waits for the run; its end means nobody does.
     void inputEnded(reader).then(async () => {
+      if (finished) return;
       await channel.finish(EXIT_HOST_GONE);
       Deno.exit(EXIT_HOST_GONE);
     });
@@ -161,6 +164,7 @@ async function serve(socket: string | undefined): Promise<number> {
     await warming;
     return job;
   }, emit, () => job?.model || job?.env.SANDBOX_LLM_MODEL || Deno.env.get("SANDBOX_LLM_MODEL") || null);
+  finished = true;
   await channel.finish(code);
   return code;
 }
