@@ -18,8 +18,10 @@ import {
   spawnCli,
   tempDir,
   uniqueProfile,
+  unexpectedBinds,
   writeConfig,
 } from "../_helpers.ts";
+import { PROXY_MOUNT_PATH } from "../../lib/sandbox/proxy_mount.ts";
 
 console.error("integration: docker provider tests starting");
 
@@ -87,16 +89,19 @@ Deno.test({
 });
 
 Deno.test({
-  name: "docker inspect shows no bind mounts, our labels, the limits, and no host environment",
+  name: "docker inspect shows no bind mounts but its own proxy sockets (read-only), our labels, the limits, and no host environment",
   ...dockerTest(),
   async fn() {
     Deno.env.set("SANDBOX_TEST_HOST_ONLY", "must-not-leak");
     try {
       await using sandbox = await sandboxFor("{resources: {memory: 256m, cpus: 0.5, pids: 100}}", "it-inspect");
       const info = await inspect(sandbox.containerName);
-      assert.ok(info.Mounts.every((m) => m.Type !== "bind"), JSON.stringify(info.Mounts));
+      assert.deepEqual(unexpectedBinds(info.Mounts), [], JSON.stringify(info.Mounts));
       assert.equal(info.HostConfig.Binds, null);
-      assert.deepEqual(info.Mounts.map((m) => [m.Type, m.Destination]), [["volume", "/workspace"]]);
+      assert.deepEqual(
+        info.Mounts.map((m) => [m.Type, m.Destination]).sort(),
+        [["bind", PROXY_MOUNT_PATH], ["volume", "/workspace"]],
+      );
       assert.equal(info.Config.Labels["dev.sandbox.owner"], "sandbox");
       assert.equal(info.Config.Labels["dev.sandbox.profile"], sandbox.profile.name);
       assert.match(info.Config.Labels["dev.sandbox.config-hash"], /^[0-9a-f]{16}$/);
