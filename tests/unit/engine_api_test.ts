@@ -362,6 +362,7 @@ Deno.test("the engine's socket is used only where the CLI would reach that same 
   // Other transports, contexts, a pinned API version, a wrapper script, or told not to: the CLI.
   await withEnv({ ...base, DOCKER_HOST: "tcp://10.0.0.1:2376" }, () => assert.equal(engineSocket(), undefined));
   await withEnv({ ...base, DOCKER_HOST: "ssh://me@box" }, () => assert.equal(engineSocket(), undefined));
+  await withEnv({ ...base, DOCKER_HOST: "npipe:////./pipe/docker_engine" }, () => assert.equal(engineSocket(), undefined));
   await withEnv({ ...base, DOCKER_CONTEXT: "remote" }, () => assert.equal(engineSocket(), undefined));
   await withEnv({ ...base, DOCKER_CONTEXT: "default" }, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
   await withEnv({ ...base, DOCKER_API_VERSION: "1.40" }, () => assert.equal(engineSocket(), undefined));
