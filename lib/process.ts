@@ -120,20 +120,8 @@ export class ChildProcess implements Child {
   }
 
   /** stdout as lines; a line over the cap raises `LineTooLongError` (and the child is killed). */
-  async *lines(): AsyncGenerator<string> {
-    const reader = readLines(this.stdout, this.#maxLineChars).getReader();
-    try {
-      while (true) {
-        const { done, value } = await reader.read();
-        if (done) return;
-        yield value;
-      }
-    } catch (error) {
-      this.kill();
-      throw error;
-    } finally {
-      reader.releaseLock();
-    }
+  lines(): AsyncGenerator<string> {
+    return linesOrStop(this.stdout, this.#maxLineChars, () => this.kill());
   }
 
   /** SIGTERM now, SIGKILL after the grace period if still running. */
@@ -338,4 +326,24 @@ export function closeOnAbort(signal: AbortSignal | undefined, close: () => unkno
   if (signal?.aborted) onAbort();
   else signal?.addEventListener("abort", onAbort, { once: true });
   return () => signal?.removeEventListener("abort", onAbort);
+}
+
+/**
+ * `stdout` as lines of at most `maxChars`; a longer line raises `LineTooLongError` after `stop`
+ * ends the producer (a process, an exec), whose further output nobody would read.
+ */
+export async function* linesOrStop(stdout: ReadableStream<Uint8Array>, maxChars: number, stop: () => void): AsyncGenerator<string> {
+  const reader = readLines(stdout, maxChars).getReader();
+  try {
+    while (true) {
+      const { done, value } = await reader.read();
+      if (done) return;
+      yield value;
+    }
+  } catch (error) {
+    stop();
+    throw error;
+  } finally {
+    reader.releaseLock();
+  }
 }

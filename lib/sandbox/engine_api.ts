@@ -18,8 +18,8 @@
  * Environment values travel in the request body over the socket, as the CLI sends them: never on
  * a command line.
  */
-import { type Child, collectStderr, type ProcessOutcome, type RunResult, type SpawnOptions } from "../process.ts";
-import { MAX_LINE_CHARS, readLines } from "../lines.ts";
+import { type Child, collectStderr, linesOrStop, type ProcessOutcome, type RunResult, type SpawnOptions } from "../process.ts";
+import { MAX_LINE_CHARS } from "../lines.ts";
 import { trace, tracing } from "../trace.ts";
 
 /** The engine's socket when no DOCKER_HOST says otherwise (Linux). */
@@ -457,20 +457,8 @@ export class EngineExec implements Child {
   }
 
   /** stdout as lines; a line over the cap raises `LineTooLongError` (and the exec is stopped). */
-  async *lines(): AsyncGenerator<string> {
-    const reader = readLines(this.stdout, this.#maxLineChars).getReader();
-    try {
-      while (true) {
-        const { done, value } = await reader.read();
-        if (done) return;
-        yield value;
-      }
-    } catch (error) {
-      this.kill();
-      throw error;
-    } finally {
-      reader.releaseLock();
-    }
+  lines(): AsyncGenerator<string> {
+    return linesOrStop(this.stdout, this.#maxLineChars, () => this.kill());
   }
 
   /** End the client's side now (the CLI's SIGTERM). */
