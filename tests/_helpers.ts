@@ -115,3 +115,20 @@ export function unexpectedBinds(mounts: InspectedMount[] | null | undefined): In
     !(m.Destination === PROXY_MOUNT_PATH && m.RW === false && /\/proxy\/[0-9a-f]+$/.test(m.Source ?? ""))
   );
 }
+
+/** Run `fn` with these variables set (undefined: unset), then put them back. */
+export async function withEnv<T>(vars: Record<string, string | undefined>, fn: () => Promise<T>): Promise<T> {
+  const saved = Object.fromEntries(Object.keys(vars).map((name) => [name, Deno.env.get(name)]));
+  const apply = (values: Record<string, string | undefined>) => {
+    for (const [name, value] of Object.entries(values)) {
+      if (value === undefined) Deno.env.delete(name);
+      else Deno.env.set(name, value);
+    }
+  };
+  apply(vars);
+  try {
+    return await fn();
+  } finally {
+    apply(saved);
+  }
+}

@@ -13,7 +13,7 @@ import { BUILTIN_PROVIDERS, llmTarget } from "../../lib/proxy/llm_providers.ts";
 import { trustContent } from "../../lib/trust.ts";
 import { ConfigError, SandboxError } from "../../lib/errors.ts";
 import { parseDuration, parseSize } from "../../lib/units.ts";
-import { tempDir } from "../_helpers.ts";
+import { tempDir, withEnv } from "../_helpers.ts";
 
 const noEnv = () => undefined;
 
@@ -156,20 +156,6 @@ Deno.test("an explicitly named file that is missing or invalid never falls back 
   assert.equal(error.code, "config_invalid");
   assert.match(error.detail ?? "", /profiles\.w\.sandbox\.mode/);
 });
-
-/** Run `fn` with environment variables set (or deleted, for undefined), restoring them after. */
-async function withEnv(vars: Record<string, string | undefined>, fn: () => Promise<void>): Promise<void> {
-  const previous = Object.fromEntries(Object.keys(vars).map((k) => [k, Deno.env.get(k)]));
-  const apply = (values: Record<string, string | undefined>) => {
-    for (const [k, v] of Object.entries(values)) v === undefined ? Deno.env.delete(k) : Deno.env.set(k, v);
-  };
-  apply(vars);
-  try {
-    await fn();
-  } finally {
-    apply(previous);
-  }
-}
 
 Deno.test("a project file is used once trusted: the current directory first, then the repository root", async () => {
   await using dir = await tempDir();

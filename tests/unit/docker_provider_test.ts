@@ -5,7 +5,7 @@ import { DockerSandboxProvider, parseDockerSize, RELAY_USER, SANDBOX_USER, sandb
 import type { SandboxError } from "../../lib/errors.ts";
 import { imageTagFor } from "../../lib/sandbox/image.ts";
 import { proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
-import { explain, runCli, tempDir, writeConfig } from "../_helpers.ts";
+import { explain, runCli, tempDir, withEnv, writeConfig } from "../_helpers.ts";
 import { fakeDocker, inspectJson } from "./_fake_docker.ts";
 
 function profileFrom(yaml: string, name: string) {
@@ -42,23 +42,6 @@ esac`;
 async function runningJsonFor(provider: DockerSandboxProvider): Promise<string> {
   const { configHash } = await provider.runArgs();
   return inspectJson(provider.containerName, "running", provider.labels(configHash));
-}
-
-/** Run `fn` with these variables set (undefined: unset), then put them back. */
-async function withEnv<T>(vars: Record<string, string | undefined>, fn: () => Promise<T>): Promise<T> {
-  const saved = Object.fromEntries(Object.keys(vars).map((name) => [name, Deno.env.get(name)]));
-  const apply = (values: Record<string, string | undefined>) => {
-    for (const [name, value] of Object.entries(values)) {
-      if (value === undefined) Deno.env.delete(name);
-      else Deno.env.set(name, value);
-    }
-  };
-  apply(vars);
-  try {
-    return await fn();
-  } finally {
-    apply(saved);
-  }
 }
 
 Deno.test("ensureRunning() starts the container with exactly the hardening flags and limits", async () => {

@@ -13,7 +13,7 @@ import {
 } from "../../lib/sandbox/engine_api.ts";
 import { DockerCli, isNoSuchObject } from "../../lib/sandbox/docker.ts";
 import { spawn } from "../../lib/process.ts";
-import { tempDir } from "../_helpers.ts";
+import { tempDir, withEnv } from "../_helpers.ts";
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -324,20 +324,13 @@ Deno.test("an exec whose engine socket cannot be reached runs the CLI instead, w
 });
 
 /** Run `fn` with the environment changed (and the engine decision made again), then restore both. */
-async function withEnv(changes: Record<string, string | undefined>, fn: () => Promise<void> | void): Promise<void> {
-  const saved = Object.fromEntries(Object.keys(changes).map((name) => [name, Deno.env.get(name)]));
-  const apply = (values: Record<string, string | undefined>) => {
-    for (const [name, value] of Object.entries(values)) {
-      if (value === undefined) Deno.env.delete(name);
-      else Deno.env.set(name, value);
-    }
-  };
-  apply(changes);
-  resetEngineSocket();
+async function withEngineEnv(changes: Record<string, string | undefined>, fn: () => Promise<void> | void): Promise<void> {
   try {
-    await fn();
+    await withEnv(changes, async () => {
+      resetEngineSocket();
+      await fn();
+    });
   } finally {
-    apply(saved);
     resetEngineSocket();
   }
 }
@@ -357,21 +350,21 @@ Deno.test("the engine's socket is used only where the CLI would reach that same 
   await using config = await tempDir("docker-config-");
   const path = `${program.path}:${Deno.env.get("PATH")}`;
   const base = { PATH: path, DOCKER_HOST: undefined, DOCKER_CONTEXT: undefined, DOCKER_CONFIG: config.path, DOCKER_API_VERSION: undefined, SANDBOX_DOCKER_API: undefined };
-  await withEnv(base, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
-  await withEnv({ ...base, DOCKER_HOST: "unix:///run/user/1000/docker.sock" }, () => assert.equal(engineSocket(), "/run/user/1000/docker.sock"));
+  await withEngineEnv(base, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
+  await withEngineEnv({ ...base, DOCKER_HOST: "unix:///run/user/1000/docker.sock" }, () => assert.equal(engineSocket(), "/run/user/1000/docker.sock"));
   // Other transports, contexts, a pinned API version, a wrapper script, or told not to: the CLI.
-  await withEnv({ ...base, DOCKER_HOST: "tcp://10.0.0.1:2376" }, () => assert.equal(engineSocket(), undefined));
-  await withEnv({ ...base, DOCKER_HOST: "ssh://me@box" }, () => assert.equal(engineSocket(), undefined));
-  await withEnv({ ...base, DOCKER_HOST: "npipe:////./pipe/docker_engine" }, () => assert.equal(engineSocket(), undefined));
-  await withEnv({ ...base, DOCKER_CONTEXT: "remote" }, () => assert.equal(engineSocket(), undefined));
-  await withEnv({ ...base, DOCKER_CONTEXT: "default" }, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
-  await withEnv({ ...base, DOCKER_API_VERSION: "1.40" }, () => assert.equal(engineSocket(), undefined));
-  await withEnv({ ...base, SANDBOX_DOCKER_API: "0" }, () => assert.equal(engineSocket(), undefined));
-  await withEnv({ ...base, PATH: `${script.path}:${path}` }, () => assert.equal(engineSocket(), undefined));
+  await withEngineEnv({ ...base, DOCKER_HOST: "tcp://10.0.0.1:2376" }, () => assert.equal(engineSocket(), undefined));
+  await withEngineEnv({ ...base, DOCKER_HOST: "ssh://me@box" }, () => assert.equal(engineSocket(), undefined));
+  await withEngineEnv({ ...base, DOCKER_HOST: "npipe:////./pipe/docker_engine" }, () => assert.equal(engineSocket(), undefined));
+  await withEngineEnv({ ...base, DOCKER_CONTEXT: "remote" }, () => assert.equal(engineSocket(), undefined));
+  await withEngineEnv({ ...base, DOCKER_CONTEXT: "default" }, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
+  await withEngineEnv({ ...base, DOCKER_API_VERSION: "1.40" }, () => assert.equal(engineSocket(), undefined));
+  await withEngineEnv({ ...base, SANDBOX_DOCKER_API: "0" }, () => assert.equal(engineSocket(), undefined));
+  await withEngineEnv({ ...base, PATH: `${script.path}:${path}` }, () => assert.equal(engineSocket(), undefined));
   await Deno.writeTextFile(`${config.path}/config.json`, JSON.stringify({ currentContext: "colima" }));
-  await withEnv(base, () => assert.equal(engineSocket(), undefined));
+  await withEngineEnv(base, () => assert.equal(engineSocket(), undefined));
   await Deno.writeTextFile(`${config.path}/config.json`, JSON.stringify({ currentContext: "default", auths: {} }));
-  await withEnv(base, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
+  await withEngineEnv(base, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
 });
 
 Deno.test("DockerCli answers inspects and execs through the engine when it may, as the CLI would have printed them", async () => {
@@ -379,7 +372,7 @@ Deno.test("DockerCli answers inspects and execs through the engine when it may, 
   // `docker` is `true` here: a call that went to the CLI would print nothing.
   await using program = await dockerOnPath("program");
   await using config = await tempDir("docker-config-");
-  await withEnv({ PATH: `${program.path}:${Deno.env.get("PATH")}`, DOCKER_HOST: `unix://${engine.socket}`, DOCKER_CONTEXT: undefined, DOCKER_CONFIG: config.path, SANDBOX_DOCKER_API: undefined }, async () => {
+  await withEngineEnv({ PATH: `${program.path}:${Deno.env.get("PATH")}`, DOCKER_HOST: `unix://${engine.socket}`, DOCKER_CONTEXT: undefined, DOCKER_CONFIG: config.path, SANDBOX_DOCKER_API: undefined }, async () => {
     const docker = new DockerCli();
     const container = await docker.run(["container", "inspect", "box"]);
     assert.equal(container.exitCode, 0);

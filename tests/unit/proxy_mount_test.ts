@@ -10,27 +10,7 @@ import {
   proxyMountSource,
   sweepStaleSessionDirs,
 } from "../../lib/sandbox/proxy_mount.ts";
-import { tempDir } from "../_helpers.ts";
-
-/** Run `fn` with these variables set (undefined: unset), then put them back. */
-async function withEnv<T>(
-  vars: Record<string, string | undefined>,
-  fn: () => Promise<T>,
-): Promise<T> {
-  const saved = Object.fromEntries(Object.keys(vars).map((name) => [name, Deno.env.get(name)]));
-  const apply = (values: Record<string, string | undefined>) => {
-    for (const [name, value] of Object.entries(values)) {
-      if (value === undefined) Deno.env.delete(name);
-      else Deno.env.set(name, value);
-    }
-  };
-  apply(vars);
-  try {
-    return await fn();
-  } finally {
-    apply(saved);
-  }
-}
+import { tempDir, withEnv } from "../_helpers.ts";
 
 const mode = async (path: string) => (await Deno.stat(path)).mode! & 0o777;
 
