@@ -19,7 +19,16 @@
  * the engine and this machine, a container made without the mount), it uses the stream as above.
  * Deno asks for net, read and write access to each socket's path (relay_host.ts `relayPermissions`).
  *
- * Exit codes: 0 the host closed the stream; 1 the stream broke; 2 usage; 75 a port is in use.
+ * With `--spare` (socket path only, started detached ahead of the session that will use it:
+ * lib/proxy/spare_relay.ts), it listens at once and carries connections to `DIR`'s sockets as
+ * above, but its stdin is nothing: it waits for `DIR/control.sock` to appear (the session that
+ * claims it made its sockets there), connects to it and says the key it was given in
+ * `$SANDBOX_RELAY_KEY` (which no process of the sandbox user can read: the relay is another uid),
+ * and lives until the host closes that connection. The session's first relay is then ready in a
+ * millisecond instead of the ~100 ms a relay takes to start.
+ *
+ * Exit codes: 0 the host closed the stream (or the control connection); 1 the stream broke; 2
+ * usage; 75 a port is in use.
  * With `--wait`, a port in use is retried for a moment first: a relay restarted by the host may
  * race its predecessor's exit.
  * `--check` loads the module and exits 0 (the image build warms Deno's cache with it).
@@ -46,12 +55,19 @@ function fail(message: string, code: number): never {
   Deno.exit(code);
 }
 
+/** The sockets' directory file the host makes when it claims a spare relay. */
+const CONTROL_SOCKET = "control.sock";
+/** The environment variable that carries a spare relay's key. */
+const KEY_ENV = "SANDBOX_RELAY_KEY";
+
 function parseArgs(
   args: string[],
-): { wait: boolean; sockets?: string; services: [string, number][] } {
+): { wait: boolean; spare: boolean; sockets?: string; services: [string, number][] } {
   let rest = args;
   const wait = rest[0] === "--wait";
   if (wait) rest = rest.slice(1);
+  const spare = rest[0] === "--spare";
+  if (spare) rest = rest.slice(1);
   let sockets: string | undefined;
   if (rest[0] === "--sockets") {
     sockets = rest[1];
@@ -60,7 +76,8 @@ function parseArgs(
     }
     rest = rest.slice(2);
   }
-  return { wait, sockets, services: parseServices(rest) };
+  if (spare && sockets === undefined) fail("--spare needs --sockets DIR", 2);
+  return { wait, spare, sockets, services: parseServices(rest) };
 }
 
 function parseServices(args: string[]): [service: string, port: number][] {
@@ -183,9 +200,68 @@ async function serve(mux: Mux, listener: Deno.TcpListener, service: string): Pro
   }
 }
 
+/**
+ * A spare relay's wait for its session: `dir/control.sock`, watched for (inotify: an idle spare
+ * costs nothing), then connected to and told the key. The connection, or null when `dir` went
+ * away (its container's sessions were cleaned up).
+ */
+async function awaitControl(dir: string, key: string): Promise<Deno.UnixConn | null> {
+  const path = `${dir}/${CONTROL_SOCKET}`;
+  const watcher = Deno.watchFs(dir, { recursive: false });
+  try {
+    // Made before the watch began: no event will say so.
+    const tryConnect = async () => {
+      try {
+        return await Deno.connect({ transport: "unix", path });
+      } catch {
+        return undefined;
+      }
+    };
+    let conn = await tryConnect();
+    if (!conn) {
+      for await (const event of watcher) {
+        if (event.kind === "remove" && event.paths.includes(dir)) return null;
+        if (!event.paths.some((p) => p.endsWith(`/${CONTROL_SOCKET}`))) continue;
+        if ((conn = await tryConnect())) break;
+      }
+    }
+    if (!conn) return null;
+    let rest = new TextEncoder().encode(`${key}\n`);
+    while (rest.length > 0) rest = rest.subarray(await conn.write(rest));
+    return conn;
+  } catch {
+    return null;
+  } finally {
+    watcher.close();
+  }
+}
+
+/** A spare relay: listen now, carry to the sockets, live from its claim to the control's end. */
+async function serveSpare(dir: string, services: [string, number][]): Promise<never> {
+  const key = Deno.env.get(KEY_ENV) ?? "";
+  if (!/^[0-9a-f]{32,128}$/.test(key)) fail(`no key in ${KEY_ENV}`, 2);
+  // The key is not left where a child could inherit it (the relay starts none, but still).
+  Deno.env.delete(KEY_ENV);
+  // Started as the session before it ends: its relay may not have let go of the ports yet.
+  const listeners = await Promise.all(services.map(([, port]) => listen(port, true)));
+  services.forEach(([service], i) => void serveSocket(listeners[i], `${dir}/${service}.sock`).catch(() => {}));
+  const control = await awaitControl(dir, key);
+  if (!control) Deno.exit(0);
+  const scratch = new Uint8Array(64);
+  try {
+    while ((await control.read(scratch)) !== null) {
+      // The host sends nothing; its end (session closed, or gone) is all that counts.
+    }
+  } catch {
+    // Reset: the host is gone.
+  }
+  Deno.exit(0);
+}
+
 async function main(args: string[]): Promise<never> {
   if (args[0] === "--check") Deno.exit(0);
-  const { wait, sockets, services } = parseArgs(args);
+  const { wait, spare, sockets, services } = parseArgs(args);
+  if (spare) return await serveSpare(sockets!, services);
   const transport: RelayTransport = sockets !== undefined &&
       await socketsAnswer(sockets, services.map(([service]) => service))
     ? "socket"

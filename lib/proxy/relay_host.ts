@@ -60,21 +60,36 @@ export interface RelayProcess {
  * stdin bigger (relay/main.ts; the relay runs only the image's code: its program and Deno cache are
  * the read-only image's, scripts/sandbox-exec); and with
  * `--sockets DIR` each service's socket there (Deno asks for net access to each socket's exact
- * path, and read and write access to it).
+ * path, and read and write access to it). A `--spare` relay also watches DIR for its control
+ * socket, connects to it, and reads (then forgets) its key from the environment.
  */
 export function relayPermissions(args: readonly string[]): string[] {
   const at = args.indexOf("--sockets");
   if (at < 0) return ["--allow-net=127.0.0.1", "--allow-ffi"];
   const dir = args[at + 1];
-  const sockets = args.flatMap((arg) => /^([a-z]{1,16})=\d+$/.exec(arg)?.[1] ?? [])
-    .map((service) => `${dir}/${service}.sock`);
+  const spare = args.includes("--spare");
+  const sockets = [
+    ...args.flatMap((arg) => /^([a-z]{1,16})=\d+$/.exec(arg)?.[1] ?? []),
+    ...(spare ? ["control"] : []),
+  ].map((service) => `${dir}/${service}.sock`);
   return [
     `--allow-net=${["127.0.0.1", ...sockets.map((path) => `unix:${path}`)].join(",")}`,
-    `--allow-read=${sockets.join(",")}`,
+    `--allow-read=${(spare ? [dir] : sockets).join(",")}`,
     `--allow-write=${sockets.join(",")}`,
-    "--allow-ffi",
+    ...(spare ? [`--allow-env=${SPARE_KEY_ENV}`] : ["--allow-ffi"]),
   ];
 }
+
+/** Where the image keeps the relay (Dockerfile). */
+export const RELAY_PATH = "/opt/sandbox/relay.js";
+
+/** The image's relay with `args`, as the exec wrapper runs it (with the image's Deno cache). */
+export function relayArgv(args: readonly string[]): string[] {
+  return ["deno", "run", "--quiet", "--no-config", "--no-prompt", ...relayPermissions(args), RELAY_PATH, ...args];
+}
+
+/** The environment variable that carries a spare relay's key (relay/main.ts). */
+export const SPARE_KEY_ENV = "SANDBOX_RELAY_KEY";
 
 /** Starts a relay with these arguments (`[--wait] [--sockets DIR] SERVICE=PORT...`). */
 export type RelayLauncher = (args: string[]) => RelayProcess;
@@ -161,7 +176,7 @@ export async function startRelay(options: RelayOptions): Promise<RelayHost> {
   for (let attempt = 0;; attempt++) {
     const ports = portsFor(services, base);
     const outcome = await launchOnce(options, ports);
-    if (outcome.kind === "ready") return new LiveRelay(options, ports, outcome);
+    if (outcome.kind === "ready") return new LiveRelay(options, ports, launched(outcome), outcome.transport);
     if (outcome.kind === "ports_in_use" && attempt + 1 < BASE_PORT_ATTEMPTS) {
       base += BASE_PORT_STEP;
       continue;
@@ -267,6 +282,39 @@ async function stop(process: RelayProcess): Promise<void> {
   await process.finished;
 }
 
+/**
+ * A relay that is running and serving, however it was started: it has ended when `ended` settles
+ * (with the protocol error that ended it, if any); `stop` ends it and what it carried.
+ */
+export interface RunningRelay {
+  ended: Promise<Error | undefined>;
+  stop(): Promise<void>;
+}
+
+/** A relay this host launched (its exec's stdio the stream, or only its lifetime). */
+function launched(outcome: { process: RelayProcess; mux: Mux }): RunningRelay {
+  return {
+    ended: Promise.race([outcome.mux.done, outcome.process.finished.then(() => undefined)]),
+    async stop() {
+      outcome.mux.close();
+      await stop(outcome.process);
+    },
+  };
+}
+
+/**
+ * A relay host whose first relay was started elsewhere and is already serving on `ports` over
+ * the mounted sockets (a spare relay the session claimed: lib/proxy/spare_relay.ts). When it ends,
+ * relays are launched as `options` says, on the same ports, as after any relay's end.
+ */
+export function adoptRelay(
+  options: RelayOptions,
+  ports: Partial<Record<RelayService, number>>,
+  first: RunningRelay,
+): RelayHost {
+  return new LiveRelay(options, ports, first, "socket");
+}
+
 /** Pipe one stream to its service's socket; a socket that cannot be reached resets the stream. */
 async function carry(stream: MuxStream, socketPath: string): Promise<void> {
   let conn: Deno.UnixConn;
@@ -284,7 +332,7 @@ class LiveRelay implements RelayHost {
   readonly ports: Partial<Record<RelayService, number>>;
   #starts = 1;
   #transport: RelayTransport;
-  #current: { process: RelayProcess; mux: Mux } | undefined;
+  #current: RunningRelay | undefined;
   #closing = false;
   #closed: Promise<void> | undefined;
   #waiters: (() => void)[] = [];
@@ -295,12 +343,13 @@ class LiveRelay implements RelayHost {
   constructor(
     options: RelayOptions,
     ports: Partial<Record<RelayService, number>>,
-    first: { process: RelayProcess; mux: Mux; transport: RelayTransport },
+    first: RunningRelay,
+    transport: RelayTransport,
   ) {
     this.#options = options;
     this.ports = ports;
     this.#current = first;
-    this.#transport = first.transport;
+    this.#transport = transport;
     this.#supervised = this.#supervise();
   }
 
@@ -322,19 +371,16 @@ class LiveRelay implements RelayHost {
     while (!this.#closing) {
       const current = this.#current;
       if (current) {
-        const error = await Promise.race([
-          current.mux.done,
-          current.process.finished.then(() => undefined),
-        ]);
-        // Whatever ended first, end the rest: every carried connection fails now, not later.
-        current.mux.close();
+        const error = await current.ended;
         if (this.#closing) return;
+        // Whatever ended first, end the rest: every carried connection fails now, not later.
+        const stopping = current.stop();
         this.#options.onEvent?.(
           `relay ended${
             error ? ` (${error.message})` : ""
           }; its connections were closed; restarting it`,
         );
-        await stop(current.process);
+        await stopping;
         this.#current = undefined;
       }
       if (this.#closing) return;
@@ -348,7 +394,7 @@ class LiveRelay implements RelayHost {
           return;
         }
         failures = 0;
-        this.#current = { process: outcome.process, mux: outcome.mux };
+        this.#current = launched(outcome);
         this.#transport = outcome.transport;
         this.#starts++;
         const waiters = this.#waiters;
@@ -385,11 +431,7 @@ class LiveRelay implements RelayHost {
     this.#closed ??= (async () => {
       this.#closing = true;
       this.#wake.abort();
-      const current = this.#current;
-      if (current) {
-        current.mux.close();
-        await stop(current.process);
-      }
+      await this.#current?.stop();
       await this.#supervised;
     })();
     return this.#closed;

@@ -22,13 +22,12 @@ import { KeyStore } from "../keys.ts";
 import { llmTarget } from "./llm_providers.ts";
 import { Redactor } from "../redact.ts";
 import { parseSize } from "../units.ts";
-import { type RelayHost, type RelayLauncher, relayPermissions, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
+import { adoptRelay, type RelayHost, type RelayLauncher, relayArgv, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
+import { awaitSpareRelay, claimSpareRelay, type ClaimedSpare, startSpareRelay } from "./spare_relay.ts";
 import { makeSessionSocketDir, MAX_SOCKET_PATH, prepareProxyMountSource, type SessionSocketDir, sweepStaleSessionDirs } from "../sandbox/proxy_mount.ts";
 import { SandboxError } from "../errors.ts";
 import { trace } from "../trace.ts";
 
-/** Where the image keeps the relay (Dockerfile). */
-export const RELAY_PATH = "/opt/sandbox/relay.js";
 /** Names the relay transport to keep to: `stream`, or `auto` (the default). */
 export const RELAY_TRANSPORT_ENV = "SANDBOX_RELAY_TRANSPORT";
 
@@ -75,6 +74,11 @@ export interface SandboxSession extends AsyncDisposable {
   readonly socketDir: string;
   /** Where the sandbox sees `socketDir`, when it is in the container's mounted directory. */
   readonly sandboxSocketDir?: string;
+  /**
+   * Leave a relay ready for the container's next session when this one closes (spare_relay.ts):
+   * for a container that outlives the session (a shared one), on the mounted sockets only.
+   */
+  leaveSpareRelay(): void;
   close(): Promise<void>;
 }
 
@@ -288,14 +292,14 @@ async function sessionSocketDir(): Promise<string> {
 }
 
 /**
- * A new directory for a session's sockets in the container's mounted directory, unless the
- * session keeps to the stream or a socket path there would not fit. Where the container has no
- * such mount (an older one, a remote engine), the relay finds nothing there and uses the stream.
+ * The container's mounted directory, where a session's sockets go, unless the session keeps to
+ * the stream or a socket path there would not fit. Where the container has no such mount (an
+ * older one, a remote engine), the relay finds nothing there and uses the stream.
  */
-async function mountedSocketDir(
+async function mountSourceFor(
   containerName: string,
   transport = Deno.env.get(RELAY_TRANSPORT_ENV) || "auto",
-): Promise<SessionSocketDir | undefined> {
+): Promise<string | undefined> {
   if (transport !== "auto" && transport !== "stream") {
     throw new SandboxError("config_invalid", `Invalid ${RELAY_TRANSPORT_ENV} "${transport}": use "auto" or "stream"`);
   }
@@ -303,8 +307,22 @@ async function mountedSocketDir(
   const source = await prepareProxyMountSource(containerName).catch(() => undefined);
   if (!source) return undefined;
   await sweepStaleSessionDirs(source).catch(() => {});
-  // Not there after all (removed under us, say): the stream needs no such directory.
-  return await makeSessionSocketDir(source).catch(() => undefined);
+  return source;
+}
+
+/**
+ * The session's socket directory in the mounted one: the claimed spare relay's, else a new one
+ * (none when it cannot be made: removed under us, say; the stream needs no such directory).
+ */
+async function mountedSocketDir(source: string | undefined, claimed: ClaimedSpare | undefined): Promise<SessionSocketDir | undefined> {
+  if (claimed) return { host: claimed.hostDir, sandbox: claimed.sandboxDir };
+  return source ? await makeSessionSocketDir(source).catch(() => undefined) : undefined;
+}
+
+/** The spare serves exactly the session's services (a run on a remote repository adds git). */
+function sameServices(ports: Partial<Record<RelayService, number>>, sockets: Partial<Record<RelayService, string>>): boolean {
+  const a = Object.keys(ports).sort().join(",");
+  return a === Object.keys(sockets).sort().join(",");
 }
 
 /**
@@ -326,14 +344,7 @@ export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: str
       provider.containerName,
       "sandbox-exec",
       id,
-      "deno",
-      "run",
-      "--quiet",
-      "--no-config",
-      "--no-prompt",
-      ...relayPermissions(args),
-      RELAY_PATH,
-      ...args,
+      ...relayArgv(args),
     ], {
       kill: () => provider.stopExec(id),
       // As every docker call: through the engine's API where it may (lib/sandbox/docker.ts).
@@ -352,9 +363,12 @@ export async function openSession(
   provider: DockerSandboxProvider,
   options: SessionOptions = {},
 ): Promise<SandboxSession> {
-  const mounted = await mountedSocketDir(provider.containerName, options.relayTransport);
+  const source = await mountSourceFor(provider.containerName, options.relayTransport);
+  const claimed = source ? await claimSpareRelay(provider, source) : undefined;
+  const mounted = await mountedSocketDir(source, claimed);
   const dir = mounted?.host ?? await sessionSocketDir();
   const cleanups: (() => Promise<void>)[] = [() => Deno.remove(dir, { recursive: true })];
+  let leaveSpare = false;
   const close = async () => {
     for (const cleanup of cleanups.splice(0).reverse()) await cleanup().catch(() => {});
   };
@@ -363,14 +377,28 @@ export async function openSession(
     cleanups.push(() => proxies.close());
     // The sandbox user is another uid: it may connect (the 0700 parent keeps everyone else out).
     if (mounted) for (const socket of Object.values(proxies.sockets)) await Deno.chmod(socket, 0o666);
-    const relay = await startRelay({
+    const relayOptions = {
       sockets: proxies.sockets,
       sandboxSocketDir: mounted?.sandbox,
       launch: dockerRelayLauncher(provider, options.runId),
       sandboxName: provider.containerName,
-      onEvent: (message) => options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
+      onEvent: (message: string) => options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
+    };
+    let relay: RelayHost | undefined;
+    if (claimed && sameServices(claimed.record.ports, proxies.sockets)) {
+      const spare = await awaitSpareRelay(provider, claimed);
+      if (spare) relay = adoptRelay(relayOptions, claimed.record.ports, spare);
+    } else if (claimed) {
+      await provider.stopExec(claimed.record.id).catch(() => {});
+    }
+    relay ??= await startRelay(relayOptions);
+    const carrying = relay;
+    // Closed first (cleanups run last to first), then the next session's relay is started on
+    // the ports this one's has let go of.
+    cleanups.push(async () => {
+      if (leaveSpare && source && carrying.transport === "socket") await startSpareRelay(provider, source, carrying.ports);
     });
-    cleanups.push(() => relay.close());
+    cleanups.push(() => carrying.close());
     trace(`session: relay ready (${relay.transport} path)`);
     const local = (port: number | undefined) => port === undefined ? undefined : `http://127.0.0.1:${port}`;
     const gitUrl = relay.ports.git === undefined ? undefined : `${local(relay.ports.git)}${GIT_PATH_PREFIX}`;
@@ -388,6 +416,7 @@ export async function openSession(
       relay,
       socketDir: dir,
       sandboxSocketDir: mounted?.sandbox,
+      leaveSpareRelay: () => void (leaveSpare = true),
       close,
       [Symbol.asyncDispose]: close,
     };

@@ -592,7 +592,17 @@ async function prepare(
   const watch = provider.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
   context.cleanups.push(() => watch.close());
   const session: SandboxSession = await (opening ?? openFor(provider));
-  context.cleanups.push(() => session.close());
+  // Closed alongside the cleanups after it (the lease's release, the disk watch…), which do not
+  // depend on it: closing starts the next run's relay, a `docker exec` the user need not wait
+  // for twice. Awaited last.
+  let closing: Promise<void> | undefined;
+  context.cleanups.unshift(() => closing ?? Promise.resolve());
+  context.cleanups.push(() => {
+    closing = session.close();
+    return Promise.resolve();
+  });
+  // The container outlives the run: the next run's relay is started as this one's session ends.
+  if (leased) session.leaveSpareRelay();
   trace("run: session open");
   let worktree: RunWorktree | undefined;
   if (remote) {

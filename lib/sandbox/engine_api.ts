@@ -123,6 +123,8 @@ export interface ExecRequest {
   workdir?: string;
   env: string[];
   interactive: boolean;
+  /** `--detach`: started, not attached to; the exec's id on stdout (the CLI prints nothing). */
+  detach?: boolean;
 }
 
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]*$/;
@@ -144,6 +146,10 @@ export function execRequestOf(
     const arg = args[i];
     if (arg === "--interactive") {
       request.interactive = true;
+      continue;
+    }
+    if (arg === "--detach") {
+      request.detach = true;
       continue;
     }
     const value = args[i + 1];
@@ -571,9 +577,9 @@ export class EngineExec implements Child {
       WorkingDir: request.workdir ?? "",
       Env: request.env,
       Cmd: request.cmd,
-      AttachStdin: request.interactive,
-      AttachStdout: true,
-      AttachStderr: true,
+      AttachStdin: request.interactive && !request.detach,
+      AttachStdout: !request.detach,
+      AttachStderr: !request.detach,
       Tty: false,
     });
     if (response.status === 201 || response.status === 200) return (JSON.parse(response.body) as { Id: string }).Id;
@@ -588,6 +594,16 @@ export class EngineExec implements Child {
     request: ExecRequest,
     stderr: { write(bytes: Uint8Array): void },
   ): Promise<number> {
+    if (request.detach) {
+      const response = await engineRequest(socket, "POST", `/exec/${id}/start`, { Detach: true, Tty: false });
+      if (response.status !== 200 && response.status !== 204) {
+        stderr.write(encoder.encode(`Error response from daemon: ${daemonMessage(response)}\n`));
+        return 126;
+      }
+      if (tracing()) trace(`docker api: exec ${label(request.cmd)} detached`);
+      await this.#push(encoder.encode(`${id}\n`));
+      return 0;
+    }
     const conn = await connect(socket).catch((error) => {
       throw new Error((error as Error).message);
     });

@@ -1,0 +1,296 @@
+/**
+ * The next session's relay, ready before it is asked for: a "spare relay".
+ *
+ * Starting a relay (a `docker exec`, the exec wrapper, Deno loading relay.js, its ports bound) is
+ * the longest step between a warm run's start and its first event (~100 ms of ~300), and the one
+ * thing `sandbox exec` waits for besides its own command. So when a session that carried its
+ * connections over the mounted sockets closes, it leaves a relay behind for the next one: started
+ * detached, as the relay's own uid, listening on the ports the session had, waiting (inotify, no
+ * cost) for a control socket to appear in a socket directory of its own. The host notes it in a
+ * record beside the container's mounted directory (in the 0700 state directory: the sandbox never
+ * sees it).
+ *
+ * The next session claims the record (a rename: exactly one session gets it), makes its proxies'
+ * sockets in that directory, then `control.sock`, and waits for the relay to connect and say its
+ * key. The key went to the relay in its environment, which no process of the sandbox user can
+ * read (the relay is another uid; its wrapper is not dumpable), so a connection that says it is
+ * the relay, listening on those ports and carrying to those sockets: nothing the agent started
+ * can pass for it. The control connection is then the relay's lifetime, as the exec stream is for
+ * a relay the session starts itself: when it ends, the session launches one on the same ports.
+ *
+ * What the relay is, and is not, trusted with does not change: it holds no secret of any run (the
+ * key only names it), every connection it carries still needs the session's token and passes the
+ * same proxies, and it carries nothing until a session made its sockets. A spare whose record is
+ * stale (its container restarted, or it could not bind its ports) is found dead and dropped, and
+ * the session starts a relay as before.
+ */
+import { RELAY_USER } from "../sandbox/docker_provider.ts";
+import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
+import { engineRequest, engineSocket } from "../sandbox/engine_api.ts";
+import { PROXY_MOUNT_PATH } from "../sandbox/proxy_mount.ts";
+import { relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
+import { trace } from "../trace.ts";
+
+/** The socket a claiming session makes last, which the spare connects to (relay/main.ts). */
+const CONTROL_SOCKET = "control.sock";
+/** Exec ids of spare relays: `relay-…`, so that they are stopped as the relay's uid. */
+const SPARE_ID_PREFIX = "relay-spare-";
+/** Spare directories are `s` and 7 hex digits: a session directory's length, never swept as one. */
+export const SPARE_DIR = /^s[0-9a-f]{7}$/;
+/** How long a claimed spare may take to connect; a live one takes a millisecond or two. */
+const CONTROL_WAIT_MS = 1_500;
+/** The longest line a control connection may send before it is dropped. */
+const MAX_KEY_LINE = 160;
+
+/** What the host keeps of a spare relay. */
+interface SpareRecord {
+  /** Its exec wrapper's id (`relay-spare-…`). */
+  id: string;
+  /** Its socket directory's name in the container's mounted directory. */
+  dir: string;
+  ports: Partial<Record<RelayService, number>>;
+  key: string;
+  /** The engine's exec id, when it was started through the engine's API. */
+  exec?: string;
+}
+
+/** A spare relay a session has claimed: its socket directory, ports and key. */
+export interface ClaimedSpare {
+  record: SpareRecord;
+  /** The socket directory, as the host and the sandbox see it. */
+  hostDir: string;
+  sandboxDir: string;
+}
+
+/** The record of `mountSource`'s spare relay: beside the mounted directory, never inside it. */
+function recordPath(mountSource: string): string {
+  return `${mountSource}.spare-relay.json`;
+}
+
+function randomHex(bytes: number): string {
+  return Array.from(crypto.getRandomValues(new Uint8Array(bytes)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * Start a spare relay in `provider`'s container on `ports`, its socket directory in
+ * `mountSource`, and record it there; nothing when the container already has one. Best effort:
+ * a spare that cannot be started is only a slower next start.
+ */
+export async function startSpareRelay(
+  provider: DockerSandboxProvider,
+  mountSource: string,
+  ports: Partial<Record<RelayService, number>>,
+): Promise<void> {
+  const record = recordPath(mountSource);
+  try {
+    await Deno.lstat(record);
+    return;
+  } catch {
+    // None yet: start one.
+  }
+  const dir = `s${randomHex(4).slice(0, 7)}`;
+  const hostDir = `${mountSource}/${dir}`;
+  // Readable (0755), unlike a session's (0711): the relay watches it for the control socket. Its
+  // names are the fixed ones a session makes in any directory: nothing to hide by listing.
+  await Deno.mkdir(hostDir, { mode: 0o755 });
+  await Deno.chmod(hostDir, 0o755);
+  const key = randomHex(32);
+  const id = `${SPARE_ID_PREFIX}${crypto.randomUUID()}`;
+  const args = [
+    "--spare",
+    "--sockets",
+    `${PROXY_MOUNT_PATH}/${dir}`,
+    ...Object.entries(ports).map(([service, port]) => `${service}=${port}`),
+  ];
+  const started = await provider.docker.run([
+    "exec",
+    "--detach",
+    "--user",
+    RELAY_USER,
+    // The value comes from the environment given below, never from an argument (`ps`).
+    "--env",
+    SPARE_KEY_ENV,
+    provider.containerName,
+    "sandbox-exec",
+    id,
+    ...relayArgv(args),
+  ], { env: { [SPARE_KEY_ENV]: key }, timeoutMs: 30_000 }).catch(() => undefined);
+  if (!started || started.exitCode !== 0) {
+    await Deno.remove(hostDir, { recursive: true }).catch(() => {});
+    return;
+  }
+  const exec = started.stdout.trim();
+  const spare: SpareRecord = { id, dir, ports, key, ...(/^[0-9a-f]{64}$/.test(exec) ? { exec } : {}) };
+  try {
+    // Only this user reads it (the state directory is 0700 as well); `createNew`: a spare another
+    // session started meanwhile stays the one, and ours goes.
+    await Deno.writeTextFile(record, JSON.stringify(spare), { createNew: true, mode: 0o600 });
+    trace("session: spare relay started");
+  } catch {
+    await provider.stopExec(id).catch(() => {});
+    await Deno.remove(hostDir, { recursive: true }).catch(() => {});
+  }
+}
+
+/**
+ * Take `mountSource`'s spare relay for a session, if it has one that is alive. The record is
+ * claimed by renaming it (two sessions cannot both get it); a dead spare's directory is removed.
+ */
+export async function claimSpareRelay(
+  provider: DockerSandboxProvider,
+  mountSource: string,
+): Promise<ClaimedSpare | undefined> {
+  const record = recordPath(mountSource);
+  const taken = `${record}.${randomHex(4)}`;
+  try {
+    await Deno.rename(record, taken);
+  } catch {
+    return undefined;
+  }
+  let spare: SpareRecord;
+  try {
+    spare = parseRecord(await Deno.readTextFile(taken));
+  } catch {
+    return undefined;
+  } finally {
+    await Deno.remove(taken).catch(() => {});
+  }
+  const hostDir = `${mountSource}/${spare.dir}`;
+  if (!await execRunning(spare.exec)) {
+    trace("session: spare relay found dead");
+    await Deno.remove(hostDir, { recursive: true }).catch(() => {});
+    await provider.stopExec(spare.id).catch(() => {});
+    return undefined;
+  }
+  return { record: spare, hostDir, sandboxDir: `${PROXY_MOUNT_PATH}/${spare.dir}` };
+}
+
+function parseRecord(text: string): SpareRecord {
+  const value = JSON.parse(text) as SpareRecord;
+  const portsOk = Object.entries(value.ports ?? {}).every(([service, port]) =>
+    /^[a-z]{1,16}$/.test(service) && Number.isInteger(port) && port > 0 && port < 65_536
+  );
+  if (
+    typeof value.id !== "string" || !value.id.startsWith(SPARE_ID_PREFIX) || !SPARE_DIR.test(value.dir ?? "") ||
+    !/^[0-9a-f]{64}$/.test(value.key ?? "") || !portsOk || (value.exec !== undefined && !/^[0-9a-f]{64}$/.test(value.exec))
+  ) {
+    throw new TypeError("not a spare relay record");
+  }
+  return value;
+}
+
+/** Whether the engine says exec `id` is running; true when it cannot be asked (the wait decides). */
+async function execRunning(id: string | undefined): Promise<boolean> {
+  const socket = engineSocket();
+  if (!id || !socket) return true;
+  try {
+    const response = await engineRequest(socket, "GET", `/exec/${id}/json`);
+    if (response.status === 404) return false;
+    if (response.status !== 200) return true;
+    return (JSON.parse(response.body) as { Running?: boolean }).Running === true;
+  } catch {
+    return true;
+  }
+}
+
+/**
+ * With the session's sockets made in the claimed spare's directory: make the control socket and
+ * wait for the spare to connect and say its key. The spare, running (its control connection its
+ * lifetime), or undefined when it did not come in time (it is then stopped).
+ */
+export async function awaitSpareRelay(
+  provider: DockerSandboxProvider,
+  claimed: ClaimedSpare,
+): Promise<RunningRelay | undefined> {
+  const path = `${claimed.hostDir}/${CONTROL_SOCKET}`;
+  const listener = Deno.listen({ transport: "unix", path });
+  await Deno.chmod(path, 0o666);
+  const expected = new TextEncoder().encode(`${claimed.record.key}\n`);
+  const stopSpare = () => provider.stopExec(claimed.record.id).catch(() => {});
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timedOut = new Promise<undefined>((resolve) => timer = setTimeout(() => resolve(undefined), CONTROL_WAIT_MS));
+  const pending = new Set<Deno.Conn>();
+  // Anything in the sandbox can connect here (the socket is 0666 so that the relay may): each
+  // connection must say the key at once, or it is dropped; the first that does is the relay. They
+  // are heard at the same time, so that one that says nothing cannot hold the relay up.
+  const accepting = new Promise<Deno.Conn | undefined>((resolve) => {
+    (async () => {
+      for await (const conn of listener) {
+        pending.add(conn);
+        readLine(conn, MAX_KEY_LINE, CONTROL_WAIT_MS).then((said) => {
+          if (said && sameBytes(said, expected)) {
+            pending.delete(conn);
+            resolve(conn);
+          } else closeQuietly(conn);
+        });
+      }
+    })().catch(() => {}).finally(() => resolve(undefined));
+  });
+  const control = await Promise.race([accepting, timedOut]);
+  clearTimeout(timer);
+  listener.close();
+  await Deno.remove(path).catch(() => {});
+  for (const conn of pending) closeQuietly(conn);
+  if (!control) {
+    trace("session: spare relay did not answer");
+    await stopSpare();
+    return undefined;
+  }
+  const ended = (async () => {
+    const scratch = new Uint8Array(64);
+    try {
+      while ((await control.read(scratch)) !== null) {
+        // The relay says nothing after its key: its end is all that counts.
+      }
+    } catch {
+      // Reset: the relay is gone.
+    }
+    return undefined;
+  })();
+  return {
+    ended,
+    async stop() {
+      // The relay exits when its control connection ends (as a launched one does at the end of
+      // its stdin): no exec to stop it, which would cost a run's end ~60 ms.
+      closeQuietly(control);
+      await ended;
+    },
+  };
+}
+
+/** Bytes up to and including the first newline, within `max` bytes and `timeoutMs`; else null. */
+async function readLine(conn: Deno.Conn, max: number, timeoutMs: number): Promise<Uint8Array | null> {
+  const buffer = new Uint8Array(max);
+  let filled = 0;
+  const timer = setTimeout(() => closeQuietly(conn), timeoutMs);
+  try {
+    while (filled < max) {
+      const n = await conn.read(buffer.subarray(filled));
+      if (n === null) return null;
+      filled += n;
+      const newline = buffer.subarray(0, filled).indexOf(10);
+      if (newline >= 0) return newline === filled - 1 ? buffer.slice(0, filled) : null;
+    }
+    return null;
+  } catch {
+    return null;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Equal bytes, compared in time that does not depend on where they differ. */
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a.length !== b.length) return false;
+  let diff = 0;
+  for (let i = 0; i < a.length; i++) diff |= a[i] ^ b[i];
+  return diff === 0;
+}
+
+function closeQuietly(conn: Deno.Conn): void {
+  try {
+    conn.close();
+  } catch {
+    // Already closed.
+  }
+}
