@@ -639,5 +639,26 @@ export const MUTATIONS: Mutation[] = [
     replace: ``,
     tests: ["tests/unit/engine_api_test.ts"],
   },
+  {
+    name: "a claimed spare relay is taken for the relay without its key (any connection to the control socket passes)",
+    file: "lib/proxy/spare_relay.ts",
+    find: `if (said && sameBytes(said, expected)) {`,
+    replace: `if (said) {`,
+    tests: ["tests/unit/spare_relay_test.ts", "tests/security/spare_relay_test.ts"],
+  },
+  {
+    name: "a spare relay that did not answer is left running (holding its ports, waiting) when the session passes it over",
+    file: "lib/proxy/spare_relay.ts",
+    find: `    trace("session: spare relay did not answer");\n    await stopSpare();\n`,
+    replace: `    trace("session: spare relay did not answer");\n`,
+    tests: ["tests/unit/spare_relay_test.ts", "tests/security/spare_relay_test.ts"],
+  },
+  {
+    name: "a lease counts a waiting spare relay as a live command (the container is busy for every run after an exec)",
+    file: "scripts/sandbox-exec",
+    find: ` && $_->[2] !~ /^relay-spare-/`,
+    replace: ``,
+    tests: ["tests/security/spare_relay_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];

@@ -387,7 +387,10 @@ export async function openSession(
     let relay: RelayHost | undefined;
     if (claimed && sameServices(claimed.record.ports, proxies.sockets)) {
       const spare = await awaitSpareRelay(provider, claimed);
-      if (spare) relay = adoptRelay(relayOptions, claimed.record.ports, spare);
+      if (spare) {
+        relay = adoptRelay(relayOptions, claimed.record.ports, spare);
+        trace("session: spare relay claimed");
+      }
     } else if (claimed) {
       await provider.stopExec(claimed.record.id).catch(() => {});
     }

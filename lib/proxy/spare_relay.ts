@@ -68,7 +68,10 @@ function recordPath(mountSource: string): string {
 }
 
 function randomHex(bytes: number): string {
-  return Array.from(crypto.getRandomValues(new Uint8Array(bytes)), (b) => b.toString(16).padStart(2, "0")).join("");
+  return Array.from(
+    crypto.getRandomValues(new Uint8Array(bytes)),
+    (b) => b.toString(16).padStart(2, "0"),
+  ).join("");
 }
 
 /**
@@ -120,7 +123,13 @@ export async function startSpareRelay(
     return;
   }
   const exec = started.stdout.trim();
-  const spare: SpareRecord = { id, dir, ports, key, ...(/^[0-9a-f]{64}$/.test(exec) ? { exec } : {}) };
+  const spare: SpareRecord = {
+    id,
+    dir,
+    ports,
+    key,
+    ...(/^[0-9a-f]{64}$/.test(exec) ? { exec } : {}),
+  };
   try {
     // Only this user reads it (the state directory is 0700 as well); `createNew`: a spare another
     // session started meanwhile stays the one, and ours goes.
@@ -171,8 +180,10 @@ function parseRecord(text: string): SpareRecord {
     /^[a-z]{1,16}$/.test(service) && Number.isInteger(port) && port > 0 && port < 65_536
   );
   if (
-    typeof value.id !== "string" || !value.id.startsWith(SPARE_ID_PREFIX) || !SPARE_DIR.test(value.dir ?? "") ||
-    !/^[0-9a-f]{64}$/.test(value.key ?? "") || !portsOk || (value.exec !== undefined && !/^[0-9a-f]{64}$/.test(value.exec))
+    typeof value.id !== "string" || !value.id.startsWith(SPARE_ID_PREFIX) ||
+    !SPARE_DIR.test(value.dir ?? "") ||
+    !/^[0-9a-f]{64}$/.test(value.key ?? "") || !portsOk ||
+    (value.exec !== undefined && !/^[0-9a-f]{64}$/.test(value.exec))
   ) {
     throw new TypeError("not a spare relay record");
   }
@@ -199,8 +210,9 @@ async function execRunning(id: string | undefined): Promise<boolean> {
  * lifetime), or undefined when it did not come in time (it is then stopped).
  */
 export async function awaitSpareRelay(
-  provider: DockerSandboxProvider,
+  provider: Pick<DockerSandboxProvider, "stopExec">,
   claimed: ClaimedSpare,
+  waitMs = CONTROL_WAIT_MS,
 ): Promise<RunningRelay | undefined> {
   const path = `${claimed.hostDir}/${CONTROL_SOCKET}`;
   const listener = Deno.listen({ transport: "unix", path });
@@ -208,7 +220,9 @@ export async function awaitSpareRelay(
   const expected = new TextEncoder().encode(`${claimed.record.key}\n`);
   const stopSpare = () => provider.stopExec(claimed.record.id).catch(() => {});
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const timedOut = new Promise<undefined>((resolve) => timer = setTimeout(() => resolve(undefined), CONTROL_WAIT_MS));
+  const timedOut = new Promise<undefined>((resolve) =>
+    timer = setTimeout(() => resolve(undefined), waitMs)
+  );
   const pending = new Set<Deno.Conn>();
   // Anything in the sandbox can connect here (the socket is 0666 so that the relay may): each
   // connection must say the key at once, or it is dropped; the first that does is the relay. They
@@ -217,7 +231,7 @@ export async function awaitSpareRelay(
     (async () => {
       for await (const conn of listener) {
         pending.add(conn);
-        readLine(conn, MAX_KEY_LINE, CONTROL_WAIT_MS).then((said) => {
+        readLine(conn, MAX_KEY_LINE, waitMs).then((said) => {
           if (said && sameBytes(said, expected)) {
             pending.delete(conn);
             resolve(conn);
@@ -259,7 +273,11 @@ export async function awaitSpareRelay(
 }
 
 /** Bytes up to and including the first newline, within `max` bytes and `timeoutMs`; else null. */
-async function readLine(conn: Deno.Conn, max: number, timeoutMs: number): Promise<Uint8Array | null> {
+async function readLine(
+  conn: Deno.Conn,
+  max: number,
+  timeoutMs: number,
+): Promise<Uint8Array | null> {
   const buffer = new Uint8Array(max);
   let filled = 0;
   const timer = setTimeout(() => closeQuietly(conn), timeoutMs);

@@ -57,6 +57,9 @@ async function runOnce(fixture: RunFixture, args: string[] = []) {
   });
   const [stdout, ended] = await Promise.all([new Response(child.stdout).text(), child.finished]);
   assert.equal(ended.exitCode, 0, `${stdout}\n${ended.stderrTail}`);
+  // Each run leases the shared container: what the run before left waiting in it (a worker, a
+  // relay) never makes it busy.
+  assert.doesNotMatch(ended.stderrTail, /another run of this profile is live/);
   return stdout;
 }
 

@@ -1,0 +1,351 @@
+/**
+ * The spare relay (lib/proxy/spare_relay.ts): a session that closes leaves a relay waiting in its
+ * container, and the next session claims it instead of starting one. These tests attack it from
+ * inside the sandbox, as the agent, with more than an agent knows (the spare's directory, read
+ * from the host's record), and check each outcome from outside:
+ *
+ * - the key that names the relay is not readable by the agent (its environment, the record), and
+ *   the agent's own connections to the control socket — a wrong key, or nothing at all, held
+ *   open — do not pass for the relay or hold it up: the session still gets the real one, which
+ *   carries its requests;
+ * - the spare counts for nothing when a command needs the container: `sandbox exec` after
+ *   `sandbox exec` claims it, and the lease of a run is still granted;
+ * - killed mid-session, it is replaced on the same ports, and requests work again;
+ * - a spare that died with its container is found dead, and the session starts a relay itself.
+ */
+import assert from "node:assert/strict";
+import { parseConfig, resolveProfile } from "../../lib/config.ts";
+import { openSession, type SandboxSession } from "../../lib/proxy/session.ts";
+import { DockerSandboxProvider, RELAY_USER } from "../../lib/sandbox/docker_provider.ts";
+import { PROXY_MOUNT_PATH, proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
+import { run } from "../../lib/process.ts";
+import {
+  assertDocker,
+  dockerTest,
+  removeProfile,
+  runCli,
+  tempDir,
+  uniqueProfile,
+  withEnv,
+  writeConfig,
+} from "../_helpers.ts";
+import { FakeUpstream } from "../unit/_fake_upstream.ts";
+
+console.error("security: spare relay tests starting");
+
+const KEY_ENV = "SANDBOX_TEST_SPARE_RELAY_KEY";
+const KEY = "sk-test-spare-relay";
+
+function profileFor(name: string, upstream: FakeUpstream) {
+  const parsed = parseConfig(
+    [
+      "profiles:",
+      `  ${name}:`,
+      `    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}`,
+    ].join("\n"),
+    undefined,
+    () => undefined,
+  );
+  if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
+  return resolveProfile(parsed.config, name);
+}
+
+/** The host's record of the container's spare relay, or undefined. */
+async function spareRecord(
+  container: string,
+): Promise<{ id: string; dir: string; key: string } | undefined> {
+  try {
+    return JSON.parse(
+      await Deno.readTextFile(`${await proxyMountSource(container)}.spare-relay.json`),
+    );
+  } catch {
+    return undefined;
+  }
+}
+
+/** Pids of the spare relays in the container, read as root from outside. */
+async function spareRelayPids(container: string): Promise<number[]> {
+  const ps = await run(["docker", "exec", "--user", "0", container, "ps", "-eo", "pid=,args="]);
+  assert.equal(ps.exitCode, 0, ps.stderr);
+  return ps.stdout.split("\n").filter((line) => /^\s*\d+ deno run .*relay\.js --spare/.test(line))
+    .map((line) => Number(line.trim().split(" ")[0]));
+}
+
+/** `bash -c script` in the sandbox as the agent, with the session's variables. */
+async function agent(
+  provider: DockerSandboxProvider,
+  session: SandboxSession | undefined,
+  script: string,
+): Promise<string[]> {
+  const result = await provider.exec(["bash", "-c", script], {
+    env: session?.env ?? {},
+    timeoutMs: 60_000,
+  });
+  assert.equal(result.exitCode, 0, `exit ${result.exitCode}: ${result.stderr}`);
+  return result.stdout.trim().split("\n");
+}
+
+/** An LLM request through the session's relay, as the agent makes it: its status code. */
+const LLM_CALL =
+  `curl -s -m 10 -o /dev/null -w '%{http_code}\\n' -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`;
+
+/**
+ * The agent's attempt on a spare's control socket in "$1", for "$2" seconds: as soon as the socket
+ * is there, connections that say a wrong key, one that says a line of garbage, and one that says
+ * nothing and stays open. Prints how many connections it made.
+ */
+const SQUAT = `
+const [dir, seconds] = Deno.args;
+const path = dir + "/control.sock";
+const held = [];
+let made = 0;
+const until = Date.now() + Number(seconds) * 1000;
+while (Date.now() < until) {
+  for (const line of ["0".repeat(64) + "\\n", "garbage\\n", ""]) {
+    try {
+      const conn = await Deno.connect({ transport: "unix", path });
+      made++;
+      if (line) await conn.write(new TextEncoder().encode(line));
+      held.push(conn);
+    } catch {
+      // Not there yet, or already gone.
+    }
+  }
+  await new Promise((resolve) => setTimeout(resolve, 2));
+}
+console.log(made);
+`;
+
+/** `kill -SIG PID` in the container as the relay's uid (root there has no CAP_KILL). */
+async function signalRelay(container: string, signal: string, pid: number): Promise<void> {
+  const killed = await run([
+    "docker",
+    "exec",
+    "--user",
+    RELAY_USER,
+    container,
+    "kill",
+    `-${signal}`,
+    String(pid),
+  ]);
+  assert.equal(killed.exitCode, 0, killed.stderr);
+}
+
+/** Whether process `pid` exists in the container. */
+async function alive(container: string, pid: number): Promise<boolean> {
+  return (await run(["docker", "exec", "--user", "0", container, "test", "-d", `/proc/${pid}`]))
+    .exitCode === 0;
+}
+
+Deno.test({
+  name:
+    "a spare relay: the agent neither reads its key nor passes for it; claimed, it carries the next session's requests; killed, it is replaced; dead with its container, it is passed over",
+  ...dockerTest(),
+  async fn(t) {
+    assertDocker();
+    await using upstream = new FakeUpstream({ key: KEY });
+    await using dir = await tempDir();
+    const name = uniqueProfile("sec-spare-relay");
+    const profile = profileFor(name, upstream);
+    const provider = new DockerSandboxProvider(profile);
+    const container = provider.containerName;
+    const options = { accessLogPath: `${dir.path}/access.ndjson` };
+    /** Open a session, let `use` have it, and close it leaving a spare relay; the spare's record. */
+    const session = async (use: (session: SandboxSession) => Promise<void>) => {
+      const opened = await openSession(profile, provider, options);
+      try {
+        await use(opened);
+        opened.leaveSpareRelay();
+      } finally {
+        await opened.close();
+      }
+      const record = await spareRecord(container);
+      assert.ok(record, "a closed session left no spare relay");
+      const [pid] = await spareRelayPids(container);
+      assert.ok(pid, "no spare relay runs in the container");
+      return { ...record, pid };
+    };
+    await withEnv({ [KEY_ENV]: KEY }, async () => {
+      try {
+        await provider.ensureRunning();
+        let spare = await session(async (first) => assert.equal(first.relay.transport, "socket"));
+
+        await t.step(
+          "the agent cannot read the spare's key: not in its environment (its own process's is readable), nowhere in the sandbox's files",
+          async () => {
+            const lines = await agent(
+              provider,
+              undefined,
+              `
+            cat /proc/${spare.pid}/environ >/dev/null 2>&1 && echo relay-environ-read || echo relay-environ-refused
+            env MARK=own sleep 5 & own=$!; sleep 0.3
+            tr '\\0' '\\n' </proc/$own/environ | grep -q '^MARK=own$' && echo own-environ-read || echo own-environ-refused; kill $own
+            grep -rlsF '${spare.key}' / --exclude-dir=proc --exclude-dir=sys 2>/dev/null | head -1 | grep -q . && echo key-found || echo key-not-found
+            ls ${PROXY_MOUNT_PATH} >/dev/null 2>&1 && echo mount-listed || echo mount-not-listed`,
+            );
+            assert.deepEqual(lines, [
+              "relay-environ-refused",
+              "own-environ-read",
+              "key-not-found",
+              "mount-not-listed",
+            ]);
+          },
+        );
+
+        await t.step(
+          "the agent's connections to the control socket (a wrong key, garbage, silence held open) do not pass for the relay: with the real one held still, the session passes the spare over, stops it, and carries its requests on a relay of its own",
+          async () => {
+            await provider.writeFile("/tmp/squat.js", SQUAT);
+            // The agent polls the spare's directory (told to it: more than it knows) before the
+            // session opens, and goes on while it does; the spare itself cannot answer.
+            await signalRelay(container, "STOP", spare.pid);
+            const squatting = provider.exec(
+              [
+                "deno",
+                "run",
+                "--quiet",
+                "--no-config",
+                "-A",
+                "/tmp/squat.js",
+                `${PROXY_MOUNT_PATH}/${spare.dir}`,
+                "5",
+              ],
+              { timeoutMs: 60_000 },
+            );
+            await new Promise((resolve) => setTimeout(resolve, 1_000));
+            const stopped = spare.pid;
+            spare = await session(async (second) => {
+              const squatted = await squatting;
+              assert.equal(squatted.exitCode, 0, squatted.stderr);
+              assert.ok(
+                Number(squatted.stdout.trim()) > 0,
+                `the agent never reached the control socket: ${squatted.stdout}`,
+              );
+              assert.equal(
+                await alive(container, stopped),
+                false,
+                "the spare that did not answer was not stopped",
+              );
+              assert.equal(second.relay.transport, "socket");
+              const before = upstream.requests.length;
+              assert.deepEqual(await agent(provider, second, LLM_CALL), ["200"]);
+              assert.equal(upstream.requests.length - before, 1);
+            });
+          },
+        );
+
+        await t.step(
+          "the twin: the spare answering, the next session claims it (its directory, its ports, no relay of its own) and it carries the session's requests",
+          async () => {
+            const claimed = spare;
+            spare = await session(async (third) => {
+              assert.equal(third.sandboxSocketDir, `${PROXY_MOUNT_PATH}/${claimed.dir}`);
+              assert.equal(third.relay.starts, 1);
+              assert.equal(third.relay.transport, "socket");
+              assert.deepEqual(await agent(provider, third, LLM_CALL), ["200"]);
+            });
+            assert.notEqual(spare.pid, claimed.pid, "the claimed spare outlived its session");
+            assert.equal(
+              await alive(container, claimed.pid),
+              false,
+              "the claimed spare outlived its session",
+            );
+          },
+        );
+
+        await t.step(
+          "killed mid-session, the claimed spare is replaced on the same ports and the session's requests work again",
+          async () => {
+            const claimed = spare;
+            spare = await session(async (fourth) => {
+              assert.equal(fourth.sandboxSocketDir, `${PROXY_MOUNT_PATH}/${claimed.dir}`);
+              const ports = { ...fourth.relay.ports };
+              const restarted = fourth.relay.nextReady();
+              await signalRelay(container, "KILL", claimed.pid);
+              await restarted;
+              assert.equal(fourth.relay.starts, 2);
+              assert.deepEqual(fourth.relay.ports, ports);
+              assert.deepEqual(await agent(provider, fourth, LLM_CALL), ["200"]);
+            });
+          },
+        );
+
+        await t.step(
+          "a spare that died with its container is passed over: the next session starts a relay itself, in a directory of its own",
+          async () => {
+            const restarted = await run(["docker", "restart", "--time", "1", container]);
+            assert.equal(restarted.exitCode, 0, restarted.stderr);
+            await using fifth = await openSession(profile, provider, options);
+            assert.match(
+              fifth.sandboxSocketDir ?? "",
+              new RegExp(`^${PROXY_MOUNT_PATH}/[0-9a-f]{8}$`),
+            );
+            assert.equal(fifth.relay.transport, "socket");
+            assert.deepEqual(await agent(provider, fifth, LLM_CALL), ["200"]);
+            assert.equal(
+              await spareRecord(container),
+              undefined,
+              "the dead spare's record was kept",
+            );
+          },
+        );
+      } finally {
+        await removeProfile(name);
+      }
+    });
+  },
+});
+
+Deno.test({
+  name:
+    "sandbox exec leaves a spare relay and the next sandbox exec claims it; a spare relay never makes the container busy",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using upstream = new FakeUpstream({ key: KEY });
+    await using dir = await tempDir();
+    const name = uniqueProfile("sec-spare-exec");
+    const config = await writeConfig(
+      dir.path,
+      `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
+    );
+    const env = { [KEY_ENV]: KEY, XDG_STATE_HOME: `${dir.path}/state`, SANDBOX_TRACE: "1" };
+    try {
+      const exec = (script: string) =>
+        runCli(["exec", "-p", name, "--", "bash", "-c", script], {
+          config,
+          env,
+          timeoutMs: 120_000,
+        });
+      const first = await exec(LLM_CALL);
+      assert.equal(first.exitCode, 0, first.stderr);
+      assert.equal(first.stdout.trim(), "200");
+      assert.doesNotMatch(first.stderr, /spare relay claimed/);
+      assert.match(first.stderr, /spare relay started/);
+      const second = await exec(LLM_CALL);
+      assert.equal(second.exitCode, 0, second.stderr);
+      assert.equal(second.stdout.trim(), "200");
+      assert.match(second.stderr, /spare relay claimed/);
+      // The lease a run takes: granted with the spare relay (and nothing else) waiting there.
+      const lease = await run([
+        "docker",
+        "exec",
+        "-i",
+        "--user",
+        "10001",
+        `sandbox-${name}`,
+        "sandbox-exec",
+        "--lease",
+        "lease-test",
+        "30",
+      ], { stdin: "" });
+      assert.match(lease.stdout, /^leased$/m, `${lease.stdout}\n${lease.stderr}`);
+      assert.ok(
+        (await spareRelayPids(`sandbox-${name}`)).length === 1,
+        "no spare relay was waiting during the lease",
+      );
+    } finally {
+      await removeProfile(name);
+    }
+  },
+});
