@@ -57,9 +57,6 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
     opening = opening.catch(open);
   }
   const session = await opening;
-  // The container outlives the command: the next command's (or run's) relay is started as this
-  // session ends.
-  session.leaveSpareRelay();
   // resources.disk: a workspace growing past it stops the command (exit 125). Started once the
   // relay is up (its walk of the workspace would slow the relay's start), before the command.
   const watch = provider.watchDisk();
@@ -73,6 +70,9 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
     timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
     onStderrLine: stderrLine,
   });
+  // The container outlives the command: the next command's (or run's) relay starts while this
+  // one runs, so that its start does not wait for one (lib/proxy/spare_relay.ts).
+  session.leaveSpareRelay();
   let outcome;
   try {
     for await (const line of stream) {

@@ -29,7 +29,7 @@ export type RelayService = keyof typeof RELAY_SERVICES;
 /** Ports inside the sandbox: 19080 credential proxy, 19081 egress proxy, 19082 git proxy. */
 export const DEFAULT_RELAY_BASE_PORT = 19080;
 /** When a base is taken (another session's relay in the same container), the next is this far up. */
-const BASE_PORT_STEP = 100;
+export const BASE_PORT_STEP = 100;
 const BASE_PORT_ATTEMPTS = 20;
 export const READY_TIMEOUT_MS = 60_000;
 /** Relay exit code for "a port stayed in use". */

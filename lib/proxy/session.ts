@@ -22,7 +22,7 @@ import { KeyStore } from "../keys.ts";
 import { llmTarget } from "./llm_providers.ts";
 import { Redactor } from "../redact.ts";
 import { parseSize } from "../units.ts";
-import { adoptRelay, type RelayHost, type RelayLauncher, relayArgv, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
+import { adoptRelay, BASE_PORT_STEP, DEFAULT_RELAY_BASE_PORT, RELAY_SERVICES, type RelayHost, type RelayLauncher, relayArgv, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
 import { awaitSpareRelay, claimSpareRelay, type ClaimedSpare, startSpareRelay } from "./spare_relay.ts";
 import { makeSessionSocketDir, MAX_SOCKET_PATH, prepareProxyMountSource, type SessionSocketDir, sweepStaleSessionDirs } from "../sandbox/proxy_mount.ts";
 import { SandboxError } from "../errors.ts";
@@ -75,8 +75,9 @@ export interface SandboxSession extends AsyncDisposable {
   /** Where the sandbox sees `socketDir`, when it is in the container's mounted directory. */
   readonly sandboxSocketDir?: string;
   /**
-   * Leave a relay ready for the container's next session when this one closes (spare_relay.ts):
-   * for a container that outlives the session (a shared one), on the mounted sockets only.
+   * Start, now and in the background, a relay for the container's next session (spare_relay.ts):
+   * for a container that outlives the session (a shared one), on the mounted sockets only. It
+   * waits on ports of its own; closing the session waits for it to be started.
    */
   leaveSpareRelay(): void;
   close(): Promise<void>;
@@ -319,6 +320,19 @@ async function mountedSocketDir(source: string | undefined, claimed: ClaimedSpar
   return source ? await makeSessionSocketDir(source).catch(() => undefined) : undefined;
 }
 
+/**
+ * Ports for the next session's relay, while this one's holds `ports`: the default range, or the
+ * one above it when this session has it (so spares and the sessions that claim them alternate).
+ */
+function otherPorts(ports: Partial<Record<RelayService, number>>): Partial<Record<RelayService, number>> {
+  const base = Object.keys(ports).length > 0 && Object.entries(ports).every(([service, port]) =>
+      port === DEFAULT_RELAY_BASE_PORT + RELAY_SERVICES[service as RelayService]
+    )
+    ? DEFAULT_RELAY_BASE_PORT + BASE_PORT_STEP
+    : DEFAULT_RELAY_BASE_PORT;
+  return Object.fromEntries(Object.keys(ports).map((service) => [service, base + RELAY_SERVICES[service as RelayService]]));
+}
+
 /** The spare serves exactly the session's services (a run on a remote repository adds git). */
 function sameServices(ports: Partial<Record<RelayService, number>>, sockets: Partial<Record<RelayService, string>>): boolean {
   const a = Object.keys(ports).sort().join(",");
@@ -368,7 +382,7 @@ export async function openSession(
   const mounted = await mountedSocketDir(source, claimed);
   const dir = mounted?.host ?? await sessionSocketDir();
   const cleanups: (() => Promise<void>)[] = [() => Deno.remove(dir, { recursive: true })];
-  let leaveSpare = false;
+  let leavingSpare: Promise<void> | undefined;
   const close = async () => {
     for (const cleanup of cleanups.splice(0).reverse()) await cleanup().catch(() => {});
   };
@@ -396,12 +410,10 @@ export async function openSession(
     }
     relay ??= await startRelay(relayOptions);
     const carrying = relay;
-    // Closed first (cleanups run last to first), then the next session's relay is started on
-    // the ports this one's has let go of.
-    cleanups.push(async () => {
-      if (leaveSpare && source && carrying.transport === "socket") await startSpareRelay(provider, source, carrying.ports);
-    });
     cleanups.push(() => carrying.close());
+    // The next session's relay, if one was asked for: this process must not end before the
+    // engine has started it.
+    cleanups.push(async () => await leavingSpare);
     trace(`session: relay ready (${relay.transport} path)`);
     const local = (port: number | undefined) => port === undefined ? undefined : `http://127.0.0.1:${port}`;
     const gitUrl = relay.ports.git === undefined ? undefined : `${local(relay.ports.git)}${GIT_PATH_PREFIX}`;
@@ -419,7 +431,10 @@ export async function openSession(
       relay,
       socketDir: dir,
       sandboxSocketDir: mounted?.sandbox,
-      leaveSpareRelay: () => void (leaveSpare = true),
+      leaveSpareRelay: () => {
+        if (leavingSpare || !source || carrying.transport !== "socket") return;
+        leavingSpare = startSpareRelay(provider, source, otherPorts(carrying.ports)).catch(() => {});
+      },
       close,
       [Symbol.asyncDispose]: close,
     };

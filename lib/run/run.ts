@@ -159,10 +159,15 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   // what a failure still owes the reader.
   const sent = { result: false, usage: false };
   let events = 0;
+  /** Once the run is under way: what it leaves for the next one (see prepare). */
+  let underWay: (() => void) | undefined;
   const emit = async (message: AgenticMessage) => {
     await log.append(message);
     await request.onEvent(message);
-    if (events++ === 0) trace("run: first event");
+    if (events++ === 0) {
+      trace("run: first event");
+      underWay?.();
+    }
     if (message.type === "result") sent.result = true;
     if (message.type === "usage") sent.usage = true;
   };
@@ -176,7 +181,10 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   let place: Record<string, unknown> = {};
   try {
     const onAgentEvent = (line: string) => log.appendAgentEvent(line);
-    const { driver, cwd, provider, worktree, session, keep } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall, agent, onAgentEvent, limits });
+    const { driver, cwd, provider, worktree, session, keep, leased } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall, agent, onAgentEvent, limits });
+    // The container outlives the run: once the run is under way (not while it starts), the next
+    // run's relay is started in it, so that its start does not wait for one (spare_relay.ts).
+    if (leased && session) underWay = () => session.leaveSpareRelay();
     place = { container: provider?.containerName ?? null, workdir: cwd, kept: profile.sandbox.container !== "fresh" && (!worktree || request.repo?.keepWorktree === true) };
     if (request.mode === "agentic") {
       for await (const message of driver.executeAgentic(request.prompt, {
@@ -403,7 +411,7 @@ async function prepare(
     /** Aborted (with the reason) when the run passes a limit watched while it is live. */
     limits: AbortController;
   },
-): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean; branch: boolean } }> {
+): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean; branch: boolean }; leased?: boolean }> {
   /** Set when the result could not be brought back: the work then stays in the sandbox. */
   const keep = { worktree: false, branch: false };
   const { signal } = request;
@@ -601,8 +609,6 @@ async function prepare(
     closing = session.close();
     return Promise.resolve();
   });
-  // The container outlives the run: the next run's relay is started as this one's session ends.
-  if (leased) session.leaveSpareRelay();
   trace("run: session open");
   let worktree: RunWorktree | undefined;
   if (remote) {
@@ -657,5 +663,5 @@ async function prepare(
       onProgress: request.onProgress,
     })
     : worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`;
-  return { driver, cwd, provider, worktree, session, keep };
+  return { driver, cwd, provider, worktree, session, keep, leased };
 }

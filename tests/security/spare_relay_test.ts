@@ -63,12 +63,15 @@ async function spareRecord(
   }
 }
 
-/** Pids of the spare relays in the container, read as root from outside. */
-async function spareRelayPids(container: string): Promise<number[]> {
+/** The pid of the spare relay of socket directory `dir` in the container, read as root from outside. */
+async function spareRelayPid(container: string, dir: string): Promise<number | undefined> {
   const ps = await run(["docker", "exec", "--user", "0", container, "ps", "-eo", "pid=,args="]);
   assert.equal(ps.exitCode, 0, ps.stderr);
-  return ps.stdout.split("\n").filter((line) => /^\s*\d+ deno run .*relay\.js --spare/.test(line))
-    .map((line) => Number(line.trim().split(" ")[0]));
+  const line = ps.stdout.split("\n").find((line) =>
+    /^\s*\d+ deno run .*relay\.js --spare/.test(line) &&
+    line.includes(`--sockets ${PROXY_MOUNT_PATH}/${dir} `)
+  );
+  return line === undefined ? undefined : Number(line.trim().split(" ")[0]);
 }
 
 /** `bash -c script` in the sandbox as the agent, with the session's variables. */
@@ -161,7 +164,7 @@ Deno.test({
       }
       const record = await spareRecord(container);
       assert.ok(record, "a closed session left no spare relay");
-      const [pid] = await spareRelayPids(container);
+      const pid = await spareRelayPid(container, record.dir);
       assert.ok(pid, "no spare relay runs in the container");
       return { ...record, pid };
     };
@@ -340,8 +343,12 @@ Deno.test({
         "30",
       ], { stdin: "" });
       assert.match(lease.stdout, /^leased$/m, `${lease.stdout}\n${lease.stderr}`);
+      const record = await withEnv(
+        { XDG_STATE_HOME: env.XDG_STATE_HOME },
+        () => spareRecord(`sandbox-${name}`),
+      );
       assert.ok(
-        (await spareRelayPids(`sandbox-${name}`)).length === 1,
+        record && await spareRelayPid(`sandbox-${name}`, record.dir),
         "no spare relay was waiting during the lease",
       );
     } finally {
