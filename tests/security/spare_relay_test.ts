@@ -53,7 +53,7 @@ function profileFor(name: string, upstream: FakeUpstream) {
 /** The host's record of the container's spare relay, or undefined. */
 async function spareRecord(
   container: string,
-): Promise<{ id: string; dir: string; key: string } | undefined> {
+): Promise<{ id: string; dir: string; key: string; ports: Record<string, number> } | undefined> {
   try {
     return JSON.parse(
       await Deno.readTextFile(`${await proxyMountSource(container)}.spare-relay.json`),
@@ -184,14 +184,18 @@ Deno.test({
             env MARK=own sleep 5 & own=$!; sleep 0.3
             tr '\\0' '\\n' </proc/$own/environ | grep -q '^MARK=own$' && echo own-environ-read || echo own-environ-refused; kill $own
             grep -rlsF '${spare.key}' / --exclude-dir=proc --exclude-dir=sys 2>/dev/null | head -1 | grep -q . && echo key-found || echo key-not-found
-            ls ${PROXY_MOUNT_PATH} >/dev/null 2>&1 && echo mount-listed || echo mount-not-listed`,
+            ls ${PROXY_MOUNT_PATH} >/dev/null 2>&1 && echo mount-listed || echo mount-not-listed
+            curl -s -m 10 -o /dev/null http://127.0.0.1:${spare.ports.llm}/proxy/v1/models; echo "spare-port-curl-exit $?"`,
             );
-            assert.deepEqual(lines, [
+            assert.deepEqual(lines.slice(0, 4), [
               "relay-environ-refused",
               "own-environ-read",
               "key-not-found",
               "mount-not-listed",
             ]);
+            // The spare listens (a refused connection would be curl's 7), but until a session
+            // claims it there is nothing behind it: the connection is closed unanswered (52, 56).
+            assert.match(lines[4], /^spare-port-curl-exit (52|56)$/);
           },
         );
 
