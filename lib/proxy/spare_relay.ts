@@ -62,7 +62,10 @@ export interface ClaimedSpare {
   sandboxDir: string;
 }
 
-/** The record of `mountSource`'s spare relay: beside the mounted directory, never inside it. */
+/**
+ * The record of `mountSource`'s spare relay: beside the mounted directory, never inside it
+ * (proxy_mount.ts `removeProxyMountSource` removes it with the container's directory).
+ */
 function recordPath(mountSource: string): string {
   return `${mountSource}.spare-relay.json`;
 }

@@ -22,7 +22,7 @@ import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
 import { spawn, spawnDetached } from "../process.ts";
-import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH } from "./proxy_mount.ts";
+import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH, removeProxyMountSource } from "./proxy_mount.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import { formatBytes } from "../units.ts";
 import type {
@@ -913,6 +913,8 @@ export class DockerSandboxProvider implements SandboxProvider {
     else if (!missing) {
       throw new CommandExitError("docker_failed", `Cannot remove sandbox "${this.names.container}"`, removed);
     }
+    // The container is gone: so is what the host kept for its mount (sockets, a spare relay's record).
+    await removeProxyMountSource(this.names.container);
     if (options.volumes) {
       const volume = await this.docker.run(["volume", "rm", this.names.volume], { signal: options.signal });
       if (volume.exitCode === 0) report.volumes.push(this.names.volume);
@@ -1092,6 +1094,8 @@ export async function teardownProfile(
   };
   for (const name of await list(["ps", "--all", ...filters, "--format", "{{.Names}}"], "sandboxes")) {
     if (await remove(["rm", "--force"], name)) report.containers.push(name);
+    // With the container, what the host kept for its mount (sockets, a spare relay's record).
+    await removeProxyMountSource(name);
   }
   if (options.volumes) {
     for (const name of await list(["volume", "ls", ...filters, "--format", "{{.Name}}"], "volumes")) {
@@ -1115,6 +1119,7 @@ export async function teardownAll(docker: DockerCli, signal?: AbortSignal): Prom
   if (containers.length > 0) {
     await docker.ok(["rm", "--force", ...containers], "docker_failed", "Cannot remove sandbox containers", { signal });
     report.containers = containers;
+    for (const name of containers) await removeProxyMountSource(name);
   }
   for (const network of await list("network")) {
     const result = await docker.run(["network", "rm", network], { signal });

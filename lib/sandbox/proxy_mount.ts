@@ -114,6 +114,16 @@ export async function prepareProxyMountSource(containerName: string): Promise<st
   return dir;
 }
 
+/**
+ * Remove what the host kept for `containerName`'s mount, once the container is gone: the directory
+ * (its sessions' sockets, a spare relay's) and the spare relay's record beside it.
+ */
+export async function removeProxyMountSource(containerName: string): Promise<void> {
+  const dir = await proxyMountSource(containerName);
+  await Deno.remove(dir, { recursive: true }).catch(() => {});
+  await Deno.remove(`${dir}.spare-relay.json`).catch(() => {});
+}
+
 /** A session's socket directory in a container's mounted one, as the host and the sandbox see it. */
 export interface SessionSocketDir {
   host: string;

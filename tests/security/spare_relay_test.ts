@@ -305,7 +305,7 @@ Deno.test({
 
 Deno.test({
   name:
-    "sandbox exec leaves a spare relay and the next sandbox exec claims it; a spare relay never makes the container busy",
+    "sandbox exec leaves a spare relay and the next sandbox exec claims it; a spare relay never makes the container busy; down removes what the host kept for it",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -355,6 +355,12 @@ Deno.test({
         record && await spareRelayPid(`sandbox-${name}`, record.dir),
         "no spare relay was waiting during the lease",
       );
+      // `down` removes the container, and with it what the host kept for its mount.
+      const source = await withEnv({ XDG_STATE_HOME: env.XDG_STATE_HOME }, () => proxyMountSource(`sandbox-${name}`));
+      const down = await runCli(["down", "-p", name], { config, env, timeoutMs: 120_000 });
+      assert.equal(down.exitCode, 0, down.stderr);
+      await assert.rejects(() => Deno.lstat(source), Deno.errors.NotFound);
+      await assert.rejects(() => Deno.lstat(`${source}.spare-relay.json`), Deno.errors.NotFound);
     } finally {
       await removeProfile(name);
     }
