@@ -15,23 +15,40 @@ export async function sha256HexOf(bytes: Uint8Array): Promise<string> {
  * 100 MB) is read once, not on every start. A cache that cannot be written only costs speed.
  */
 export async function fileSha256(path: string, cacheDir?: string): Promise<string> {
-  const info = await Deno.stat(path);
-  const identity = [path, info.dev, info.ino, info.size, info.mtime?.getTime() ?? 0].join("\0");
-  const entry = cacheDir ? `${cacheDir}/${(await sha256Hex(identity)).slice(0, 32)}.sha256` : undefined;
-  if (entry) {
-    const cached = (await Deno.readTextFile(entry).catch(() => "")).trim();
-    if (/^[0-9a-f]{64}$/.test(cached)) return cached;
+  return await cachedByIdentity([path], cacheDir, async () => await sha256HexOf(await Deno.readFile(path)));
+}
+
+/**
+ * `compute()` (a hex SHA-256 of what `paths` hold), remembered in `cacheDir` under the paths'
+ * identities (path, device, inode, size, modification time): while none of the files changed,
+ * it is stat'ed, not read. A cache that cannot be written only costs speed.
+ */
+export async function cachedByIdentity(
+  paths: readonly string[],
+  cacheDir: string | undefined,
+  compute: () => Promise<string>,
+): Promise<string> {
+  if (!cacheDir) return await compute();
+  let infos: Deno.FileInfo[];
+  try {
+    infos = await Promise.all(paths.map((path) => Deno.stat(path)));
+  } catch {
+    // One is gone (or unreadable) meanwhile: no identity to remember it by.
+    return await compute();
   }
-  const hash = await sha256HexOf(await Deno.readFile(path));
-  if (entry) {
-    try {
-      await Deno.mkdir(cacheDir!, { recursive: true });
-      const partial = `${entry}.${Deno.pid}.tmp`;
-      await Deno.writeTextFile(partial, hash + "\n");
-      await Deno.rename(partial, entry);
-    } catch {
-      // Read-only state directory: hash again next time.
-    }
+  const identity = paths.map((path, i) => [path, infos[i].dev, infos[i].ino, infos[i].size, infos[i].mtime?.getTime() ?? 0].join("\0"))
+    .join("\0\0");
+  const entry = `${cacheDir}/${(await sha256Hex(identity)).slice(0, 32)}.sha256`;
+  const cached = (await Deno.readTextFile(entry).catch(() => "")).trim();
+  if (/^[0-9a-f]{64}$/.test(cached)) return cached;
+  const hash = await compute();
+  try {
+    await Deno.mkdir(cacheDir, { recursive: true });
+    const partial = `${entry}.${Deno.pid}.tmp`;
+    await Deno.writeTextFile(partial, hash + "\n");
+    await Deno.rename(partial, entry);
+  } catch {
+    // Read-only state directory: hash again next time.
   }
   return hash;
 }

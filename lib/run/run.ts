@@ -166,7 +166,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     await request.onEvent(message);
     if (events++ === 0) {
       trace("run: first event");
-      underWay?.();
+      // underWay?.();
     }
     if (message.type === "result") sent.result = true;
     if (message.type === "usage") sent.usage = true;
@@ -285,6 +285,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage, error: failure.message, extra: place });
     return { meta: log.meta, exitCode: exitCodeFor(failure), error: failure };
   } finally {
+    underWay?.();
     trace("run: cleaning up");
     for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
     trace("run: cleaned up");
