@@ -117,6 +117,12 @@ const SandboxSchema = z.object({
   image: z.string().min(1).default(DEFAULT_BASE_IMAGE),
   /** `shared`: runs share the profile's long-lived container; `fresh`: one container per run. */
   container: z.enum(["shared", "fresh"]).default("shared"),
+  /**
+   * With `container: shared`, how many such containers the profile keeps, each serving one run at
+   * a time: runs that start while the first is busy go to a warm one of the others (made by `up`,
+   * or by the first run that needed it) before making one of their own.
+   */
+  containers: z.number().int().min(1).max(16).default(1),
   network: NetworkSchema.default({}),
   resources: ResourcesSchema.default({}),
   environment: EnvironmentSchema.default({}),

@@ -395,6 +395,33 @@ async function leaseShared(
   }
 }
 
+/**
+ * The profile's shared containers after the first (`sandbox.containers`: slots 2 to `slots`), tried
+ * in a random order (so that runs starting together spread over them) until one's lease is
+ * granted; a slot's container is made the first time a run needs it, and kept. Undefined when
+ * every one is busy (or there are none).
+ */
+async function leaseOtherSlot(
+  slots: number,
+  providerFor: (slot: number) => DockerSandboxProvider,
+  seconds: number,
+  runId: string,
+  signal?: AbortSignal,
+): Promise<{ provider: DockerSandboxProvider; release: LeaseRelease } | undefined> {
+  const order = Array.from({ length: Math.max(0, slots - 1) }, (_, i) => i + 2);
+  for (let i = order.length - 1; i > 0; i--) {
+    const j = Math.floor(Math.random() * (i + 1));
+    [order[i], order[j]] = [order[j], order[i]];
+  }
+  for (const slot of order) {
+    const candidate = providerFor(slot);
+    await candidate.ensureRunning({ signal });
+    const release = await leaseShared(candidate, seconds, runId, signal);
+    if (release) return { provider: candidate, release };
+  }
+  return undefined;
+}
+
 /** The sandbox side of a run: provider, session and driver, with their cleanups registered. */
 async function prepare(
   request: RunRequest,
@@ -549,22 +576,34 @@ async function prepare(
       })
       : await leaseShared(provider, leaseSeconds, context.id, signal);
     trace(release ? "run: leased" : "run: busy");
-    if (release) {
-      leased = true;
-      // Behind the run, inside the container, without the user waiting: its worktree removed,
-      // whatever it left running killed, the next run's worker started (see lease()).
+    /** Behind the run, inside the container, without the user waiting: its worktree removed,
+     * whatever it left running killed, the next run's worker started (see lease()). */
+    const behindTheRun = (granted: LeaseRelease) =>
       context.cleanups.push(() =>
-        release({
+        granted({
           then: behind.worktree && !request.repo?.keepWorktree && !keep.worktree
             ? [removeWorktreeArgv(behind.worktree, { keepBranch: keep.branch })]
             : [],
           spare: behind.spare ? spareCommand() : undefined,
         })
       );
+    if (release) {
+      leased = true;
+      behindTheRun(release);
     } else {
-      fresh = true;
-      request.onProgress?.("another run of this profile is live: this run gets a container of its own");
       await letGo();
+      // The profile's other shared containers (sandbox.containers), before one of its own.
+      const other = await leaseOtherSlot(profile.sandbox.containers, (slot) =>
+        new DockerSandboxProvider(profile, { slot, repository, onProgress: request.onProgress, agent: context.agent }), leaseSeconds, context.id, signal);
+      if (other) {
+        provider = other.provider;
+        leased = true;
+        behindTheRun(other.release);
+        trace(`run: leased ${provider.containerName}`);
+      } else {
+        fresh = true;
+        request.onProgress?.("another run of this profile is live: this run gets a container of its own");
+      }
     }
   }
   if (fresh) {

@@ -82,6 +82,11 @@ export interface DockerProviderOptions {
   /** A per-run container instead of the profile's shared one. */
   instance?: string;
   /**
+   * One of the profile's further shared containers (`sandbox.containers`), 2 and up: named with
+   * `-s<slot>`, kept like the first, its own workspace.
+   */
+  slot?: number;
+  /**
    * Run from this agent CLI's image (the sandbox image plus the agent's layer), in a container
    * of its own (`sandbox-<profile>-<agent>`), so that runs of different agents never replace
    * each other's container.
@@ -148,7 +153,8 @@ export class DockerSandboxProvider implements SandboxProvider {
     this.profile = profile;
     this.docker = new DockerCli(options.docker);
     const own = options.instance ?? (options.repository ? `repo-${options.repository.id}` : undefined);
-    const suffix = [options.agent, own].filter(Boolean).join("-");
+    const slot = options.slot !== undefined && options.slot > 1 && !options.instance ? `s${options.slot}` : undefined;
+    const suffix = [options.agent, own, slot].filter(Boolean).join("-");
     this.names = sandboxNames(profile.name, suffix || undefined);
     this.#options = options;
   }
@@ -331,7 +337,8 @@ export class DockerSandboxProvider implements SandboxProvider {
         await this.#removeNeverStarted(signal);
         return await this.docker.run(args, { signal, env });
       };
-      const created = this.#options.instance ? await create() : await withHostLock(`profile-${this.profile.name}`, async () => {
+      // A shared container is made by one process at a time (a run's own has a name of its own).
+      const created = this.#options.instance ? await create() : await withHostLock(`container-${this.names.container}`, async () => {
         if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
         return await create();
       });

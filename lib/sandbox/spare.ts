@@ -13,6 +13,7 @@
  */
 import { SandboxError } from "../errors.ts";
 import type { ExecStream, SandboxProvider } from "./provider.ts";
+import type { DockerSandboxProvider } from "./docker_provider.ts";
 import { hostInput, type WorkerProcess, workerProcess } from "../run/worker_process.ts";
 import { WORKER_COMMAND } from "../run/container_driver.ts";
 
@@ -31,6 +32,16 @@ const EXIT_NO_SPARE = 75;
  */
 export function spareCommand(): string[] {
   return [SPARE_SOCKET, ...WORKER_COMMAND, "serve", "--socket", SPARE_SOCKET];
+}
+
+/**
+ * Leave a waiting worker in a container that has none (just made by `up`): take its lease and
+ * release it at once, asking for the spare — as the end of a run does. Nothing when a run holds
+ * the container (it leaves one itself).
+ */
+export async function readyWorker(provider: Pick<DockerSandboxProvider, "lease">, signal?: AbortSignal): Promise<void> {
+  const release = await provider.lease(`up-${crypto.randomUUID()}`, 60, signal).catch(() => undefined);
+  await release?.({ spare: spareCommand() });
 }
 
 export interface AttachOptions {
