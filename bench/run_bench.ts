@@ -30,7 +30,7 @@ import {
   timeCommand,
   timeRepeated,
 } from "./_run_helpers.ts";
-import { measureBundle, measureConcurrency, measureExec, measureFresh, measureRepo } from "./_run_targets.ts";
+import { measureBundle, measureConcurrency, measureExec, measureFresh, measurePool, measureRepo } from "./_run_targets.ts";
 
 const WARM_RUNS = 7;
 const TRACED_RUNS = 3;
@@ -108,7 +108,7 @@ async function prepare(): Promise<Setup> {
   const freshProfile = `${profile}-fresh`;
   await Deno.writeTextFile(
     `${dir}/sandbox.yaml`,
-    `profiles:\n  ${profile}: {}\n  ${freshProfile}: {sandbox: {container: fresh}}\n`,
+    `profiles:\n  ${profile}: {}\n  ${freshProfile}: {sandbox: {container: fresh}}\n  ${profile}-pool: {sandbox: {containers: 8}}\n`,
   );
   await Deno.writeTextFile(`${dir}/recording.json`, JSON.stringify(RECORDING));
   await Deno.writeTextFile(`${dir}/prompt.txt`, "Answer with one word: done\n");
@@ -454,6 +454,7 @@ async function run(context: BenchContext): Promise<BenchResult> {
       await measureRepo(setup, context, warmFirst.median),
       await measureFresh(setup, context, setup.freshProfile, imageTag),
       await measureConcurrency(setup, context, imageTag),
+      await measurePool(setup, context, `${setup.profile}-pool`),
     ];
 
     const figures: Figure[] = [
@@ -605,6 +606,7 @@ async function run(context: BenchContext): Promise<BenchResult> {
     context.progress(`removing profile ${setup.profile}`);
     await removeProfile(setup.profile).catch(() => {});
     await removeProfile(setup.freshProfile).catch(() => {});
+    await removeProfile(`${setup.profile}-pool`).catch(() => {});
     await Deno.remove(setup.dir, { recursive: true }).catch(() => {});
   }
 }
