@@ -95,10 +95,11 @@ Deno.test({
     assertDocker();
     await using llm = new FakeLlm([text("done")]);
     await using fixture = await RunFixture.make({ prefix: "sec-denoexec", llmUrl: llm.baseUrl, keyEnv: "SEC_DENO_EXEC_KEY", prompt: "unused\n" });
-    // The container's first command: nothing waits in it yet, so the run starts its own worker.
+    // The container's first command, an exec: nothing waits in it after that, so the run starts
+    // its own worker after the script ran (`up` would leave one waiting, loaded before it).
     await Deno.writeTextFile(`${fixture.dir.path}/poison.ts`, POISON);
-    const up = await fixture.cli(["up", "-p", fixture.profile]);
-    assert.equal(up.exitCode, 0, up.stderr);
+    const first = await fixture.cli(["exec", "-p", fixture.profile, "--", "true"]);
+    assert.equal(first.exitCode, 0, first.stderr);
     const copied = await fixture.cli(["cp", "-p", fixture.profile, `${fixture.dir.path}/poison.ts`, ":poison.ts"]);
     assert.equal(copied.exitCode, 0, copied.stderr);
     const exec = await fixture.cli(["exec", "-p", fixture.profile, "--", "deno", "run", "-A", "--no-config", "/workspace/poison.ts", STOLEN, KEPT]);
