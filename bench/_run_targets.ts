@@ -393,6 +393,46 @@ function workerStart(container: string): string[] {
   ];
 }
 
+/** `CONCURRENT` runs of `argv` one after another, then (after `pauseMs`) all at once: wall times. */
+async function sequentialThenAtOnce(
+  argv: string[],
+  at: TimedOptions,
+  pauseMs = 0,
+): Promise<{ sequential: number; concurrent: number; together: CliRunTiming[] }> {
+  let started = performance.now();
+  for (let i = 0; i < CONCURRENT; i++) await timeCliRun(argv, at);
+  const sequential = performance.now() - started;
+  if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs));
+  started = performance.now();
+  const together = await Promise.all(Array.from({ length: CONCURRENT }, () => timeCliRun(argv, at)));
+  return { sequential, concurrent: performance.now() - started, together };
+}
+
+/** The container each run worked in, from its run log. */
+async function containersOf(setup: RunSetup, runs: CliRunTiming[]): Promise<string[]> {
+  return await Promise.all(runs.map(async (timing) => {
+    const meta = JSON.parse(await Deno.readTextFile(`${setup.state}/sandbox/runs/${timing.runId}/meta.json`)) as {
+      extra?: { container?: string };
+    };
+    return meta.extra?.container ?? "?";
+  }));
+}
+
+/** The concurrency target's figure: `concurrent` wall time against `sequential`. */
+function concurrencyFigure(name: string, sequential: number, concurrent: number): Figure {
+  return {
+    name,
+    unit: "ms",
+    baseline: sequential,
+    measured: concurrent,
+    better: "lower",
+    target: {
+      text: `≤ ${CONCURRENT_TARGET_RATIO}× sequential`,
+      met: concurrent <= CONCURRENT_TARGET_RATIO * sequential,
+    },
+  };
+}
+
 /**
  * Wall time of `count` runs of the profile at once, and one after another; each must succeed. The
  * floor beside it: what those concurrent runs must do at least, done at once with docker alone
@@ -405,41 +445,23 @@ export async function measureConcurrency(setup: RunSetup, context: BenchContext,
   for (let i = 0; i < 3; i++) floors.push(await floorAtOnce(setup, image, CONCURRENT, context));
   const floor = summarize(floors);
   context.progress(`concurrency: ${CONCURRENT} runs one after another, then ${CONCURRENT} at once`);
-  let started = performance.now();
-  for (let i = 0; i < CONCURRENT; i++) await timeCliRun(setup.runArgv, at);
-  const sequential = performance.now() - started;
-  started = performance.now();
-  const together = await Promise.all(Array.from({ length: CONCURRENT }, () => timeCliRun(setup.runArgv, at)));
-  const concurrent = performance.now() - started;
+  const { sequential, concurrent, together } = await sequentialThenAtOnce(setup.runArgv, at);
   // Each in a container of its own (the hostile-agent rules): read where each run worked.
-  const containers = new Set<string>();
-  for (const timing of together) {
-    const meta = JSON.parse(await Deno.readTextFile(`${setup.state}/sandbox/runs/${timing.runId}/meta.json`)) as {
-      extra?: { container?: string };
-    };
-    containers.add(meta.extra?.container ?? "?");
-  }
+  const containers = new Set(await containersOf(setup, together));
   if (containers.size !== CONCURRENT) {
     throw new Error(`${CONCURRENT} concurrent runs worked in ${containers.size} containers: ${[...containers].join(", ")}`);
   }
   return {
-    figures: [{
-      name: `${CONCURRENT} concurrent runs, one profile: one after another → at once (wall)`,
-      unit: "ms",
-      baseline: sequential,
-      measured: concurrent,
-      better: "lower",
-      target: {
-        text: `≤ ${CONCURRENT_TARGET_RATIO}× sequential`,
-        met: concurrent <= CONCURRENT_TARGET_RATIO * sequential,
+    figures: [
+      concurrencyFigure(`${CONCURRENT} concurrent runs, one profile: one after another → at once (wall)`, sequential, concurrent),
+      {
+        name: `floor: ${CONCURRENT - 1} containers, workers, relays, ${CONCURRENT} CLIs at once → ${CONCURRENT} runs at once`,
+        unit: "ms",
+        baseline: floor.median,
+        measured: concurrent,
+        better: "lower",
       },
-    }, {
-      name: `floor: ${CONCURRENT - 1} containers, workers, relays, ${CONCURRENT} CLIs at once → ${CONCURRENT} runs at once`,
-      unit: "ms",
-      baseline: floor.median,
-      measured: concurrent,
-      better: "lower",
-    }],
+    ],
     notes: [
       `concurrency: ${CONCURRENT} runs at once, all succeeded, each in its own container; first events ${
         describe(summarize(together.map((t) => t.firstEventMs)))
@@ -466,35 +488,14 @@ export async function measurePool(setup: RunSetup, context: BenchContext, poolPr
   if (up.exitCode !== 0) throw new Error(`up -p ${poolProfile} failed: ${up.stderr.slice(-2_000)}`);
   await new Promise((resolve) => setTimeout(resolve, POOL_SETTLE_MS));
   context.progress(`pool: ${CONCURRENT} runs one after another, then ${CONCURRENT} at once`);
-  let started = performance.now();
-  for (let i = 0; i < CONCURRENT; i++) await timeCliRun(argv, at);
-  const sequential = performance.now() - started;
-  await new Promise((resolve) => setTimeout(resolve, POOL_SETTLE_MS));
-  started = performance.now();
-  const together = await Promise.all(Array.from({ length: CONCURRENT }, () => timeCliRun(argv, at)));
-  const concurrent = performance.now() - started;
+  const { sequential, concurrent, together } = await sequentialThenAtOnce(argv, at, POOL_SETTLE_MS);
   // Where each worked: a shared container's lease lets one run at a time in, so a run that found
   // every one busy may follow another that had ended into its container, or make one of its own.
-  const places: string[] = [];
-  for (const timing of together) {
-    const meta = JSON.parse(await Deno.readTextFile(`${setup.state}/sandbox/runs/${timing.runId}/meta.json`)) as {
-      extra?: { container?: string };
-    };
-    places.push(meta.extra?.container ?? "?");
-  }
-  const shared = places.filter((name) => name === `sandbox-${poolProfile}` || /-s\d+$/.test(name));
+  const shared = (await containersOf(setup, together)).filter((name) => name === `sandbox-${poolProfile}` || /-s\d+$/.test(name));
   return {
-    figures: [{
-      name: `${CONCURRENT} concurrent runs, sandbox.containers: ${CONCURRENT} after up: one after another → at once`,
-      unit: "ms",
-      baseline: sequential,
-      measured: concurrent,
-      better: "lower",
-      target: {
-        text: `≤ ${CONCURRENT_TARGET_RATIO}× sequential`,
-        met: concurrent <= CONCURRENT_TARGET_RATIO * sequential,
-      },
-    }],
+    figures: [
+      concurrencyFigure(`${CONCURRENT} concurrent runs, sandbox.containers: ${CONCURRENT} after up: one after another → at once`, sequential, concurrent),
+    ],
     notes: [
       `pool (sandbox.containers: ${CONCURRENT}, made by up ${Math.round(POOL_SETTLE_MS / 1000)} s before): ${CONCURRENT} runs at once, all succeeded, ${shared.length} in the profile's shared containers (${new Set(shared).size} different ones), ${
         CONCURRENT - shared.length
