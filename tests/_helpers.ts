@@ -1,6 +1,7 @@
 /** Shared test helpers: the CLI as a subprocess, temporary configs, and the Docker gate. */
 import { run, type RunResult, spawn, type SpawnOptions } from "../lib/process.ts";
 import { PROXY_MOUNT_PATH } from "../lib/sandbox/proxy_mount.ts";
+import { parseConfig, type Profile, resolveProfile } from "../lib/config.ts";
 
 export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 export const CLI = `${ROOT}/cli.ts`;
@@ -132,3 +133,11 @@ export async function withEnv<T>(vars: Record<string, string | undefined>, fn: (
     apply(saved);
   }
 }
+
+/** The profile `name` of a configuration given as YAML text (no file, no environment); throws on issues. */
+export function profileFrom(yaml: string, name: string): Profile {
+  const parsed = parseConfig(yaml, undefined, () => undefined);
+  if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
+  return resolveProfile(parsed.config, name);
+}
+

@@ -7,11 +7,10 @@
  * positive twin on the same path.
  */
 import assert from "node:assert/strict";
-import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession, type SandboxSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, SANDBOX_UID } from "../../lib/sandbox/docker_provider.ts";
 import { PROXY_MOUNT_PATH, proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
-import { assertDocker, dockerTest, removeProfile, tempDir, uniqueProfile } from "../_helpers.ts";
+import { assertDocker, dockerTest, profileFrom, removeProfile, tempDir, uniqueProfile } from "../_helpers.ts";
 import { FakeUpstream } from "../unit/_fake_upstream.ts";
 
 console.error("security: relay socket path tests starting");
@@ -32,18 +31,15 @@ function countingServer() {
 }
 
 function profileFor(name: string, upstream: FakeUpstream, port: number) {
-  const parsed = parseConfig(
+  return profileFrom(
     [
       "profiles:",
       `  ${name}:`,
       `    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}`,
       `    sandbox: {network: {mode: allowlist, allow: ["allowed.test:${port}"], hosts: {allowed.test: 127.0.0.1, denied.test: 127.0.0.1}}}`,
     ].join("\n"),
-    undefined,
-    () => undefined,
+    name,
   );
-  if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
-  return resolveProfile(parsed.config, name);
 }
 
 /** `bash -c script` in the sandbox as the agent (the sandbox user), with the session's variables. */

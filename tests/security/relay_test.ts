@@ -7,13 +7,13 @@
  * all. Each beside its positive twin.
  */
 import assert from "node:assert/strict";
-import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, RELAY_USER } from "../../lib/sandbox/docker_provider.ts";
 import { run } from "../../lib/process.ts";
 import {
   assertDocker,
   DOCKER_AVAILABLE,
+  profileFrom,
   dockerTest,
   IN_CI,
   explain,
@@ -87,13 +87,10 @@ Deno.test({
     await using upstream = new FakeUpstream({ key: "sk-test-inject" });
     await using dir = await tempDir();
     const name = uniqueProfile("sec-inject");
-    const parsed = parseConfig(
+    const profile = profileFrom(
       `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
-      undefined,
-      () => undefined,
+      name,
     );
-    if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
-    const profile = resolveProfile(parsed.config, name);
     const provider = new DockerSandboxProvider(profile);
     const logPath = `${dir.path}/access.ndjson`;
     const events: string[] = [];
@@ -221,9 +218,7 @@ Deno.test({
     assert.equal(Deno.uid(), 0, "this test acts as another user: run it as root");
     await using dir = await tempDir();
     const name = uniqueProfile("sec-sockets");
-    const parsed = parseConfig(`profiles:\n  ${name}: {}\n`, undefined, () => undefined);
-    if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
-    const profile = resolveProfile(parsed.config, name);
+    const profile = profileFrom(`profiles:\n  ${name}: {}\n`, name);
     const provider = new DockerSandboxProvider(profile);
     // The state and runtime directories go into a directory every user can enter, so that the
     // tool's own modes are the only thing between another user and the sockets.

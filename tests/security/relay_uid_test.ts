@@ -8,10 +8,9 @@
  * keeps no state where the agent could have planted it.
  */
 import assert from "node:assert/strict";
-import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, RELAY_UID, RELAY_USER, SANDBOX_UID } from "../../lib/sandbox/docker_provider.ts";
-import { assertDocker, docker, dockerTest, removeProfile, tempDir, uniqueProfile } from "../_helpers.ts";
+import { assertDocker, docker, dockerTest, profileFrom, removeProfile, tempDir, uniqueProfile } from "../_helpers.ts";
 import { FakeUpstream } from "../unit/_fake_upstream.ts";
 
 console.error("security: relay uid tests starting");
@@ -54,12 +53,6 @@ for my $op (@ops) {
   print "$op ", ($ok ? "done" : failed()), "\n";
 }
 `;
-
-function profileFrom(yaml: string, name: string) {
-  const parsed = parseConfig(yaml, undefined, () => undefined);
-  if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
-  return resolveProfile(parsed.config, name);
-}
 
 /** The relay's deno process (not its wrapper), found as the agent would: by its command line. */
 async function relayPid(container: string): Promise<string> {

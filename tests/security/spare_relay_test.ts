@@ -14,7 +14,6 @@
  * - a spare that died with its container is found dead, and the session starts a relay itself.
  */
 import assert from "node:assert/strict";
-import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession, type SandboxSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, RELAY_USER } from "../../lib/sandbox/docker_provider.ts";
 import { PROXY_MOUNT_PATH, proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
@@ -22,6 +21,7 @@ import { run } from "../../lib/process.ts";
 import {
   assertDocker,
   dockerTest,
+  profileFrom,
   removeProfile,
   runCli,
   tempDir,
@@ -37,17 +37,7 @@ const KEY_ENV = "SANDBOX_TEST_SPARE_RELAY_KEY";
 const KEY = "sk-test-spare-relay";
 
 function profileFor(name: string, upstream: FakeUpstream) {
-  const parsed = parseConfig(
-    [
-      "profiles:",
-      `  ${name}:`,
-      `    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}`,
-    ].join("\n"),
-    undefined,
-    () => undefined,
-  );
-  if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
-  return resolveProfile(parsed.config, name);
+  return profileFrom(`profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`, name);
 }
 
 /** The host's record of the container's spare relay, or undefined. */
