@@ -141,3 +141,7 @@ export function profileFrom(yaml: string, name: string): Profile {
   return resolveProfile(parsed.config, name);
 }
 
+/** A profile `name` whose LLM is the custom upstream at `baseUrl`, its key read from `$keyEnv`. */
+export function upstreamProfile(name: string, baseUrl: string, keyEnv: string): Profile {
+  return profileFrom(`profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${baseUrl}", key: {env: ${keyEnv}}}\n`, name);
+}

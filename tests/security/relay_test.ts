@@ -14,6 +14,7 @@ import {
   assertDocker,
   DOCKER_AVAILABLE,
   profileFrom,
+  upstreamProfile,
   dockerTest,
   IN_CI,
   explain,
@@ -87,10 +88,7 @@ Deno.test({
     await using upstream = new FakeUpstream({ key: "sk-test-inject" });
     await using dir = await tempDir();
     const name = uniqueProfile("sec-inject");
-    const profile = profileFrom(
-      `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
-      name,
-    );
+    const profile = upstreamProfile(name, upstream.baseUrl, KEY_ENV);
     const provider = new DockerSandboxProvider(profile);
     const logPath = `${dir.path}/access.ndjson`;
     const events: string[] = [];

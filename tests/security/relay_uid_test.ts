@@ -10,7 +10,7 @@
 import assert from "node:assert/strict";
 import { openSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, RELAY_UID, RELAY_USER, SANDBOX_UID } from "../../lib/sandbox/docker_provider.ts";
-import { assertDocker, docker, dockerTest, profileFrom, removeProfile, tempDir, uniqueProfile } from "../_helpers.ts";
+import { assertDocker, docker, dockerTest, removeProfile, tempDir, uniqueProfile, upstreamProfile } from "../_helpers.ts";
 import { FakeUpstream } from "../unit/_fake_upstream.ts";
 
 console.error("security: relay uid tests starting");
@@ -70,10 +70,7 @@ Deno.test({
     await using upstream = new FakeUpstream({ key: "sk-test-relay-uid" });
     await using dir = await tempDir();
     const name = uniqueProfile("sec-relay-uid");
-    const profile = profileFrom(
-      `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
-      name,
-    );
+    const profile = upstreamProfile(name, upstream.baseUrl, KEY_ENV);
     const provider = new DockerSandboxProvider(profile);
     Deno.env.set(KEY_ENV, upstream.key);
     try {
@@ -146,10 +143,7 @@ Deno.test({
     await using upstream = new FakeUpstream({ key: "sk-test-relay-uid" });
     await using dir = await tempDir();
     const name = uniqueProfile("sec-relay-plant");
-    const profile = profileFrom(
-      `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
-      name,
-    );
+    const profile = upstreamProfile(name, upstream.baseUrl, KEY_ENV);
     const provider = new DockerSandboxProvider(profile);
     Deno.env.set(KEY_ENV, upstream.key);
     try {

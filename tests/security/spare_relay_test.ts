@@ -21,7 +21,7 @@ import { run } from "../../lib/process.ts";
 import {
   assertDocker,
   dockerTest,
-  profileFrom,
+  upstreamProfile,
   removeProfile,
   runCli,
   tempDir,
@@ -35,10 +35,6 @@ console.error("security: spare relay tests starting");
 
 const KEY_ENV = "SANDBOX_TEST_SPARE_RELAY_KEY";
 const KEY = "sk-test-spare-relay";
-
-function profileFor(name: string, upstream: FakeUpstream) {
-  return profileFrom(`profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`, name);
-}
 
 /** The host's record of the container's spare relay, or undefined. */
 async function spareRecord(
@@ -139,7 +135,7 @@ Deno.test({
     await using upstream = new FakeUpstream({ key: KEY });
     await using dir = await tempDir();
     const name = uniqueProfile("sec-spare-relay");
-    const profile = profileFor(name, upstream);
+    const profile = upstreamProfile(name, upstream.baseUrl, KEY_ENV);
     const provider = new DockerSandboxProvider(profile);
     const container = provider.containerName;
     const options = { accessLogPath: `${dir.path}/access.ndjson` };
