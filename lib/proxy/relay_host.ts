@@ -202,7 +202,8 @@ export async function startRelay(options: RelayOptions): Promise<RelayHost> {
   }
 }
 
-function portsFor(services: RelayService[], base: number): Partial<Record<RelayService, number>> {
+/** The ports of `services` from `base` (each at its offset). */
+export function portsFor(services: RelayService[], base: number): Partial<Record<RelayService, number>> {
   return Object.fromEntries(services.map((s) => [s, base + RELAY_SERVICES[s]]));
 }
 

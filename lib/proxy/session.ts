@@ -22,7 +22,7 @@ import { KeyStore } from "../keys.ts";
 import { llmTarget } from "./llm_providers.ts";
 import { Redactor } from "../redact.ts";
 import { parseSize } from "../units.ts";
-import { adoptRelay, BASE_PORT_STEP, DEFAULT_RELAY_BASE_PORT, RELAY_SERVICES, type RelayHost, type RelayLauncher, relayArgv, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
+import { adoptRelay, BASE_PORT_STEP, DEFAULT_RELAY_BASE_PORT, portsFor, type RelayHost, type RelayLauncher, relayArgv, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
 import { awaitSpareRelay, claimSpareRelay, type ClaimedSpare, startSpareRelay } from "./spare_relay.ts";
 import { makeSessionSocketDir, MAX_SOCKET_PATH, prepareProxyMountSource, type SessionSocketDir, sweepStaleSessionDirs } from "../sandbox/proxy_mount.ts";
 import { SandboxError } from "../errors.ts";
@@ -325,12 +325,11 @@ async function mountedSocketDir(source: string | undefined, claimed: ClaimedSpar
  * one above it when this session has it (so spares and the sessions that claim them alternate).
  */
 function otherPorts(ports: Partial<Record<RelayService, number>>): Partial<Record<RelayService, number>> {
-  const base = Object.keys(ports).length > 0 && Object.entries(ports).every(([service, port]) =>
-      port === DEFAULT_RELAY_BASE_PORT + RELAY_SERVICES[service as RelayService]
-    )
-    ? DEFAULT_RELAY_BASE_PORT + BASE_PORT_STEP
-    : DEFAULT_RELAY_BASE_PORT;
-  return Object.fromEntries(Object.keys(ports).map((service) => [service, base + RELAY_SERVICES[service as RelayService]]));
+  const services = Object.keys(ports) as RelayService[];
+  const first = portsFor(services, DEFAULT_RELAY_BASE_PORT);
+  return services.every((service) => ports[service] === first[service])
+    ? portsFor(services, DEFAULT_RELAY_BASE_PORT + BASE_PORT_STEP)
+    : first;
 }
 
 /** The spare serves exactly the session's services (a run on a remote repository adds git). */

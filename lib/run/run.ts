@@ -415,9 +415,16 @@ async function leaseOtherSlot(
   }
   for (const slot of order) {
     const candidate = providerFor(slot);
-    await candidate.ensureRunning({ signal });
-    const release = await leaseShared(candidate, seconds, runId, signal);
-    if (release) return { provider: candidate, release };
+    try {
+      await candidate.ensureRunning({ signal });
+      const release = await leaseShared(candidate, seconds, runId, signal);
+      if (release) return { provider: candidate, release };
+    } catch (error) {
+      // A slot that cannot be made or reached is passed over (the run goes on to the next, or
+      // to a container of its own); an interruption is not.
+      signal?.throwIfAborted();
+      trace(`run: ${candidate.containerName} passed over: ${error instanceof Error ? error.message : error}`);
+    }
   }
   return undefined;
 }
