@@ -347,3 +347,18 @@ Deno.test("network.hosts values must be IP addresses: the egress proxy never loo
     assert.equal(parseConfig(yaml, "test.yaml", noEnv).kind, "ok", value);
   }
 });
+
+Deno.test("sandbox.containers: 1 by default, 1 to 16 accepted, anything else refused naming the key (a project file cannot ask for hundreds of containers)", () => {
+  const parsed = (yaml: string) => {
+    const result = parseConfig(yaml, undefined, noEnv);
+    assert.equal(result.kind, "ok", JSON.stringify(result));
+    return result.kind === "ok" ? resolveProfile(result.config, "work").sandbox.containers : NaN;
+  };
+  assert.equal(parsed("profiles:\n  work: {}\n"), 1);
+  assert.equal(parsed("profiles:\n  work: {sandbox: {containers: 16}}\n"), 16);
+  for (const bad of ["0", "17", "2.5", "'4'", "-1"]) {
+    const issues = issuesOf(`profiles:\n  work: {sandbox: {containers: ${bad}}}\n`);
+    assert.equal(issues.length, 1, issues.join("\n"));
+    assert.match(issues[0], /^profiles\.work\.sandbox\.containers: /);
+  }
+});
