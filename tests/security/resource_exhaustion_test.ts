@@ -160,8 +160,10 @@ Deno.test({
     const before = JSON.parse(first.stdout).id as string;
 
     await t.step("processes left running hold every pid: nothing can start", async () => {
-      // Started as a user's plain `docker exec` would: outside any wrapper, nothing ends it.
-      await docker("exec", "--detach", "--user", "10001", fixture.container, "bash", "-c", "while :; do sleep 1000 & done 2>/dev/null");
+      // Started as a user's plain `docker exec` would: outside any wrapper, nothing ends it. It
+      // forks again at once whenever a pid comes free (bash would back off for seconds after a
+      // failed fork, and a thread the waiting worker's runtime retires would let a probe in).
+      await docker("exec", "--detach", "--user", "10001", fixture.container, "perl", "-e", "while (1) { my $p = fork; if (defined $p && !$p) { sleep 1000; exit } }");
       // `docker exec` itself still gets a process in (it is moved into the container, not forked
       // there), but that process cannot fork: no command that starts another can run.
       let blocked = false;
