@@ -31,7 +31,9 @@ export async function cachedByIdentity(
   if (!cacheDir) return await compute();
   let infos: Deno.FileInfo[];
   try {
-    infos = await Promise.all(paths.map((path) => Deno.stat(path)));
+    // Synchronous: a hundred stats of local files take well under a millisecond this way, and
+    // ~10 ms as as many round trips through the runtime's thread pool, on every start.
+    infos = paths.map((path) => Deno.statSync(path));
   } catch {
     // One is gone (or unreadable) meanwhile: no identity to remember it by.
     return await compute();

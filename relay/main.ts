@@ -24,8 +24,10 @@
  * above, but its stdin is nothing: it waits for `DIR/control.sock` to appear (the session that
  * claims it made its sockets there), connects to it and says the key it was given in
  * `$SANDBOX_RELAY_KEY` (which no process of the sandbox user can read: the relay is another uid),
- * and lives until the host closes that connection. The session's first relay is then ready in a
- * millisecond instead of the ~100 ms a relay takes to start.
+ * and serves until the host closes that connection. The session's first relay is then ready in a
+ * millisecond instead of the ~100 ms a relay takes to start. When the host's last words on it were
+ * `again` (the session passed the relay on to the container's next one), it closes every
+ * connection it carried for that session and waits for the next control socket; otherwise it exits.
  *
  * Exit codes: 0 the host closed the stream (or the control connection); 1 the stream broke; 2
  * usage; 75 a port is in use.
@@ -143,13 +145,57 @@ async function socketsAnswer(dir: string, services: string[]): Promise<boolean> 
   return true;
 }
 
+/**
+ * The connections a spare relay carries for the session that holds it: all closed when that
+ * session ends, so that nothing one session's agent opened is carried on into the next one's.
+ */
+class Carried {
+  #session = 0;
+  readonly #conns = new Set<Deno.Conn>();
+
+  /** The session a connection accepted now belongs to. */
+  get session(): number {
+    return this.#session;
+  }
+
+  /** Track `conns` for `session`; false (and closed) when that session has ended meanwhile. */
+  add(session: number, ...conns: Deno.Conn[]): boolean {
+    if (session !== this.#session) {
+      for (const conn of conns) close(conn);
+      return false;
+    }
+    for (const conn of conns) this.#conns.add(conn);
+    return true;
+  }
+
+  remove(...conns: Deno.Conn[]): void {
+    for (const conn of conns) this.#conns.delete(conn);
+  }
+
+  /** End the session: close everything it carried; what is accepted from now on is the next's. */
+  endSession(): void {
+    this.#session++;
+    for (const conn of this.#conns) close(conn);
+    this.#conns.clear();
+  }
+}
+
 /** Socket path: each accepted connection gets its own connection to the service's socket. */
-async function serveSocket(listener: Deno.TcpListener, path: string): Promise<void> {
+async function serveSocket(listener: Deno.TcpListener, path: string, carried?: Carried): Promise<void> {
   for await (const conn of listener) {
     conn.setNoDelay(true);
+    const session = carried?.session ?? 0;
+    if (carried && !carried.add(session, conn)) continue;
     Deno.connect({ transport: "unix", path }).then(
-      (upstream) => splice(conn, upstream),
-      () => close(conn),
+      async (upstream) => {
+        if (carried && !carried.add(session, upstream)) return;
+        await splice(conn, upstream);
+        carried?.remove(conn, upstream);
+      },
+      () => {
+        close(conn);
+        carried?.remove(conn);
+      },
     );
   }
 }
@@ -236,7 +282,35 @@ async function awaitControl(dir: string, key: string): Promise<Deno.UnixConn | n
   }
 }
 
-/** A spare relay: listen now, carry to the sockets, live from its claim to the control's end. */
+/** What the host says on a control connection, just before closing it, to keep the relay. */
+const AGAIN = "again\n";
+
+/**
+ * Read `control` to its end: true when all the host said was `again` (serve the next session),
+ * false for anything else, a reset included (the session closed without passing the relay on,
+ * or its process is gone).
+ */
+async function controlEnd(control: Deno.UnixConn): Promise<boolean> {
+  const said = new Uint8Array(AGAIN.length + 1);
+  let filled = 0;
+  const scratch = new Uint8Array(64);
+  try {
+    while (true) {
+      const n = await control.read(scratch);
+      if (n === null) break;
+      const room = Math.min(n, said.length - filled);
+      said.set(scratch.subarray(0, room), filled);
+      filled += n;
+    }
+  } catch {
+    return false;
+  } finally {
+    close(control);
+  }
+  return filled === AGAIN.length && new TextDecoder().decode(said.subarray(0, filled)) === AGAIN;
+}
+
+/** A spare relay: listen now, carry to the sockets, serve each session from its claim to its end. */
 async function serveSpare(dir: string, services: [string, number][]): Promise<never> {
   const key = Deno.env.get(KEY_ENV) ?? "";
   if (!/^[0-9a-f]{32,128}$/.test(key)) fail(`no key in ${KEY_ENV}`, 2);
@@ -244,18 +318,17 @@ async function serveSpare(dir: string, services: [string, number][]): Promise<ne
   Deno.env.delete(KEY_ENV);
   // Started as the session before it ends: its relay may not have let go of the ports yet.
   const listeners = await Promise.all(services.map(([, port]) => listen(port, true)));
-  services.forEach(([service], i) => void serveSocket(listeners[i], `${dir}/${service}.sock`).catch(() => {}));
-  const control = await awaitControl(dir, key);
-  if (!control) Deno.exit(0);
-  const scratch = new Uint8Array(64);
-  try {
-    while ((await control.read(scratch)) !== null) {
-      // The host sends nothing; its end (session closed, or gone) is all that counts.
-    }
-  } catch {
-    // Reset: the host is gone.
+  const carried = new Carried();
+  services.forEach(([service], i) =>
+    void serveSocket(listeners[i], `${dir}/${service}.sock`, carried).catch(() => {})
+  );
+  while (true) {
+    const control = await awaitControl(dir, key);
+    if (!control) Deno.exit(0);
+    const again = await controlEnd(control);
+    carried.endSession();
+    if (!again) Deno.exit(0);
   }
-  Deno.exit(0);
 }
 
 async function main(args: string[]): Promise<never> {

@@ -660,5 +660,19 @@ export const MUTATIONS: Mutation[] = [
     replace: ``,
     tests: ["tests/security/spare_relay_test.ts"],
   },
+  {
+    name: "a spare relay passed on keeps the connections it carried for the session that ended (the agent's open connection reaches the next session)",
+    file: "relay/main.ts",
+    find: `    for (const conn of this.#conns) close(conn);`,
+    replace: ``,
+    tests: ["tests/unit/spare_relay_test.ts"],
+  },
+  {
+    name: "a spare relay told nothing at its session's end serves again (a session that crashed, or would not pass it on, leaves it running)",
+    file: "relay/main.ts",
+    find: `    if (!again) Deno.exit(0);`,
+    replace: ``,
+    tests: ["tests/unit/spare_relay_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];

@@ -23,7 +23,15 @@ import { llmTarget } from "./llm_providers.ts";
 import { Redactor } from "../redact.ts";
 import { parseSize } from "../units.ts";
 import { adoptRelay, BASE_PORT_STEP, DEFAULT_RELAY_BASE_PORT, portsFor, type RelayHost, type RelayLauncher, relayArgv, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
-import { awaitSpareRelay, claimSpareRelay, type ClaimedSpare, startSpareRelay } from "./spare_relay.ts";
+import {
+  awaitSpareRelay,
+  claimSpareRelay,
+  type ClaimedSpare,
+  hasSpareRelay,
+  passOnSpareRelay,
+  type ServingSpare,
+  startSpareRelay,
+} from "./spare_relay.ts";
 import { makeSessionSocketDir, MAX_SOCKET_PATH, prepareProxyMountSource, type SessionSocketDir, sweepStaleSessionDirs } from "../sandbox/proxy_mount.ts";
 import { SandboxError } from "../errors.ts";
 import { trace } from "../trace.ts";
@@ -68,7 +76,8 @@ export interface SandboxSession extends AsyncDisposable {
   /** The relay carrying the proxies into the sandbox (its ports, its restarts). */
   readonly relay: RelayHost;
   /**
-   * The directory of the proxies' Unix sockets (removed on close): in the container's mounted
+   * The directory of the proxies' Unix sockets (removed on close, or emptied when the spare relay
+   * watching it is passed on to the next session): in the container's mounted
    * directory (mode 0711, under a 0700 parent), or, kept to the stream, a 0700 directory.
    */
   readonly socketDir: string;
@@ -77,7 +86,8 @@ export interface SandboxSession extends AsyncDisposable {
   /**
    * Start, now and in the background, a relay for the container's next session (spare_relay.ts):
    * for a container that outlives the session (a shared one), on the mounted sockets only. It
-   * waits on ports of its own; closing the session waits for it to be started.
+   * waits on ports of its own; closing the session waits for it to be started. Nothing is
+   * started when the session's own relay is a spare it claimed: closing passes that one on.
    */
   leaveSpareRelay(): void;
   close(): Promise<void>;
@@ -380,9 +390,20 @@ export async function openSession(
   const claimed = source ? await claimSpareRelay(provider, source) : undefined;
   const mounted = await mountedSocketDir(source, claimed);
   const dir = mounted?.host ?? await sessionSocketDir();
-  const cleanups: (() => Promise<void>)[] = [() => Deno.remove(dir, { recursive: true })];
+  /** The claimed spare, while it is the relay serving this session (it is passed on at the end). */
+  let serving: { spare: ServingSpare; relay: RelayHost } | undefined;
+  let passing = false;
+  const cleanups: (() => Promise<void>)[] = [
+    () => passing ? passOnSpareRelay(provider, source!, claimed!).then(() => {}) : Deno.remove(dir, { recursive: true }),
+  ];
   let leavingSpare: Promise<void> | undefined;
+  /** The spare still serves, as it has since the start (no relay was launched in its place). */
+  const spareServes = () => serving !== undefined && serving.relay.starts === 1;
   const close = async () => {
+    if (cleanups.length === 0) return;
+    // Passed on unless the container has a spare already (a concurrent session's).
+    passing = spareServes() && !await hasSpareRelay(source!);
+    if (passing) serving!.spare.passOn();
     for (const cleanup of cleanups.splice(0).reverse()) await cleanup().catch(() => {});
   };
   try {
@@ -402,6 +423,7 @@ export async function openSession(
       const spare = await awaitSpareRelay(provider, claimed);
       if (spare) {
         relay = adoptRelay(relayOptions, claimed.record.ports, spare);
+        serving = { spare, relay };
         trace("session: spare relay claimed");
       }
     } else if (claimed) {
@@ -431,7 +453,8 @@ export async function openSession(
       socketDir: dir,
       sandboxSocketDir: mounted?.sandbox,
       leaveSpareRelay: () => {
-        if (leavingSpare || !source || carrying.transport !== "socket") return;
+        // A spare that serves this session is passed on when it closes: nothing to start.
+        if (leavingSpare || !source || carrying.transport !== "socket" || spareServes()) return;
         leavingSpare = startSpareRelay(provider, source, otherPorts(carrying.ports)).catch(() => {});
       },
       close,

@@ -18,6 +18,13 @@
  * can pass for it. The control connection is then the relay's lifetime, as the exec stream is for
  * a relay the session starts itself: when it ends, the session launches one on the same ports.
  *
+ * A session that closes normally passes its spare on instead of letting it end (`passOn`): its
+ * last words on the control connection are `again`, on which the relay closes every connection it
+ * carried for the session and waits for the next control socket in the same directory, with the
+ * same key; the host empties the directory of the session's sockets and writes the record again.
+ * So a container's sessions, one after another, need no relay started at all — no `docker exec`,
+ * whose work in the engine is most of what a short `sandbox exec` costs.
+ *
  * What the relay is, and is not, trusted with does not change: it holds no secret of any run (the
  * key only names it), every connection it carries still needs the session's token and passes the
  * same proxies, and it carries nothing until a session made its sockets. A spare whose record is
@@ -41,6 +48,8 @@ export const SPARE_DIR = /^s[0-9a-f]{7}$/;
 const CONTROL_WAIT_MS = 1_500;
 /** The longest line a control connection may send before it is dropped. */
 const MAX_KEY_LINE = 160;
+/** What the host says on the control connection, just before closing it, to keep the relay (relay/main.ts). */
+const AGAIN = "again\n";
 
 /** What the host keeps of a spare relay. */
 interface SpareRecord {
@@ -88,12 +97,7 @@ export async function startSpareRelay(
   ports: Partial<Record<RelayService, number>>,
 ): Promise<void> {
   const record = recordPath(mountSource);
-  try {
-    await Deno.lstat(record);
-    return;
-  } catch {
-    // None yet: start one.
-  }
+  if (await hasSpareRelay(mountSource)) return;
   const dir = `s${randomHex(4).slice(0, 7)}`;
   const hostDir = `${mountSource}/${dir}`;
   // Readable (0755), unlike a session's (0711): the relay watches it for the control socket. Its
@@ -207,6 +211,12 @@ async function execRunning(id: string | undefined): Promise<boolean> {
   }
 }
 
+/** A claimed spare serving its session. */
+export interface ServingSpare extends RunningRelay {
+  /** Make `stop` pass the relay on (it then serves the container's next session) instead of ending it. */
+  passOn(): void;
+}
+
 /**
  * With the session's sockets made in the claimed spare's directory: make the control socket and
  * wait for the spare to connect and say its key. The spare, running (its control connection its
@@ -216,7 +226,7 @@ export async function awaitSpareRelay(
   provider: Pick<DockerSandboxProvider, "stopExec">,
   claimed: ClaimedSpare,
   waitMs = CONTROL_WAIT_MS,
-): Promise<RunningRelay | undefined> {
+): Promise<ServingSpare | undefined> {
   const path = `${claimed.hostDir}/${CONTROL_SOCKET}`;
   const listener = Deno.listen({ transport: "unix", path });
   await Deno.chmod(path, 0o666);
@@ -264,15 +274,58 @@ export async function awaitSpareRelay(
     }
     return undefined;
   })();
+  let again = false;
   return {
     ended,
+    passOn() {
+      again = true;
+    },
     async stop() {
       // The relay exits when its control connection ends (as a launched one does at the end of
-      // its stdin): no exec to stop it, which would cost a run's end ~60 ms.
+      // its stdin): no exec to stop it, which would cost a run's end ~60 ms. Told `again` first,
+      // it closes what it carried and waits for the next session instead.
+      if (again) {
+        await control.write(new TextEncoder().encode(AGAIN)).catch(() => 0);
+      }
       closeQuietly(control);
       await ended;
     },
   };
+}
+
+/**
+ * The relay that served a session's whole life (`passOn` was called before it stopped), passed on
+ * to the container's next session: `claimed`'s directory emptied of the session's sockets (its
+ * proxies are closed) and its record written again. False when the container has a spare already
+ * (another session left one meanwhile): this one is then stopped.
+ */
+export async function passOnSpareRelay(
+  provider: Pick<DockerSandboxProvider, "stopExec">,
+  mountSource: string,
+  claimed: ClaimedSpare,
+): Promise<boolean> {
+  try {
+    for await (const entry of Deno.readDir(claimed.hostDir)) {
+      await Deno.remove(`${claimed.hostDir}/${entry.name}`, { recursive: true });
+    }
+    await Deno.writeTextFile(recordPath(mountSource), JSON.stringify(claimed.record), { createNew: true, mode: 0o600 });
+    trace("session: spare relay passed on");
+    return true;
+  } catch {
+    await provider.stopExec(claimed.record.id).catch(() => {});
+    await Deno.remove(claimed.hostDir, { recursive: true }).catch(() => {});
+    return false;
+  }
+}
+
+/** Whether `mountSource`'s container has a spare relay waiting (a record). */
+export async function hasSpareRelay(mountSource: string): Promise<boolean> {
+  try {
+    await Deno.lstat(recordPath(mountSource));
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** Bytes up to and including the first newline, within `max` bytes and `timeoutMs`; else null. */

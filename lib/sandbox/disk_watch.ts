@@ -7,6 +7,12 @@
  * Growing, not merely over: a workspace left over the limit (by an earlier, stopped command) can
  * still be cleaned up, but not grown. The watch fails closed: a watcher that dies, or cannot
  * start, aborts the signal too.
+ *
+ * The watcher starts `delayMs` after the watch (a quarter of a second by default), and not at all
+ * for a command that is over by then: its `docker exec` costs the engine as much CPU as the
+ * command's own, which a short command (`sandbox exec -- git status`) would wait for. It changes
+ * little of what the limit allows: a workspace can only be found growing at the watcher's second
+ * report, about a second after its first, so a command could already write for that long.
  */
 import { SandboxError } from "../errors.ts";
 import type { Child } from "../process.ts";
@@ -27,7 +33,12 @@ export interface DiskWatchOptions {
   profile: string;
   /** Called once with the reason when the signal aborts. */
   onAbort?: (reason: SandboxError) => void;
+  /** How long after the watch the watcher starts (none when the watch is closed before). */
+  delayMs?: number;
 }
+
+/** Default `delayMs`. */
+export const DISK_WATCH_DELAY_MS = 250;
 
 /**
  * Watch the sizes `start(stdin)` prints (KiB, one per line); closing `stdin` ends the watcher.
@@ -44,6 +55,8 @@ export function startDiskWatch(
   let closing = false;
   let used: number | undefined;
   let child: Child | undefined;
+  let wake!: () => void;
+  const closed = new Promise<void>((resolve) => wake = resolve);
   const fail = (reason: SandboxError) => {
     if (closing || controller.signal.aborted) return;
     controller.abort(reason);
@@ -51,6 +64,10 @@ export function startDiskWatch(
   };
   const watching = (async () => {
     try {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      await Promise.race([closed, new Promise((resolve) => timer = setTimeout(resolve, options.delayMs ?? DISK_WATCH_DELAY_MS))]);
+      clearTimeout(timer);
+      if (closing) return;
       child = await start(stdin);
       if (!child || closing) return;
       for await (const line of child.lines()) {
@@ -77,6 +94,7 @@ export function startDiskWatch(
   const close = async () => {
     if (closing) return;
     closing = true;
+    wake();
     try {
       input.close();
     } catch {

@@ -56,16 +56,19 @@ async function embeddedBytes(bundle: Embedded): Promise<Uint8Array> {
 
 const SOURCE_ROOT = new URL("../..", import.meta.url);
 
-/** Files whose content decides the bundles, when running from a checkout. */
-async function sourceFiles(): Promise<string[]> {
+/**
+ * Files whose content decides the bundles, when running from a checkout. Listed synchronously, as
+ * their identities are read (lib/hash.ts `cachedByIdentity`): a few local directories.
+ */
+function sourceFiles(): string[] {
   const files = ["deno.json", "deno.lock"];
-  const walk = async (dir: string): Promise<void> => {
-    for await (const entry of Deno.readDir(new URL(dir, SOURCE_ROOT))) {
-      if (entry.isDirectory) await walk(`${dir}/${entry.name}`);
+  const walk = (dir: string): void => {
+    for (const entry of Deno.readDirSync(new URL(dir, SOURCE_ROOT))) {
+      if (entry.isDirectory) walk(`${dir}/${entry.name}`);
       else if (entry.isFile && entry.name.endsWith(".ts")) files.push(`${dir}/${entry.name}`);
     }
   };
-  for (const dir of ["worker", "relay", "lib"]) await walk(dir);
+  for (const dir of ["worker", "relay", "lib"]) walk(dir);
   return files.sort();
 }
 
@@ -80,7 +83,7 @@ let identity: Promise<string> | undefined;
 export function workerIdentity(): Promise<string> {
   identity ??= (async () => {
     if (embedded.worker !== undefined) return await sha256Hex(`${embedded.worker.sha256}\0${embedded.relay?.sha256 ?? ""}`);
-    const files = await sourceFiles();
+    const files = sourceFiles();
     const paths = files.map((file) => new URL(file, SOURCE_ROOT).pathname);
     return await cachedByIdentity(paths, `${userStateDir()}/cache`, async () => {
       const parts: string[] = [];

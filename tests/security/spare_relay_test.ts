@@ -10,6 +10,8 @@
  *   carries its requests;
  * - the spare counts for nothing when a command needs the container: `sandbox exec` after
  *   `sandbox exec` claims it, and the lease of a run is still granted;
+ * - a session passes the spare it claimed on to the next one, and every connection the agent had
+ *   open through it is cut as it does; between sessions it carries nothing;
  * - killed mid-session, it is replaced on the same ports, and requests work again;
  * - a spare that died with its container is found dead, and the session starts a relay itself.
  */
@@ -228,21 +230,43 @@ Deno.test({
         );
 
         await t.step(
-          "the twin: the spare answering, the next session claims it (its directory, its ports, no relay of its own) and it carries the session's requests",
+          "the twin: the spare answering, the next session claims it (its directory, its ports, no relay of its own) and it carries the session's requests; closing, the session passes it on, cutting every connection the agent had open through it",
           async () => {
             const claimed = spare;
+            let holding: Promise<{ stdout: string; exitCode: number; stderr: string }> | undefined;
             spare = await session(async (third) => {
               assert.equal(third.sandboxSocketDir, `${PROXY_MOUNT_PATH}/${claimed.dir}`);
               assert.equal(third.relay.starts, 1);
               assert.equal(third.relay.transport, "socket");
               assert.deepEqual(await agent(provider, third, LLM_CALL), ["200"]);
+              // The agent opens a connection through the relay and holds it (a request begun,
+              // never finished), hoping to carry it into the next session: it waits up to 30 s
+              // for the connection to end.
+              holding = provider.exec(["bash", "-c", `
+                exec 3<>/dev/tcp/127.0.0.1/${third.relay.ports.llm} || exit 3
+                printf 'GET /proxy/v1/models HTTP/1.1\r\nHost: relay\r\n' >&3
+                echo open
+                if timeout 30 cat <&3 >/dev/null; then echo closed; else echo held; fi`], { timeoutMs: 60_000 });
+              await new Promise((resolve) => setTimeout(resolve, 1_000));
             });
-            assert.notEqual(spare.pid, claimed.pid, "the claimed spare outlived its session");
-            assert.equal(
-              await alive(container, claimed.pid),
-              false,
-              "the claimed spare outlived its session",
-            );
+            const held = await holding!;
+            assert.equal(held.stdout, "open\nclosed\n", held.stderr);
+            // The same relay, still waiting, in the same directory, on the same ports, with the
+            // same key: nothing was started for the next session.
+            assert.equal(spare.pid, claimed.pid);
+            assert.equal(spare.dir, claimed.dir);
+            assert.deepEqual(spare.ports, claimed.ports);
+            assert.equal(spare.key, claimed.key);
+            // Between sessions, the relay carries nothing: the directory holds no socket.
+            const between = await agent(provider, undefined, `curl -s -m 10 -o /dev/null http://127.0.0.1:${spare.ports.llm}/proxy/v1/models; echo "curl-exit $?"`);
+            assert.match(between[0], /^curl-exit (52|56)$/);
+            // And the next session gets it again.
+            spare = await session(async (again) => {
+              assert.equal(again.sandboxSocketDir, `${PROXY_MOUNT_PATH}/${claimed.dir}`);
+              assert.equal(again.relay.starts, 1);
+              assert.deepEqual(await agent(provider, again, LLM_CALL), ["200"]);
+            });
+            assert.equal(spare.pid, claimed.pid);
           },
         );
 
@@ -319,6 +343,13 @@ Deno.test({
       assert.equal(second.exitCode, 0, second.stderr);
       assert.equal(second.stdout.trim(), "200");
       assert.match(second.stderr, /spare relay claimed/);
+      // The claimed one is passed on: no relay started, by this exec or the next.
+      assert.match(second.stderr, /spare relay passed on/);
+      assert.doesNotMatch(second.stderr, /spare relay started|docker api: exec relay\.js/);
+      const third = await exec(LLM_CALL);
+      assert.equal(third.stdout.trim(), "200", third.stderr);
+      assert.match(third.stderr, /spare relay claimed/);
+      assert.doesNotMatch(third.stderr, /spare relay started|docker api: exec relay\.js/);
       // The lease a run takes: granted with the spare relay (and nothing else) waiting there.
       const lease = await run([
         "docker",

@@ -79,3 +79,28 @@ Deno.test("with a kernel quota there is no watcher, and closing the watch is imm
   assert.equal(watch.signal.aborted, false);
   assert.equal(watch.usedBytes, undefined);
 });
+
+Deno.test("the watcher starts only after the delay: a watch closed before never starts one; one kept open does", async (t) => {
+  await t.step("closed within the delay: the watcher is never started", async () => {
+    let started = 0;
+    const watch = startDiskWatch((stdin) => {
+      started++;
+      return printer([1024])(stdin);
+    }, { ...OPTIONS, delayMs: 200 });
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    await watch.close();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    assert.equal(started, 0);
+    assert.equal(watch.signal.aborted, false);
+  });
+  await t.step("kept open past the delay: started once, then it reports", async () => {
+    let startedAt: number | undefined;
+    const opened = performance.now();
+    await using watch = startDiskWatch((stdin) => {
+      startedAt = performance.now();
+      return printer([1024, 4096, 12288, 20480])(stdin);
+    }, { ...OPTIONS, delayMs: 100 });
+    assert.equal((await aborted(watch)).code, "disk_limit");
+    assert.ok(startedAt !== undefined && startedAt - opened >= 95, `started ${startedAt! - opened} ms after the watch`);
+  });
+});
