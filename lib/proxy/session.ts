@@ -315,10 +315,7 @@ async function mountSourceFor(
     throw new SandboxError("config_invalid", `Invalid ${RELAY_TRANSPORT_ENV} "${transport}": use "auto" or "stream"`);
   }
   if (transport === "stream") return undefined;
-  const source = await prepareProxyMountSource(containerName).catch(() => undefined);
-  if (!source) return undefined;
-  await sweepStaleSessionDirs(source).catch(() => {});
-  return source;
+  return await prepareProxyMountSource(containerName).catch(() => undefined);
 }
 
 /**
@@ -387,7 +384,12 @@ export async function openSession(
   options: SessionOptions = {},
 ): Promise<SandboxSession> {
   const source = await mountSourceFor(provider.containerName, options.relayTransport);
+  // What sessions killed before closing left there goes while this one opens (awaited at close).
+  const sweeping = source ? sweepStaleSessionDirs(source).catch(() => {}) : Promise.resolve();
   const claimed = source ? await claimSpareRelay(provider, source) : undefined;
+  // The claimed spare is heard while the proxies start: it carries nothing before a command runs.
+  const answering = claimed ? awaitSpareRelay(provider, claimed) : undefined;
+  answering?.catch(() => {});
   const mounted = await mountedSocketDir(source, claimed);
   const dir = mounted?.host ?? await sessionSocketDir();
   /** The claimed spare, while it is the relay serving this session (it is passed on at the end). */
@@ -395,6 +397,13 @@ export async function openSession(
   let passing = false;
   const cleanups: (() => Promise<void>)[] = [
     () => passing ? passOnSpareRelay(provider, source!, claimed!).then(() => {}) : Deno.remove(dir, { recursive: true }),
+    () => sweeping,
+    // A spare that answered but does not serve (the session failed to open, or serves other
+    // services): closing its control ends it.
+    async () => {
+      const spare = await answering?.catch(() => undefined);
+      if (spare && spare !== serving?.spare) await spare.stop();
+    },
   ];
   let leavingSpare: Promise<void> | undefined;
   /** The spare still serves, as it has since the start (no relay was launched in its place). */
@@ -419,15 +428,13 @@ export async function openSession(
       onEvent: (message: string) => options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
     };
     let relay: RelayHost | undefined;
-    if (claimed && sameServices(claimed.record.ports, proxies.sockets)) {
-      const spare = await awaitSpareRelay(provider, claimed);
-      if (spare) {
-        relay = adoptRelay(relayOptions, claimed.record.ports, spare);
-        serving = { spare, relay };
-        trace("session: spare relay claimed");
-      }
-    } else if (claimed) {
-      await provider.stopExec(claimed.record.id).catch(() => {});
+    const spare = await answering?.catch(() => undefined);
+    if (spare && sameServices(claimed!.record.ports, proxies.sockets)) {
+      relay = adoptRelay(relayOptions, claimed!.record.ports, spare);
+      serving = { spare, relay };
+      trace("session: spare relay claimed");
+    } else if (spare) {
+      await spare.stop();
     }
     relay ??= await startRelay(relayOptions);
     const carrying = relay;

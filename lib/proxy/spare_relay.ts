@@ -10,9 +10,10 @@
  * record beside the container's mounted directory (in the 0700 state directory: the sandbox never
  * sees it).
  *
- * The next session claims the record (a rename: exactly one session gets it), makes its proxies'
- * sockets in that directory, then `control.sock`, and waits for the relay to connect and say its
- * key. The key went to the relay in its environment, which no process of the sandbox user can
+ * The next session claims the record (a rename: exactly one session gets it), makes
+ * `control.sock` in that directory and its proxies' sockets beside it (at the same time: the relay
+ * carries nothing before the session's command runs), and waits for the relay to connect and say
+ * its key. The key went to the relay in its environment, which no process of the sandbox user can
  * read (the relay is another uid; its wrapper is not dumpable), so a connection that says it is
  * the relay, listening on those ports and carrying to those sockets: nothing the agent started
  * can pass for it. The control connection is then the relay's lifetime, as the exec stream is for
