@@ -57,8 +57,8 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
     opening = opening.catch(open);
   }
   const session = await opening;
-  // resources.disk: a workspace growing past it stops the command (exit 125). Started once the
-  // relay is up (its walk of the workspace would slow the relay's start), before the command.
+  // resources.disk: a workspace growing past it stops the command (exit 125). Its watcher starts
+  // 250 ms into the command, and never for a command over by then (lib/sandbox/disk_watch.ts).
   const watch = provider.watchDisk();
   // Both closed together once the command is over (after the sweep, when there is one).
   await using _closing = { [Symbol.asyncDispose]: () => Promise.all([session.close(), watch.close()]).then(() => {}) };
