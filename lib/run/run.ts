@@ -515,7 +515,39 @@ async function prepare(
   const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr, runId: context.id };
   /** The worker waiting in the shared container, reached while the lease is taken. */
   let waiting: Promise<WorkerProcess | undefined> = Promise.resolve(undefined);
-  if (!fresh) {
+  const leaseSeconds = (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60;
+  /** Behind the run, inside the container, without the user waiting: its worktree removed,
+   * whatever it left running killed, the next run's worker started (see lease()). */
+  const behindTheRun = (granted: LeaseRelease) =>
+    context.cleanups.push(() =>
+      granted({
+        then: behind.worktree && !request.repo?.keepWorktree && !keep.worktree
+          ? [removeWorktreeArgv(behind.worktree, { keepBranch: keep.branch })]
+          : [],
+        spare: behind.spare ? spareCommand() : undefined,
+      })
+    );
+  /** The profile's container is busy: its other shared containers (sandbox.containers), before one of its own. */
+  const elsewhere = async () => {
+    const other = await leaseOtherSlot(profile.sandbox.containers, (slot) =>
+      new DockerSandboxProvider(profile, { slot, repository, onProgress: request.onProgress, agent: context.agent }), leaseSeconds, context.id, signal);
+    if (other) {
+      provider = other.provider;
+      leased = true;
+      behindTheRun(other.release);
+      trace(`run: leased ${provider.containerName}`);
+    } else {
+      fresh = true;
+      request.onProgress?.("another run of this profile is live: this run gets a container of its own");
+    }
+  };
+  // Another run of this host holds the container: it is passed over at once, and nothing of it
+  // is reached for early (its waiting worker and relay are for the run that wins its lease).
+  const onHost = fresh ? undefined : await provider.holdOnHost();
+  if (!fresh && !onHost) {
+    trace(`run: ${provider.containerName} is busy on this host`);
+    await elsewhere();
+  } else if (!fresh) {
     // The relay starts, and the waiting worker is reached, while Docker is asked about the
     // container and the lease is taken: they are independent, the container is all but always
     // up, and the lease all but always granted. When the container had to be started (or made)
@@ -545,8 +577,7 @@ async function prepare(
     // The lease is asked for at once too (the runs that are the container's own are not counted
     // against it: scripts/sandbox-exec). An answer from a container that was not up as it is now
     // is let go below, and the lease asked for again.
-    const leaseSeconds = (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60;
-    let asked: Promise<LeaseRelease | undefined> | undefined = provider.lease(context.id, leaseSeconds, signal);
+    let asked: Promise<LeaseRelease | undefined> | undefined = provider.lease(context.id, leaseSeconds, signal, onHost);
     asked.catch(() => {});
     const unclaimed = asked;
     let claimed = false;
@@ -583,34 +614,12 @@ async function prepare(
       })
       : await leaseShared(provider, leaseSeconds, context.id, signal);
     trace(release ? "run: leased" : "run: busy");
-    /** Behind the run, inside the container, without the user waiting: its worktree removed,
-     * whatever it left running killed, the next run's worker started (see lease()). */
-    const behindTheRun = (granted: LeaseRelease) =>
-      context.cleanups.push(() =>
-        granted({
-          then: behind.worktree && !request.repo?.keepWorktree && !keep.worktree
-            ? [removeWorktreeArgv(behind.worktree, { keepBranch: keep.branch })]
-            : [],
-          spare: behind.spare ? spareCommand() : undefined,
-        })
-      );
     if (release) {
       leased = true;
       behindTheRun(release);
     } else {
       await letGo();
-      // The profile's other shared containers (sandbox.containers), before one of its own.
-      const other = await leaseOtherSlot(profile.sandbox.containers, (slot) =>
-        new DockerSandboxProvider(profile, { slot, repository, onProgress: request.onProgress, agent: context.agent }), leaseSeconds, context.id, signal);
-      if (other) {
-        provider = other.provider;
-        leased = true;
-        behindTheRun(other.release);
-        trace(`run: leased ${provider.containerName}`);
-      } else {
-        fresh = true;
-        request.onProgress?.("another run of this profile is live: this run gets a container of its own");
-      }
+      await elsewhere();
     }
   }
   if (fresh) {

@@ -15,7 +15,7 @@ import { ensureImage, imageTagFor } from "./image.ts";
 import { agentImageTagFor, ensureAgentImage } from "../agents/agent_image.ts";
 import type { AgentCliName } from "../agents/packages.ts";
 import { removeLegacyFirewall } from "./legacy_cleanup.ts";
-import { withHostLock } from "../lock.ts";
+import { type HeldLock, tryHostLock, withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
 import { readLines } from "../lines.ts";
 import { trace } from "../trace.ts";
@@ -580,7 +580,40 @@ export class DockerSandboxProvider implements SandboxProvider {
    * next run's worker, see spare.ts). The lease also ends after `seconds`, so a holder that hangs
    * cannot hold the container for ever.
    */
-  async lease(name: string, seconds: number, signal?: AbortSignal): Promise<LeaseRelease | undefined> {
+  async lease(name: string, seconds: number, signal?: AbortSignal, held?: HeldLock): Promise<LeaseRelease | undefined> {
+    // Runs of this host that want the container at the same time are told it is busy here, at
+    // once: the lease inside would say so too, but only once each had queued for its lock there
+    // (eight runs at once: over a second each). The lease inside stays the authority: it also
+    // counts commands and runs this lock does not see. Held while the lease is; released as the
+    // lease's release begins, so that the next run's lease waits for that release inside, as before.
+    const onHost = held ?? await this.holdOnHost();
+    if (!onHost) {
+      trace(`lease: ${this.names.container} is busy on this host`);
+      return undefined;
+    }
+    try {
+      const release = await this.#leaseInside(name, seconds, signal);
+      if (!release) onHost.release();
+      return release && (async (after?: LeaseAfter) => {
+        onHost.release();
+        await release(after);
+      });
+    } catch (error) {
+      onHost.release();
+      throw error;
+    }
+  }
+
+  /**
+   * This host's lock on the container for a run (see `lease`, which takes it, or is given it once
+   * taken): undefined when another run of this host holds it. A lock that cannot be made (an
+   * unwritable lock directory) is no lock: the lease inside decides alone.
+   */
+  async holdOnHost(): Promise<HeldLock | undefined> {
+    return await tryHostLock(`lease-${this.names.container}`).catch(() => ({ release() {} }));
+  }
+
+  async #leaseInside(name: string, seconds: number, signal?: AbortSignal): Promise<LeaseRelease | undefined> {
     let input!: ReadableStreamDefaultController<Uint8Array>;
     const stdin = new ReadableStream<Uint8Array>({ start: (controller) => void (input = controller) });
     // Not tied to `signal` once granted: a run that is interrupted still releases its lease with
