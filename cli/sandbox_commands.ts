@@ -39,20 +39,26 @@ export function registerSandboxCommands(program: Command): void {
     .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
       const { openProvider } = await import("../lib/sandbox/providers.ts");
       const profile = await profileFor(command, opts.profile);
-      const { readyWorker } = await import("../lib/sandbox/spare.ts");
+      const [{ readyWorker }, { readySpareRelay }] = await Promise.all([
+        import("../lib/sandbox/spare.ts"),
+        import("../lib/proxy/spare_relay.ts"),
+      ]);
+      /** What a run's end would leave in a container: a worker and a relay waiting for the next. */
+      const ready = (made: typeof provider) => Promise.all([readyWorker(made, signal), readySpareRelay(made, signal)]);
       const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
       const status = await provider.ensureRunning({ signal, checkImage: true, probe: true });
       // sandbox.containers: the profile's further shared containers, made warm before runs need
       // them (after the first, whose image they share: side by side). A container made or started
-      // just now gets the worker that waits for its next run, as a run's end would leave it.
+      // just now gets the worker and the relay that wait for its next run, as a run's end would
+      // leave them.
       const slots = provider.profile.sandbox.container === "shared" ? provider.profile.sandbox.containers : 1;
       const others = await Promise.all(Array.from({ length: slots - 1 }, async (_, i) => {
         const other = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal, slot: i + 2 });
         const started = await other.ensureRunning({ signal, checkImage: true, probe: true });
-        if (!other.wasRunning) await readyWorker(other, signal);
+        if (!other.wasRunning) await ready(other);
         return started;
       }));
-      if (!provider.wasRunning) await readyWorker(provider, signal);
+      if (!provider.wasRunning) await ready(provider);
       // Human output on stdout, like every command's; progress (image builds) went to stderr.
       if (opts.json) await stdout.json(others.length > 0 ? { ...status, others } : status);
       else {

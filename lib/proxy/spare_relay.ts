@@ -35,8 +35,8 @@
 import { RELAY_USER } from "../sandbox/docker_provider.ts";
 import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { engineRequest, engineSocket } from "../sandbox/engine_api.ts";
-import { PROXY_MOUNT_PATH } from "../sandbox/proxy_mount.ts";
-import { relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
+import { prepareProxyMountSource, PROXY_MOUNT_PATH } from "../sandbox/proxy_mount.ts";
+import { DEFAULT_RELAY_BASE_PORT, portsFor, relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
 import { trace } from "../trace.ts";
 
 /** The socket a claiming session makes last, which the spare connects to (relay/main.ts). */
@@ -147,6 +147,20 @@ export async function startSpareRelay(
     await provider.stopExec(id).catch(() => {});
     await Deno.remove(hostDir, { recursive: true }).catch(() => {});
   }
+}
+
+/**
+ * A spare relay for the first session of `provider`'s container, which `up` has just made or
+ * started (a session leaves one only as it ends): on the first ports, serving what a run's or a
+ * `sandbox exec`'s session serves (the LLM, and egress unless the network is full). Only where the
+ * container has the mounted socket directory; best effort, as every spare.
+ */
+export async function readySpareRelay(provider: DockerSandboxProvider, signal?: AbortSignal): Promise<void> {
+  if (!await provider.hasProxyMount(signal).catch(() => false)) return;
+  const source = await prepareProxyMountSource(provider.containerName).catch(() => undefined);
+  if (!source) return;
+  const services: RelayService[] = provider.profile.sandbox.network.mode === "full" ? ["llm"] : ["llm", "egress"];
+  await startSpareRelay(provider, source, portsFor(services, DEFAULT_RELAY_BASE_PORT));
 }
 
 /**

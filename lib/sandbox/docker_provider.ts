@@ -260,6 +260,11 @@ export class DockerSandboxProvider implements SandboxProvider {
     };
   }
 
+  /** Whether the container has the host's socket directory mounted (made with it, not without). */
+  async hasProxyMount(signal?: AbortSignal): Promise<boolean> {
+    return (await this.#inspect(signal))?.Mounts?.some((m) => m.Destination === PROXY_MOUNT_PATH) ?? false;
+  }
+
   async #inspect(signal?: AbortSignal): Promise<ContainerInspect | undefined> {
     const result = await this.docker.run(["container", "inspect", this.names.container], { signal });
     if (result.exitCode !== 0) {

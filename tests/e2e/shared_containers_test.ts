@@ -1,6 +1,7 @@
 /**
  * `sandbox.containers: N`: a profile keeps N shared containers, each serving one run at a time.
- * Real engine, the CLI as a user runs it: `up` makes them all, each with a worker waiting; a run
+ * Real engine, the CLI as a user runs it: `up` makes them all, each with a worker and a relay
+ * waiting (the relay is the one the next run claims, and passes on); a run
  * that starts while another holds the first leases one of the others (no container of its own, and
  * not the busy one: the hostile-agent rule of one run per container holds); the next run, alone,
  * goes back to the first; `down` removes them all.
@@ -20,6 +21,12 @@ async function containerOf(fixture: RunFixture, stderr: string): Promise<string>
   assert.ok(id, `no run id in:\n${stderr}`);
   const meta = JSON.parse(await Deno.readTextFile(`${fixture.stateDir}/sandbox/runs/${id}/meta.json`));
   return meta.extra.container;
+}
+
+/** The pids of the relays waiting in `container` for their next session (`relay.js --spare`). */
+async function spareRelays(container: string): Promise<string[]> {
+  const ps = await run(["docker", "exec", "--user", "0", container, "ps", "-eo", "pid=,args="]);
+  return ps.stdout.split("\n").filter((line) => /^\s*\d+ deno run .*relay\.js --spare /.test(line)).map((line) => line.trim().split(" ")[0]);
 }
 
 function startRun(fixture: RunFixture) {
@@ -46,7 +53,10 @@ Deno.test({
     });
     const second = `${fixture.container}-s2`;
 
-    await t.step("up makes both, each with a worker waiting for its run", async () => {
+    /** The relay `up` left waiting in the second container. */
+    let upRelay: string[] = [];
+
+    await t.step("up makes both, each with a worker and a relay waiting for its run", async () => {
       const up = await fixture.cli(["up", "--profile", fixture.profile]);
       assert.equal(up.exitCode, 0, up.stderr);
       assert.match(up.stdout, new RegExp(`sandbox ${fixture.container} is running`));
@@ -54,7 +64,9 @@ Deno.test({
       for (const container of [fixture.container, second]) {
         const ps = await run(["docker", "exec", "--user", "0", container, "ps", "-eo", "args="]);
         assert.match(ps.stdout, /^deno run .*worker\.js serve --socket/m, `no worker waits in ${container}:\n${ps.stdout}`);
+        assert.equal((await spareRelays(container)).length, 1, `no relay waits in ${container}:\n${ps.stdout}`);
       }
+      upRelay = await spareRelays(second);
     });
 
     await t.step("while a run holds the first, the next leases the second: both succeed, in different shared containers", async () => {
@@ -70,6 +82,9 @@ Deno.test({
       assert.doesNotMatch(otherEnd.stderrTail, /a container of its own/);
       const places = [await containerOf(fixture, firstEnd.stderrTail), await containerOf(fixture, otherEnd.stderrTail)];
       assert.deepEqual(places, [fixture.container, second]);
+      // The run in the second claimed the relay up left there (serving what a run needs), and
+      // passed it on: the same process waits again, no other.
+      assert.deepEqual(await spareRelays(second), upRelay);
     });
 
     await t.step("alone, a run goes to the first again", async () => {
