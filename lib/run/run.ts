@@ -28,6 +28,7 @@ import { openSession, type SandboxSession, startHostProxies } from "../proxy/ses
 import { workerBundlePath } from "../sandbox/worker_bundle.ts";
 import { type AgentCliName, type AgentName, isAgentCli } from "../agents/packages.ts";
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
+import type { HeldLock } from "../lock.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
@@ -381,10 +382,12 @@ async function leaseShared(
   seconds: number,
   runId: string,
   signal?: AbortSignal,
+  /** This host's lock on the container, when taken already (the first attempt's; see lease). */
+  held?: HeldLock,
 ): Promise<LeaseRelease | undefined> {
   for (let attempt = 0;; attempt++) {
     try {
-      return await provider.lease(runId, seconds, signal);
+      return await provider.lease(runId, seconds, signal, attempt === 0 ? held : undefined);
     } catch (error) {
       trace(`run: cannot lease: ${error instanceof Error ? error.message : error}`);
       signal?.throwIfAborted();
@@ -415,11 +418,18 @@ async function leaseOtherSlot(
   }
   for (const slot of order) {
     const candidate = providerFor(slot);
+    // Held by another run of this host: the next, without asking Docker about this one.
+    const held = await candidate.holdOnHost();
+    if (!held) {
+      trace(`run: ${candidate.containerName} is busy on this host`);
+      continue;
+    }
     try {
       await candidate.ensureRunning({ signal });
-      const release = await leaseShared(candidate, seconds, runId, signal);
+      const release = await leaseShared(candidate, seconds, runId, signal, held);
       if (release) return { provider: candidate, release };
     } catch (error) {
+      held.release();
       // A slot that cannot be made or reached is passed over (the run goes on to the next, or
       // to a container of its own); an interruption is not.
       signal?.throwIfAborted();
