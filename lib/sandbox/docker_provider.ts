@@ -589,8 +589,9 @@ export class DockerSandboxProvider implements SandboxProvider {
     // Runs of this host that want the container at the same time are told it is busy here, at
     // once: the lease inside would say so too, but only once each had queued for its lock there
     // (eight runs at once: over a second each). The lease inside stays the authority: it also
-    // counts commands and runs this lock does not see. Held while the lease is; released as the
-    // lease's release begins, so that the next run's lease waits for that release inside, as before.
+    // counts commands and runs this lock does not see. Held while the lease is, and let go once
+    // the lease inside has its release (it is cleaning up behind the run), so that the next run
+    // of this host gets the lock, and its lease waits there for that cleanup, as before.
     const onHost = held ?? await this.holdOnHost();
     if (!onHost) {
       trace(`lease: ${this.names.container} is busy on this host`);
@@ -600,8 +601,11 @@ export class DockerSandboxProvider implements SandboxProvider {
       const release = await this.#leaseInside(name, seconds, signal);
       if (!release) onHost.release();
       return release && (async (after?: LeaseAfter) => {
-        onHost.release();
-        await release(after);
+        try {
+          await release(after);
+        } finally {
+          onHost.release();
+        }
       });
     } catch (error) {
       onHost.release();
