@@ -160,15 +160,12 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   // what a failure still owes the reader.
   const sent = { result: false, usage: false };
   let events = 0;
-  /** Once the run is under way: what it leaves for the next one (see prepare). */
+  /** As the run's cleanup begins: what it leaves for the next run (see prepare). */
   let underWay: (() => void) | undefined;
   const emit = async (message: AgenticMessage) => {
     await log.append(message);
     await request.onEvent(message);
-    if (events++ === 0) {
-      trace("run: first event");
-      // underWay?.();
-    }
+    if (events++ === 0) trace("run: first event");
     if (message.type === "result") sent.result = true;
     if (message.type === "usage") sent.usage = true;
   };
@@ -183,8 +180,9 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   try {
     const onAgentEvent = (line: string) => log.appendAgentEvent(line);
     const { driver, cwd, provider, worktree, session, keep, leased } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall, agent, onAgentEvent, limits });
-    // The container outlives the run: once the run is under way (not while it starts), the next
-    // run's relay is started in it, so that its start does not wait for one (spare_relay.ts).
+    // The container outlives the run: as its cleanup begins (not while it starts or works), the
+    // next run's relay is started in it, so that its start does not wait for one
+    // (spare_relay.ts); nothing is started when the run's own relay is a spare it passes on.
     if (leased && session) underWay = () => session.leaveSpareRelay();
     place = { container: provider?.containerName ?? null, workdir: cwd, kept: profile.sandbox.container !== "fresh" && (!worktree || request.repo?.keepWorktree === true) };
     if (request.mode === "agentic") {
