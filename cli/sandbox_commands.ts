@@ -41,7 +41,7 @@ export function registerSandboxCommands(program: Command): void {
       const profile = await profileFor(command, opts.profile);
       const [{ readyWorker }, { readySpareRelay }] = await Promise.all([
         import("../lib/sandbox/spare.ts"),
-        import("../lib/proxy/spare_relay.ts"),
+        import("../lib/proxy/session.ts"),
       ]);
       /** What a run's end would leave in a container: a worker and a relay waiting for the next. */
       const ready = (made: typeof provider) => Promise.all([readyWorker(made, signal), readySpareRelay(made, signal)]);

@@ -159,6 +159,28 @@ function sandboxEnv(
 }
 
 /**
+ * What a session of `profile` serves, each on its own socket and relay port: the LLM, egress
+ * unless the network mode is full, and git with a remote (`startProxies`; a spare relay must
+ * carry exactly these to be claimed).
+ */
+export function sessionServices(profile: Profile, options: { git?: boolean } = {}): RelayService[] {
+  return ["llm", ...(profile.sandbox.network.mode === "full" ? [] : ["egress" as const]), ...(options.git ? ["git" as const] : [])];
+}
+
+/**
+ * A spare relay for the first session of `provider`'s container, which `up` has just made or
+ * started (a session leaves one only as it ends): on the first ports, serving what a session
+ * without a remote serves. Only where the container has the mounted socket directory; best
+ * effort, as every spare.
+ */
+export async function readySpareRelay(provider: DockerSandboxProvider, signal?: AbortSignal): Promise<void> {
+  if (!await provider.hasProxyMount(signal).catch(() => false)) return;
+  const source = await prepareProxyMountSource(provider.containerName).catch(() => undefined);
+  if (!source) return;
+  await startSpareRelay(provider, source, portsFor(sessionServices(provider.profile), DEFAULT_RELAY_BASE_PORT));
+}
+
+/**
  * Start the credential proxy, the egress proxy (unless the network mode is full) and the git
  * proxy (with a remote) for `profile`, and issue a token for them.
  */
@@ -201,7 +223,7 @@ async function startProxies(profile: Profile, listen: Listen, options: SessionOp
     });
     cleanups.push(() => credentials.close());
     const { mode, allow, hosts } = profile.sandbox.network;
-    const egress = mode === "full" ? undefined : await startEgressProxy({
+    const egress = !sessionServices(profile).includes("egress") ? undefined : await startEgressProxy({
       ...at("egress"),
       mode,
       allow,

@@ -35,8 +35,8 @@
 import { RELAY_USER } from "../sandbox/docker_provider.ts";
 import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { engineRequest, engineSocket } from "../sandbox/engine_api.ts";
-import { prepareProxyMountSource, PROXY_MOUNT_PATH } from "../sandbox/proxy_mount.ts";
-import { DEFAULT_RELAY_BASE_PORT, portsFor, relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
+import { PROXY_MOUNT_PATH, spareRelayRecordPath } from "../sandbox/proxy_mount.ts";
+import { relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
 import { trace } from "../trace.ts";
 
 /** The socket a claiming session makes last, which the spare connects to (relay/main.ts). */
@@ -72,14 +72,6 @@ export interface ClaimedSpare {
   sandboxDir: string;
 }
 
-/**
- * The record of `mountSource`'s spare relay: beside the mounted directory, never inside it
- * (proxy_mount.ts `removeProxyMountSource` removes it with the container's directory).
- */
-function recordPath(mountSource: string): string {
-  return `${mountSource}.spare-relay.json`;
-}
-
 function randomHex(bytes: number): string {
   return Array.from(
     crypto.getRandomValues(new Uint8Array(bytes)),
@@ -97,7 +89,7 @@ export async function startSpareRelay(
   mountSource: string,
   ports: Partial<Record<RelayService, number>>,
 ): Promise<void> {
-  const record = recordPath(mountSource);
+  const record = spareRelayRecordPath(mountSource);
   if (await hasSpareRelay(mountSource)) return;
   const dir = `s${randomHex(4).slice(0, 7)}`;
   const hostDir = `${mountSource}/${dir}`;
@@ -150,20 +142,6 @@ export async function startSpareRelay(
 }
 
 /**
- * A spare relay for the first session of `provider`'s container, which `up` has just made or
- * started (a session leaves one only as it ends): on the first ports, serving what a run's or a
- * `sandbox exec`'s session serves (the LLM, and egress unless the network is full). Only where the
- * container has the mounted socket directory; best effort, as every spare.
- */
-export async function readySpareRelay(provider: DockerSandboxProvider, signal?: AbortSignal): Promise<void> {
-  if (!await provider.hasProxyMount(signal).catch(() => false)) return;
-  const source = await prepareProxyMountSource(provider.containerName).catch(() => undefined);
-  if (!source) return;
-  const services: RelayService[] = provider.profile.sandbox.network.mode === "full" ? ["llm"] : ["llm", "egress"];
-  await startSpareRelay(provider, source, portsFor(services, DEFAULT_RELAY_BASE_PORT));
-}
-
-/**
  * Take `mountSource`'s spare relay for a session, if it has one that is alive. The record is
  * claimed by renaming it (two sessions cannot both get it); a dead spare's directory is removed.
  */
@@ -171,7 +149,7 @@ export async function claimSpareRelay(
   provider: DockerSandboxProvider,
   mountSource: string,
 ): Promise<ClaimedSpare | undefined> {
-  const record = recordPath(mountSource);
+  const record = spareRelayRecordPath(mountSource);
   const taken = `${record}.${randomHex(4)}`;
   try {
     await Deno.rename(record, taken);
@@ -323,7 +301,7 @@ export async function passOnSpareRelay(
     for await (const entry of Deno.readDir(claimed.hostDir)) {
       await Deno.remove(`${claimed.hostDir}/${entry.name}`, { recursive: true });
     }
-    await Deno.writeTextFile(recordPath(mountSource), JSON.stringify(claimed.record), { createNew: true, mode: 0o600 });
+    await Deno.writeTextFile(spareRelayRecordPath(mountSource), JSON.stringify(claimed.record), { createNew: true, mode: 0o600 });
     trace("session: spare relay passed on");
     return true;
   } catch {
@@ -336,7 +314,7 @@ export async function passOnSpareRelay(
 /** Whether `mountSource`'s container has a spare relay waiting (a record). */
 export async function hasSpareRelay(mountSource: string): Promise<boolean> {
   try {
-    await Deno.lstat(recordPath(mountSource));
+    await Deno.lstat(spareRelayRecordPath(mountSource));
     return true;
   } catch {
     return false;

@@ -115,13 +115,21 @@ export async function prepareProxyMountSource(containerName: string): Promise<st
 }
 
 /**
+ * The host's record of the spare relay waiting in the container whose mounted directory is
+ * `mountSource` (lib/proxy/spare_relay.ts): beside that directory, never inside it.
+ */
+export function spareRelayRecordPath(mountSource: string): string {
+  return `${mountSource}.spare-relay.json`;
+}
+
+/**
  * Remove what the host kept for `containerName`'s mount, once the container is gone: the directory
  * (its sessions' sockets, a spare relay's) and the spare relay's record beside it.
  */
 export async function removeProxyMountSource(containerName: string): Promise<void> {
   const dir = await proxyMountSource(containerName);
   await Deno.remove(dir, { recursive: true }).catch(() => {});
-  await Deno.remove(`${dir}.spare-relay.json`).catch(() => {});
+  await Deno.remove(spareRelayRecordPath(dir)).catch(() => {});
 }
 
 /** A session's socket directory in a container's mounted one, as the host and the sandbox see it. */
