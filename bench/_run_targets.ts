@@ -102,16 +102,16 @@ async function bundledCli(setup: RunSetup, context: BenchContext): Promise<(args
 }
 
 /**
- * A copy of the bundle without its embedded worker (the gzip's base64 replaced by an empty
- * string): what the bundle's start would be without those bytes to read and parse. It cannot build
- * an image; `--version` does not need one.
+ * A copy of the bundle without its embedded worker (its brotli's base64, as bundle.sh wrote it
+ * beside the bundle, replaced by nothing): what the bundle's start would be without those bytes to
+ * read. It cannot build an image; `--version` does not need one.
  */
 async function bundleWithoutWorker(bundle: string): Promise<string> {
   const text = await Deno.readTextFile(bundle);
-  const match = /var (\w+) = "H4sI[A-Za-z0-9+/=]*";/.exec(text);
-  if (!match) throw new Error(`no embedded worker found in ${bundle}`);
+  const embedded = (await Deno.readTextFile(bundle.replace(/sandbox\.js$/, "worker.js.br.b64"))).trim();
+  if (text.split(embedded).length !== 2) throw new Error(`the embedded worker is not found once in ${bundle}`);
   const stripped = bundle.replace(/\.js$/, ".no-worker.js");
-  await Deno.writeTextFile(stripped, text.replace(match[0], `var ${match[1]} = "";`));
+  await Deno.writeTextFile(stripped, text.replace(embedded, ""));
   return stripped;
 }
 

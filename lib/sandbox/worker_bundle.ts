@@ -4,9 +4,10 @@
  * over the exec stream; a bundle of its own so that it starts fast).
  *
  * The bundled CLI carries both bundles embedded (`scripts/bundle.sh` registers them before the
- * CLI starts), gzipped and in base64, with their SHA-256: a 7 MB string literal would cost every
- * start of the CLI ~200 ms and ~100 MB to parse, and the bytes are needed only when an image is
- * built, so they are decompressed then and only then. Run from a checkout, each is bundled from
+ * CLI starts), brotli-compressed and in base64, with their SHA-256: a 3 MB string literal would cost
+ * every start of the CLI tens of ms, and the bytes are needed only when an image is built, so they
+ * are decompressed then and only then. Both are minified and finished the same way whether built
+ * by bundle.sh or here (lib/sandbox/bundle_text.ts). Run from a checkout, each is bundled from
  * source on first use and cached in the state directory under a hash of the sources, so an
  * unchanged checkout never bundles twice.
  */
@@ -14,39 +15,38 @@ import { userStateDir } from "../paths.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { cachedByIdentity, fileSha256, sha256Hex, sha256HexOf } from "../hash.ts";
 import { run } from "../process.ts";
+import { BundleShapeError, finishBundle } from "./bundle_text.ts";
 
 type BundleName = "worker" | "relay";
 const ENTRY: Record<BundleName, string> = { worker: "worker/main.ts", relay: "relay/main.ts" };
 
-/** An embedded bundle: gzip, in base64, and the SHA-256 of the bundle itself (computed by bundle.sh). */
+/** An embedded bundle: brotli, in base64, and the SHA-256 of the bundle itself (computed by bundle.sh). */
 interface Embedded {
-  gzipBase64: string;
+  brotliBase64: string;
   sha256: string;
 }
 
 const embedded: Partial<Record<BundleName, Embedded>> = {};
 
-function embed(name: BundleName, gzipBase64: string, sha256: string): void {
+function embed(name: BundleName, brotliBase64: string, sha256: string): void {
   if (!/^[0-9a-f]{64}$/.test(sha256.trim())) throw new TypeError(`Invalid SHA-256 for the embedded ${name} bundle`);
-  embedded[name] = { gzipBase64: gzipBase64.trim(), sha256: sha256.trim() };
+  embedded[name] = { brotliBase64: brotliBase64.trim(), sha256: sha256.trim() };
 }
 
 /** Called by the bundled CLI's entry, before anything else runs. */
-export function setEmbeddedWorker(gzipBase64: string, sha256: string): void {
-  embed("worker", gzipBase64, sha256);
+export function setEmbeddedWorker(brotliBase64: string, sha256: string): void {
+  embed("worker", brotliBase64, sha256);
 }
 
 /** Called by the bundled CLI's entry, before anything else runs. */
-export function setEmbeddedRelay(gzipBase64: string, sha256: string): void {
-  embed("relay", gzipBase64, sha256);
+export function setEmbeddedRelay(brotliBase64: string, sha256: string): void {
+  embed("relay", brotliBase64, sha256);
 }
 
 /** The bytes of an embedded bundle: decompressed only now, when an image is being built. */
 async function embeddedBytes(bundle: Embedded): Promise<Uint8Array> {
-  const compressed = Uint8Array.fromBase64(bundle.gzipBase64);
-  const bytes = await new Response(
-    new Blob([compressed]).stream().pipeThrough(new DecompressionStream("gzip")),
-  ).bytes();
+  const { brotliDecompressSync } = await import("node:zlib");
+  const bytes = new Uint8Array(brotliDecompressSync(Uint8Array.fromBase64(bundle.brotliBase64)));
   // The bytes that go into the image must be the ones the tag's hash names.
   if (await sha256HexOf(bytes) !== bundle.sha256) {
     throw new SandboxError("image_build_failed", "The embedded bundle does not match its SHA-256: this bundled CLI is damaged");
@@ -153,11 +153,17 @@ async function bundlePath(name: BundleName, onProgress?: (line: string, phase?: 
     // Run from the checkout so deno.json is found as it is for `deno bundle` by hand: with an
     // explicit --config the bundle's CommonJS shim loses Node's require.
     const result = await run(
-      [Deno.execPath(), "bundle", "--quiet", "--platform", "deno", "-o", partial, ENTRY[name]],
+      [Deno.execPath(), "bundle", "--quiet", "--platform", "deno", "--minify", "--keep-names", "-o", partial, ENTRY[name]],
       { cwd: new URL(".", SOURCE_ROOT).pathname },
     );
     if (result.exitCode !== 0) {
       throw new CommandExitError("image_build_failed", `Cannot bundle the ${name}`, result);
+    }
+    try {
+      await Deno.writeTextFile(partial, finishBundle(await Deno.readTextFile(partial)));
+    } catch (error) {
+      if (!(error instanceof BundleShapeError)) throw error;
+      throw new SandboxError("image_build_failed", `Cannot finish the ${name} bundle: ${error.message}`);
     }
     onProgress?.(`Bundled the ${name} in ${((performance.now() - started) / 1000).toFixed(1)}s`, "end");
   }
