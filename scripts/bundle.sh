@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build dist/sandbox.js: the whole CLI in one file that runs from an empty directory with only
 # `deno`, carrying the worker and relay bundles, the Dockerfile and the scripts as embedded assets.
-# The two bundles go in brotli-compressed and in base64, with their SHA-256 (the image hash needs it
-# on every start): the CLI decompresses them only when it builds an image, so its start stays light.
+# The two bundles go in brotli-compressed and in base64 (dist/embedded.ts), with their SHA-256 (the
+# image hash needs it on every start): the CLI decompresses them only when it builds an image.
 # Run it as the installed launcher does (scripts/install.ts): deno run -A --no-config with the
 # unstable flags of deno.json, which a bundle cannot carry itself.
 set -euo pipefail
@@ -14,9 +14,8 @@ bundle() {
   deno bundle --quiet --platform deno --minify --keep-names -o "$2" "$1"
   deno run --quiet --no-config --allow-read=dist --allow-write=dist scripts/bundle_post.ts "$2" ${3:-}
 }
-for name in worker relay; do
-  bundle "$name/main.ts" "dist/$name.js"
-  deno run --quiet --no-config --allow-read=dist --allow-write=dist scripts/embed_bundle.ts "dist/$name.js"
-done
+bundle worker/main.ts dist/worker.js
+bundle relay/main.ts dist/relay.js
+deno run --quiet --no-config --allow-read=dist --allow-write=dist scripts/embed_bundles.ts dist
 bundle scripts/bundle_entry.ts dist/sandbox.js --require-ascii
 echo "dist/sandbox.js: $(du -h dist/sandbox.js | cut -f1)" >&2

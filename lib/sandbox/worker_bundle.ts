@@ -20,33 +20,37 @@ import { BundleShapeError, finishBundle } from "./bundle_text.ts";
 type BundleName = "worker" | "relay";
 const ENTRY: Record<BundleName, string> = { worker: "worker/main.ts", relay: "relay/main.ts" };
 
-/** An embedded bundle: brotli, in base64, and the SHA-256 of the bundle itself (computed by bundle.sh). */
-interface Embedded {
-  brotliBase64: string;
+/**
+ * An embedded bundle (dist/embedded.ts, written by scripts/embed_bundles.ts): its bytes brotli-
+ * compressed in base64, behind a function that is called only to build an image (see there why),
+ * and the SHA-256 of the bundle itself.
+ */
+export interface EmbeddedBundle {
+  brotliBase64: () => string;
   sha256: string;
 }
 
-const embedded: Partial<Record<BundleName, Embedded>> = {};
+const embedded: Partial<Record<BundleName, EmbeddedBundle>> = {};
 
-function embed(name: BundleName, brotliBase64: string, sha256: string): void {
-  if (!/^[0-9a-f]{64}$/.test(sha256.trim())) throw new TypeError(`Invalid SHA-256 for the embedded ${name} bundle`);
-  embedded[name] = { brotliBase64: brotliBase64.trim(), sha256: sha256.trim() };
+function embed(name: BundleName, bundle: EmbeddedBundle): void {
+  if (!/^[0-9a-f]{64}$/.test(bundle.sha256)) throw new TypeError(`Invalid SHA-256 for the embedded ${name} bundle`);
+  embedded[name] = bundle;
 }
 
 /** Called by the bundled CLI's entry, before anything else runs. */
-export function setEmbeddedWorker(brotliBase64: string, sha256: string): void {
-  embed("worker", brotliBase64, sha256);
+export function setEmbeddedWorker(bundle: EmbeddedBundle): void {
+  embed("worker", bundle);
 }
 
 /** Called by the bundled CLI's entry, before anything else runs. */
-export function setEmbeddedRelay(brotliBase64: string, sha256: string): void {
-  embed("relay", brotliBase64, sha256);
+export function setEmbeddedRelay(bundle: EmbeddedBundle): void {
+  embed("relay", bundle);
 }
 
 /** The bytes of an embedded bundle: decompressed only now, when an image is being built. */
-async function embeddedBytes(bundle: Embedded): Promise<Uint8Array> {
+async function embeddedBytes(bundle: EmbeddedBundle): Promise<Uint8Array> {
   const { brotliDecompressSync } = await import("node:zlib");
-  const bytes = new Uint8Array(brotliDecompressSync(Uint8Array.fromBase64(bundle.brotliBase64)));
+  const bytes = new Uint8Array(brotliDecompressSync(Uint8Array.fromBase64(bundle.brotliBase64())));
   // The bytes that go into the image must be the ones the tag's hash names.
   if (await sha256HexOf(bytes) !== bundle.sha256) {
     throw new SandboxError("image_build_failed", "The embedded bundle does not match its SHA-256: this bundled CLI is damaged");
