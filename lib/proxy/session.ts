@@ -17,7 +17,7 @@ import { userStateDir, type Profile } from "../config.ts";
 import { PROXY_PATH_PREFIX, startCredentialProxy, TokenRegistry, type UpstreamProvider } from "./credential_proxy.ts";
 import { type DockerSandboxProvider, RELAY_USER } from "../sandbox/docker_provider.ts";
 import { startEgressProxy } from "./egress_proxy.ts";
-import { GIT_PATH_PREFIX, type GitRemote, startGitProxy } from "./git_proxy.ts";
+import type { GitRemote } from "./git_proxy.ts";
 import { KeyStore } from "../keys.ts";
 import { llmTarget } from "./llm_providers.ts";
 import { Redactor } from "../redact.ts";
@@ -234,8 +234,9 @@ async function startProxies(profile: Profile, listen: Listen, options: SessionOp
       signal: options.signal,
     });
     if (egress) cleanups.push(() => egress.close());
+    // The git proxy's modules are loaded only for a session with a remote (~4 ms of every other).
     const git = options.gitRemote
-      ? await startGitProxy({
+      ? await (await import("./git_proxy.ts")).startGitProxy({
         ...at("git"),
         grants: new Map([[token, options.gitRemote]]),
         log,
@@ -466,7 +467,9 @@ export async function openSession(
     cleanups.push(async () => await leavingSpare);
     trace(`session: relay ready (${relay.transport} path)`);
     const local = (port: number | undefined) => port === undefined ? undefined : `http://127.0.0.1:${port}`;
-    const gitUrl = relay.ports.git === undefined ? undefined : `${local(relay.ports.git)}${GIT_PATH_PREFIX}`;
+    const gitUrl = relay.ports.git === undefined
+      ? undefined
+      : `${local(relay.ports.git)}${(await import("./git_proxy.ts")).GIT_PATH_PREFIX}`;
     return {
       env: sandboxEnv(proxies, {
         llm: `${local(relay.ports.llm)}${PROXY_PATH_PREFIX}`,

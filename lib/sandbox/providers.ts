@@ -2,8 +2,6 @@
 import type { Profile } from "../config.ts";
 import { DockerCli } from "./docker.ts";
 import { type DockerProviderOptions, DockerSandboxProvider, type SandboxRepo, sandboxRepo } from "./docker_provider.ts";
-import { resolveLocalRepo } from "../repo/local.ts";
-import { isRemoteUrl, resolveRemoteRepo } from "../repo/remote.ts";
 import { SandboxError } from "../errors.ts";
 import type { SandboxProvider } from "./provider.ts";
 
@@ -57,7 +55,15 @@ export async function openProvider(profile: Profile, options: OpenProviderOption
   return devcontainerProvider(devcontainer, { ...rest, repository: await repositoryOf(repo ?? Deno.cwd()) });
 }
 
-/** The sandbox identity of a repository path or URL (as runs on it name their container). */
+/**
+ * The sandbox identity of a repository path or URL (as runs on it name their container). Its
+ * modules are loaded only here: a command without a repository (most `sandbox exec`s) is spared
+ * them (~4 ms).
+ */
 async function repositoryOf(repo: string): Promise<SandboxRepo> {
+  const [{ resolveLocalRepo }, { isRemoteUrl, resolveRemoteRepo }] = await Promise.all([
+    import("../repo/local.ts"),
+    import("../repo/remote.ts"),
+  ]);
   return await sandboxRepo(isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : (await resolveLocalRepo(repo)).key);
 }
