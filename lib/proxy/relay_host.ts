@@ -227,9 +227,10 @@ async function launchOnce(
     transport = said;
     resolve("ready");
   }));
+  const opening = new FirstBytes(process.input);
   const mux = new Mux({
     role: "host",
-    input: process.input,
+    input: opening,
     output: (bytes) => process.output(bytes),
     services: Object.keys(ports),
     onOpen: (stream, service) => void carry(stream, options.sockets[service as RelayService]!),
@@ -265,9 +266,40 @@ async function launchOnce(
     : first === "timeout"
     ? `it did not answer within ${timeoutMs} ms`
     : muxError
-    ? `it broke the protocol (${muxError.message})`
+    ? opening.asText() !== undefined
+      // Before its first frame, text: what said it was not the relay (the engine, that it could not
+      // start it, say), and those words are the reason, not the frame they made no sense as.
+      ? `it did not start: ${opening.asText()}`
+      : `it broke the protocol (${muxError.message})`
     : `it exited with code ${ended.exitCode} before listening`;
   return { kind: "failed", message: why, detail: ended.stderrTail.trim() };
+}
+
+/** A relay's output, passed through, with its first bytes kept to tell text from frames. */
+class FirstBytes implements AsyncIterable<Uint8Array> {
+  static readonly KEPT = 512;
+  #kept = new Uint8Array(0);
+
+  constructor(private readonly input: AsyncIterable<Uint8Array>) {}
+
+  async *[Symbol.asyncIterator](): AsyncIterator<Uint8Array> {
+    for await (const chunk of this.input) {
+      if (this.#kept.length < FirstBytes.KEPT) {
+        const room = chunk.subarray(0, FirstBytes.KEPT - this.#kept.length);
+        const kept = new Uint8Array(this.#kept.length + room.length);
+        kept.set(this.#kept);
+        kept.set(room, this.#kept.length);
+        this.#kept = kept;
+      }
+      yield chunk;
+    }
+  }
+
+  /** The first bytes as one line, when they are printable text (no relay frame is). */
+  asText(): string | undefined {
+    const text = new TextDecoder("utf-8", { fatal: false }).decode(this.#kept).trim();
+    return text.length > 0 && /^[\P{Cc}\t\r\n]+$/u.test(text) ? text.replace(/\s+/g, " ").slice(0, 300) : undefined;
+  }
 }
 
 /** Close the relay's stdin, give it a moment to exit, then kill it. */
