@@ -34,7 +34,7 @@
  */
 import { RELAY_USER } from "../sandbox/docker_provider.ts";
 import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
-import { engineRequest, engineSocket } from "../sandbox/engine_api.ts";
+import { execRunning } from "../sandbox/engine_api.ts";
 import { PROXY_MOUNT_PATH, spareRelayRecordPath } from "../sandbox/proxy_mount.ts";
 import { relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
 import { trace } from "../trace.ts";
@@ -72,7 +72,8 @@ export interface ClaimedSpare {
   sandboxDir: string;
 }
 
-function randomHex(bytes: number): string {
+/** `bytes` random bytes, in hex. */
+export function randomHex(bytes: number): string {
   return Array.from(
     crypto.getRandomValues(new Uint8Array(bytes)),
     (b) => b.toString(16).padStart(2, "0"),
@@ -188,20 +189,6 @@ function parseRecord(text: string): SpareRecord {
     throw new TypeError("not a spare relay record");
   }
   return value;
-}
-
-/** Whether the engine says exec `id` is running; true when it cannot be asked (the wait decides). */
-async function execRunning(id: string | undefined): Promise<boolean> {
-  const socket = engineSocket();
-  if (!id || !socket) return true;
-  try {
-    const response = await engineRequest(socket, "GET", `/exec/${id}/json`);
-    if (response.status === 404) return false;
-    if (response.status !== 200) return true;
-    return (JSON.parse(response.body) as { Running?: boolean }).Running === true;
-  } catch {
-    return true;
-  }
 }
 
 /** A claimed spare serving its session. */

@@ -16,11 +16,12 @@ import type { AgentCliName } from "../agents/packages.ts";
 import { removeLegacyFirewall } from "./legacy_cleanup.ts";
 import { type HeldLock, tryHostLock, withHostLock } from "../lock.ts";
 import { execStreamOf } from "./exec_stream.ts";
+import { type WaitingConnections, WaitingExecChild } from "./waiting_exec.ts";
 import { readLines } from "../lines.ts";
 import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
-import { spawn, spawnDetached } from "../process.ts";
+import { type Child, spawn, spawnDetached } from "../process.ts";
 import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH, removeProxyMountSource } from "./proxy_mount.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import { formatBytes } from "../units.ts";
@@ -496,15 +497,34 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
     const id = execId(options);
-    const timeoutMs = options.timeoutMs;
     const { args, env } = this.#execArgs(argv, id, options);
     const child = this.docker.spawn(args, {
       env,
       stdin: options.stdin,
       signal: options.signal,
-      timeoutMs,
+      timeoutMs: options.timeoutMs,
       onStderrLine: options.onStderrLine,
     });
+    return this.#streamOf(child, id, options.timeoutMs);
+  }
+
+  /**
+   * As `execStream`, run by a waiting wrapper this process has connected to (waiting_exec.ts)
+   * instead of a `docker exec` of its own: the same rules, the same outcome, ~50 ms sooner.
+   */
+  execStreamOn(waiting: WaitingConnections, argv: readonly string[], options: ExecOptions = {}): ExecStream {
+    if (argv.length === 0) throw new TypeError("Cannot run an empty command");
+    assertNoSecrets(`sandbox "${this.names.container}"`, { env: options.env, envKind: "exec environment", argv });
+    const child = new WaitingExecChild(waiting, argv, options.cwd, options.env ?? {}, {
+      stdin: options.stdin,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs,
+      onStderrLine: options.onStderrLine,
+    });
+    return this.#streamOf(child, waiting.id, options.timeoutMs);
+  }
+
+  #streamOf(child: Child, id: string, timeoutMs: number | undefined): ExecStream {
     return execStreamOf(child, async (stoppedEarly) => {
       const ended = await child.finished;
       if (ended.timedOut || ended.aborted || stoppedEarly) await this.#killTree(id);

@@ -40,6 +40,20 @@ let resolved: { socket?: string } | undefined;
  * The socket of the engine the `docker` CLI would reach, when the calls may go there directly
  * (see the module comment); undefined: use the CLI. Decided once per process.
  */
+/** Whether the engine says exec `id` is running; true when it cannot be asked (a wait decides). */
+export async function execRunning(id: string | undefined): Promise<boolean> {
+  const socket = engineSocket();
+  if (!id || !socket) return true;
+  try {
+    const response = await engineRequest(socket, "GET", `/exec/${id}/json`);
+    if (response.status === 404) return false;
+    if (response.status !== 200) return true;
+    return (JSON.parse(response.body) as { Running?: boolean }).Running === true;
+  } catch {
+    return true;
+  }
+}
+
 export function engineSocket(): string | undefined {
   resolved ??= { socket: resolveSocket() };
   return resolved.socket;

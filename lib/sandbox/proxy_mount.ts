@@ -123,6 +123,14 @@ export function spareRelayRecordPath(mountSource: string): string {
 }
 
 /**
+ * The host's record of the command wrapper waiting in the container whose mounted directory is
+ * `mountSource` (lib/sandbox/waiting_exec.ts): beside that directory, never inside it.
+ */
+export function waitingExecRecordPath(mountSource: string): string {
+  return `${mountSource}.waiting-exec.json`;
+}
+
+/**
  * Remove what the host kept for `containerName`'s mount, once the container is gone: the directory
  * (its sessions' sockets, a spare relay's) and the spare relay's record beside it.
  */
@@ -130,6 +138,7 @@ export async function removeProxyMountSource(containerName: string): Promise<voi
   const dir = await proxyMountSource(containerName);
   await Deno.remove(dir, { recursive: true }).catch(() => {});
   await Deno.remove(spareRelayRecordPath(dir)).catch(() => {});
+  await Deno.remove(waitingExecRecordPath(dir)).catch(() => {});
 }
 
 /** A session's socket directory in a container's mounted one, as the host and the sandbox see it. */

@@ -1,0 +1,422 @@
+/**
+ * A command's wrapper started ahead of the command (scripts/sandbox-exec `--waiting`): `up` leaves
+ * one in the container, and each `sandbox exec` hands its command to it over a socket in the
+ * container's mounted directory instead of starting a `docker exec` — which costs the engine
+ * ~50 ms before the command runs — then passes it on to the next, as a session passes its spare
+ * relay on. An exec that finds none (one is busy with a concurrent command) runs its command the
+ * usual way, and starts one for the next.
+ *
+ * The host's side, in order:
+ * - `startWaitingExec`: a detached `docker exec` of the wrapper as the sandbox user, with a key in
+ *   its environment, watching a directory of its own in the mount; recorded beside the mount
+ *   (0600), like the spare relay (lib/proxy/spare_relay.ts).
+ * - `claimWaitingExec`: take the record (a rename: one claimant), and check the exec still runs.
+ * - `connectWaitingExec`: make `job.sock` in its directory and take three connections that each
+ *   say the key first (control, stdin and stdout, stderr); anything else that connects — the
+ *   socket is 0666, so the agent may — is dropped. Nothing has been sent yet: on failure the
+ *   caller runs the command the usual way, and loses nothing.
+ * - `WaitingExecChild`: the job goes on control (working directory, argv, environment), stdin on
+ *   the second connection, and the command's exit code comes back on control.
+ * - `passOnWaitingExec`: `again` on control, and the record written back: the wrapper waits for
+ *   the next job. Anything else (`releaseWaitingExec`: the command was stopped, or another wrapper
+ *   was recorded meanwhile) ends it.
+ *
+ * What it holds: the key (which only names it to the host) and nothing of any run. It is not
+ * dumpable, so no process of the sandbox user reads its key or ptraces it; the mount is read-only
+ * in the sandbox, so only the host makes the socket it waits for. Until it runs a command a lease
+ * does not count it; once it does, it is a live exec like any other.
+ */
+import { type Child, collectStderr, linesOrStop, type ProcessOutcome, type SpawnOptions } from "../process.ts";
+import { MAX_LINE_CHARS } from "../lines.ts";
+import { execRunning } from "./engine_api.ts";
+import { prepareProxyMountSource, PROXY_MOUNT_PATH, waitingExecRecordPath } from "./proxy_mount.ts";
+import { trace } from "../trace.ts";
+import type { DockerCli } from "./docker.ts";
+import { type DockerSandboxProvider, SANDBOX_USER } from "./docker_provider.ts";
+
+type Provider = Pick<DockerSandboxProvider, "docker" | "containerName" | "stopExec" | "hasProxyMount">;
+
+/** The container's waiting wrapper, claimed and connected; undefined when it has none to give. */
+export async function takeWaitingExec(provider: Provider): Promise<WaitingConnections | undefined> {
+  const source = await prepareProxyMountSource(provider.containerName).catch(() => undefined);
+  if (!source) return undefined;
+  const stop = (id: string) => provider.stopExec(id);
+  const claimed = await claimWaitingExec(source, stop);
+  return claimed ? await connectWaitingExec(claimed, stop) : undefined;
+}
+
+/** Start a waiting wrapper in the container unless it has one (or no mounted directory to wait in). */
+export async function leaveWaitingExec(provider: Provider, signal?: AbortSignal): Promise<void> {
+  if (!await provider.hasProxyMount(signal).catch(() => false)) return;
+  const source = await prepareProxyMountSource(provider.containerName).catch(() => undefined);
+  if (source) await startWaitingExec(provider.docker, provider.containerName, SANDBOX_USER, source);
+}
+
+/** The wrapper's key travels in this variable (never on a command line: `ps`). */
+const KEY_ENV = "SANDBOX_EXEC_KEY";
+/** Its exec ids; `--kill ID` stops it like any exec. */
+const ID_PREFIX = "waiting-";
+/** Its directories in the mount: `e` and 7 hex digits, never swept as a session's. */
+const DIR_PREFIX = "e";
+const JOB_SOCKET = "job.sock";
+/** How long its three connections may take; a live one takes a millisecond or two. */
+const CONNECT_WAIT_MS = 1_500;
+/** The longest first line a connection may say (a key and a role). */
+const MAX_HELLO = 200;
+/** The exit code of a command whose wrapper went away without saying one: it was killed. */
+const EXIT_KILLED = 137;
+
+interface WaitingRecord {
+  id: string;
+  dir: string;
+  key: string;
+  /** The engine's exec id, when it was started through the engine's API. */
+  exec?: string;
+}
+
+/** A waiting wrapper this process has claimed. */
+export interface ClaimedWaitingExec {
+  record: WaitingRecord;
+  mountSource: string;
+  hostDir: string;
+}
+
+/** The three connections of a claimed wrapper, each having said the key. */
+export interface WaitingConnections {
+  id: string;
+  /** Set once the command has run and the wrapper said its exit code: it can be passed on. */
+  reported?: boolean;
+  record: WaitingRecord;
+  mountSource: string;
+  hostDir: string;
+  control: Deno.UnixConn;
+  io: Deno.UnixConn;
+  stderr: Deno.UnixConn;
+}
+
+function randomHex(bytes: number): string {
+  return Array.from(crypto.getRandomValues(new Uint8Array(bytes)), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * Start a waiting wrapper in `container` (the sandbox user's), its directory in `mountSource`, and
+ * record it; nothing when one is recorded already. Best effort: without one, the next command
+ * starts the usual way.
+ */
+export async function startWaitingExec(docker: DockerCli, container: string, user: string, mountSource: string): Promise<void> {
+  const recordPath = waitingExecRecordPath(mountSource);
+  if (await exists(recordPath)) return;
+  const dir = `${DIR_PREFIX}${randomHex(4).slice(0, 7)}`;
+  const hostDir = `${mountSource}/${dir}`;
+  // Readable (0755): the wrapper watches it for the job socket. Nothing else is ever in it.
+  await Deno.mkdir(hostDir, { mode: 0o755 });
+  await Deno.chmod(hostDir, 0o755);
+  const key = randomHex(32);
+  const id = `${ID_PREFIX}${crypto.randomUUID()}`;
+  const started = await docker.run([
+    "exec",
+    "--detach",
+    "--user",
+    user,
+    "--env",
+    KEY_ENV,
+    container,
+    "sandbox-exec",
+    "--waiting",
+    id,
+    `${PROXY_MOUNT_PATH}/${dir}`,
+  ], { env: { [KEY_ENV]: key }, timeoutMs: 30_000 }).catch(() => undefined);
+  if (!started || started.exitCode !== 0) {
+    await Deno.remove(hostDir, { recursive: true }).catch(() => {});
+    return;
+  }
+  const exec = started.stdout.trim();
+  const record: WaitingRecord = { id, dir, key, ...(/^[0-9a-f]{64}$/.test(exec) ? { exec } : {}) };
+  try {
+    await Deno.writeTextFile(recordPath, JSON.stringify(record), { createNew: true, mode: 0o600 });
+    trace("waiting exec: started");
+  } catch {
+    // Another process recorded one meanwhile: this one goes.
+    await docker.run(["exec", "--user", user, container, "sandbox-exec", "--kill", id], { timeoutMs: 30_000 }).catch(() => {});
+    await Deno.remove(hostDir, { recursive: true }).catch(() => {});
+  }
+}
+
+/** Take the container's waiting wrapper, if it has a live one. */
+export async function claimWaitingExec(
+  mountSource: string,
+  stop: (id: string) => Promise<void>,
+): Promise<ClaimedWaitingExec | undefined> {
+  const recordPath = waitingExecRecordPath(mountSource);
+  const taken = `${recordPath}.${randomHex(4)}`;
+  try {
+    await Deno.rename(recordPath, taken);
+  } catch {
+    return undefined;
+  }
+  let record: WaitingRecord;
+  try {
+    record = parseRecord(await Deno.readTextFile(taken));
+  } catch {
+    return undefined;
+  } finally {
+    await Deno.remove(taken).catch(() => {});
+  }
+  const hostDir = `${mountSource}/${record.dir}`;
+  if (!await execRunning(record.exec)) {
+    trace("waiting exec: found dead");
+    await Deno.remove(hostDir, { recursive: true }).catch(() => {});
+    await stop(record.id).catch(() => {});
+    return undefined;
+  }
+  return { record, mountSource, hostDir };
+}
+
+function parseRecord(text: string): WaitingRecord {
+  const value = JSON.parse(text) as WaitingRecord;
+  if (
+    typeof value !== "object" || value === null ||
+    typeof value.id !== "string" || !value.id.startsWith(ID_PREFIX) ||
+    typeof value.dir !== "string" || !new RegExp(`^${DIR_PREFIX}[0-9a-f]{7}$`).test(value.dir) ||
+    typeof value.key !== "string" || !/^[0-9a-f]{64}$/.test(value.key) ||
+    (value.exec !== undefined && !/^[0-9a-f]{64}$/.test(value.exec))
+  ) {
+    throw new TypeError("not a waiting exec record");
+  }
+  return value;
+}
+
+/**
+ * Make the claimed wrapper's job socket and take its three connections, each of which must say
+ * the key and its role at once; others are dropped. Undefined (and the wrapper stopped) when it
+ * does not come within `waitMs`: nothing was sent, the command runs the usual way.
+ */
+export async function connectWaitingExec(
+  claimed: ClaimedWaitingExec,
+  stop: (id: string) => Promise<void>,
+  waitMs = CONNECT_WAIT_MS,
+): Promise<WaitingConnections | undefined> {
+  const path = `${claimed.hostDir}/${JOB_SOCKET}`;
+  const listener = Deno.listen({ transport: "unix", path });
+  await Deno.chmod(path, 0o666);
+  const roles = new Map<string, Deno.UnixConn>();
+  const strangers = new Set<Deno.Conn>();
+  let done!: () => void;
+  const all = new Promise<void>((resolve) => done = resolve);
+  const accepting = (async () => {
+    for await (const conn of listener) {
+      strangers.add(conn);
+      void readLine(conn, MAX_HELLO, waitMs).then((said) => {
+        const match = said === null ? null : /^([0-9a-f]+) ([coe])\n$/.exec(said);
+        if (match && match[1] === claimed.record.key && !roles.has(match[2])) {
+          strangers.delete(conn);
+          roles.set(match[2], conn);
+          if (roles.size === 3) done();
+        } else closeQuietly(conn);
+      });
+    }
+  })().catch(() => {});
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<void>((resolve) => timer = setTimeout(resolve, waitMs));
+  await Promise.race([all, late]);
+  clearTimeout(timer);
+  listener.close();
+  await accepting;
+  for (const conn of strangers) closeQuietly(conn);
+  await Deno.remove(path).catch(() => {});
+  if (roles.size < 3) {
+    trace("waiting exec: did not connect");
+    for (const conn of roles.values()) closeQuietly(conn);
+    await stop(claimed.record.id).catch(() => {});
+    await Deno.remove(claimed.hostDir, { recursive: true }).catch(() => {});
+    return undefined;
+  }
+  trace("waiting exec: connected");
+  return {
+    id: claimed.record.id,
+    record: claimed.record,
+    mountSource: claimed.mountSource,
+    hostDir: claimed.hostDir,
+    control: roles.get("c")!,
+    io: roles.get("o")!,
+    stderr: roles.get("e")!,
+  };
+}
+
+/** The job line: hex fields — working directory, argv, `-`, NAME=VALUE pairs. */
+export function jobLine(argv: readonly string[], cwd: string | undefined, env: Record<string, string>): string {
+  const hex = (text: string) => Array.from(new TextEncoder().encode(text), (b) => b.toString(16).padStart(2, "0")).join("");
+  for (const name of Object.keys(env)) {
+    if (name === "" || name.includes("=") || name.includes("\0")) throw new TypeError(`Invalid environment variable name "${name}"`);
+  }
+  return [hex(cwd ?? ""), ...argv.map(hex), "-", ...Object.entries(env).map(([k, v]) => hex(`${k}=${v}`))].join(" ") + "\n";
+}
+
+/**
+ * The command, run by the connected wrapper: a `Child` like a `docker exec`'s, for the provider's
+ * `execStream` (its stdout lines, its stderr lines and tail, its exit code, its timeout).
+ */
+export class WaitingExecChild implements Child {
+  readonly argv: readonly string[];
+  readonly stdout: ReadableStream<Uint8Array>;
+  readonly finished: Promise<ProcessOutcome>;
+  readonly #conns: WaitingConnections;
+  readonly #maxLineChars: number;
+  #stopped = false;
+  #timedOut = false;
+  #aborted = false;
+
+  constructor(conns: WaitingConnections, argv: readonly string[], cwd: string | undefined, env: Record<string, string>, options: SpawnOptions) {
+    this.argv = argv;
+    this.#conns = conns;
+    this.#maxLineChars = options.maxLineChars ?? MAX_LINE_CHARS;
+    this.stdout = conns.io.readable;
+    this.finished = this.#run(jobLine(argv, cwd, env), options);
+  }
+
+  lines(): AsyncGenerator<string> {
+    return linesOrStop(this.stdout, this.#maxLineChars, () => this.kill());
+  }
+
+  /** Stop now: the connections close (the command's stdio with them); the caller's `--kill` does the rest. */
+  kill(): void {
+    if (this.#stopped) return;
+    this.#stopped = true;
+    for (const conn of [this.#conns.control, this.#conns.io, this.#conns.stderr]) closeQuietly(conn);
+  }
+
+  async #run(job: string, options: SpawnOptions): Promise<ProcessOutcome> {
+    const started = performance.now();
+    const onAbort = () => {
+      this.#aborted = true;
+      this.kill();
+    };
+    if (options.signal?.aborted) onAbort();
+    else options.signal?.addEventListener("abort", onAbort, { once: true });
+    const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => {
+      this.#timedOut = true;
+      this.kill();
+    }, options.timeoutMs);
+    const stopStderr = new AbortController();
+    const stderrTail = collectStderr(this.#conns.stderr.readable, options, stopStderr.signal).catch(() => "");
+    try {
+      await writeAll(this.#conns.control, new TextEncoder().encode(job));
+      void this.#feedStdin(options.stdin);
+      const said = await readLine(this.#conns.control, 64, undefined);
+      const code = said === null ? null : /^x (\d{1,3})\n$/.exec(said)?.[1];
+      if (this.#stopped) setTimeout(() => stopStderr.abort(), 500);
+      const tail = await stderrTail;
+      const exitCode = code == null || this.#stopped ? EXIT_KILLED : Number(code);
+      this.#conns.reported = code != null && !this.#stopped;
+      trace(`waiting exec: ${this.argv[0]} ended ${this.#stopped ? "(stopped)" : exitCode} (${(performance.now() - started).toFixed(1)} ms)`);
+      return {
+        argv: this.argv,
+        exitCode,
+        signal: this.#stopped ? "SIGTERM" : null,
+        durationMs: performance.now() - started,
+        timedOut: this.#timedOut,
+        aborted: this.#aborted && !this.#timedOut,
+        stderrTail: tail,
+      };
+    } finally {
+      clearTimeout(timer);
+      options.signal?.removeEventListener("abort", onAbort);
+      closeQuietly(this.#conns.io);
+      closeQuietly(this.#conns.stderr);
+    }
+  }
+
+  /** stdin to the command, then its end (a half-close); none at all is an empty stdin. */
+  async #feedStdin(input: SpawnOptions["stdin"]): Promise<void> {
+    try {
+      if (input !== undefined) {
+        const stream = typeof input === "string"
+          ? ReadableStream.from([new TextEncoder().encode(input)])
+          : input instanceof Uint8Array
+          ? ReadableStream.from([input])
+          : input;
+        for await (const chunk of stream) await writeAll(this.#conns.io, chunk);
+      }
+      await this.#conns.io.closeWrite();
+    } catch {
+      // The command closed its stdin early, or ended: a normal end, not our error.
+    }
+  }
+}
+
+/**
+ * The command is over: tell the wrapper `again` and record it for the next command, unless one is
+ * recorded already (then it ends). False when it was not passed on.
+ */
+export async function passOnWaitingExec(conns: WaitingConnections): Promise<boolean> {
+  try {
+    await Deno.writeTextFile(waitingExecRecordPath(conns.mountSource), JSON.stringify(conns.record), { createNew: true, mode: 0o600 });
+  } catch {
+    await releaseWaitingExec(conns);
+    return false;
+  }
+  try {
+    await writeAll(conns.control, new TextEncoder().encode("again\n"));
+  } catch {
+    // It is gone: the next command finds it dead, and passes it over.
+  }
+  closeQuietly(conns.control);
+  trace("waiting exec: passed on");
+  return true;
+}
+
+/**
+ * End the wrapper: its control closed without `again` (it exits when it reads that), and its
+ * directory removed. (A command stopped before its end is killed, wrapper and all, by the caller.)
+ */
+export async function releaseWaitingExec(conns: WaitingConnections): Promise<void> {
+  for (const conn of [conns.control, conns.io, conns.stderr]) closeQuietly(conn);
+  await Deno.remove(conns.hostDir, { recursive: true }).catch(() => {});
+}
+
+async function writeAll(conn: Deno.Conn, bytes: Uint8Array): Promise<void> {
+  let rest = bytes;
+  while (rest.length > 0) rest = rest.subarray(await conn.write(rest));
+}
+
+/**
+ * A line, within `max` bytes (and `timeoutMs`); else null. Read in chunks: the wrapper says nothing
+ * after a line until it is answered (its key and role, then the job; its exit code, then `again`),
+ * so there is nothing beyond the line to read by mistake.
+ */
+async function readLine(conn: Deno.Conn, max: number, timeoutMs: number | undefined): Promise<string | null> {
+  const buffer = new Uint8Array(max);
+  let filled = 0;
+  const timer = timeoutMs === undefined ? undefined : setTimeout(() => closeQuietly(conn), timeoutMs);
+  try {
+    while (filled < max) {
+      const n = await conn.read(buffer.subarray(filled));
+      if (n === null) return null;
+      filled += n;
+      const end = buffer.subarray(0, filled).indexOf(0x0a);
+      if (end >= 0) return end === filled - 1 ? new TextDecoder().decode(buffer.subarray(0, filled)) : null;
+    }
+    return null;
+  } catch {
+    return null;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function closeQuietly(conn: Deno.Conn): void {
+  try {
+    conn.close();
+  } catch {
+    // Already closed.
+  }
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await Deno.lstat(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
