@@ -39,12 +39,17 @@ export function registerSandboxCommands(program: Command): void {
     .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
       const { openProvider } = await import("../lib/sandbox/providers.ts");
       const profile = await profileFor(command, opts.profile);
-      const [{ readyWorker }, { readySpareRelay }] = await Promise.all([
+      const [{ readyWorker }, { readySpareRelay }, { leaveWaitingExec }] = await Promise.all([
         import("../lib/sandbox/spare.ts"),
         import("../lib/proxy/session.ts"),
+        import("../lib/sandbox/waiting_exec.ts"),
       ]);
-      /** What a run's end would leave in a container: a worker and a relay waiting for the next. */
-      const ready = (made: typeof provider) => Promise.all([readyWorker(made, signal), readySpareRelay(made, signal)]);
+      /**
+       * What a run's end would leave in a container, a worker and a relay waiting for the next, and
+       * what an exec's would: a wrapper waiting for the next command.
+       */
+      const ready = (made: typeof provider) =>
+        Promise.all([readyWorker(made, signal), readySpareRelay(made, signal), leaveWaitingExec(made, signal).catch(() => {})]);
       const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
       const status = await provider.ensureRunning({ signal, checkImage: true, probe: true });
       // sandbox.containers: the profile's further shared containers, made warm before runs need

@@ -674,5 +674,26 @@ export const MUTATIONS: Mutation[] = [
     replace: ``,
     tests: ["tests/unit/spare_relay_test.ts"],
   },
+  {
+    name: "a waiting command wrapper takes the job's variables itself (the next command inherits the last one's, its token among them)",
+    file: "scripts/sandbox-exec",
+    find: `    my @env = map { /^([^=\\0]+)=(.*)$/s ? [$1, $2] : exit 1 } @fields;`,
+    replace: `    my @env = map { /^([^=\\0]+)=(.*)$/s ? [$1, $2] : exit 1 } @fields;\n    $ENV{ $_->[0] } = $_->[1] for @env;`,
+    tests: ["tests/security/waiting_exec_test.ts"],
+  },
+  {
+    name: "the host takes any connection to a waiting wrapper's job socket for the wrapper (the agent gets the job and its token)",
+    file: "lib/sandbox/waiting_exec.ts",
+    find: `if (match && match[1] === claimed.record.key && !roles.has(match[2])) {`,
+    replace: `if (match && !roles.has(match[2])) {`,
+    tests: ["tests/security/waiting_exec_test.ts"],
+  },
+  {
+    name: "a lease does not count a waiting wrapper that runs a command (a run shares the container with it)",
+    file: "scripts/sandbox-exec",
+    find: ` || ($_->[1] eq "--waiting" && $parents{ $_->[0] })`,
+    replace: ``,
+    tests: ["tests/security/waiting_exec_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];

@@ -270,7 +270,22 @@ export class WaitingExecChild implements Child {
     this.argv = argv;
     this.#conns = conns;
     this.#maxLineChars = options.maxLineChars ?? MAX_LINE_CHARS;
-    this.stdout = conns.io.readable;
+    // The connection's own stream errs when a stop closes it mid-read: a stopped command's output
+    // simply ends, as a killed process's pipe does.
+    const reader = conns.io.readable.getReader();
+    this.stdout = new ReadableStream<Uint8Array>({
+      pull: async (controller) => {
+        try {
+          const { done, value } = await reader.read();
+          if (done) controller.close();
+          else controller.enqueue(value);
+        } catch (error) {
+          if (this.#stopped) controller.close();
+          else controller.error(error);
+        }
+      },
+      cancel: (reason) => reader.cancel(reason).catch(() => {}),
+    });
     this.finished = this.#run(jobLine(argv, cwd, env), options);
   }
 
