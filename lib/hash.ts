@@ -54,3 +54,8 @@ export async function cachedByIdentity(
   }
   return hash;
 }
+
+/** `bytes` random bytes, in hex. */
+export function randomHex(bytes: number): string {
+  return Array.from(crypto.getRandomValues(new Uint8Array(bytes)), (b) => b.toString(16).padStart(2, "0")).join("");
+}

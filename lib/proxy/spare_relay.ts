@@ -35,6 +35,8 @@
 import { RELAY_USER } from "../sandbox/docker_provider.ts";
 import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { execRunning } from "../sandbox/engine_api.ts";
+import { closeQuietly, readLine } from "../conn.ts";
+import { randomHex } from "../hash.ts";
 import { PROXY_MOUNT_PATH, spareRelayRecordPath } from "../sandbox/proxy_mount.ts";
 import { relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
 import { trace } from "../trace.ts";
@@ -72,13 +74,6 @@ export interface ClaimedSpare {
   sandboxDir: string;
 }
 
-/** `bytes` random bytes, in hex. */
-export function randomHex(bytes: number): string {
-  return Array.from(
-    crypto.getRandomValues(new Uint8Array(bytes)),
-    (b) => b.toString(16).padStart(2, "0"),
-  ).join("");
-}
 
 /**
  * Start a spare relay in `provider`'s container on `ports`, its socket directory in
@@ -308,30 +303,6 @@ export async function hasSpareRelay(mountSource: string): Promise<boolean> {
   }
 }
 
-/** Bytes up to and including the first newline, within `max` bytes and `timeoutMs`; else null. */
-async function readLine(
-  conn: Deno.Conn,
-  max: number,
-  timeoutMs: number,
-): Promise<Uint8Array | null> {
-  const buffer = new Uint8Array(max);
-  let filled = 0;
-  const timer = setTimeout(() => closeQuietly(conn), timeoutMs);
-  try {
-    while (filled < max) {
-      const n = await conn.read(buffer.subarray(filled));
-      if (n === null) return null;
-      filled += n;
-      const newline = buffer.subarray(0, filled).indexOf(10);
-      if (newline >= 0) return newline === filled - 1 ? buffer.slice(0, filled) : null;
-    }
-    return null;
-  } catch {
-    return null;
-  } finally {
-    clearTimeout(timer);
-  }
-}
 
 /** Equal bytes, compared in time that does not depend on where they differ. */
 function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
@@ -341,10 +312,3 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   return diff === 0;
 }
 
-function closeQuietly(conn: Deno.Conn): void {
-  try {
-    conn.close();
-  } catch {
-    // Already closed.
-  }
-}

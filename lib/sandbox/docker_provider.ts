@@ -53,15 +53,8 @@ export type LeaseRelease = (after?: LeaseAfter) => Promise<void>;
 /** How long a release waits for the lease to say it has the instructions. */
 const LEASE_ACK_TIMEOUT_MS = 5_000;
 
-/** The sandbox user, created by the Dockerfile. */
-export const SANDBOX_UID = 10001;
-export const SANDBOX_USER = `${SANDBOX_UID}:${SANDBOX_UID}`;
-/**
- * The relay's uid (no passwd entry needed): not the sandbox user's, so that nothing the agent runs
- * can read the relay's memory or environment, ptrace, signal or kill it (scripts/sandbox-exec).
- */
-export const RELAY_UID = 10002;
-export const RELAY_USER = `${RELAY_UID}:${RELAY_UID}`;
+export { RELAY_UID, RELAY_USER, SANDBOX_UID, SANDBOX_USER } from "./users.ts";
+import { RELAY_UID, RELAY_USER, SANDBOX_UID, SANDBOX_USER } from "./users.ts";
 /** Exec ids of relays start with this (lib/proxy/session.ts): they are stopped as the relay's uid. */
 export const RELAY_EXEC_PREFIX = "relay-";
 export const WORKSPACE_DIR = "/workspace";

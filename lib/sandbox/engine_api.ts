@@ -19,6 +19,7 @@
  * a command line.
  */
 import { type Child, collectStderr, linesOrStop, type ProcessOutcome, type RunResult, type SpawnOptions } from "../process.ts";
+import { writeAll } from "../conn.ts";
 import { MAX_LINE_CHARS } from "../lines.ts";
 import { trace, tracing } from "../trace.ts";
 
@@ -256,10 +257,6 @@ function requestHead(method: string, path: string, body: string, extra = ""): Ui
       (body ? `Content-Type: application/json\r\nContent-Length: ${encoder.encode(body).byteLength}\r\n` : "") +
       `\r\n${body}`,
   );
-}
-
-async function writeAll(conn: Deno.Conn, bytes: Uint8Array): Promise<void> {
-  for (let done = 0; done < bytes.byteLength;) done += await conn.write(bytes.subarray(done));
 }
 
 /**

@@ -31,8 +31,13 @@ import { MAX_LINE_CHARS } from "../lines.ts";
 import { execRunning } from "./engine_api.ts";
 import { prepareProxyMountSource, PROXY_MOUNT_PATH, waitingExecRecordPath } from "./proxy_mount.ts";
 import { trace } from "../trace.ts";
+import { closeQuietly, readLine, writeAll } from "../conn.ts";
+import { randomHex } from "../hash.ts";
 import type { DockerCli } from "./docker.ts";
-import { type DockerSandboxProvider, SANDBOX_USER } from "./docker_provider.ts";
+// (Types only from the provider, which loads this module: a cycle of values would deadlock the
+// bundled CLI, whose modules load lazily and await each other.)
+import type { DockerSandboxProvider } from "./docker_provider.ts";
+import { SANDBOX_USER } from "./users.ts";
 
 type Provider = Pick<DockerSandboxProvider, "docker" | "containerName" | "stopExec" | "hasProxyMount">;
 
@@ -94,9 +99,6 @@ export interface WaitingConnections {
   stderr: Deno.UnixConn;
 }
 
-function randomHex(bytes: number): string {
-  return Array.from(crypto.getRandomValues(new Uint8Array(bytes)), (b) => b.toString(16).padStart(2, "0")).join("");
-}
 
 /**
  * Start a waiting wrapper in `container` (the sandbox user's), its directory in `mountSource`, and
@@ -207,7 +209,7 @@ export async function connectWaitingExec(
     for await (const conn of listener) {
       strangers.add(conn);
       void readLine(conn, MAX_HELLO, waitMs).then((said) => {
-        const match = said === null ? null : /^([0-9a-f]+) ([coe])\n$/.exec(said);
+        const match = said === null ? null : /^([0-9a-f]+) ([coe])\n$/.exec(new TextDecoder().decode(said));
         if (match && match[1] === claimed.record.key && !roles.has(match[2])) {
           strangers.delete(conn);
           roles.set(match[2], conn);
@@ -317,8 +319,8 @@ export class WaitingExecChild implements Child {
     try {
       await writeAll(this.#conns.control, new TextEncoder().encode(job));
       void this.#feedStdin(options.stdin);
-      const said = await readLine(this.#conns.control, 64, undefined);
-      const code = said === null ? null : /^x (\d{1,3})\n$/.exec(said)?.[1];
+      const said = await readLine(this.#conns.control, 64);
+      const code = said === null ? null : /^x (\d{1,3})\n$/.exec(new TextDecoder().decode(said))?.[1];
       if (this.#stopped) setTimeout(() => stopStderr.abort(), 500);
       const tail = await stderrTail;
       const exitCode = code == null || this.#stopped ? EXIT_KILLED : Number(code);
@@ -389,43 +391,8 @@ export async function releaseWaitingExec(conns: WaitingConnections): Promise<voi
   await Deno.remove(conns.hostDir, { recursive: true }).catch(() => {});
 }
 
-async function writeAll(conn: Deno.Conn, bytes: Uint8Array): Promise<void> {
-  let rest = bytes;
-  while (rest.length > 0) rest = rest.subarray(await conn.write(rest));
-}
 
-/**
- * A line, within `max` bytes (and `timeoutMs`); else null. Read in chunks: the wrapper says nothing
- * after a line until it is answered (its key and role, then the job; its exit code, then `again`),
- * so there is nothing beyond the line to read by mistake.
- */
-async function readLine(conn: Deno.Conn, max: number, timeoutMs: number | undefined): Promise<string | null> {
-  const buffer = new Uint8Array(max);
-  let filled = 0;
-  const timer = timeoutMs === undefined ? undefined : setTimeout(() => closeQuietly(conn), timeoutMs);
-  try {
-    while (filled < max) {
-      const n = await conn.read(buffer.subarray(filled));
-      if (n === null) return null;
-      filled += n;
-      const end = buffer.subarray(0, filled).indexOf(0x0a);
-      if (end >= 0) return end === filled - 1 ? new TextDecoder().decode(buffer.subarray(0, filled)) : null;
-    }
-    return null;
-  } catch {
-    return null;
-  } finally {
-    clearTimeout(timer);
-  }
-}
 
-function closeQuietly(conn: Deno.Conn): void {
-  try {
-    conn.close();
-  } catch {
-    // Already closed.
-  }
-}
 
 async function exists(path: string): Promise<boolean> {
   try {

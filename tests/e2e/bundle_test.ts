@@ -97,6 +97,16 @@ Deno.test({
         assert.equal(JSON.parse(up.stdout).id, containerId, explain(up));
         assert.equal(up.stderr, "", explain(up));
       });
+
+      // Through every module `exec` loads lazily (in the bundle, modules that import each other in a
+      // cycle and load lazily wait for each other for ever).
+      await t.step("exec through the installed bundle runs its command, twice (the second on the wrapper the first left)", async () => {
+        for (const word of ["one", "two"]) {
+          const result = await sandbox("exec", "-p", profile, "--", "echo", word);
+          assert.equal(result.exitCode, 0, explain(result));
+          assert.equal(result.stdout, `${word}\n`, explain(result));
+        }
+      });
     } finally {
       await removeProfile(profile);
     }
