@@ -6,7 +6,8 @@
  * Each text is the return value of a function rather than a constant, measured: V8 keeps a
  * top-level string constant in the code cache it loads on every start (~10 ms for the worker's
  * 0.83 MB here), while a function's body is only skimmed until the function is first called —
- * which is when an image is built. Brotli makes the minified worker a quarter smaller than gzip.
+ * which is when an image is built. Brotli makes the worker a third smaller than `gzip -9` does
+ * (1.18 against 1.73 MB of base64).
  *
  *   deno run --allow-read --allow-write scripts/embed_bundles.ts dist
  */

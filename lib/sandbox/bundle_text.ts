@@ -1,7 +1,7 @@
 /**
- * The last touch on every bundle the tool makes (the worker, the relay, the bundled CLI): all are
- * `deno bundle --minify --keep-names`, then this. Used by `scripts/bundle.sh` and by a checkout
- * that bundles the worker on first use, so that both put the same bytes in the image.
+ * The last touch on every bundle the tool makes (the worker, the relay, the bundled CLI, which
+ * alone is minified): `deno bundle`, then this. Used by `scripts/bundle.sh` and by a checkout that
+ * bundles the worker on first use, so that both put the same bytes in the image.
  *
  * Two things, both found by measuring starts:
  * - The bundler gives the CommonJS packages it inlines a `require` for Node's built-in modules.

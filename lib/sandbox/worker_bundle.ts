@@ -6,8 +6,8 @@
  * The bundled CLI carries both bundles embedded (`scripts/bundle.sh` registers them before the
  * CLI starts), brotli-compressed and in base64, with their SHA-256: a 3 MB string literal would cost
  * every start of the CLI tens of ms, and the bytes are needed only when an image is built, so they
- * are decompressed then and only then. Both are minified and finished the same way whether built
- * by bundle.sh or here (lib/sandbox/bundle_text.ts). Run from a checkout, each is bundled from
+ * are decompressed then and only then. Both are finished the same way whether built by bundle.sh
+ * or here (lib/sandbox/bundle_text.ts). Run from a checkout, each is bundled from
  * source on first use and cached in the state directory under a hash of the sources, so an
  * unchanged checkout never bundles twice.
  */
@@ -157,7 +157,7 @@ async function bundlePath(name: BundleName, onProgress?: (line: string, phase?: 
     // Run from the checkout so deno.json is found as it is for `deno bundle` by hand: with an
     // explicit --config the bundle's CommonJS shim loses Node's require.
     const result = await run(
-      [Deno.execPath(), "bundle", "--quiet", "--platform", "deno", "--minify", "--keep-names", "-o", partial, ENTRY[name]],
+      [Deno.execPath(), "bundle", "--quiet", "--platform", "deno", "-o", partial, ENTRY[name]],
       { cwd: new URL(".", SOURCE_ROOT).pathname },
     );
     if (result.exitCode !== 0) {
