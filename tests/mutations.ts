@@ -233,7 +233,7 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/config_test.ts"],
   },
   {
-    name: "docker exec passes a known secret in its environment or argv",
+    name: "docker exec (or the waiting wrapper) passes a known secret in its environment or argv",
     file: DOCKER_PROVIDER,
     find: "assertNoSecrets(`sandbox \"${this.names.container}\"`, { env: options.env, envKind: \"exec environment\", argv });",
     replace: ``,

@@ -466,9 +466,14 @@ export class DockerSandboxProvider implements SandboxProvider {
     for (const id of ids.slice(1)) await this.docker.run([kind, "rm", id], { signal });
   }
 
-  #execArgs(argv: readonly string[], id: string, options: ExecOptions): { args: string[]; env: Record<string, string> } {
+  /** A command may run: not empty, and no known secret in its variables or arguments. */
+  #checkCommand(argv: readonly string[], options: ExecOptions): void {
     if (argv.length === 0) throw new TypeError("Cannot run an empty command");
     assertNoSecrets(`sandbox "${this.names.container}"`, { env: options.env, envKind: "exec environment", argv });
+  }
+
+  #execArgs(argv: readonly string[], id: string, options: ExecOptions): { args: string[]; env: Record<string, string> } {
+    this.#checkCommand(argv, options);
     // By name: the values (the session token among them) stay off every command line.
     const env = execEnvByName(options.env ?? {});
     return {
@@ -506,8 +511,7 @@ export class DockerSandboxProvider implements SandboxProvider {
    * instead of a `docker exec` of its own: the same rules, the same outcome, ~50 ms sooner.
    */
   execStreamOn(waiting: WaitingConnections, argv: readonly string[], options: ExecOptions = {}): ExecStream {
-    if (argv.length === 0) throw new TypeError("Cannot run an empty command");
-    assertNoSecrets(`sandbox "${this.names.container}"`, { env: options.env, envKind: "exec environment", argv });
+    this.#checkCommand(argv, options);
     const child = new WaitingExecChild(waiting, argv, options.cwd, options.env ?? {}, {
       stdin: options.stdin,
       signal: options.signal,
