@@ -37,7 +37,7 @@ import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { execRunning } from "../sandbox/engine_api.ts";
 import { closeQuietly, readLine } from "../conn.ts";
 import { randomHex } from "../hash.ts";
-import { PROXY_MOUNT_PATH, spareRelayRecordPath } from "../sandbox/proxy_mount.ts";
+import { PROXY_MOUNT_PATH, spareRelayRecordPath, takeRecord } from "../sandbox/proxy_mount.ts";
 import { relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
 import { trace } from "../trace.ts";
 
@@ -145,21 +145,8 @@ export async function claimSpareRelay(
   provider: DockerSandboxProvider,
   mountSource: string,
 ): Promise<ClaimedSpare | undefined> {
-  const record = spareRelayRecordPath(mountSource);
-  const taken = `${record}.${randomHex(4)}`;
-  try {
-    await Deno.rename(record, taken);
-  } catch {
-    return undefined;
-  }
-  let spare: SpareRecord;
-  try {
-    spare = parseRecord(await Deno.readTextFile(taken));
-  } catch {
-    return undefined;
-  } finally {
-    await Deno.remove(taken).catch(() => {});
-  }
+  const spare = await takeRecord(spareRelayRecordPath(mountSource), parseRecord);
+  if (!spare) return undefined;
   const hostDir = `${mountSource}/${spare.dir}`;
   if (!await execRunning(spare.exec)) {
     trace("session: spare relay found dead");

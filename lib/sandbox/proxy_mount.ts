@@ -19,7 +19,7 @@
  * container's name).
  */
 import { userStateDir } from "../paths.ts";
-import { sha256Hex } from "../hash.ts";
+import { randomHex, sha256Hex } from "../hash.ts";
 import type { DockerCli } from "./docker.ts";
 
 /** Where a sandbox sees its directory. */
@@ -120,6 +120,27 @@ export async function prepareProxyMountSource(containerName: string): Promise<st
  */
 export function spareRelayRecordPath(mountSource: string): string {
   return `${mountSource}.spare-relay.json`;
+}
+
+/**
+ * Take the record at `path` (a spare relay's, a waiting wrapper's): renamed first, so that of
+ * processes taking it at once exactly one gets it, then read and removed. Undefined when there is
+ * none, or it does not parse.
+ */
+export async function takeRecord<T>(path: string, parse: (text: string) => T): Promise<T | undefined> {
+  const taken = `${path}.${randomHex(4)}`;
+  try {
+    await Deno.rename(path, taken);
+  } catch {
+    return undefined;
+  }
+  try {
+    return parse(await Deno.readTextFile(taken));
+  } catch {
+    return undefined;
+  } finally {
+    await Deno.remove(taken).catch(() => {});
+  }
 }
 
 /**

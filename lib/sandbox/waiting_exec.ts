@@ -29,7 +29,7 @@
 import { type Child, collectStderr, linesOrStop, type ProcessOutcome, type SpawnOptions } from "../process.ts";
 import { MAX_LINE_CHARS } from "../lines.ts";
 import { execRunning } from "./engine_api.ts";
-import { prepareProxyMountSource, PROXY_MOUNT_PATH, waitingExecRecordPath } from "./proxy_mount.ts";
+import { prepareProxyMountSource, PROXY_MOUNT_PATH, takeRecord, waitingExecRecordPath } from "./proxy_mount.ts";
 import { trace } from "../trace.ts";
 import { closeQuietly, readLine, writeAll } from "../conn.ts";
 import { randomHex } from "../hash.ts";
@@ -149,21 +149,8 @@ export async function claimWaitingExec(
   mountSource: string,
   stop: (id: string) => Promise<void>,
 ): Promise<ClaimedWaitingExec | undefined> {
-  const recordPath = waitingExecRecordPath(mountSource);
-  const taken = `${recordPath}.${randomHex(4)}`;
-  try {
-    await Deno.rename(recordPath, taken);
-  } catch {
-    return undefined;
-  }
-  let record: WaitingRecord;
-  try {
-    record = parseRecord(await Deno.readTextFile(taken));
-  } catch {
-    return undefined;
-  } finally {
-    await Deno.remove(taken).catch(() => {});
-  }
+  const record = await takeRecord(waitingExecRecordPath(mountSource), parseRecord);
+  if (!record) return undefined;
   const hostDir = `${mountSource}/${record.dir}`;
   if (!await execRunning(record.exec)) {
     trace("waiting exec: found dead");
