@@ -106,7 +106,9 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
     }
     outcome = await stream.outcome;
   } catch (error) {
-    throw watch.signal.aborted ? watch.signal.reason : error;
+    // The disk watch's reason, when it stopped the command; an interrupt stands before it (the
+    // watch may end while the interrupted command is being stopped).
+    throw watch.signal.aborted && !signal.aborted ? watch.signal.reason : error;
   } finally {
     // What the command started, it takes with it, even what escaped its wrapper. A wrapper that
     // lived to the end reports its command's exit code (below 128 unless the command died of a

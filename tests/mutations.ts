@@ -549,10 +549,24 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {
-    name: "the container's init can be ptraced (code injected there survives every sweep)",
+    name: "the wrappers run on the readable perl: each is dumpable until its prctl (the agent attaches to it, or reads a waiting one's key)",
     file: "scripts/sandbox-exec",
-    find: "sub init {\n  prctl($PR_SET_DUMPABLE, 0);",
-    replace: "sub init {",
+    find: "#!/usr/local/libexec/sandbox-perl\n",
+    replace: "#!/usr/bin/perl\n",
+    tests: ["tests/security/leftover_processes_test.ts"],
+  },
+  {
+    name: "the wrappers' interpreter is readable by the sandbox user (so they are dumpable until their prctl)",
+    file: "Dockerfile",
+    find: "-m 0711 \"$(readlink -f /usr/bin/perl)\"",
+    replace: "-m 0755 \"$(readlink -f /usr/bin/perl)\"",
+    tests: ["tests/security/leftover_processes_test.ts"],
+  },
+  {
+    name: "a sweep kills an exec still starting (a command started beside another's end never runs)",
+    file: "scripts/sandbox-exec",
+    find: "    $keep{$_} = 1 for grep { entered($table, $_) } keys %$table;\n",
+    replace: "",
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {

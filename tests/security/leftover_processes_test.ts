@@ -146,7 +146,7 @@ Deno.test({
 
     await t.step("the escape works: the wrapper is killed, the orphan runs on", async () => {
       const result = await box.exec(["sh", "-c", killOwnWrapper(3001)]);
-      assert.match(result.stdout, /killing wrapper \d+: \/usr\/bin\/perl \/usr\/local\/bin\/sandbox-exec /);
+      assert.match(result.stdout, /killing wrapper \d+: \/usr\/local\/libexec\/sandbox-perl \/usr\/local\/bin\/sandbox-exec /);
       assert.equal(result.exitCode, 137, result.stderr);
       assert.deepEqual(await sleepers(box.containerName), ["sleep 3001"]);
     });
@@ -171,6 +171,24 @@ Deno.test({
       await iterator.return?.(undefined);
       await live.outcome.catch(() => {});
       assert.deepEqual(await sleepers(box.containerName), []);
+    });
+
+    await t.step("a sweep keeps a command whose wrapper is only starting (sweeps and starts side by side)", async () => {
+      // Other commands' ends sweep while a command starts (`up` readies a worker and a waiting
+      // wrapper at once, for one): a wrapper is live from its exec on, never taken for a leftover.
+      // Here, sweeps back to back inside the container, while commands start one after another.
+      const sweeping = box.execStream(["sh", "-c", "echo up; while :; do sandbox-exec --sweep >/dev/null; done"]);
+      const iterator = sweeping[Symbol.asyncIterator]();
+      assert.equal((await iterator.next()).value, "up");
+      try {
+        for (let i = 0; i < 20; i++) {
+          const result = await box.exec(["sh", "-c", "echo ran"]);
+          assert.deepEqual([result.exitCode, result.stdout], [0, "ran\n"], `start ${i}: ${result.stderr}`);
+        }
+      } finally {
+        await iterator.return?.(undefined);
+        await sweeping.outcome.catch(() => {});
+      }
     });
   },
 });
@@ -201,6 +219,47 @@ Deno.test({
       });
       await t.step("twin: an ordinary process of the same user can be attached", async () => {
         assert.equal((await attach(sleeper[0])).stdout, "attached\n");
+      });
+      await t.step("a wrapper is so from its exec on: the agent, watching for new ones, attaches to none and reads no environment", async () => {
+        // As the agent: every new process whose command is `sandbox-exec ... true` (the host's,
+        // below) is tried the moment it is seen, while perl is still compiling the wrapper.
+        const watcher = box.execStream(["perl", "-e", `
+          my $n = (\`uname -m\` =~ /aarch64/) ? 117 : 101;
+          my %done = map { $_ => 1 } grep { /^\\d+$/ } do { opendir(my $d, "/proc"); readdir $d };
+          my ($seen, $read, $attached) = (0, 0, 0);
+          $| = 1;
+          print "watching\\n";
+          my $until = time + 20;
+          while (time < $until && !-e "/tmp/.watched") {
+            opendir(my $d, "/proc") or next;
+            for my $pid (grep { /^\\d+$/ && !$done{$_} } readdir $d) {
+              open(my $c, "<", "/proc/$pid/cmdline") or next;
+              my $cmd = do { local $/; <$c> } // "";
+              # Not exec'd yet (runc's init): looked at again next round.
+              next unless $cmd =~ /sandbox-exec\\0[^\\0]+\\0true\\0$/;
+              # The wrapper (started from outside: ppid 0), not its child before it execs true.
+              open(my $s, "<", "/proc/$pid/stat") or next;
+              next unless (do { local $/; <$s> } // "") =~ /\\) \\S 0 /s;
+              $done{$pid} = 1;
+              $seen++;
+              if (open(my $e, "<", "/proc/$pid/environ")) { $read++ if length(do { local $/; <$e> } // "") }
+              if (syscall($n, 16, $pid, 0, 0) == 0) { $attached++; waitpid($pid, 0); syscall($n, 17, $pid, 0, 0) }
+            }
+          }
+          print "seen $seen read $read attached $attached\\n";
+        `]);
+        const lines = watcher[Symbol.asyncIterator]();
+        assert.equal((await lines.next()).value, "watching");
+        for (let i = 0; i < 40; i++) assert.equal((await box.exec(["true"])).exitCode, 0);
+        await box.exec(["touch", "/tmp/.watched"]);
+        let verdict = "";
+        for (let line = await lines.next(); !line.done; line = await lines.next()) verdict += line.value;
+        assert.equal((await watcher.outcome).exitCode, 0, verdict);
+        const [seen, read, attached] = (verdict.match(/^seen (\d+) read (\d+) attached (\d+)$/) ?? []).slice(1).map(Number);
+        // It saw them start (else it proves nothing), and got nothing of any.
+        assert.ok(seen >= 20, `the watcher saw ${seen} of 40 wrappers: ${verdict}`);
+        assert.equal(read, 0, verdict);
+        assert.equal(attached, 0, verdict);
       });
       await t.step("their environment is unreadable; an ordinary one's is readable", async () => {
         const read = await box.exec(["sh", "-c", `cat /proc/1/environ; cat /proc/${wrapper[0]}/environ; cat /proc/${sleeper[0]}/environ | tr '\\0' '\\n' | grep -c HOME=`]);
