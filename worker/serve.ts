@@ -90,10 +90,16 @@ export async function socketChannel(path: string, ready: () => Promise<void>): P
   await ready();
   // A socket file left by a worker that was killed would stop this one from listening.
   await Deno.remove(path).catch(() => {});
-  const listener = Deno.listen({ transport: "unix", path });
+  // 0600 from its making (umask): never, for a moment, what the default would make it.
+  const umask = Deno.umask(0o177);
+  let listener: Deno.Listener<Deno.UnixConn>;
+  try {
+    listener = Deno.listen({ transport: "unix", path });
+  } finally {
+    Deno.umask(umask);
+  }
   let conn: Deno.UnixConn;
   try {
-    await Deno.chmod(path, 0o600);
     conn = await listener.accept();
   } finally {
     listener.close();
