@@ -30,3 +30,13 @@ export function absolutePath(path: string, cwd: string = Deno.cwd()): string {
   }
   return `/${parts.join("/")}`;
 }
+
+/** Is anything at `path` (a dangling symbolic link counts)? */
+export async function pathExists(path: string): Promise<boolean> {
+  try {
+    await Deno.lstat(path);
+    return true;
+  } catch {
+    return false;
+  }
+}

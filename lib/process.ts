@@ -155,18 +155,7 @@ export class ChildProcess implements Child {
 
   async #watch(options: SpawnOptions): Promise<ProcessOutcome> {
     const started = performance.now();
-    let timedOut = false;
-    let aborted = false;
-    const onAbort = () => {
-      aborted = true;
-      this.kill();
-    };
-    if (options.signal?.aborted) onAbort();
-    else options.signal?.addEventListener("abort", onAbort, { once: true });
-    const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => {
-      timedOut = true;
-      this.kill();
-    }, options.timeoutMs);
+    const stop = stopOnAbortOrTimeout(options, () => this.kill());
 
     // A killed child's grandchildren can keep stderr open for as long as they live: after a kill,
     // stderr gets a short grace period and is then cut, so that cancelling never hangs.
@@ -175,7 +164,7 @@ export class ChildProcess implements Child {
     try {
       const status = await this.#child.status;
       let grace: ReturnType<typeof setTimeout> | undefined;
-      if (timedOut || aborted) grace = setTimeout(() => stopStderr.abort(), STDERR_GRACE_MS);
+      if (stop.timedOut || stop.aborted) grace = setTimeout(() => stopStderr.abort(), STDERR_GRACE_MS);
       const stderr = await stderrTail;
       clearTimeout(grace);
       this.#exited = true;
@@ -184,14 +173,13 @@ export class ChildProcess implements Child {
         exitCode: status.signal ? 128 + signalNumber(status.signal) : status.code,
         signal: status.signal,
         durationMs: performance.now() - started,
-        timedOut,
-        aborted: aborted && !timedOut,
+        timedOut: stop.timedOut,
+        aborted: stop.aborted && !stop.timedOut,
         stderrTail: stderr,
       };
     } finally {
-      clearTimeout(timer);
+      stop.release();
       clearTimeout(this.#killTimer);
-      options.signal?.removeEventListener("abort", onAbort);
     }
   }
 }
@@ -318,6 +306,30 @@ export async function isProcessAlive(pid: number): Promise<boolean> {
   } catch {
     return false;
   }
+}
+
+/**
+ * How a child is stopped before its end: `kill` when `signal` aborts (`aborted`) or `timeoutMs`
+ * passes (`timedOut`). `release` once it has ended.
+ */
+export function stopOnAbortOrTimeout(
+  options: Pick<SpawnOptions, "signal" | "timeoutMs">,
+  kill: () => void,
+): { readonly aborted: boolean; readonly timedOut: boolean; release(): void } {
+  const stop = { aborted: false, timedOut: false, release };
+  const detach = closeOnAbort(options.signal, () => {
+    stop.aborted = true;
+    kill();
+  });
+  const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => {
+    stop.timedOut = true;
+    kill();
+  }, options.timeoutMs);
+  function release(): void {
+    clearTimeout(timer);
+    detach();
+  }
+  return stop;
 }
 
 /** Call `close` when `signal` aborts (now, if it already has); returns the detach function. */

@@ -34,10 +34,9 @@
  */
 import { RELAY_USER } from "../sandbox/docker_provider.ts";
 import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
-import { execRunning } from "../sandbox/engine_api.ts";
 import { closeQuietly, readLine } from "../conn.ts";
 import { randomHex } from "../hash.ts";
-import { PROXY_MOUNT_PATH, spareRelayRecordPath, takeRecord } from "../sandbox/proxy_mount.ts";
+import { claimLiveRecord, PROXY_MOUNT_PATH, spareRelayRecordPath } from "../sandbox/proxy_mount.ts";
 import { relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
 import { trace } from "../trace.ts";
 
@@ -145,16 +144,9 @@ export async function claimSpareRelay(
   provider: DockerSandboxProvider,
   mountSource: string,
 ): Promise<ClaimedSpare | undefined> {
-  const spare = await takeRecord(spareRelayRecordPath(mountSource), parseRecord);
-  if (!spare) return undefined;
-  const hostDir = `${mountSource}/${spare.dir}`;
-  if (!await execRunning(spare.exec)) {
-    trace("session: spare relay found dead");
-    await Deno.remove(hostDir, { recursive: true }).catch(() => {});
-    await provider.stopExec(spare.id).catch(() => {});
-    return undefined;
-  }
-  return { record: spare, hostDir, sandboxDir: `${PROXY_MOUNT_PATH}/${spare.dir}` };
+  const stop = (id: string) => provider.stopExec(id);
+  const spare = await claimLiveRecord(spareRelayRecordPath(mountSource), parseRecord, mountSource, stop, "session: spare relay");
+  return spare && { record: spare, hostDir: `${mountSource}/${spare.dir}`, sandboxDir: `${PROXY_MOUNT_PATH}/${spare.dir}` };
 }
 
 function parseRecord(text: string): SpareRecord {

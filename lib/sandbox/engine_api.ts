@@ -18,7 +18,7 @@
  * Environment values travel in the request body over the socket, as the CLI sends them: never on
  * a command line.
  */
-import { type Child, collectStderr, linesOrStop, type ProcessOutcome, type RunResult, type SpawnOptions } from "../process.ts";
+import { type Child, collectStderr, linesOrStop, type ProcessOutcome, type RunResult, type SpawnOptions, stopOnAbortOrTimeout } from "../process.ts";
 import { writeAll } from "../conn.ts";
 import { MAX_LINE_CHARS } from "../lines.ts";
 import { trace, tracing } from "../trace.ts";
@@ -448,8 +448,6 @@ export class EngineExec implements Child {
   #fallback: Child | undefined;
   #killed = false;
   #ended = false;
-  #timedOut = false;
-  #aborted = false;
 
   constructor(
     socket: string,
@@ -494,16 +492,7 @@ export class EngineExec implements Child {
   async #run(socket: string, request: ExecRequest, fallback: () => Child): Promise<ProcessOutcome> {
     const started = performance.now();
     const options = this.#options;
-    const onAbort = () => {
-      this.#aborted = true;
-      this.kill();
-    };
-    if (options.signal?.aborted) onAbort();
-    else options.signal?.addEventListener("abort", onAbort, { once: true });
-    const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => {
-      this.#timedOut = true;
-      this.kill();
-    }, options.timeoutMs);
+    const stop = stopOnAbortOrTimeout(options, () => this.kill());
     let stderr: { write(bytes: Uint8Array): void; close(): void; tail: Promise<string> } | undefined;
     try {
       let exitCode: number;
@@ -513,8 +502,7 @@ export class EngineExec implements Child {
       } catch (error) {
         if (!(error instanceof Unreachable) || this.#killed) throw error;
         // No engine here after all: the CLI, with everything still unread.
-        options.signal?.removeEventListener("abort", onAbort);
-        clearTimeout(timer);
+        stop.release();
         const child = this.#fallback = fallback();
         void child.stdout.pipeTo(new WritableStream({
           write: (chunk) => this.#push(chunk),
@@ -543,8 +531,8 @@ export class EngineExec implements Child {
         exitCode: stopped ? EXIT_KILLED : exitCode,
         signal: stopped ? "SIGTERM" : null,
         durationMs: performance.now() - started,
-        timedOut: this.#timedOut,
-        aborted: this.#aborted && !this.#timedOut,
+        timedOut: stop.timedOut,
+        aborted: stop.aborted && !stop.timedOut,
         stderrTail: tail,
       };
     } catch (error) {
@@ -558,13 +546,12 @@ export class EngineExec implements Child {
         exitCode: stopped ? EXIT_KILLED : 125,
         signal: stopped ? "SIGTERM" : null,
         durationMs: performance.now() - started,
-        timedOut: this.#timedOut,
-        aborted: this.#aborted && !this.#timedOut,
+        timedOut: stop.timedOut,
+        aborted: stop.aborted && !stop.timedOut,
         stderrTail: stopped ? tail : `${tail}error during connect: ${(error as Error).message}\n`,
       };
     } finally {
-      clearTimeout(timer);
-      options.signal?.removeEventListener("abort", onAbort);
+      stop.release();
     }
   }
 

@@ -9,6 +9,7 @@
  */
 import { withHostLock } from "../lock.ts";
 import { run } from "../process.ts";
+import { pathExists } from "../paths.ts";
 
 const CHAIN_PREFIX = "SBX-";
 
@@ -32,7 +33,7 @@ export async function removeLegacyFirewall(program = "iptables"): Promise<string
   await withHostLock("firewall", async () => {
     const input = (await iptables(["-S", "INPUT"]))?.stdout ?? "";
     for (const chain of chains) {
-      if (await exists(`/sys/class/net/${chain.slice(CHAIN_PREFIX.length)}`)) continue;
+      if (await pathExists(`/sys/class/net/${chain.slice(CHAIN_PREFIX.length)}`)) continue;
       for (const line of input.split("\n").filter((l) => l.endsWith(`-j ${chain}`))) {
         await iptables(["-D", ...line.replace(/^-A /, "").split(" ")]);
       }
@@ -41,13 +42,4 @@ export async function removeLegacyFirewall(program = "iptables"): Promise<string
     }
   });
   return removed;
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await Deno.stat(path);
-    return true;
-  } catch {
-    return false;
-  }
 }

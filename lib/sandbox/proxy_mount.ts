@@ -21,6 +21,8 @@
 import { userStateDir } from "../paths.ts";
 import { randomHex, sha256Hex } from "../hash.ts";
 import type { DockerCli } from "./docker.ts";
+import { execRunning } from "./engine_api.ts";
+import { trace } from "../trace.ts";
 
 /** Where a sandbox sees its directory. */
 export const PROXY_MOUNT_PATH = "/run/sandbox-proxy";
@@ -123,11 +125,31 @@ export function spareRelayRecordPath(mountSource: string): string {
 }
 
 /**
- * Take the record at `path` (a spare relay's, a waiting wrapper's): renamed first, so that of
- * processes taking it at once exactly one gets it, then read and removed. Undefined when there is
- * none, or it does not parse.
+ * Take the record at `path` of an exec waiting in a container (a spare relay's, a waiting
+ * wrapper's), if that exec still runs: undefined when there is none, it does not parse, or its
+ * exec is dead — then its directory in `mountSource` is removed and `stop` ends what is left of it.
  */
-export async function takeRecord<T>(path: string, parse: (text: string) => T): Promise<T | undefined> {
+export async function claimLiveRecord<T extends { id: string; dir: string; exec?: string }>(
+  path: string,
+  parse: (text: string) => T,
+  mountSource: string,
+  stop: (id: string) => Promise<void>,
+  what: string,
+): Promise<T | undefined> {
+  const record = await takeRecord(path, parse);
+  if (!record) return undefined;
+  if (await execRunning(record.exec)) return record;
+  trace(`${what} found dead`);
+  await Deno.remove(`${mountSource}/${record.dir}`, { recursive: true }).catch(() => {});
+  await stop(record.id).catch(() => {});
+  return undefined;
+}
+
+/**
+ * Take the record at `path`: renamed first, so that of processes taking it at once exactly one
+ * gets it, then read and removed. Undefined when there is none, or it does not parse.
+ */
+async function takeRecord<T>(path: string, parse: (text: string) => T): Promise<T | undefined> {
   const taken = `${path}.${randomHex(4)}`;
   try {
     await Deno.rename(path, taken);

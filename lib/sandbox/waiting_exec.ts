@@ -26,13 +26,13 @@
  * in the sandbox, so only the host makes the socket it waits for. Until it runs a command a lease
  * does not count it; once it does, it is a live exec like any other.
  */
-import { type Child, collectStderr, linesOrStop, type ProcessOutcome, type SpawnOptions } from "../process.ts";
+import { type Child, collectStderr, linesOrStop, type ProcessOutcome, type SpawnOptions, stopOnAbortOrTimeout } from "../process.ts";
 import { MAX_LINE_CHARS } from "../lines.ts";
-import { execRunning } from "./engine_api.ts";
-import { prepareProxyMountSource, PROXY_MOUNT_PATH, takeRecord, waitingExecRecordPath } from "./proxy_mount.ts";
+import { claimLiveRecord, prepareProxyMountSource, PROXY_MOUNT_PATH, waitingExecRecordPath } from "./proxy_mount.ts";
 import { trace } from "../trace.ts";
 import { closeQuietly, readLine, writeAll } from "../conn.ts";
 import { randomHex } from "../hash.ts";
+import { pathExists } from "../paths.ts";
 import type { DockerCli } from "./docker.ts";
 // (Types only from the provider, which loads this module: a cycle of values would deadlock the
 // bundled CLI, whose modules load lazily and await each other.)
@@ -99,7 +99,6 @@ export interface WaitingConnections {
   stderr: Deno.UnixConn;
 }
 
-
 /**
  * Start a waiting wrapper in `container` (the sandbox user's), its directory in `mountSource`, and
  * record it; nothing when one is recorded already. Best effort: without one, the next command
@@ -107,7 +106,7 @@ export interface WaitingConnections {
  */
 export async function startWaitingExec(docker: DockerCli, container: string, user: string, mountSource: string): Promise<void> {
   const recordPath = waitingExecRecordPath(mountSource);
-  if (await exists(recordPath)) return;
+  if (await pathExists(recordPath)) return;
   const dir = `${DIR_PREFIX}${randomHex(4).slice(0, 7)}`;
   const hostDir = `${mountSource}/${dir}`;
   // Readable (0755): the wrapper watches it for the job socket. Nothing else is ever in it.
@@ -149,16 +148,8 @@ export async function claimWaitingExec(
   mountSource: string,
   stop: (id: string) => Promise<void>,
 ): Promise<ClaimedWaitingExec | undefined> {
-  const record = await takeRecord(waitingExecRecordPath(mountSource), parseRecord);
-  if (!record) return undefined;
-  const hostDir = `${mountSource}/${record.dir}`;
-  if (!await execRunning(record.exec)) {
-    trace("waiting exec: found dead");
-    await Deno.remove(hostDir, { recursive: true }).catch(() => {});
-    await stop(record.id).catch(() => {});
-    return undefined;
-  }
-  return { record, mountSource, hostDir };
+  const record = await claimLiveRecord(waitingExecRecordPath(mountSource), parseRecord, mountSource, stop, "waiting exec:");
+  return record && { record, mountSource, hostDir: `${mountSource}/${record.dir}` };
 }
 
 function parseRecord(text: string): WaitingRecord {
@@ -252,8 +243,6 @@ export class WaitingExecChild implements Child {
   readonly #conns: WaitingConnections;
   readonly #maxLineChars: number;
   #stopped = false;
-  #timedOut = false;
-  #aborted = false;
 
   constructor(conns: WaitingConnections, argv: readonly string[], cwd: string | undefined, env: Record<string, string>, options: SpawnOptions) {
     this.argv = argv;
@@ -291,16 +280,7 @@ export class WaitingExecChild implements Child {
 
   async #run(job: string, options: SpawnOptions): Promise<ProcessOutcome> {
     const started = performance.now();
-    const onAbort = () => {
-      this.#aborted = true;
-      this.kill();
-    };
-    if (options.signal?.aborted) onAbort();
-    else options.signal?.addEventListener("abort", onAbort, { once: true });
-    const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => {
-      this.#timedOut = true;
-      this.kill();
-    }, options.timeoutMs);
+    const stop = stopOnAbortOrTimeout(options, () => this.kill());
     const stopStderr = new AbortController();
     const stderrTail = collectStderr(this.#conns.stderr.readable, options, stopStderr.signal).catch(() => "");
     try {
@@ -318,13 +298,12 @@ export class WaitingExecChild implements Child {
         exitCode,
         signal: this.#stopped ? "SIGTERM" : null,
         durationMs: performance.now() - started,
-        timedOut: this.#timedOut,
-        aborted: this.#aborted && !this.#timedOut,
+        timedOut: stop.timedOut,
+        aborted: stop.aborted && !stop.timedOut,
         stderrTail: tail,
       };
     } finally {
-      clearTimeout(timer);
-      options.signal?.removeEventListener("abort", onAbort);
+      stop.release();
       closeQuietly(this.#conns.io);
       closeQuietly(this.#conns.stderr);
     }
@@ -376,16 +355,4 @@ export async function passOnWaitingExec(conns: WaitingConnections): Promise<bool
 export async function releaseWaitingExec(conns: WaitingConnections): Promise<void> {
   for (const conn of [conns.control, conns.io, conns.stderr]) closeQuietly(conn);
   await Deno.remove(conns.hostDir, { recursive: true }).catch(() => {});
-}
-
-
-
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await Deno.lstat(path);
-    return true;
-  } catch {
-    return false;
-  }
 }

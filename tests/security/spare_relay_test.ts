@@ -32,6 +32,7 @@ import {
   writeConfig,
 } from "../_helpers.ts";
 import { FakeUpstream } from "../unit/_fake_upstream.ts";
+import { squatScript } from "../_squat.ts";
 
 console.error("security: spare relay tests starting");
 
@@ -80,32 +81,8 @@ async function agent(
 const LLM_CALL =
   `curl -s -m 10 -o /dev/null -w '%{http_code}\\n' -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`;
 
-/**
- * The agent's attempt on a spare's control socket in "$1", for "$2" seconds: as soon as the socket
- * is there, connections that say a wrong key, one that says a line of garbage, and one that says
- * nothing and stays open. Prints how many connections it made.
- */
-const SQUAT = `
-const [dir, seconds] = Deno.args;
-const path = dir + "/control.sock";
-const held = [];
-let made = 0;
-const until = Date.now() + Number(seconds) * 1000;
-while (Date.now() < until) {
-  for (const line of ["0".repeat(64) + "\\n", "garbage\\n", ""]) {
-    try {
-      const conn = await Deno.connect({ transport: "unix", path });
-      made++;
-      if (line) await conn.write(new TextEncoder().encode(line));
-      held.push(conn);
-    } catch {
-      // Not there yet, or already gone.
-    }
-  }
-  await new Promise((resolve) => setTimeout(resolve, 2));
-}
-console.log(made);
-`;
+/** The agent's attempt on a spare's control socket: a wrong key, garbage, silence. */
+const SQUAT = squatScript("control.sock", [`${"0".repeat(64)}\n`, "garbage\n", ""]);
 
 /** `kill -SIG PID` in the container as the relay's uid (root there has no CAP_KILL). */
 async function signalRelay(container: string, signal: string, pid: number): Promise<void> {

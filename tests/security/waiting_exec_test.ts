@@ -16,6 +16,7 @@ import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
 import { PROXY_MOUNT_PATH, proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
 import { assertDocker, dockerTest, explain, removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
+import { squatScript } from "../_squat.ts";
 
 console.error("security: waiting exec tests starting");
 
@@ -47,28 +48,8 @@ async function asAgent(container: string, script: string): Promise<string> {
   return result.stdout;
 }
 
-/** The agent's attempt on the job socket in "$1", for "$2" seconds (see tests/security/spare_relay_test.ts). */
-const SQUAT = `
-const [dir, seconds] = Deno.args;
-const path = dir + "/job.sock";
-const held = [];
-let made = 0;
-const until = Date.now() + Number(seconds) * 1000;
-while (Date.now() < until) {
-  for (const line of ["0".repeat(64) + " c\\n", "0".repeat(64) + " o\\n", "0".repeat(64) + " e\\n", "garbage\\n", ""]) {
-    try {
-      const conn = await Deno.connect({ transport: "unix", path });
-      made++;
-      if (line) await conn.write(new TextEncoder().encode(line));
-      held.push(conn);
-    } catch {
-      // Not there yet, or already gone.
-    }
-  }
-  await new Promise((resolve) => setTimeout(resolve, 2));
-}
-console.log(made);
-`;
+/** The agent's attempt on the job socket: a wrong key in each role, garbage, silence. */
+const SQUAT = squatScript("job.sock", ["c", "o", "e"].map((role) => `${"0".repeat(64)} ${role}\n`).concat(["garbage\n", ""]));
 
 Deno.test({
   name:
