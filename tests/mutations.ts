@@ -570,6 +570,20 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {
+    name: "a process counts as started from outside whatever its parent (the agent's own undumpable orphans outlive every sweep)",
+    file: "scripts/sandbox-exec",
+    find: "  return 0 unless $ppid == 0 && $pid != 1 && $state ne \"Z\";\n",
+    replace: "  return 0 unless $pid != 1 && $state ne \"Z\";\n",
+    tests: ["tests/security/leftover_processes_test.ts"],
+  },
+  {
+    name: "a waiting wrapper that started dumpable waits all the same (its key may have been read)",
+    file: "scripts/sandbox-exec",
+    find: "  if (prctl(3, 0) != 0) {\n",
+    replace: "  if (0) {\n",
+    tests: ["tests/security/waiting_exec_test.ts"],
+  },
+  {
     name: "the sweep spares orphans",
     file: "scripts/sandbox-exec",
     find: "    $killed += kill \"KILL\", @targets;",

@@ -156,6 +156,22 @@ Deno.test({
       assert.deepEqual(await sleepers(box.containerName), []);
     });
 
+    await t.step("nor does an orphan the agent made undumpable, or dressed as a wrapper: only what was started from outside is spared", async () => {
+      // Its own run of the wrappers' perl (undumpable as they are), and a wrapper it started itself.
+      const quiet = "</dev/null >/dev/null 2>&1";
+      const result = await box.exec(["sh", "-c", [
+        `setsid -f /usr/local/libexec/sandbox-perl -e '$0 = "sleep 3011"; sleep 300' ${quiet}`,
+        `setsid -f /usr/local/bin/sandbox-exec fake-3012 sleep 3012 ${quiet}`,
+        killOwnWrapper(3013),
+      ].join("; ")]);
+      assert.equal(result.exitCode, 137, result.stderr);
+      assert.deepEqual(await sleepers(box.containerName), ["sleep 3011", "sleep 3012", "sleep 3013"]);
+      const premise = await box.exec(["sh", "-c", "for p in $(pgrep -x -f 'sleep 3011'); do cat /proc/$p/environ >/dev/null 2>&1 && echo readable || echo undumpable; done"]);
+      assert.equal(premise.stdout, "undumpable\n", premise.stderr);
+      await box.sweep();
+      assert.deepEqual(await sleepers(box.containerName), []);
+    });
+
     await t.step("`sandbox exec` sweeps when it ends: nothing survives it", async () => {
       const result = await box.cli(["exec", "-p", box.profile.name, "--", "sh", "-c", killOwnWrapper(3002)]);
       assert.match(result.stdout, /killing wrapper/, explain(result));

@@ -117,6 +117,20 @@ Deno.test({
         assert.equal(await asAgent(container, "env MARK=own sleep 5 & own=$!; sleep 0.3; tr '\\0' '\\n' </proc/$own/environ | grep -c '^MARK=own$'; kill $own"), "1\n");
       });
 
+      await t.step("a wrapper that started dumpable (on a readable perl) refuses to wait: its key may have been read", async () => {
+        const key = "ab".repeat(32);
+        // Watching the waiting wrapper's own directory: no job comes there meanwhile.
+        const args = ["--waiting", "waiting-dumpable", `${PROXY_MOUNT_PATH}/${waiting!.dir}`];
+        const started = (perl: string) =>
+          run(["docker", "exec", "--user", "10001", "--env", `SANDBOX_EXEC_KEY=${key}`, container, "timeout", "2", perl, "/usr/local/bin/sandbox-exec", ...args]);
+        const readable = await started("/usr/bin/perl");
+        assert.equal(readable.exitCode, 2, explain(readable));
+        assert.match(readable.stderr, /started dumpable/, explain(readable));
+        // The twin: on its own interpreter it waits (until `timeout` ends it: 124).
+        const own = await started("/usr/local/libexec/sandbox-perl");
+        assert.equal(own.exitCode, 124, explain(own));
+      });
+
       await t.step("the agent's connections to its job socket do not pass for it: held still, it is passed over, and the command runs once the usual way", async () => {
         await asAgent(container, `cat > /tmp/squat.js <<'EOF'\n${SQUAT}\nEOF`);
         const stopped = await run(["docker", "exec", "--user", "10001", container, "kill", "-STOP", String(waiting!.pid)]);
