@@ -6,6 +6,7 @@
  */
 import type { BenchContext, Figure } from "./main.ts";
 import { run } from "../lib/process.ts";
+import { readTrailer, trailerComment } from "../lib/sandbox/bundle_trailer.ts";
 import {
   CHILD_TIMEOUT_MS,
   type CliRunTiming,
@@ -102,17 +103,16 @@ async function bundledCli(setup: RunSetup, context: BenchContext): Promise<(args
 }
 
 /**
- * A copy of the bundle without its embedded worker (its brotli's base64, as embed_bundles.ts wrote
- * it into dist/embedded.ts, replaced by nothing): what the bundle's start would be without those
- * bytes to read. It cannot build an image; `--version` does not need one.
+ * A copy of the bundle without its embedded worker (the comment at its end that carries it, see
+ * lib/sandbox/bundle_trailer.ts, cut out): what the bundle's start would be without those bytes to
+ * read. It cannot build an image; `--version` does not need one.
  */
 async function bundleWithoutWorker(bundle: string): Promise<string> {
   const text = await Deno.readTextFile(bundle);
-  const generated = await Deno.readTextFile(bundle.replace(/sandbox\.js$/, "embedded.ts"));
-  const embedded = /export const worker: EmbeddedBundle = \{\n  brotliBase64: \(\) => "([A-Za-z0-9+/=]+)"/.exec(generated)?.[1];
-  if (!embedded || text.split(embedded).length !== 2) throw new Error(`the embedded worker is not found once in ${bundle}`);
+  const comment = trailerComment("worker", readTrailer(new URL(`file://${bundle}`), "worker"));
+  if (text.split(comment).length !== 2) throw new Error(`the embedded worker is not found once in ${bundle}`);
   const stripped = bundle.replace(/\.js$/, ".no-worker.js");
-  await Deno.writeTextFile(stripped, text.replace(embedded, ""));
+  await Deno.writeTextFile(stripped, text.replace(comment, ""));
   return stripped;
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build dist/sandbox.js: the whole CLI in one file that runs from an empty directory with only
 # `deno`, carrying the worker and relay bundles, the Dockerfile and the scripts as embedded assets.
-# The two bundles go in brotli-compressed and in base64 (dist/embedded.ts), with their SHA-256 (the
-# image hash needs it on every start): the CLI decompresses them only when it builds an image.
+# The two bundles go in brotli-compressed and in base64, in comments at the end of dist/sandbox.js
+# (lib/sandbox/bundle_trailer.ts), with their SHA-256 in dist/embedded.ts (the image hash needs it on
+# every start): the CLI reads and decompresses them only when it builds an image.
 # Run it as the installed launcher does (scripts/install.ts): deno run -A --no-config with the
 # unstable flags of deno.json, which a bundle cannot carry itself.
 set -euo pipefail
@@ -21,4 +22,6 @@ bundle worker/main.ts dist/worker.js
 bundle relay/main.ts dist/relay.js
 deno run --quiet --no-config --allow-read=dist --allow-write=dist scripts/embed_bundles.ts dist
 bundle scripts/bundle_entry.ts dist/sandbox.js --minify --keep-names
+# The worker and relay go last, in comments that dist/embedded.ts reads back to build an image.
+cat dist/embedded.trailer >>dist/sandbox.js
 echo "dist/sandbox.js: $(du -h dist/sandbox.js | cut -f1)" >&2

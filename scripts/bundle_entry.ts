@@ -3,6 +3,6 @@
 // The CLI's first import defers the yaml module (cli/defer_yaml.ts): it comes before the rest.
 import "../cli/defer_yaml.ts";
 import "./register_worker.ts";
-import { main } from "../cli.ts";
+import { exitSoon, main } from "../cli.ts";
 
-Deno.exit(await main(Deno.args));
+exitSoon(await main(Deno.args));

@@ -4,9 +4,10 @@
  * over the exec stream; a bundle of its own so that it starts fast).
  *
  * The bundled CLI carries both bundles embedded (`scripts/bundle.sh` registers them before the
- * CLI starts), brotli-compressed and in base64, with their SHA-256: a 3 MB string literal would cost
- * every start of the CLI tens of ms, and the bytes are needed only when an image is built, so they
- * are decompressed then and only then. Both are finished the same way whether built by bundle.sh
+ * CLI starts), brotli-compressed and in base64 in comments at the end of its own file
+ * (bundle_trailer.ts), with their SHA-256: a 3 MB string literal would cost every start of the CLI
+ * tens of ms, and the bytes are needed only when an image is built, so they are read and
+ * decompressed then and only then. Both are finished the same way whether built by bundle.sh
  * or here (lib/sandbox/bundle_text.ts). Run from a checkout, each is bundled from
  * source on first use and cached in the state directory under a hash of the sources, so an
  * unchanged checkout never bundles twice.
@@ -21,9 +22,9 @@ type BundleName = "worker" | "relay";
 const ENTRY: Record<BundleName, string> = { worker: "worker/main.ts", relay: "relay/main.ts" };
 
 /**
- * An embedded bundle (dist/embedded.ts, written by scripts/embed_bundles.ts): its bytes brotli-
- * compressed in base64, behind a function that is called only to build an image (see there why),
- * and the SHA-256 of the bundle itself.
+ * An embedded bundle (dist/embedded.ts, written by scripts/embed_bundles.ts): a function that reads
+ * its bytes, brotli-compressed in base64, from the end of the bundled CLI's file (called only to
+ * build an image), and the SHA-256 of the bundle itself.
  */
 export interface EmbeddedBundle {
   brotliBase64: () => string;
@@ -50,7 +51,16 @@ export function setEmbeddedRelay(bundle: EmbeddedBundle): void {
 /** The bytes of an embedded bundle: decompressed only now, when an image is being built. */
 async function embeddedBytes(bundle: EmbeddedBundle): Promise<Uint8Array> {
   const { brotliDecompressSync } = await import("node:zlib");
-  const bytes = new Uint8Array(brotliDecompressSync(Uint8Array.fromBase64(bundle.brotliBase64())));
+  let base64: string;
+  try {
+    base64 = bundle.brotliBase64();
+  } catch (error) {
+    throw new SandboxError(
+      "image_build_failed",
+      `Cannot read the bundle this CLI carries (${error instanceof Error ? error.message : String(error)}): this bundled CLI is damaged; build it again (deno task bundle) or run from a checkout`,
+    );
+  }
+  const bytes = new Uint8Array(brotliDecompressSync(Uint8Array.fromBase64(base64)));
   // The bytes that go into the image must be the ones the tag's hash names.
   if (await sha256HexOf(bytes) !== bundle.sha256) {
     throw new SandboxError("image_build_failed", "The embedded bundle does not match its SHA-256: this bundled CLI is damaged");

@@ -2,12 +2,15 @@
  * The installed CLI is self-contained and runs clean: `deno task install` puts a launcher on the
  * PATH (here a temporary directory) that runs the bundle; from an empty directory it completes an
  * offline agent run (the shipped replay recording) in a sandbox with nothing but its own lines on
- * stderr, and it shares the sandbox image (and so the sandbox) with the checkout.
+ * stderr, and it shares the sandbox image (and so the sandbox) with the checkout; in mode none it
+ * runs the worker it carries at the end of its file, the checkout's byte for byte.
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
 import { costOf } from "../../lib/run/prices.ts";
+import { sha256HexOf } from "../../lib/hash.ts";
+import { workerContentHash } from "../../lib/sandbox/worker_bundle.ts";
 import { assertDocker, dockerTest, explain, removeProfile, ROOT, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
 import denoJson from "../../deno.json" with { type: "json" };
 
@@ -20,7 +23,7 @@ Deno.test({
     await using empty = await tempDir("sandbox-bundle-");
     const bin = `${prefix.path}/bin`;
     const profile = uniqueProfile("e2e-bundle");
-    const config = await writeConfig(empty.path, `profiles:\n  ${profile}: {}\n`);
+    const config = await writeConfig(empty.path, `profiles:\n  ${profile}: {}\n  ${profile}-host: {sandbox: {mode: none}}\n`);
     const state = `${empty.path}/state`;
     const pathWithout = (Deno.env.get("PATH") ?? "").split(":").filter((d) => d !== bin).join(":");
 
@@ -106,6 +109,18 @@ Deno.test({
           assert.equal(result.exitCode, 0, explain(result));
           assert.equal(result.stdout, `${word}\n`, explain(result));
         }
+      });
+      // Mode none runs the worker on the host, from the bytes the bundle carries at the end of its
+      // file (lib/sandbox/bundle_trailer.ts): read back, they are the checkout's worker.
+      await t.step("a run in mode none through the installed bundle runs the worker it carries, the checkout's byte for byte", async () => {
+        // The checkout's `up` above bundled its own worker into the same state directory.
+        await Deno.remove(`${state}/sandbox/worker`, { recursive: true }).catch(() => {});
+        const result = await sandbox("run", "agentic", "-p", `${profile}-host`, "--prompt-file", "prompt.txt", "--model", "replay:recording.json");
+        assert.equal(result.exitCode, 0, explain(result));
+        const written = [...Deno.readDirSync(`${state}/sandbox/worker`)].filter((e) => /^worker-.*\.js$/.test(e.name));
+        assert.equal(written.length, 1, `${written.map((e) => e.name).join(", ")}\n${explain(result)}`);
+        const bytes = await Deno.readFile(`${state}/sandbox/worker/${written[0].name}`);
+        assert.equal(await sha256HexOf(bytes), await workerContentHash());
       });
     } finally {
       await removeProfile(profile);
