@@ -11,8 +11,20 @@ import { decodeMessage } from "../../lib/run/protocol.ts";
 import { costOf } from "../../lib/run/prices.ts";
 import { sha256HexOf } from "../../lib/hash.ts";
 import { workerContentHash } from "../../lib/sandbox/worker_bundle.ts";
-import { assertDocker, dockerTest, explain, removeProfile, ROOT, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
+import { assertDocker, docker, dockerTest, explain, removeProfile, ROOT, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
 import denoJson from "../../deno.json" with { type: "json" };
+import { DatabaseSync } from "node:sqlite";
+
+/** The local modules whose compiled code a Deno cache database holds. */
+function cachedSpecifiers(database: string): string[] {
+  const db = new DatabaseSync(database, { readOnly: true });
+  try {
+    const rows = db.prepare("select specifier from codecache where specifier like 'file:%' order by specifier").all();
+    return rows.map((row) => String(row.specifier));
+  } finally {
+    db.close();
+  }
+}
 
 Deno.test({
   name: "deno task install puts sandbox on the PATH; from an empty directory it runs an offline replay clean and shares the checkout's sandbox",
@@ -110,6 +122,22 @@ Deno.test({
           assert.equal(result.stdout, `${word}\n`, explain(result));
         }
       });
+      // Deno writes a module's compiled code only once its evaluation is complete: the entries
+      // exit on the next turn (cli.ts exitSoon, the relay's --check), so one `--version` of the
+      // bundle, and the image build's check of the relay, leave theirs.
+      await t.step("one --version leaves the bundle's compiled code in Deno's cache, and the image holds the relay's and the worker's", async () => {
+        await using denoDir = await tempDir("sandbox-deno-dir-");
+        const bundle = `${prefix.path}/lib/sandbox/sandbox.js`;
+        const unstable = denoJson.unstable.map((feature) => `--unstable-${feature}`);
+        const version = await run([Deno.execPath(), "run", "-A", "--quiet", "--no-config", ...unstable, bundle, "--version"], {
+          env: { DENO_DIR: denoDir.path },
+        });
+        assert.equal(version.exitCode, 0, explain(version));
+        assert.deepEqual(cachedSpecifiers(`${denoDir.path}/v8_code_cache_v2`), [`file://${bundle}`]);
+        await docker("cp", `${containerId}:/opt/sandbox/deno-dir/.`, `${denoDir.path}/image`);
+        assert.deepEqual(cachedSpecifiers(`${denoDir.path}/image/v8_code_cache_v2`), ["file:///opt/sandbox/relay.js", "file:///opt/sandbox/worker.js"]);
+      });
+
       // Mode none runs the worker on the host, from the bytes the bundle carries at the end of its
       // file (lib/sandbox/bundle_trailer.ts): read back, they are the checkout's worker.
       await t.step("a run in mode none through the installed bundle runs the worker it carries, the checkout's byte for byte", async () => {
