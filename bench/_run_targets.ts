@@ -403,19 +403,83 @@ function workerStart(container: string): string[] {
   ];
 }
 
-/** `CONCURRENT` runs of `argv` one after another, then (after `pauseMs`) all at once: wall times. */
+/** How long the machine gets to finish what runs leave behind (the next waiting worker's load). */
+const SETTLE_MS = 1_500;
+
+/** CPU time the whole machine has spent busy (not idle, not waiting for I/O), in seconds; /proc/stat. */
+async function machineBusySeconds(): Promise<number> {
+  const fields = (await Deno.readTextFile("/proc/stat")).split("\n")[0].trim().split(/\s+/).slice(1).map(Number);
+  const [user, nice, system, _idle, _iowait, irq, softirq, steal] = fields;
+  // USER_HZ is 100 on Linux (sysconf(_SC_CLK_TCK)); the kernel reports /proc/stat in it everywhere.
+  return (user + nice + system + irq + softirq + (steal ?? 0)) / 100;
+}
+
+/**
+ * The CPU that `work` costs the whole machine (the CLIs, the engine, the containers), in seconds:
+ * busy time from its start until `SETTLE_MS` after it (what the runs left to do: the next waiting
+ * worker's load), less what the machine spends over as long idle beforehand.
+ */
+async function machineCpuOf<T>(work: () => Promise<T>): Promise<{ value: T; cpuSeconds: number }> {
+  const idleFrom = await machineBusySeconds();
+  await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
+  const idleRate = (await machineBusySeconds() - idleFrom) / (SETTLE_MS / 1000);
+  const started = performance.now();
+  const before = await machineBusySeconds();
+  const value = await work();
+  await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
+  const elapsed = (performance.now() - started) / 1000;
+  return { value, cpuSeconds: Math.max(0, await machineBusySeconds() - before - idleRate * elapsed) };
+}
+
+/**
+ * `CONCURRENT` runs of `argv` one after another, then (after `pauseMs`) all at once: wall times,
+ * and the CPU the runs one after another cost the machine.
+ */
 async function sequentialThenAtOnce(
   argv: string[],
   at: TimedOptions,
   pauseMs = 0,
-): Promise<{ sequential: number; concurrent: number; together: CliRunTiming[] }> {
-  let started = performance.now();
-  for (let i = 0; i < CONCURRENT; i++) await timeCliRun(argv, at);
-  const sequential = performance.now() - started;
+): Promise<{ sequential: number; sequentialCpuSeconds: number; concurrent: number; together: CliRunTiming[] }> {
+  const { value: sequential, cpuSeconds: sequentialCpuSeconds } = await machineCpuOf(async () => {
+    const started = performance.now();
+    for (let i = 0; i < CONCURRENT; i++) await timeCliRun(argv, at);
+    return performance.now() - started;
+  });
   if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs));
-  started = performance.now();
+  const started = performance.now();
   const together = await Promise.all(Array.from({ length: CONCURRENT }, () => timeCliRun(argv, at)));
-  return { sequential, concurrent: performance.now() - started, together };
+  return { sequential, sequentialCpuSeconds, concurrent: performance.now() - started, together };
+}
+
+/**
+ * The least wall time in which this machine's cores can do the CPU work of the runs one after
+ * another, all at once: their CPU seconds over the cores. Concurrent runs do at least that work
+ * (each isolated run does what it does alone, and those in containers of their own more), so no
+ * schedule finishes them sooner; a target below it cannot be met on this machine.
+ */
+function cpuFloor(name: string, sequentialCpuSeconds: number, concurrent: number): Figure {
+  return {
+    name,
+    unit: "ms",
+    baseline: (sequentialCpuSeconds / navigator.hardwareConcurrency) * 1000,
+    measured: concurrent,
+    better: "lower",
+  };
+}
+
+/** What the CPU accounting says of the runs one after another: cores busy, and the floor's ratio. */
+function cpuNote(sequential: number, sequentialCpuSeconds: number): string {
+  const cores = navigator.hardwareConcurrency;
+  const floor = (sequentialCpuSeconds / cores) * 1000;
+  return `the ${CONCURRENT} runs one after another cost the machine ${sequentialCpuSeconds.toFixed(2)} CPU-s (${
+    (sequentialCpuSeconds / CONCURRENT * 1000).toFixed(0)
+  } ms a run, the next waiting worker's load included) in ${(sequential / 1000).toFixed(2)} s: ${
+    (sequentialCpuSeconds / (sequential / 1000)).toFixed(2)
+  } of ${cores} cores busy; at once, the same work needs at least ${(floor / 1000).toFixed(2)} s on ${cores} cores, ${
+    (floor / sequential).toFixed(2)
+  }× the sequential time (target ${CONCURRENT_TARGET_RATIO}×: it needs ${
+    Math.ceil(sequentialCpuSeconds / (CONCURRENT_TARGET_RATIO * sequential / 1000))
+  } cores at this CPU per run)`;
 }
 
 /** The container each run worked in, from its run log. */
@@ -455,7 +519,7 @@ export async function measureConcurrency(setup: RunSetup, context: BenchContext,
   for (let i = 0; i < 3; i++) floors.push(await floorAtOnce(setup, image, CONCURRENT, context));
   const floor = summarize(floors);
   context.progress(`concurrency: ${CONCURRENT} runs one after another, then ${CONCURRENT} at once`);
-  const { sequential, concurrent, together } = await sequentialThenAtOnce(setup.runArgv, at);
+  const { sequential, sequentialCpuSeconds, concurrent, together } = await sequentialThenAtOnce(setup.runArgv, at);
   // One run at a time in a container (the hostile-agent rules): each in a container of its own,
   // but for the profile's shared one, whose lease lets runs in one after another (a run that
   // starts once another has ended there takes it, as a run after a run does).
@@ -474,8 +538,10 @@ export async function measureConcurrency(setup: RunSetup, context: BenchContext,
         measured: concurrent,
         better: "lower",
       },
+      cpuFloor(`CPU floor: the ${CONCURRENT} sequential runs' CPU ÷ ${navigator.hardwareConcurrency} cores → ${CONCURRENT} runs at once`, sequentialCpuSeconds, concurrent),
     ],
     notes: [
+      `concurrency, CPU: ${cpuNote(sequential, sequentialCpuSeconds)}`,
       `concurrency: ${CONCURRENT} runs at once, all succeeded, ${shared} in the shared container (one after another), ${
         CONCURRENT - shared
       } each in its own; first events ${
@@ -503,15 +569,17 @@ export async function measurePool(setup: RunSetup, context: BenchContext, poolPr
   if (up.exitCode !== 0) throw new Error(`up -p ${poolProfile} failed: ${up.stderr.slice(-2_000)}`);
   await new Promise((resolve) => setTimeout(resolve, POOL_SETTLE_MS));
   context.progress(`pool: ${CONCURRENT} runs one after another, then ${CONCURRENT} at once`);
-  const { sequential, concurrent, together } = await sequentialThenAtOnce(argv, at, POOL_SETTLE_MS);
+  const { sequential, sequentialCpuSeconds, concurrent, together } = await sequentialThenAtOnce(argv, at, POOL_SETTLE_MS);
   // Where each worked: a shared container's lease lets one run at a time in, so a run that found
   // every one busy may follow another that had ended into its container, or make one of its own.
   const shared = (await containersOf(setup, together)).filter((name) => name === `sandbox-${poolProfile}` || /-s\d+$/.test(name));
   return {
     figures: [
       concurrencyFigure(`${CONCURRENT} concurrent runs, sandbox.containers: ${CONCURRENT} after up: one after another → at once`, sequential, concurrent),
+      cpuFloor(`CPU floor (pool): the ${CONCURRENT} sequential runs' CPU ÷ ${navigator.hardwareConcurrency} cores → ${CONCURRENT} runs at once`, sequentialCpuSeconds, concurrent),
     ],
     notes: [
+      `pool, CPU: ${cpuNote(sequential, sequentialCpuSeconds)}`,
       `pool (sandbox.containers: ${CONCURRENT}, made by up ${Math.round(POOL_SETTLE_MS / 1000)} s before): ${CONCURRENT} runs at once, all succeeded, ${shared.length} in the profile's shared containers (${new Set(shared).size} different ones), ${
         CONCURRENT - shared.length
       } in one of their own; first events ${
