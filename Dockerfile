@@ -45,7 +45,7 @@ RUN DENO_DIR=/opt/sandbox/deno-dir deno run --allow-all --no-config /opt/sandbox
  && DENO_DIR=/tmp/compact-deno-dir deno eval --no-config 'import { DatabaseSync } from "node:sqlite"; \
       for (const name of ["v8_code_cache_v2", "dep_analysis_cache_v2", "node_analysis_cache_v2"]) { \
         const db = new DatabaseSync(`/opt/sandbox/deno-dir/${name}`); \
-        db.exec("PRAGMA wal_checkpoint(TRUNCATE); VACUUM;"); db.close(); }' \
+        db.exec("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE; VACUUM;"); db.close(); }' \
  && rm -rf /tmp/compact-deno-dir /opt/sandbox/deno-dir/*-wal /opt/sandbox/deno-dir/*-shm
 # Under the exec wrapper like every command: it starts only if the container can still start one.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=2s --retries=3 CMD ["sandbox-exec", "health", "test", "-w", "/workspace"]

@@ -49,13 +49,42 @@ Deno.test("characters outside ASCII become escapes that read the same in strings
   assert.deepEqual(await evaluate(finished), await evaluate(text));
 });
 
-Deno.test("a character outside ASCII that may be in a tagged template's raw text leaves the text as it is", async () => {
-  const text = 'const tag = (s) => s.raw[0]; export const out = [tag`\u2014`, "\u00e9"];';
+// deepagents' `context` tag, in substance: it reads the raw text and joins it with the values.
+const CONTEXT_TAG = [
+  "function context(strings, ...values) {",
+  "  let result = '';",
+  "  for (let i = 0; i < strings.raw.length; i++) {",
+  "    result += strings.raw[i];",
+  "    if (i < values.length) result += typeof values[i] === 'string' ? values[i] : JSON.stringify(values[i]);",
+  "  }",
+  "  return result.trim().replace(/\\\\n/g, '\\n');",
+  "}",
+].join("\n");
+
+Deno.test("in a tagged template's text, a character outside ASCII becomes a substitution of itself: the tag's raw text and result are unchanged", async () => {
+  const text = `${CONTEXT_TAG}\nconst name = "x";\n` +
+    'export const out = [context`\n  Be brief \u2014 ${name} \u2192 done\\n \u{1F44B}`, String.raw`a\u2014\\n${1}b`, `plain \u00e9`];\n';
   const finished = finishBundle(text);
-  assert.equal(finished, text);
-  assert.deepEqual(await evaluate(finished), ["\u2014", "\u00e9"]);
-  // So does one after any template's closing backtick: the check errs on the side of leaving text.
-  assert.equal(finishBundle('const s = `x`; const t = "\u00e9";'), 'const s = `x`; const t = "\u00e9";');
-  // After a keyword, a backtick opens a plain template: escaped.
-  assert.ok(isAscii(finishBundle("function f() { return`\u2014`; }")));
+  assert.ok(isAscii(finished), finished);
+  assert.match(finished, /Be brief \$\{"\\u2014"\} \$\{name\}/);
+  assert.deepEqual(await evaluate(finished), await evaluate(text));
+});
+
+Deno.test("the scan tells templates, strings, comments and regular expressions apart: each character reads the same after", async () => {
+  const text = [
+    "const tag = String.raw;",
+    "const half = 4 / 2; // a division: caf\u00e9",
+    "/* a comment with a backtick ` and \u00e9 */",
+    "const re = /[\"\u00e9`]+/g; const quote = 'it\\'s \u00e9';",
+    "export const out = [half, 'x\u00e9\"'.match(re)[0], quote, tag`a ${`in \u00e9 ${'\u00e8'}`} \u00ea`, typeof /\u00e9/, `${{ a: '\u00e9' }.a}`, '\u2014'];",
+  ].join("\n");
+  const finished = finishBundle(text);
+  assert.ok(isAscii(finished), finished);
+  assert.deepEqual(await evaluate(finished), await evaluate(text));
+});
+
+Deno.test("a text the scan cannot place whole (an escaped character outside ASCII, an unterminated literal) is left as it is", () => {
+  for (const text of ['const s = "\\\u00e9";', "const s = `\u00e9", 'const s = "\u00e9', "/* \u00e9"]) {
+    assert.equal(finishBundle(text), text);
+  }
 });
