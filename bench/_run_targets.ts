@@ -414,21 +414,31 @@ async function machineBusySeconds(): Promise<number> {
   return (user + nice + system + irq + softirq + (steal ?? 0)) / 100;
 }
 
+/** The machine's busy CPU per second of wall time over `ms` (what it does with no run going). */
+async function idleBusyRate(ms: number): Promise<number> {
+  const from = await machineBusySeconds();
+  await new Promise((resolve) => setTimeout(resolve, ms));
+  return (await machineBusySeconds() - from) / (ms / 1000);
+}
+
 /**
  * The CPU that `work` costs the whole machine (the CLIs, the engine, the containers), in seconds:
  * busy time from its start until `SETTLE_MS` after it (what the runs left to do: the next waiting
- * worker's load), less what the machine spends over as long idle beforehand.
+ * worker's load), less what the machine spends meanwhile without them — the higher of two idle
+ * readings, one before (after a pause that lets the previous measurement's cleanup end) and one
+ * after: the estimate errs low, never high.
  */
 async function machineCpuOf<T>(work: () => Promise<T>): Promise<{ value: T; cpuSeconds: number }> {
-  const idleFrom = await machineBusySeconds();
-  await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
-  const idleRate = (await machineBusySeconds() - idleFrom) / (SETTLE_MS / 1000);
+  await new Promise((resolve) => setTimeout(resolve, 2 * SETTLE_MS));
+  const idleBefore = await idleBusyRate(SETTLE_MS);
   const started = performance.now();
   const before = await machineBusySeconds();
   const value = await work();
   await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
+  const busy = await machineBusySeconds() - before;
   const elapsed = (performance.now() - started) / 1000;
-  return { value, cpuSeconds: Math.max(0, await machineBusySeconds() - before - idleRate * elapsed) };
+  const idle = Math.max(idleBefore, await idleBusyRate(SETTLE_MS));
+  return { value, cpuSeconds: Math.max(0, busy - idle * elapsed) };
 }
 
 /**
