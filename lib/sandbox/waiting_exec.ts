@@ -177,14 +177,25 @@ export async function connectWaitingExec(
   waitMs = CONNECT_WAIT_MS,
 ): Promise<WaitingConnections | undefined> {
   const path = `${claimed.hostDir}/${JOB_SOCKET}`;
-  const listener = Deno.listen({ transport: "unix", path });
-  await Deno.chmod(path, 0o666);
+  let listener: Deno.Listener<Deno.UnixConn, Deno.UnixAddr> | undefined;
+  try {
+    listener = Deno.listen({ transport: "unix", path });
+    await Deno.chmod(path, 0o666);
+  } catch (error) {
+    listener?.close();
+    // Its directory went meanwhile (seen once, with commands of two checkouts at once on one
+    // container): the command runs the usual way, as with a wrapper that does not answer.
+    trace(`waiting exec: cannot listen (${error instanceof Error ? error.message : String(error)})`);
+    await stop(claimed.record.id).catch(() => {});
+    await Deno.remove(claimed.hostDir, { recursive: true }).catch(() => {});
+    return undefined;
+  }
   const roles = new Map<string, Deno.UnixConn>();
   const strangers = new Set<Deno.Conn>();
   let done!: () => void;
   const all = new Promise<void>((resolve) => done = resolve);
   const accepting = (async () => {
-    for await (const conn of listener) {
+    for await (const conn of listener!) {
       strangers.add(conn);
       void readLine(conn, MAX_HELLO, waitMs).then((said) => {
         const match = said === null ? null : /^([0-9a-f]+) ([coe])\n$/.exec(new TextDecoder().decode(said));
