@@ -571,7 +571,27 @@ const POOL_SETTLE_MS = 3_000;
  * (`sandbox.containers: 8`), made by `up` beforehand: what an orchestrator that runs 8 at a time
  * configures. Each run must succeed in a shared container of the profile, no two at once in one.
  */
-export async function measurePool(setup: RunSetup, context: BenchContext, poolProfile: string): Promise<Measured> {
+/**
+ * The CPU that `CONCURRENT` loads of the waiting worker cost the machine (each a `docker exec` of
+ * the worker under the wrapper, in a container of the image made for this): at most what the runs
+ * spend on the next run's worker, since a run's lease starts it without a `docker exec`.
+ */
+async function workerLoadsCpuSeconds(setup: RunSetup, image: string, context: BenchContext): Promise<number> {
+  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
+  const name = `sandbox-bench-loads-${crypto.randomUUID().slice(0, 8)}`;
+  await timeCommand(["docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1", image], at);
+  try {
+    await timeCommand(workerStart(name), at);
+    const { cpuSeconds } = await machineCpuOf(async () => {
+      for (let i = 0; i < CONCURRENT; i++) await timeCommand(workerStart(name), at);
+    });
+    return cpuSeconds;
+  } finally {
+    await run(["docker", "rm", "--force", name], { timeoutMs: 60_000 });
+  }
+}
+
+export async function measurePool(setup: RunSetup, context: BenchContext, poolProfile: string, image: string): Promise<Measured> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
   const argv = setup.runArgv.map((arg) => arg === setup.profile ? poolProfile : arg);
   context.progress(`pool: up of a profile with sandbox.containers: ${CONCURRENT}`);
@@ -583,13 +603,22 @@ export async function measurePool(setup: RunSetup, context: BenchContext, poolPr
   // Where each worked: a shared container's lease lets one run at a time in, so a run that found
   // every one busy may follow another that had ended into its container, or make one of its own.
   const shared = (await containersOf(setup, together)).filter((name) => name === `sandbox-${poolProfile}` || /-s\d+$/.test(name));
+  context.progress(`pool: the CPU of ${CONCURRENT} waiting workers' loads`);
+  const loads = await workerLoadsCpuSeconds(setup, image, context);
+  const inWindow = Math.max(0, sequentialCpuSeconds - loads);
   return {
     figures: [
       concurrencyFigure(`${CONCURRENT} concurrent runs, sandbox.containers: ${CONCURRENT} after up: one after another → at once`, sequential, concurrent),
       cpuFloor(`CPU floor (pool): the ${CONCURRENT} sequential runs' CPU ÷ ${navigator.hardwareConcurrency} cores → ${CONCURRENT} runs at once`, sequentialCpuSeconds, concurrent),
+      cpuFloor(`CPU floor (pool), the next workers' loads left out → ${CONCURRENT} runs at once`, inWindow, concurrent),
     ],
     notes: [
       `pool, CPU: ${cpuNote(sequential, sequentialCpuSeconds)}`,
+      `pool, CPU without the next waiting workers' loads (${CONCURRENT} of them cost at most ${loads.toFixed(2)} CPU-s, measured by docker exec; runs at once may leave them until after the last one ends): ${
+        inWindow.toFixed(2)
+      } CPU-s, at least ${(inWindow / navigator.hardwareConcurrency).toFixed(2)} s on ${navigator.hardwareConcurrency} cores, ${
+        (inWindow / navigator.hardwareConcurrency * 1000 / sequential).toFixed(2)
+      }× the sequential time`,
       `pool (sandbox.containers: ${CONCURRENT}, made by up ${Math.round(POOL_SETTLE_MS / 1000)} s before): ${CONCURRENT} runs at once, all succeeded, ${shared.length} in the profile's shared containers (${new Set(shared).size} different ones), ${
         CONCURRENT - shared.length
       } in one of their own; first events ${

@@ -454,7 +454,7 @@ async function run(context: BenchContext): Promise<BenchResult> {
       await measureRepo(setup, context, warmFirst.median),
       await measureFresh(setup, context, setup.freshProfile, imageTag),
       await measureConcurrency(setup, context, imageTag),
-      await measurePool(setup, context, `${setup.profile}-pool`),
+      await measurePool(setup, context, `${setup.profile}-pool`, imageTag),
     ];
 
     const figures: Figure[] = [
