@@ -65,6 +65,9 @@ const EXIT_TIMEOUT = 124;
 const SANDBOX_EXEC = "sandbox-exec";
 /** How long `ensureRunning({probe})` gives a trivial command to start and end. */
 const PROBE_TIMEOUT_MS = 10_000;
+/** How many probes in a row must start their command, and the pause between them (see #probe). */
+const PROBE_ROUNDS = 2;
+const PROBE_GAP_MS = 100;
 /** How long `ensureRunning` waits for a container another process is creating. */
 const CONCURRENT_START_WAIT_MS = 60_000;
 const ENSURE_MAX_PASSES = 600;
@@ -382,13 +385,24 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   /** Can the container start and finish a trivial command within a short deadline? */
+  /**
+   * Whether a command can start in the container: twice in a row, each time a command that starts
+   * two more (a pipeline). Processes that hold every pid and take back any that comes free (a
+   * fork bomb; or what the suite's wedge test leaves) can let one lucky fork in when a runtime
+   * retires a thread: seen in CI, where one probe of `true` passed a wedged container. Two
+   * pipelines in a row they do not; a healthy container starts them in milliseconds.
+   */
   async #probe(signal?: AbortSignal): Promise<boolean> {
-    const result = await this.docker.run(
-      ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "probe", "true"],
-      { signal, timeoutMs: PROBE_TIMEOUT_MS },
-    );
-    signal?.throwIfAborted();
-    return result.exitCode === 0;
+    for (let round = 0; round < PROBE_ROUNDS; round++) {
+      if (round > 0) await delay(PROBE_GAP_MS);
+      const result = await this.docker.run(
+        ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "probe", "sh", "-c", "true | true"],
+        { signal, timeoutMs: PROBE_TIMEOUT_MS },
+      );
+      signal?.throwIfAborted();
+      if (result.exitCode !== 0) return false;
+    }
+    return true;
   }
 
   async #imageOutdated(found: ContainerInspect): Promise<boolean> {
@@ -948,11 +962,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   async healthCheck(options: { signal?: AbortSignal } = {}): Promise<boolean> {
-    const result = await this.docker.run(
-      ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "probe", "true"],
-      { signal: options.signal, timeoutMs: PROBE_TIMEOUT_MS },
-    );
-    return result.exitCode === 0;
+    return await this.#probe(options.signal).catch(() => false);
   }
 
   /**
