@@ -628,8 +628,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "the directory above the sockets lets every host user through",
     file: "lib/sandbox/proxy_mount.ts",
-    find: "  await Deno.chmod(parent, 0o700);",
-    replace: "  await Deno.chmod(parent, 0o755);",
+    find: "  Deno.chmodSync(parent, 0o700);",
+    replace: "  Deno.chmodSync(parent, 0o755);",
     tests: ["tests/unit/docker_provider_test.ts", "tests/security/relay_test.ts"],
   },
   {
