@@ -369,6 +369,16 @@ export async function measureFresh(
   };
 }
 
+/** A name for a container of the bench's own measurements (`kind`: what it is for). */
+function benchContainerName(kind: string): string {
+  return `sandbox-bench-${kind}-${crypto.randomUUID().slice(0, 8)}`;
+}
+
+/** Start the bench's container `name` from `image` (removed by the caller: `docker rm --force`). */
+async function startBenchContainer(name: string, image: string, at: TimedOptions): Promise<void> {
+  await timeCommand(["docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1", image], at);
+}
+
 /**
  * The least that `count` concurrent runs must do, done at once with docker alone: `count - 1`
  * containers started (`docker run -d`; the hostile-agent rules give each run but the one that
@@ -379,12 +389,12 @@ export async function measureFresh(
  */
 async function floorAtOnce(setup: RunSetup, image: string, count: number, context: BenchContext): Promise<number> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
-  const names = Array.from({ length: count - 1 }, () => `sandbox-bench-floor-${crypto.randomUUID().slice(0, 8)}`);
+  const names = Array.from({ length: count - 1 }, () => benchContainerName("floor"));
   const started = performance.now();
   try {
     await Promise.all([
       ...names.map(async (name) => {
-        await timeCommand(["docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1", image], at);
+        await startBenchContainer(name, image, at);
         await Promise.all([timeCommand(workerStart(name), at), timeCommand(relayStart(name), at)]);
       }),
       ...Array.from({ length: count }, () => timeCommand(setup.cli(["--version"]), at)),
@@ -578,9 +588,9 @@ const POOL_SETTLE_MS = 3_000;
  */
 async function workerLoadsCpuSeconds(setup: RunSetup, image: string, context: BenchContext): Promise<number> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
-  const name = `sandbox-bench-loads-${crypto.randomUUID().slice(0, 8)}`;
-  await timeCommand(["docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1", image], at);
+  const name = benchContainerName("loads");
   try {
+    await startBenchContainer(name, image, at);
     await timeCommand(workerStart(name), at);
     const { cpuSeconds } = await machineCpuOf(async () => {
       for (let i = 0; i < CONCURRENT; i++) await timeCommand(workerStart(name), at);

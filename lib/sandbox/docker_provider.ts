@@ -384,7 +384,6 @@ export class DockerSandboxProvider implements SandboxProvider {
     }
   }
 
-  /** Can the container start and finish a trivial command within a short deadline? */
   /**
    * Whether a command can start in the container: twice in a row, each time a command that starts
    * two more (a pipeline). Processes that hold every pid and take back any that comes free (a

@@ -177,6 +177,13 @@ export async function connectWaitingExec(
   waitMs = CONNECT_WAIT_MS,
 ): Promise<WaitingConnections | undefined> {
   const path = `${claimed.hostDir}/${JOB_SOCKET}`;
+  /** Nothing was sent: the wrapper is stopped, and the command runs the usual way. */
+  const giveUp = async (why: string) => {
+    trace(`waiting exec: ${why}`);
+    await stop(claimed.record.id).catch(() => {});
+    await Deno.remove(claimed.hostDir, { recursive: true }).catch(() => {});
+    return undefined;
+  };
   let listener: Deno.Listener<Deno.UnixConn, Deno.UnixAddr> | undefined;
   try {
     listener = Deno.listen({ transport: "unix", path });
@@ -184,11 +191,8 @@ export async function connectWaitingExec(
   } catch (error) {
     listener?.close();
     // Its directory went meanwhile (seen once, with commands of two checkouts at once on one
-    // container): the command runs the usual way, as with a wrapper that does not answer.
-    trace(`waiting exec: cannot listen (${error instanceof Error ? error.message : String(error)})`);
-    await stop(claimed.record.id).catch(() => {});
-    await Deno.remove(claimed.hostDir, { recursive: true }).catch(() => {});
-    return undefined;
+    // container): as with a wrapper that does not answer.
+    return await giveUp(`cannot listen (${error instanceof Error ? error.message : String(error)})`);
   }
   const roles = new Map<string, Deno.UnixConn>();
   const strangers = new Set<Deno.Conn>();
@@ -216,11 +220,8 @@ export async function connectWaitingExec(
   for (const conn of strangers) closeQuietly(conn);
   await Deno.remove(path).catch(() => {});
   if (roles.size < 3) {
-    trace("waiting exec: did not connect");
     for (const conn of roles.values()) closeQuietly(conn);
-    await stop(claimed.record.id).catch(() => {});
-    await Deno.remove(claimed.hostDir, { recursive: true }).catch(() => {});
-    return undefined;
+    return await giveUp("did not connect");
   }
   trace("waiting exec: connected");
   return {
