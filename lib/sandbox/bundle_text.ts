@@ -3,7 +3,13 @@
  * alone is minified): `deno bundle`, then this. Used by `scripts/bundle.sh` and by a checkout that
  * bundles the worker on first use, so that both put the same bytes in the image.
  *
- * Two things, both found by measuring starts:
+ * Three things. The first keeps the bytes the same wherever they are built: an unminified bundle
+ * names each npm module it inlines by its path relative to where `deno bundle` ran, so it named
+ * the Deno cache's location (`../../root/.cache/deno/npm/…` from one checkout, `../../../root/…`
+ * from a deeper one, another path under another DENO_DIR). The bundles of two checkouts of the
+ * same sources differed, and so did the images they built (CI saw a checkout's worker differ
+ * from the one the bundled CLI carried). Each such name now starts at the cache's `npm/` instead.
+ * The other two were found by measuring starts:
  * - The bundler gives the CommonJS packages it inlines a `require` for Node's built-in modules.
  *   Minified, it is one that throws ("Dynamic require of … is not supported"); unminified, it is
  *   a static import of `node:module` that every start pays for (~15 ms). Either is replaced by the
@@ -41,7 +47,22 @@ export class BundleShapeError extends Error {}
 
 /** The bundle's text, finished: its `require` lazy and working, its source ASCII where that is safe. */
 export function finishBundle(text: string): string {
-  return asciiWhereSafe(lazyRequire(text));
+  return asciiWhereSafe(lazyRequire(namedFromCache(text)));
+}
+
+/**
+ * The path up to the Deno cache's npm directory (`npm/<registry>/<package>/<version>/`) in the two
+ * places the unminified bundler names a module: the comment that opens its code, and the key of
+ * its CommonJS or lazy-ESM wrapper (`  "<path>"(…) {`, a name the wrapper only looks itself up by).
+ */
+const NPM_MODULE_NAME = new RegExp(
+  String.raw`^(// |  ")(?:[^"\n]*?/)?(npm/[^/"\n]+/(?:@[^/"\n]+/)?[^/"\n]+/\d+\.\d+\.\d+[^/"\n]*/)`,
+  "gm",
+);
+
+/** The bundle with its npm modules named from the cache's `npm/` on, not from where it was built. */
+export function namedFromCache(text: string): string {
+  return text.replace(NPM_MODULE_NAME, "$1<DENO_DIR>/$2");
 }
 
 function lazyRequire(text: string): string {

@@ -6,6 +6,8 @@
  */
 import assert from "node:assert/strict";
 import { BundleShapeError, finishBundle, isAscii } from "../../lib/sandbox/bundle_text.ts";
+import { run } from "../../lib/process.ts";
+import { explain, ROOT, tempDir } from "../_helpers.ts";
 
 /** Evaluates a finished bundle's text as a module and returns what it exported as `out`. */
 async function evaluate(text: string): Promise<unknown> {
@@ -87,4 +89,44 @@ Deno.test("a text the scan cannot place whole (an escaped character outside ASCI
   for (const text of ['const s = "\\\u00e9";', "const s = `\u00e9", 'const s = "\u00e9', "/* \u00e9"]) {
     assert.equal(finishBundle(text), text);
   }
+});
+
+Deno.test("an npm module is named from the Deno cache's npm directory on, wherever the cache is; nothing else is renamed", async () => {
+  const module = (cache: string) =>
+    // esbuild's wrapper, which calls the one function it holds by looking its key up.
+    "var __commonJS = (cb, mod) => () => (mod || (0, cb[Object.getOwnPropertyNames(cb)[0]])((mod = { exports: {} }).exports, mod), mod.exports);\n" +
+    `// ${cache}/npm/registry.npmjs.org/@scope/pkg/1.2.3-rc.1/dist/index.js\n` +
+    `var require_index = __commonJS({\n  "${cache}/npm/registry.npmjs.org/@scope/pkg/1.2.3-rc.1/dist/index.js"(exports, module) {\n` +
+    `    module.exports = "../../root/.cache/deno/npm/registry.npmjs.org/x/1.0.0/kept.js";\n  }\n});\n` +
+    `// worker/main.ts\nexport const out = require_index();\n`;
+  const here = finishBundle(module("../../root/.cache/deno"));
+  assert.equal(finishBundle(module("../../../home/someone/.cache/deno")), here);
+  assert.equal(finishBundle(module(".deno")), here);
+  assert.match(here, /^\/\/ <DENO_DIR>\/npm\/registry\.npmjs\.org\/@scope\/pkg\/1\.2\.3-rc\.1\/dist\/index\.js$/m);
+  // A string in the code is the code's: it keeps what it said.
+  assert.match(here, /module\.exports = "\.\.\/\.\.\/root\/\.cache\/deno\/npm\/registry\.npmjs\.org\/x\/1\.0\.0\/kept\.js"/);
+  assert.match(here, /^\/\/ worker\/main\.ts$/m);
+  assert.equal(await evaluate(here), "../../root/.cache/deno/npm/registry.npmjs.org/x/1.0.0/kept.js");
+});
+
+// The real bundler: the worker's sources bundled from a copy one directory deeper (so the Deno
+// cache is one `../` further away) finish as the same bytes.
+Deno.test("the worker bundled from a checkout at another depth finishes byte for byte the same", async () => {
+  await using deeper = await tempDir("sandbox-bundle-depth-");
+  const copy = `${deeper.path}/one/two/three/checkout`;
+  for (const dir of ["worker", "relay", "lib"]) {
+    await Deno.mkdir(`${copy}/${dir}`, { recursive: true });
+    const copied = await run(["cp", "-R", `${ROOT}/${dir}/.`, `${copy}/${dir}`]);
+    assert.equal(copied.exitCode, 0, explain(copied));
+  }
+  for (const file of ["deno.json", "deno.lock"]) await Deno.copyFile(`${ROOT}/${file}`, `${copy}/${file}`);
+  const bundled: string[] = [];
+  for (const cwd of [ROOT, copy]) {
+    const out = `${deeper.path}/worker-${bundled.length}.js`;
+    const result = await run([Deno.execPath(), "bundle", "--quiet", "--platform", "deno", "-o", out, "worker/main.ts"], { cwd, timeoutMs: 120_000 });
+    assert.equal(result.exitCode, 0, explain(result));
+    bundled.push(await Deno.readTextFile(out));
+  }
+  assert.notEqual(bundled[0], bundled[1], "the bundler no longer names the cache's location: this step may be unneeded");
+  assert.ok(finishBundle(bundled[0]) === finishBundle(bundled[1]), "the finished bundles differ");
 });
