@@ -9,7 +9,8 @@ import type { JsonSchema } from "../../worker/json_schema.ts";
 import type { Profile } from "../config.ts";
 import { ContainerDriver, GenerationError, WORKER_COMMAND } from "./container_driver.ts";
 import { startWorker, type WorkerProcess } from "./worker_process.ts";
-import { attachSpare, spareCommand } from "../sandbox/spare.ts";
+import { attachSpare, attachSpareOn, spareCommand } from "../sandbox/spare.ts";
+import { leaveWaitingExec, releaseWaitingExec, takeWaitingExec, type WaitingConnections } from "../sandbox/waiting_exec.ts";
 import { trace } from "../trace.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
 import { DockerSandboxProvider, type LeaseRelease, sandboxRepo } from "../sandbox/docker_provider.ts";
@@ -523,6 +524,9 @@ async function prepare(
   const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr, runId: context.id };
   /** The worker waiting in the shared container, reached while the lease is taken. */
   let waiting: Promise<WorkerProcess | undefined> = Promise.resolve(undefined);
+  /** The shared container's waiting wrapper, claimed while the lease is taken: the connector to
+   * the waiting worker runs on it once the lease is granted, instead of a `docker exec` (spare.ts). */
+  let wrapper: Promise<WaitingConnections | undefined> = Promise.resolve(undefined);
   const leaseSeconds = (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60;
   /** Behind the run, inside the container, without the user waiting: its worktree removed,
    * whatever it left running killed, the next run's worker started (see lease()). */
@@ -567,9 +571,14 @@ async function prepare(
       opening = openFor(shared);
       opening.catch(() => {});
       if (context.agent) return;
-      waiting = started
-        ? Promise.resolve(startWorker(shared, [...WORKER_COMMAND, "serve"], workerOptions))
-        : attachSpare(shared, workerOptions).catch(() => undefined);
+      if (started) {
+        waiting = Promise.resolve(startWorker(shared, [...WORKER_COMMAND, "serve"], workerOptions));
+        return;
+      }
+      // Without a waiting wrapper, the connector's own `docker exec` starts at once (the worker
+      // gets its job only once the lease is granted).
+      wrapper = takeWaitingExec(shared).catch(() => undefined);
+      waiting = wrapper.then((taken) => taken ? undefined : attachSpare(shared, workerOptions).catch(() => undefined));
     };
     const letGo = async () => {
       // Closed once it is open, without the run waiting for that (its relay may still be loading):
@@ -579,9 +588,16 @@ async function prepare(
       opening = undefined;
       (await waiting)?.close();
       waiting = Promise.resolve(undefined);
+      const taken = await wrapper;
+      wrapper = Promise.resolve(undefined);
+      if (taken) await releaseWaitingExec(taken);
     };
     early();
     context.cleanups.push(async () => (await waiting)?.close());
+    context.cleanups.push(async () => {
+      const taken = await wrapper;
+      if (taken && !taken.reported) await releaseWaitingExec(taken);
+    });
     // The lease is asked for at once too (the runs that are the container's own are not counted
     // against it: scripts/sandbox-exec). An answer from a container that was not up as it is now
     // is let go below, and the lease asked for again.
@@ -639,6 +655,27 @@ async function prepare(
   }
   const sandbox = provider;
   trace("run: sandbox running");
+  /**
+   * The connector to the leased container's waiting worker: on its waiting wrapper (the one
+   * claimed early, or, in another of the profile's containers, that one's), passed on to the next
+   * command before the lease is released (a wrapper running a command counts against leases); on
+   * a `docker exec` of its own without one.
+   */
+  let onWrapper = false;
+  const attachLeased = async (target: DockerSandboxProvider): Promise<WorkerProcess | undefined> => {
+    const taken = await wrapper ?? await takeWaitingExec(target).catch(() => undefined);
+    if (!taken) return await attachSpare(target, workerOptions).catch(() => undefined);
+    onWrapper = true;
+    const attached = await attachSpareOn(target, taken, workerOptions).catch(() => undefined);
+    // (Its input ended first: a run cut short stops its worker, and so the connector, that way.)
+    if (attached) {
+      context.cleanups.push(() => {
+        attached.worker?.close();
+        return attached.passedOn;
+      });
+    }
+    return attached?.worker;
+  };
   // The worker: the one waiting in a leased container (loaded, warm), or one started now, which
   // loads its code while the session opens and the repository goes in. Either gets its job once
   // they are ready. (An agent CLI is started by its driver.)
@@ -655,7 +692,10 @@ async function prepare(
   const starting: Promise<WorkerProcess | undefined> = context.agent ? Promise.resolve(undefined) : (async () => {
     behind.spare = leased;
     // Reached too early (the lease was still waiting for the worker to get ready): once more.
-    const spare = leased ? (await waiting ?? await attachSpare(sandbox, workerOptions).catch(() => undefined)) : undefined;
+    const spare = leased ? (await waiting ?? await attachLeased(sandbox)) : undefined;
+    // A leased container without a waiting wrapper gets one behind the run, for the next run's
+    // connector (and `sandbox exec`): one `docker exec` now, none in each run after.
+    if (leased && !onWrapper) context.cleanups.push(() => leaveWaitingExec(sandbox).catch(() => {}));
     trace(spare ? "run: worker ready (waiting, or started at once)" : "run: worker started");
     return spare ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
   })();

@@ -255,6 +255,8 @@ export class WaitingExecChild implements Child {
   readonly #conns: WaitingConnections;
   readonly #maxLineChars: number;
   #stopped = false;
+  /** The wrapper went away without an exit code (killed): the command's output was cut here. */
+  #cut = false;
 
   constructor(conns: WaitingConnections, argv: readonly string[], cwd: string | undefined, env: Record<string, string>, options: SpawnOptions) {
     this.argv = argv;
@@ -267,10 +269,12 @@ export class WaitingExecChild implements Child {
       pull: async (controller) => {
         try {
           const { done, value } = await reader.read();
-          if (done) controller.close();
-          else controller.enqueue(value);
+          if (done) {
+            controller.close();
+            closeQuietly(conns.io);
+          } else controller.enqueue(value);
         } catch (error) {
-          if (this.#stopped) controller.close();
+          if (this.#stopped || this.#cut) controller.close();
           else controller.error(error);
         }
       },
@@ -316,7 +320,13 @@ export class WaitingExecChild implements Child {
       };
     } finally {
       stop.release();
-      closeQuietly(this.#conns.io);
+      // Said its exit code: the command and all it started are gone, and what they wrote is read
+      // to its end (the wrapper keeps no end of it open). Otherwise the wrapper was killed, and
+      // whatever it ran may still hold the output open: it ends here, as a killed process's pipe.
+      if (!this.#conns.reported) {
+        this.#cut = true;
+        closeQuietly(this.#conns.io);
+      }
       closeQuietly(this.#conns.stderr);
     }
   }

@@ -14,32 +14,12 @@
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
-import { PROXY_MOUNT_PATH, proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
+import { PROXY_MOUNT_PATH } from "../../lib/sandbox/proxy_mount.ts";
 import { assertDocker, dockerTest, explain, removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
 import { squatScript } from "../_squat.ts";
+import { waitingWrapper } from "../_waiting_wrapper.ts";
 
 console.error("security: waiting exec tests starting");
-
-interface Waiting {
-  id: string;
-  dir: string;
-  key: string;
-  pid: number;
-}
-
-/** The container's waiting wrapper: the host's record of it, and its pid (read as root from outside). */
-async function waitingWrapper(container: string): Promise<Waiting | undefined> {
-  let record: { id: string; dir: string; key: string };
-  try {
-    record = JSON.parse(await Deno.readTextFile(`${await proxyMountSource(container)}.waiting-exec.json`));
-  } catch {
-    return undefined;
-  }
-  const ps = await run(["docker", "exec", "--user", "0", container, "ps", "-eo", "pid=,args="]);
-  const line = ps.stdout.split("\n").find((line) => line.includes(`sandbox-exec --waiting ${record.id} `));
-  assert.ok(line, `no waiting wrapper ${record.id} in:\n${ps.stdout}`);
-  return { ...record, pid: Number(line.trim().split(" ")[0]) };
-}
 
 /** `sh -c script` as the agent (the sandbox user), outside any wrapper: its stdout. */
 async function asAgent(container: string, script: string): Promise<string> {

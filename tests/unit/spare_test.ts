@@ -1,10 +1,17 @@
 /**
  * `attachSpare()` against a scripted provider: the connector's "connected" line is what makes a
  * worker of it (the job goes to it only then), "no worker" (exit 75) is an answer rather than an
- * error, and any other failure of the connector is one.
+ * error, and any other failure of the connector is one. `attachSpareOn()`, the connector run on a
+ * waiting wrapper (real Unix sockets for its connections): passed on to the next command once it
+ * saw the connector to its end, ended otherwise. The real wrapper under a real run:
+ * tests/e2e/warm_run_exec_test.ts.
  */
 import assert from "node:assert/strict";
-import { attachSpare, SANDBOX_ATTACH, SPARE_SOCKET } from "../../lib/sandbox/spare.ts";
+import { attachSpare, attachSpareOn, SANDBOX_ATTACH, SPARE_SOCKET } from "../../lib/sandbox/spare.ts";
+import type { WaitingConnections } from "../../lib/sandbox/waiting_exec.ts";
+import { connectedWrapper } from "../_waiting_wrapper.ts";
+import { readLine } from "../../lib/conn.ts";
+import { tempDir } from "../_helpers.ts";
 import { SandboxError } from "../../lib/errors.ts";
 import { parseJob } from "../../worker/job.ts";
 import type { ExecOptions, ExecStream, ExecStreamOutcome, SandboxProvider } from "../../lib/sandbox/provider.ts";
@@ -71,4 +78,80 @@ Deno.test("attachSpare() says there is no spare when the connector found none (e
 Deno.test("attachSpare() raises when the connector fails otherwise", async () => {
   const { provider } = connectorProvider({ connects: false, lines: [], exitCode: 126 });
   await assert.rejects(attachSpare(provider), (e: SandboxError) => e instanceof SandboxError && e.code === "exec_failed" && /code 126/.test(e.message));
+});
+
+/** A provider whose execStreamOn runs the scripted connector, and marks the wrapper as a real one would. */
+function onWrapperProvider(script: Script, stopped = false) {
+  const { provider, calls } = connectorProvider(script);
+  return {
+    calls,
+    provider: {
+      execStreamOn(wrapper: WaitingConnections, argv: readonly string[], options: ExecOptions = {}): ExecStream {
+        const stream = provider.execStream(argv, options);
+        // The wrapper says the exit code unless the command was stopped (lib/sandbox/waiting_exec.ts).
+        stream.outcome.then(() => wrapper.reported = !stopped);
+        return stream;
+      },
+    },
+  };
+}
+
+Deno.test("attachSpareOn() runs the connector on the wrapper, then passes the wrapper on: recorded again, and told `again`", async () => {
+  await using dir = await tempDir();
+  const { conns, wrapperControl, close } = await connectedWrapper(dir.path);
+  try {
+    const { provider, calls } = onWrapperProvider({ connects: true, lines: ['{"type":"result"}'], exitCode: 0 });
+    const { worker, passedOn } = await attachSpareOn(provider, conns);
+    assert.ok(worker, "no worker");
+    assert.deepEqual(calls[0].argv, [SANDBOX_ATTACH, SPARE_SOCKET]);
+    worker.send(job);
+    assert.deepEqual(await Array.fromAsync(worker.stream), ['{"type":"result"}']);
+    await passedOn;
+    assert.deepEqual(JSON.parse(await Deno.readTextFile(`${conns.mountSource}.waiting-exec.json`)), conns.record);
+    assert.equal(new TextDecoder().decode((await readLine(wrapperControl, 64, 1_000))!), "again\n");
+  } finally {
+    close();
+  }
+});
+
+Deno.test("attachSpareOn() with no spare (exit 75) passes the wrapper on all the same", async () => {
+  await using dir = await tempDir();
+  const { conns, wrapperControl, close } = await connectedWrapper(dir.path);
+  try {
+    const { provider } = onWrapperProvider({ connects: false, lines: [], exitCode: 75 });
+    const { worker, passedOn } = await attachSpareOn(provider, conns);
+    assert.equal(worker, undefined);
+    await passedOn;
+    assert.equal(new TextDecoder().decode((await readLine(wrapperControl, 64, 1_000))!), "again\n");
+  } finally {
+    close();
+  }
+});
+
+Deno.test("attachSpareOn() ends a wrapper whose connector was stopped, or failed: never recorded, its directory removed, no `again`", async () => {
+  const cases: [Script, boolean][] = [
+    [{ connects: true, lines: [], exitCode: 137 }, true],
+    [{ connects: false, lines: [], exitCode: 126 }, false],
+  ];
+  for (const [script, stopped] of cases) {
+    await using dir = await tempDir();
+    const { conns, wrapperControl, close } = await connectedWrapper(dir.path);
+    try {
+      const { provider } = onWrapperProvider(script, stopped);
+      const attaching = attachSpareOn(provider, conns);
+      if (script.exitCode === 126) {
+        await assert.rejects(attaching, (e: SandboxError) => e instanceof SandboxError && e.code === "exec_failed");
+      } else {
+        const { worker, passedOn } = await attaching;
+        worker!.send(job);
+        await Array.fromAsync(worker!.stream);
+        await passedOn;
+      }
+      await assert.rejects(Deno.stat(`${conns.mountSource}.waiting-exec.json`), Deno.errors.NotFound);
+      await assert.rejects(Deno.stat(conns.hostDir), Deno.errors.NotFound);
+      assert.equal(await readLine(wrapperControl, 64, 1_000), null, "the wrapper was told to go on");
+    } finally {
+      close();
+    }
+  }
 });
