@@ -671,7 +671,7 @@ async function prepare(
     if (attached) {
       context.cleanups.push(() => {
         attached.worker?.close();
-        return attached.passedOn;
+        return attached.passedOn();
       });
     }
     return attached?.worker;

@@ -61,7 +61,7 @@ const NPM_MODULE_NAME = new RegExp(
 );
 
 /** The bundle with its npm modules named from the cache's `npm/` on, not from where it was built. */
-export function namedFromCache(text: string): string {
+function namedFromCache(text: string): string {
   return text.replace(NPM_MODULE_NAME, "$1<DENO_DIR>/$2");
 }
 

@@ -29,6 +29,8 @@ export const SPARE_SOCKET = "/tmp/.sandbox-spare.sock";
 export const SANDBOX_ATTACH = "/usr/local/bin/sandbox-attach";
 /** What the connector says on stderr once it reached the spare. */
 const CONNECTED = "sandbox-attach: connected";
+/** How long a run's end waits for its connector to be over before it lets the wrapper go (see attachSpareOn). */
+const HAND_BACK_WITHIN_MS = 5_000;
 /** The connector's exit code when there is no spare to connect to. */
 const EXIT_NO_SPARE = 75;
 
@@ -108,12 +110,17 @@ export async function attachSpare(provider: Pick<SandboxProvider, "execStream">,
  * that runs a command counts against every lease (scripts/sandbox-exec), so run before the grant
  * it would make the run's own lease busy. Once the connector is over, the wrapper is passed on to
  * the next command (or ended, when it did not see its command to the end); `passedOn` settles then.
+ *
+ * The run's lease is released only after that (a wrapper running a command would count against
+ * the next lease), so the wait is bounded: a connector not over within `handBackWithinMs` of the
+ * run's end (the agent stopped it: it is the sandbox user's, like the agent) is let go, its wrapper
+ * ended; the lease's release then kills the worker it serves, and with it the connector.
  */
 export async function attachSpareOn(
   provider: Pick<DockerSandboxProvider, "execStreamOn">,
   wrapper: WaitingConnections,
-  options: AttachOptions = {},
-): Promise<{ worker: WorkerProcess | undefined; passedOn: Promise<unknown> }> {
+  options: AttachOptions & { handBackWithinMs?: number } = {},
+): Promise<{ worker: WorkerProcess | undefined; passedOn: () => Promise<void> }> {
   let connector: ExecStream | undefined;
   const execStream = (argv: readonly string[], execOptions: ExecOptions = {}) => connector = provider.execStreamOn(wrapper, argv, execOptions);
   const handBack = async () => {
@@ -129,5 +136,13 @@ export async function attachSpareOn(
     throw error;
   }
   const over: Promise<unknown> = connector?.outcome.catch(() => {}) ?? Promise.resolve();
-  return { worker, passedOn: over.then(handBack) };
+  let handedBack: Promise<void> | undefined;
+  const passedOn = () =>
+    handedBack ??= (async () => {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const late = new Promise<void>((resolve) => timer = setTimeout(resolve, options.handBackWithinMs ?? HAND_BACK_WITHIN_MS));
+      await Promise.race([over, late]).finally(() => clearTimeout(timer));
+      await handBack();
+    })();
+  return { worker, passedOn };
 }

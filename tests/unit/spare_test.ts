@@ -21,6 +21,8 @@ interface Script {
   /** Lines printed once the job arrived. */
   lines: string[];
   exitCode: number;
+  /** Never over after its lines (stopped by the agent, say). */
+  hangs?: boolean;
 }
 
 /** Just enough of a provider: execStream runs the scripted connector, recording its argv and input. */
@@ -43,6 +45,7 @@ function connectorProvider(script: Script) {
               const { value } = await reader.read();
               call.input.push(value ?? "");
               yield* script.lines;
+              if (script.hangs) await new Promise(() => {});
             }
           } finally {
             settle({ exitCode: script.exitCode, durationMs: 1, timedOut: false, oomKilled: false, stderrTail: "" });
@@ -106,7 +109,7 @@ Deno.test("attachSpareOn() runs the connector on the wrapper, then passes the wr
     assert.deepEqual(calls[0].argv, [SANDBOX_ATTACH, SPARE_SOCKET]);
     worker.send(job);
     assert.deepEqual(await Array.fromAsync(worker.stream), ['{"type":"result"}']);
-    await passedOn;
+    await passedOn();
     assert.deepEqual(JSON.parse(await Deno.readTextFile(`${conns.mountSource}.waiting-exec.json`)), conns.record);
     assert.equal(new TextDecoder().decode((await readLine(wrapperControl, 64, 1_000))!), "again\n");
   } finally {
@@ -121,7 +124,7 @@ Deno.test("attachSpareOn() with no spare (exit 75) passes the wrapper on all the
     const { provider } = onWrapperProvider({ connects: false, lines: [], exitCode: 75 });
     const { worker, passedOn } = await attachSpareOn(provider, conns);
     assert.equal(worker, undefined);
-    await passedOn;
+    await passedOn();
     assert.equal(new TextDecoder().decode((await readLine(wrapperControl, 64, 1_000))!), "again\n");
   } finally {
     close();
@@ -145,7 +148,7 @@ Deno.test("attachSpareOn() ends a wrapper whose connector was stopped, or failed
         const { worker, passedOn } = await attaching;
         worker!.send(job);
         await Array.fromAsync(worker!.stream);
-        await passedOn;
+        await passedOn();
       }
       await assert.rejects(Deno.stat(`${conns.mountSource}.waiting-exec.json`), Deno.errors.NotFound);
       await assert.rejects(Deno.stat(conns.hostDir), Deno.errors.NotFound);
@@ -153,5 +156,23 @@ Deno.test("attachSpareOn() ends a wrapper whose connector was stopped, or failed
     } finally {
       close();
     }
+  }
+});
+
+Deno.test("attachSpareOn() lets a connector that is never over go within its bound: the wrapper ended, not passed on", async () => {
+  await using dir = await tempDir();
+  const { conns, wrapperControl, close } = await connectedWrapper(dir.path);
+  try {
+    const { provider } = onWrapperProvider({ connects: true, lines: [], exitCode: 0, hangs: true });
+    const { worker, passedOn } = await attachSpareOn(provider, conns, { handBackWithinMs: 50 });
+    assert.ok(worker, "no worker");
+    worker.send(job);
+    const started = performance.now();
+    await passedOn();
+    assert.ok(performance.now() - started < 2_000, "the run's end waited for the connector");
+    await assert.rejects(Deno.stat(`${conns.mountSource}.waiting-exec.json`), Deno.errors.NotFound);
+    assert.equal(await readLine(wrapperControl, 64, 1_000), null, "the wrapper was told to go on");
+  } finally {
+    close();
   }
 });
