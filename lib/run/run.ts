@@ -521,6 +521,8 @@ async function prepare(
   const behind: { worktree?: RunWorktree; spare: boolean } = { spare: false };
   let opening: Promise<SandboxSession> | undefined;
   let leased = false;
+  /** The lease granted (it also watches the workspace's disk use, see watchDisk). */
+  let held: LeaseRelease | undefined;
   const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr, runId: context.id };
   /** The worker waiting in the shared container, reached while the lease is taken. */
   let waiting: Promise<WorkerProcess | undefined> = Promise.resolve(undefined);
@@ -530,7 +532,8 @@ async function prepare(
   const leaseSeconds = (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60;
   /** Behind the run, inside the container, without the user waiting: its worktree removed,
    * whatever it left running killed, the next run's worker started (see lease()). */
-  const behindTheRun = (granted: LeaseRelease) =>
+  const behindTheRun = (granted: LeaseRelease) => {
+    held = granted;
     context.cleanups.push(() =>
       granted({
         then: behind.worktree && !request.repo?.keepWorktree && !keep.worktree
@@ -539,6 +542,7 @@ async function prepare(
         spare: behind.spare ? spareCommand() : undefined,
       })
     );
+  };
   /** The profile's container is busy: its other shared containers (sandbox.containers), before one of its own. */
   const elsewhere = async () => {
     const other = await leaseOtherSlot(profile.sandbox.containers, (slot) =>
@@ -701,7 +705,7 @@ async function prepare(
   })();
   // A run that fails before its job was sent ends the worker's input: it stops.
   context.cleanups.push(async () => (await starting.catch(() => undefined))?.close());
-  const watch = provider.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
+  const watch = provider.watchDisk({ onAbort: (reason) => context.limits.abort(reason), lease: held });
   context.cleanups.push(() => watch.close());
   const session: SandboxSession = await (opening ?? openFor(provider));
   // Closed alongside the cleanups after it (the lease's release, the disk watch…), which do not

@@ -18,6 +18,9 @@ import { SandboxError } from "../errors.ts";
 import type { Child } from "../process.ts";
 import { formatBytes } from "../units.ts";
 
+/** What prints the sizes: a `docker exec` of `sandbox-exec --du`, or a run's lease (see `lease`). */
+export type DiskWatcher = Pick<Child, "lines" | "finished" | "kill">;
+
 export interface DiskWatch extends AsyncDisposable {
   /** Aborts with the reason (a `SandboxError`) when the limit is passed or the watch fails. */
   readonly signal: AbortSignal;
@@ -46,7 +49,7 @@ export const DISK_WATCH_DELAY_MS = 250;
  * throw (the sandbox cannot run it): that aborts the watch like a failure later.
  */
 export function startDiskWatch(
-  start: (stdin: ReadableStream<Uint8Array>) => Promise<Child | undefined>,
+  start: (stdin: ReadableStream<Uint8Array>) => Promise<DiskWatcher | undefined>,
   options: DiskWatchOptions,
 ): DiskWatch {
   const controller = new AbortController();
@@ -54,7 +57,7 @@ export function startDiskWatch(
   const stdin = new ReadableStream<Uint8Array>({ start: (c) => void (input = c) });
   let closing = false;
   let used: number | undefined;
-  let child: Child | undefined;
+  let child: DiskWatcher | undefined;
   let wake!: () => void;
   const closed = new Promise<void>((resolve) => wake = resolve);
   const fail = (reason: SandboxError) => {

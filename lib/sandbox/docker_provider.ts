@@ -20,7 +20,8 @@ import { type WaitingConnections, WaitingExecChild } from "./waiting_exec.ts";
 import { readLines } from "../lines.ts";
 import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
-import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
+import { type DiskWatch, type DiskWatcher, startDiskWatch } from "./disk_watch.ts";
+import { LeaseChannel } from "./lease_channel.ts";
 import { type Child, spawn, spawnDetached } from "../process.ts";
 import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH, removeProxyMountSource } from "./proxy_mount.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
@@ -48,7 +49,11 @@ export interface LeaseAfter {
 }
 
 /** Hands a leased container back; see `DockerSandboxProvider.lease`. */
-export type LeaseRelease = (after?: LeaseAfter) => Promise<void>;
+export interface LeaseRelease {
+  (after?: LeaseAfter): Promise<void>;
+  /** The lease's own watcher of DIR's disk use (see LeaseChannel), for `watchDisk`. */
+  watchDisk(dir: string, stdin: ReadableStream<Uint8Array>): DiskWatcher;
+}
 
 /** How long a release waits for the lease to say it has the instructions. */
 const LEASE_ACK_TIMEOUT_MS = 5_000;
@@ -633,13 +638,13 @@ export class DockerSandboxProvider implements SandboxProvider {
     try {
       const release = await this.#leaseInside(name, seconds, signal);
       if (!release) onHost.release();
-      return release && (async (after?: LeaseAfter) => {
+      return release && Object.assign(async (after?: LeaseAfter) => {
         try {
           await release(after);
         } finally {
           onHost.release();
         }
-      });
+      }, { watchDisk: release.watchDisk });
     } catch (error) {
       onHost.release();
       throw error;
@@ -677,12 +682,13 @@ export class DockerSandboxProvider implements SandboxProvider {
       }
     };
     if (first.value === "leased") {
-      return async (after: LeaseAfter = {}) => {
-        const encoder = new TextEncoder();
-        const line = (kind: string, argv: readonly string[]) => {
-          if (argv.some((arg) => arg.includes("\x1f") || arg.includes("\n"))) throw new TypeError(`Cannot pass "${argv.join(" ")}" to the lease`);
-          input.enqueue(encoder.encode([kind, ...argv].join("\x1f") + "\n"));
-        };
+      const encoder = new TextEncoder();
+      const line = (kind: string, argv: readonly string[]) => {
+        if (argv.some((arg) => arg.includes("\x1f") || arg.includes("\n"))) throw new TypeError(`Cannot pass "${argv.join(" ")}" to the lease`);
+        input.enqueue(encoder.encode([kind, ...argv].join("\x1f") + "\n"));
+      };
+      const channel = new LeaseChannel(reader, line);
+      return Object.assign(async (after: LeaseAfter = {}) => {
         try {
           for (const command of after.then ?? []) line("then", command);
           if (after.spare) line("spare", after.spare);
@@ -692,13 +698,13 @@ export class DockerSandboxProvider implements SandboxProvider {
         // Once the lease has it all ("released"), its client can go: what is left happens inside.
         let timer: ReturnType<typeof setTimeout> | undefined;
         const acknowledged = await Promise.race([
-          reader.read().then((next) => next.value === "released", () => false),
+          channel.released,
           new Promise<false>((resolve) => timer = setTimeout(() => resolve(false), LEASE_ACK_TIMEOUT_MS)),
         ]).finally(() => clearTimeout(timer));
         void reader.cancel().catch(() => {});
         holder.kill();
         if (!acknowledged) await holder.finished;
-      };
+      }, { watchDisk: (dir: string, stdin: ReadableStream<Uint8Array>) => channel.watchDisk(dir, stdin) });
     }
     void reader.cancel().catch(() => {});
     close();
@@ -731,13 +737,15 @@ export class DockerSandboxProvider implements SandboxProvider {
    * limit while growing, or when the watcher dies. Stop the commands with that signal; close the
    * watch when done.
    */
-  watchDisk(options: { onAbort?: (reason: SandboxError) => void } = {}): DiskWatch {
+  watchDisk(options: { onAbort?: (reason: SandboxError) => void; lease?: LeaseRelease } = {}): DiskWatch {
     const limitBytes = this.profile.resources.diskBytes;
     const id = `du-${crypto.randomUUID()}`;
     // Started in the background: the first command need not wait for it.
     return startDiskWatch(async (stdin) => {
       const quota = await this.workspaceQuota();
       if (quota !== undefined && quota <= limitBytes) return undefined;
+      // A run's lease watches for it: no `docker exec` of its own.
+      if (options.lease) return options.lease.watchDisk(WORKSPACE_DIR, stdin);
       return this.docker.spawn(
         ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--du", id, WORKSPACE_DIR],
         { stdin },

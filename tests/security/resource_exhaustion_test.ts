@@ -13,6 +13,7 @@ import { run } from "../../lib/process.ts";
 import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { assertDocker, docker, dockerTest, explain } from "../_helpers.ts";
 import { RunFixture } from "../_run_fixture.ts";
+import { execsBetween } from "../_engine_events.ts";
 
 console.error("security: resource exhaustion tests starting");
 
@@ -85,9 +86,16 @@ Deno.test({
       assert.doesNotMatch(await processes(fixture.container), /^dd /m);
     });
 
-    await t.step("an agent run that fills the workspace ends with exit 125 and the same message", async () => {
-      llm.script.push(toolCall("execute", { command: "dd if=/dev/zero of=big bs=1M count=100000 2>&1; echo dd-ended" }), text("Done"));
-      const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"]);
+    const agentRun = (command: string) => {
+      // (A run stopped during its tool call leaves its last answer unasked.)
+      llm.script.splice(0, llm.script.length, toolCall("execute", { command }), text("Done"));
+      return fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"]);
+    };
+
+    await t.step("an agent run that fills the workspace ends with exit 125 and the same message; its lease watched, no exec of its own", async () => {
+      const since = new Date();
+      const result = await agentRun("dd if=/dev/zero of=/workspace/big bs=1M count=100000 2>&1; echo dd-ended");
+      const until = new Date(Date.now() + 1_000);
       assert.equal(result.exitCode, 125, explain(result));
       assert.match(result.stderr, /exceeded resources\.disk: \/workspace holds/, explain(result));
       assert.doesNotMatch(await processes(fixture.container), /^dd /m);
@@ -97,7 +105,42 @@ Deno.test({
       assert.equal(meta.status, "failed");
       assert.equal(meta.exitCode, 125);
       assert.match(meta.error ?? "", /resources\.disk/);
+      const execs = await execsBetween(fixture.container, since, until);
+      assert.ok(execs.some((line) => /sandbox-exec --lease lease-/.test(line)), execs.join("\n"));
+      assert.ok(!execs.some((line) => /sandbox-exec --du /.test(line)), execs.join("\n"));
+      await run(["docker", "exec", "--user", "0", fixture.container, "rm", "-f", "/workspace/big"]);
     });
+
+    // The lease's disk watcher is a child of the lease (same argv, the lease its parent), of the
+    // sandbox user's uid like the agent: the agent can kill it, or the lease. Either stops the run.
+    // `set -- WATCHER LEASE`, once the watcher is there (it starts 250 ms into the run).
+    const findWatcher = String.raw`
+      lease() { { tr '\0' ' ' <"$1/cmdline"; } 2>/dev/null | grep -q '^[^ ]*sandbox-perl [^ ]*sandbox-exec --lease lease-'; }
+      watcher() {
+        for i in $(seq 100); do
+          for d in /proc/[0-9]*; do
+            lease "$d" || continue
+            parent=$(sed 's/.*) //' "$d/stat" | cut -d' ' -f2)
+            if lease "/proc/$parent"; then echo "$(basename "$d") $parent"; return; fi
+          done
+          sleep 0.1
+        done
+      }
+      set -- $(watcher)`;
+    await t.step("twin: the same agent command without the kill runs to its end", async () => {
+      const result = await agentRun(`${findWatcher}; [ -n "$2" ] && echo found-watcher; sleep 3; echo survived`);
+      assert.equal(result.exitCode, 0, explain(result));
+      assert.match(result.stdout, /"tool_output":"found-watcher\\nsurvived\\n/, explain(result));
+    });
+
+    for (const [what, pid] of [["its disk watcher", "$1"], ["its lease", "$2"]]) {
+      await t.step(`an agent that kills ${what} is stopped (the watch fails closed), not left unwatched`, async () => {
+        const result = await agentRun(`${findWatcher}; kill -KILL "${pid}" && echo killed; sleep 5; echo survived`);
+        assert.equal(result.exitCode, 125, explain(result));
+        assert.match(result.stderr, /disk watch of sandbox "[^"]+" stopped/, explain(result));
+        assert.doesNotMatch(result.stdout, /"tool_output":"[^"]*survived/, explain(result));
+      });
+    }
   },
 });
 
