@@ -535,6 +535,20 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/disk_watch_test.ts"],
   },
   {
+    name: "a lease that ended leaves its run's disk unwatched (the watch is told it was stopped by the host)",
+    file: "lib/sandbox/lease_channel.ts",
+    find: "      this.#endWatch?.(\"the lease ended\");",
+    replace: "      this.#endWatch?.(undefined);",
+    tests: ["tests/unit/lease_channel_test.ts"],
+  },
+  {
+    name: "the lease does not say that its disk watcher died (an agent that kills it writes unwatched)",
+    file: "scripts/sandbox-exec",
+    find: "{ $du = 0; print \"du-ended\\n\" }",
+    replace: "{ $du = 0 }",
+    tests: ["tests/security/resource_exhaustion_test.ts"],
+  },
+  {
     name: "the result import reads the sandbox's pack without a cap",
     file: "lib/repo/local.ts",
     find: "        if (received > options.maxBytes) {",
