@@ -46,6 +46,9 @@ export interface LeaseAfter {
   then?: (readonly string[])[];
   /** The command of the worker that waits for the next run. */
   spare?: readonly string[];
+  /** Load it at once, even while every CPU is taken (`up`: its user asked for warm containers).
+   * Otherwise it waits for a CPU to spare, or for the next lease (sandbox-exec `defer_load`). */
+  spareAtOnce?: boolean;
 }
 
 /** Hands a leased container back; see `DockerSandboxProvider.lease`. */
@@ -691,7 +694,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       return Object.assign(async (after: LeaseAfter = {}) => {
         try {
           for (const command of after.then ?? []) line("then", command);
-          if (after.spare) line("spare", after.spare);
+          if (after.spare) line(after.spareAtOnce ? "spare-now" : "spare", after.spare);
         } finally {
           close();
         }

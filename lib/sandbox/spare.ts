@@ -49,7 +49,7 @@ export function spareCommand(): string[] {
  */
 export async function readyWorker(provider: Pick<DockerSandboxProvider, "lease">, signal?: AbortSignal): Promise<void> {
   const release = await provider.lease(`up-${crypto.randomUUID()}`, 60, signal).catch(() => undefined);
-  await release?.({ spare: spareCommand() });
+  await release?.({ spare: spareCommand(), spareAtOnce: true });
 }
 
 export interface AttachOptions {

@@ -1,12 +1,12 @@
 /**
  * The next run's worker puts off its load while every CPU of the machine is taken
  * (scripts/sandbox-exec `defer_load`), 3 s at most, and not at all once a lease wants the
- * container (real engine). The CPUs are taken by busy loops on the host, as runs at once in other
+ * container, nor for `up` (real engine). The CPUs are taken by busy loops on the host, as runs at once in other
  * containers take them; the kernel's pressure information (/proc/pressure/cpu) is the machine's.
  */
 import assert from "node:assert/strict";
 import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
-import { SPARE_SOCKET, spareCommand } from "../../lib/sandbox/spare.ts";
+import { readyWorker, SPARE_SOCKET, spareCommand } from "../../lib/sandbox/spare.ts";
 import { run } from "../../lib/process.ts";
 import { assertDocker, dockerTest, profileFrom, removeProfile, uniqueProfile } from "../_helpers.ts";
 
@@ -100,6 +100,17 @@ Deno.test({
         } finally {
           await next();
         }
+      });
+
+      await t.step("every CPU taken: the worker `up` leaves loads at once (its user asked for a warm container)", async () => {
+        using _busy = takeEveryCpu();
+        await sleep(300);
+        const asked = performance.now();
+        await readyWorker(provider);
+        await untilListening(container);
+        const ms = performance.now() - asked;
+        console.error(`spare load: up's, listening ${Math.round(ms)} ms after it was asked for`);
+        assert.ok(ms < PUT_OFF_AT_MOST_MS - 500, `listening after ${Math.round(ms)} ms`);
       });
     } finally {
       await removeProfile(name);
