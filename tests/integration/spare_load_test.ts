@@ -102,6 +102,19 @@ Deno.test({
         }
       });
 
+      await t.step("every CPU taken, runs following each other (the lease waited for the release): the next load does not wait", async () => {
+        using _busy = takeEveryCpu();
+        await sleep(300);
+        await releaseWithSpare("follow-a");
+        // Asked for while the release is on: it waits for it (and wants the load).
+        await releaseWithSpare("follow-b");
+        const released = performance.now();
+        await untilListening(container);
+        const ms = performance.now() - released;
+        console.error(`spare load: runs following each other, listening ${Math.round(ms)} ms after the release`);
+        assert.ok(ms < PUT_OFF_AT_MOST_MS - 500, `listening after ${Math.round(ms)} ms`);
+      });
+
       await t.step("every CPU taken: the worker `up` leaves loads at once (its user asked for a warm container)", async () => {
         using _busy = takeEveryCpu();
         await sleep(300);
