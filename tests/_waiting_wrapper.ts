@@ -35,10 +35,13 @@ export async function waitingWrapper(container: string): Promise<Waiting | undef
   return { ...record, pid: Number(line.trim().split(" ")[0]) };
 }
 
-/** A claimed, connected waiting wrapper whose other ends (the wrapper's side) this test holds. */
+/**
+ * A claimed, connected waiting wrapper whose other ends (the wrapper's side) this test holds;
+ * `using` it closes every connection at the end of the scope.
+ */
 export async function connectedWrapper(
   root: string,
-): Promise<{ conns: WaitingConnections; wrapperControl: Deno.UnixConn; wrapperIo: Deno.UnixConn; wrapperStderr: Deno.UnixConn; close(): void }> {
+): Promise<{ conns: WaitingConnections; wrapperControl: Deno.UnixConn; wrapperIo: Deno.UnixConn; wrapperStderr: Deno.UnixConn } & Disposable> {
   const mountSource = `${root}/mount`;
   const hostDir = `${mountSource}/e1234567`;
   await Deno.mkdir(hostDir, { recursive: true });
@@ -70,5 +73,5 @@ export async function connectedWrapper(
       }
     }
   };
-  return { conns, wrapperControl: pairs[0][0], wrapperIo: pairs[1][0], wrapperStderr: pairs[2][0], close };
+  return { conns, wrapperControl: pairs[0][0], wrapperIo: pairs[1][0], wrapperStderr: pairs[2][0], [Symbol.dispose]: close };
 }

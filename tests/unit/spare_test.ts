@@ -101,34 +101,28 @@ function onWrapperProvider(script: Script, stopped = false) {
 
 Deno.test("attachSpareOn() runs the connector on the wrapper, then passes the wrapper on: recorded again, and told `again`", async () => {
   await using dir = await tempDir();
-  const { conns, wrapperControl, close } = await connectedWrapper(dir.path);
-  try {
-    const { provider, calls } = onWrapperProvider({ connects: true, lines: ['{"type":"result"}'], exitCode: 0 });
-    const { worker, passedOn } = await attachSpareOn(provider, conns);
-    assert.ok(worker, "no worker");
-    assert.deepEqual(calls[0].argv, [SANDBOX_ATTACH, SPARE_SOCKET]);
-    worker.send(job);
-    assert.deepEqual(await Array.fromAsync(worker.stream), ['{"type":"result"}']);
-    await passedOn();
-    assert.deepEqual(JSON.parse(await Deno.readTextFile(`${conns.mountSource}.waiting-exec.json`)), conns.record);
-    assert.equal(new TextDecoder().decode((await readLine(wrapperControl, 64, 1_000))!), "again\n");
-  } finally {
-    close();
-  }
+  using wrapper = await connectedWrapper(dir.path);
+  const { conns, wrapperControl } = wrapper;
+  const { provider, calls } = onWrapperProvider({ connects: true, lines: ['{"type":"result"}'], exitCode: 0 });
+  const { worker, passedOn } = await attachSpareOn(provider, conns);
+  assert.ok(worker, "no worker");
+  assert.deepEqual(calls[0].argv, [SANDBOX_ATTACH, SPARE_SOCKET]);
+  worker.send(job);
+  assert.deepEqual(await Array.fromAsync(worker.stream), ['{"type":"result"}']);
+  await passedOn();
+  assert.deepEqual(JSON.parse(await Deno.readTextFile(`${conns.mountSource}.waiting-exec.json`)), conns.record);
+  assert.equal(new TextDecoder().decode((await readLine(wrapperControl, 64, 1_000))!), "again\n");
 });
 
 Deno.test("attachSpareOn() with no spare (exit 75) passes the wrapper on all the same", async () => {
   await using dir = await tempDir();
-  const { conns, wrapperControl, close } = await connectedWrapper(dir.path);
-  try {
-    const { provider } = onWrapperProvider({ connects: false, lines: [], exitCode: 75 });
-    const { worker, passedOn } = await attachSpareOn(provider, conns);
-    assert.equal(worker, undefined);
-    await passedOn();
-    assert.equal(new TextDecoder().decode((await readLine(wrapperControl, 64, 1_000))!), "again\n");
-  } finally {
-    close();
-  }
+  using wrapper = await connectedWrapper(dir.path);
+  const { conns, wrapperControl } = wrapper;
+  const { provider } = onWrapperProvider({ connects: false, lines: [], exitCode: 75 });
+  const { worker, passedOn } = await attachSpareOn(provider, conns);
+  assert.equal(worker, undefined);
+  await passedOn();
+  assert.equal(new TextDecoder().decode((await readLine(wrapperControl, 64, 1_000))!), "again\n");
 });
 
 Deno.test("attachSpareOn() ends a wrapper whose connector was stopped, or failed: never recorded, its directory removed, no `again`", async () => {
@@ -138,41 +132,35 @@ Deno.test("attachSpareOn() ends a wrapper whose connector was stopped, or failed
   ];
   for (const [script, stopped] of cases) {
     await using dir = await tempDir();
-    const { conns, wrapperControl, close } = await connectedWrapper(dir.path);
-    try {
-      const { provider } = onWrapperProvider(script, stopped);
-      const attaching = attachSpareOn(provider, conns);
-      if (script.exitCode === 126) {
-        await assert.rejects(attaching, (e: SandboxError) => e instanceof SandboxError && e.code === "exec_failed");
-      } else {
-        const { worker, passedOn } = await attaching;
-        worker!.send(job);
-        await Array.fromAsync(worker!.stream);
-        await passedOn();
-      }
-      await assert.rejects(Deno.stat(`${conns.mountSource}.waiting-exec.json`), Deno.errors.NotFound);
-      await assert.rejects(Deno.stat(conns.hostDir), Deno.errors.NotFound);
-      assert.equal(await readLine(wrapperControl, 64, 1_000), null, "the wrapper was told to go on");
-    } finally {
-      close();
+    using wrapper = await connectedWrapper(dir.path);
+    const { conns, wrapperControl } = wrapper;
+    const { provider } = onWrapperProvider(script, stopped);
+    const attaching = attachSpareOn(provider, conns);
+    if (script.exitCode === 126) {
+      await assert.rejects(attaching, (e: SandboxError) => e instanceof SandboxError && e.code === "exec_failed");
+    } else {
+      const { worker, passedOn } = await attaching;
+      worker!.send(job);
+      await Array.fromAsync(worker!.stream);
+      await passedOn();
     }
+    await assert.rejects(Deno.stat(`${conns.mountSource}.waiting-exec.json`), Deno.errors.NotFound);
+    await assert.rejects(Deno.stat(conns.hostDir), Deno.errors.NotFound);
+    assert.equal(await readLine(wrapperControl, 64, 1_000), null, "the wrapper was told to go on");
   }
 });
 
 Deno.test("attachSpareOn() lets a connector that is never over go within its bound: the wrapper ended, not passed on", async () => {
   await using dir = await tempDir();
-  const { conns, wrapperControl, close } = await connectedWrapper(dir.path);
-  try {
-    const { provider } = onWrapperProvider({ connects: true, lines: [], exitCode: 0, hangs: true });
-    const { worker, passedOn } = await attachSpareOn(provider, conns, { handBackWithinMs: 50 });
-    assert.ok(worker, "no worker");
-    worker.send(job);
-    const started = performance.now();
-    await passedOn();
-    assert.ok(performance.now() - started < 2_000, "the run's end waited for the connector");
-    await assert.rejects(Deno.stat(`${conns.mountSource}.waiting-exec.json`), Deno.errors.NotFound);
-    assert.equal(await readLine(wrapperControl, 64, 1_000), null, "the wrapper was told to go on");
-  } finally {
-    close();
-  }
+  using wrapper = await connectedWrapper(dir.path);
+  const { conns, wrapperControl } = wrapper;
+  const { provider } = onWrapperProvider({ connects: true, lines: [], exitCode: 0, hangs: true });
+  const { worker, passedOn } = await attachSpareOn(provider, conns, { handBackWithinMs: 50 });
+  assert.ok(worker, "no worker");
+  worker.send(job);
+  const started = performance.now();
+  await passedOn();
+  assert.ok(performance.now() - started < 2_000, "the run's end waited for the connector");
+  await assert.rejects(Deno.stat(`${conns.mountSource}.waiting-exec.json`), Deno.errors.NotFound);
+  assert.equal(await readLine(wrapperControl, 64, 1_000), null, "the wrapper was told to go on");
 });

@@ -46,40 +46,32 @@ const say = (conn: Deno.Conn, text: string) => writeAll(conn, new TextEncoder().
 
 Deno.test("a command's output is read to its end when its exit code comes first", async () => {
   await using dir = await tempDir();
-  const wrapper = await connectedWrapper(dir.path);
-  try {
-    const child = new WaitingExecChild(wrapper.conns, ["echo"], undefined, {}, {});
-    assert.ok(await readLine(wrapper.wrapperControl, 1024, 5_000), "no job line");
-    // The exit code and the end of stderr first, as a fast command's may arrive; then the output.
-    await say(wrapper.wrapperControl, "x 0\n");
-    wrapper.wrapperStderr.close();
-    const ended = await child.finished;
-    assert.equal(ended.exitCode, 0);
-    await say(wrapper.wrapperIo, "late line\n");
-    wrapper.wrapperIo.close();
-    assert.deepEqual(await Array.fromAsync(child.lines()), ["late line"]);
-  } finally {
-    wrapper.close();
-  }
+  using wrapper = await connectedWrapper(dir.path);
+  const child = new WaitingExecChild(wrapper.conns, ["echo"], undefined, {}, {});
+  assert.ok(await readLine(wrapper.wrapperControl, 1024, 5_000), "no job line");
+  // The exit code and the end of stderr first, as a fast command's may arrive; then the output.
+  await say(wrapper.wrapperControl, "x 0\n");
+  wrapper.wrapperStderr.close();
+  const ended = await child.finished;
+  assert.equal(ended.exitCode, 0);
+  await say(wrapper.wrapperIo, "late line\n");
+  wrapper.wrapperIo.close();
+  assert.deepEqual(await Array.fromAsync(child.lines()), ["late line"]);
 });
 
 Deno.test("a wrapper killed under its command: the output ends there, no error; the command counts as killed (137)", async () => {
   await using dir = await tempDir();
-  const wrapper = await connectedWrapper(dir.path);
-  try {
-    const child = new WaitingExecChild(wrapper.conns, ["sleep"], undefined, {}, {});
-    assert.ok(await readLine(wrapper.wrapperControl, 1024, 5_000), "no job line");
-    await say(wrapper.wrapperIo, "before\n");
-    // Read while the wrapper dies: its control closes with no exit code, and what it ran (an
-    // orphan now) still holds the output open.
-    const reading = Array.fromAsync(child.lines());
-    await new Promise((resolve) => setTimeout(resolve, 50));
-    wrapper.wrapperControl.close();
-    wrapper.wrapperStderr.close();
-    assert.equal((await child.finished).exitCode, 137);
-    assert.deepEqual(await reading, ["before"]);
-    assert.equal(wrapper.conns.reported, false);
-  } finally {
-    wrapper.close();
-  }
+  using wrapper = await connectedWrapper(dir.path);
+  const child = new WaitingExecChild(wrapper.conns, ["sleep"], undefined, {}, {});
+  assert.ok(await readLine(wrapper.wrapperControl, 1024, 5_000), "no job line");
+  await say(wrapper.wrapperIo, "before\n");
+  // Read while the wrapper dies: its control closes with no exit code, and what it ran (an
+  // orphan now) still holds the output open.
+  const reading = Array.fromAsync(child.lines());
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  wrapper.wrapperControl.close();
+  wrapper.wrapperStderr.close();
+  assert.equal((await child.finished).exitCode, 137);
+  assert.deepEqual(await reading, ["before"]);
+  assert.equal(wrapper.conns.reported, false);
 });
