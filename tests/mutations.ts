@@ -542,6 +542,20 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/lease_channel_test.ts"],
   },
   {
+    name: "a lease that never says its disk watcher started leaves the run's disk unwatched",
+    file: "lib/sandbox/lease_channel.ts",
+    find: "setTimeout(() => end(\"the lease did not start a disk watcher\"), startWithinMs)",
+    replace: "setTimeout(() => {}, startWithinMs)",
+    tests: ["tests/unit/lease_channel_test.ts"],
+  },
+  {
+    name: "a directory the agent leaves where a lease says it wants the next worker holds that load back (a file is looked for)",
+    file: "scripts/sandbox-exec",
+    find: "    if (lstat \"$STATE/load-wanted\") {\n      remove_tree(\"$STATE/load-wanted\");\n      return;\n    }\n",
+    replace: "    return if unlink \"$STATE/load-wanted\";\n",
+    tests: ["tests/security/spare_load_test.ts"],
+  },
+  {
     name: "the lease does not say that its disk watcher died (an agent that kills it writes unwatched)",
     file: "scripts/sandbox-exec",
     find: "{ $du = 0; print \"du-ended\\n\" }",

@@ -120,3 +120,20 @@ Deno.test("a watcher whose reader stopped reading (the watch fired) ends cleanly
   end();
   assert.equal(await channel.released, false);
 });
+
+Deno.test("a lease that does not say its watcher started (one that knows no `du`) fails the watch; one that did is watched on (twin)", async () => {
+  const silent = fakeLease();
+  const unanswered = silent.channel.watchDisk("/workspace", input().stdin, 20);
+  const outcome = await unanswered.finished;
+  assert.equal(outcome.exitCode, 1);
+  assert.match(outcome.stderrTail, /did not start a disk watcher/);
+
+  const answering = fakeLease();
+  const { stdin, close } = input();
+  const watcher = answering.channel.watchDisk("/workspace", stdin, 20);
+  answering.say("du-watching");
+  const ended = await Promise.race([watcher.finished, new Promise((resolve) => setTimeout(() => resolve("running"), 100))]);
+  assert.equal(ended, "running");
+  close();
+  assert.equal((await watcher.finished).exitCode, 0);
+});

@@ -1,7 +1,8 @@
 /**
  * The next run's worker puts off its load while every CPU of the machine is taken
  * (scripts/sandbox-exec `defer_load`), 3 s at most, and not at all once a lease wants the
- * container, nor for `up` (real engine). The CPUs are taken by busy loops on the host, as runs at once in other
+ * container, nor for `up` (real engine). Attacked: what an agent leaves in the sandbox user's
+ * state directory, where the markers that say a load is wanted live, cannot hold a later load back. The CPUs are taken by busy loops on the host, as runs at once in other
  * containers take them; the kernel's pressure information (/proc/pressure/cpu) is the machine's.
  */
 import assert from "node:assert/strict";
@@ -113,6 +114,30 @@ Deno.test({
         const ms = performance.now() - released;
         console.error(`spare load: runs following each other, listening ${Math.round(ms)} ms after the release`);
         assert.ok(ms < PUT_OFF_AT_MOST_MS - 500, `listening after ${Math.round(ms)} ms`);
+      });
+
+      await t.step("attack: a directory the agent left where a lease says it wants the load does not hold the next load back", async () => {
+        using _busy = takeEveryCpu();
+        await sleep(300);
+        const held = await provider.lease("planted-a", 60);
+        assert.ok(held, "lease planted-a was not granted");
+        // As the agent would during its run (the sandbox user, whose state directory it is).
+        const planted = await run(["docker", "exec", "--user", "10001", container, "sh", "-c",
+          "mkdir -p /tmp/.sandbox-exec/load-wanted/x && echo planted"]);
+        assert.equal(planted.stdout, "planted\n", planted.stderr);
+        await held({ spare: spareCommand() });
+        const asked = performance.now();
+        const next = await provider.lease("planted-b", 60);
+        const ms = performance.now() - asked;
+        assert.ok(next, "the next lease was not granted");
+        try {
+          assert.equal(await listening(container), true, "the lease was granted before the worker listened");
+          assert.ok(ms < PUT_OFF_AT_MOST_MS - 500, `granted after ${Math.round(ms)} ms`);
+          const left = await run(["docker", "exec", "--user", "10001", container, "test", "-e", "/tmp/.sandbox-exec/load-wanted"]);
+          assert.notEqual(left.exitCode, 0, "the planted directory is still there");
+        } finally {
+          await next();
+        }
       });
 
       await t.step("every CPU taken: the worker `up` leaves loads at once (its user asked for a warm container)", async () => {
