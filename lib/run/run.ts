@@ -530,9 +530,10 @@ async function prepare(
    * the waiting worker runs on it once the lease is granted, instead of a `docker exec` (spare.ts). */
   let wrapper: Promise<WaitingConnections | undefined> = Promise.resolve(undefined);
   const leaseSeconds = (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60;
-  /** Behind the run, inside the container, without the user waiting: its worktree removed,
-   * whatever it left running killed, the next run's worker started (see lease()). */
+  /** The run holds `granted`. Behind the run, inside the container, without the user waiting: its
+   * worktree removed, whatever it left running killed, the next run's worker started (see lease()). */
   const behindTheRun = (granted: LeaseRelease) => {
+    leased = true;
     held = granted;
     context.cleanups.push(() =>
       granted({
@@ -549,7 +550,6 @@ async function prepare(
       new DockerSandboxProvider(profile, { slot, repository, onProgress: request.onProgress, agent: context.agent }), leaseSeconds, context.id, signal);
     if (other) {
       provider = other.provider;
-      leased = true;
       behindTheRun(other.release);
       trace(`run: leased ${provider.containerName}`);
     } else {
@@ -643,7 +643,6 @@ async function prepare(
       : await leaseShared(provider, leaseSeconds, context.id, signal);
     trace(release ? "run: leased" : "run: busy");
     if (release) {
-      leased = true;
       behindTheRun(release);
     } else {
       await letGo();
