@@ -31,11 +31,11 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
   const modules = Promise.all([
     import("../lib/sandbox/providers.ts"),
     import("../lib/proxy/session.ts"),
-    import("../lib/sandbox/waiting_exec.ts"),
   ]);
   modules.catch(() => {}); // awaited below; a configuration error first must not leave it unhandled
   const profile = await profileFor(command, opts.profile);
-  const [{ openProvider }, { openSession }, waiting] = await modules;
+  const [{ openProvider }, { openSession }] = await modules;
+  // The profile's development sandbox (runs never use it: each has one of its own).
   const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
   // While the command runs, this process serves its proxies (LLM credentials, egress). Their relay
   // starts while Docker is asked about the container, which is all but always up as it is; when
@@ -43,47 +43,26 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
   const open = () => openSession(profile, provider, { signal, onProgress: note });
   let opening = open();
   opening.catch(() => {});
-  // The command's wrapper: the one waiting in the container, taken while Docker is asked and the
-  // session opens; else (none, or a container made just now) a `docker exec`, which leaves one
-  // for the next command.
-  let taking = waiting.takeWaitingExec(provider);
-  const giveBack = () => taking.then((conns) => conns && waiting.releaseWaitingExec(conns));
   try {
     await provider.ensureRunning({ signal });
   } catch (error) {
     await opening.then((session) => session.close(), () => {});
-    await giveBack();
     throw error;
   }
   if (!provider.wasRunning) {
     await opening.then((session) => session.close(), () => {});
     opening = open();
-    await giveBack();
-    taking = Promise.resolve(undefined);
   } else {
     // Started before Docker was asked: a concurrent command may have been making the container
     // just then ("No such container"). It exists now, so one more try is the answer.
     opening = opening.catch(open);
   }
-  const session = await opening.catch(async (error) => {
-    await giveBack();
-    throw error;
-  });
-  const wrapper = await taking;
+  const session = await opening;
   // resources.disk: a workspace growing past it stops the command (exit 125). Its watcher starts
   // 250 ms into the command, and never for a command over by then (lib/sandbox/disk_watch.ts).
   const watch = provider.watchDisk();
-  let leaving: Promise<void> | undefined;
-  // Closed together once the command is over (after the sweep, when there is one); the wrapper
-  // passed on to the next command if it saw this one to its end.
   await using _closing = {
-    [Symbol.asyncDispose]: () =>
-      Promise.all([
-        session.close(),
-        watch.close(),
-        wrapper && (wrapper.reported ? waiting.passOnWaitingExec(wrapper) : waiting.releaseWaitingExec(wrapper)),
-        leaving,
-      ]).then(() => {}),
+    [Symbol.asyncDispose]: () => Promise.all([session.close(), watch.close()]).then(() => {}),
   };
   const execOptions = {
     cwd: opts.cwd,
@@ -93,8 +72,7 @@ export async function execAction(argv: string[], opts: ExecFlags, command: Invoc
     timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
     onStderrLine: stderrLine,
   };
-  const stream = wrapper ? provider.execStreamOn(wrapper, argv, execOptions) : provider.execStream(argv, execOptions);
-  if (!wrapper) leaving = waiting.leaveWaitingExec(provider).catch(() => {});
+  const stream = provider.execStream(argv, execOptions);
   // The container outlives the command: the next command's (or run's) relay starts while this
   // one runs, so that its start does not wait for one (lib/proxy/spare_relay.ts).
   session.leaveSpareRelay();

@@ -34,42 +34,19 @@ const repoOption = (devcontainerOnly = false) =>
 
 export function registerSandboxCommands(program: Command): void {
   program.command("up")
-    .description("start the profile's sandbox container if it is not running (idempotent)")
+    .description("fill the profile's warm pool: sandbox.pool fresh sandboxes started ahead, one per run")
     .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption())
-    .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
-      const { openProvider } = await import("../lib/sandbox/providers.ts");
+    .addOption(new Option("--agent <name>", "the pool for runs of this agent CLI").choices([...AGENT_CLIS]))
+    .action(async (opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName }, command: Command) => {
       const profile = await profileFor(command, opts.profile);
-      const [{ readyWorker }, { readySpareRelay }, { leaveWaitingExec }] = await Promise.all([
-        import("../lib/sandbox/spare.ts"),
-        import("../lib/proxy/session.ts"),
-        import("../lib/sandbox/waiting_exec.ts"),
-      ]);
-      /**
-       * What a run's end would leave in a container, a worker and a relay waiting for the next, and
-       * what an exec's would: a wrapper waiting for the next command.
-       */
-      const ready = (made: typeof provider) =>
-        Promise.all([readyWorker(made, signal), readySpareRelay(made, signal), leaveWaitingExec(made, signal).catch(() => {})]);
-      const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
-      const status = await provider.ensureRunning({ signal, checkImage: true, probe: true });
-      // sandbox.containers: the profile's further shared containers, made warm before runs need
-      // them (after the first, whose image they share: side by side). A container made or started
-      // just now gets the worker and the relay that wait for its next run, as a run's end would
-      // leave them.
-      const slots = provider.profile.sandbox.container === "shared" ? provider.profile.sandbox.containers : 1;
-      const others = await Promise.all(Array.from({ length: slots - 1 }, async (_, i) => {
-        const other = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal, slot: i + 2 });
-        const started = await other.ensureRunning({ signal, checkImage: true, probe: true });
-        if (!other.wasRunning) await ready(other);
-        return started;
-      }));
-      if (!provider.wasRunning) await ready(provider);
+      const { poolFor } = await import("../lib/run/run_pool.ts");
+      const pool = await poolFor(profile, { repo: opts.repo, agent: opts.agent, onProgress: progress, signal });
       // Human output on stdout, like every command's; progress (image builds) went to stderr.
-      if (opts.json) await stdout.json(others.length > 0 ? { ...status, others } : status);
+      if (opts.json) await stdout.json(pool);
       else {
-        for (const each of [status, ...others]) {
-          await stdout.line(`sandbox ${each.name} is ${each.state} (profile ${profile.name}, image ${each.image})`);
-        }
+        for (const name of pool.reaped) await stdout.line(`removed ${name} (its run's process is gone)`);
+        for (const each of pool.ready) await stdout.line(`sandbox ${each} is ready (profile ${profile.name})`);
+        if (pool.ready.length === 0) await stdout.line(`profile ${profile.name} keeps no pool (sandbox.pool is 0)`);
       }
     });
 

@@ -115,14 +115,12 @@ const SandboxSchema = z.object({
   devcontainer: DevcontainerSchema.default({}),
   /** The base image the sandbox image is layered on. */
   image: z.string().min(1).default(DEFAULT_BASE_IMAGE),
-  /** `shared`: runs share the profile's long-lived container; `fresh`: one container per run. */
-  container: z.enum(["shared", "fresh"]).default("shared"),
   /**
-   * With `container: shared`, how many such containers the profile keeps, each serving one run at
-   * a time: runs that start while the first is busy go to a warm one of the others (made by `up`,
-   * or by the first run that needed it) before making one of their own.
+   * How many fresh sandboxes the profile keeps started ahead (per agent and repository), each
+   * claimed by exactly one run and destroyed after it (lib/sandbox/pool.ts); 0: every run starts
+   * its own, cold.
    */
-  containers: z.number().int().min(1).max(16).default(1),
+  pool: z.number().int().min(0).max(16).default(1),
   network: NetworkSchema.default({}),
   resources: ResourcesSchema.default({}),
   environment: EnvironmentSchema.default({}),

@@ -106,7 +106,7 @@ export function summarizeConfig(text: string): string[] {
       lines.push(`${where} sandbox.mode ${quoteForTerminal(sandbox.mode)}${unsafe}`);
     }
     if (sandbox.image !== undefined) lines.push(`${where} image ${quoteForTerminal(sandbox.image)}`);
-    if (sandbox.container !== undefined) lines.push(`${where} container ${quoteForTerminal(sandbox.container)}`);
+    if (sandbox.pool !== undefined) lines.push(`${where} pool ${quoteForTerminal(sandbox.pool)}`);
     const network = isObject(sandbox.network) ? sandbox.network : {};
     const networkParts = [
       network.mode !== undefined

@@ -39,6 +39,7 @@ import { randomHex } from "../hash.ts";
 import { claimLiveRecord, PROXY_MOUNT_PATH, spareRelayRecordPath } from "../sandbox/proxy_mount.ts";
 import { relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
 import { trace } from "../trace.ts";
+import { execEnvByName } from "../sandbox/docker_env.ts";
 
 /** The socket a claiming session makes last, which the spare connects to (relay/main.ts). */
 const CONTROL_SOCKET = "control.sock";
@@ -100,19 +101,19 @@ export async function startSpareRelay(
     `${PROXY_MOUNT_PATH}/${dir}`,
     ...Object.entries(ports).map(([service, port]) => `${service}=${port}`),
   ];
+  // The value comes from the environment given below, never from an argument (`ps`).
+  const keyEnv = execEnvByName({ [SPARE_KEY_ENV]: key });
   const started = await provider.docker.run([
     "exec",
     "--detach",
     "--user",
     RELAY_USER,
-    // The value comes from the environment given below, never from an argument (`ps`).
-    "--env",
-    SPARE_KEY_ENV,
+    ...keyEnv.args,
     provider.containerName,
     "sandbox-exec",
     id,
     ...relayArgv(args),
-  ], { env: { [SPARE_KEY_ENV]: key }, timeoutMs: 30_000 }).catch(() => undefined);
+  ], { env: keyEnv.clientEnv, timeoutMs: 30_000 }).catch(() => undefined);
   if (!started || started.exitCode !== 0) {
     await Deno.remove(hostDir, { recursive: true }).catch(() => {});
     return;

@@ -16,6 +16,7 @@ import { sha256Hex } from "../hash.ts";
 import { formatBytes } from "../units.ts";
 import { type ProcessOutcome, run, spawn } from "../process.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
+import { CACHE_OBJECTS } from "./cache_layout.ts";
 
 export const REPOS_DIR = "/workspace/repos";
 export const WORKTREES_DIR = "/workspace/worktrees";
@@ -170,88 +171,82 @@ function byteCounter(): { stream: TransformStream<Uint8Array, Uint8Array>; bytes
   };
 }
 
-/** What the sandbox prints once it listed its refs: the host sends the pack after it. */
-const REFS_END = "sandbox: refs listed";
-/**
- * What it prints instead when its bare repository has the base commit already (a later run on the
- * same repository): nothing is sent, and the host does not wait to pack nothing.
- */
-const HAS_BASE = "sandbox: base present";
+
+/** The run's checkout: its own repository, which borrows the cache's objects and has its own refs. */
+const CHECKOUT =
+  'git init -q "$1" && printf "%s\\n" "$4" >"$1/.git/objects/info/alternates" && ' +
+  `if ! ${SAFE_GIT} -C "$1" cat-file -e "$2^{commit}" 2>/dev/null; then rm -rf "$1"; echo "$5"; exit 0; fi && ` +
+  `${SAFE_GIT} -C "$1" checkout -q -b "$3" "$2"`;
+/** What the checkout prints when the cache lacks the base commit (the host then updates it). */
+const BASE_MISSING = "sandbox: base missing";
 
 /**
- * Send the base commit's objects (only those the sandbox lacks) and create the run's worktree on
- * a new branch — in one `docker exec`: the sandbox lists what its bare repository has, the host
- * packs only what is missing into the same exec's input, and the sandbox unpacks it and adds the
- * worktree. (Three execs before, each a round trip to the engine.) When the bare repository has
- * the base commit already, the sandbox says so and goes on at once: no pack, no round trip. (It
- * trusts that commit as far as the host did before, when it left out of the pack every commit the
- * sandbox had a ref to: an earlier run's agent on the same repository could have written either.)
+ * The run's checkout of `repo`'s base commit on a new branch, in one `docker exec`: a repository of
+ * the run's own in its workspace, whose objects come from the repository's cache (mounted
+ * read-only, lib/repo/cache.ts). When the cache lacks the base (the first run on the repository,
+ * or new commits since), the host adds what is missing to the cache, then checks out again: the
+ * sandbox receives no repository objects of its own, and a later run copies nothing again.
  */
 export async function prepareWorktree(
   provider: SandboxProvider,
   repo: LocalRepo,
-  options: { runId: string; branch: string; signal?: AbortSignal },
+  options: { runId: string; branch: string; signal?: AbortSignal; updateCache: () => Promise<number> },
 ): Promise<RunWorktree> {
-  const bare = `${REPOS_DIR}/${repo.key}.git`;
   const path = `${WORKTREES_DIR}/${options.runId}`;
   const branch = sandboxBranch(options.runId);
+  let sentBytes = 0;
+  for (let attempt = 0;; attempt++) {
+    const out = await inSandbox(provider, "check out the repository", CHECKOUT, [path, repo.base, branch, CACHE_OBJECTS, BASE_MISSING], options.signal);
+    if (!out.includes(BASE_MISSING)) break;
+    if (attempt === 1) throw new SandboxError("exec_failed", `The repository cache has no commit ${repo.base.slice(0, 12)} after it was updated`);
+    sentBytes = await options.updateCache();
+  }
+  return { bare: path, path, branch, targetBranch: options.branch, base: repo.base, refsBefore: [], sentBytes };
+}
+
+/**
+ * Send what a repository of the sandbox's lacks of `repo`'s base commit into `steps`, a command
+ * that first lists its refs ("sha refname" lines, then `refsEnd`) and then reads a pack on
+ * `input` — or says `hasBase` instead of `refsEnd` when it needs none. Returns the bytes sent.
+ */
+export async function sendBase(
+  steps: AsyncIterable<string>,
+  input: WritableStream<Uint8Array>,
+  repo: LocalRepo,
+  marks: { refsEnd: string; hasBase: string; signal?: AbortSignal },
+): Promise<number> {
   const counter = byteCounter();
-  const packInput = new TransformStream<Uint8Array, Uint8Array>();
-  const script = `${RESET_BARE} && ${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)" && ` +
-    `{ if ${SAFE_GIT} -C "$1" cat-file -e "$2^{commit}" 2>/dev/null; then echo "$6"; else echo "$5" && ` +
-    `${SAFE_GIT} -C "$1" index-pack --stdin --fix-thin >/dev/null; fi; } && ` +
-    `${SAFE_GIT} -C "$1" update-ref "refs/sandbox/bases/$2" "$2" && mkdir -p "$(dirname "$3")" && ` +
-    `${SAFE_GIT} -C "$1" worktree add -q -b "$4" "$3" "$2"`;
-  const steps = provider.execStream(["sh", "-c", script, "sh", bare, repo.base, path, branch, REFS_END, HAS_BASE], {
-    stdin: packInput.readable.pipeThrough(counter.stream),
-    signal: options.signal,
-    timeoutMs: 600_000,
-  });
-  // What the sandbox already has: every ref tip of its bare repository.
-  const refsBefore: string[] = [];
+  const refs: string[] = [];
   let packed: Promise<ProcessOutcome> | undefined;
-  let listed = false;
+  let done = false;
   try {
     for await (const line of steps) {
-      if (packed || listed) continue;
-      if (line === HAS_BASE) {
-        listed = true;
-        await packInput.writable.close().catch(() => {});
+      if (packed || done) continue;
+      if (line === marks.hasBase) {
+        done = true;
+        await input.close();
         continue;
       }
-      if (line !== REFS_END) {
-        if (line) refsBefore.push(line);
+      if (line !== marks.refsEnd) {
+        if (line) refs.push(line.split(" ")[0]);
         continue;
       }
-      const haves = await commitsKnownToHost(repo, refsBefore.map((ref) => ref.split(" ")[0]));
+      const haves = await commitsKnownToHost(repo, refs);
       const pack = spawn(
         ["git", "-C", repo.path, "pack-objects", "--stdout", "--revs", "--thin", "--delta-base-offset", "-q"],
-        { stdin: [repo.base, ...haves.map((h) => `^${h}`)].join("\n") + "\n", signal: options.signal },
+        { stdin: [repo.base, ...haves.map((h) => `^${h}`)].join("\n") + "\n", signal: marks.signal },
       );
-      pack.stdout.pipeTo(packInput.writable).catch(() => {});
+      // A failed pipe shows in the pack's or the receiver's outcome, checked by the caller.
+      pack.stdout.pipeThrough(counter.stream).pipeTo(input).catch(() => {});
       packed = pack.finished;
     }
   } finally {
-    if (!packed && !listed) await packInput.writable.close().catch(() => {});
+    // Ended before asking for anything: nothing will be sent (the caller reads why from its outcome).
+    if (!packed && !done) await input.close().catch(() => {});
   }
-  const [outcome, packOutcome] = await Promise.all([steps.outcome, packed]);
-  if (packOutcome && packOutcome.exitCode !== 0) throw new CommandExitError("exec_failed", "Cannot pack the repository", packOutcome);
-  if (outcome.exitCode !== 0) {
-    throw new CommandExitError("exec_failed", "Cannot prepare the repository and the run's worktree in the sandbox", {
-      argv: ["sh", "-c", script],
-      exitCode: outcome.exitCode,
-      stderrTail: outcome.stderrTail.trim(),
-    });
-  }
-  return {
-    bare,
-    path,
-    branch,
-    targetBranch: options.branch,
-    base: repo.base,
-    refsBefore,
-    sentBytes: counter.bytes(),
-  };
+  const outcome = await packed;
+  if (outcome && outcome.exitCode !== 0) throw new CommandExitError("exec_failed", "Cannot pack the repository", outcome);
+  return counter.bytes();
 }
 
 /** The run's branch inside the sandbox. */

@@ -9,11 +9,13 @@ import type { JsonSchema } from "../../worker/json_schema.ts";
 import type { Profile } from "../config.ts";
 import { ContainerDriver, GenerationError, WORKER_COMMAND } from "./container_driver.ts";
 import { startWorker, type WorkerProcess } from "./worker_process.ts";
-import { attachSpare, attachSpareOn, spareCommand } from "../sandbox/spare.ts";
-import { leaveWaitingExec, releaseWaitingExec, takeWaitingExec, type WaitingConnections } from "../sandbox/waiting_exec.ts";
+import { attachPooledWorker, claimPooled, coldSandbox, destroy, fillPool } from "../sandbox/pool.ts";
+import { keepSandbox } from "../sandbox/pool_records.ts";
+import { cacheVolumeName, updateCache } from "../repo/cache.ts";
+import { cliName } from "../cli_name.ts";
 import { trace } from "../trace.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
-import { DockerSandboxProvider, type LeaseRelease, sandboxRepo } from "../sandbox/docker_provider.ts";
+import { type DockerSandboxProvider, sandboxRepo } from "../sandbox/docker_provider.ts";
 import { exitCodeFor, SandboxError } from "../errors.ts";
 import { HostProvider } from "../sandbox/host_provider.ts";
 import { describeKeySource, type KeySource, KeyStore } from "../keys.ts";
@@ -21,7 +23,7 @@ import { BUILTIN_PROVIDERS, llmTarget } from "../proxy/llm_providers.ts";
 import { type AgenticMessage, agenticMessage, driverUsage } from "./protocol.ts";
 import { Redactor } from "../redact.ts";
 import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream } from "./replay.ts";
-import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, removeWorktree, removeWorktreeArgv, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
+import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
 import { finishRemoteRun, gitRemoteFor, isRemoteUrl, prepareRemoteWorktree, remoteAuthorization, type RemoteRepo, resolveRemoteRepo } from "../repo/remote.ts";
 import { run } from "../process.ts";
 import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
@@ -29,7 +31,6 @@ import { openSession, type SandboxSession, startHostProxies } from "../proxy/ses
 import { workerBundlePath } from "../sandbox/worker_bundle.ts";
 import { type AgentCliName, type AgentName, isAgentCli } from "../agents/packages.ts";
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
-import type { HeldLock } from "../lock.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
@@ -166,7 +167,10 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const emit = async (message: AgenticMessage) => {
     await log.append(message);
     await request.onEvent(message);
-    if (events++ === 0) trace("run: first event");
+    if (events++ === 0) {
+      trace("run: first event");
+      underWay?.();
+    }
     if (message.type === "result") sent.result = true;
     if (message.type === "usage") sent.usage = true;
   };
@@ -176,16 +180,16 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const countLlmCall = (entry: { kind: string; decision: string; path?: string }) => {
     if (entry.kind === "llm" && entry.decision === "allow" && /\/(chat\/completions|messages|responses)$/.test(entry.path ?? "")) llmCalls++;
   };
-  /** Where the agent worked, for `sandbox cp RUN_ID:PATH` later. */
+  /** Where the agent worked, and whether its container stays (`kept`). */
   let place: Record<string, unknown> = {};
+  let kept: { worktree: boolean; branch: boolean } | undefined;
+  const placed = () => ({ ...place, kept: kept !== undefined && (kept.worktree || kept.branch) });
   try {
     const onAgentEvent = (line: string) => log.appendAgentEvent(line);
-    const { driver, cwd, provider, worktree, session, keep, leased } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall, agent, onAgentEvent, limits });
-    // The container outlives the run: as its cleanup begins (not while it starts or works), the
-    // next run's relay is started in it, so that its start does not wait for one
-    // (spare_relay.ts); nothing is started when the run's own relay is a spare it passes on.
-    if (leased && session) underWay = () => session.leaveSpareRelay();
-    place = { container: provider?.containerName ?? null, workdir: cwd, kept: profile.sandbox.container !== "fresh" && (!worktree || request.repo?.keepWorktree === true) };
+    const { driver, cwd, provider, worktree, session, keep, underWay: prepared } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall, agent, onAgentEvent, limits });
+    underWay = prepared;
+    place = { container: provider?.containerName ?? null, workdir: cwd };
+    kept = keep;
     if (request.mode === "agentic") {
       for await (const message of driver.executeAgentic(request.prompt, {
         cwd,
@@ -267,7 +271,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       exitCode: failed ? 1 : 0,
       usage: driver.getUsage(),
       error: failed ? result?.content ?? "the agent reported an error" : null,
-      extra: { ...place, ...extra, ...(agent ? { agent } : {}) },
+      extra: { ...placed(), ...extra, ...(agent ? { agent } : {}) },
     });
     return { meta: log.meta, exitCode: failed ? 1 : 0, error: generationError };
   } catch (error) {
@@ -282,10 +286,9 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     const usage = driverUsage({ duration_ms: Math.round(performance.now() - started), num_turns: llmCalls, model });
     if (!sent.result) await emit(agenticMessage({ type: "result", content: failure.message, is_error: true, model })).catch(() => {});
     if (!sent.usage) await emit(agenticMessage({ type: "usage", usage, model })).catch(() => {});
-    await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage, error: failure.message, extra: place });
+    await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage, error: failure.message, extra: placed() });
     return { meta: log.meta, exitCode: exitCodeFor(failure), error: failure };
   } finally {
-    underWay?.();
     trace("run: cleaning up");
     for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
     trace("run: cleaned up");
@@ -373,69 +376,17 @@ function snake(back: RepoResult): Record<string, unknown> {
 }
 
 /**
- * Lease the shared container for this run; undefined when another run or command is live in it.
- * A container that cannot even start the lease is probed, and replaced when wedged, once.
+ * The end of a run's container: destroyed, unless the run's work stays in it (it could not be
+ * brought back, or the user asked to keep it): then it is kept, and where to find it is said.
  */
-async function leaseShared(
-  provider: DockerSandboxProvider,
-  seconds: number,
-  runId: string,
-  signal?: AbortSignal,
-  /** This host's lock on the container, when taken already (the first attempt's; see lease). */
-  held?: HeldLock,
-): Promise<LeaseRelease | undefined> {
-  for (let attempt = 0;; attempt++) {
-    try {
-      return await provider.lease(runId, seconds, signal, attempt === 0 ? held : undefined);
-    } catch (error) {
-      trace(`run: cannot lease: ${error instanceof Error ? error.message : error}`);
-      signal?.throwIfAborted();
-      // Cannot look: a container of one's own is the safe side.
-      if (attempt === 1) return undefined;
-      await provider.ensureRunning({ signal, probe: true });
-    }
-  }
-}
-
-/**
- * The profile's shared containers after the first (`sandbox.containers`: slots 2 to `slots`), tried
- * in a random order (so that runs starting together spread over them) until one's lease is
- * granted; a slot's container is made the first time a run needs it, and kept. Undefined when
- * every one is busy (or there are none).
- */
-async function leaseOtherSlot(
-  slots: number,
-  providerFor: (slot: number) => DockerSandboxProvider,
-  seconds: number,
-  runId: string,
-  signal?: AbortSignal,
-): Promise<{ provider: DockerSandboxProvider; release: LeaseRelease } | undefined> {
-  const order = Array.from({ length: Math.max(0, slots - 1) }, (_, i) => i + 2);
-  for (let i = order.length - 1; i > 0; i--) {
-    const j = Math.floor(Math.random() * (i + 1));
-    [order[i], order[j]] = [order[j], order[i]];
-  }
-  for (const slot of order) {
-    const candidate = providerFor(slot);
-    // Held by another run of this host: the next, without asking Docker about this one.
-    const held = await candidate.holdOnHost();
-    if (!held) {
-      trace(`run: ${candidate.containerName} is busy on this host`);
-      continue;
-    }
-    try {
-      await candidate.ensureRunning({ signal });
-      const release = await leaseShared(candidate, seconds, runId, signal, held);
-      if (release) return { provider: candidate, release };
-    } catch (error) {
-      held.release();
-      // A slot that cannot be made or reached is passed over (the run goes on to the next, or
-      // to a container of its own); an interruption is not.
-      signal?.throwIfAborted();
-      trace(`run: ${candidate.containerName} passed over: ${error instanceof Error ? error.message : error}`);
-    }
-  }
-  return undefined;
+async function finishSandbox(
+  sandbox: DockerSandboxProvider,
+  keep: { worktree: boolean; branch: boolean },
+  onProgress?: (line: string) => void,
+): Promise<void> {
+  if (!keep.worktree && !keep.branch) return await destroy(sandbox);
+  await keepSandbox(sandbox.containerName);
+  onProgress?.(`the run's container ${sandbox.containerName} is kept with its work; remove it with: ${cliName()} down -p ${sandbox.profile.name}`);
 }
 
 /** The sandbox side of a run: provider, session and driver, with their cleanups registered. */
@@ -455,7 +406,16 @@ async function prepare(
     /** Aborted (with the reason) when the run passes a limit watched while it is live. */
     limits: AbortController;
   },
-): Promise<{ driver: ContainerDriver; cwd: string; provider?: DockerSandboxProvider; worktree?: RunWorktree; session?: SandboxSession; keep: { worktree: boolean; branch: boolean }; leased?: boolean }> {
+): Promise<{
+  driver: ContainerDriver;
+  cwd: string;
+  provider?: DockerSandboxProvider;
+  worktree?: RunWorktree;
+  session?: SandboxSession;
+  keep: { worktree: boolean; branch: boolean };
+  /** Called once the run is under way (its first event). */
+  underWay?: () => void;
+}> {
   /** Set when the result could not be brought back: the work then stays in the sandbox. */
   const keep = { worktree: false, branch: false };
   const { signal } = request;
@@ -494,16 +454,34 @@ async function prepare(
   if (profile.sandbox.mode !== "container") {
     throw new SandboxError("unsupported", `Sandbox mode "${profile.sandbox.mode}" is not implemented yet`);
   }
-  // A container and its workspace are shared only by runs on the same repository (or only by runs
-  // without one), and by one run at a time: runs are the same user inside, and could read each
-  // other's files and processes. A run that finds its container in use gets one of its own.
-  let fresh = profile.sandbox.container === "fresh";
+  // A sandbox no other run has touched: one started ahead for the pool and claimed by this run
+  // alone, or one made now. It is destroyed when the run ends (lib/sandbox/pool.ts).
   const repoKey = context.repo?.kind === "local" ? context.repo.local.key : context.repo?.remote.key;
   const repository = repoKey ? await sandboxRepo(repoKey) : undefined;
-  let provider = new DockerSandboxProvider(profile, { repository, onProgress: request.onProgress, agent: context.agent });
+  const local = context.repo?.kind === "local" ? context.repo : undefined;
   const remote = context.repo?.kind === "remote" ? context.repo : undefined;
-  const openFor = (sandbox: DockerSandboxProvider) =>
-    openSession(profile, sandbox, {
+  const poolOptions = {
+    agent: context.agent,
+    repository,
+    cacheVolume: local && repository ? cacheVolumeName(repository) : undefined,
+    onProgress: request.onProgress,
+  };
+  const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr, runId: context.id };
+  const claimed = profile.sandbox.pool > 0 ? await claimPooled(profile, { ...poolOptions, signal }) : undefined;
+  const sandbox = claimed ?? await coldSandbox(profile, context.id, { ...poolOptions, signal });
+  context.cleanups.push(() => finishSandbox(sandbox, keep, request.onProgress));
+  trace(claimed ? "run: sandbox claimed from the pool" : "run: sandbox started");
+  // The pool is refilled behind the run once it is under way (`underWay`), not while it starts.
+  let refilling: Promise<unknown> | undefined;
+  const refill = () => {
+    if (profile.sandbox.pool > 0) refilling ??= fillPool(profile, poolOptions).catch(() => {});
+  };
+  context.cleanups.push(async () => {
+    refill();
+    await refilling;
+  });
+  const openFor = (provider: DockerSandboxProvider) =>
+    openSession(profile, provider, {
       ...sessionOptions,
       gitRemote: remote
         ? gitRemoteFor(remote.remote, {
@@ -517,209 +495,32 @@ async function prepare(
         })
         : undefined,
     });
-  /** What the shared container's lease does behind the run, filled in as the run goes. */
-  const behind: { worktree?: RunWorktree; spare: boolean } = { spare: false };
-  let opening: Promise<SandboxSession> | undefined;
-  let leased = false;
-  /** The lease granted (it also watches the workspace's disk use, see watchDisk). */
-  let held: LeaseRelease | undefined;
-  const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr, runId: context.id };
-  /** The worker waiting in the shared container, reached while the lease is taken. */
-  let waiting: Promise<WorkerProcess | undefined> = Promise.resolve(undefined);
-  /** The shared container's waiting wrapper, claimed while the lease is taken: the connector to
-   * the waiting worker runs on it once the lease is granted, instead of a `docker exec` (spare.ts). */
-  let wrapper: Promise<WaitingConnections | undefined> = Promise.resolve(undefined);
-  const leaseSeconds = (request.timeoutMs ?? profile.resources.timeoutMs) / 1000 + 60;
-  /** The run holds `granted`. Behind the run, inside the container, without the user waiting: its
-   * worktree removed, whatever it left running killed, the next run's worker started (see lease()). */
-  const behindTheRun = (granted: LeaseRelease) => {
-    leased = true;
-    held = granted;
-    context.cleanups.push(() =>
-      granted({
-        then: behind.worktree && !request.repo?.keepWorktree && !keep.worktree
-          ? [removeWorktreeArgv(behind.worktree, { keepBranch: keep.branch })]
-          : [],
-        spare: behind.spare ? spareCommand() : undefined,
-      })
-    );
-  };
-  /** The profile's container is busy: its other shared containers (sandbox.containers), before one of its own. */
-  const elsewhere = async () => {
-    const other = await leaseOtherSlot(profile.sandbox.containers, (slot) =>
-      new DockerSandboxProvider(profile, { slot, repository, onProgress: request.onProgress, agent: context.agent }), leaseSeconds, context.id, signal);
-    if (other) {
-      provider = other.provider;
-      behindTheRun(other.release);
-      trace(`run: leased ${provider.containerName}`);
-    } else {
-      fresh = true;
-      request.onProgress?.("another run of this profile is live: this run gets a container of its own");
-    }
-  };
-  // Another run of this host holds the container: it is passed over at once, and nothing of it
-  // is reached for early (its waiting worker and relay are for the run that wins its lease).
-  const onHost = fresh ? undefined : await provider.holdOnHost();
-  if (!fresh && !onHost) {
-    trace(`run: ${provider.containerName} is busy on this host`);
-    await elsewhere();
-  } else if (!fresh) {
-    // The relay starts, and the waiting worker is reached, while Docker is asked about the
-    // container and the lease is taken: they are independent, the container is all but always
-    // up, and the lease all but always granted. When the container had to be started (or made)
-    // just now, or the lease is refused, what started early is let go.
-    const shared = provider;
-    // `fresh`: a container started just now has no worker waiting: one starts at once (it gets
-    // its job only once the lease is granted).
-    const early = (started = false) => {
-      opening = openFor(shared);
-      opening.catch(() => {});
-      if (context.agent) return;
-      if (started) {
-        waiting = Promise.resolve(startWorker(shared, [...WORKER_COMMAND, "serve"], workerOptions));
-        return;
-      }
-      // Without a waiting wrapper, the connector's own `docker exec` starts at once (the worker
-      // gets its job only once the lease is granted).
-      wrapper = takeWaitingExec(shared).catch(() => undefined);
-      waiting = wrapper.then((taken) => taken ? undefined : attachSpare(shared, workerOptions).catch(() => undefined));
-    };
-    const letGo = async () => {
-      // Closed once it is open, without the run waiting for that (its relay may still be loading):
-      // before this process ends, whatever happens.
-      const dropped = opening?.then((session) => session.close(), () => {});
-      if (dropped) context.cleanups.push(() => dropped);
-      opening = undefined;
-      (await waiting)?.close();
-      waiting = Promise.resolve(undefined);
-      const taken = await wrapper;
-      wrapper = Promise.resolve(undefined);
-      if (taken) await releaseWaitingExec(taken);
-    };
-    early();
-    context.cleanups.push(async () => (await waiting)?.close());
-    context.cleanups.push(async () => {
-      const taken = await wrapper;
-      if (taken && !taken.reported) await releaseWaitingExec(taken);
-    });
-    // The lease is asked for at once too (the runs that are the container's own are not counted
-    // against it: scripts/sandbox-exec). An answer from a container that was not up as it is now
-    // is let go below, and the lease asked for again.
-    let asked: Promise<LeaseRelease | undefined> | undefined = provider.lease(context.id, leaseSeconds, signal, onHost);
-    asked.catch(() => {});
-    const unclaimed = asked;
-    let claimed = false;
-    // Granted but never used (the run failed first): handed back, nothing to do behind it.
-    context.cleanups.push(async () => {
-      if (!claimed) await (await unclaimed.catch(() => undefined))?.();
-    });
-    trace("run: looking at the sandbox");
-    await provider.ensureRunning({ signal });
-    trace("run: sandbox up");
-    if (!provider.wasRunning) {
-      // Handed back before the lease is asked for again (it would be found live: busy).
-      asked = undefined;
-      claimed = true;
-      await (await unclaimed.catch(() => undefined))?.();
-      await letGo();
-      early(true);
-    } else if (opening) {
-      // Started before Docker was asked: a concurrent run may have been making the container
-      // just then ("No such container"). It exists now, so one more try is the answer.
-      opening = opening.catch((error) => {
-        trace(`run: early relay failed (${error instanceof Error ? error.message : error}); once more`);
-        return openFor(shared);
-      });
-      opening.catch(() => {});
-    }
-    const release = asked
-      ? await asked.then((granted) => {
-        claimed = true;
-        return granted;
-      }, (error) => {
-        trace(`run: cannot lease: ${error instanceof Error ? error.message : error}`);
-        return leaseShared(provider, leaseSeconds, context.id, signal);
-      })
-      : await leaseShared(provider, leaseSeconds, context.id, signal);
-    trace(release ? "run: leased" : "run: busy");
-    if (release) {
-      behindTheRun(release);
-    } else {
-      await letGo();
-      await elsewhere();
-    }
-  }
-  if (fresh) {
-    provider = new DockerSandboxProvider(profile, { instance: context.id.toLowerCase(), repository, onProgress: request.onProgress, agent: context.agent });
-    const own = provider;
-    // Removed behind the run's back: its user does not wait for it (see teardownDetached).
-    context.cleanups.push(() => Promise.resolve(own.teardownDetached()));
-    await provider.ensureRunning({ signal });
-  }
-  const sandbox = provider;
-  trace("run: sandbox running");
-  /**
-   * The connector to the leased container's waiting worker: on its waiting wrapper (the one
-   * claimed early, or, in another of the profile's containers, that one's), passed on to the next
-   * command before the lease is released (a wrapper running a command counts against leases); on
-   * a `docker exec` of its own without one.
-   */
-  let onWrapper = false;
-  const attachLeased = async (target: DockerSandboxProvider): Promise<WorkerProcess | undefined> => {
-    const taken = await wrapper ?? await takeWaitingExec(target).catch(() => undefined);
-    if (!taken) return await attachSpare(target, workerOptions).catch(() => undefined);
-    onWrapper = true;
-    const attached = await attachSpareOn(target, taken, workerOptions).catch(() => undefined);
-    // (Its input ended first: a run cut short stops its worker, and so the connector, that way.)
-    if (attached) {
-      context.cleanups.push(() => {
-        attached.worker?.close();
-        return attached.passedOn();
-      });
-    }
-    return attached?.worker;
-  };
-  // The worker: the one waiting in a leased container (loaded, warm), or one started now, which
-  // loads its code while the session opens and the repository goes in. Either gets its job once
-  // they are ready. (An agent CLI is started by its driver.)
-  // A local repository goes in while the session opens (it needs the lease, not the relay).
-  const local = context.repo?.kind === "local" ? context.repo : undefined;
+  // The worker (the one waiting in the pooled container, or one started now, which loads while
+  // the session opens), the session and the checkout go at once: they are independent.
+  const starting: Promise<WorkerProcess | undefined> = context.agent ? Promise.resolve(undefined) : (async () => {
+    const waiting = claimed ? await attachPooledWorker(claimed, workerOptions) : undefined;
+    return waiting ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
+  })();
+  starting.catch(() => {});
+  // A run that fails before its job was sent ends the worker's input: it stops.
+  context.cleanups.push(async () => (await starting.catch(() => undefined))?.close());
   const sending = local
-    ? prepareWorktree(provider, local.local, { runId: context.id, branch: local.branch, signal }).then((created) => {
-      // Removed behind the run even when the session then fails to open.
-      if (leased && !request.repo?.keepWorktree) behind.worktree = created;
-      return created;
+    ? prepareWorktree(sandbox, local.local, {
+      runId: context.id,
+      branch: local.branch,
+      signal,
+      updateCache: () => updateCache(sandbox, poolOptions.cacheVolume!, local.local, signal),
     })
     : undefined;
   sending?.catch(() => {});
-  const starting: Promise<WorkerProcess | undefined> = context.agent ? Promise.resolve(undefined) : (async () => {
-    behind.spare = leased;
-    // Reached too early (the lease was still waiting for the worker to get ready): once more.
-    const spare = leased ? (await waiting ?? await attachLeased(sandbox)) : undefined;
-    // A leased container without a waiting wrapper gets one behind the run, for the next run's
-    // connector (and `sandbox exec`): one `docker exec` now, none in each run after.
-    if (leased && !onWrapper) context.cleanups.push(() => leaveWaitingExec(sandbox).catch(() => {}));
-    trace(spare ? "run: worker ready (waiting, or started at once)" : "run: worker started");
-    return spare ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
-  })();
-  // A run that fails before its job was sent ends the worker's input: it stops.
-  context.cleanups.push(async () => (await starting.catch(() => undefined))?.close());
-  const watch = provider.watchDisk({ onAbort: (reason) => context.limits.abort(reason), lease: held });
+  const watch = sandbox.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
   context.cleanups.push(() => watch.close());
-  const session: SandboxSession = await (opening ?? openFor(provider));
-  // Closed alongside the cleanups after it (the lease's release, the disk watch…), which do not
-  // depend on it: closing starts the next run's relay, a `docker exec` the user need not wait
-  // for twice. Awaited last.
-  let closing: Promise<void> | undefined;
-  context.cleanups.unshift(() => closing ?? Promise.resolve());
-  context.cleanups.push(() => {
-    closing = session.close();
-    return Promise.resolve();
-  });
+  const session: SandboxSession = await openFor(sandbox);
+  context.cleanups.push(() => session.close());
   trace("run: session open");
   let worktree: RunWorktree | undefined;
   if (remote) {
-    worktree = await prepareRemoteWorktree(provider, remote.remote, {
+    worktree = await prepareRemoteWorktree(sandbox, remote.remote, {
       runId: context.id,
       branch: remote.branch,
       gitUrl: session.gitUrl!,
@@ -729,25 +530,13 @@ async function prepare(
     request.onProgress?.(`fetched ${remote.remote.url} into the sandbox; base ${worktree.base.slice(0, 12)}`);
   } else if (local && sending) {
     worktree = await sending;
-    request.onProgress?.(`sent ${local.local.baseName} (${local.local.base.slice(0, 12)}): ${worktree.sentBytes} bytes of objects`);
+    const sent = worktree.sentBytes > 0 ? `; ${worktree.sentBytes} bytes of objects added to its cache` : "";
+    request.onProgress?.(`checked out ${local.local.baseName} (${local.local.base.slice(0, 12)})${sent}`);
   }
-  if (worktree) {
-    const created = worktree;
-    if (request.repo?.keepWorktree) {
-      context.cleanups.push(() => {
-        request.onProgress?.(`worktree kept: ${created.path} in ${provider.containerName}`);
-        return Promise.resolve();
-      });
-    } else if (leased) {
-      behind.worktree = created;
-    } else if (!fresh) {
-      context.cleanups.push(async () => {
-        if (!keep.worktree) await removeWorktree(provider, created, { keepBranch: keep.branch });
-      });
-    }
-    // (A container of the run's own goes with everything in it.)
-  }
+  // Kept: the run's container stays (with its checkout) instead of going with the run.
+  if (worktree && request.repo?.keepWorktree) keep.worktree = true;
   let early = await starting;
+  const provider = sandbox;
   const driver = new ContainerDriver({
     provider,
     env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },
@@ -770,5 +559,5 @@ async function prepare(
       onProgress: request.onProgress,
     })
     : worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`;
-  return { driver, cwd, provider, worktree, session, keep, leased };
+  return { driver, cwd, provider, worktree, session, keep, underWay: refill };
 }

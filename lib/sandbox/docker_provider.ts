@@ -14,14 +14,13 @@ import { sha256Hex } from "../hash.ts";
 import { ensureImage, imageTagFor } from "./image.ts";
 import type { AgentCliName } from "../agents/packages.ts";
 import { removeLegacyFirewall } from "./legacy_cleanup.ts";
-import { type HeldLock, tryHostLock, withHostLock } from "../lock.ts";
+import { withHostLock } from "../lock.ts";
+import { forget } from "./pool_records.ts";
+import { CACHE_DIR } from "../repo/cache_layout.ts";
 import { execStreamOf } from "./exec_stream.ts";
-import { type WaitingConnections, WaitingExecChild } from "./waiting_exec.ts";
-import { readLines } from "../lines.ts";
 import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, type DiskWatcher, startDiskWatch } from "./disk_watch.ts";
-import { LeaseChannel } from "./lease_channel.ts";
 import { type Child, spawn, spawnDetached } from "../process.ts";
 import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH, removeProxyMountSource } from "./proxy_mount.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
@@ -40,32 +39,12 @@ import type {
   TeardownReport,
 } from "./provider.ts";
 
-/** What a released lease does behind its run, in the container (see `lease`). */
-export interface LeaseAfter {
-  /** Commands to run before the sweep, in order (each argv; no US or newline in them). */
-  then?: (readonly string[])[];
-  /** The command of the worker that waits for the next run. */
-  spare?: readonly string[];
-  /** Load it at once, even while every CPU is taken (`up`: its user asked for warm containers).
-   * Otherwise it waits for a CPU to spare, or for the next lease (sandbox-exec `defer_load`). */
-  spareAtOnce?: boolean;
-}
-
-/** Hands a leased container back; see `DockerSandboxProvider.lease`. */
-export interface LeaseRelease {
-  (after?: LeaseAfter): Promise<void>;
-  /** The lease's own watcher of DIR's disk use (see LeaseChannel), for `watchDisk`. */
-  watchDisk(dir: string, stdin: ReadableStream<Uint8Array>): DiskWatcher;
-}
-
-/** How long a release waits for the lease to say it has the instructions. */
-const LEASE_ACK_TIMEOUT_MS = 5_000;
-
 export { RELAY_UID, RELAY_USER, SANDBOX_UID, SANDBOX_USER } from "./users.ts";
 import { RELAY_UID, RELAY_USER, SANDBOX_UID, SANDBOX_USER } from "./users.ts";
 /** Exec ids of relays start with this (lib/proxy/session.ts): they are stopped as the relay's uid. */
 export const RELAY_EXEC_PREFIX = "relay-";
 export const WORKSPACE_DIR = "/workspace";
+
 export const SANDBOX_HOME = "/home/sandbox";
 /** Exit code reported for a command killed by its timeout, as timeout(1) does. */
 const EXIT_TIMEOUT = 124;
@@ -83,13 +62,18 @@ const ENSURE_MAX_PASSES = 600;
 export interface DockerProviderOptions {
   /** Path of the docker CLI (default: `docker` on PATH). */
   docker?: string;
-  /** A per-run container instead of the profile's shared one. */
-  instance?: string;
   /**
-   * One of the profile's further shared containers (`sandbox.containers`), 2 and up: named with
-   * `-s<slot>`, kept like the first, its own workspace.
+   * A run's own container (its name's last part) instead of the profile's development sandbox:
+   * `pooled` ones are started ahead and claimed by one run (lib/sandbox/pool.ts).
    */
-  slot?: number;
+  instance?: string;
+  /** Started ahead for the warm pool (label kind "pool"), not for a run that waits for it (kind "run"). */
+  pooled?: boolean;
+  /**
+   * The repository object cache (a volume only the host writes, lib/repo/cache.ts), mounted
+   * read-only at `CACHE_DIR`: the run's checkout borrows its objects.
+   */
+  cacheVolume?: string;
   /**
    * Run from this agent CLI's image (the sandbox image plus the agent's layer), in a container
    * of its own (`sandbox-<profile>-<agent>`), so that runs of different agents never replace
@@ -156,15 +140,19 @@ export class DockerSandboxProvider implements SandboxProvider {
     }
     this.profile = profile;
     this.docker = new DockerCli(options.docker);
-    const own = options.instance ?? (options.repository ? `repo-${options.repository.id}` : undefined);
-    const slot = options.slot !== undefined && options.slot > 1 && !options.instance ? `s${options.slot}` : undefined;
-    const suffix = [options.agent, own, slot].filter(Boolean).join("-");
+    const repo = options.repository ? `repo-${options.repository.id}` : undefined;
+    const suffix = [options.agent, repo, options.instance].filter(Boolean).join("-");
     this.names = sandboxNames(profile.name, suffix || undefined);
     this.#options = options;
   }
 
   get containerName(): string {
     return this.names.container;
+  }
+
+  /** "shared": the profile's development sandbox; "pool" and "run": one run's own container. */
+  get kind(): SandboxStatus["kind"] {
+    return this.#options.instance ? this.#options.pooled ? "pool" : "run" : "shared";
   }
 
   #wasRunning = false;
@@ -183,7 +171,7 @@ export class DockerSandboxProvider implements SandboxProvider {
     return {
       [LABEL.owner]: OWNER,
       [LABEL.profile]: this.profile.name,
-      [LABEL.kind]: this.#options.instance ? "run" : "shared",
+      [LABEL.kind]: this.kind,
       ...(this.#options.repository ? { [LABEL.repo]: this.#options.repository.key } : {}),
       ...(configHash ? { [LABEL.configHash]: configHash } : {}),
     };
@@ -229,6 +217,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       `${SANDBOX_HOME}:rw,nosuid,nodev,size=${tmpfsSize},uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0700`,
       "--mount",
       `type=volume,src=${this.names.volume},dst=${WORKSPACE_DIR}`,
+      ...(this.#options.cacheVolume ? ["--mount", `type=volume,src=${this.#options.cacheVolume},dst=${CACHE_DIR},readonly`] : []),
       "--memory",
       String(resources.memoryBytes),
       "--memory-swap",
@@ -249,7 +238,10 @@ export class DockerSandboxProvider implements SandboxProvider {
       // init the sandbox user cannot ptrace): it readies the worker's cache, then reaps orphans.
       image,
     ];
-    const configHash = (await sha256Hex(`${body.join("\0")}\0${JSON.stringify(env.clientEnv)}`)).slice(0, 16);
+    // Of the configuration, not of this container: its own names are left out, so that the hash of
+    // a pooled container says whether it was made as a run would make one now.
+    const shape = body.map((arg) => arg.split(this.names.container).join("NAME"));
+    const configHash = (await sha256Hex(`${shape.join("\0")}\0${JSON.stringify(env.clientEnv)}`)).slice(0, 16);
     return {
       args: [
         "run",
@@ -366,6 +358,10 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   /** The image containers are created from: the sandbox image, or an agent's layer on it. */
+  imageTag(): Promise<string> {
+    return this.#imageTag();
+  }
+
   async #imageTag(): Promise<string> {
     const base = await imageTagFor(this.profile.sandbox.image);
     // An agent CLI's layer: its modules are loaded only for such a sandbox (~3 ms of every other start).
@@ -426,6 +422,12 @@ export class DockerSandboxProvider implements SandboxProvider {
       await ensureAgentImage(this.docker, base.tag, this.#options.agent, { signal, onProgress: this.#options.onProgress });
     }
     await this.#ensureVolume(signal);
+    // Created here, labelled (a mount would make it unlabelled, out of teardown's sight).
+    if (this.#options.cacheVolume) {
+      const cache = this.#options.cacheVolume;
+      const labels = { [LABEL.owner]: OWNER, [LABEL.profile]: this.profile.name, [LABEL.kind]: "cache" };
+      await this.#createIfMissing(["volume", "inspect", cache], ["volume", "create", ...labelArgs(labels), cache], signal);
+    }
   }
 
   /**
@@ -527,21 +529,6 @@ export class DockerSandboxProvider implements SandboxProvider {
     return this.#streamOf(child, id, options.timeoutMs);
   }
 
-  /**
-   * As `execStream`, run by a waiting wrapper this process has connected to (waiting_exec.ts)
-   * instead of a `docker exec` of its own: the same rules, the same outcome, ~50 ms sooner.
-   */
-  execStreamOn(waiting: WaitingConnections, argv: readonly string[], options: ExecOptions = {}): ExecStream {
-    this.#checkCommand(argv, options);
-    const child = new WaitingExecChild(waiting, argv, options.cwd, options.env ?? {}, {
-      stdin: options.stdin,
-      signal: options.signal,
-      timeoutMs: options.timeoutMs,
-      onStderrLine: options.onStderrLine,
-    });
-    return this.#streamOf(child, waiting.id, options.timeoutMs);
-  }
-
   #streamOf(child: Child, id: string, timeoutMs: number | undefined): ExecStream {
     return execStreamOf(child, async (stoppedEarly) => {
       const ended = await child.finished;
@@ -614,116 +601,6 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   /**
-   * Hold the container for one run, if nothing else is live in it (another run's lease, worker or
-   * command; `sandbox-exec --lease` decides inside, under a lock, so two hosts cannot both win).
-   * Returns the release function, or undefined when the container is busy. A lease that is still
-   * cleaning up behind its run is waited for (a few seconds at most), not counted as busy.
-   *
-   * Releasing hands the container back and says what to do behind the run, which the lease does
-   * inside the container once this process has let go — so the run's user waits for none of it,
-   * and it happens even if this process is killed first (the lease then only sweeps): run `then`
-   * (e.g. remove the run's worktree), kill whatever the run left behind, then start `spare` (the
-   * next run's worker, see spare.ts). The lease also ends after `seconds`, so a holder that hangs
-   * cannot hold the container for ever.
-   */
-  async lease(name: string, seconds: number, signal?: AbortSignal, held?: HeldLock): Promise<LeaseRelease | undefined> {
-    // Runs of this host that want the container at the same time are told it is busy here, at
-    // once: the lease inside would say so too, but only once each had queued for its lock there
-    // (eight runs at once: over a second each). The lease inside stays the authority: it also
-    // counts commands and runs this lock does not see. Held while the lease is, and let go once
-    // the lease inside has its release (it is cleaning up behind the run), so that the next run
-    // of this host gets the lock, and its lease waits there for that cleanup, as before.
-    const onHost = held ?? await this.holdOnHost();
-    if (!onHost) {
-      trace(`lease: ${this.names.container} is busy on this host`);
-      return undefined;
-    }
-    try {
-      const release = await this.#leaseInside(name, seconds, signal);
-      if (!release) onHost.release();
-      return release && Object.assign(async (after?: LeaseAfter) => {
-        try {
-          await release(after);
-        } finally {
-          onHost.release();
-        }
-      }, { watchDisk: release.watchDisk });
-    } catch (error) {
-      onHost.release();
-      throw error;
-    }
-  }
-
-  /**
-   * This host's lock on the container for a run (see `lease`, which takes it, or is given it once
-   * taken): undefined when another run of this host holds it. A lock that cannot be made (an
-   * unwritable lock directory) is no lock: the lease inside decides alone.
-   */
-  async holdOnHost(): Promise<HeldLock | undefined> {
-    return await tryHostLock(`lease-${this.names.container}`).catch(() => ({ release() {} }));
-  }
-
-  async #leaseInside(name: string, seconds: number, signal?: AbortSignal): Promise<LeaseRelease | undefined> {
-    let input!: ReadableStreamDefaultController<Uint8Array>;
-    const stdin = new ReadableStream<Uint8Array>({ start: (controller) => void (input = controller) });
-    // Not tied to `signal` once granted: a run that is interrupted still releases its lease with
-    // what to do behind it. While waiting for the grant, an abort stops the wait.
-    const holder = this.docker.spawn(
-      ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--lease", `lease-${name}`, String(Math.ceil(seconds))],
-      { stdin },
-    );
-    const stop = () => holder.kill();
-    signal?.addEventListener("abort", stop, { once: true });
-    const reader = readLines(holder.stdout, 1024).getReader();
-    const first = await reader.read().catch(() => ({ value: undefined }));
-    signal?.removeEventListener("abort", stop);
-    const close = () => {
-      try {
-        input.close();
-      } catch {
-        // Already closed.
-      }
-    };
-    if (first.value === "leased") {
-      const encoder = new TextEncoder();
-      const line = (kind: string, argv: readonly string[]) => {
-        if (argv.some((arg) => arg.includes("\x1f") || arg.includes("\n"))) throw new TypeError(`Cannot pass "${argv.join(" ")}" to the lease`);
-        input.enqueue(encoder.encode([kind, ...argv].join("\x1f") + "\n"));
-      };
-      const channel = new LeaseChannel(reader, line);
-      return Object.assign(async (after: LeaseAfter = {}) => {
-        try {
-          for (const command of after.then ?? []) line("then", command);
-          if (after.spare) line(after.spareAtOnce ? "spare-now" : "spare", after.spare);
-        } finally {
-          close();
-        }
-        // Once the lease has it all ("released"), its client can go: what is left happens inside.
-        let timer: ReturnType<typeof setTimeout> | undefined;
-        const acknowledged = await Promise.race([
-          channel.released,
-          new Promise<false>((resolve) => timer = setTimeout(() => resolve(false), LEASE_ACK_TIMEOUT_MS)),
-        ]).finally(() => clearTimeout(timer));
-        void reader.cancel().catch(() => {});
-        holder.kill();
-        if (!acknowledged) await holder.finished;
-      }, { watchDisk: (dir: string, stdin: ReadableStream<Uint8Array>) => channel.watchDisk(dir, stdin) });
-    }
-    void reader.cancel().catch(() => {});
-    close();
-    const stuck = setTimeout(() => holder.kill(), 5_000);
-    const ended = await holder.finished.finally(() => clearTimeout(stuck));
-    signal?.throwIfAborted();
-    if (ended.exitCode === 75 || first.value === "busy") {
-      trace(`lease: ${this.names.container} is busy: ${ended.stderrTail.trim()}`);
-      return undefined;
-    }
-    throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
-    throw new CommandExitError("exec_failed", `Cannot mark sandbox "${this.names.container}" as in use`, ended);
-  }
-
-
-  /**
    * End the process tree of exec `id` (one started under the exec wrapper with that id). A relay's
    * (`relay-…`) runs as its own uid, which only that uid can signal (root in the container has no
    * capabilities): it is stopped as that uid.
@@ -740,15 +617,13 @@ export class DockerSandboxProvider implements SandboxProvider {
    * limit while growing, or when the watcher dies. Stop the commands with that signal; close the
    * watch when done.
    */
-  watchDisk(options: { onAbort?: (reason: SandboxError) => void; lease?: LeaseRelease } = {}): DiskWatch {
+  watchDisk(options: { onAbort?: (reason: SandboxError) => void } = {}): DiskWatch {
     const limitBytes = this.profile.resources.diskBytes;
     const id = `du-${crypto.randomUUID()}`;
     // Started in the background: the first command need not wait for it.
     return startDiskWatch(async (stdin) => {
       const quota = await this.workspaceQuota();
       if (quota !== undefined && quota <= limitBytes) return undefined;
-      // A run's lease watches for it: no `docker exec` of its own.
-      if (options.lease) return options.lease.watchDisk(WORKSPACE_DIR, stdin);
       return this.docker.spawn(
         ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--du", id, WORKSPACE_DIR],
         { stdin },
@@ -939,7 +814,7 @@ export class DockerSandboxProvider implements SandboxProvider {
         stoppedAt: null,
         workspacePath: WORKSPACE_DIR,
         current: false,
-        kind: this.#options.instance ? "run" : "shared",
+        kind: this.kind,
         repo: this.#options.repository?.key ?? null,
       };
     }
@@ -991,6 +866,11 @@ export class DockerSandboxProvider implements SandboxProvider {
       this.names.container,
       this.names.volume,
     ]);
+  }
+
+  /** The hash of the configuration this provider makes containers with (see `runArgs`). */
+  async configHash(): Promise<string> {
+    return (await this.runArgs()).configHash;
   }
 
   async teardown(options: { volumes?: boolean; signal?: AbortSignal } = {}): Promise<TeardownReport> {
@@ -1078,7 +958,7 @@ function inspectToStatus(found: ContainerInspect): Omit<SandboxStatus, "current"
     startedAt: dockerTime(found.State.StartedAt),
     stoppedAt: found.State.Running ? null : dockerTime(found.State.FinishedAt),
     workspacePath: WORKSPACE_DIR,
-    kind: labels[LABEL.kind] === "run" ? "run" : "shared",
+    kind: labels[LABEL.kind] === "run" ? "run" : labels[LABEL.kind] === "pool" ? "pool" : "shared",
     repo: labels[LABEL.repo] ?? null,
   };
 }
@@ -1181,10 +1061,15 @@ export async function teardownProfile(
     if (removed.exitCode === 0) return true;
     throw new CommandExitError("docker_failed", `Cannot remove "${name}" of profile "${profile}"`, removed);
   };
-  for (const name of await list(["ps", "--all", ...filters, "--format", "{{.Names}}"], "sandboxes")) {
+  const format = `{{.Names}} {{.Label "${LABEL.kind}"}}`;
+  for (const [name, kind] of (await list(["ps", "--all", ...filters, "--format", format], "sandboxes")).map((line) => line.split(" "))) {
     if (await remove(["rm", "--force"], name)) report.containers.push(name);
-    // With the container, what the host kept for its mount (sockets, a spare relay's record).
-    await removeProxyMountSource(name);
+    // A run's workspace goes with its container, always.
+    if (kind === "pool" || kind === "run") {
+      if (await remove(["volume", "rm", "--force"], `${name}-workspace`)) report.volumes.push(`${name}-workspace`);
+    }
+    // With the container, what the host kept of it (its mount's sockets, its pool records).
+    await Promise.all([removeProxyMountSource(name), forget(name)]);
   }
   if (options.volumes) {
     for (const name of await list(["volume", "ls", ...filters, "--format", "{{.Name}}"], "volumes")) {
@@ -1208,7 +1093,7 @@ export async function teardownAll(docker: DockerCli, signal?: AbortSignal): Prom
   if (containers.length > 0) {
     await docker.ok(["rm", "--force", ...containers], "docker_failed", "Cannot remove sandbox containers", { signal });
     report.containers = containers;
-    for (const name of containers) await removeProxyMountSource(name);
+    for (const name of containers) await Promise.all([removeProxyMountSource(name), forget(name)]);
   }
   for (const network of await list("network")) {
     const result = await docker.run(["network", "rm", network], { signal });

@@ -77,8 +77,11 @@ export interface SandboxStatus {
   workspacePath: string;
   /** The container's config hash matches the profile's current configuration. */
   current: boolean;
-  /** "shared" for a profile's long-lived container, "run" for a per-run container. */
-  kind: "shared" | "run";
+  /**
+   * "shared" for the profile's long-lived development sandbox (exec, cp; runs never use it),
+   * "pool" for a fresh one started ahead for a run, "run" for one a run started itself.
+   */
+  kind: "shared" | "pool" | "run";
   /** The repository a container serves (`name-hash`), or null for one without. */
   repo: string | null;
 }

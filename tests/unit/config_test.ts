@@ -31,7 +31,7 @@ Deno.test("an empty configuration yields a working default profile", () => {
   assert.equal(profile.name, "default");
   assert.equal(profile.sandbox.mode, "container");
   assert.equal(profile.sandbox.network.mode, "allowlist");
-  assert.equal(profile.sandbox.container, "shared");
+  assert.equal(profile.sandbox.pool, 1);
   assert.equal(profile.resources.memoryBytes, 4 * 1024 ** 3);
   assert.equal(profile.resources.pids, 512);
   assert.equal(profile.resources.timeoutMs, 30 * 60_000);
@@ -348,17 +348,18 @@ Deno.test("network.hosts values must be IP addresses: the egress proxy never loo
   }
 });
 
-Deno.test("sandbox.containers: 1 by default, 1 to 16 accepted, anything else refused naming the key (a project file cannot ask for hundreds of containers)", () => {
+Deno.test("sandbox.pool: 1 by default, 0 to 16 accepted, anything else refused naming the key (a project file cannot ask for hundreds of containers)", () => {
   const parsed = (yaml: string) => {
     const result = parseConfig(yaml, undefined, noEnv);
     assert.equal(result.kind, "ok", JSON.stringify(result));
-    return result.kind === "ok" ? resolveProfile(result.config, "work").sandbox.containers : NaN;
+    return result.kind === "ok" ? resolveProfile(result.config, "work").sandbox.pool : NaN;
   };
   assert.equal(parsed("profiles:\n  work: {}\n"), 1);
-  assert.equal(parsed("profiles:\n  work: {sandbox: {containers: 16}}\n"), 16);
-  for (const bad of ["0", "17", "2.5", "'4'", "-1"]) {
-    const issues = issuesOf(`profiles:\n  work: {sandbox: {containers: ${bad}}}\n`);
+  assert.equal(parsed("profiles:\n  work: {sandbox: {pool: 0}}\n"), 0);
+  assert.equal(parsed("profiles:\n  work: {sandbox: {pool: 16}}\n"), 16);
+  for (const bad of ["17", "2.5", "'4'", "-1"]) {
+    const issues = issuesOf(`profiles:\n  work: {sandbox: {pool: ${bad}}}\n`);
     assert.equal(issues.length, 1, issues.join("\n"));
-    assert.match(issues[0], /^profiles\.work\.sandbox\.containers: /);
+    assert.match(issues[0], /^profiles\.work\.sandbox\.pool: /);
   }
 });

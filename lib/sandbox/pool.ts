@@ -1,0 +1,174 @@
+/**
+ * The warm pool: sandboxes started ahead, each claimed by exactly one run and destroyed after it.
+ *
+ * How it works:
+ * 1. `fillPool` starts `sandbox.pool` fresh containers for a profile (per agent and repository):
+ *    hardened as every sandbox, a workspace volume of their own, the worker loaded and waiting on
+ *    a socket in the container's /tmp (`worker serve --socket`), and the relay waiting for the
+ *    session that claims it (lib/proxy/spare_relay.ts). Then it records each as ready.
+ * 2. A run claims one (`claimPooled`: a rename in the host's book, pool_records.ts: one winner),
+ *    attaches to its worker with one `docker exec` of the connector (`attachPooledWorker`) and
+ *    hands it the job from the host, and its session claims the waiting relay.
+ * 3. When the run ends, `destroy` removes the container and its volume, and the run refills the
+ *    pool behind it.
+ *
+ * Why the waiting worker is safe to hand a job to: until a run claims it, a pooled container has
+ * run nothing but our own code as our own uids (init, the worker, the relay); no command of any
+ * run or `sandbox exec` has ever been in it, so nothing can have bound the worker's socket first
+ * or be waiting to read what goes through it. The agent of the claiming run starts only once the
+ * job has arrived, and the container goes with the run. Nothing of one run meets another.
+ */
+import type { Profile } from "../config.ts";
+import type { AgentCliName } from "../agents/packages.ts";
+import { WORKER_COMMAND } from "../run/container_driver.ts";
+import { type AttachOptions, attachWorker } from "./attach.ts";
+import type { WorkerProcess } from "../run/worker_process.ts";
+import { DockerSandboxProvider, type SandboxRepo, SANDBOX_USER } from "./docker_provider.ts";
+import { removeProxyMountSource } from "./proxy_mount.ts";
+import { addReady, claimReady, forget, holdOwn, listReady, orphaned, poolKey, releaseOwn } from "./pool_records.ts";
+import { randomHex } from "../hash.ts";
+import { trace } from "../trace.ts";
+
+/** Where a pooled container's worker listens (its /tmp: a tmpfs of its own). */
+export const POOL_WORKER_SOCKET = "/tmp/.sandbox-worker.sock";
+
+export interface PoolOptions {
+  agent?: AgentCliName;
+  repository?: SandboxRepo;
+  /** The repository's object cache volume (lib/repo/cache.ts), mounted read-only. */
+  cacheVolume?: string;
+  onProgress?: (line: string) => void;
+  signal?: AbortSignal;
+}
+
+/** A provider for a new container of the kind a run of `profile` with `options` uses. */
+export function runSandbox(profile: Profile, instance: string, options: PoolOptions & { pooled: boolean }): DockerSandboxProvider {
+  return new DockerSandboxProvider(profile, {
+    instance,
+    pooled: options.pooled,
+    agent: options.agent,
+    repository: options.repository,
+    cacheVolume: options.cacheVolume,
+    onProgress: options.onProgress,
+  });
+}
+
+function keyOf(profile: Profile, options: PoolOptions): string {
+  return poolKey(profile.name, options.agent, options.repository?.key);
+}
+
+/** A pooled container's instance name: `p` and 8 random hex digits. */
+function instanceOf(name: string): string {
+  return name.slice(name.lastIndexOf("-") + 1);
+}
+
+/**
+ * Claim a ready container for one run: the provider for it, or undefined when the pool has none
+ * that was made with the current configuration. Stale ones (another configuration or image) are
+ * removed on the way, never used.
+ */
+export async function claimPooled(profile: Profile, options: PoolOptions = {}): Promise<DockerSandboxProvider | undefined> {
+  const key = keyOf(profile, options);
+  let current: string | undefined;
+  for (const record of await listReady()) {
+    if (record.key !== key) continue;
+    const provider = runSandbox(profile, instanceOf(record.name), { ...options, pooled: true });
+    if (provider.containerName !== record.name) continue;
+    current ??= await provider.configHash();
+    if (!await claimReady(record.name)) continue;
+    if (record.configHash === current) {
+      trace(`pool: claimed ${record.name}`);
+      return provider;
+    }
+    options.onProgress?.(`removing pooled sandbox ${record.name}: made with another configuration`);
+    await destroy(provider);
+  }
+  return undefined;
+}
+
+/** A container of the run's own, made now (the pool had none): recorded as held by this process. */
+export async function coldSandbox(profile: Profile, runId: string, options: PoolOptions = {}): Promise<DockerSandboxProvider> {
+  const provider = runSandbox(profile, runId.toLowerCase(), { ...options, pooled: false });
+  await holdOwn(provider.containerName);
+  await provider.ensureRunning({ signal: options.signal });
+  return provider;
+}
+
+/**
+ * The worker waiting in a claimed container, with the connector attached (its job not sent yet),
+ * or undefined when it has none (an agent CLI's pool, or a container that is gone).
+ */
+export async function attachPooledWorker(provider: DockerSandboxProvider, options: AttachOptions): Promise<WorkerProcess | undefined> {
+  return await attachWorker(provider, POOL_WORKER_SOCKET, options);
+}
+
+/** Remove a run's container, its workspace volume and the host's records of it, without waiting. */
+export async function destroy(provider: DockerSandboxProvider): Promise<void> {
+  provider.teardownDetached();
+  await Promise.all([removeProxyMountSource(provider.containerName), forget(provider.containerName)]);
+}
+
+/**
+ * Bring the pool for runs of `profile` (with `options`) up to `sandbox.pool` ready containers,
+ * after removing the containers of runs whose process is gone. Returns the names it started.
+ */
+export async function fillPool(profile: Profile, options: PoolOptions = {}): Promise<string[]> {
+  await reapOrphans(profile);
+  const key = keyOf(profile, options);
+  const ready = (await listReady()).filter((record) => record.key === key);
+  const missing = profile.sandbox.pool - ready.length;
+  if (missing <= 0) return [];
+  const made = await Promise.all(Array.from({ length: missing }, () => startPooled(profile, key, options)));
+  return made.filter((name): name is string => name !== undefined);
+}
+
+/** One pooled container, started and recorded; undefined (and nothing left) when it failed. */
+async function startPooled(profile: Profile, key: string, options: PoolOptions): Promise<string | undefined> {
+  const provider = runSandbox(profile, `p${randomHex(4)}`, { ...options, pooled: true });
+  try {
+    await holdOwn(provider.containerName);
+    await provider.ensureRunning({ signal: options.signal });
+    const { readySpareRelay } = await import("../proxy/session.ts");
+    await Promise.all([options.agent ? undefined : startWaitingWorker(provider), readySpareRelay(provider, options.signal)]);
+    await addReady({ name: provider.containerName, key, configHash: await provider.configHash() });
+    await releaseOwn(provider.containerName);
+    return provider.containerName;
+  } catch (error) {
+    options.onProgress?.(`cannot start a pooled sandbox: ${error instanceof Error ? error.message : error}`);
+    await destroy(provider);
+    return undefined;
+  }
+}
+
+/** Start the worker that waits, loaded, for the job of the run that claims `provider`. */
+async function startWaitingWorker(provider: DockerSandboxProvider): Promise<void> {
+  await provider.docker.ok([
+    "exec",
+    "--detach",
+    "--user",
+    SANDBOX_USER,
+    provider.containerName,
+    "sandbox-exec",
+    `worker-pool-${randomHex(8)}`,
+    ...WORKER_COMMAND,
+    "serve",
+    "--socket",
+    POOL_WORKER_SOCKET,
+  ], "exec_failed", `Cannot start the waiting worker in sandbox "${provider.containerName}"`, { timeoutMs: 30_000 });
+}
+
+/**
+ * Remove the containers of runs whose process is gone (killed before it could remove them): the
+ * containers are found by name in the host's book; their labels also let `teardown --all` find them.
+ */
+export async function reapOrphans(profile: Profile): Promise<string[]> {
+  const reaped: string[] = [];
+  for (const held of await orphaned()) {
+    const provider = new DockerSandboxProvider(profile);
+    await provider.docker.run(["rm", "--force", "--volumes", held.name], { timeoutMs: 60_000 });
+    await provider.docker.run(["volume", "rm", "--force", `${held.name}-workspace`], { timeoutMs: 60_000 });
+    await Promise.all([removeProxyMountSource(held.name), forget(held.name)]);
+    reaped.push(held.name);
+  }
+  return reaped;
+}
