@@ -203,7 +203,8 @@ export class DockerSandboxProvider implements SandboxProvider {
     const env = runEnvByName(this.containerEnv());
     const body = [
       "--hostname",
-      this.names.container,
+      // A hostname has at most 63 characters; a run's container name may have more.
+      this.names.container.length <= 63 ? this.names.container : `sandbox-${this.#options.instance}`.slice(0, 63),
       "--user",
       SANDBOX_USER,
       "--cap-drop",

@@ -130,12 +130,12 @@ export async function keepSandbox(name: string): Promise<void> {
 
 /** Forget `name` wherever it is recorded (it was removed). */
 export async function forget(name: string): Promise<void> {
-  const removals: Promise<void>[] = [Deno.remove(`${poolDir()}/ready/${name}.json`), Deno.remove(`${poolDir()}/kept/${name}`)];
+  const paths = [`${poolDir()}/ready/${name}.json`, `${poolDir()}/kept/${name}`];
   for (const held of await listClaimed()) {
-    if (held.name === name) removals.push(Deno.remove(`${poolDir()}/claimed/${claimedName(held.name, held)}`));
+    if (held.name === name) paths.push(`${poolDir()}/claimed/${claimedName(held.name, held)}`);
   }
   // Already gone is as good as removed.
-  await Promise.allSettled(removals);
+  await Promise.allSettled(paths.map((path) => Deno.remove(path)));
 }
 
 /** Every claimed record. */

@@ -1,53 +1,56 @@
 /**
- * Attack: spy on a later run from an earlier one (issue 9, item 4). Run 1's agent, on repository
- * A, leaves a note in the workspace and starts a spy that copies every `SANDBOX_LLM_TOKEN` it can
- * read from `/proc/*\/environ` into the workspace. Then run 2 on the same repository, and run 3 on
- * repository B, look for the spy, its catch and the note.
+ * Attack: reach a later run from an earlier one (issue 23). Run 1's agent, on repository A, leaves
+ * a note, listeners on every path it can bind (the old spare socket and the pool worker's socket
+ * among them) that log whatever connects, a `setsid` spy that copies every `SANDBOX_LLM_TOKEN` it
+ * can read from `/proc/*\/environ`, stops with SIGSTOP every process of its uid it can see (but
+ * its own chain and the connector carrying its output), and leaves a survivor that stops
+ * everything a moment after the run. Then run 2, on the same repository, looks for all of it.
  *
- * What must hold: run 2 shares A's container and workspace (the note is there: the positive twin),
- * but the spy is gone and never saw run 2's token; run 3 is in another container, where nothing of
- * A exists. Tokens come from the agents themselves (each prints its own), as the fake LLM receives
- * them in the next request.
+ * What must hold: each run is in a container no other run has touched, destroyed after it. Run 2's
+ * result is genuine (the fake LLM's own answer, its own token on the requests), nothing of run 1
+ * is in its view, and no process of run 1 exists anywhere afterwards. The twin: run 1's spy and
+ * listeners work while run 1 lives (they caught run 1's own token).
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
+import { decodeMessage } from "../../lib/run/protocol.ts";
 import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
-import { assertDocker, dockerTest, explain } from "../_helpers.ts";
+import { assertDocker, CLI, docker, dockerTest, explain } from "../_helpers.ts";
 import { RunFixture } from "../_run_fixture.ts";
 
 console.error("security: cross-run tests starting");
 
-const SPY = [
+const LISTEN = `perl -MIO::Socket::UNIX -e 'unlink $ARGV[0]; my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Local => $ARGV[0], Listen => 5) or exit 1; while (my $c = $s->accept) { open(my $f, ">>", "/workspace/caught.log"); print $f scalar <$c> }'`;
+const SOCKETS = ["/tmp/.sandbox-spare.sock", "/tmp/.sandbox-worker.sock", "/tmp/.sandbox-exec/x.sock", "/workspace/.sandbox-worker.sock"];
+
+const ATTACK = [
   "echo A-NOTES-SECRET >/workspace/a-notes.txt",
+  ...SOCKETS.map((path) => `mkdir -p "$(dirname ${path})"; setsid -f ${LISTEN} ${path} </dev/null >/dev/null 2>&1`),
   `setsid -f sh -c 'while :; do for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" <"$f" 2>/dev/null | grep "^SANDBOX_LLM_TOKEN=" >>/workspace/spy.log; done; sleep 0.2; done' </dev/null >/dev/null 2>&1`,
+  `setsid -f sh -c 'sleep 3; kill -STOP -1' </dev/null >/dev/null 2>&1`,
+  "sleep 1",
+  // Every process of this uid but this command's chain and the connector carrying the output.
+  `chain=" $$ $PPID "; p=$PPID; while [ "$p" -gt 1 ]; do p=$(awk '{print $4}' /proc/$p/stat); chain="$chain$p "; done`,
+  `for d in /proc/[0-9]*; do pid=\${d#/proc/}; case "$chain" in *" $pid "*) continue;; esac; grep -q sandbox-attach $d/cmdline 2>/dev/null && continue; kill -STOP $pid 2>/dev/null && echo STOPPED $pid; done`,
   "sleep 1",
   "echo OWN=$SANDBOX_LLM_TOKEN",
   "echo HOST=$(hostname)",
   "echo SPY-LOG; sort -u /workspace/spy.log; echo SPY-LOG-END",
 ].join("\n");
 
-const LOOK_SAME_REPO = [
+const LOOK = [
   "echo OWN=$SANDBOX_LLM_TOKEN",
   "echo HOST=$(hostname)",
   "sleep 1",
-  "echo SPY-LOG; sort -u /workspace/spy.log; echo SPY-LOG-END",
+  "echo FOUND; ls /workspace/a-notes.txt /workspace/spy.log /workspace/caught.log " + SOCKETS.join(" ") + " 2>/dev/null; echo FOUND-END",
   "echo PS; ps -eo args; echo PS-END",
-  "echo NOTES; cat /workspace/a-notes.txt",
-].join("\n");
-
-const LOOK_OTHER_REPO = [
-  "echo HOST=$(hostname)",
-  "echo NOTES; cat /workspace/a-notes.txt /workspace/spy.log 2>&1",
-  "echo REPOS; ls -A /workspace/repos; echo REPOS-END",
-  "echo FOUND; find / -xdev \\( -name 'a-notes.txt' -o -name spy.log -o -name 'repo-a-*' \\) 2>/dev/null; echo FOUND-END",
 ].join("\n");
 
 /** The `execute` tool's output in the last request the fake received (the agent's view). */
 function lastToolOutput(llm: FakeLlm): string {
-  const body = JSON.stringify(llm.requests.at(-1)?.body ?? {});
   const messages = (llm.requests.at(-1)?.body?.messages ?? []) as { role: string; content: unknown }[];
   const tool = messages.filter((m) => m.role === "tool").at(-1);
-  assert.ok(tool, `no tool result in the request: ${body.slice(0, 500)}`);
+  assert.ok(tool, `no tool result in the request: ${JSON.stringify(llm.requests.at(-1)?.body ?? {}).slice(0, 500)}`);
   return typeof tool.content === "string" ? tool.content : JSON.stringify(tool.content);
 }
 
@@ -64,79 +67,170 @@ function field(output: string, name: string): string {
   return match[1];
 }
 
-async function gitRepo(path: string, file: string): Promise<string> {
+async function gitRepo(path: string): Promise<string> {
   await Deno.mkdir(path, { recursive: true });
   const git = (...args: string[]) => run(["git", "-C", path, "-c", "user.name=u", "-c", "user.email=u@x", ...args]);
   assert.equal((await git("init", "-q", "-b", "main")).exitCode, 0);
-  await Deno.writeTextFile(`${path}/${file}`, `${file}\n`);
+  await Deno.writeTextFile(`${path}/a.txt`, "a\n");
   await git("add", ".");
   assert.equal((await git("commit", "-qm", "init")).exitCode, 0);
   return path;
 }
 
+/** Containers of `profile`, once every one not in `keep` is gone (removal is detached). */
+async function containersSettled(profile: string, gone: string[]): Promise<string[]> {
+  for (let i = 0; i < 100; i++) {
+    const names = (await docker("ps", "-a", "--filter", `label=dev.sandbox.profile=${profile}`, "--format", "{{.Names}}")).split("\n").filter(Boolean);
+    if (!names.some((name) => gone.includes(name))) return names;
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+  throw new Error(`containers ${gone.join(", ")} of ${profile} were not removed`);
+}
+
+/** Every process in every container of `profile` (`docker top`), as command lines. */
+async function processesOf(names: string[]): Promise<string[]> {
+  const all: string[] = [];
+  for (const name of names) all.push(...(await docker("top", name, "-eo", "pid,args")).split("\n").slice(1));
+  return all;
+}
+
 Deno.test({
-  name: "a later run on the same repository sees no process or token of an earlier one, and a run on another repository sees none of its files",
+  name: "a run's agent that stops, squats and spies leaves nothing the next run on the same repository meets: that run's result is genuine and no process of the first exists afterwards",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
     await using llm = new FakeLlm();
     await using fixture = await RunFixture.make({ prefix: "sec-xrun", llmUrl: llm.baseUrl, keyEnv: "SEC_XRUN_KEY", prompt: "Work\n" });
-    const repoA = await gitRepo(`${fixture.dir.path}/repo-a`, "a.txt");
-    const repoB = await gitRepo(`${fixture.dir.path}/repo-b`, "b.txt");
-    const runOn = async (repo: string, command: string) => {
-      llm.script.push(toolCall("execute", { command }), text("Done"));
-      const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--repo", repo, "--format", "ndjson"]);
+    const repo = await gitRepo(`${fixture.dir.path}/repo-a`);
+    const runOn = async (command: string, answer: string) => {
+      llm.script.push(toolCall("execute", { command }), text(answer));
+      const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--repo", repo]);
       assert.equal(result.exitCode, 0, explain(result));
-      return lastToolOutput(llm);
+      const messages = result.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
+      return { output: lastToolOutput(llm), result: messages.find((m) => m.type === "result") };
     };
 
-    const first = await runOn(repoA, SPY);
-    const token1 = field(first, "OWN");
-    await t.step("run 1: the spy works while its run lives (it caught run 1's own token)", () => {
+    const first = await runOn(ATTACK, "Done 1");
+    const token1 = field(first.output, "OWN");
+    await t.step("twin: the spy and the stops work while run 1 lives (the spy caught run 1's own token)", () => {
       assert.match(token1, /^sbx_/);
-      assert.deepEqual(between(first, "SPY-LOG", "SPY-LOG-END"), [`SANDBOX_LLM_TOKEN=${token1}`]);
+      assert.deepEqual(between(first.output, "SPY-LOG", "SPY-LOG-END"), [`SANDBOX_LLM_TOKEN=${token1}`]);
+      assert.match(first.output, /^STOPPED \d+$/m);
     });
 
-    const second = await runOn(repoA, LOOK_SAME_REPO);
-    const token2 = field(second, "OWN");
-    await t.step("run 2 shares repository A's container and workspace (the note is there)", async () => {
-      assert.equal(field(second, "HOST"), field(first, "HOST"));
-      assert.equal(field(first, "HOST"), await fixture.repoContainer(repoA));
-      assert.match(second, /^NOTES\nA-NOTES-SECRET$/m);
-    });
-    await t.step("but the spy is gone and never saw run 2's token", () => {
+    const requestsBefore = llm.requests.length;
+    const second = await runOn(LOOK, "Genuine answer 2");
+    const token2 = field(second.output, "OWN");
+    await t.step("run 2's result is genuine: the fake LLM's answer, run 2's own token on its requests", () => {
+      assert.equal(second.result?.content, "Genuine answer 2");
       assert.notEqual(token2, token1);
-      assert.deepEqual(between(second, "SPY-LOG", "SPY-LOG-END"), [`SANDBOX_LLM_TOKEN=${token1}`]);
-      const processes = between(second, "PS", "PS-END");
-      assert.ok(processes.some((p) => p.includes("worker.js")), processes.join("\n"));
-      assert.deepEqual(processes.filter((p) => p.includes("while")), [], processes.join("\n"));
+      assert.equal(llm.requests.length - requestsBefore, 2, "run 2's own two turns reached the LLM");
+    });
+    await t.step("run 2 is in another container, with nothing of run 1: no note, no spy, no listener", () => {
+      assert.notEqual(field(second.output, "HOST"), field(first.output, "HOST"));
+      assert.deepEqual(between(second.output, "FOUND", "FOUND-END"), []);
+      const processes = between(second.output, "PS", "PS-END");
+      assert.deepEqual(processes.filter((p) => /while|IO::Socket|kill -STOP/.test(p)), [], processes.join("\n"));
+    });
+    await t.step("no process of run 1 exists anywhere afterwards (docker top of every container of the profile)", async () => {
+      const left = await containersSettled(fixture.profile, [field(first.output, "HOST"), field(second.output, "HOST")]);
+      const processes = await processesOf(left);
+      assert.deepEqual(processes.filter((p) => /while|IO::Socket|kill -STOP|sleep 3/.test(p)), [], processes.join("\n"));
+    });
+  },
+});
+
+Deno.test({
+  name: "what a `sandbox exec` command leaves in the development sandbox never meets the run after it, while it keeps working there",
+  ...dockerTest(),
+  async fn(t) {
+    assertDocker();
+    await using llm = new FakeLlm();
+    await using fixture = await RunFixture.make({ prefix: "sec-xexec", llmUrl: llm.baseUrl, keyEnv: "SEC_XEXEC_KEY", prompt: "Work\n" });
+    const spy = `setsid -f sh -c 'while :; do for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" <"$f" 2>/dev/null | grep "^SANDBOX_LLM_TOKEN=" >>/workspace/spy.log; done; sleep 0.2; done' </dev/null >/dev/null 2>&1; ` +
+      SOCKETS.map((path) => `mkdir -p "$(dirname ${path})"; setsid -f ${LISTEN} ${path} </dev/null >/dev/null 2>&1`).join("; ") + "; sleep 1; hostname; echo OWN=$SANDBOX_LLM_TOKEN; sort -u /workspace/spy.log";
+    const planted = await fixture.cli(["exec", "-p", fixture.profile, "--", "sh", "-c", spy]);
+    assert.equal(planted.exitCode, 0, explain(planted));
+    const devHost = planted.stdout.split("\n")[0];
+    await t.step("twin: the spy works in the development sandbox while its command runs (it caught the exec's own token)", () => {
+      assert.match(planted.stdout, new RegExp(`^SANDBOX_LLM_TOKEN=${field(planted.stdout, "OWN")}$`, "m"));
     });
 
-    await t.step("`sandbox exec --repo` reaches the same container as the runs on that repository", async () => {
-      const result = await fixture.cli(["exec", "-p", fixture.profile, "--repo", repoA, "--", "sh", "-c", "hostname; cat /workspace/a-notes.txt"]);
-      assert.equal(result.exitCode, 0, explain(result));
-      assert.equal(result.stdout, `${field(first, "HOST")}\nA-NOTES-SECRET\n`);
+    llm.script.push(toolCall("execute", { command: "echo OWN=$SANDBOX_LLM_TOKEN; echo HOST=$(hostname); ls /workspace" }), text("Genuine answer"));
+    const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile]);
+    assert.equal(result.exitCode, 0, explain(result));
+    const output = lastToolOutput(llm);
+    await t.step("the run is genuine, in a container of its own", () => {
+      assert.match(result.stdout, /"content":"Genuine answer"/);
+      assert.notEqual(field(output, "HOST"), devHost);
+      assert.doesNotMatch(output, /spy\.log/);
     });
+    await t.step("nothing in the development sandbox ever saw the run's token", async () => {
+      const seen = await fixture.cli(["exec", "-p", fixture.profile, "--", "sh", "-c", "sort -u /workspace/spy.log"]);
+      assert.equal(seen.exitCode, 0, explain(seen));
+      assert.doesNotMatch(seen.stdout, new RegExp(field(output, "OWN")));
+    });
+  },
+});
 
-    const third = await runOn(repoB, LOOK_OTHER_REPO);
-    await t.step("run 3, on repository B, is in another container with nothing of A", async () => {
-      assert.equal(field(third, "HOST"), await fixture.repoContainer(repoB));
-      assert.notEqual(field(third, "HOST"), field(first, "HOST"));
-      assert.match(third, /a-notes\.txt: No such file or directory/);
-      assert.match(third, /spy\.log: No such file or directory/);
-      assert.deepEqual(between(third, "REPOS", "REPOS-END").filter((name) => name.startsWith("repo-a-")), []);
-      assert.ok(between(third, "REPOS", "REPOS-END").some((name) => name.startsWith("repo-b-")), third);
-      assert.deepEqual(between(third, "FOUND", "FOUND-END"), []);
-      assert.doesNotMatch(third, /A-NOTES-SECRET/);
+Deno.test({
+  name: "a run cannot write its repository's object cache nor reach another run's refs, while its own commits come back as its branch",
+  ...dockerTest(),
+  async fn(t) {
+    assertDocker();
+    await using llm = new FakeLlm();
+    await using fixture = await RunFixture.make({ prefix: "sec-cache", llmUrl: llm.baseUrl, keyEnv: "SEC_CACHE_KEY", prompt: "Work\n" });
+    const repo = await gitRepo(`${fixture.dir.path}/repo`);
+    const attack = [
+      "touch /cache/repo.git/planted 2>&1",
+      "git -c safe.directory='*' -C /cache/repo.git update-ref refs/heads/evil refs/cache/$(git rev-parse HEAD) 2>&1 | head -1",
+      "echo REFS; git -c safe.directory='*' -C /cache/repo.git for-each-ref --format='%(refname)'; echo REFS-END",
+      "echo change >>a.txt && git -c user.name=a -c user.email=a@x commit -qam 'agent change' && echo COMMITTED",
+    ].join("; ");
+    llm.script.push(toolCall("execute", { command: attack }), text("Done"));
+    const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--repo", repo, "--branch", "agent-work"]);
+    assert.equal(result.exitCode, 0, explain(result));
+    const output = lastToolOutput(llm);
+    await t.step("writing the cache fails: read-only", () => {
+      assert.match(output, /planted': Read-only file system/);
+      assert.match(output, /refs\/heads\/evil.*Read-only file system/);
+      assert.deepEqual(between(output, "REFS", "REFS-END").filter((ref) => !ref.startsWith("refs/cache/")), []);
     });
+    await t.step("twin: the run's own commit comes back as its branch", async () => {
+      assert.match(output, /COMMITTED/);
+      const log = await run(["git", "-C", repo, "log", "--format=%s", "-1", "agent-work"]);
+      assert.equal(log.stdout.trim(), "agent change", log.stderr);
+    });
+  },
+});
 
-    await t.step("a run without a repository uses neither container", async () => {
-      llm.script.push(toolCall("execute", { command: "echo HOST=$(hostname); ls -A /workspace" }), text("Done"));
-      const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"]);
-      assert.equal(result.exitCode, 0, explain(result));
-      const output = lastToolOutput(llm);
-      assert.equal(field(output, "HOST"), fixture.container);
-      assert.doesNotMatch(output, /repos|a-notes|spy\.log/);
-    });
+Deno.test({
+  name: "a CLI killed mid-run leaves a labelled container that the next `up` removes, and the pool is full again",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using llm = new FakeLlm();
+    await using fixture = await RunFixture.make({ prefix: "sec-killed", llmUrl: llm.baseUrl, keyEnv: "SEC_KILLED_KEY", prompt: "Work\n" });
+    llm.script.push(toolCall("execute", { command: "sleep 120" }), text("Done"));
+    const child = new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", "--quiet", CLI, "--config", fixture.config, "run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile],
+      env: fixture.env,
+      stdout: "null",
+      stderr: "null",
+    }).spawn();
+    let running: string[] = [];
+    for (let i = 0; i < 300 && llm.requests.length === 0; i++) await new Promise((resolve) => setTimeout(resolve, 100));
+    running = (await docker("ps", "--filter", `label=dev.sandbox.profile=${fixture.profile}`, "--filter", "label=dev.sandbox.kind=run", "--format", "{{.Names}}")).split("\n").filter(Boolean);
+    assert.equal(running.length, 1, "the run's own container is up");
+    child.kill("SIGKILL");
+    await child.status;
+    assert.ok((await docker("ps", "-a", "--format", "{{.Names}}")).split("\n").includes(running[0]), "a killed CLI cannot remove it");
+    const up = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
+    assert.equal(up.exitCode, 0, explain(up));
+    const report = JSON.parse(up.stdout) as { reaped: string[]; ready: string[] };
+    // (With it, the pooled container its run was starting behind it, which it held too.)
+    assert.ok(report.reaped.includes(running[0]), up.stdout);
+    assert.equal(report.ready.length, 1);
+    assert.ok(!(await docker("ps", "-a", "--format", "{{.Names}}")).split("\n").includes(running[0]));
   },
 });
