@@ -105,5 +105,6 @@ export async function runAction(
     },
   });
   if (outcome.error) reportError(outcome.error);
+  if (outcome.storeError) reportError(outcome.storeError);
   return outcome.exitCode;
 }

@@ -23,7 +23,7 @@ export function registerRunsCommands(program: Command): void {
           r.id,
           r.profile,
           r.mode,
-          r.status,
+          r.storeError ? `${r.status} (log incomplete)` : r.status,
           r.startedAt.replace("T", " ").slice(0, 19),
           r.durationMs === null ? "-" : `${(r.durationMs / 1000).toFixed(1)}s`,
           r.usage ? `${r.usage.input_tokens ?? 0}/${r.usage.output_tokens ?? 0}` : "-",

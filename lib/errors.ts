@@ -33,7 +33,9 @@ export type SandboxErrorCode =
   /** A requested sandbox mode is not implemented by this build. */
   | "unsupported"
   /** The agent worker broke its contract: bad output, no result, a result not matching the schema. */
-  | "worker_failed";
+  | "worker_failed"
+  /** The run store (the state directory) could not be written, or holds a torn record: a full or failing disk. */
+  | "store_failed";
 
 export interface SandboxErrorOptions extends ErrorOptions {
   /** Extra lines for a human: a hint on how to fix it, a log tail. */
@@ -103,6 +105,8 @@ export const EXIT = {
   timeout: 124,
   infrastructure: 125,
   interrupted: 130,
+  /** The run's record could not be written in full (EX_IOERR of sysexits.h). */
+  storeFailed: 74,
 } as const;
 
 /** The process exit code for an error that reached the CLI. */
@@ -118,6 +122,8 @@ export function exitCodeFor(error: unknown): number {
       return EXIT.interrupted;
     case "out_of_memory":
       return 137;
+    case "store_failed":
+      return EXIT.storeFailed;
     default:
       return EXIT.infrastructure;
   }

@@ -7,12 +7,22 @@
  * `execute` runs `sh -c` in the working directory with the environment the host gave the worker.
  * Containment is the sandbox's job, not this backend's.
  *
+ * What deepagents writes for itself goes where the run may write: a tool result too large for the
+ * conversation (over 80,000 characters) is evicted to a file under `/large_tool_results/` and the
+ * agent gets a notice with its head and tail, and offloaded conversation history goes under
+ * `/conversation_history/`. Those paths are deepagents' own, at the filesystem root, which is
+ * read-only in the sandbox: a `CompositeBackend` routes them to a directory of the run's own,
+ * made under the temporary directory when the agent starts (`/tmp`, emptied behind every run) and
+ * removed when it ends. File tools reach the files at those paths, the shell in that directory
+ * (the system prompt says where). A command's output is kept whole up to `MAX_COMMAND_OUTPUT_BYTES`
+ * (deepagents' default, 100 KB, would cut the tail of a test log before it is evicted).
+ *
  * Each new message of the agent's state becomes wire messages as it appears: assistant text as
  * `thinking`, each tool call as `tool_call`, each tool message as `tool_result` (a sub-agent's own
  * steps are not streamed: only its `task` call and result). The final assistant text is the
  * `result`, also sent as `thinking` before it, as the Python worker did.
  */
-import { createDeepAgent, LocalShellBackend } from "deepagents";
+import { CompositeBackend, createDeepAgent, FilesystemBackend, LocalShellBackend } from "deepagents";
 import { modelCallLimitMiddleware } from "langchain";
 import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langchain/core/messages";
 import type { Emitter } from "./emit.ts";
@@ -28,6 +38,10 @@ import {
 
 /** Seconds one `execute` command may run before it is killed. */
 export const COMMAND_TIMEOUT_S = 300;
+/** Bytes of a command's output the agent gets (evicted to a file past deepagents' limit). */
+export const MAX_COMMAND_OUTPUT_BYTES = 8 * 1024 * 1024;
+/** deepagents' own paths, at the filesystem root, routed to the run's directory (see above). */
+export const EVICTION_ROUTES = ["/large_tool_results/", "/conversation_history/"] as const;
 
 export interface AgenticOptions {
   prompt: string;
@@ -85,18 +99,42 @@ async function streamAgent(
   emit: Emitter,
   tracker: UsageTracker,
 ): Promise<{ content: string; isError: boolean }> {
-  const model = options.llm.model;
-  const backend = new LocalShellBackend({
+  const evicted = await Deno.makeTempDir({ prefix: "sandbox-agent-files-" });
+  try {
+    for (const route of EVICTION_ROUTES) await Deno.mkdir(`${evicted}${route}`);
+    return await streamAgentWith(options, emit, tracker, evicted);
+  } finally {
+    await Deno.remove(evicted, { recursive: true }).catch(() => {}); // /tmp is emptied behind the run anyway
+  }
+}
+
+/** The agent's tools: the real disk and shell, with deepagents' own paths routed to `evicted`. */
+function agentBackend(options: AgenticOptions, evicted: string): CompositeBackend {
+  const shell = new LocalShellBackend({
     rootDir: options.cwd,
     virtualMode: false,
     timeout: COMMAND_TIMEOUT_S,
+    maxOutputBytes: MAX_COMMAND_OUTPUT_BYTES,
     inheritEnv: false,
     env: options.toolEnv,
   });
+  const routes = Object.fromEntries(
+    EVICTION_ROUTES.map((route) => [route, new FilesystemBackend({ rootDir: `${evicted}${route}`, virtualMode: true })]),
+  );
+  return new CompositeBackend(shell, routes);
+}
+
+async function streamAgentWith(
+  options: AgenticOptions,
+  emit: Emitter,
+  tracker: UsageTracker,
+  evicted: string,
+): Promise<{ content: string; isError: boolean }> {
+  const model = options.llm.model;
   const agent = createDeepAgent({
     model: createChatModel(options.llm, tracker),
-    backend,
-    systemPrompt: systemPrompt(options),
+    backend: agentBackend(options, evicted),
+    systemPrompt: systemPrompt(options, evicted),
     middleware: options.maxTurns === undefined
       ? []
       : [modelCallLimitMiddleware({ runLimit: options.maxTurns, exitBehavior: "error" })],
@@ -171,11 +209,14 @@ const BASE_PROMPT = [
 ].join(" ");
 
 /** Base prompt, then the caller's instructions, then where the agent works. */
-function systemPrompt(options: AgenticOptions): string {
+function systemPrompt(options: AgenticOptions, evicted?: string): string {
   const where = [
     `Your working directory is ${options.cwd}.`,
     "File tools take absolute paths: use paths under the working directory.",
     "Shell commands run with the working directory as their current directory.",
+    ...(evicted
+      ? [`Tool results saved under ${EVICTION_ROUTES[0]} (file tools) are in ${evicted}${EVICTION_ROUTES[0]} for shell commands.`]
+      : []),
   ].join(" ");
   return [BASE_PROMPT, options.instructions?.trim(), where].filter(Boolean).join("\n\n");
 }

@@ -16,7 +16,7 @@ import { cliName } from "../cli_name.ts";
 import { trace } from "../trace.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
 import { type DockerSandboxProvider, sandboxRepo } from "../sandbox/docker_provider.ts";
-import { exitCodeFor, SandboxError } from "../errors.ts";
+import { EXIT, exitCodeFor, SandboxError } from "../errors.ts";
 import { HostProvider } from "../sandbox/host_provider.ts";
 import { describeKeySource, type KeySource, KeyStore } from "../keys.ts";
 import { BUILTIN_PROVIDERS, llmTarget } from "../proxy/llm_providers.ts";
@@ -90,6 +90,8 @@ export interface RunOutcome {
   meta: RunMeta;
   exitCode: number;
   error?: SandboxError;
+  /** The run's record could not be written in full (a full or failing disk): then `exitCode` is 74. */
+  storeError?: SandboxError;
 }
 
 function statusFor(error: unknown): RunStatus {
@@ -264,7 +266,8 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
         committed_leftovers: back.committedLeftovers,
       });
     }
-    await emit(agenticMessage({ type: "usage", usage: driver.getUsage(), model }));
+    await emitUsage(log, request, agenticMessage({ type: "usage", usage: driver.getUsage(), model }));
+    sent.usage = true;
     const failed = result?.is_error === true;
     await log.finish({
       status: failed ? "failed" : "succeeded",
@@ -273,7 +276,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       error: failed ? result?.content ?? "the agent reported an error" : null,
       extra: { ...placed(), ...extra, ...(agent ? { agent } : {}) },
     });
-    return { meta: log.meta, exitCode: failed ? 1 : 0, error: generationError };
+    return outcomeOf(log, failed ? 1 : 0, generationError);
   } catch (error) {
     const failure = limits.signal.aborted
       ? limits.signal.reason as SandboxError
@@ -285,14 +288,30 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     // Close the stream as promised: an error result saying what happened, then the usage so far.
     const usage = driverUsage({ duration_ms: Math.round(performance.now() - started), num_turns: llmCalls, model });
     if (!sent.result) await emit(agenticMessage({ type: "result", content: failure.message, is_error: true, model })).catch(() => {});
-    if (!sent.usage) await emit(agenticMessage({ type: "usage", usage, model })).catch(() => {});
+    if (!sent.usage) await emitUsage(log, request, agenticMessage({ type: "usage", usage, model })).catch(() => {});
     await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage, error: failure.message, extra: placed() });
-    return { meta: log.meta, exitCode: exitCodeFor(failure), error: failure };
+    return outcomeOf(log, exitCodeFor(failure), failure);
   } finally {
     trace("run: cleaning up");
     for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
     trace("run: cleaned up");
   }
+}
+
+/**
+ * The closing `usage` line: appended, then handed on — saying, in its `content`, that the run's
+ * record is incomplete when a write to it failed (this line's own included).
+ */
+async function emitUsage(log: RunLog, request: RunRequest, message: AgenticMessage): Promise<void> {
+  await log.append(message);
+  const lost = log.storeError;
+  await request.onEvent(lost === undefined ? message : { ...message, content: `The run's record is incomplete: ${lost}` });
+}
+
+/** How a run ends: a record that could not be written in full makes it exit `EXIT.storeFailed`. */
+function outcomeOf(log: RunLog, exitCode: number, error: SandboxError | undefined): RunOutcome {
+  const storeError = log.storeFailure();
+  return { meta: log.meta, exitCode: storeError ? EXIT.storeFailed : exitCode, error, storeError };
 }
 
 /** The key source a profile's LLM calls use. */

@@ -7,11 +7,28 @@
  * Durability: each event is one write(2) to a file opened for append, issued before the event is
  * printed, so a crashed or closed terminal (or a killed CLI) loses nothing the CLI had received; the
  * file is fsynced when the run ends. A power loss can lose the events of the last moments.
+ *
+ * A store that cannot be written (a full or failing disk) never stops the run nor tears its record:
+ * - an append that fails is cut back to the end of the last whole line (should even that fail, the
+ *   torn line lacks its newline, and the readers report it); nothing is appended after it, so the
+ *   file never holds a gap followed by more events; `storeError` says what was lost;
+ * - the final `meta.json` has room kept for it: `meta.reserve`, written when the run starts, is
+ *   written over in place (no new space needed) and renamed onto `meta.json` when the ordinary
+ *   write fails, so the record never stays `running`. A run whose record is incomplete ends with
+ *   `exitCode` `EXIT.storeFailed`.
  */
 import { userStateDir } from "../config.ts";
 import type { AgenticMessage, DriverUsage } from "./protocol.ts";
 import { isProcessAlive } from "../process.ts";
 import type { Redactor } from "../redact.ts";
+import { EXIT, SandboxError } from "../errors.ts";
+
+/** Room kept for the final `meta.json` (see the module's comment). */
+export const META_RESERVE_BYTES = 32 * 1024;
+const META_RESERVE_FILE = "meta.reserve";
+/** In a `meta.json` written into the reserve, longer `extra` values are left out. */
+const RESERVED_EXTRA_CHARS = 1024;
+const RESERVED_ERROR_CHARS = 4096;
 
 export type RunStatus = "running" | "succeeded" | "failed" | "timed_out" | "interrupted" | "crashed";
 
@@ -33,6 +50,11 @@ export interface RunMeta {
   pid: number;
   /** Extra facts from later stages (branch, base commit...). */
   extra?: Record<string, unknown>;
+  /**
+   * Set when the run's record could not be written in full (a full or failing disk): what failed.
+   * `events.ndjson` ends at the last event written before it; stdout had every event.
+   */
+  storeError: string | null;
 }
 
 export function runsDir(): string {
@@ -45,92 +67,210 @@ export function newRunId(now = new Date()): string {
   return `${stamp}-${crypto.randomUUID().slice(0, 6)}`;
 }
 
+/** An append-only file of the run's record, with the length of its whole lines. */
+interface RecordFile {
+  name: string;
+  file: Deno.FsFile;
+  bytes: number;
+}
+
 export class RunLog implements AsyncDisposable {
   readonly dir: string;
   meta: RunMeta;
-  readonly #file: Deno.FsFile;
+  readonly #events: RecordFile;
   readonly #encoder = new TextEncoder();
   readonly #redactor?: Redactor;
-  #agentEvents: Deno.FsFile | undefined;
+  #agentEvents: RecordFile | undefined;
+  /** The first failed write to the record: nothing is appended after it. */
+  #lost: string | undefined;
 
   private constructor(dir: string, meta: RunMeta, file: Deno.FsFile, redactor?: Redactor) {
     this.dir = dir;
     this.meta = meta;
-    this.#file = file;
+    this.#events = { name: "events.ndjson", file, bytes: file.statSync().size };
     this.#redactor = redactor;
   }
 
+  /**
+   * The run's record, `meta.json` saying it runs. A store that cannot take it raises
+   * `SandboxError` "store_failed", leaving nothing of the run behind.
+   */
   static async create(
     init: Pick<RunMeta, "id" | "mode" | "profile" | "model" | "sandbox">,
     redactor?: Redactor,
   ): Promise<RunLog> {
     const dir = `${runsDir()}/${init.id}`;
-    await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
-    const file = await Deno.open(`${dir}/events.ndjson`, { append: true, create: true, mode: 0o600 });
-    const meta: RunMeta = {
-      ...init,
-      status: "running",
-      startedAt: new Date().toISOString(),
-      endedAt: null,
-      durationMs: null,
-      exitCode: null,
-      usage: null,
-      error: null,
-      pid: Deno.pid,
-    };
-    const log = new RunLog(dir, meta, file, redactor);
-    await log.#writeMeta();
-    return log;
+    let file: Deno.FsFile | undefined;
+    try {
+      await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
+      file = await Deno.open(`${dir}/events.ndjson`, { append: true, create: true, mode: 0o600 });
+      const meta: RunMeta = {
+        ...init,
+        status: "running",
+        startedAt: new Date().toISOString(),
+        endedAt: null,
+        durationMs: null,
+        exitCode: null,
+        usage: null,
+        error: null,
+        pid: Deno.pid,
+        storeError: null,
+      };
+      await Deno.writeFile(`${dir}/${META_RESERVE_FILE}`, new Uint8Array(META_RESERVE_BYTES).fill(0x20), { mode: 0o600 });
+      const log = new RunLog(dir, meta, file, redactor);
+      await log.#writeMeta();
+      return log;
+    } catch (error) {
+      file?.close();
+      // What was made of the record goes: a half-made one would read as a run.
+      await Deno.remove(dir, { recursive: true }).catch(() => {}); // a leftover is only clutter
+      throw new SandboxError("store_failed", `Cannot record the run in ${dir}: ${describe(error)}`, { cause: error });
+    }
+  }
+
+  /**
+   * What could not be written of the run's record, once a write failed (see the module's comment).
+   */
+  get storeError(): string | undefined {
+    return this.#lost;
+  }
+
+  /** The run's record is incomplete: the error to report (exit `EXIT.storeFailed`). */
+  storeFailure(): SandboxError | undefined {
+    return this.#lost === undefined
+      ? undefined
+      : new SandboxError("store_failed", `The run's record is incomplete: ${this.#lost}`);
   }
 
   /**
    * Append one event (secrets redacted). A synchronous write: a local file write does not block
    * for long, and an awaited one per event would halve the events per second a run can carry.
+   * Never raises for the store: a failed write is kept in `storeError`.
    */
   append(message: AgenticMessage): Promise<void> {
     let line = JSON.stringify(message);
     if (this.#redactor) line = this.#redactor.redact(line);
-    let bytes = this.#encoder.encode(line + "\n");
-    while (bytes.length > 0) bytes = bytes.subarray(this.#file.writeSync(bytes));
+    this.#appendLine(this.#events, line);
     return Promise.resolve();
   }
 
   /** Append one line an agent CLI printed (secrets redacted), to `agent-events.ndjson`. */
   appendAgentEvent(line: string): void {
-    this.#agentEvents ??= Deno.openSync(`${this.dir}/agent-events.ndjson`, { append: true, create: true, mode: 0o600 });
+    if (this.#lost !== undefined) return;
+    if (!this.#agentEvents) {
+      const name = "agent-events.ndjson";
+      try {
+        const file = Deno.openSync(`${this.dir}/${name}`, { append: true, create: true, mode: 0o600 });
+        this.#agentEvents = { name, file, bytes: file.statSync().size };
+      } catch (error) {
+        this.#lost = `cannot write ${this.dir}/${name}: ${describe(error)}`;
+        return;
+      }
+    }
     let text = line.replace(/\n/g, " ");
     if (this.#redactor) text = this.#redactor.redact(text);
-    let bytes = this.#encoder.encode(text + "\n");
-    while (bytes.length > 0) bytes = bytes.subarray(this.#agentEvents.writeSync(bytes));
+    this.#appendLine(this.#agentEvents, text);
   }
 
-  /** Record the outcome; the run's files are complete after this. */
+  /** One whole line, or none: a failed write is cut back to the last whole line. */
+  #appendLine(record: RecordFile, text: string): void {
+    if (this.#lost !== undefined) return;
+    const line = this.#encoder.encode(text + "\n");
+    try {
+      let rest = line;
+      while (rest.length > 0) rest = rest.subarray(record.file.writeSync(rest));
+      record.bytes += line.length;
+    } catch (error) {
+      this.#lost = `cannot write ${this.dir}/${record.name}: ${describe(error)}`;
+      try {
+        record.file.truncateSync(record.bytes);
+      } catch {
+        // The torn line stays: it lacks its newline, and the readers report it as torn.
+      }
+    }
+  }
+
+  /**
+   * Record the outcome; the run's files are complete after this, or `storeError` says what is
+   * missing (then `exitCode` is `EXIT.storeFailed`). Never raises.
+   */
   async finish(outcome: Pick<RunMeta, "status" | "exitCode" | "usage" | "error"> & { extra?: Record<string, unknown> }): Promise<void> {
-    await this.#file.sync().catch(() => {});
-    await this.#agentEvents?.sync().catch(() => {});
+    await this.#events.file.sync().catch(() => {}); // the lines are written; only a power cut could lose them
+    await this.#agentEvents?.file.sync().catch(() => {}); // as above
     const ended = new Date();
-    this.meta = {
-      ...this.meta,
-      ...outcome,
-      error: outcome.error && this.#redactor ? this.#redactor.redact(outcome.error) : outcome.error,
-      extra: { ...this.meta.extra, ...outcome.extra },
-      endedAt: ended.toISOString(),
-      durationMs: ended.getTime() - Date.parse(this.meta.startedAt),
+    const record = (): void => {
+      this.meta = {
+        ...this.meta,
+        ...outcome,
+        exitCode: this.#lost === undefined ? outcome.exitCode : EXIT.storeFailed,
+        error: outcome.error && this.#redactor ? this.#redactor.redact(outcome.error) : outcome.error,
+        extra: { ...this.meta.extra, ...outcome.extra },
+        endedAt: ended.toISOString(),
+        durationMs: ended.getTime() - Date.parse(this.meta.startedAt),
+        storeError: this.#lost ?? null,
+      };
     };
-    await this.#writeMeta();
+    record();
+    try {
+      await this.#writeMeta();
+      // Not needed any more (and gone, should finish() be called again).
+      await Deno.remove(`${this.dir}/${META_RESERVE_FILE}`).catch(() => {}); // already gone
+      return;
+    } catch (error) {
+      this.#lost ??= `cannot write ${this.dir}/meta.json: ${describe(error)}`;
+    }
+    record();
+    if (!await this.#writeReservedMeta()) this.#lost = `${this.#lost}; meta.json was not written either`;
   }
 
   async #writeMeta(): Promise<void> {
     const partial = `${this.dir}/meta.json.${Deno.pid}.tmp`;
-    await Deno.writeTextFile(partial, JSON.stringify(this.meta, null, 2) + "\n", { mode: 0o600 });
-    await Deno.rename(partial, `${this.dir}/meta.json`);
+    try {
+      await Deno.writeTextFile(partial, JSON.stringify(this.meta, null, 2) + "\n", { mode: 0o600 });
+      await Deno.rename(partial, `${this.dir}/meta.json`);
+    } catch (error) {
+      await Deno.remove(partial).catch(() => {}); // never made, or already renamed
+      throw error;
+    }
+  }
+
+  /** `meta.json` written over the reserve, in place, then renamed onto it. False if it could not be. */
+  async #writeReservedMeta(): Promise<boolean> {
+    let bytes = this.#encoder.encode(JSON.stringify(this.meta, null, 2) + "\n");
+    if (bytes.length > META_RESERVE_BYTES) bytes = this.#encoder.encode(JSON.stringify(reservedMeta(this.meta)) + "\n");
+    const reserve = `${this.dir}/${META_RESERVE_FILE}`;
+    try {
+      {
+        using file = await Deno.open(reserve, { write: true });
+        let rest = bytes;
+        while (rest.length > 0) rest = rest.subarray(await file.write(rest));
+        await file.truncate(bytes.length);
+      }
+      await Deno.rename(reserve, `${this.dir}/meta.json`);
+      return true;
+    } catch {
+      // No reserve (a run finished twice), or even it failed: the dead pid reads as crashed.
+      return false;
+    }
   }
 
   [Symbol.asyncDispose](): Promise<void> {
-    this.#file.close();
-    this.#agentEvents?.close();
+    this.#events.file.close();
+    this.#agentEvents?.file.close();
     return Promise.resolve();
   }
+}
+
+/** A `meta` that fits the reserve: long `extra` values and the error's tail left out. */
+function reservedMeta(meta: RunMeta): RunMeta {
+  const extra = Object.fromEntries(
+    Object.entries(meta.extra ?? {}).filter(([, value]) => (JSON.stringify(value) ?? "").length <= RESERVED_EXTRA_CHARS),
+  );
+  return { ...meta, error: meta.error?.slice(0, RESERVED_ERROR_CHARS) ?? null, extra };
+}
+
+function describe(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
 }
 
 
@@ -138,6 +278,7 @@ export class RunLog implements AsyncDisposable {
 export async function readRun(id: string): Promise<RunMeta | undefined> {
   try {
     const meta = JSON.parse(await Deno.readTextFile(`${runsDir()}/${id}/meta.json`)) as RunMeta;
+    meta.storeError ??= null; // (records from before the field)
     if (meta.status === "running" && !await isProcessAlive(meta.pid)) meta.status = "crashed";
     return meta;
   } catch {
@@ -160,6 +301,11 @@ export async function listRuns(): Promise<RunMeta[]> {
 /**
  * A run's events as lines, from the start. With `follow`, keeps reading as the run appends,
  * until its metadata says it ended (and the file is drained) or `signal` aborts.
+ *
+ * The end of an ended run's record is checked once every line is out: a last line without its
+ * newline (torn by a failed write or a killed writer) is never passed off as an event, and a
+ * record that says it is incomplete (`storeError`) is not passed off as whole: either raises
+ * `SandboxError` "store_failed". (A live run's unfinished last line is simply not read yet.)
  */
 export async function* readEvents(
   id: string,
@@ -191,16 +337,31 @@ export async function* readEventBatches(
       if (lines.length > 0) yield lines;
       continue;
     }
-    if (!options.follow || options.signal?.aborted) return;
+    if (options.signal?.aborted) return;
+    if (!options.follow) return await checkRecordEnd(id, pending);
     const meta = await readRun(id);
     if (!meta || meta.status !== "running") {
       // One more read: events written between our last read and the status change.
       const last = await file.read(buffer);
-      if (last === null || last === 0) return;
+      if (last === null || last === 0) return await checkRecordEnd(id, pending);
       const lines = take(last);
       if (lines.length > 0) yield lines;
       continue;
     }
     await new Promise((resolve) => setTimeout(resolve, options.pollMs ?? 100));
   }
+}
+
+/** Raises if an ended run's record is torn (`rest`: what follows its last newline) or incomplete. */
+async function checkRecordEnd(id: string, rest: string): Promise<void> {
+  const meta = await readRun(id);
+  if (!meta || meta.status === "running") return;
+  const why = meta.storeError ? ` (${meta.storeError})` : "";
+  if (rest !== "") {
+    throw new SandboxError(
+      "store_failed",
+      `The log of run "${id}" ends in a torn line (${rest.length} characters without their newline): its record is incomplete${why}`,
+    );
+  }
+  if (meta.storeError) throw new SandboxError("store_failed", `The log of run "${id}" is incomplete: ${meta.storeError}`);
 }

@@ -16,6 +16,8 @@ import {
   runsDir,
 } from "../../lib/run/run_log.ts";
 import { tempDir } from "../_helpers.ts";
+import { fillDisk, mountTmpfs } from "../_tmpfs.ts";
+import { EXIT, SandboxError } from "../../lib/errors.ts";
 
 /** `XDG_STATE_HOME` pointed at a fresh temporary directory until disposed. */
 async function stateHome(): Promise<AsyncDisposable & { path: string }> {
@@ -350,4 +352,125 @@ Deno.test("secrets registered in the Redactor never reach events.ndjson or meta.
   assert.equal(events.length, 3, "redaction broke the JSON lines");
   assert.equal(events[1].tool_output, `env: KEY=${REDACTED} TOKEN=${REDACTED}`);
   assert.equal((await readMetaFile(id)).error, `upstream rejected ${REDACTED} and ${REDACTED}`);
+});
+
+/** The files of a run's directory, by name. */
+async function filesOf(dir: string): Promise<string[]> {
+  const names = [];
+  for await (const entry of Deno.readDir(dir)) names.push(entry.name);
+  return names.sort();
+}
+
+/** A store error from `readEvents`, after every line it yields. */
+async function readUntilError(id: string): Promise<{ lines: string[]; error: unknown }> {
+  const lines: string[] = [];
+  try {
+    for await (const line of readEvents(id)) lines.push(line);
+  } catch (error) {
+    return { lines, error };
+  }
+  return { lines, error: undefined };
+}
+
+Deno.test("a full disk: appends keep whole lines and stop, meta.json still records the outcome, and readers say the record is incomplete", async () => {
+  await using home = await stateHome();
+  await using disk = await mountTmpfs(`${home.path}/sandbox`, 256 * 1024);
+  const id = newRunId();
+  await using log = await RunLog.create(init(id));
+  await log.append(toolCall);
+  // 16 KiB left: the next line, bigger, is written in part before the disk is full.
+  await Deno.truncate(`${disk.path}/filler`, await fillDisk(disk.path) - 16 * 1024);
+  const long = agenticMessage({ type: "tool_result", tool_output: "x".repeat(100_000) });
+  await log.append(long); // does not raise
+  assert.match(log.storeError ?? "", /cannot write .*events\.ndjson: No space left on device/);
+  await Deno.remove(`${disk.path}/filler`);
+  await log.append(result); // space again, but nothing after a gap
+  await fillDisk(disk.path);
+  await log.finish({ status: "succeeded", exitCode: 0, usage: null, error: null, extra: { branch: "b", big: "y".repeat(50_000) } });
+
+  const text = await Deno.readTextFile(`${log.dir}/events.ndjson`);
+  assert.equal(text, JSON.stringify(toolCall) + "\n", "the log is not cut back to its last whole line");
+  const meta = await readMetaFile(id);
+  assert.equal(meta.status, "succeeded");
+  assert.equal(meta.exitCode, EXIT.storeFailed);
+  assert.match(meta.storeError ?? "", /events\.ndjson: No space left on device/);
+  assert.equal(meta.extra?.branch, "b");
+  assert.equal(meta.extra?.big, undefined, "a long extra value does not fit the reserve");
+  assert.deepEqual(await filesOf(log.dir), ["events.ndjson", "meta.json"], "no temporary file is left");
+  assert.equal(log.storeFailure()?.code, "store_failed");
+
+  const read = await readUntilError(id);
+  assert.deepEqual(read.lines.map((l) => JSON.parse(l)), [toolCall]);
+  assert.ok(read.error instanceof SandboxError && read.error.code === "store_failed", String(read.error));
+  assert.match(read.error.message, /is incomplete: cannot write .*events\.ndjson/);
+});
+
+Deno.test("a disk that fills at the end: the meta.json write fails, the reserve takes it, and the run no longer reads as running", async () => {
+  await using home = await stateHome();
+  await using disk = await mountTmpfs(`${home.path}/sandbox`, 256 * 1024);
+  const id = newRunId();
+  await using log = await RunLog.create(init(id));
+  for (const message of [toolCall, toolResult, result]) await log.append(message);
+  await fillDisk(disk.path);
+  await log.finish({ status: "failed", exitCode: 1, usage: null, error: "the agent failed" });
+  const meta = await readMetaFile(id);
+  assert.deepEqual(
+    [meta.status, meta.exitCode, meta.error],
+    ["failed", EXIT.storeFailed, "the agent failed"],
+  );
+  assert.match(meta.storeError ?? "", /cannot write .*meta\.json: No space left on device/);
+  assert.deepEqual(await filesOf(log.dir), ["events.ndjson", "meta.json"]);
+  const read = await readUntilError(id);
+  assert.equal(read.lines.length, 3);
+  assert.ok(read.error instanceof SandboxError && read.error.code === "store_failed");
+});
+
+Deno.test("with room to spare, finish() leaves no reserve and readers raise nothing", async () => {
+  await using _home = await stateHome();
+  const id = newRunId();
+  await using log = await RunLog.create(init(id));
+  await log.append(result);
+  await log.finish({ status: "succeeded", exitCode: 0, usage: null, error: null });
+  assert.equal(log.storeError, undefined);
+  assert.equal((await readMetaFile(id)).storeError, null);
+  assert.deepEqual(await filesOf(log.dir), ["events.ndjson", "meta.json"]);
+  assert.deepEqual((await readUntilError(id)), { lines: [JSON.stringify(result)], error: undefined });
+});
+
+Deno.test("RunLog.create() on a full disk raises store_failed and leaves nothing of the run", async () => {
+  await using home = await stateHome();
+  await using disk = await mountTmpfs(`${home.path}/sandbox`, 256 * 1024);
+  await Deno.mkdir(`${disk.path}/runs`);
+  await fillDisk(disk.path);
+  const id = newRunId();
+  const error = await RunLog.create(init(id)).then(() => undefined, (e) => e);
+  assert.ok(error instanceof SandboxError && error.code === "store_failed", String(error));
+  assert.match(error.message, /^Cannot record the run in .*: No space left on device/);
+  assert.deepEqual(await filesOf(`${disk.path}/runs`), []);
+});
+
+Deno.test("readEvents() reports an ended run's torn last line instead of dropping it; a live run's is just not read yet", async () => {
+  await using _home = await stateHome();
+  const id = newRunId();
+  await using log = await RunLog.create(init(id));
+  await log.append(toolCall);
+  const torn = JSON.stringify(result).slice(0, 25);
+  {
+    using file = await Deno.open(`${log.dir}/events.ndjson`, { append: true });
+    await file.write(new TextEncoder().encode(torn));
+  }
+  assert.deepEqual(await readUntilError(id), { lines: [JSON.stringify(toolCall)], error: undefined });
+  await log.finish({ status: "succeeded", exitCode: 0, usage: null, error: null });
+  for (const follow of [false, true]) {
+    const lines: string[] = [];
+    let error: unknown;
+    try {
+      for await (const line of readEvents(id, { follow, pollMs: 10 })) lines.push(line);
+    } catch (e) {
+      error = e;
+    }
+    assert.deepEqual(lines, [JSON.stringify(toolCall)]);
+    assert.ok(error instanceof SandboxError && error.code === "store_failed", `follow ${follow}: ${error}`);
+    assert.match(error.message, new RegExp(`^The log of run "${id}" ends in a torn line \\(25 characters without their newline\\)`));
+  }
 });
