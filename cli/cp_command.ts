@@ -50,12 +50,14 @@ function dirname(path: string): string {
 
 /** The sandbox and directory a sandbox-side argument points into. */
 async function resolveSandbox(side: Extract<Side, { kind: "sandbox" }>, command: Command, profileName?: string): Promise<SandboxTarget> {
-  const [{ WORKSPACE_DIR }, { readRun }] = await Promise.all([
+  const [{ WORKSPACE_DIR, DockerSandboxProvider }, { readRun }] = await Promise.all([
     import("../lib/sandbox/docker_provider.ts"),
     import("../lib/run/run_log.ts"),
   ]);
   let name = profileName;
   let base = WORKSPACE_DIR;
+  /** A run's own container, when the side is RUN_ID:PATH. */
+  let run: string | undefined;
   if (side.run !== undefined) {
     const meta = RUN_ID.test(side.run) ? await readRun(side.run) : undefined;
     if (!meta) throw usage(`No run "${side.run}"`, `List runs with: ${cliName()} runs (the sandbox side is :PATH or RUN_ID:PATH)`);
@@ -67,20 +69,23 @@ async function resolveSandbox(side: Extract<Side, { kind: "sandbox" }>, command:
     if (meta.sandbox === "none") {
       throw usage(`Run "${meta.id}" ran on this host (sandbox mode "none"): its files are in ${workdir}`);
     }
-    if (extra.kept === false) {
-      throw usage(`Run "${meta.id}" left nothing to copy: its working directory was removed when it ended`, [
-        "A repository run's work comes back as a branch; --keep-worktree keeps its worktree in the sandbox,",
-        'and a run of a profile with sandbox.container "fresh" had a container of its own, removed at its end',
+    // A run's sandbox is its own, removed when it ends unless kept.
+    if (typeof extra.container !== "string" || (meta.status !== "running" && extra.kept !== true)) {
+      throw usage(`Run "${meta.id}" left nothing to copy: its sandbox was removed when it ended`, [
+        "A repository run's work comes back as a branch; --keep-worktree keeps a run's sandbox",
+        `(remove it with: ${cliName()} down -p ${meta.profile})`,
       ].join("\n"));
     }
     name = meta.profile;
     base = workdir;
+    run = extra.container;
   }
-  const provider = await sandboxByName(command, name);
+  const named = await sandboxByName(command, name);
+  const provider = run === undefined ? named : new DockerSandboxProvider(named.profile, { existing: run });
   const profile = provider.profile.name;
   const status = await provider.status({ signal });
   if (status.state === "missing") {
-    throw usage(`Sandbox "${provider.containerName}" does not exist`, `Start it with: ${cliName()} up -p ${profile}`);
+    throw usage(`Sandbox "${provider.containerName}" does not exist`, `Start it with: ${cliName()} start -p ${profile}`);
   }
   if (status.state !== "running") {
     throw usage(`Sandbox "${provider.containerName}" is ${status.state}`, `Start it with: ${cliName()} start -p ${profile}`);

@@ -79,11 +79,12 @@ export function registerSandboxCommands(program: Command): void {
     });
 
   program.command("start")
-    .description("start the profile's stopped sandbox as it is (up also creates or replaces one)")
+    .description("start the profile's development sandbox (exec, cp; runs never use it), making it if missing")
     .addOption(profileOption()).addOption(jsonOption())
     .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
       const provider = await sandboxByName(command, opts.profile);
-      const status = await provider.start({ signal });
+      const missing = (await provider.status({ signal })).state === "missing";
+      const status = missing ? await provider.ensureRunning({ signal }) : await provider.start({ signal });
       if (opts.json) await stdout.json(status);
       else await stdout.line(`sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}, image ${status.image})`);
     });
@@ -92,7 +93,7 @@ export function registerSandboxCommands(program: Command): void {
     const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
     const sandboxes = await listSandboxes(new DockerCli(), signal);
     if (opts.json) return void await stdout.json(sandboxes);
-    if (sandboxes.length === 0) return void await stdout.line(`no sandboxes (start one with: ${cliName()} up)`);
+    if (sandboxes.length === 0) return void await stdout.line(`no sandboxes (start one with: ${cliName()} start, or fill the warm pool with: ${cliName()} up)`);
     await stdout.line(table(
       ["PROFILE", "CONTAINER", "REPO", "IMAGE", "STATE", "HEALTH", "AGE"],
       sandboxes.map((

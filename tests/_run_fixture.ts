@@ -65,14 +65,32 @@ export class RunFixture implements AsyncDisposable {
     return fixture;
   }
 
-  /** The profile's shared container (of runs without a repository). */
+  /** The profile's development sandbox (`sandbox exec`; runs never use it). */
   get container(): string {
     return `sandbox-${this.profile}`;
   }
 
-  /** The profile's shared container of runs on repository `repo` (a path or URL). */
+  /** The profile's development sandbox for repository `repo` (a path or URL). */
   repoContainer(repo: string): Promise<string> {
     return repoContainerOf(this.profile, repo);
+  }
+
+  /**
+   * The container of this fixture's live run (the only one running), as its metadata records it
+   * once the run has one; waits up to a minute for it.
+   */
+  async liveContainer(): Promise<string> {
+    const runs = `${this.stateDir}/sandbox/runs`;
+    for (let i = 0; i < 600; i++) {
+      const ids = await Array.fromAsync(Deno.readDir(runs)).catch(() => []);
+      for (const entry of ids) {
+        const meta = await this.meta(entry.name).catch(() => undefined);
+        const container = meta?.status === "running" ? meta.extra?.container : undefined;
+        if (typeof container === "string") return container;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    throw new Error(`no live run of ${this.profile} has a container`);
   }
 
   /** `sandbox ARGS` to completion, with this fixture's config and environment (plus `env`). */

@@ -188,7 +188,19 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const placed = () => ({ ...place, kept: kept !== undefined && (kept.worktree || kept.branch) });
   try {
     const onAgentEvent = (line: string) => log.appendAgentEvent(line);
-    const { driver, cwd, provider, worktree, session, keep, underWay: prepared } = await prepare(request, { id, redactor, keys, chosen, cleanups, repo, onAccess: countLlmCall, agent, onAgentEvent, limits });
+    const { driver, cwd, provider, worktree, session, keep, underWay: prepared } = await prepare(request, {
+      id,
+      redactor,
+      keys,
+      chosen,
+      cleanups,
+      repo,
+      onAccess: countLlmCall,
+      agent,
+      onAgentEvent,
+      limits,
+      onSandbox: (container) => log.note({ container }),
+    });
     underWay = prepared;
     place = { container: provider?.containerName ?? null, workdir: cwd };
     kept = keep;
@@ -424,6 +436,8 @@ async function prepare(
     onAgentEvent?: (line: string) => void;
     /** Aborted (with the reason) when the run passes a limit watched while it is live. */
     limits: AbortController;
+    /** Told the run's container as soon as it has one (recorded in the run's metadata). */
+    onSandbox?: (container: string) => Promise<void>;
   },
 ): Promise<{
   driver: ContainerDriver;
@@ -489,6 +503,7 @@ async function prepare(
   const claimed = profile.sandbox.pool > 0 ? await claimPooled(profile, { ...poolOptions, signal }) : undefined;
   const sandbox = claimed ?? await coldSandbox(profile, context.id, { ...poolOptions, signal });
   context.cleanups.push(() => finishSandbox(sandbox, keep, request.onProgress));
+  await context.onSandbox?.(sandbox.containerName);
   trace(claimed ? "run: sandbox claimed from the pool" : "run: sandbox started");
   // The pool is refilled behind the run once it is under way (`underWay`), not while it starts.
   let refilling: Promise<unknown> | undefined;

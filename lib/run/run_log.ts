@@ -191,6 +191,15 @@ export class RunLog implements AsyncDisposable {
   }
 
   /**
+   * Add facts known while the run is live (its sandbox, say) to its metadata. A failure to write
+   * them is not the run's: they are written again, with the outcome, by `finish`.
+   */
+  async note(extra: Record<string, unknown>): Promise<void> {
+    this.meta = { ...this.meta, extra: { ...this.meta.extra, ...extra } };
+    await this.#writeMeta().catch(() => {}); // finish() writes them again
+  }
+
+  /**
    * Record the outcome; the run's files are complete after this, or `storeError` says what is
    * missing (then `exitCode` is `EXIT.storeFailed`). Never raises.
    */

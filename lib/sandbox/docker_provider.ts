@@ -67,6 +67,8 @@ export interface DockerProviderOptions {
    * `pooled` ones are started ahead and claimed by one run (lib/sandbox/pool.ts).
    */
   instance?: string;
+  /** An existing run's container, by name (`sandbox cp RUN_ID:PATH` of a live or kept run). */
+  existing?: string;
   /** Started ahead for the warm pool (label kind "pool"), not for a run that waits for it (kind "run"). */
   pooled?: boolean;
   /**
@@ -142,7 +144,9 @@ export class DockerSandboxProvider implements SandboxProvider {
     this.docker = new DockerCli(options.docker);
     const repo = options.repository ? `repo-${options.repository.id}` : undefined;
     const suffix = [options.agent, repo, options.instance].filter(Boolean).join("-");
-    this.names = sandboxNames(profile.name, suffix || undefined);
+    this.names = options.existing
+      ? { container: options.existing, volume: `${options.existing}-workspace` }
+      : sandboxNames(profile.name, suffix || undefined);
     this.#options = options;
   }
 
@@ -152,6 +156,7 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   /** "shared": the profile's development sandbox; "pool" and "run": one run's own container. */
   get kind(): SandboxStatus["kind"] {
+    if (this.#options.existing) return "run";
     return this.#options.instance ? this.#options.pooled ? "pool" : "run" : "shared";
   }
 
@@ -906,7 +911,7 @@ function execId(options: ExecOptions): string {
 
 function notFound(name: string): SandboxError {
   return new SandboxError("container_not_found", `Sandbox "${name}" does not exist`, {
-    detail: `Start it with: ${cliName()} up`,
+    detail: `Start it with: ${cliName()} start`,
   });
 }
 
@@ -919,7 +924,7 @@ function throwIfDockerExecFailed(exitCode: number, stderr: string, container: st
   if (isNoSuchObject(stderr)) throw notFound(container);
   if (/is not running|is paused|is restarting/.test(stderr)) {
     throw new SandboxError("container_not_found", `Sandbox "${container}" is not running`, {
-      detail: `Start it with: ${cliName()} up`,
+      detail: `Start it with: ${cliName()} start`,
     });
   }
   if (exitCode >= 125 && exitCode <= 127 && /OCI runtime exec failed|Error response from daemon/.test(stderr)) {

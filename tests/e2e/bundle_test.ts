@@ -74,11 +74,13 @@ Deno.test({
         assert.equal(version.stderr, "");
       });
 
+      let imageId = "";
       let containerId = "";
-      await t.step("the checkout starts the profile's sandbox", async () => {
+      await t.step("the checkout fills the profile's warm pool", async () => {
         const up = await runCli(["up", "-p", profile, "--json"], { config, env: { XDG_STATE_HOME: state } });
         assert.equal(up.exitCode, 0, explain(up));
-        containerId = JSON.parse(up.stdout).id;
+        const [ready] = JSON.parse(up.stdout).ready as string[];
+        imageId = await docker("container", "inspect", "--format", "{{.Image}}", ready);
       });
 
       await t.step("an offline replayed run completes, with only the tool's own lines on stderr", async () => {
@@ -106,16 +108,19 @@ Deno.test({
         assert.ok(Math.abs((usage.cost_usd ?? -1) - expected) < 1e-9, `cost_usd ${usage.cost_usd}, expected ${expected}\n${context}`);
       });
 
-      await t.step("up through the installed bundle finds the checkout's sandbox current: same container, same image", async () => {
+      await t.step("up through the installed bundle finds the pool the checkout's run refilled: same image, nothing built", async () => {
         const up = await sandbox("up", "-p", profile, "--json", "--config", config);
         assert.equal(up.exitCode, 0, explain(up));
-        assert.equal(JSON.parse(up.stdout).id, containerId, explain(up));
+        const ready = JSON.parse(up.stdout).ready as string[];
+        assert.equal(ready.length, 1, explain(up));
+        containerId = ready[0];
+        assert.equal(await docker("container", "inspect", "--format", "{{.Image}}", containerId), imageId, explain(up));
         assert.equal(up.stderr, "", explain(up));
       });
 
       // Through every module `exec` loads lazily (in the bundle, modules that import each other in a
       // cycle and load lazily wait for each other for ever).
-      await t.step("exec through the installed bundle runs its command, twice (the second on the wrapper the first left)", async () => {
+      await t.step("exec through the installed bundle runs its command, twice", async () => {
         for (const word of ["one", "two"]) {
           const result = await sandbox("exec", "-p", profile, "--", "echo", word);
           assert.equal(result.exitCode, 0, explain(result));

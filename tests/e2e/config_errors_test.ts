@@ -113,9 +113,9 @@ Deno.test("down -p removes a sandbox by its profile name whatever the configurat
   assert.equal(down.exitCode, 0, explain(down));
   // Human output: on stdout (progress and diagnostics alone go to stderr).
   assert.equal(down.stdout, "no sandbox for profile work\n", explain(down));
-  // Every container labelled with the profile (its shared one, per repository, per run, its agent
-  // CLIs'; see Agent CLIs), found by label and removed by name.
-  const listed = (name: string) => ["ps", "--all", "--filter", "label=dev.sandbox.owner=sandbox", "--filter", `label=dev.sandbox.profile=${name}`, "--format", "{{.Names}}"];
+  // Every container labelled with the profile (its development sandboxes, its pool, its runs'),
+  // found by label and removed by name.
+  const listed = (name: string) => ["ps", "--all", "--filter", "label=dev.sandbox.owner=sandbox", "--filter", `label=dev.sandbox.profile=${name}`, "--format", '{{.Names}} {{.Label "dev.sandbox.kind"}}'];
   const removed = (name: string) => ["rm", "--force", name];
   assert.deepEqual(await t.docker.callsStartingWith("ps"), [listed("work")]);
   assert.deepEqual(await t.docker.callsStartingWith("rm"), [removed("sandbox-work")]);
