@@ -303,7 +303,7 @@ class Extraction {
     const kind = ENTRY_KINDS[header.type];
     if (!kind) {
       const what = REFUSED_KINDS[header.type] ?? `of tar type ${JSON.stringify(header.type)}`;
-      throw this.fail(`is ${what}: refused (only regular files, directories and symbolic links are copied)`, name);
+      throw this.fail(`is ${what}: refused`, name);
     }
     if (kind === "sparse" && !header.gnu) throw this.fail("is a sparse file in a header that is not GNU", name);
     if (kind !== "file" && kind !== "sparse" && size !== 0) throw this.fail(`is a ${kind} that carries data`, name);
