@@ -668,6 +668,20 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/tar_extract_test.ts", "tests/security/copy_out_test.ts"],
   },
   {
+    name: "the quarantine imports a .gitmodules whose entries hold control characters (a submodule path ending in a carriage return)",
+    file: "lib/repo/gitmodules.ts",
+    find: "      if (CONTROL.test(key) || CONTROL.test(value)) {",
+    replace: "      if (false) {",
+    tests: ["tests/unit/result_import_test.ts"],
+  },
+  {
+    name: "the proxies' socket directory is mounted from the state directory (the sandbox's mount table shows the user's home)",
+    file: "lib/sandbox/proxy_mount.ts",
+    find: "  return `${PROXY_MOUNT_TMP}/sandbox-proxy-${user}/${id}`;",
+    replace: "  return `${userStateDir()}/proxy/${id}`;",
+    tests: ["tests/unit/proxy_mount_test.ts", "tests/security/relay_socket_test.ts"],
+  },
+  {
     name: "the proxies' socket directory is mounted into the sandbox writable",
     file: DOCKER_PROVIDER,
     find: "dst=${PROXY_MOUNT_PATH},readonly",
