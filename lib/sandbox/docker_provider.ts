@@ -23,7 +23,7 @@ import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, type DiskWatcher, startDiskWatch } from "./disk_watch.ts";
 import { LeaseChannel } from "./lease_channel.ts";
 import { type Child, spawn, spawnDetached } from "../process.ts";
-import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH, removeProxyMountSource } from "./proxy_mount.ts";
+import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH, proxyMountSource, removeProxyMountSource } from "./proxy_mount.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import { formatBytes } from "../units.ts";
 import { extractTar } from "../tar_extract.ts";
@@ -265,9 +265,16 @@ export class DockerSandboxProvider implements SandboxProvider {
     };
   }
 
-  /** Whether the container has the host's socket directory mounted (made with it, not without). */
+  /**
+   * Whether the container has the host's socket directory mounted (made with it, not without),
+   * from where this version keeps it (a container made when it was elsewhere gets no waiting
+   * processes there; its sessions' relays take the stream).
+   */
   async hasProxyMount(signal?: AbortSignal): Promise<boolean> {
-    return (await this.#inspect(signal))?.Mounts?.some((m) => m.Destination === PROXY_MOUNT_PATH) ?? false;
+    const mount = (await this.#inspect(signal))?.Mounts?.find((m) => m.Destination === PROXY_MOUNT_PATH);
+    if (!mount) return false;
+    const expected = await proxyMountSource(this.names.container);
+    return mount.Source === expected || mount.Source === await Deno.realPath(expected).catch(() => expected);
   }
 
   async #inspect(signal?: AbortSignal): Promise<ContainerInspect | undefined> {
