@@ -90,7 +90,8 @@ export async function extractTar(
     const entries = await extraction.run();
     return { entries, bytes: reader.position };
   } catch (error) {
-    // Stop the sender; its own end (a closed pipe, a killed process) is the caller's to report.
+    // Stop the sender. A cancel that fails means the stream has already ended or failed, which
+    // the caller learns from the sender itself: ignoring it loses nothing.
     reader.cancel(error).catch(() => {});
     throw error;
   }
