@@ -8,12 +8,14 @@
  *
  * Out: the sandbox's pack for `base..result` lands in a quarantine repository on the host (which
  * borrows the user's objects read-only as alternates), is checked object by object (`--strict`),
+ * its `.gitmodules` files are refused if they hold control characters (lib/repo/gitmodules.ts),
  * and only then is the one run branch fetched from it into the user's repository — so only objects
  * reachable from that branch arrive, and no other ref, tag, hook or config can be written.
  */
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { sha256Hex } from "../hash.ts";
 import { formatBytes } from "../units.ts";
+import { assertPlainGitmodules } from "./gitmodules.ts";
 import { type ProcessOutcome, run, spawn } from "../process.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
 import { CACHE_OBJECTS } from "./cache_layout.ts";
@@ -308,6 +310,7 @@ export async function collectResult(
     if (type.stdout.trim() !== "commit") {
       throw new SandboxError("exec_failed", `The sandbox's result ${head} is not a commit it sent`);
     }
+    await assertPlainGitmodules(quarantine, head, worktree.base, options.signal);
     await git(["-C", quarantine, "update-ref", "refs/heads/result", head], "stage the result");
     await git([
       "-C", repo.path, "-c", "transfer.fsckObjects=true",

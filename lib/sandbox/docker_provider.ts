@@ -22,9 +22,10 @@ import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, type DiskWatcher, startDiskWatch } from "./disk_watch.ts";
 import { type Child, spawn, spawnDetached } from "../process.ts";
-import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH, removeProxyMountSource } from "./proxy_mount.ts";
+import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH, proxyMountSource, removeProxyMountSource } from "./proxy_mount.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import { formatBytes } from "../units.ts";
+import { extractTar } from "../tar_extract.ts";
 import type {
   EnsureRunningOptions,
   ExecBytes,
@@ -262,9 +263,16 @@ export class DockerSandboxProvider implements SandboxProvider {
     };
   }
 
-  /** Whether the container has the host's socket directory mounted (made with it, not without). */
+  /**
+   * Whether the container has the host's socket directory mounted (made with it, not without),
+   * from where this version keeps it (a container made when it was elsewhere gets no waiting
+   * processes there; its sessions' relays take the stream).
+   */
   async hasProxyMount(signal?: AbortSignal): Promise<boolean> {
-    return (await this.#inspect(signal))?.Mounts?.some((m) => m.Destination === PROXY_MOUNT_PATH) ?? false;
+    const mount = (await this.#inspect(signal))?.Mounts?.find((m) => m.Destination === PROXY_MOUNT_PATH);
+    if (!mount) return false;
+    const expected = await proxyMountSource(this.names.container);
+    return mount.Source === expected || mount.Source === await Deno.realPath(expected).catch(() => expected);
   }
 
   async #inspect(signal?: AbortSignal): Promise<ContainerInspect | undefined> {
@@ -741,17 +749,22 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   /**
-   * The reverse of `copyIn`. Host-side extraction refuses absolute and `..` member names (GNU tar
-   * default). What the sandbox sends may not fill the host's disk: files are archived sparse (a
-   * hole costs the workspace nothing, so a 1 TB file of holes fits in any `resources.disk`, and it
-   * stays a hole on the host), and the stream is cut off past twice `resources.disk` — more than
-   * the workspace can hold, headers included — and the copy refused.
+   * The reverse of `copyIn`. The archive is the sandbox's to write (the agent can stop our `tar -c`
+   * and write into its stdout), so the host reads it with its own strict extractor
+   * (lib/tar_extract.ts), never `tar -x`: regular files, directories, symbolic links and hard
+   * links within the copy only, no device, FIFO, absolute or `..` name, nothing written through a
+   * link, no setuid/setgid/sticky bit, owned by the invoking user; a refused member fails the copy
+   * naming it, and nothing is written. What the sandbox sends may not fill the host's disk either:
+   * files are archived sparse (a hole costs the workspace nothing, so a 1 TB file of holes fits in
+   * any `resources.disk`, and it stays a hole on the host), and the stream is cut off past twice
+   * `resources.disk` — more than the workspace can hold, headers included — and the copy refused.
    */
   async copyOut(sandboxPath: string, hostPath: string, options: { signal?: AbortSignal } = {}): Promise<void> {
     const { dir, base } = splitPath(sandboxPath);
     const limitBytes = 2 * this.profile.resources.diskBytes;
     const tooLarge = new AbortController();
-    const signal = options.signal ? AbortSignal.any([options.signal, tooLarge.signal]) : tooLarge.signal;
+    const refused = new AbortController();
+    const signal = AbortSignal.any([tooLarge.signal, refused.signal, ...(options.signal ? [options.signal] : [])]);
     const pack = this.docker.spawn(
       ["exec", "--user", SANDBOX_USER, ...this.#wrapped("tar", "-C", dir, "--sparse", "-c", "--", base)],
       { signal },
@@ -771,27 +784,31 @@ export class DockerSandboxProvider implements SandboxProvider {
       }),
     );
     const { dir: targetDir, base: targetBase } = splitPath(hostPath);
+    const what = `Cannot copy "${sandboxPath}" out of sandbox "${this.names.container}"`;
     const staging = await Deno.makeTempDir({ dir: targetDir, prefix: ".sandbox-copy-" });
     try {
-      const untar = spawn(
-        ["tar", "-x", "-C", staging, "--no-same-owner", "--no-same-permissions", "--delay-directory-restore"],
-        { stdin: capped, signal },
-      );
-      const [packed, unpacked] = await Promise.all([pack.finished, untar.finished, new Response(untar.stdout).text()]);
+      const [packed, failure] = await Promise.all([
+        pack.finished,
+        extractTar(capped, staging, { what, top: base }).then(() => undefined, (error: unknown) => {
+          // The sender may be blocked on a full pipe: end it.
+          refused.abort();
+          return error;
+        }),
+      ]);
       if (tooLarge.signal.aborted) {
         throw new SandboxError(
           "exec_failed",
-          `Cannot copy "${sandboxPath}" out of sandbox "${this.names.container}": it is larger than ${formatBytes(limitBytes)}, twice resources.disk of profile "${this.profile.name}"`,
+          `${what}: it is larger than ${formatBytes(limitBytes)}, twice resources.disk of profile "${this.profile.name}"`,
           { detail: "Nothing was written. A workspace cannot hold that much: the file is sparse or was still growing" },
         );
       }
-      if (packed.exitCode !== 0) {
+      if (options.signal?.aborted) throw new SandboxError("interrupted", `${what}: interrupted`);
+      // A packer that failed on its own explains a cut archive; one we ended for a refused member does not.
+      if (packed.exitCode !== 0 && !(packed.aborted && failure)) {
         throwIfDockerExecFailed(packed.exitCode, packed.stderrTail, this.names.container);
         throw new CommandExitError("exec_failed", `Cannot read "${sandboxPath}" in sandbox "${this.names.container}"`, packed);
       }
-      if (unpacked.exitCode !== 0) {
-        throw new CommandExitError("exec_failed", `Cannot write "${hostPath}" on the host`, unpacked);
-      }
+      if (failure) throw failure;
       await Deno.rename(`${staging}/${base}`, `${targetDir}/${targetBase}`);
     } finally {
       await Deno.remove(staging, { recursive: true }).catch(() => {});

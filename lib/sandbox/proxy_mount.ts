@@ -4,14 +4,21 @@
  * Over the exec stream every byte of a download is copied through the `docker` client and the
  * engine (about 450 MB/s here, against 2 GB/s for a container's own connection). When the engine
  * shares this machine's filesystem (a local, rootless or Podman engine), each container instead
- * gets one host directory of its own, `<state dir>/proxy/<id>`, mounted read-only at
+ * gets one host directory of its own, `/tmp/sandbox-proxy-<hash>/<id>`, mounted read-only at
  * `PROXY_MOUNT_PATH`; each session of that container puts its proxies' Unix sockets in a
  * subdirectory of it, and the relay inside connects to them directly (relay/main.ts `--sockets`).
  * Policy does not move: the sockets are the same proxies, which check the token, the allowlist
  * and the push rules on every connection however it arrives.
  *
- * Who can reach what: `<state dir>/proxy` is 0700, so no other user of this machine reaches any
- * socket under it; a container's directory and its sessions' are 0711 and the sockets 0666, so
+ * The sandbox sees the host path of its mount (`/proc/self/mountinfo`), so that path says nothing
+ * about the user: `<hash>` is a hash of this user's uid and state directory, not their name or
+ * home (/tmp, not $TMPDIR, so that every process of the user finds the same directory, and not
+ * /run, which a rootless engine does not share). Another user may have made that name in /tmp
+ * first: the parent is used only when lstat shows a directory (not a link) this user owns, and
+ * is then made 0700; otherwise there is no mount, and the relay uses the exec stream.
+ *
+ * Who can reach what: the parent is 0700, so no other user of this machine reaches any socket
+ * under it; a container's directory and its sessions' are 0711 and the sockets 0666, so
  * that the sandbox user (uid 10001, whatever it maps to on the host) can connect to a socket whose
  * path it knows but list nothing; and the mount is read-only, so nothing in the sandbox can create,
  * replace, remove or re-permission anything in it (not even when its uid happens to own the
@@ -24,6 +31,8 @@ import type { DockerCli } from "./docker.ts";
 import { execRunning } from "./engine_api.ts";
 import { trace } from "../trace.ts";
 
+/** The system's temporary directory, where the mounted directories' parent is (see above). */
+const PROXY_MOUNT_TMP = "/tmp";
 /** Where a sandbox sees its directory. */
 export const PROXY_MOUNT_PATH = "/run/sandbox-proxy";
 /** `sun_path` holds 108 bytes; a longer socket path cannot be bound. */
@@ -92,7 +101,8 @@ export async function proxyMountSource(
     0,
     CONTAINER_NAME_CHARS,
   );
-  return `${userStateDir()}/proxy/${id}`;
+  const user = (await sha256Hex(`${Deno.uid() ?? ""}\0${userStateDir()}`)).slice(0, 16);
+  return `${PROXY_MOUNT_TMP}/sandbox-proxy-${user}/${id}`;
 }
 
 /**
@@ -107,12 +117,13 @@ export async function prepareProxyMountSource(containerName: string): Promise<st
   if (/[,"'\s=]/.test(dir)) return undefined;
   const parent = dir.slice(0, dir.lastIndexOf("/"));
   // Synchronous: six calls through the runtime's thread pool cost every exec and run ~4 ms of its
-  // start (three callers each), against well under one so.
-  Deno.mkdirSync(parent, { recursive: true, mode: 0o700 });
+  // start (three callers each), against well under one so. Not recursive: /tmp is there, and a
+  // name another user made in it is refused below, never followed.
+  mkdirOnce(parent, 0o700);
   assertOwnDirectory(parent);
   // Whatever made it (an older version, a umask), only this user may enter it.
   Deno.chmodSync(parent, 0o700);
-  Deno.mkdirSync(dir, { recursive: true, mode: 0o711 });
+  mkdirOnce(dir, 0o711);
   assertOwnDirectory(dir);
   Deno.chmodSync(dir, 0o711);
   return dir;
@@ -235,6 +246,15 @@ export async function sweepStaleSessionDirs(mountSource: string): Promise<void> 
         await Deno.remove(dir, { recursive: true }).catch(() => {});
       }
     }
+  }
+}
+
+/** Make directory `path` unless it exists; never its parents (a vanished parent stays an error). */
+function mkdirOnce(path: string, mode: number): void {
+  try {
+    Deno.mkdirSync(path, { mode });
+  } catch (error) {
+    if (!(error instanceof Deno.errors.AlreadyExists)) throw error;
   }
 }
 

@@ -10,6 +10,8 @@ import assert from "node:assert/strict";
 import { openSession, type SandboxSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, SANDBOX_UID } from "../../lib/sandbox/docker_provider.ts";
 import { PROXY_MOUNT_PATH, proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
+import { homeDir, userStateDir } from "../../lib/paths.ts";
+import { run } from "../../lib/process.ts";
 import { assertDocker, dockerTest, profileFrom, removeProfile, tempDir, uniqueProfile } from "../_helpers.ts";
 import { FakeUpstream } from "../unit/_fake_upstream.ts";
 
@@ -122,6 +124,23 @@ Deno.test({
         assert.deepEqual([...Deno.readDirSync(session.socketDir)].map((e) => e.name).sort(), ["egress.sock", "llm.sock"]);
         const [after] = await agent(provider, session, `curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $SANDBOX_LLM_TOKEN" "$SANDBOX_LLM_BASE_URL/models"`);
         assert.equal(after, "200");
+      });
+
+      await t.step("the sandbox's mount table shows neither the user's home nor the state directory, while the mount is there and the relay uses it (twin)", async () => {
+        const [mountinfo, user] = await Promise.all([
+          agent(provider, session, "cat /proc/self/mountinfo"),
+          run(["id", "-un"]).then((r) => r.stdout.trim()),
+        ]);
+        const line = mountinfo.find((l) => l.split(" ")[4] === PROXY_MOUNT_PATH);
+        assert.ok(line, `no mount at ${PROXY_MOUNT_PATH}:\n${mountinfo.join("\n")}`);
+        // Field 4 is the mounted directory's path in its filesystem: the host path, or its tail.
+        assert.match(line.split(" ")[3], /(^|\/)sandbox-proxy-[0-9a-f]{16}\/[0-9a-f]{12}$/, line);
+        const text = mountinfo.join("\n");
+        const home = homeDir();
+        for (const revealing of [userStateDir(), ...(home !== "/" ? [`${home}/`] : []), ...(user && user !== "root" ? [user] : [])]) {
+          assert.ok(!text.includes(revealing), `the mount table shows "${revealing}": ${line}`);
+        }
+        assert.equal(session.relay.transport, "socket");
       });
 
       await t.step("a connection straight to a socket, past the relay, meets the same checks: without the token 401, outside the allowlist 403; with them, served", async () => {

@@ -14,7 +14,13 @@ import { tempDir, withEnv } from "../_helpers.ts";
 
 const mode = async (path: string) => (await Deno.stat(path)).mode! & 0o777;
 
-Deno.test("each container of each engine has a directory of its own, under a 0700 directory this user owns", async () => {
+/** The parent of a mount source (in /tmp), removed with what is in it when the test ends. */
+function parentOf(source: string): AsyncDisposable & { path: string } {
+  const path = source.slice(0, source.lastIndexOf("/"));
+  return { path, [Symbol.asyncDispose]: () => Deno.remove(path, { recursive: true }).catch(() => {}) };
+}
+
+Deno.test("each container of each engine has a directory of its own, under a 0700 directory this user owns, at a path that says nothing of the user", async () => {
   await using dir = await tempDir();
   const clean = {
     XDG_STATE_HOME: dir.path,
@@ -24,7 +30,12 @@ Deno.test("each container of each engine has a directory of its own, under a 070
   };
   await withEnv(clean, async () => {
     const a = await proxyMountSource("sandbox-a");
-    assert.match(a, new RegExp(`^${dir.path}/sandbox/proxy/[0-9a-f]{12}$`));
+    await using parent = parentOf(a);
+    assert.match(a, /^\/tmp\/sandbox-proxy-[0-9a-f]{16}\/[0-9a-f]{12}$/);
+    const home = Deno.env.get("HOME");
+    for (const revealing of [dir.path, ...(home && home !== "/" ? [home] : [])]) assert.ok(!a.includes(revealing), `${a} shows ${revealing}`);
+    // Another state directory (another user, or this one elsewhere) has another parent.
+    assert.notEqual(await withEnv({ XDG_STATE_HOME: `${dir.path}/other` }, () => proxyMountSource("sandbox-a")), a);
     assert.notEqual(await proxyMountSource("sandbox-b"), a);
     assert.notEqual(
       await withEnv({ DOCKER_HOST: "unix:///other.sock" }, () => proxyMountSource("sandbox-a")),
@@ -41,10 +52,10 @@ Deno.test("each container of each engine has a directory of its own, under a 070
     );
 
     // A parent some earlier umask made open is closed again.
-    await Deno.mkdir(`${dir.path}/sandbox/proxy`, { recursive: true });
-    await Deno.chmod(`${dir.path}/sandbox/proxy`, 0o755);
+    await Deno.mkdir(parent.path);
+    await Deno.chmod(parent.path, 0o755);
     assert.equal(await prepareProxyMountSource("sandbox-a"), a);
-    assert.equal(await mode(`${dir.path}/sandbox/proxy`), 0o700);
+    assert.equal(await mode(parent.path), 0o700);
     assert.equal(await mode(a), 0o711);
     const session = await makeSessionSocketDir(a);
     assert.equal(await mode(session.host), 0o711);
@@ -53,44 +64,47 @@ Deno.test("each container of each engine has a directory of its own, under a 070
   });
 });
 
-Deno.test("no directory where it would be unsafe or unusable: a parent that is a link, a path too long for a socket or unfit for --mount", async (t) => {
+Deno.test("no directory where it would be unsafe: a parent in /tmp that is a link, or not this user's; a state directory's length or characters do not matter", async (t) => {
+  const clean = { DOCKER_HOST: undefined, DOCKER_CONTEXT: undefined };
   await t.step("the 0700 parent is a symbolic link to someone else's directory", async () => {
     await using dir = await tempDir();
     await using elsewhere = await tempDir();
-    await Deno.mkdir(`${dir.path}/sandbox`);
-    await Deno.symlink(elsewhere.path, `${dir.path}/sandbox/proxy`);
-    await withEnv(
-      { XDG_STATE_HOME: dir.path, DOCKER_HOST: undefined, DOCKER_CONTEXT: undefined },
-      async () => {
-        await assert.rejects(
-          () => prepareProxyMountSource("sandbox-a"),
-          Deno.errors.PermissionDenied,
-        );
-      },
-    );
-    assert.deepEqual(
-      [...Deno.readDirSync(elsewhere.path)],
-      [],
-      "something was made through the link",
-    );
-  });
-  await t.step(
-    "a state directory so long that a socket's path would not fit in sun_path",
-    async () => {
-      await using dir = await tempDir();
-      await withEnv(
-        { XDG_STATE_HOME: `${dir.path}/${"s".repeat(70)}`, DOCKER_HOST: undefined },
-        async () => {
-          assert.equal(await prepareProxyMountSource("sandbox-a"), undefined);
-        },
-      );
-    },
-  );
-  await t.step("a path with a comma, which --mount would split", async () => {
-    await using dir = await tempDir();
-    await withEnv({ XDG_STATE_HOME: `${dir.path}/a,b`, DOCKER_HOST: undefined }, async () => {
-      assert.equal(await prepareProxyMountSource("sandbox-a"), undefined);
+    await withEnv({ XDG_STATE_HOME: dir.path, ...clean }, async () => {
+      await using parent = parentOf(await proxyMountSource("sandbox-a"));
+      await Deno.symlink(elsewhere.path, parent.path);
+      await assert.rejects(() => prepareProxyMountSource("sandbox-a"), Deno.errors.PermissionDenied);
+      assert.ok((await Deno.lstat(parent.path)).isSymlink, "the link was replaced");
     });
+    assert.deepEqual([...Deno.readDirSync(elsewhere.path)], [], "something was made through the link");
+  });
+  await t.step("the parent is a directory another user made first (when this test runs as root)", async () => {
+    await using dir = await tempDir();
+    await withEnv({ XDG_STATE_HOME: dir.path, ...clean }, async () => {
+      await using parent = parentOf(await proxyMountSource("sandbox-a"));
+      await Deno.mkdir(parent.path);
+      await Deno.chmod(parent.path, 0o777);
+      if (Deno.uid() === 0) {
+        await Deno.chown(parent.path, 65534, 65534);
+        await assert.rejects(() => prepareProxyMountSource("sandbox-a"), Deno.errors.PermissionDenied);
+        assert.equal(await mode(parent.path), 0o777, "the other user's directory was changed");
+        assert.deepEqual([...Deno.readDirSync(parent.path)], [], "something was made in the other user's directory");
+      } else {
+        // Not root: no other user's directory can be made here; this user's own one is closed (twin).
+        assert.ok(await prepareProxyMountSource("sandbox-a"));
+        assert.equal(await mode(parent.path), 0o700);
+      }
+    });
+  });
+  await t.step("a long state directory, or one with a comma, changes nothing of the mounted path", async () => {
+    await using dir = await tempDir();
+    for (const state of [`${dir.path}/${"s".repeat(200)}`, `${dir.path}/a,b`]) {
+      await withEnv({ XDG_STATE_HOME: state, ...clean }, async () => {
+        const source = await prepareProxyMountSource("sandbox-a");
+        assert.ok(source, "no directory");
+        await using _parent = parentOf(source);
+        assert.match(source, /^\/tmp\/sandbox-proxy-[0-9a-f]{16}\/[0-9a-f]{12}$/);
+      });
+    }
   });
 });
 

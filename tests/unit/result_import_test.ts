@@ -110,3 +110,51 @@ Deno.test("a pack past the cap is cut off while it streams, the packer is stoppe
   assert.ok(produced < cap + 1024 ** 2, `the sender produced ${produced} bytes before the refusal`);
   assert.equal((await run(["git", "-C", user, "rev-parse", "--verify", "-q", "refs/heads/sandbox/r"])).exitCode, 1);
 });
+
+/** The sandbox's copy with one more commit adding `.gitmodules` (under `name`, in `dir`) with `text`. */
+async function withGitmodules(root: string, text: string, name = ".gitmodules", dir = "") {
+  const repos = await repositories(root);
+  if (dir) await Deno.mkdir(`${repos.sandbox}/${dir}`, { recursive: true });
+  await Deno.writeTextFile(`${repos.sandbox}/${dir ? `${dir}/` : ""}${name}`, text);
+  await git(repos.sandbox, "add", "-A");
+  await git(repos.sandbox, "commit", "-qm", "submodules");
+  return { ...repos, head: await git(repos.sandbox, "rev-parse", "HEAD") };
+}
+
+function packProvider(sandbox: string, head: string, base: string): ImportProvider {
+  return new ImportProvider(head, () =>
+    spawn(["git", "-C", sandbox, "pack-objects", "--stdout", "--revs", "--thin", "-q"], { stdin: `${head}\n^${base}\n` }).stdout);
+}
+
+Deno.test("a .gitmodules whose entries hold control characters is refused in the quarantine, and nothing is imported; a plain one passes", async (t) => {
+  const hostile: [string, string, string?, string?][] = [
+    ["a path ending in a carriage return (CVE-2025-48384)", '[submodule "sub"]\n\tpath = "sub\r"\n\turl = https://example.com/sub.git\n'],
+    ["a name holding an escape character", '[submodule "a\u001bb"]\n\tpath = sub\n\turl = https://example.com/sub.git\n'],
+    ["a url with a tab", '[submodule "sub"]\n\tpath = sub\n\turl = "https://example.com/\tsub.git"\n'],
+    ["an NTFS-style name (.GITMODULES. in a subdirectory)", '[submodule "sub"]\n\tpath = "sub\r"\n', ".GITMODULES.", "deep/er"],
+  ];
+  for (const [name, text, file, dir] of hostile) {
+    await t.step(name, async () => {
+      await using root = await tempDir();
+      const { user, sandbox, base, head } = await withGitmodules(root.path, text, file, dir);
+      await assert.rejects(
+        collectResult(packProvider(sandbox, head, base) as unknown as SandboxProvider, await resolveLocalRepo(user), worktreeFor(base), { runId: "r" }),
+        (error: SandboxError) => {
+          assert.equal(error.code, "exec_failed");
+          assert.match(error.message, /^The sandbox's result has a \.gitmodules whose "submodule\..*" holds a control character \(.*\): refused$/);
+          return true;
+        },
+      );
+      assert.equal((await run(["git", "-C", user, "rev-parse", "--verify", "-q", "refs/heads/sandbox/r"])).exitCode, 1, "the branch was imported");
+      assert.equal((await run(["git", "-C", user, "cat-file", "-e", head])).exitCode, 1, "the commit was imported");
+    });
+  }
+  await t.step("a plain .gitmodules comes back with its branch (twin)", async () => {
+    await using root = await tempDir();
+    const text = '[submodule "lib/sub"]\n\tpath = lib/sub\n\turl = https://example.com/sub.git\n\tbranch = main\n';
+    const { user, sandbox, base, head } = await withGitmodules(root.path, text);
+    const result = await collectResult(packProvider(sandbox, head, base) as unknown as SandboxProvider, await resolveLocalRepo(user), worktreeFor(base), { runId: "r" });
+    assert.equal(result.commit, head);
+    assert.equal(await git(user, "show", "sandbox/r:.gitmodules"), text.trimEnd());
+  });
+});
