@@ -530,8 +530,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "the disk watch fails open when its watcher dies",
     file: "lib/sandbox/disk_watch.ts",
-    find: "      fail(new SandboxError(\"disk_limit\", `The disk watch of sandbox",
-    replace: "      if (false) fail(new SandboxError(\"disk_limit\", `The disk watch of sandbox",
+    find: "      const ended = await child.finished;\n      fail(",
+    replace: "      const ended = await child.finished;\n      if (false) fail(",
     tests: ["tests/unit/disk_watch_test.ts"],
   },
   {
@@ -750,6 +750,20 @@ export const MUTATIONS: Mutation[] = [
     find: "  return unless $command[0] eq \"deno\" && grep { $_ =~ $OWN_PROGRAM } @command;",
     replace: "  return;",
     tests: ["tests/security/own_environment_test.ts"],
+  },
+  {
+    name: "the container's init does not watch the workspace (the disk limit rests on nothing)",
+    file: "scripts/sandbox-exec",
+    find: `  disk_watch("/workspace", "du ", sub { select(undef, undef, undef, $_[0]) });`,
+    replace: `  sleep 3600 while 1;`,
+    tests: ["tests/security/disk_watch_attack_test.ts"],
+  },
+  {
+    name: "a disk watch that falls silent is never noticed (a stopped watcher lets the workspace fill)",
+    file: "lib/sandbox/disk_watch.ts",
+    find: "silence = setTimeout(() => {",
+    replace: "silence = setTimeout(() => { return;",
+    tests: ["tests/unit/disk_watch_test.ts"],
   },
   ...SECRET_NAME_RULES,
 ];

@@ -1,18 +1,19 @@
 /**
- * `resources.disk` for a workspace without a kernel quota: a watcher inside the sandbox
- * (`sandbox-exec --du`) prints the workspace's size about once a second, and at once when the
- * filesystem's free space falls fast; when it passes the limit while still growing, the watch's
- * signal aborts with a `disk_limit` error, and whoever runs commands under that signal stops them.
+ * `resources.disk` for a workspace without a kernel quota: the container's init (scripts/sandbox-
+ * exec, pid 1) walks the workspace about once a second, and at once when the filesystem's free
+ * space falls fast, and prints `du KIB` on the container's log when the size changed and at least
+ * every 5 s; the host follows that log while something runs. When the size passes the limit while
+ * still growing, the watch's signal aborts with a `disk_limit` error, and whoever runs commands
+ * under that signal stops them.
+ *
+ * Nothing of the agent's can stop or impersonate the watcher: the kernel delivers no signal to a
+ * namespace's init from inside it unless init handles it (never SIGSTOP or SIGKILL), init is not
+ * dumpable, and its stdout reaches only the engine. The watch still fails closed: a log that ends,
+ * or stays silent for `silenceMs`, aborts the signal too.
  *
  * Growing, not merely over: a workspace left over the limit (by an earlier, stopped command) can
- * still be cleaned up, but not grown. The watch fails closed: a watcher that dies, or cannot
- * start, aborts the signal too.
- *
- * The watcher starts `delayMs` after the watch (a quarter of a second by default), and not at all
- * for a command that is over by then: its `docker exec` costs the engine as much CPU as the
- * command's own, which a short command (`sandbox exec -- git status`) would wait for. It changes
- * little of what the limit allows: a workspace can only be found growing at the watcher's second
- * report, about a second after its first, so a command could already write for that long.
+ * still be cleaned up, but not grown. The host starts following `delayMs` after the watch (a
+ * quarter of a second by default), and not at all for a command that is over by then.
  */
 import { SandboxError } from "../errors.ts";
 import type { Child } from "../process.ts";
@@ -38,7 +39,12 @@ export interface DiskWatchOptions {
   onAbort?: (reason: SandboxError) => void;
   /** How long after the watch the watcher starts (none when the watch is closed before). */
   delayMs?: number;
+  /** How long the watcher may be silent before the watch fails (it reports at least every 5 s). */
+  silenceMs?: number;
 }
+
+/** Default `silenceMs`: a walk of a huge workspace spaces reports out, up to ten times its CPU time. */
+export const DISK_WATCH_SILENCE_MS = 60_000;
 
 /** Default `delayMs`. */
 export const DISK_WATCH_DELAY_MS = 250;
@@ -68,30 +74,74 @@ export function startDiskWatch(
   const watching = (async () => {
     try {
       let timer: ReturnType<typeof setTimeout> | undefined;
-      await Promise.race([closed, new Promise((resolve) => timer = setTimeout(resolve, options.delayMs ?? DISK_WATCH_DELAY_MS))]);
+      await Promise.race([
+        closed,
+        new Promise((resolve) =>
+          timer = setTimeout(resolve, options.delayMs ?? DISK_WATCH_DELAY_MS)
+        ),
+      ]);
       clearTimeout(timer);
       if (closing) return;
       child = await start(stdin);
       if (!child || closing) return;
-      for await (const line of child.lines()) {
-        const kib = Number(line.trim());
-        if (!Number.isFinite(kib)) continue;
-        const bytes = kib * 1024;
-        const previous = used;
-        used = bytes;
-        if (bytes > options.limitBytes && previous !== undefined && bytes > previous) {
-          fail(exceeded(options, bytes));
-          return;
+      const silenceMs = options.silenceMs ?? DISK_WATCH_SILENCE_MS;
+      let silence: ReturnType<typeof setTimeout> | undefined;
+      const heard = () => {
+        clearTimeout(silence);
+        silence = setTimeout(() => {
+          fail(
+            new SandboxError(
+              "disk_limit",
+              `The disk watch of sandbox "${options.sandbox}" stopped reporting for ${
+                Math.round(silenceMs / 1000)
+              } s`,
+              {
+                detail: "Without it resources.disk cannot be enforced, so the command was stopped",
+              },
+            ),
+          );
+          child?.kill();
+        }, silenceMs);
+      };
+      heard();
+      try {
+        for await (const line of child.lines()) {
+          const kib = Number(/^du (\d+)$/.exec(line.trim())?.[1] ?? NaN);
+          if (!Number.isFinite(kib)) continue;
+          heard();
+          const bytes = kib * 1024;
+          const previous = used;
+          used = bytes;
+          if (bytes > options.limitBytes && previous !== undefined && bytes > previous) {
+            fail(exceeded(options, bytes));
+            return;
+          }
         }
+      } finally {
+        clearTimeout(silence);
       }
       const ended = await child.finished;
-      fail(new SandboxError("disk_limit", `The disk watch of sandbox "${options.sandbox}" stopped (exit code ${ended.exitCode})`, {
-        detail: `${ended.stderrTail ? `${ended.stderrTail}\n` : ""}Without it resources.disk cannot be enforced, so the command was stopped`,
-      }));
+      fail(
+        new SandboxError(
+          "disk_limit",
+          `The disk watch of sandbox "${options.sandbox}" stopped (exit code ${ended.exitCode})`,
+          {
+            detail: `${
+              ended.stderrTail ? `${ended.stderrTail}\n` : ""
+            }Without it resources.disk cannot be enforced, so the command was stopped`,
+          },
+        ),
+      );
     } catch (error) {
-      fail(new SandboxError("disk_limit", `Cannot watch the disk use of sandbox "${options.sandbox}": ${(error as Error).message}`, {
-        cause: error,
-      }));
+      fail(
+        new SandboxError(
+          "disk_limit",
+          `Cannot watch the disk use of sandbox "${options.sandbox}": ${(error as Error).message}`,
+          {
+            cause: error,
+          },
+        ),
+      );
     }
   })();
   const close = async () => {
@@ -126,9 +176,12 @@ export function startDiskWatch(
 function exceeded(options: DiskWatchOptions, bytes: number): SandboxError {
   return new SandboxError(
     "disk_limit",
-    `Sandbox "${options.sandbox}" exceeded resources.disk: /workspace holds ${formatBytes(bytes)}, the limit is ${formatBytes(options.limitBytes)}`,
+    `Sandbox "${options.sandbox}" exceeded resources.disk: /workspace holds ${
+      formatBytes(bytes)
+    }, the limit is ${formatBytes(options.limitBytes)}`,
     {
-      detail: `The command writing to it was stopped. Free space in /workspace, raise resources.disk in profile "${options.profile}", ` +
+      detail:
+        `The command writing to it was stopped. Free space in /workspace, raise resources.disk in profile "${options.profile}", ` +
         `or remove the workspace with: sandbox down -p ${options.profile} --volumes`,
     },
   );

@@ -626,22 +626,19 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   /**
    * Enforce `resources.disk` on the workspace while something runs in the sandbox. With a kernel
-   * quota of that size on the volume there is nothing to do; otherwise a watcher inside reports
-   * the workspace's size, and the returned signal aborts (a `disk_limit` error) when it passes the
-   * limit while growing, or when the watcher dies. Stop the commands with that signal; close the
-   * watch when done.
+   * quota of that size on the volume there is nothing to do; otherwise the container's init
+   * reports the workspace's size on the container's log, which this follows, and the returned
+   * signal aborts (a `disk_limit` error) when it passes the limit while growing, or when the
+   * reports stop (disk_watch.ts). Stop the commands with that signal; close the watch when done.
    */
   watchDisk(options: { onAbort?: (reason: SandboxError) => void } = {}): DiskWatch {
     const limitBytes = this.profile.resources.diskBytes;
-    const id = `du-${crypto.randomUUID()}`;
     // Started in the background: the first command need not wait for it.
-    return startDiskWatch(async (stdin) => {
+    return startDiskWatch(async () => {
       const quota = await this.workspaceQuota();
       if (quota !== undefined && quota <= limitBytes) return undefined;
-      return this.docker.spawn(
-        ["exec", "--interactive", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--du", id, WORKSPACE_DIR],
-        { stdin },
-      );
+      // The last report at once (the size now), then each one as init prints it.
+      return this.docker.spawn(["logs", "--follow", "--tail", "1", this.names.container]);
     }, { limitBytes, sandbox: this.names.container, profile: this.profile.name, onAbort: options.onAbort });
   }
 

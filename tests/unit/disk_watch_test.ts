@@ -1,6 +1,6 @@
 /**
- * The disk watch's decisions, against a real child process that prints sizes (KiB per line) as
- * `sandbox-exec --du` does inside a sandbox.
+ * The disk watch's decisions, against a real child process that prints sizes (`du KIB` lines) as
+ * the container's init does on the container's log (scripts/sandbox-exec).
  */
 import assert from "node:assert/strict";
 import { startDiskWatch } from "../../lib/sandbox/disk_watch.ts";
@@ -11,7 +11,7 @@ const MIB = 1024 ** 2;
 
 /** A watcher printing `sizes` (KiB), one every 20 ms, then waiting for its stdin to end. */
 function printer(sizes: number[]) {
-  const script = `for s in ${sizes.join(" ")}; do echo "$s"; sleep 0.02; done; cat >/dev/null`;
+  const script = `for s in ${sizes.join(" ")}; do echo "du $s"; sleep 0.02; done; cat >/dev/null`;
   return (stdin: ReadableStream<Uint8Array>) => Promise.resolve(spawn(["sh", "-c", script], { stdin }));
 }
 
@@ -102,5 +102,20 @@ Deno.test("the watcher starts only after the delay: a watch closed before never 
     }, { ...OPTIONS, delayMs: 100 });
     assert.equal((await aborted(watch)).code, "disk_limit");
     assert.ok(startedAt !== undefined && startedAt - opened >= 95, `started ${startedAt! - opened} ms after the watch`);
+  });
+});
+
+Deno.test("the watch fails closed when the watcher falls silent (stopped, it says nothing), and not while it reports", async (t) => {
+  await t.step("one report, then silence past silenceMs: abort, naming the silence", async () => {
+    await using watch = startDiskWatch(printer([1024]), { ...OPTIONS, delayMs: 0, silenceMs: 300 });
+    const reason = await aborted(watch);
+    assert.equal(reason.code, "disk_limit");
+    assert.match(reason.message, /stopped reporting/);
+  });
+  await t.step("twin: reports closer together than silenceMs: no abort", async () => {
+    const watch = startDiskWatch(printer(Array.from({ length: 40 }, () => 1024)), { ...OPTIONS, delayMs: 0, silenceMs: 300 });
+    await new Promise((resolve) => setTimeout(resolve, 700));
+    assert.equal(watch.signal.aborted, false);
+    await watch.close();
   });
 });
