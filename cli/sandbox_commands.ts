@@ -68,6 +68,24 @@ export function registerSandboxCommands(program: Command): void {
       },
     );
 
+  program.command("snapshot")
+    .description("save the profile's development sandbox (its /workspace and home) as the image its runs start from")
+    .addOption(profileOption()).addOption(jsonOption())
+    .option("--drop", "forget the profile's snapshot: its runs start from the image as built again")
+    .action(async (opts: { profile?: string; json?: boolean; drop?: boolean }, command: Command) => {
+      const provider = await sandboxByName(command, opts.profile);
+      const { takeSnapshot, dropSnapshot } = await import("../lib/sandbox/snapshot.ts");
+      if (opts.drop) {
+        const dropped = await dropSnapshot(provider);
+        if (opts.json) await stdout.json({ dropped });
+        else await stdout.line(dropped ? `profile ${provider.profile.name}: snapshot dropped` : `profile ${provider.profile.name} has no snapshot`);
+        return;
+      }
+      const record = await takeSnapshot(provider, await provider.runImageTag(), { signal, onProgress: progress });
+      if (opts.json) await stdout.json(record);
+      else await stdout.line(`profile ${provider.profile.name}: runs start from ${record.tag} (built on ${record.base}); refill the pool with: ${cliName()} up -p ${provider.profile.name}`);
+    });
+
   program.command("stop")
     .description("stop the profile's sandbox without removing it (its workspace stays; start resumes it)")
     .addOption(profileOption()).addOption(jsonOption())

@@ -16,6 +16,7 @@ import type { AgentCliName } from "../agents/packages.ts";
 import { removeLegacyFirewall } from "./legacy_cleanup.ts";
 import { withHostLock } from "../lock.ts";
 import { forget } from "./pool_records.ts";
+import { readSnapshot, SNAPSHOT_REPOSITORY } from "./snapshot.ts";
 import { CACHE_DIR } from "../repo/cache_layout.ts";
 import { execStreamOf } from "./exec_stream.ts";
 import { trace } from "../trace.ts";
@@ -376,8 +377,19 @@ export class DockerSandboxProvider implements SandboxProvider {
     return this.#imageTag();
   }
 
+  /** The image a run's container starts from before any snapshot (what a snapshot is built on). */
+  runImageTag(): Promise<string> {
+    return imageTagFor(this.profile.sandbox.image);
+  }
+
   async #imageTag(): Promise<string> {
     const base = await imageTagFor(this.profile.sandbox.image);
+    // A run's container starts from the profile's snapshot (snapshot.ts) while it was built on
+    // the image the run would use now.
+    if (this.kind !== "shared" && !this.#options.agent) {
+      const snapshot = await readSnapshot(this.profile.name);
+      if (snapshot?.base === base) return snapshot.tag;
+    }
     // An agent CLI's layer: its modules are loaded only for such a sandbox (~3 ms of every other start).
     if (!this.#options.agent) return base;
     const { agentImageTagFor } = await import("../agents/agent_image.ts");
@@ -434,6 +446,12 @@ export class DockerSandboxProvider implements SandboxProvider {
     if (this.#options.agent) {
       const { ensureAgentImage } = await import("../agents/agent_image.ts");
       await ensureAgentImage(this.docker, base.tag, this.#options.agent, { signal, onProgress: this.#options.onProgress });
+    }
+    const image = await this.#imageTag();
+    if (image.startsWith(`${SNAPSHOT_REPOSITORY}:`) && (await this.docker.run(["image", "inspect", image], { signal })).exitCode !== 0) {
+      throw new SandboxError("image_build_failed", `The snapshot "${image}" of profile "${this.profile.name}" is missing`, {
+        detail: `Take a new one with: ${cliName()} snapshot -p ${this.profile.name}, or drop it with: ${cliName()} snapshot --drop -p ${this.profile.name}`,
+      });
     }
     await this.#ensureVolume(signal);
     // Created here, labelled (a mount would make it unlabelled, out of teardown's sight).
@@ -886,6 +904,11 @@ export class DockerSandboxProvider implements SandboxProvider {
       this.names.container,
       this.names.volume,
     ]);
+  }
+
+  /** Whether the container exists and runs (one inspect). */
+  async isRunning(signal?: AbortSignal): Promise<boolean> {
+    return (await this.#inspect(signal))?.State.Running === true;
   }
 
   /** The hash of the configuration this provider makes containers with (see `runArgs`). */

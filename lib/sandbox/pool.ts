@@ -76,12 +76,18 @@ export async function claimPooled(profile: Profile, options: PoolOptions = {}): 
     if (provider.containerName !== record.name) continue;
     current ??= await provider.configHash();
     if (!await claimReady(record.name)) continue;
-    if (record.configHash === current) {
-      trace(`pool: claimed ${record.name}`);
-      return provider;
+    if (record.configHash !== current) {
+      options.onProgress?.(`removing pooled sandbox ${record.name}: made with another configuration`);
+      await destroy(provider);
+      continue;
     }
-    options.onProgress?.(`removing pooled sandbox ${record.name}: made with another configuration`);
-    await destroy(provider);
+    // Gone or stopped since it was made (removed by hand, the engine restarted): never used.
+    if (!await provider.isRunning(options.signal).catch(() => false)) {
+      await destroy(provider);
+      continue;
+    }
+    trace(`pool: claimed ${record.name}`);
+    return provider;
   }
   return undefined;
 }
