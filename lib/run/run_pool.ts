@@ -43,6 +43,7 @@ export async function poolFor(
     cacheVolume: local && repository ? cacheVolumeName(repository) : undefined,
     onProgress: options.onProgress,
     signal: options.signal,
+    wait: true,
   });
   const key = poolKey(runProfile.name, options.agent, repository?.key);
   return { reaped, ready: (await listReady()).filter((record) => record.key === key).map((record) => record.name) };

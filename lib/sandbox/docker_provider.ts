@@ -377,6 +377,12 @@ export class DockerSandboxProvider implements SandboxProvider {
     return this.#imageTag();
   }
 
+  /** The id of the image containers are created from now, or undefined when it is missing. */
+  async imageId(signal?: AbortSignal): Promise<string | undefined> {
+    const result = await this.docker.run(["image", "inspect", "--format", "{{.Id}}", await this.#imageTag()], { signal });
+    return result.exitCode === 0 ? result.stdout.trim() : undefined;
+  }
+
   /** The image a run's container starts from before any snapshot (what a snapshot is built on). */
   runImageTag(): Promise<string> {
     return imageTagFor(this.profile.sandbox.image);

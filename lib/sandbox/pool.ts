@@ -26,7 +26,9 @@ import type { WorkerProcess } from "../run/worker_process.ts";
 import { DockerSandboxProvider, type SandboxRepo, SANDBOX_USER } from "./docker_provider.ts";
 import { removeProxyMountSource } from "./proxy_mount.ts";
 import { addReady, claimReady, forget, holdOwn, listReady, orphaned, poolKey, releaseOwn } from "./pool_records.ts";
-import { randomHex } from "../hash.ts";
+import { randomHex, sha256Hex } from "../hash.ts";
+import { tryHostLock, withHostLock } from "../lock.ts";
+import { userStateDir } from "../paths.ts";
 import { trace } from "../trace.ts";
 
 /** Where a pooled container's worker listens (its /tmp: a tmpfs of its own). */
@@ -69,15 +71,15 @@ function instanceOf(name: string): string {
  */
 export async function claimPooled(profile: Profile, options: PoolOptions = {}): Promise<DockerSandboxProvider | undefined> {
   const key = keyOf(profile, options);
-  let current: string | undefined;
+  let current: { configHash: string; imageId: string | undefined } | undefined;
   for (const record of await listReady()) {
     if (record.key !== key) continue;
     const provider = runSandbox(profile, instanceOf(record.name), { ...options, pooled: true });
     if (provider.containerName !== record.name) continue;
-    current ??= await provider.configHash();
+    current ??= { configHash: await provider.configHash(), imageId: await provider.imageId(options.signal) };
     if (!await claimReady(record.name)) continue;
-    if (record.configHash !== current) {
-      options.onProgress?.(`removing pooled sandbox ${record.name}: made with another configuration`);
+    if (record.configHash !== current.configHash || record.imageId !== current.imageId) {
+      options.onProgress?.(`removing pooled sandbox ${record.name}: made with another configuration or image`);
       await destroy(provider);
       continue;
     }
@@ -117,15 +119,30 @@ export async function destroy(provider: DockerSandboxProvider): Promise<void> {
 /**
  * Bring the pool for runs of `profile` (with `options`) up to `sandbox.pool` ready containers,
  * after removing the containers of runs whose process is gone. Returns the names it started.
+ *
+ * One process fills a pool at a time (a host lock per pool): runs that end together would each
+ * count the same gap and fill it twice. A run's refill (`wait: false`) leaves the pool to the
+ * process already filling it; `up` waits for it, then fills what is still missing.
  */
-export async function fillPool(profile: Profile, options: PoolOptions = {}): Promise<string[]> {
+export async function fillPool(profile: Profile, options: PoolOptions & { wait?: boolean } = {}): Promise<string[]> {
   await reapOrphans(profile);
   const key = keyOf(profile, options);
-  const ready = (await listReady()).filter((record) => record.key === key);
-  const missing = profile.sandbox.pool - ready.length;
-  if (missing <= 0) return [];
-  const made = await Promise.all(Array.from({ length: missing }, () => startPooled(profile, key, options)));
-  return made.filter((name): name is string => name !== undefined);
+  const lock = `pool-${(await sha256Hex(`${userStateDir()}\0${key}`)).slice(0, 16)}`;
+  const fill = async () => {
+    const ready = (await listReady()).filter((record) => record.key === key);
+    const missing = profile.sandbox.pool - ready.length;
+    if (missing <= 0) return [];
+    const made = await Promise.all(Array.from({ length: missing }, () => startPooled(profile, key, options)));
+    return made.filter((name): name is string => name !== undefined);
+  };
+  if (options.wait) return await withHostLock(lock, fill);
+  const held = await tryHostLock(lock);
+  if (!held) return [];
+  try {
+    return await fill();
+  } finally {
+    held.release();
+  }
 }
 
 /** One pooled container, started and recorded; undefined (and nothing left) when it failed. */
@@ -136,7 +153,9 @@ async function startPooled(profile: Profile, key: string, options: PoolOptions):
     await provider.ensureRunning({ signal: options.signal });
     const { readySpareRelay } = await import("../proxy/session.ts");
     await Promise.all([options.agent ? undefined : startWaitingWorker(provider), readySpareRelay(provider, options.signal)]);
-    await addReady({ name: provider.containerName, key, configHash: await provider.configHash() });
+    const imageId = await provider.imageId(options.signal);
+    if (!imageId) throw new Error(`its image is gone`);
+    await addReady({ name: provider.containerName, key, configHash: await provider.configHash(), imageId });
     await releaseOwn(provider.containerName);
     return provider.containerName;
   } catch (error) {

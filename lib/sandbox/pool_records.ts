@@ -23,6 +23,8 @@ export interface ReadyRecord {
   key: string;
   /** The configuration it was made with (`DockerSandboxProvider.configHash`). */
   configHash: string;
+  /** The id of the image it was made from (its tag may name another image since). */
+  imageId: string;
 }
 
 export interface ClaimedRecord {

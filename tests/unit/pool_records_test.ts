@@ -13,7 +13,7 @@ async function inStateDir<T>(fn: () => Promise<T>): Promise<T> {
 
 Deno.test("a claimed container is never offered again: a second claim of it fails, and it is no longer listed as ready", async () => {
   await inStateDir(async () => {
-    await addReady({ name: "sandbox-p-pa", key: poolKey("p"), configHash: "h" });
+    await addReady({ name: "sandbox-p-pa", key: poolKey("p"), configHash: "h", imageId: "sha256:i" });
     assert.deepEqual((await listReady()).map((r) => r.name), ["sandbox-p-pa"]);
     assert.equal(await claimReady("sandbox-p-pa"), true);
     assert.equal(await claimReady("sandbox-p-pa"), false);
@@ -25,7 +25,7 @@ Deno.test("a claimed container is never offered again: a second claim of it fail
 Deno.test("of two runs that claim at once, exactly one wins each container (20 pairs, each claim in a process of its own)", async () => {
   await inStateDir(async () => {
     const names = Array.from({ length: 20 }, (_, i) => `sandbox-p-p${i}`);
-    for (const name of names) await addReady({ name, key: poolKey("p"), configHash: "h" });
+    for (const name of names) await addReady({ name, key: poolKey("p"), configHash: "h", imageId: "sha256:i" });
     const module = new URL("../../lib/sandbox/pool_records.ts", import.meta.url).href;
     const claimer = (name: string) =>
       new Deno.Command(Deno.execPath(), {
