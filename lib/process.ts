@@ -298,6 +298,26 @@ export function outcomeError(
   return new CommandExitError(code, `${message}: exit code ${outcome.exitCode}`, outcome);
 }
 
+/** Start time of process `pid` (clock ticks since boot), undefined when there is no such process. */
+export async function processStartTicks(pid: number): Promise<number | undefined> {
+  try {
+    const stat = await Deno.readTextFile(`/proc/${pid}/stat`);
+    // The command name may hold spaces and parentheses: the fields follow the last ")".
+    return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]);
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Is process `pid`, started at `startTicks`, still alive? A pid the kernel gave to another process
+ * since has another start time; without `startTicks` (an older record) the pid alone decides.
+ */
+export async function isSameProcessAlive(pid: number, startTicks?: number): Promise<boolean> {
+  if (startTicks === undefined) return await isProcessAlive(pid);
+  return await processStartTicks(pid) === startTicks;
+}
+
 /** Is a process with this pid alive on this host? (Linux: its /proc entry exists.) */
 export async function isProcessAlive(pid: number): Promise<boolean> {
   try {

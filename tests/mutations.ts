@@ -765,5 +765,12 @@ export const MUTATIONS: Mutation[] = [
     replace: "silence = setTimeout(() => { return;",
     tests: ["tests/unit/disk_watch_test.ts"],
   },
+  {
+    name: "a run's liveness is judged by its pid alone (a reused pid makes a crashed run read as running)",
+    file: "lib/run/run_log.ts",
+    find: "!await isSameProcessAlive(meta.pid, meta.pidStartTicks)",
+    replace: "!await isSameProcessAlive(meta.pid)",
+    tests: ["tests/unit/run_liveness_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];

@@ -19,7 +19,7 @@
  */
 import { userStateDir } from "../config.ts";
 import type { AgenticMessage, DriverUsage } from "./protocol.ts";
-import { isProcessAlive } from "../process.ts";
+import { isSameProcessAlive, processStartTicks } from "../process.ts";
 import type { Redactor } from "../redact.ts";
 import { EXIT, SandboxError } from "../errors.ts";
 
@@ -48,6 +48,8 @@ export interface RunMeta {
   error: string | null;
   /** The CLI process recording the run: a "running" run whose pid is gone has crashed. */
   pid: number;
+  /** When that process started (clock ticks since boot): a pid reused since is not the run's. */
+  pidStartTicks?: number;
   /** Extra facts from later stages (branch, base commit...). */
   extra?: Record<string, unknown>;
   /**
@@ -114,6 +116,7 @@ export class RunLog implements AsyncDisposable {
         usage: null,
         error: null,
         pid: Deno.pid,
+        pidStartTicks: await processStartTicks(Deno.pid),
         storeError: null,
       };
       await Deno.writeFile(`${dir}/${META_RESERVE_FILE}`, new Uint8Array(META_RESERVE_BYTES).fill(0x20), { mode: 0o600 });
@@ -288,7 +291,7 @@ export async function readRun(id: string): Promise<RunMeta | undefined> {
   try {
     const meta = JSON.parse(await Deno.readTextFile(`${runsDir()}/${id}/meta.json`)) as RunMeta;
     meta.storeError ??= null; // (records from before the field)
-    if (meta.status === "running" && !await isProcessAlive(meta.pid)) meta.status = "crashed";
+    if (meta.status === "running" && !await isSameProcessAlive(meta.pid, meta.pidStartTicks)) meta.status = "crashed";
     return meta;
   } catch {
     return undefined;

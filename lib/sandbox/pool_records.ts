@@ -15,6 +15,9 @@
  * pass for the holder, because its start time differs.
  */
 import { userStateDir } from "../paths.ts";
+import { processStartTicks } from "../process.ts";
+
+export { processStartTicks };
 
 export interface ReadyRecord {
   /** Container name. */
@@ -41,18 +44,6 @@ function poolDir(): string {
 /** The key of the pool a run of `profile` (with `agent`, on `repoKey`) claims from. */
 export function poolKey(profile: string, agent?: string, repoKey?: string): string {
   return JSON.stringify([profile, agent ?? null, repoKey ?? null]);
-}
-
-/** Start time of process `pid` (clock ticks since boot), undefined when there is no such process. */
-export async function processStartTicks(pid: number): Promise<number | undefined> {
-  try {
-    const stat = await Deno.readTextFile(`/proc/${pid}/stat`);
-    // The command name may hold spaces and parentheses: the fields follow the last ")".
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    return Number(fields[19]);
-  } catch {
-    return undefined;
-  }
 }
 
 /** This process, as a claimed record names its holder. */
