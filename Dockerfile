@@ -16,7 +16,7 @@ RUN if ! getent passwd 10001 >/dev/null; then \
 
 # The wrappers' interpreter: perl, but executable only (0711). The kernel makes a process whose
 # interpreter its user may not read undumpable from the exec on, so no process of the sandbox user
-# can read a starting wrapper's environment (a waiting wrapper's key) or ptrace it, nor can a sweep
+# can read a starting wrapper's environment or ptrace it, nor can a sweep
 # mistake it for a leftover, in the milliseconds before the wrapper says so itself (prctl).
 RUN install -D -o root -g root -m 0711 "$(readlink -f /usr/bin/perl)" /usr/local/libexec/sandbox-perl
 COPY sandbox-exec /usr/local/bin/sandbox-exec

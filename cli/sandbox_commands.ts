@@ -29,7 +29,7 @@ const repoOption = (devcontainerOnly = false) =>
     "--repo <path>",
     devcontainerOnly
       ? "sandbox mode devcontainer: the local repository whose devcontainer is built (default: the current directory's)"
-      : "the repository whose own sandbox to use (runs on it share that one); mode devcontainer: whose devcontainer is built (default: the current directory's)",
+      : "the repository whose own sandbox to use (its development sandbox, or for up its runs' pool); mode devcontainer: whose devcontainer is built (default: the current directory's)",
   );
 
 export function registerSandboxCommands(program: Command): void {
@@ -51,7 +51,7 @@ export function registerSandboxCommands(program: Command): void {
     });
 
   program.command("down")
-    .description("stop and remove the profile's sandbox containers (shared, per repository, per run)")
+    .description("stop and remove the profile's sandbox containers (development sandboxes, the warm pool, kept runs)")
     .addOption(profileOption()).addOption(jsonOption())
     .option("--volumes", "also remove its workspace volume (the sandbox's copy of your repos)")
     .action(

@@ -1,4 +1,4 @@
-/** Small helpers for the host's socket conversations (the spare relay's, the waiting wrapper's, the engine's). */
+/** Small helpers for the host's socket conversations (the spare relay's, the engine's). */
 
 /**
  * A line, newline included, within `max` bytes (and `timeoutMs`, when given: then the connection

@@ -12,7 +12,7 @@
  * agent gets a notice with its head and tail, and offloaded conversation history goes under
  * `/conversation_history/`. Those paths are deepagents' own, at the filesystem root, which is
  * read-only in the sandbox: a `CompositeBackend` routes them to a directory of the run's own,
- * made under the temporary directory when the agent starts (`/tmp`, emptied behind every run) and
+ * made under the temporary directory when the agent starts (`/tmp`, which goes with the run's container) and
  * removed when it ends. File tools reach the files at those paths, the shell in that directory
  * (the system prompt says where). A command's output is kept whole up to `MAX_COMMAND_OUTPUT_BYTES`
  * (deepagents' default, 100 KB, would cut the tail of a test log before it is evicted).
@@ -60,7 +60,7 @@ const WARM_UP_URL = "http://127.0.0.1:9/v1";
 
 /**
  * Build an agent and start it once, against a model address that fails at once, emitting nothing:
- * what a worker waiting for its job (a spare) does so that the job's own agent is built and run
+ * what a worker waiting for its job in a pooled container does so that the job's own agent is built and run
  * by code that is already compiled (~65 ms sooner to its first model call). Holds no secret and
  * reaches nothing; never throws.
  */
@@ -104,7 +104,7 @@ async function streamAgent(
     for (const route of EVICTION_ROUTES) await Deno.mkdir(`${evicted}${route}`);
     return await streamAgentWith(options, emit, tracker, evicted);
   } finally {
-    await Deno.remove(evicted, { recursive: true }).catch(() => {}); // /tmp is emptied behind the run anyway
+    await Deno.remove(evicted, { recursive: true }).catch(() => {}); // /tmp goes with the run's container anyway
   }
 }
 

@@ -127,9 +127,9 @@ export async function main(args: readonly string[]): Promise<number> {
  * code is loaded. Exits as soon as the input ends after the job: the host is gone.
  */
 async function serve(socket: string | undefined): Promise<number> {
-  // A spare loads its code, and runs it once, while it waits: its job then starts warm. It
-  // listens as soon as its code is loaded (the next run need not wait for the warm-up to lease
-  // the container and reach it), and a job that comes meanwhile starts once the warm-up is over.
+  // A pooled worker loads its code, and runs it once, while it waits: its job then starts warm. It
+  // listens as soon as its code is loaded (a run that claims its container need not wait for the
+  // warm-up to reach it), and a job that comes meanwhile starts once the warm-up is over.
   let warming: Promise<void> = Promise.resolve();
   const preload = async () => {
     const [{ warmUpAgentic }] = await Promise.all([import("./agentic.ts"), import("./generate.ts")]);

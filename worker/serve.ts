@@ -4,7 +4,8 @@
  *
  * - `worker serve`: the job is the first line of stdin; events go to stdout, diagnostics to
  *   stderr, as in the argv form.
- * - `worker serve --socket PATH`: a worker started ahead of its run (a "spare"): it listens on the
+ * - `worker serve --socket PATH`: a worker started ahead of its run, in a pooled container that no
+ *   run has touched (lib/sandbox/pool.ts): it listens on the
  *   Unix socket PATH, loads its code (the agent's libraries, what makes a worker slow to start),
  *   and waits, holding no secret, for one connection that brings the job. It then stops listening
  *   and runs the job, writing framed lines back on that connection: `p` + its parent's pid (its
@@ -83,8 +84,8 @@ export function stdioChannel(): Channel {
 /**
  * Run `ready` (the worker loads its code), then listen on the Unix socket `path` and resolve with
  * the channel of the first connection; the listener is closed then (one job per worker). The
- * socket appears only once the worker is ready: that is what its wrapper waits for before the
- * next run may lease the container (scripts/sandbox-exec `--spare`).
+ * socket appears only once the worker is ready: that is what the connector (scripts/sandbox-attach)
+ * waits for.
  */
 export async function socketChannel(path: string, ready: () => Promise<void>): Promise<Channel> {
   await ready();

@@ -374,8 +374,7 @@ function sameServices(ports: Partial<Record<RelayService, number>>, sockets: Par
  */
 export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: string | null): RelayLauncher {
   return (args) => {
-    // A run's relay is named after the run: its lease, taken while the relay starts, knows it as
-    // the run's own (scripts/sandbox-exec, --lease).
+    // A run's relay is named after the run (its exec id, in traces and `ps`).
     const id = runId ? `relay-${runId}-${crypto.randomUUID()}` : `relay-${crypto.randomUUID()}`;
     return spawnRelayProcess([
       provider.docker.program,

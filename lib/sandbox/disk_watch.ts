@@ -19,7 +19,7 @@ import { SandboxError } from "../errors.ts";
 import type { Child } from "../process.ts";
 import { formatBytes } from "../units.ts";
 
-/** What prints the sizes: a `docker exec` of `sandbox-exec --du`, or a run's lease (see `lease`). */
+/** What prints the sizes: `docker logs --follow` of the container, whose init reports them. */
 export type DiskWatcher = Pick<Child, "lines" | "finished" | "kill">;
 
 export interface DiskWatch extends AsyncDisposable {

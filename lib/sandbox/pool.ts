@@ -94,6 +94,23 @@ export async function claimPooled(profile: Profile, options: PoolOptions = {}): 
   return undefined;
 }
 
+/**
+ * Remove the pool's ready containers made with another configuration or image than a run would
+ * use now (after a configuration change, `sandbox image build` or `sandbox snapshot`).
+ */
+async function dropStale(profile: Profile, key: string, options: PoolOptions): Promise<void> {
+  let current: { configHash: string; imageId: string | undefined } | undefined;
+  for (const record of await listReady()) {
+    if (record.key !== key) continue;
+    const provider = runSandbox(profile, instanceOf(record.name), { ...options, pooled: true });
+    current ??= { configHash: await provider.configHash(), imageId: await provider.imageId(options.signal) };
+    if (record.configHash === current.configHash && record.imageId === current.imageId) continue;
+    if (!await claimReady(record.name)) continue;
+    options.onProgress?.(`removing pooled sandbox ${record.name}: made with another configuration or image`);
+    await destroy(provider);
+  }
+}
+
 /** A container of the run's own, made now (the pool had none): recorded as held by this process. */
 export async function coldSandbox(profile: Profile, runId: string, options: PoolOptions = {}): Promise<DockerSandboxProvider> {
   const provider = runSandbox(profile, runId.toLowerCase(), { ...options, pooled: false });
@@ -129,6 +146,7 @@ export async function fillPool(profile: Profile, options: PoolOptions & { wait?:
   const key = keyOf(profile, options);
   const lock = `pool-${(await sha256Hex(`${userStateDir()}\0${key}`)).slice(0, 16)}`;
   const fill = async () => {
+    await dropStale(profile, key, options);
     const ready = (await listReady()).filter((record) => record.key === key);
     const missing = profile.sandbox.pool - ready.length;
     if (missing <= 0) return [];

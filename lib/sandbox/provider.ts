@@ -15,10 +15,7 @@ export interface ExecOptions {
   timeoutMs?: number;
   /** Each stderr line as it arrives. */
   onStderrLine?: (line: string) => void;
-  /**
-   * The run this command belongs to (Docker: its exec id is then `worker-RUN-…`): started while
-   * the run's lease is taken, it does not make the container look busy to that lease.
-   */
+  /** The run this command belongs to (Docker: its exec id is then `worker-RUN-…`, for traces). */
   runId?: string;
 }
 

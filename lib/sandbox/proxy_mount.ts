@@ -138,8 +138,7 @@ export function spareRelayRecordPath(mountSource: string): string {
 }
 
 /**
- * Take the record at `path` of an exec waiting in a container (a spare relay's, a waiting
- * wrapper's), if that exec still runs: undefined when there is none, it does not parse, or its
+ * Take the record at `path` of an exec waiting in a container (a spare relay's), if that exec still runs: undefined when there is none, it does not parse, or its
  * exec is dead — then its directory in `mountSource` is removed and `stop` ends what is left of it.
  */
 export async function claimLiveRecord<T extends { id: string; dir: string; exec?: string }>(
@@ -178,13 +177,6 @@ async function takeRecord<T>(path: string, parse: (text: string) => T): Promise<
   }
 }
 
-/**
- * The host's record of the command wrapper waiting in the container whose mounted directory is
- * `mountSource` (lib/sandbox/waiting_exec.ts): beside that directory, never inside it.
- */
-export function waitingExecRecordPath(mountSource: string): string {
-  return `${mountSource}.waiting-exec.json`;
-}
 
 /**
  * Remove what the host kept for `containerName`'s mount, once the container is gone: the directory
@@ -194,7 +186,6 @@ export async function removeProxyMountSource(containerName: string): Promise<voi
   const dir = await proxyMountSource(containerName);
   await Deno.remove(dir, { recursive: true }).catch(() => {});
   await Deno.remove(spareRelayRecordPath(dir)).catch(() => {});
-  await Deno.remove(waitingExecRecordPath(dir)).catch(() => {});
 }
 
 /** A session's socket directory in a container's mounted one, as the host and the sandbox see it. */
