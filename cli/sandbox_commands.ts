@@ -46,7 +46,7 @@ export function registerSandboxCommands(program: Command): void {
       else {
         for (const name of pool.reaped) await stdout.line(`removed ${name} (its run's process is gone)`);
         for (const each of pool.ready) await stdout.line(`sandbox ${each} is ready (profile ${profile.name})`);
-        if (pool.ready.length === 0) await stdout.line(`profile ${profile.name} keeps no pool (sandbox.pool is 0)`);
+        if (profile.sandbox.pool === 0) await stdout.line(`profile ${profile.name} keeps no pool (sandbox.pool is 0)`);
       }
     });
 

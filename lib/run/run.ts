@@ -508,6 +508,7 @@ async function prepare(
   // The pool is refilled behind the run once it is under way (`underWay`), not while it starts.
   let refilling: Promise<unknown> | undefined;
   const refill = () => {
+    // A refill that fails costs only a colder next run, which starts its own container.
     if (profile.sandbox.pool > 0) refilling ??= fillPool(profile, poolOptions).catch(() => {});
   };
   context.cleanups.push(async () => {

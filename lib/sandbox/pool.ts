@@ -19,6 +19,7 @@
  * job has arrived, and the container goes with the run. Nothing of one run meets another.
  */
 import type { Profile } from "../config.ts";
+import { SandboxError } from "../errors.ts";
 import type { AgentCliName } from "../agents/packages.ts";
 import { WORKER_COMMAND } from "../run/container_driver.ts";
 import { type AttachOptions, attachWorker } from "./attach.ts";
@@ -150,8 +151,12 @@ export async function fillPool(profile: Profile, options: PoolOptions & { wait?:
     const ready = (await listReady()).filter((record) => record.key === key);
     const missing = profile.sandbox.pool - ready.length;
     if (missing <= 0) return [];
-    const made = await Promise.all(Array.from({ length: missing }, () => startPooled(profile, key, options)));
-    return made.filter((name): name is string => name !== undefined);
+    // Side by side; one that fails leaves nothing behind, and the first failure is raised once
+    // the others are settled.
+    const made = await Promise.allSettled(Array.from({ length: missing }, () => startPooled(profile, key, options)));
+    const failed = made.find((each) => each.status === "rejected");
+    if (failed) throw failed.reason;
+    return made.map((each) => (each as PromiseFulfilledResult<string>).value);
   };
   if (options.wait) return await withHostLock(lock, fill);
   const held = await tryHostLock(lock);
@@ -163,8 +168,8 @@ export async function fillPool(profile: Profile, options: PoolOptions & { wait?:
   }
 }
 
-/** One pooled container, started and recorded; undefined (and nothing left) when it failed. */
-async function startPooled(profile: Profile, key: string, options: PoolOptions): Promise<string | undefined> {
+/** One pooled container, started and recorded; when it fails, nothing of it is left. */
+async function startPooled(profile: Profile, key: string, options: PoolOptions): Promise<string> {
   const provider = runSandbox(profile, `p${randomHex(4)}`, { ...options, pooled: true });
   try {
     await holdOwn(provider.containerName);
@@ -172,14 +177,13 @@ async function startPooled(profile: Profile, key: string, options: PoolOptions):
     const { readySpareRelay } = await import("../proxy/session.ts");
     await Promise.all([options.agent ? undefined : startWaitingWorker(provider), readySpareRelay(provider, options.signal)]);
     const imageId = await provider.imageId(options.signal);
-    if (!imageId) throw new Error(`its image is gone`);
+    if (!imageId) throw new SandboxError("docker_failed", `Cannot start a pooled sandbox: the image of "${provider.containerName}" is gone`);
     await addReady({ name: provider.containerName, key, configHash: await provider.configHash(), imageId });
     await releaseOwn(provider.containerName);
     return provider.containerName;
   } catch (error) {
-    options.onProgress?.(`cannot start a pooled sandbox: ${error instanceof Error ? error.message : error}`);
     await destroy(provider);
-    return undefined;
+    throw error;
   }
 }
 

@@ -191,7 +191,11 @@ Deno.test({
       await provider.ensureRunning();
       const session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
       assert.ok(!session.socketDir.startsWith(longState), session.socketDir);
-      assert.equal((await Deno.stat(session.socketDir)).mode! & 0o777, 0o700);
+      // In the container's mounted directory, the session's own is 0711 (the sandbox user goes
+      // through to its sockets); the directory above it, this user's only, keeps everyone else out.
+      const parent = session.socketDir.replace(/\/[^/]+\/[^/]+$/, "");
+      const closed = session.sandboxSocketDir ? parent : session.socketDir;
+      assert.equal((await Deno.stat(closed)).mode! & 0o777, 0o700, closed);
       const sockets = [...Deno.readDirSync(session.socketDir)].map((e) => e.name).sort();
       assert.deepEqual(sockets, ["egress.sock", "llm.sock"]);
       const before = await run(["docker", "exec", provider.containerName, "pgrep", "-f", "/opt/sandbox/relay.js"]);

@@ -241,16 +241,15 @@ Deno.test({
     try {
       await provider.ensureRunning();
       await t.step("in the container's mounted directory (the socket path)", async () => {
-        // The state directory may have been made 0700 by this tool (its first mkdir): opened up
-        // here, so that the 0700 directory the sockets are under is the only barrier left.
-        for (const path of [`${dir.path}/state`, `${dir.path}/state/sandbox`]) await Deno.chmod(path, 0o755);
         await using session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
         assert.equal(session.relay.transport, "socket");
-        assert.ok(session.socketDir.startsWith(`${dir.path}/state/sandbox/proxy/`), session.socketDir);
-        // The sandbox user must reach the sockets, so below the 0700 directory all may pass: it
-        // is what keeps everyone else out. The other user can enter everything above it.
-        assert.equal((await Deno.stat(`${dir.path}/state/sandbox/proxy`)).mode! & 0o777, 0o700);
-        const parent = await run(["runuser", "-u", "nobody", "--", "ls", `${dir.path}/state/sandbox`]);
+        // The mounted directories are /tmp/sandbox-proxy-<hash>/<container's>/<session's>: the
+        // sandbox user must reach the sockets, so below the 0700 top all may pass: it is what keeps
+        // everyone else out. The other user can enter everything above it (/tmp).
+        const top = session.socketDir.replace(/\/[^/]+\/[^/]+$/, "");
+        assert.match(top, /^\/tmp\/sandbox-proxy-[^/]+$/, session.socketDir);
+        assert.equal((await Deno.stat(top)).mode! & 0o777, 0o700);
+        const parent = await run(["runuser", "-u", "nobody", "--", "ls", "/tmp"]);
         assert.equal(parent.exitCode, 0, `the other user must be able to enter the parent: ${parent.stderr}`);
         await attack(session);
       });
