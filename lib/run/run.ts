@@ -29,6 +29,7 @@ import { openSession, type SandboxSession, startHostProxies } from "../proxy/ses
 import { workerBundlePath } from "../sandbox/worker_bundle.ts";
 import { type AgentCliName, type AgentName, isAgentCli } from "../agents/packages.ts";
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
+import { checkAgentProjectConfig, describeIgnored } from "../agents/project_config.ts";
 import type { HeldLock } from "../lock.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
@@ -464,6 +465,10 @@ async function prepare(
     ? await (await devcontainerModule()).openDevcontainer(request.profile, { repo: context.repo.local.path, base: context.repo.local.base, onProgress: request.onProgress, signal })
     : undefined;
   const profile = devcontainer?.profile ?? request.profile;
+  // What an agent CLI may read of the repository's configuration for it: only what the user trusts.
+  const ownConfig = context.repo?.kind === "local" && !devcontainer?.config.workspaceSubdir ? context.repo.local : undefined;
+  const agentConfig = context.agent ? await checkAgentProjectConfig(context.agent, ownConfig) : undefined;
+  for (const line of agentConfig ? describeIgnored(context.agent!, agentConfig) : []) request.onProgress?.(line);
   const sessionOptions = {
     runId: context.id,
     redactor: context.redactor,
@@ -753,7 +758,7 @@ async function prepare(
     env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },
     model: context.chosen.model,
     onStderrLine: request.onWorkerStderr,
-    agent: context.agent ? agentCli(context.agent) : undefined,
+    agent: context.agent ? agentCli(context.agent, { trustedConfig: agentConfig?.trusted }) : undefined,
     onAgentEvent: context.onAgentEvent,
     worker: () => {
       const started = early;
