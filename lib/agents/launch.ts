@@ -128,7 +128,7 @@ function tomlString(value: string): string {
  * a service of its own switched off: update checks, analytics, web search (a server-side tool the
  * proxy refuses anyway), plugins and connectors (which fetch from github.com and chatgpt.com).
  */
-export function codexConfig(input: LaunchInput): string {
+export function codexConfig(input: Pick<LaunchInput, "env" | "runId" | "instructions">): string {
   const baseUrl = required(input.env, "OPENAI_BASE_URL", "codex");
   required(input.env, "SANDBOX_LLM_TOKEN", "codex");
   return [
