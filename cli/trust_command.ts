@@ -111,6 +111,15 @@ async function trustAgentConfig(found: { files: string[]; skipped: string[] }, j
 }
 
 async function revoke(file: string, json?: boolean): Promise<void> {
+  const agentFiles = await agentConfigFiles(file);
+  if (agentFiles && agentFiles.files.length !== 1) {
+    const revoked = [];
+    for (const each of agentFiles.files) revoked.push({ file: await trustKey(each), revoked: await revokeTrust(each) });
+    if (json) return void await stdout.json(revoked);
+    for (const entry of revoked.filter((e) => e.revoked)) await stdout.line(`revoked the trust in ${shellQuote(entry.file)}`);
+    if (!revoked.some((e) => e.revoked)) note(`nothing under ${shellQuote(file)} was trusted`);
+    return;
+  }
   const revoked = await revokeTrust(file);
   const key = await trustKey(file);
   if (json) return void await stdout.json({ file: key, revoked });
