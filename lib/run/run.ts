@@ -467,8 +467,9 @@ async function prepare(
   const profile = devcontainer?.profile ?? request.profile;
   // What an agent CLI may read of the repository's configuration for it: only what the user trusts.
   const ownConfig = context.repo?.kind === "local" && !devcontainer?.config.workspaceSubdir ? context.repo.local : undefined;
-  const agentConfig = context.agent ? await checkAgentProjectConfig(context.agent, ownConfig) : undefined;
-  for (const line of agentConfig ? describeIgnored(context.agent!, agentConfig) : []) request.onProgress?.(line);
+  // (Read while the sandbox gets ready; awaited before the agent's driver is made.)
+  const checkingConfig = context.agent ? checkAgentProjectConfig(context.agent, ownConfig) : undefined;
+  checkingConfig?.catch(() => {}); // awaited below, where its error counts
   const sessionOptions = {
     runId: context.id,
     redactor: context.redactor,
@@ -753,6 +754,8 @@ async function prepare(
     // (A container of the run's own goes with everything in it.)
   }
   let early = await starting;
+  const agentConfig = await checkingConfig;
+  for (const line of agentConfig ? describeIgnored(context.agent!, agentConfig) : []) request.onProgress?.(line);
   const driver = new ContainerDriver({
     provider,
     env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },
