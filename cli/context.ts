@@ -120,7 +120,9 @@ export async function checkNamedConfigFirst(_program: unknown, action: Invocatio
 
 export async function profileFor(command: Invocation, name?: string) {
   const { config } = await configFor(command);
-  return resolveProfile(config, name);
+  const profile = resolveProfile(config, name);
+  for (const warning of profile.warnings ?? []) note(`warning: ${warning}`);
+  return profile;
 }
 
 /**

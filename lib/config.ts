@@ -14,6 +14,7 @@ import { joinPath, userConfigDir } from "./paths.ts";
 import { findSecret, isSecretName, knownSecrets } from "./secret_guard.ts";
 import { shellQuote, summarizeConfig } from "./config_summary.ts";
 import { trustStateOf } from "./trust.ts";
+import { refusedEnvReason, withoutRefusedEnv } from "./refused_env.ts";
 
 // `parseConfig()` is synchronous: YAML is ready when this module is, unless the CLI deferred it.
 if (!yamlDeferred()) await loadYaml();
@@ -205,6 +206,11 @@ export interface Profile {
   llm: LlmConfig;
   git: ProfileConfig["git"];
   sandbox: SandboxConfig;
+  /**
+   * What of the profile is not applied, one line each: environment variables no configuration may
+   * set in a sandbox (lib/refused_env.ts), named by their key.
+   */
+  warnings?: string[];
   resources: {
     memoryBytes: number;
     cpus: number;
@@ -542,12 +548,14 @@ export function resolveProfile(config: Config, name?: string): Profile {
     profile = ProfileSchema.parse({});
   }
   const r = profile.sandbox.resources;
+  const environment = withoutRefusedNames(chosen, profile.sandbox.environment);
   return {
     name: chosen,
     description: profile.description,
     llm: profile.llm,
     git: profile.git,
-    sandbox: profile.sandbox,
+    sandbox: { ...profile.sandbox, environment: environment.environment },
+    ...(environment.warnings.length > 0 ? { warnings: environment.warnings } : {}),
     resources: {
       memoryBytes: parseSize(r.memory)!,
       cpus: r.cpus ?? Math.min(2, navigator.hardwareConcurrency || 1),
@@ -556,6 +564,21 @@ export function resolveProfile(config: Config, name?: string): Profile {
       timeoutMs: parseDuration(r.timeout)!,
     },
   };
+}
+
+/** A profile's environment without the names no configuration may set in a sandbox, each named in a warning. */
+function withoutRefusedNames(
+  profile: string,
+  environment: SandboxConfig["environment"],
+): { environment: SandboxConfig["environment"]; warnings: string[] } {
+  const at = `profiles.${profile}.sandbox.environment`;
+  const { env: set, warnings } = withoutRefusedEnv(environment.set, (name) => `${at}.set.${name}`);
+  const passthrough = environment.passthrough.filter((name) => {
+    const reason = refusedEnvReason(name);
+    if (reason) warnings.push(`${at}.passthrough "${name}" is refused and not passed: ${reason}`);
+    return reason === undefined;
+  });
+  return { environment: { set, passthrough }, warnings };
 }
 
 /** Every profile a configuration offers, including the implicit "default". */

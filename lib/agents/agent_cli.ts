@@ -6,6 +6,7 @@ import { ClaudeCodeTranslator } from "./claude_code_events.ts";
 import { CodexTranslator } from "./codex_events.ts";
 import { type AgentLaunch, agentLaunch, type LaunchInput } from "./launch.ts";
 import type { AgentCliName } from "./packages.ts";
+import type { ProjectConfigPath } from "./project_config.ts";
 import type { EventTranslator } from "./translate.ts";
 import { SandboxError } from "../errors.ts";
 import { normalizeToolName } from "../run/tool_names.ts";
@@ -26,10 +27,15 @@ export interface AgentCli {
   translator(options?: TranslatorOptions): EventTranslator;
 }
 
-export function agentCli(name: AgentCliName): AgentCli {
+export interface AgentCliOptions {
+  /** The project configuration the user trusts (`project_config.ts`); default none. */
+  trustedConfig?: readonly ProjectConfigPath[];
+}
+
+export function agentCli(name: AgentCliName, options: AgentCliOptions = {}): AgentCli {
   return {
     name,
-    launch: (input) => agentLaunch(name, input),
+    launch: (input) => agentLaunch(name, { trustedConfig: options.trustedConfig, ...input }),
     translator: (options = {}) =>
       name === "claude-code"
         // Claude Code's tool names (Bash, Write…) as the seeds' drivers report them.

@@ -10,6 +10,7 @@
  */
 import { SandboxError } from "../errors.ts";
 import { AGENT_PACKAGES, type AgentCliName, agentDir } from "./packages.ts";
+import type { ProjectConfigPath } from "./project_config.ts";
 
 /** Where the agents keep their state: the sandbox user's home, a tmpfs that dies with the container. */
 const SANDBOX_HOME = "/home/sandbox";
@@ -26,6 +27,13 @@ export interface LaunchInput {
   instructionsFile?: string;
   /** Extra system instructions' text (agents that take them in their config file). */
   instructions?: string;
+  /** The agent's working directory inside the sandbox: the project it reads configuration from. */
+  cwd: string;
+  /**
+   * The project configuration the user trusts (`project_config.ts`); the agent reads none of the
+   * rest. Default: none.
+   */
+  trustedConfig?: readonly ProjectConfigPath[];
 }
 
 export interface AgentLaunch {
@@ -77,6 +85,7 @@ export function claudeCodeLaunch(input: LaunchInput): AgentLaunch {
       "--model",
       modelFor(input),
       ...(input.instructionsFile ? ["--append-system-prompt-file", input.instructionsFile] : []),
+      ...claudeProjectFlags(input),
     ],
     env: {
       // The umbrella switch: no telemetry, error reports, auto-update, feedback or release notes.
@@ -92,6 +101,21 @@ export function claudeCodeLaunch(input: LaunchInput): AgentLaunch {
   };
 }
 
+/**
+ * What Claude Code reads of the project. Untrusted, `.claude/` stays out through the setting
+ * sources (the "project" source is `.claude/` and, with it, `.mcp.json`: settings, skills, agents,
+ * commands; "local" is `.claude/settings.local.json`), and `.mcp.json` through `--strict-mcp-config`.
+ * Trusted, the CLI reads them as it does by default; a trusted `.mcp.json` without a trusted
+ * `.claude/` is named with `--mcp-config`. (Checked against 2.1.330: with `--setting-sources user`
+ * no project hook, env, apiKeyHelper, skill, agent or MCP server is loaded.)
+ */
+function claudeProjectFlags(input: LaunchInput): string[] {
+  const trusted = new Set(input.trustedConfig ?? []);
+  const sources = trusted.has(".claude") ? [] : ["--setting-sources", "user"];
+  if (!trusted.has(".mcp.json")) return [...sources, "--strict-mcp-config"];
+  return trusted.has(".claude") ? sources : [...sources, "--mcp-config", `${input.cwd}/.mcp.json`];
+}
+
 /** A TOML basic string: JSON's escapes are all valid TOML escapes (and JSON.stringify makes no `\/`). */
 function tomlString(value: string): string {
   return JSON.stringify(value);
@@ -104,7 +128,7 @@ function tomlString(value: string): string {
  * a service of its own switched off: update checks, analytics, web search (a server-side tool the
  * proxy refuses anyway), plugins and connectors (which fetch from github.com and chatgpt.com).
  */
-export function codexConfig(input: LaunchInput): string {
+export function codexConfig(input: Pick<LaunchInput, "env" | "runId" | "instructions">): string {
   const baseUrl = required(input.env, "OPENAI_BASE_URL", "codex");
   required(input.env, "SANDBOX_LLM_TOKEN", "codex");
   return [
@@ -139,6 +163,19 @@ export function codexProfileName(runId: string): string {
   return `sandbox-${runId.replace(/[^A-Za-z0-9_-]/g, "-")}`;
 }
 
+/**
+ * What Codex reads of the project. Codex loads a project's `.codex/` (config, hooks, rules) only
+ * for a project it trusts, by its `projects` table; the table given here replaces whatever the
+ * agent-writable `$CODEX_HOME` says, and "untrusted" is final even against `--trust`. Trusted,
+ * `sandbox trust` of every file stands for Codex's own review of each hook, which a run without a
+ * terminal cannot give. (Checked against 0.169.0.)
+ */
+function codexProjectFlags(input: LaunchInput): string[] {
+  const trusted = (input.trustedConfig ?? []).includes(".codex");
+  const table = `projects={${tomlString(input.cwd)}={trust_level="${trusted ? "trusted" : "untrusted"}"}}`;
+  return trusted ? ["-c", table, "--dangerously-bypass-hook-trust"] : ["-c", table];
+}
+
 /** `codex exec` with JSON events, reading the prompt from stdin (`-`). */
 export function codexLaunch(input: LaunchInput): AgentLaunch {
   const profile = codexProfileName(input.runId);
@@ -156,6 +193,7 @@ export function codexLaunch(input: LaunchInput): AgentLaunch {
       profile,
       "--model",
       modelFor(input),
+      ...codexProjectFlags(input),
       "-",
     ],
     env: { CODEX_HOME },

@@ -189,6 +189,7 @@ export class ContainerDriver {
       runId: files.dir.slice(files.dir.lastIndexOf("/") + 1),
       instructions: options.instructions,
       instructionsFile: files.instructions,
+      cwd: options.cwd,
     });
     try {
       for (const file of launch.files) await this.#options.provider.writeFile(file.path, file.content, { mode: 0o600 });

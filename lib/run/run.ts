@@ -31,6 +31,7 @@ import { openSession, type SandboxSession, startHostProxies } from "../proxy/ses
 import { workerBundlePath } from "../sandbox/worker_bundle.ts";
 import { type AgentCliName, type AgentName, isAgentCli } from "../agents/packages.ts";
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
+import { checkAgentProjectConfig, describeIgnored } from "../agents/project_config.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
@@ -457,6 +458,11 @@ async function prepare(
     ? await (await devcontainerModule()).openDevcontainer(request.profile, { repo: context.repo.local.path, base: context.repo.local.base, onProgress: request.onProgress, signal })
     : undefined;
   const profile = devcontainer?.profile ?? request.profile;
+  // What an agent CLI may read of the repository's configuration for it: only what the user trusts.
+  const ownConfig = context.repo?.kind === "local" && !devcontainer?.config.workspaceSubdir ? context.repo.local : undefined;
+  // (Read while the sandbox gets ready; awaited before the agent's driver is made.)
+  const checkingConfig = context.agent ? checkAgentProjectConfig(context.agent, ownConfig) : undefined;
+  checkingConfig?.catch(() => {}); // awaited below, where its error counts
   const sessionOptions = {
     runId: context.id,
     redactor: context.redactor,
@@ -572,12 +578,14 @@ async function prepare(
   if (worktree && request.repo?.keepWorktree) keep.worktree = true;
   let early = await starting;
   const provider = sandbox;
+  const agentConfig = await checkingConfig;
+  for (const line of agentConfig ? describeIgnored(context.agent!, agentConfig) : []) request.onProgress?.(line);
   const driver = new ContainerDriver({
     provider,
     env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },
     model: context.chosen.model,
     onStderrLine: request.onWorkerStderr,
-    agent: context.agent ? agentCli(context.agent) : undefined,
+    agent: context.agent ? agentCli(context.agent, { trustedConfig: agentConfig?.trusted }) : undefined,
     onAgentEvent: context.onAgentEvent,
     worker: () => {
       const started = early;

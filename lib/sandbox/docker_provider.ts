@@ -6,6 +6,7 @@
  * from a `docker run` argv derived purely from the profile, and labelled with a hash of that argv,
  * so that a configuration change is detected with one `docker inspect` and the container replaced.
  */
+import { withoutRefusedEnv } from "../refused_env.ts";
 import type { Profile } from "../config.ts";
 import { DockerCli, isAlreadyExists, isNoSuchObject, LABEL, labelArgs, OWNER, OWNER_FILTER } from "./docker.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
@@ -193,7 +194,8 @@ export class DockerSandboxProvider implements SandboxProvider {
       if (value !== undefined) env[name] = value;
     }
     assertNoSecrets(`sandbox "${this.names.container}"`, { env: { ...env, ...this.profile.sandbox.environment.set }, envKind: "container environment" });
-    return { ...env, ...this.profile.sandbox.environment.set };
+    // resolveProfile() warned of them already; a profile made another way loses them here too.
+    return withoutRefusedEnv({ ...env, ...this.profile.sandbox.environment.set }, (name) => name).env;
   }
 
   /**

@@ -89,3 +89,24 @@ Deno.test("sandbox trust refuses a project file with a key command or a problem,
   assert.match(none.stderr, /No project configuration file to trust/);
   assert.equal((await t.cli(["trust", "--list", "x"])).exitCode, 2);
 });
+
+Deno.test("sandbox trust takes an agent configuration directory file by file, shows what each sets, and --revoke forgets them all", async () => {
+  await using t = await setup();
+  await Deno.mkdir(`${t.repo}/.claude/agents`, { recursive: true });
+  await Deno.writeTextFile(`${t.repo}/.claude/settings.json`, JSON.stringify({ hooks: { Stop: [] }, apiKeyHelper: "echo k" }));
+  await Deno.writeTextFile(`${t.repo}/.claude/agents/a.md`, "an agent\n");
+  await Deno.symlink("/etc/passwd", `${t.repo}/.claude/link`);
+  const trusted = await t.cli(["trust", ".claude"]);
+  assert.equal(trusted.exitCode, 0, explain(trusted));
+  assert.match(trusted.stdout, new RegExp(`^trusted ${t.repo}/\\.claude/agents/a\\.md \\(sha256 [0-9a-f]{12}\\); it sets:\n  9 bytes`));
+  assert.match(trusted.stdout, /\.claude\/settings\.json \(sha256 [0-9a-f]{12}\); it sets:\n  hooks "Stop" .*\n  apiKeyHelper "echo k" \(a command the agent runs\)/);
+  assert.match(trusted.stderr, /not trusted: .*\/\.claude\/link is not a regular file/);
+  const listed = JSON.parse((await t.cli(["trust", "--list", "--json"])).stdout);
+  assert.deepEqual(listed.map((e: { file: string }) => e.file), [`${t.repo}/.claude/agents/a.md`, `${t.repo}/.claude/settings.json`]);
+  const revoked = await t.cli(["trust", "--revoke", ".claude", "--json"]);
+  assert.deepEqual(JSON.parse(revoked.stdout).map((e: { revoked: boolean }) => e.revoked), [true, true], explain(revoked));
+  assert.deepEqual(JSON.parse((await t.cli(["trust", "--list", "--json"])).stdout), []);
+  // sandbox.yaml is still validated as one: a .json elsewhere is not agent configuration.
+  await Deno.writeTextFile(`${t.repo}/other.json`, `{"profiles": {"work": {"agent": 1}}}`);
+  assert.equal((await t.cli(["trust", "other.json"])).exitCode, 2);
+});

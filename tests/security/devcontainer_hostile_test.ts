@@ -195,3 +195,51 @@ Deno.test({
     assert.notEqual(container.exitCode, 0, "no container was started");
   },
 });
+
+Deno.test({
+  name: "a devcontainer.json's PERL5OPT, PERL5DB, LD_PRELOAD and NODE_OPTIONS are refused with a warning naming each key; an ordinary variable beside them reaches the agent's command",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    const probe = [
+      "echo MARK-START",
+      "for v in PERL5OPT PERL5DB LD_PRELOAD NODE_OPTIONS; do eval \"echo $v=\\${$v:-unset}\"; done",
+      "echo GREETING=$DEVCONTAINER_GREETING",
+      "echo PERL5DB_RAN=$(test -e /tmp/perl5db-ran && echo yes || echo no)",
+      "echo MARK-END",
+    ].join("; ");
+    await using llm = new FakeLlm([toolCall("execute", { command: probe }), text("Done")]);
+    const steering = {
+      image: "sandbox-base:bookworm",
+      containerEnv: {
+        PERL5OPT: "-d",
+        PERL5DB: "BEGIN { open my $f, '>', '/tmp/perl5db-ran' }",
+        LD_PRELOAD: "/workspace/evil.so",
+        DEVCONTAINER_GREETING: "hello from containerEnv",
+      },
+      remoteEnv: { NODE_OPTIONS: "--require /workspace/evil.js" },
+    };
+    await using fixture = await DevcontainerFixture.create("sec-dc-env", llm.baseUrl, {
+      ".devcontainer/devcontainer.json": JSON.stringify(steering, null, 2),
+    });
+    const result = await fixture.runAgent();
+    const context = explain(result);
+    assert.equal(result.exitCode, 0, context);
+    const [output] = executeOutputs(parseLines(result.stdout, context));
+    assert.ok(output?.includes("MARK-END"), `the agent's command never ran\n${context}`);
+    const seen = keyValues(output);
+    for (const name of ["PERL5OPT", "PERL5DB", "LD_PRELOAD", "NODE_OPTIONS"]) assert.equal(seen[name], "unset", `${name} reached the sandbox\n${context}`);
+    assert.equal(seen.PERL5DB_RAN, "no", context);
+    // The twin: the ordinary variable beside them, set the same way, is there.
+    assert.equal(seen.GREETING, "hello from containerEnv", context);
+    for (const key of ["containerEnv.PERL5OPT", "containerEnv.PERL5DB", "containerEnv.LD_PRELOAD", "remoteEnv.NODE_OPTIONS"]) {
+      const lines = result.stderr.split("\n").filter((l) => l.startsWith(`sandbox: warning: devcontainer.json: "${key}" is refused and not set: it changes `));
+      assert.equal(lines.length, 1, `warnings for ${key}: ${lines.length}\n${context}`);
+    }
+    assert.ok(!result.stderr.includes("DEVCONTAINER_GREETING"), context);
+    const env = await run(["docker", "container", "inspect", fixture.container, "--format", "{{json .Config.Env}}"]);
+    const names = (JSON.parse(env.stdout) as string[]).map((e) => e.split("=")[0]);
+    assert.ok(names.includes("DEVCONTAINER_GREETING"), env.stdout);
+    for (const name of ["PERL5OPT", "PERL5DB", "LD_PRELOAD", "NODE_OPTIONS"]) assert.ok(!names.includes(name), `${name} is in the container's environment: ${env.stdout}`);
+  },
+});

@@ -20,9 +20,10 @@ const SESSION_ENV = {
   ANTHROPIC_BASE_URL: "http://172.30.0.1:41000/proxy",
   ANTHROPIC_API_KEY: TOKEN,
 };
+const WORKTREE = "/workspace/worktrees/20261122-224149-064f15";
 
 Deno.test("Claude Code runs in print mode with stream-json, skipping permission prompts, with its extra traffic off", () => {
-  const launch = claudeCodeLaunch({ env: SESSION_ENV, runId: "run-1", instructionsFile: "/tmp/sandbox-prompts/run-1/instructions.txt" });
+  const launch = claudeCodeLaunch({ env: SESSION_ENV, runId: "run-1", cwd: WORKTREE, instructionsFile: "/tmp/sandbox-prompts/run-1/instructions.txt" });
   assert.equal(launch.argv[0], agentProgram("claude-code"));
   assert.equal(launch.argv[0], "/opt/sandbox/agents/claude-code/claude");
   for (const flag of ["--print", "--verbose", "--dangerously-skip-permissions", "--no-session-persistence"]) {
@@ -41,13 +42,13 @@ Deno.test("Claude Code runs in print mode with stream-json, skipping permission 
   });
   assert.ok(!launch.argv.some((arg) => arg.includes(TOKEN)), "the token is never on the command line");
   assert.deepEqual(launch.files, []);
-  const chosen = claudeCodeLaunch({ env: SESSION_ENV, runId: "run-1", model: "replay" });
+  const chosen = claudeCodeLaunch({ env: SESSION_ENV, runId: "run-1", cwd: WORKTREE, model: "replay" });
   assert.equal(chosen.argv[chosen.argv.indexOf("--model") + 1], "replay", "--model overrides the session's");
   assert.ok(!chosen.argv.includes("--append-system-prompt-file"), "no instructions, no flag");
 });
 
 Deno.test("Codex runs exec --json without approvals or its own sandbox, configured by a per-run profile file", () => {
-  const launch = codexLaunch({ env: SESSION_ENV, runId: "20261122-224149-064f15", model: "gpt-5.5", instructions: 'Say "hi"\nthen stop' });
+  const launch = codexLaunch({ env: SESSION_ENV, runId: "20261122-224149-064f15", cwd: WORKTREE, model: "gpt-5.5", instructions: 'Say "hi"\nthen stop' });
   const profile = codexProfileName("20261122-224149-064f15");
   assert.deepEqual(launch.argv, [
     "/opt/sandbox/agents/codex/bin/codex",
@@ -60,6 +61,8 @@ Deno.test("Codex runs exec --json without approvals or its own sandbox, configur
     profile,
     "--model",
     "gpt-5.5",
+    "-c",
+    `projects={"${WORKTREE}"={trust_level="untrusted"}}`,
     "-",
   ]);
   assert.deepEqual(launch.env, { CODEX_HOME });
@@ -118,4 +121,39 @@ Deno.test("llm.agent picks the agent of a profile: the built-in worker by defaul
   assert.equal(bad.issues.length, 1);
   assert.equal(bad.issues[0].path, "profiles.x.llm.agent");
   assert.match(bad.issues[0].message, /deepagents.*claude-code.*codex/);
+});
+
+Deno.test("Claude Code reads none of the project's configuration until the user trusts it, then reads it as it would by default", async (t) => {
+  const flags = (trustedConfig?: (".claude" | ".mcp.json")[]) => {
+    const argv = claudeCodeLaunch({ env: SESSION_ENV, runId: "run-1", cwd: WORKTREE, trustedConfig }).argv;
+    return argv.slice(argv.indexOf("claude-sonnet-4-5") + 1);
+  };
+  await t.step("untrusted: user settings only, and no MCP server but the ones named (none)", () => {
+    assert.deepEqual(flags(), ["--setting-sources", "user", "--strict-mcp-config"]);
+    assert.deepEqual(flags([]), ["--setting-sources", "user", "--strict-mcp-config"]);
+  });
+  await t.step(".claude trusted: every setting source, as by default; an untrusted .mcp.json stays out", () => {
+    assert.deepEqual(flags([".claude"]), ["--strict-mcp-config"]);
+  });
+  await t.step("both trusted: the CLI's defaults, no switch at all", () => {
+    assert.deepEqual(flags([".claude", ".mcp.json"]), []);
+  });
+  await t.step(".mcp.json alone trusted: its servers by name, the project's settings still out", () => {
+    assert.deepEqual(flags([".mcp.json"]), ["--setting-sources", "user", "--mcp-config", `${WORKTREE}/.mcp.json`]);
+  });
+});
+
+Deno.test("Codex's project is explicitly untrusted until the user trusts .codex/; trusted, its hooks run without Codex's own review", () => {
+  const argv = (trustedConfig?: ".codex"[]) => codexLaunch({ env: SESSION_ENV, runId: "r", cwd: WORKTREE, model: "m", trustedConfig }).argv;
+  const untrusted = argv();
+  assert.equal(untrusted[untrusted.indexOf("-c") + 1], `projects={"${WORKTREE}"={trust_level="untrusted"}}`);
+  assert.ok(!untrusted.includes("--dangerously-bypass-hook-trust"));
+  assert.ok(!untrusted.includes("--trust"));
+  const trusted = argv([".codex"]);
+  assert.equal(trusted[trusted.indexOf("-c") + 1], `projects={"${WORKTREE}"={trust_level="trusted"}}`);
+  assert.ok(trusted.includes("--dangerously-bypass-hook-trust"));
+  assert.equal(trusted.at(-1), "-", "the prompt still comes from stdin");
+  // A working directory with a quote or backslash stays one TOML key.
+  const odd = codexLaunch({ env: SESSION_ENV, runId: "r", cwd: '/w/a"b\\c', model: "m" }).argv;
+  assert.equal(odd[odd.indexOf("-c") + 1], `projects={"/w/a\\"b\\\\c"={trust_level="untrusted"}}`);
 });

@@ -13,6 +13,7 @@ import {
   neverApplied,
   substituteContainerEnv,
 } from "./config.ts";
+import { refusedEnvReason } from "../../refused_env.ts";
 
 /** One lifecycle command, where it came from, and what runs. */
 export interface LifecycleStep {
@@ -85,6 +86,11 @@ export function resolveRuntime(
   for (const [name, value] of Object.entries(merged)) {
     if (RESERVED_ENV.test(name)) {
       warnings.push(`devcontainer.json: environment variable "${name}" is ignored: the sandbox sets it`);
+      continue;
+    }
+    const refused = value === null ? undefined : refusedEnvReason(name);
+    if (refused) {
+      warnings.push(`devcontainer.json: "${name in remoteEnv ? "remoteEnv" : "containerEnv"}.${name}" is refused and not set: ${refused}`);
       continue;
     }
     if (value !== null) env[name] = value;
