@@ -12,7 +12,7 @@
  * after `sandbox trust` — the hooks and the MCP server run.
  */
 import assert from "node:assert/strict";
-import { repoContainerOf, RunFixture } from "../_run_fixture.ts";
+import { RunFixture } from "../_run_fixture.ts";
 import { FakeAgentLlm } from "../_fake_agent_llm.ts";
 import { assertDocker, dockerTest, explain, writeConfig } from "../_helpers.ts";
 import { commitFiles, git } from "../_devcontainer_fixture.ts";
@@ -48,7 +48,7 @@ async function markers(container: string, present: string): Promise<string[]> {
 async function runHeld(
   fake: FakeAgentLlm,
   runAgent: () => Promise<RunResult>,
-  container: string,
+  liveContainer: () => Promise<string>,
   present: string,
   until: string[] = [],
 ): Promise<{ result: RunResult; found: string[]; recorded: Record<string, string> }> {
@@ -59,6 +59,8 @@ async function runHeld(
   const recorded: Record<string, string> = {};
   let found: string[];
   try {
+    // The run's own container, which goes with it.
+    const container = await liveContainer();
     const wait = until.map((name) => `until test -s "$HOME/${name}"; do sleep 0.2; done`).join("; ");
     if (wait) await inContainer(container, wait);
     found = await markers(container, present);
@@ -105,7 +107,7 @@ async function setup(agent: "claude-code" | "codex", fake: FakeAgentLlm, files: 
   await commitFiles(repo, { "README.md": "# demo\n", ...files }, "a repository that configures its agent");
   const path = await Deno.realPath(repo);
   const runAgent = () => fixture.cli(["run", "agentic", "-p", fixture.profile, "--prompt-file", fixture.promptFile, "--repo", path, "--format", "ndjson"]);
-  return { fixture, repo: path, container: await repoContainerOf(fixture.profile, path, agent), runAgent };
+  return { fixture, repo: path, container: () => fixture.liveContainer(), runAgent };
 }
 
 function assertDone(result: RunResult, text: string): void {
