@@ -15,7 +15,7 @@ import {
 import { SandboxError } from "../../lib/errors.ts";
 import { parseYamlDocument } from "../../lib/yaml.ts";
 import "../../lib/config.ts"; // loads the yaml module
-import { tempDir } from "../_helpers.ts";
+import { tempDir, withEnv } from "../_helpers.ts";
 
 const bytes = (...values: number[]) => new Uint8Array(values);
 
@@ -127,4 +127,22 @@ Deno.test("parseYamlDocument() turns alias problems into the document's issues, 
   const parsed = parseYamlDocument(bomb.join("\n") + "\n");
   assert.equal(parsed.kind, "invalid");
   assert.match(parsed.kind === "invalid" ? parsed.errors[0] : "", /^YAML alias: Excessive alias count .*\(at most 100 alias expansions\)$/);
+});
+
+Deno.test("a configuration file past 1 MiB is refused unread, and one at the limit is read", async () => {
+  await using dir = await tempDir();
+  const { loadConfig } = await import("../../lib/config.ts");
+  // A hostile repository's sandbox.yaml may be any size: one past the limit is never parsed.
+  const big = `${dir.path}/big.yaml`;
+  await Deno.writeTextFile(big, `# ${"x".repeat(1024 * 1024)}\nprofiles: {}\n`);
+  const refused = await loadConfig({ explicit: big });
+  assert.equal(refused.kind, "invalid");
+  assert.deepEqual(refused.kind === "invalid" && refused.issues, [{ path: "", message: "cannot read: larger than 1 MiB, the limit for a configuration file" }]);
+  const atLimit = `${dir.path}/limit.yaml`;
+  const body = "profiles: {work: {}}\n";
+  await Deno.writeTextFile(atLimit, `#${"x".repeat(1024 * 1024 - body.length - 2)}\n${body}`);
+  assert.equal((await Deno.stat(atLimit)).size, 1024 * 1024);
+  // (Its parse is cached in the state directory: a private one.)
+  const read = await withEnv({ XDG_STATE_HOME: dir.path }, () => loadConfig({ explicit: atLimit }));
+  assert.equal(read.kind, "ok", JSON.stringify(read.kind === "invalid" && read.issues));
 });
