@@ -50,9 +50,13 @@ export async function buildProgram(): Promise<Command> {
     .version(VERSION, "-V, --version")
     .option(CONFIG_FLAGS, CONFIG_HELP)
     .enablePositionalOptions()
-    .showHelpAfterError("(run with --help for usage)")
+    .showHelpAfterError(`${PREFIX}   (run with --help for usage)`)
     .exitOverride()
-    .configureOutput({ writeErr: (text) => Deno.stderr.writeSync(encoder.encode(text)) })
+    .configureOutput({
+      writeErr: (text) => Deno.stderr.writeSync(encoder.encode(text)),
+      // Usage errors look like every other error: `sandbox: error: ...`, what follows indented.
+      outputError: (text, write) => write(prefixed(text)),
+    })
     .hook("preAction", checkNamedConfigFirst);
   registerSandboxCommands(program);
   registerCpCommand(program);
@@ -63,6 +67,13 @@ export async function buildProgram(): Promise<Command> {
   registerTrustCommand(program);
   acceptGlobalOptionsAnywhere(program);
   return program;
+}
+
+const PREFIX = "sandbox:";
+
+/** commander's error text, each line prefixed as `note()` does: the first as the error, the rest as its detail. */
+function prefixed(text: string): string {
+  return text.trimEnd().split("\n").map((line, i) => `${PREFIX} ${i === 0 ? "" : "  "}${line}\n`).join("");
 }
 
 /**

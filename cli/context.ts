@@ -196,14 +196,3 @@ export function parseTimeout(text: string | undefined): number | undefined {
   }
   return ms;
 }
-
-export async function readInput(path: string, what: string): Promise<string> {
-  try {
-    return path === "-"
-      ? await new Response(Deno.stdin.readable).text()
-      : await Deno.readTextFile(path);
-  } catch (error) {
-    throw new SandboxError("usage", `Cannot read ${what} "${path}": ${(error as Error).message}`);
-  }
-}
-

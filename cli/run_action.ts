@@ -3,6 +3,7 @@
  * fast path that spares a run loading it: fast_path.ts).
  */
 import { SandboxError } from "../lib/errors.ts";
+import { MAX_PROMPT_BYTES, MAX_SCHEMA_BYTES, readInputText } from "../lib/input_file.ts";
 import { cliName } from "../lib/cli_name.ts";
 import type { JsonSchema } from "../worker/json_schema.ts";
 import {
@@ -10,7 +11,6 @@ import {
   note,
   parseTimeout,
   profileFor,
-  readInput,
   signal,
   stdout,
 } from "./context.ts";
@@ -37,6 +37,9 @@ export interface RunFlags {
   agent?: AgentName;
 }
 
+const PROMPT = { what: "prompt file", stdin: "prompt on stdin", limitFor: "prompt" };
+const INSTRUCTIONS = { what: "instructions file", stdin: "instructions on stdin" };
+
 export async function runAction(
   mode: "agentic" | "generate",
   opts: RunFlags,
@@ -55,15 +58,16 @@ export async function runAction(
     throw new SandboxError("usage", "--base, --branch, --keep-worktree and --push need --repo");
   }
   const profile = await profileFor(command, opts.profile);
-  const prompt = await readInput(opts.promptFile, "prompt file");
+  const prompt = await readInputText(opts.promptFile, MAX_PROMPT_BYTES, PROMPT);
   const instructions = opts.instructionsFile
-    ? await readInput(opts.instructionsFile, "instructions file")
+    ? await readInputText(opts.instructionsFile, MAX_PROMPT_BYTES, INSTRUCTIONS)
     : undefined;
   let schema: JsonSchema | undefined;
   if (opts.schema) {
+    const text = await readInputText(opts.schema, MAX_SCHEMA_BYTES, { what: "schema" });
     try {
-      const { loadJsonSchema } = await import("../worker/json_schema.ts");
-      schema = await loadJsonSchema(opts.schema);
+      const { parseJsonSchema } = await import("../worker/json_schema.ts");
+      schema = parseJsonSchema(text, opts.schema);
     } catch (error) {
       throw new SandboxError("usage", (error as Error).message);
     }

@@ -3,7 +3,8 @@
  * configuration file (direnv `allow`, mise `trust`). Until then sandbox ignores the file.
  */
 import type { Command } from "commander";
-import { CONFIG_FILE_NAMES, findProjectConfigFile, validateConfigText } from "../lib/config.ts";
+import { CONFIG_FILE_NAMES, findProjectConfigFile, notUtf8, readConfigBytes, validateConfigText } from "../lib/config.ts";
+import { decodeUtf8 } from "../lib/input_file.ts";
 import { shellQuote, summarizeConfig } from "../lib/config_summary.ts";
 import { loadYaml } from "../lib/yaml.ts";
 import { ConfigError, SandboxError } from "../lib/errors.ts";
@@ -51,16 +52,15 @@ async function projectFile(): Promise<string> {
 async function trust(file: string, json?: boolean): Promise<void> {
   const agentFiles = await agentConfigFiles(file);
   if (agentFiles) return await trustAgentConfig(agentFiles, json);
-  let bytes: Uint8Array;
-  try {
-    bytes = await Deno.readFile(file);
-  } catch (error) {
-    const reason = error instanceof Deno.errors.NotFound ? "file not found" : (error as Error).message;
-    throw new SandboxError("usage", `Cannot trust ${shellQuote(file)}: ${reason}`);
-  }
-  const text = new TextDecoder().decode(bytes);
+  const read = await readConfigBytes(file);
+  if (read.kind === "unreadable") throw new SandboxError("usage", `Cannot trust ${shellQuote(file)}: ${read.reason}`);
+  const { bytes } = read;
+  const decoded = decodeUtf8(bytes);
+  const text = decoded.kind === "ok" ? decoded.text : "";
   await loadYaml();
-  const checked = validateConfigText(text, file, "project");
+  const checked = decoded.kind === "ok"
+    ? validateConfigText(text, file, "project")
+    : { kind: "invalid" as const, issues: [notUtf8(decoded.offset)] };
   if (checked.kind === "invalid") {
     note("not trusted: a project file must be valid, and may not use a key command");
     throw new ConfigError(file, checked.issues);

@@ -10,6 +10,7 @@ import { loadYaml, parseYamlDocument, type YamlDocument, yamlDeferred } from "./
 import { parsedDocument } from "./config_cache.ts";
 import { type ConfigIssue, ConfigError, SandboxError } from "./errors.ts";
 import { parseDuration, parseSize } from "./units.ts";
+import { decodeUtf8, formatLimit, MAX_CONFIG_BYTES, readBounded } from "./input_file.ts";
 import { joinPath, userConfigDir } from "./paths.ts";
 import { findSecret, isSecretName, knownSecrets } from "./secret_guard.ts";
 import { shellQuote, summarizeConfig } from "./config_summary.ts";
@@ -316,7 +317,7 @@ function checkDocument(
   env: (name: string) => string | undefined = (n) => Deno.env.get(n),
 ): ConfigLoadResult {
   if (doc.kind === "invalid") {
-    return { kind: "invalid", file, issues: doc.errors.map((message) => ({ path: "", message: `YAML syntax: ${message}` })) };
+    return { kind: "invalid", file, issues: doc.errors.map((message) => ({ path: "", message })) };
   }
   const issues: ConfigIssue[] = [];
   const raw = interpolate(doc.value, env, issues);
@@ -370,6 +371,20 @@ type Selection =
   | { kind: "none"; ignored: IgnoredConfig[] };
 
 /**
+ * A configuration file's bytes, at most `MAX_CONFIG_BYTES` of them (a named file may be a FIFO, a
+ * device, anything): a file past the limit is unreadable, and never read whole.
+ */
+export async function readConfigBytes(
+  file: string,
+): Promise<{ kind: "ok"; bytes: Uint8Array } | { kind: "unreadable"; reason: string }> {
+  const read = await readBounded(file, MAX_CONFIG_BYTES);
+  if (read.kind === "too_large") {
+    return { kind: "unreadable", reason: `larger than ${formatLimit(MAX_CONFIG_BYTES)}, the limit for a configuration file` };
+  }
+  return read;
+}
+
+/**
  * Choose the configuration: `--config`, else `$SANDBOX_CONFIG`, else a project file (`sandbox.yaml`
  * in the current directory, then the repository root) whose content the user trusts, else the user
  * config directory. An untrusted or changed project file is skipped as if it were absent, and
@@ -378,12 +393,9 @@ type Selection =
 async function selectConfig(options: FindConfigOptions): Promise<Selection> {
   const named = namedConfigFile(options);
   if (named) {
-    try {
-      return { kind: "found", file: named, source: "named", bytes: await Deno.readFile(named), ignored: [] };
-    } catch (error) {
-      const reason = error instanceof Deno.errors.NotFound ? "file not found" : (error as Error).message;
-      return { kind: "unreadable", file: named, source: "named", reason, ignored: [] };
-    }
+    const read = await readConfigBytes(named);
+    if (read.kind === "unreadable") return { kind: "unreadable", file: named, source: "named", reason: read.reason, ignored: [] };
+    return { kind: "found", file: named, source: "named", bytes: read.bytes, ignored: [] };
   }
   const ignored: IgnoredConfig[] = [];
   const candidates: { file: string; source: ConfigSource }[] = [
@@ -392,12 +404,9 @@ async function selectConfig(options: FindConfigOptions): Promise<Selection> {
   ];
   for (const { file, source } of candidates) {
     if (!await isFile(file)) continue;
-    let bytes: Uint8Array;
-    try {
-      bytes = await Deno.readFile(file);
-    } catch (error) {
-      return { kind: "unreadable", file, source, reason: (error as Error).message, ignored };
-    }
+    const read = await readConfigBytes(file);
+    if (read.kind === "unreadable") return { kind: "unreadable", file, source, reason: read.reason, ignored };
+    const { bytes } = read;
     if (source === "project") {
       const state = await trustStateOf(file, bytes, options.trustStore);
       if (state !== "trusted") {
@@ -438,8 +447,15 @@ export async function loadConfig(options: FindConfigOptions = {}): Promise<Confi
   if (selected.kind === "unreadable") {
     return { kind: "invalid", file, source, issues: [{ path: "", message: `cannot read: ${selected.reason}` }], ignored };
   }
-  const text = new TextDecoder().decode(selected.bytes);
+  const decoded = decodeUtf8(selected.bytes);
+  if (decoded.kind === "invalid") return { kind: "invalid", file, source, issues: [notUtf8(decoded.offset)], ignored };
+  const { text } = decoded;
   return { ...validateConfigText(text, file, source, await parsedDocument(text)), source, ignored };
+}
+
+/** The issue of a configuration file that is not UTF-8 text. */
+export function notUtf8(offset: number): ConfigIssue {
+  return { path: "", message: `not UTF-8 text: invalid byte at offset ${offset}` };
 }
 
 /**

@@ -7,6 +7,7 @@
  */
 import { z } from "zod";
 import { SandboxError } from "./errors.ts";
+import { MAX_CONFIG_BYTES, readBounded } from "./input_file.ts";
 import { absolutePath, joinPath, userStateDir } from "./paths.ts";
 
 /** `$XDG_STATE_HOME/sandbox/trusted.json`, else `~/.local/state/sandbox/trusted.json`. */
@@ -123,13 +124,11 @@ export async function listTrust(
 ): Promise<(TrustEntry & { state: "trusted" | "changed" | "missing" })[]> {
   const entries = await readStore(storePath);
   return await Promise.all(entries.map(async (entry) => {
-    let bytes: Uint8Array;
-    try {
-      bytes = await Deno.readFile(entry.file);
-    } catch {
-      return { ...entry, state: "missing" as const };
-    }
-    return { ...entry, state: await sha256OfBytes(bytes) === entry.sha256 ? "trusted" as const : "changed" as const };
+    // Read with the configuration's bound: a file past it was never trusted as it is now.
+    const read = await readBounded(entry.file, MAX_CONFIG_BYTES);
+    if (read.kind === "unreadable") return { ...entry, state: "missing" as const };
+    if (read.kind === "too_large") return { ...entry, state: "changed" as const };
+    return { ...entry, state: await sha256OfBytes(read.bytes) === entry.sha256 ? "trusted" as const : "changed" as const };
   }));
 }
 

@@ -835,5 +835,26 @@ export const MUTATIONS: Mutation[] = [
     replace: `names: ["NOT-${family}"`,
     tests: ["tests/unit/refused_env_test.ts"],
   })),
+  {
+    name: "YAML aliases expand without bound (an alias bomb in a project's sandbox.yaml grows the CLI without limit)",
+    file: "lib/yaml.ts",
+    find: `doc.toJS({ maxAliasCount: MAX_YAML_ALIAS_COUNT })`,
+    replace: `doc.toJS({ maxAliasCount: -1 })`,
+    tests: ["tests/unit/input_file_test.ts"],
+  },
+  {
+    name: "a configuration file is read whatever its size (a project's sandbox.yaml of gigabytes is read whole)",
+    file: CONFIG,
+    find: `const read = await readBounded(file, MAX_CONFIG_BYTES);`,
+    replace: `const read = await readBounded(file, Number.MAX_SAFE_INTEGER);`,
+    tests: ["tests/unit/input_file_test.ts"],
+  },
+  {
+    name: "a host lock counts on a file its last holder removed (two holders at once: one on the removed file, one on the new)",
+    file: "lib/lock.ts",
+    find: `      if (await isAtPath(file, lockPath(name))) return file;`,
+    replace: `      return file;`,
+    tests: ["tests/unit/lock_test.ts"],
+  },
   ...SECRET_NAME_RULES,
 ];

@@ -27,6 +27,11 @@ export async function loadJsonSchema(file: string): Promise<JsonSchema> {
   } catch (error) {
     throw new Error(`Cannot read schema "${file}": ${(error as Error).message}`);
   }
+  return parseJsonSchema(text, file);
+}
+
+/** Parse the text of the JSON Schema file `file`. Raises `Error` with a message naming the file. */
+export function parseJsonSchema(text: string, file: string): JsonSchema {
   let schema: unknown;
   try {
     schema = JSON.parse(text);

@@ -76,7 +76,11 @@ function entryProblems(
   if (hasSse) {
     if (typeof entry.sse !== "string" || !/^data:/m.test(entry.sse)) {
       add(`${path}.sse`, `expected the text of a server-sent event stream ("data: ..." lines), found ${describe(entry.sse)}`);
-    } else if (kind === "openai-responses" && success && !/"type"\s*:\s*"response\.(completed|failed|incomplete)"/.test(entry.sse)) {
+      return;
+    }
+    const problem = sseProblem(entry.sse, kind);
+    if (problem) add(`${path}.sse`, problem);
+    else if (kind === "openai-responses" && success && !/"type"\s*:\s*"response\.(completed|failed|incomplete)"/.test(entry.sse)) {
       // Codex takes a stream that ends without one of these for a dropped connection, and retries.
       add(`${path}.sse`, 'the stream never ends its response: expected a "response.completed", "response.failed" or "response.incomplete" event');
     }
@@ -91,6 +95,57 @@ function entryProblems(
   const body = entry.body;
   if (kind === "anthropic") anthropicProblems(body, `${path}.body`, add);
   else openaiProblems(body, `${path}.body`, add);
+}
+
+/**
+ * The first problem of a recorded event stream, as the client that reads it would meet it: a line
+ * that is no SSE field (WHATWG HTML, "Interpreting an event stream": `data`, `event`, `id`, `retry`,
+ * or a `:` comment), or an event whose data is not what the API sends — a JSON object with a
+ * `choices` list (or an `error`) or `[DONE]` for Chat Completions, a JSON object with a `type` for
+ * the Messages and Responses APIs. An event the stream ends in without a blank line counts, as
+ * the SDKs flush it.
+ */
+function sseProblem(text: string, kind: "openai" | "anthropic" | "openai-responses"): string | undefined {
+  const lines = text.split(/\r\n|\r|\n/);
+  let data: string[] = [];
+  let start = 0;
+  for (let i = 0; i <= lines.length; i++) {
+    const line = lines[i] ?? "";
+    if (line === "") {
+      const problem = data.length > 0 ? sseDataProblem(data.join("\n"), kind) : undefined;
+      if (problem) return `the event at line ${start}: ${problem}`;
+      data = [];
+      continue;
+    }
+    if (line.startsWith(":")) continue;
+    const colon = line.indexOf(":");
+    const field = colon === -1 ? line : line.slice(0, colon);
+    if (field === "data") {
+      if (data.length === 0) start = i + 1;
+      const value = colon === -1 ? "" : line.slice(colon + 1);
+      data.push(value.startsWith(" ") ? value.slice(1) : value);
+    } else if (field !== "event" && field !== "id" && field !== "retry") {
+      return `line ${i + 1}: expected "data: ...", "event: ...", "id: ...", "retry: ..." or a ": comment", found ${describe(line)}`;
+    }
+  }
+  return undefined;
+}
+
+function sseDataProblem(data: string, kind: "openai" | "anthropic" | "openai-responses"): string | undefined {
+  if (kind === "openai" && data.startsWith("[DONE]")) return undefined;
+  let value: unknown;
+  try {
+    value = JSON.parse(data);
+  } catch {
+    return `its data is not JSON${kind === "openai" ? ' (nor "[DONE]")' : ""}: ${describe(data)}`;
+  }
+  if (!isObject(value)) return `expected a JSON object, found ${describe(value)}`;
+  if (kind === "openai") {
+    if (!Array.isArray(value.choices) && !isObject(value.error)) return 'not a chat completion chunk: no "choices" list (nor an "error")';
+    return undefined;
+  }
+  if (typeof value.type !== "string") return `expected an event with a "type", found ${value.type === undefined ? "none" : describe(value.type)}`;
+  return undefined;
 }
 
 function openaiProblems(body: unknown, path: string, add: (path: string, message: string) => void): void {

@@ -7,6 +7,7 @@
  * That makes recordings deterministic CI tests of agent pipelines, and an offline demo.
  */
 import { SandboxError } from "../errors.ts";
+import { MAX_RECORDING_BYTES, readInputText } from "../input_file.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
 import { Redactor } from "../redact.ts";
 import { recordingProblems } from "./recording_check.ts";
@@ -40,15 +41,12 @@ export interface LocalUpstream extends AsyncDisposable {
   close(): Promise<void>;
 }
 
-/** Read and check a recording file: every entry, so that a bad one fails here, not mid-run. */
+/**
+ * Read (at most `MAX_RECORDING_BYTES`) and check a recording file: every entry, so that a bad one
+ * fails here, not mid-run.
+ */
 export async function loadRecording(path: string): Promise<Recording> {
-  let text: string;
-  try {
-    text = await Deno.readTextFile(path);
-  } catch (error) {
-    const reason = error instanceof Deno.errors.NotFound ? "file not found" : (error as Error).message;
-    throw new SandboxError("usage", `Cannot read recording "${path}": ${reason}`);
-  }
+  const text = await readInputText(path, MAX_RECORDING_BYTES, { what: "recording" });
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);

@@ -32,6 +32,7 @@ import { workerBundlePath } from "../sandbox/worker_bundle.ts";
 import { type AgentCliName, type AgentName, isAgentCli } from "../agents/packages.ts";
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
 import { checkAgentProjectConfig, describeIgnored } from "../agents/project_config.ts";
+import { checkPromptFits } from "../input_file.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
@@ -126,6 +127,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const limits = new AbortController();
   request = { ...request, signal: request.signal ? AbortSignal.any([request.signal, limits.signal]) : limits.signal };
   if (request.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
+  checkPromptFits(request.prompt, { instructions: request.instructions, profile });
   if (profile.sandbox.mode === "devcontainer" && !request.repo) (await devcontainerModule()).requireLocalRepo(undefined, false);
   const repo = request.repo ? await resolveRepo(request) : undefined;
   const redactor = new Redactor();

@@ -1,6 +1,6 @@
 /**
  * Every careless input we know of, fed to the CLI as a user would type it: each is one
- * `sandbox: error: ...` (or commander's `error: ...`) on stderr, exit 2, nothing on stdout, no
+ * `sandbox: error: ...` on stderr (commander's usage errors included), exit 2, nothing on stdout, no
  * stack frame anywhere, and nothing started (no run recorded, so no sandbox was touched).
  */
 import assert from "node:assert/strict";
@@ -69,12 +69,13 @@ Deno.test({
       { name: "an empty prompt", args: ["run", "agentic", "--prompt-file", `${d}/empty.txt`, "-p", profile, "-m", `replay:${ROOT}/examples/hello/recording.json`], says: /^sandbox: error: The prompt is empty$/m },
       { name: "an instructions file that does not exist", args: agentic("--instructions-file", `${d}/nope.md`), says: /^sandbox: error: Cannot read instructions file/m },
       // Flags.
-      { name: "an unknown option", args: agentic("--frobnicate"), says: /^error: unknown option '--frobnicate'/m },
-      { name: "an unknown command", args: ["frobnicate"], says: /^error: unknown command 'frobnicate'/m },
-      { name: "a missing required option", args: ["run", "agentic", "-p", profile], says: /^error: required option '--prompt-file <file>' not specified/m },
-      { name: "a format that does not exist", args: agentic("--format", "xml"), says: /^error: option '--format <format>' argument 'xml' is invalid/m },
+      { name: "an unknown option", args: agentic("--frobnicate"), says: /^sandbox: error: unknown option '--frobnicate'$/m },
+      { name: "a misspelled option", args: agentic("--formt", "ndjson"), says: /^sandbox: error: unknown option '--formt'\nsandbox: {3}\(Did you mean --format\?\)$/m },
+      { name: "an unknown command", args: ["frobnicate"], says: /^sandbox: error: unknown command 'frobnicate'$/m },
+      { name: "a missing required option", args: ["run", "agentic", "-p", profile], says: /^sandbox: error: required option '--prompt-file <file>' not specified$/m },
+      { name: "a format that does not exist", args: agentic("--format", "xml"), says: /^sandbox: error: option '--format <format>' argument 'xml' is invalid/m },
       { name: "repository flags without --repo", args: agentic("--branch", "x"), says: /^sandbox: error: --base, --branch, --keep-worktree and --push need --repo$/m },
-      { name: "exec without a command", args: ["exec", "-p", profile], says: /^error: missing required argument 'command'/m },
+      { name: "exec without a command", args: ["exec", "-p", profile], says: /^sandbox: error: missing required argument 'command'/m },
       { name: "exec -e without a value", args: ["exec", "-p", profile, "-e", "FOO", "--", "true"], says: /^sandbox: error: Invalid --env "FOO": expected KEY=VALUE$/m },
       // Durations.
       { name: "a run timeout that is not a duration", args: agentic("--timeout", "5x"), says: /^sandbox: error: Invalid --timeout "5x": expected a duration like "30m"/m },
@@ -115,6 +116,8 @@ Deno.test({
         assert.doesNotMatch(result.stderr, STACK, `a stack frame on stderr\n${context}`);
         assert.doesNotMatch(result.stderr, /internal error|TypeError|ZodError|Number must be/, context);
         assert.equal(result.stdout, "", context);
+        // Every line is ours, prefixed: commander's hints and suggestions included.
+        for (const line of result.stderr.trimEnd().split("\n")) assert.match(line, /^sandbox: /, context);
       });
     }
 

@@ -72,3 +72,28 @@ Deno.test("loadRecording() turns a missing, unparsable or invalid file into one 
   await Deno.writeTextFile(`${dir.path}/empty.json`, JSON.stringify(recording([])));
   await assert.rejects(loadRecording(`${dir.path}/empty.json`), (e) => usage(e) && /the list is empty/.test((e as SandboxError).detail ?? ""));
 });
+
+Deno.test("recordingProblems() reads each sse entry as its client would: every line a field, every event's data what the API sends", async (t) => {
+  const anthropicEvents = 'event: message_start\ndata: {"type":"message_start","message":{}}\n\n: keep-alive\n\nevent: ping\ndata: {"type": "ping"}\n\n';
+  await t.step("well-formed streams of each kind pass, CRLF, comments and a last event without a blank line included", () => {
+    assert.deepEqual(recordingProblems(recording([{ status: 200, sse: 'data: {"choices":[{"delta":{"content":"hi"}}]}\r\n\r\ndata: [DONE]' }])), []);
+    assert.deepEqual(recordingProblems(recording([{ status: 200, sse: 'id: 1\nretry: 10\ndata: {"error":{"message":"overloaded"}}\n\n' }])), []);
+    assert.deepEqual(recordingProblems(recording([{ status: 200, sse: anthropicEvents }], "anthropic")), []);
+    // A data field split over lines is one event: its lines are joined before parsing.
+    assert.deepEqual(recordingProblems(recording([{ status: 200, sse: 'data: {"type":\ndata: "message_stop"}\n\n' }], "anthropic")), []);
+  });
+  const cases: [string, unknown, RegExp][] = [
+    ["data that is not JSON", recording([{ status: 200, sse: "data: {oops\n\n" }]), /^responses\[0\]\.sse: the event at line 1: its data is not JSON \(nor "\[DONE\]"\)/],
+    ["a JSON line without its data: field", recording([{ status: 200, sse: 'data: {"choices":[]}\n\n{"choices":[]}\n\n' }]), /^responses\[0\]\.sse: line 3: expected "data: \.\.\."/],
+    ["a chunk that is not a chat completion chunk", recording([{ status: 200, sse: 'data: {"text":"hi"}\n\n' }]), /^responses\[0\]\.sse: the event at line 1: not a chat completion chunk/],
+    ["data that is a JSON list", recording([{ status: 200, sse: "data: [1]\n\n" }]), /the event at line 1: expected a JSON object, found a list$/],
+    ["a Messages event without a type", recording([{ status: 200, sse: `${anthropicEvents}event: x\ndata: {"delta":{}}\n\n` }], "anthropic"), /^responses\[0\]\.sse: the event at line 10: expected an event with a "type", found none$/],
+    ["[DONE] in a Messages stream", recording([{ status: 200, sse: "data: [DONE]\n\n" }], "anthropic"), /^responses\[0\]\.sse: the event at line 1: its data is not JSON: /],
+  ];
+  for (const [name, value, expected] of cases) {
+    await t.step(name, () => {
+      const problems = recordingProblems(value);
+      assert.ok(problems.some((p) => expected.test(p)), `${JSON.stringify(problems)} has no line like ${expected}`);
+    });
+  }
+});
