@@ -135,26 +135,41 @@ class RunTestFixture extends RunFixture {
     return this.cli(["run", mode, "--prompt-file", this.promptFile, "--profile", this.profile, "--format", "ndjson", ...args]);
   }
 
-  /** The sandbox's processes, one command line each. */
-  async processes(): Promise<string[]> {
-    // As root: the sweep behind a run (moments after it) kills the sandbox user's stray processes.
-    return (await docker("exec", "--user", "0", this.container, "ps", "-eo", "args")).split("\n").slice(1);
+  /** The processes of `container`, one command line each (read as root). */
+  async processes(container: string): Promise<string[]> {
+    return (await docker("exec", "--user", "0", container, "ps", "-eo", "args")).split("\n").slice(1);
+  }
+
+  /** The containers of this profile that are running now. */
+  async containers(): Promise<string[]> {
+    return (await docker("ps", "--filter", `label=dev.sandbox.profile=${this.profile}`, "--format", "{{.Names}}")).split("\n").filter(Boolean);
   }
 }
 
-/** No agent worker, no command of the agent's and no prompt file is left in the sandbox. */
-async function assertNoLeftovers(fixture: RunTestFixture, context: string): Promise<void> {
-  const processes = await fixture.processes();
-  assert.ok(processes.length > 0, "ps printed nothing: the check would prove nothing");
-  // The worker the run's lease started for the next run, waiting on its socket, is no leftover:
-  // it started after this run's processes were gone, and holds nothing of it (see
-  // tests/security/spare_worker_test.ts). At most one.
-  const waiting = processes.filter((p) => /worker\.js serve --socket/.test(p));
-  assert.ok(waiting.filter((p) => p.startsWith("deno ")).length <= 1, `more than one waiting worker:\n${processes.join("\n")}`);
-  const left = processes.filter((p) => /worker\.js|sleep 600/.test(p) && !waiting.includes(p));
-  assert.deepEqual(left, [], `processes left in the sandbox:\n${processes.join("\n")}\n${context}`);
-  const prompts = await run(["docker", "exec", fixture.container, "ls", "-A", "/tmp/sandbox-prompts"]);
-  assert.equal(prompts.stdout.trim(), "", `prompt files left in the sandbox: ${prompts.stdout}\n${context}`);
+/** Until `docker container inspect` of `name` fails: a run's container is removed moments after the run. */
+async function assertGone(name: string, context: string): Promise<void> {
+  for (let i = 0; i < 300; i++) {
+    if ((await run(["docker", "container", "inspect", name])).exitCode !== 0) return;
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+  assert.fail(`the run's container ${name} is still there after the run\n${context}`);
+}
+
+/**
+ * Nothing of the run is left: its container (`container`, with its worker, the agent's commands
+ * and the prompt file) is gone, and no other container of the profile runs an agent worker or the
+ * agent's command. A pooled container's worker waiting on its socket for the next run is no
+ * leftover: it never met this run.
+ */
+async function assertNoLeftovers(fixture: RunTestFixture, container: string, context: string): Promise<void> {
+  await assertGone(container, context);
+  for (const other of await fixture.containers()) {
+    const processes = await fixture.processes(other);
+    assert.ok(processes.length > 0, "ps printed nothing: the check would prove nothing");
+    const waiting = processes.filter((p) => /worker\.js serve --socket/.test(p));
+    const left = processes.filter((p) => /worker\.js|sleep 600/.test(p) && !waiting.includes(p));
+    assert.deepEqual(left, [], `processes left in ${other}:\n${processes.join("\n")}\n${context}`);
+  }
 }
 
 /**
@@ -259,7 +274,7 @@ Deno.test({
   async fn(t) {
     assertDocker();
     await using llm = new FakeLlm(
-      writeThenExecute("hello.txt", "hi\n", "cat hello.txt; id -un; hostname"),
+      writeThenExecute("hello.txt", "hi\n", "cat hello.txt; id -un; hostname; pwd"),
     );
     await using fixture = await RunTestFixture.create("e2e-run", llm.baseUrl);
     const result = await fixture.run("agentic");
@@ -282,23 +297,22 @@ Deno.test({
       const calls = messages.filter((m) => m.type === "tool_call");
       assert.deepEqual(calls.map((c) => c.tool_name), ["write_file", "execute"]);
       assert.deepEqual(calls[0].tool_input, { file_path: "hello.txt", content: "hi\n" });
-      assert.deepEqual(calls[1].tool_input, { command: "cat hello.txt; id -un; hostname" });
+      assert.deepEqual(calls[1].tool_input, { command: "cat hello.txt; id -un; hostname; pwd" });
       const results = messages.filter((m) => m.type === "tool_result");
       assert.deepEqual(results.map((r) => r.tool_call_id), calls.map((c) => c.tool_call_id));
       assert.ok(calls.every((c) => typeof c.tool_call_id === "string" && c.tool_call_id));
     });
 
-    await t.step("the command ran inside the sandbox, as its unprivileged user", () => {
+    const meta = await fixture.meta(id);
+    const container = meta.extra?.container;
+
+    await t.step("the command ran inside the run's own sandbox, as its unprivileged user, where the file was written", () => {
+      assert.ok(typeof container === "string" && container.startsWith(`sandbox-${fixture.profile}-`), JSON.stringify(meta));
+      assert.notEqual(container, fixture.container, "the run used the development sandbox");
+      assert.equal(meta.extra?.workdir, `/workspace/runs/${id}`, JSON.stringify(meta));
       const output: string = messages.filter((m) => m.type === "tool_result")[1].tool_output;
       const lines = output.split("\n");
-      assert.deepEqual(lines.slice(0, 3), ["hi", "sandbox", fixture.container], output);
-    });
-
-    await t.step("the file is in the run's working directory in the sandbox", async () => {
-      assert.equal(
-        await docker("exec", "--user", "0", fixture.container, "cat", `/workspace/runs/${id}/hello.txt`),
-        "hi",
-      );
+      assert.deepEqual(lines.slice(0, 4), ["hi", "sandbox", container, `/workspace/runs/${id}`], output);
     });
 
     await t.step("usage totals what the LLM reported", () => {
@@ -309,16 +323,8 @@ Deno.test({
       assert.equal(llm.completions, 3);
     });
 
-    await t.step("the prompt file is gone from the sandbox", async () => {
-      const left = await run([
-        "docker",
-        "exec",
-        fixture.container,
-        "ls",
-        "-A",
-        "/tmp/sandbox-prompts",
-      ]);
-      assert.equal(left.stdout.trim(), "", `prompt files left: ${left.stdout}`);
+    await t.step("the run's sandbox is gone after it, with the file and the prompt file", async () => {
+      await assertGone(container as string, context);
     });
 
     await t.step(
@@ -485,7 +491,7 @@ Deno.test({
     assert.equal(meta.status, "timed_out");
     assert.equal(meta.exitCode, 124);
     assert.equal(meta.usage?.num_turns, 1, context);
-    await assertNoLeftovers(fixture, context);
+    await assertNoLeftovers(fixture, meta.extra?.container as string, context);
   },
 });
 
@@ -516,9 +522,10 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
       );
       await cli.lineWhere((m) => m.type === "tool_call" && m.tool_name === "execute");
       const id = runIdFrom(cli.stderr);
-      // The command really is running in the sandbox before the signal.
+      const container = await fixture.liveContainer();
+      // The command really is running in the run's sandbox before the signal.
       assert.ok(
-        (await fixture.processes()).some((p) => p.includes("sleep 600")),
+        (await fixture.processes(container)).some((p) => p.includes("sleep 600")),
         "sleep 600 is not running",
       );
       Deno.kill(cli.child.pid, signal);
@@ -528,7 +535,8 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
       assert.equal(meta.status, "interrupted");
       assert.equal(meta.exitCode, 130);
       assertClosingRecord(cli.stdoutLines, /^The run was interrupted$/, cli.explain(code));
-      await assertNoLeftovers(fixture, cli.explain(code));
+      assert.equal(meta.extra?.container, container, JSON.stringify(meta));
+      await assertNoLeftovers(fixture, container, cli.explain(code));
     },
   });
 }

@@ -1,10 +1,12 @@
 /**
- * A repository run's worktree (`/workspace/worktrees/<run-id>`) is removed from the sandbox however
- * the run ends — the agent failing (an `is_error` result), `--timeout`, Ctrl-C (SIGINT) — and kept
- * with `--keep-worktree`: each ending is run twice, once without the flag (the directory is gone
- * afterwards) and once with it (the twin: the directory is there, with the file the agent left).
- * The sandbox is the one the run's meta.json names (`extra.container`), not a name assumed here.
- * Live runs are watched on their stdout and in the sandbox, so each step waits on the event it needs.
+ * A repository run's checkout (`/workspace/worktrees/<run-id>`) goes with the run's container
+ * however the run ends — the agent failing (an `is_error` result), `--timeout`, Ctrl-C (SIGINT):
+ * the container, a fresh one of the run's own, is removed moments after the run. With
+ * `--keep-worktree` it is kept: each ending is run twice, once without the flag (the container is
+ * gone afterwards) and once with it (the twin: the container is there, its checkout holding the
+ * file the agent left, and stderr says how to remove it). The container is the one the run's
+ * meta.json names (`extra.container`), not a name assumed here. Live runs are watched on their
+ * stdout and in their container, so each step waits on the event it needs.
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
@@ -66,29 +68,26 @@ async function createRepo(path: string): Promise<string> {
 /**
  * `docker exec CONTAINER ARGS`, as root (no capability: it reads what others may read): exit code
  * and stdout. Not as the sandbox user, whose processes outside the tool's wrapper the cleanup
- * behind a run kills, moments after the run.
+ * behind a run kills.
  */
 async function inSandbox(container: string, ...args: string[]): Promise<{ exitCode: number; stdout: string }> {
   const result = await run(["docker", "exec", "--user", "0", container, ...args]);
   return { exitCode: result.exitCode, stdout: result.stdout };
 }
 
-/** The container of the profile holding `path` right now (the run is live; its meta has no container yet). */
-async function containerHolding(profile: string, path: string): Promise<string | undefined> {
-  const ids = (await run(["docker", "ps", "-q", "--filter", `label=dev.sandbox.profile=${profile}`])).stdout.split("\n").filter(Boolean);
-  for (const id of ids) {
-    if ((await inSandbox(id, "test", "-f", path)).exitCode === 0) return id;
-  }
-  return undefined;
-}
-
-/** Wait until the agent's file is in its worktree (polled: it appears while the command runs). */
-async function waitForAgentFile(profile: string, path: string, cli: LiveCli): Promise<void> {
+/** Wait until the agent's file is in its worktree in the live run's container (it appears while the command runs). */
+async function waitForAgentFile(f: RunFixture, path: string, cli: LiveCli): Promise<void> {
+  const container = await f.liveContainer();
   const deadline = Date.now() + FILE_DEADLINE_MS;
-  while (!await containerHolding(profile, path)) {
-    assert.ok(Date.now() < deadline, `the agent's file never appeared at ${path}\n${cli.explain()}`);
+  while ((await inSandbox(container, "test", "-f", path)).exitCode !== 0) {
+    assert.ok(Date.now() < deadline, `the agent's file never appeared at ${path} in ${container}\n${cli.explain()}`);
     await new Promise((resolve) => setTimeout(resolve, 200));
   }
+}
+
+/** Whether `docker container inspect` finds `name` (the run's container is removed just after the run). */
+async function exists(name: string): Promise<boolean> {
+  return (await run(["docker", "container", "inspect", name])).exitCode === 0;
 }
 
 for (const ending of ["failure", "timeout", "interrupt"] as const) {
@@ -96,8 +95,8 @@ for (const ending of ["failure", "timeout", "interrupt"] as const) {
     const expect = ENDINGS[ending];
     Deno.test({
       name: keep
-        ? `run --repo --keep-worktree ending in ${ending}: the worktree stays in the sandbox with the agent's file`
-        : `run --repo ending in ${ending}: the run's worktree is removed from the sandbox`,
+        ? `run --repo --keep-worktree ending in ${ending}: the run's container stays, its worktree holding the agent's file`
+        : `run --repo ending in ${ending}: the run's container, its worktree with it, is removed`,
       ...dockerTest(),
       async fn() {
         assertDocker();
@@ -112,7 +111,7 @@ for (const ending of ["failure", "timeout", "interrupt"] as const) {
         const worktree = `${WORKTREES}/${id}`;
         if (ending !== "failure") {
           // The run is live, its agent's file in place: now end it.
-          await waitForAgentFile(f.profile, `${worktree}/left-behind.txt`, cli);
+          await waitForAgentFile(f, `${worktree}/left-behind.txt`, cli);
           if (ending === "interrupt") Deno.kill(cli.pid, "SIGINT");
         }
         const code = await cli.finish();
@@ -133,23 +132,21 @@ for (const ending of ["failure", "timeout", "interrupt"] as const) {
           assert.equal(output.split("\n")[0], worktree, context);
         }
 
-        const listed = await inSandbox(container, "ls", "-A", WORKTREES);
-        assert.equal(listed.exitCode, 0, `cannot list ${WORKTREES} in ${container}: the check would prove nothing`);
-        const entries = listed.stdout.split("\n").filter(Boolean);
         if (keep) {
-          assert.ok(entries.includes(id), `--keep-worktree: ${worktree} is gone\n${entries.join("\n")}\n${context}`);
+          assert.equal(meta.extra?.kept, true, `meta.json does not say the container is kept\n${JSON.stringify(meta)}`);
+          const listed = await inSandbox(container, "ls", "-A", WORKTREES);
+          assert.equal(listed.exitCode, 0, `cannot list ${WORKTREES} in ${container}\n${context}`);
+          assert.ok(listed.stdout.split("\n").includes(id), `--keep-worktree: ${worktree} is gone\n${listed.stdout}\n${context}`);
           const left = await inSandbox(container, "cat", `${worktree}/left-behind.txt`);
           assert.equal(left.stdout, "left by the agent\n", context);
-          assert.match(cli.stderr, new RegExp(`^sandbox: worktree kept: ${worktree} in `, "m"), context);
+          assert.match(cli.stderr, new RegExp(`^sandbox: the run's container ${container} is kept with its work; remove it with: \\S+ down -p ${f.profile}$`, "m"), context);
         } else {
-          // Removed behind the run, in the container, once its lease is released (the CLI does not
-          // wait for it): gone within moments of the exit.
-          let left = entries;
-          for (const deadline = Date.now() + FILE_DEADLINE_MS; left.includes(id) && Date.now() < deadline;) {
+          // Removed behind the run (the CLI does not wait for it): gone within moments of the exit.
+          for (const deadline = Date.now() + FILE_DEADLINE_MS; await exists(container) && Date.now() < deadline;) {
             await new Promise((resolve) => setTimeout(resolve, 100));
-            left = (await inSandbox(container, "ls", "-A", WORKTREES)).stdout.split("\n").filter(Boolean);
           }
-          assert.ok(!left.includes(id), `${worktree} was left in ${container}\n${context}`);
+          assert.ok(!await exists(container), `${container} (with ${worktree}) was left after the run\n${context}`);
+          assert.doesNotMatch(cli.stderr, /is kept with its work/, context);
         }
       },
     });

@@ -15,7 +15,7 @@ import { run } from "../../lib/process.ts";
 import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
 import { text, toolCall } from "../_fake_llm.ts";
 import { HeldLlm } from "../_held_llm.ts";
-import { assertDocker, dockerTest, explain, removeProfile, runCli, spawnCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
+import { assertDocker, docker, dockerTest, explain, removeProfile, runCli, spawnCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
 import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
 
 console.error("security: leftover process tests starting");
@@ -94,16 +94,24 @@ Deno.test({
     ]);
     assert.match(toolResults, /ESCAPES-STARTED/);
 
+    // The run's own container: no other run or exec has one like it, and it goes with the run.
+    const container = await fixture.liveContainer();
     await t.step("while the run is live, all five are running", async () => {
-      assert.deepEqual(await sleepers(fixture.container), sleeps(1000));
+      assert.deepEqual(await sleepers(container), sleeps(1000));
     });
 
     llm.release();
     const [stdout, ended] = await Promise.all([output, child.finished]);
     assert.equal(ended.exitCode, 0, `${stdout}\n${ended.stderrTail}`);
 
-    await t.step("after the run, none is left in the container", async () => {
-      assert.deepEqual(await sleepers(fixture.container), []);
+    await t.step("after the run, its container is gone with them, and none runs in any other container of the profile", async () => {
+      let inspected = 0;
+      for (; inspected < 300 && (await run(["docker", "container", "inspect", container])).exitCode === 0; inspected++) {
+        await new Promise((resolve) => setTimeout(resolve, 200));
+      }
+      assert.ok(inspected < 300, `the run's container ${container} is still there`);
+      const others = (await docker("ps", "--filter", `label=dev.sandbox.profile=${fixture.profile}`, "--format", "{{.Names}}")).split("\n").filter(Boolean);
+      for (const name of others) assert.deepEqual(await sleepers(name), [], name);
     });
   },
 });
@@ -190,8 +198,8 @@ Deno.test({
     });
 
     await t.step("a sweep keeps a command whose wrapper is only starting (sweeps and starts side by side)", async () => {
-      // Other commands' ends sweep while a command starts (`up` readies a worker and a waiting
-      // wrapper at once, for one): a wrapper is live from its exec on, never taken for a leftover.
+      // Other commands' ends sweep while a command starts (two `sandbox exec` at once, say): a
+      // wrapper is live from its exec on, never taken for a leftover.
       // Here, sweeps back to back inside the container, while commands start one after another.
       const sweeping = box.execStream(["sh", "-c", "echo up; while :; do sandbox-exec --sweep >/dev/null; done"]);
       const iterator = sweeping[Symbol.asyncIterator]();

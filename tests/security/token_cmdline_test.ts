@@ -74,15 +74,17 @@ Deno.test({
       ]);
       const token = /OWN=(sbx_[A-Za-z0-9_-]+)/.exec(body)?.[1];
       assert.ok(token, `the agent did not print its token: ${body.slice(0, 400)}`);
+      // The run's own container (no other run or exec has one like it).
+      const container = await fixture.liveContainer();
 
       await t.step("no host process has it on its command line", async () => {
         assert.deepEqual(await hostProcessesWith("cmdline", token), []);
       });
       await t.step("no sandbox process has it on its command line", async () => {
-        assert.deepEqual(await sandboxFilesWith(fixture.container, "0", "cmdline", token), []);
+        assert.deepEqual(await sandboxFilesWith(container, "0", "cmdline", token), []);
       });
       await t.step("docker inspect of the sandbox does not show it", async () => {
-        assert.ok(!(await docker("container", "inspect", fixture.container)).includes(token));
+        assert.ok(!(await docker("container", "inspect", container)).includes(token));
       });
       await t.step("no host process has it in its environment (it went in on the worker's input)", async () => {
         // The sandbox's own processes show in the host's /proc too: those in its pid namespace are
@@ -95,9 +97,9 @@ Deno.test({
         assert.deepEqual(holders, []);
       });
       await t.step("twin: the agent's command has it in its environment", async () => {
-        const holders = await sandboxFilesWith(fixture.container, "10001", "environ", token);
+        const holders = await sandboxFilesWith(container, "10001", "environ", token);
         const pids = holders.map((path) => path.split("/")[2]);
-        const cmdlines = await Promise.all(pids.map((pid) => run(["docker", "exec", "--user", "0", fixture.container, "cat", `/proc/${pid}/cmdline`])));
+        const cmdlines = await Promise.all(pids.map((pid) => run(["docker", "exec", "--user", "0", container, "cat", `/proc/${pid}/cmdline`])));
         assert.ok(cmdlines.some((c) => c.stdout.startsWith("sleep\u00003600")), `holders: ${holders.join(", ")}`);
       });
     } finally {
