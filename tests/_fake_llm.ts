@@ -93,6 +93,14 @@ export class FakeLlm implements AsyncDisposable {
   /** Steps not yet served, in order. Tests may push more. */
   readonly script: FakeStep[];
   readonly requests: FakeLlmRequest[] = [];
+
+  /** The last tool result in the last request it received: what the agent's last command printed. */
+  lastToolOutput(): string {
+    const messages = (this.requests.at(-1)?.body?.messages ?? []) as { role: string; content: unknown }[];
+    const tool = messages.filter((m) => m.role === "tool").at(-1);
+    if (!tool) throw new Error(`no tool result in the request: ${JSON.stringify(this.requests.at(-1)?.body ?? {}).slice(0, 500)}`);
+    return typeof tool.content === "string" ? tool.content : JSON.stringify(tool.content);
+  }
   /** Sum of the usage reported in responses so far. */
   readonly usage: FakeUsage = { promptTokens: 0, completionTokens: 0 };
   /** Number of successful (non-error) completions served. */

@@ -12,13 +12,6 @@ console.error("e2e: snapshot tests starting");
 
 const LOOK = "cat /workspace/deps/marker ~/.cache-marker 2>&1; echo changed-by-run >/workspace/deps/marker";
 
-/** The `execute` tool's output in the last request the fake received. */
-function lastToolOutput(llm: FakeLlm): string {
-  const messages = (llm.requests.at(-1)?.body?.messages ?? []) as { role: string; content: unknown }[];
-  const tool = messages.filter((m) => m.role === "tool").at(-1);
-  return typeof tool?.content === "string" ? tool.content : JSON.stringify(tool?.content);
-}
-
 Deno.test({
   name: "snapshot: runs start from the prepared development sandbox's workspace and home, each afresh; --drop goes back to the image",
   ...dockerTest(),
@@ -30,7 +23,7 @@ Deno.test({
       llm.script.push(toolCall("execute", { command: LOOK }), text("Done"));
       const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile]);
       assert.equal(result.exitCode, 0, explain(result));
-      return lastToolOutput(llm);
+      return llm.lastToolOutput();
     };
 
     const prepared = await fixture.cli(["exec", "-p", fixture.profile, "--", "sh", "-c", "mkdir -p /workspace/deps && echo prepared >/workspace/deps/marker && echo home-cache >~/.cache-marker"]);

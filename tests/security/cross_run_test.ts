@@ -46,14 +46,6 @@ const LOOK = [
   "echo PS; ps -eo args; echo PS-END",
 ].join("\n");
 
-/** The `execute` tool's output in the last request the fake received (the agent's view). */
-function lastToolOutput(llm: FakeLlm): string {
-  const messages = (llm.requests.at(-1)?.body?.messages ?? []) as { role: string; content: unknown }[];
-  const tool = messages.filter((m) => m.role === "tool").at(-1);
-  assert.ok(tool, `no tool result in the request: ${JSON.stringify(llm.requests.at(-1)?.body ?? {}).slice(0, 500)}`);
-  return typeof tool.content === "string" ? tool.content : JSON.stringify(tool.content);
-}
-
 function between(output: string, start: string, end: string): string[] {
   const from = output.indexOf(`${start}\n`);
   const to = output.indexOf(end, from);
@@ -107,7 +99,7 @@ Deno.test({
       const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--repo", repo]);
       assert.equal(result.exitCode, 0, explain(result));
       const messages = result.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
-      return { output: lastToolOutput(llm), result: messages.find((m) => m.type === "result") };
+      return { output: llm.lastToolOutput(), result: messages.find((m) => m.type === "result") };
     };
 
     const first = await runOn(ATTACK, "Done 1");
@@ -159,7 +151,7 @@ Deno.test({
     llm.script.push(toolCall("execute", { command: "echo OWN=$SANDBOX_LLM_TOKEN; echo HOST=$(hostname); ls /workspace" }), text("Genuine answer"));
     const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile]);
     assert.equal(result.exitCode, 0, explain(result));
-    const output = lastToolOutput(llm);
+    const output = llm.lastToolOutput();
     await t.step("the run is genuine, in a container of its own", () => {
       assert.match(result.stdout, /"content":"Genuine answer"/);
       assert.notEqual(field(output, "HOST"), devHost);
@@ -190,7 +182,7 @@ Deno.test({
     llm.script.push(toolCall("execute", { command: attack }), text("Done"));
     const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--repo", repo, "--branch", "agent-work"]);
     assert.equal(result.exitCode, 0, explain(result));
-    const output = lastToolOutput(llm);
+    const output = llm.lastToolOutput();
     await t.step("writing the cache fails: read-only", () => {
       assert.match(output, /planted': Read-only file system/);
       assert.match(output, /refs\/heads\/evil.*Read-only file system/);
