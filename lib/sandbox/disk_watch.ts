@@ -50,17 +50,15 @@ export const DISK_WATCH_SILENCE_MS = 60_000;
 export const DISK_WATCH_DELAY_MS = 250;
 
 /**
- * Watch the sizes `start(stdin)` prints (KiB, one per line); closing `stdin` ends the watcher.
+ * Watch the sizes `start()` prints (`du KIB` lines); closing the watch stops the watcher.
  * `start` resolves to undefined when there is nothing to watch (a kernel quota holds), and may
  * throw (the sandbox cannot run it): that aborts the watch like a failure later.
  */
 export function startDiskWatch(
-  start: (stdin: ReadableStream<Uint8Array>) => Promise<DiskWatcher | undefined>,
+  start: () => Promise<DiskWatcher | undefined>,
   options: DiskWatchOptions,
 ): DiskWatch {
   const controller = new AbortController();
-  let input!: ReadableStreamDefaultController<Uint8Array>;
-  const stdin = new ReadableStream<Uint8Array>({ start: (c) => void (input = c) });
   let closing = false;
   let used: number | undefined;
   let child: DiskWatcher | undefined;
@@ -82,8 +80,10 @@ export function startDiskWatch(
       ]);
       clearTimeout(timer);
       if (closing) return;
-      child = await start(stdin);
-      if (!child || closing) return;
+      child = await start();
+      if (!child) return;
+      // Closed while it started: stopped here, as close() could not.
+      if (closing) return child.kill();
       const silenceMs = options.silenceMs ?? DISK_WATCH_SILENCE_MS;
       let silence: ReturnType<typeof setTimeout> | undefined;
       const heard = () => {
@@ -148,20 +148,10 @@ export function startDiskWatch(
     if (closing) return;
     closing = true;
     wake();
-    try {
-      input.close();
-    } catch {
-      // Already closed.
-    }
-    // The watcher ends at once when its stdin closes; a stuck docker client is killed.
-    const stuck = setTimeout(() => child?.kill(), 5_000);
-    try {
-      if (!controller.signal.aborted) await watching;
-      else child?.kill();
-      await child?.finished;
-    } finally {
-      clearTimeout(stuck);
-    }
+    // The follower of the container's log never ends by itself: it is stopped.
+    child?.kill();
+    await watching;
+    await child?.finished;
   };
   return {
     signal: controller.signal,

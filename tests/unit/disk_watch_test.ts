@@ -9,10 +9,10 @@ import { spawn } from "../../lib/process.ts";
 
 const MIB = 1024 ** 2;
 
-/** A watcher printing `sizes` (KiB), one every 20 ms, then waiting for its stdin to end. */
+/** A watcher printing `sizes` (KiB), one every 20 ms, then waiting until it is stopped. */
 function printer(sizes: number[]) {
-  const script = `for s in ${sizes.join(" ")}; do echo "du $s"; sleep 0.02; done; cat >/dev/null`;
-  return (stdin: ReadableStream<Uint8Array>) => Promise.resolve(spawn(["sh", "-c", script], { stdin }));
+  const script = `for s in ${sizes.join(" ")}; do echo "du $s"; sleep 0.02; done; exec sleep 3600`;
+  return () => Promise.resolve(spawn(["sh", "-c", script]));
 }
 
 const OPTIONS = { limitBytes: 10 * MIB, sandbox: "sandbox-w", profile: "w" };
@@ -59,7 +59,7 @@ Deno.test("a workspace left over the limit may shrink or stay, but not grow", as
 Deno.test("the watch fails closed: a watcher that dies or cannot start aborts it", async (t) => {
   await t.step("the watcher exits", async () => {
     await using watch = startDiskWatch(
-      (stdin) => Promise.resolve(spawn(["sh", "-c", "echo 1024; echo killed >&2; exit 137"], { stdin })),
+      () => Promise.resolve(spawn(["sh", "-c", "echo 'du 1024'; echo killed >&2; exit 137"])),
       OPTIONS,
     );
     const reason = await aborted(watch);
@@ -83,9 +83,9 @@ Deno.test("with a kernel quota there is no watcher, and closing the watch is imm
 Deno.test("the watcher starts only after the delay: a watch closed before never starts one; one kept open does", async (t) => {
   await t.step("closed within the delay: the watcher is never started", async () => {
     let started = 0;
-    const watch = startDiskWatch((stdin) => {
+    const watch = startDiskWatch(() => {
       started++;
-      return printer([1024])(stdin);
+      return printer([1024])();
     }, { ...OPTIONS, delayMs: 200 });
     await new Promise((resolve) => setTimeout(resolve, 50));
     await watch.close();
@@ -96,9 +96,9 @@ Deno.test("the watcher starts only after the delay: a watch closed before never 
   await t.step("kept open past the delay: started once, then it reports", async () => {
     let startedAt: number | undefined;
     const opened = performance.now();
-    await using watch = startDiskWatch((stdin) => {
+    await using watch = startDiskWatch(() => {
       startedAt = performance.now();
-      return printer([1024, 4096, 12288, 20480])(stdin);
+      return printer([1024, 4096, 12288, 20480])();
     }, { ...OPTIONS, delayMs: 100 });
     assert.equal((await aborted(watch)).code, "disk_limit");
     assert.ok(startedAt !== undefined && startedAt - opened >= 95, `started ${startedAt! - opened} ms after the watch`);
