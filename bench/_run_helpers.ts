@@ -134,7 +134,10 @@ export interface CliRunTiming {
   /** Event types, in order. */
   types: string[];
   stderr: string;
-  /** The image was built or the container replaced during this run: not a warm/cold sample. */
+  /**
+   * The image was built, a container replaced, or a stale pooled sandbox removed during this run:
+   * not a warm/cold sample.
+   */
   disturbed: boolean;
 }
 
@@ -203,7 +206,7 @@ export async function timeCliRun(
     exitMs,
     types,
     stderr,
-    disturbed: /Building sandbox image|Replacing sandbox|Bundling the worker/.test(stderr),
+    disturbed: /Building sandbox image|Replacing sandbox|Bundling the worker|removing pooled sandbox/.test(stderr),
   };
 }
 

@@ -1,12 +1,23 @@
 /**
- * The issue-11 figures of `run_bench.ts`, each beside its baseline from the same run: the bundled
- * CLI's start against the checkout's, `sandbox exec -- true` against `docker exec true`, a second
- * run on a repository against a warm run, a fresh-container run's wait after its last event against
- * the removal it no longer waits for, and 8 concurrent runs against the same 8 one after another.
+ * The figures of `run_bench.ts` beyond the single run, each beside its baseline from the same run:
+ * the bundled CLI's start against the checkout's, `sandbox exec -- true` against `docker exec
+ * true`, the objects a second run on a 50 MB repository sends against the first run's, an idle
+ * pooled sandbox's memory against a plain `sleep` container's, and 8 concurrent runs from a pool
+ * of 8 against the same 8 one after another.
  */
 import type { BenchContext, Figure } from "./main.ts";
 import { run } from "../lib/process.ts";
 import { readTrailer, trailerComment } from "../lib/sandbox/bundle_trailer.ts";
+import {
+  machineMemoryMiB,
+  memoryMiB,
+  readyPooled,
+  removeBenchContainers,
+  runContainer,
+  POOLED_NAME,
+  startBenchContainer,
+  waitSettled,
+} from "./_pool_probe.ts";
 import {
   CHILD_TIMEOUT_MS,
   type CliRunTiming,
@@ -16,22 +27,31 @@ import {
   timeCommand,
   type TimedOptions,
   timeRepeated,
+  wallClockMs,
 } from "./_run_helpers.ts";
 
-/** The sandbox user and the relay's (lib/sandbox/docker_provider.ts SANDBOX_USER, RELAY_USER). */
-const SANDBOX_USER = "10001:10001";
+/** The relay's user (lib/sandbox/docker_provider.ts RELAY_USER). */
 const RELAY_USER = "10002:10002";
 
-/** What `run_bench.ts` prepared: a frozen source copy, a state directory, a warm profile. */
+/** What `run_bench.ts` prepared: a frozen source copy, a state directory, its profiles. */
 export interface RunSetup {
   dir: string;
   src: string;
   state: string;
+  /** Default settings: a pool of 1. */
   profile: string;
+  /** `sandbox.pool: 0`: every run starts its own container. */
+  coldProfile: string;
+  /** `sandbox.pool: 8`. */
+  poolProfile: string;
+  /** The profile's development sandbox (`sandbox start`, `exec`): runs never use it. */
   container: string;
   env: Record<string, string>;
   cli(args: string[]): string[];
+  /** `sandbox run agentic` of the replayed conversation in `profile`. */
   runArgv: string[];
+  /** The same in another profile. */
+  runArgvOf(profile: string): string[];
 }
 
 export interface Measured {
@@ -41,12 +61,15 @@ export interface Measured {
 
 const STARTS = 9;
 const EXECS = 7;
-const REPO_RUNS = 5;
-const FRESH_RUNS = 3;
 const CONCURRENT = 8;
 const EXEC_TARGET_RATIO = 1.5;
-const REPO_TARGET_MS = 500;
 const CONCURRENT_TARGET_RATIO = 0.5;
+/** The repository of the second-run figure: this many files of random (incompressible) bytes. */
+const REPO_FILES = 50;
+const REPO_FILE_BYTES = 1_000_000;
+const REPO_TARGET_BYTES = 1_000_000;
+/** docker stats samples of each container's memory. */
+const MEMORY_SAMPLES = 3;
 /** GNU time, for peak memory (skipped where it is missing). */
 const GNU_TIME = "/usr/bin/time";
 
@@ -204,10 +227,8 @@ function relayStart(container: string): string[] {
  * `docker exec true` — the two things any `sandbox exec` must do one after the other, its relay
  * being started ahead of it (the spare relay the exec before it left, lib/proxy/spare_relay.ts).
  * The relay's own start is measured too: what an exec without a spare relay waits for on top.
+ * `sandbox exec` acts on the profile's development sandbox, which `run_bench.ts` started.
  */
-/** Traced execs after the timed ones: how many went to the waiting wrapper. */
-const TRACED_EXECS = 3;
-
 export async function measureExec(setup: RunSetup, context: BenchContext, denoEmptyMs: number): Promise<Measured> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
   context.progress(`exec: ${EXECS} × sandbox exec -- true and docker exec true, alternating`);
@@ -222,12 +243,6 @@ export async function measureExec(setup: RunSetup, context: BenchContext, denoEm
   context.progress(`exec: ${EXECS} × the relay's start in the sandbox (its floor's middle part)`);
   const relay = summarize(await timeRepeated(relayStart(setup.container), EXECS, at));
   const floor = denoEmptyMs + baseline.median;
-  // Whether the commands went to the wrapper waiting in the container, as the timed ones did: traced.
-  let handed = 0;
-  for (let i = 0; i < TRACED_EXECS; i++) {
-    const traced = await run(setup.cli(["exec", "-p", setup.profile, "--", "true"]), { ...at, env: { ...at.env, SANDBOX_TRACE: "1" } });
-    if (/waiting exec: connected/.test(traced.stderr)) handed++;
-  }
   return {
     figures: [{
       name: "sandbox exec -- true: docker exec true → sandbox exec",
@@ -251,389 +266,174 @@ export async function measureExec(setup: RunSetup, context: BenchContext, denoEm
         describe(relay)
       } (what an exec without a spare relay would wait for on top); an exec of its own would take at least ${Math.round(floor)} ms = deno empty ${
         Math.round(denoEmptyMs)
-      } + docker exec true ${Math.round(baseline.median)} (${(floor / baseline.median).toFixed(1)}× docker exec); commands handed to the waiting wrapper (traced): ${handed} of ${TRACED_EXECS}`,
+      } + docker exec true ${Math.round(baseline.median)} (${(floor / baseline.median).toFixed(1)}× docker exec)`,
     ],
   };
 }
 
-/** A git repository with one commit, for `--repo` runs. */
-async function makeRepo(path: string): Promise<void> {
+/**
+ * A git repository with one commit of `REPO_FILES` files of random bytes: incompressible, so the
+ * objects a run sends are as large as the files.
+ */
+async function makeLargeRepo(path: string): Promise<void> {
   await Deno.mkdir(path, { recursive: true });
   const git = async (...args: string[]) => {
     const result = await run(["git", "-C", path, ...args], { timeoutMs: CHILD_TIMEOUT_MS });
     if (result.exitCode !== 0) throw new Error(`git ${args.join(" ")}: ${result.stderr}`);
   };
   await git("init", "-q", "-b", "main");
-  await Deno.writeTextFile(`${path}/README.md`, "# bench\n");
-  await git("add", "README.md");
-  await git("-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-q", "-m", "init");
+  const bytes = new Uint8Array(REPO_FILE_BYTES);
+  for (let i = 0; i < REPO_FILES; i++) {
+    // getRandomValues fills at most 65,536 bytes at a time.
+    for (let at = 0; at < bytes.length; at += 65_536) crypto.getRandomValues(bytes.subarray(at, at + 65_536));
+    await Deno.writeFile(`${path}/random-${i}.bin`, bytes);
+  }
+  await git("add", ".");
+  await git("-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-q", "-m", "random");
 }
 
-/** A second (and later) run on the same repository, nothing new to send, against a warm run. */
-export async function measureRepo(
-  setup: RunSetup,
-  context: BenchContext,
-  warmFirstMs: number,
-): Promise<Measured> {
+/** What a run on a local repository says of its checkout (lib/run/run.ts, on stderr). */
+const CHECKED_OUT = /^sandbox: checked out .+ \(([0-9a-f]{12})\)(?:; (\d+) bytes of objects added to its cache)?$/m;
+
+/** Bytes of objects the run sent into the repository's object cache (none said: 0). */
+function objectsSent(timing: CliRunTiming): number {
+  const match = CHECKED_OUT.exec(timing.stderr);
+  if (!match) throw new Error(`the run on the repository did not say what it checked out:\n${timing.stderr.slice(-2_000)}`);
+  return match[2] === undefined ? 0 : Number(match[2]);
+}
+
+/**
+ * A second run on a 50 MB repository: the bytes of objects it sends into the repository's object
+ * cache (none: the first run put them there, and the cache outlives the runs), against the first
+ * run's.
+ */
+export async function measureRepo(setup: RunSetup, context: BenchContext): Promise<Measured> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
   const repo = `${setup.dir}/repo`;
-  await makeRepo(repo);
+  context.progress(`repository: ${REPO_FILES} × ${REPO_FILE_BYTES.toLocaleString("en-US")} random bytes committed`);
+  await makeLargeRepo(repo);
   const argv = [...setup.runArgv, "--repo", repo];
-  context.progress(`repository: a first run, then ${REPO_RUNS} more on the same repository`);
+  context.progress("repository: a first run, then a second one");
   const first = await timeCliRun(argv, at);
-  const again: CliRunTiming[] = [];
-  for (let i = 0; i < REPO_RUNS; i++) {
-    context.signal.throwIfAborted();
-    again.push(await timeCliRun(argv, at));
-  }
-  const second = summarize(again.map((t) => t.firstEventMs));
-  const exit = summarize(again.map((t) => t.exitMs));
+  const second = await timeCliRun(argv, at);
+  const [firstBytes, secondBytes] = [objectsSent(first), objectsSent(second)];
+  const pooled = POOLED_NAME.test(await runContainer(setup.state, second.runId!));
   return {
     figures: [{
-      name: "repository, second run: warm run → first event",
-      unit: "ms",
-      baseline: warmFirstMs,
-      measured: second.median,
+      name: `repository of ${REPO_FILES * REPO_FILE_BYTES / 1e6} MB, objects sent: first run → second run`,
+      unit: "MB",
+      baseline: firstBytes / 1e6,
+      measured: secondBytes / 1e6,
       better: "lower",
-      target: { text: `≤ ${REPO_TARGET_MS} ms median`, met: second.median <= REPO_TARGET_MS },
+      target: { text: `≤ ${REPO_TARGET_BYTES / 1e6} MB`, met: secondBytes <= REPO_TARGET_BYTES },
     }],
     notes: [
-      `repository: first run first event ${Math.round(first.firstEventMs)} ms, exit ${Math.round(first.exitMs)} ms; later runs first event ${
-        describe(second)
-      }, exit ${describe(exit)}`,
+      `repository: first run sent ${firstBytes.toLocaleString("en-US")} B, first event ${Math.round(first.firstEventMs)} ms, exit ${
+        Math.round(first.exitMs)
+      } ms; second run sent ${secondBytes.toLocaleString("en-US")} B, first event ${Math.round(second.firstEventMs)} ms, exit ${
+        Math.round(second.exitMs)
+      } ms, ${pooled ? "in a sandbox claimed from the repository's pool" : "in a sandbox of its own (the repository's pool was empty)"}`,
     ],
   };
 }
 
-/** Containers (any state) carrying `label`. */
-async function containersWith(label: string): Promise<string[]> {
-  const result = await run(["docker", "ps", "-aq", "--filter", `label=${label}`], { timeoutMs: 30_000 });
-  return result.stdout.split("\n").filter(Boolean);
-}
-
-/**
- * Runs of a `container: fresh` profile: from the last event to the exit (what the user waits for
- * after the result), against removing such a container and volume with docker, and how long until
- * nothing of them is left.
- */
-export async function measureFresh(
-  setup: RunSetup,
-  context: BenchContext,
-  freshProfile: string,
-  image: string,
-): Promise<Measured> {
-  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
-  const argv = setup.runArgv.map((arg) => arg === setup.profile ? freshProfile : arg);
-  context.progress(`fresh container: ${FRESH_RUNS} runs of a profile with sandbox.container: fresh`);
-  const runs: CliRunTiming[] = [];
-  const removals: number[] = [];
-  const leftoversGoneMs: number[] = [];
-  for (let i = 0; i < FRESH_RUNS; i++) {
-    context.signal.throwIfAborted();
-    const timing = await timeCliRun(argv, at);
-    runs.push(timing);
-    const exitedAt = performance.now();
-    // How long after the exit nothing of the run's container is left (cleanup done behind it).
-    const deadline = exitedAt + 60_000;
-    while ((await containersWith(`dev.sandbox.profile=${freshProfile}`)).length > 0 && performance.now() < deadline) {
-      await new Promise((resolve) => setTimeout(resolve, 50));
-    }
-    leftoversGoneMs.push(performance.now() - exitedAt);
-    // The baseline: removing a container and a volume like the run's, with docker.
-    const name = `${freshProfile}-baseline`;
-    await timeCommand(["docker", "volume", "create", "--label", "dev.sandbox.bench=1", name], at);
-    await timeCommand([
-      "docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1",
-      "--mount", `type=volume,src=${name},dst=/workspace`, image, "sleep", "infinity",
-    ], at);
-    removals.push(
-      await timeCommand(["docker", "rm", "--force", name], at) + await timeCommand(["docker", "volume", "rm", name], at),
-    );
+/** `MEMORY_SAMPLES` readings of each container's memory, alternating; the median of each, MiB. */
+async function memoryOf(a: string, b: string): Promise<[number, number]> {
+  const samples: [number[], number[]] = [[], []];
+  for (let i = 0; i < MEMORY_SAMPLES; i++) {
+    samples[0].push(await memoryMiB(a));
+    samples[1].push(await memoryMiB(b));
   }
-  const wait = summarize(runs.map((t) => t.exitMs - t.lastEventMs));
-  const removal = summarize(removals);
-  return {
-    figures: [{
-      name: "fresh container run: container+volume removal → last event to exit",
-      unit: "ms",
-      baseline: removal.median,
-      measured: wait.median,
-      better: "lower",
-      target: { text: "< 0.5× the removal (not waited for)", met: wait.median < 0.5 * removal.median },
-    }],
-    notes: [
-      `fresh: last event → exit ${describe(wait)}; docker rm --force + volume rm ${describe(removal)}; first event ${
-        describe(summarize(runs.map((t) => t.firstEventMs)))
-      }; nothing of the run's container left ${describe(summarize(leftoversGoneMs))} after the exit`,
-    ],
-  };
-}
-
-/** A name for a container of the bench's own measurements (`kind`: what it is for). */
-function benchContainerName(kind: string): string {
-  return `sandbox-bench-${kind}-${crypto.randomUUID().slice(0, 8)}`;
-}
-
-/** Start the bench's container `name` from `image` (removed by the caller: `docker rm --force`). */
-async function startBenchContainer(name: string, image: string, at: TimedOptions): Promise<void> {
-  await timeCommand(["docker", "run", "-d", "--name", name, "--label", "dev.sandbox.bench=1", image], at);
+  return [summarize(samples[0]).median, summarize(samples[1]).median];
 }
 
 /**
- * The least that `count` concurrent runs must do, done at once with docker alone: `count - 1`
- * containers started (`docker run -d`; the hostile-agent rules give each run but the one that
- * leases the shared container one of its own), a worker and a relay loaded in each of them (the
- * shared container's worker and relay are already waiting: the image's programs under the exec
- * wrapper, loaded and exiting at once), and `count` CLI processes started (`--version`). Wall time
- * in milliseconds.
+ * Memory of one idle pooled sandbox (its worker loaded and waiting, its relay waiting, as `docker
+ * stats` shows it) against a plain `sleep infinity` container of the same image, and how many
+ * pooled sandboxes fit in this machine's memory (MemTotal).
  */
-async function floorAtOnce(setup: RunSetup, image: string, count: number, context: BenchContext): Promise<number> {
-  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
-  const names = Array.from({ length: count - 1 }, () => benchContainerName("floor"));
-  const started = performance.now();
+export async function measureMemory(setup: RunSetup, context: BenchContext, image: string): Promise<Measured> {
+  context.progress(`memory: an idle pooled sandbox and a sleep container of ${image}, ${MEMORY_SAMPLES} × docker stats each`);
+  await waitSettled(setup.state, setup.profile, { signal: context.signal });
+  const [pooled] = await readyPooled(setup.state, setup.profile);
+  const sleeper = await startBenchContainer(image, "sleep", ["sleep", "infinity"]);
+  let memory: [number, number];
   try {
-    await Promise.all([
-      ...names.map(async (name) => {
-        await startBenchContainer(name, image, at);
-        await Promise.all([timeCommand(workerStart(name), at), timeCommand(relayStart(name), at)]);
-      }),
-      ...Array.from({ length: count }, () => timeCommand(setup.cli(["--version"]), at)),
-    ]);
-    return performance.now() - started;
+    memory = await memoryOf(sleeper, pooled);
   } finally {
-    await run(["docker", "rm", "--force", ...names], { timeoutMs: 60_000 });
+    await removeBenchContainers([sleeper]);
   }
-}
-
-/** The image's worker under the exec wrapper, loaded (`--help`), as a run's worker starts. */
-function workerStart(container: string): string[] {
-  return [
-    "docker", "exec", "--user", SANDBOX_USER, container, "sandbox-exec", `bench-worker-${crypto.randomUUID()}`,
-    "deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js", "--help",
-  ];
-}
-
-/** How long the machine gets to finish what runs leave behind (the next waiting worker's load). */
-const SETTLE_MS = 1_500;
-
-/** CPU time the whole machine has spent busy (not idle, not waiting for I/O), in seconds; /proc/stat. */
-async function machineBusySeconds(): Promise<number> {
-  const fields = (await Deno.readTextFile("/proc/stat")).split("\n")[0].trim().split(/\s+/).slice(1).map(Number);
-  const [user, nice, system, _idle, _iowait, irq, softirq, steal] = fields;
-  // USER_HZ is 100 on Linux (sysconf(_SC_CLK_TCK)); the kernel reports /proc/stat in it everywhere.
-  return (user + nice + system + irq + softirq + (steal ?? 0)) / 100;
-}
-
-/** The machine's busy CPU per second of wall time over `ms` (what it does with no run going). */
-async function idleBusyRate(ms: number): Promise<number> {
-  const from = await machineBusySeconds();
-  await new Promise((resolve) => setTimeout(resolve, ms));
-  return (await machineBusySeconds() - from) / (ms / 1000);
+  const [plainMiB, pooledMiB] = memory;
+  const totalMiB = await machineMemoryMiB();
+  const fit = (mib: number, of = totalMiB) => Math.floor(of / mib);
+  return {
+    figures: [
+      { name: "idle sandbox memory: sleep container → pooled sandbox (worker, relay waiting)", unit: "MiB", baseline: plainMiB, measured: pooledMiB, better: "lower" },
+    ],
+    notes: [
+      `memory (docker stats MemUsage, median of ${MEMORY_SAMPLES}): pooled sandbox ${pooledMiB.toFixed(1)} MiB (${pooled}), sleep infinity ${
+        plainMiB.toFixed(1)
+      } MiB; ${fit(pooledMiB)} idle pooled sandboxes fit in this machine's ${(totalMiB / 1024).toFixed(1)} GiB, ${fit(pooledMiB, 24 * 1024)} per 24 GiB`,
+    ],
+  };
 }
 
 /**
- * The CPU that `work` costs the whole machine (the CLIs, the engine, the containers), in seconds:
- * busy time from its start until `SETTLE_MS` after it (what the runs left to do: the next waiting
- * worker's load), less what the machine spends meanwhile without them — the higher of two idle
- * readings, one before (after a pause that lets the previous measurement's cleanup end) and one
- * after: the estimate errs low, never high.
+ * Bring the pool of 8 to full (`up`) and wait until every one of its workers listens and the
+ * containers of `previous` runs are gone: each run of the concurrency figure starts from there.
  */
-async function machineCpuOf<T>(work: () => Promise<T>): Promise<{ value: T; cpuSeconds: number }> {
-  await new Promise((resolve) => setTimeout(resolve, 2 * SETTLE_MS));
-  const idleBefore = await idleBusyRate(SETTLE_MS);
-  const started = performance.now();
-  const before = await machineBusySeconds();
-  const value = await work();
-  await new Promise((resolve) => setTimeout(resolve, SETTLE_MS));
-  const busy = await machineBusySeconds() - before;
-  const elapsed = (performance.now() - started) / 1000;
-  const idle = Math.max(idleBefore, await idleBusyRate(SETTLE_MS));
-  return { value, cpuSeconds: Math.max(0, busy - idle * elapsed) };
+async function fullPool(setup: RunSetup, context: BenchContext, previous: string[]): Promise<void> {
+  const up = await run(setup.cli(["up", "-p", setup.poolProfile]), { cwd: setup.dir, env: setup.env, signal: context.signal, timeoutMs: CHILD_TIMEOUT_MS });
+  if (up.exitCode !== 0) throw new Error(`up -p ${setup.poolProfile} failed: ${up.stderr.slice(-2_000)}`);
+  await waitSettled(setup.state, setup.poolProfile, { previous, ready: CONCURRENT, signal: context.signal });
 }
 
 /**
- * `CONCURRENT` runs of `argv` one after another, then (after `pauseMs`) all at once: wall times,
- * and the CPU the runs one after another cost the machine.
+ * `CONCURRENT` runs of a profile with `sandbox.pool: 8` all at once after `up`, against the same
+ * runs one after another, each from a full pool (`up` and the workers' load before each, not
+ * timed): wall time to the last exit, and the sum of the exits. Every run must succeed in a
+ * container of its own.
  */
-async function sequentialThenAtOnce(
-  argv: string[],
-  at: TimedOptions,
-  pauseMs = 0,
-): Promise<{ sequential: number; sequentialCpuSeconds: number; concurrent: number; together: CliRunTiming[] }> {
-  const { value: sequential, cpuSeconds: sequentialCpuSeconds } = await machineCpuOf(async () => {
-    const started = performance.now();
-    for (let i = 0; i < CONCURRENT; i++) await timeCliRun(argv, at);
-    return performance.now() - started;
-  });
-  if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs));
-  const started = performance.now();
+export async function measureConcurrency(setup: RunSetup, context: BenchContext): Promise<Measured> {
+  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
+  const argv = setup.runArgvOf(setup.poolProfile);
+  context.progress(`concurrency: ${CONCURRENT} runs one after another, each after up -p ${setup.poolProfile} (sandbox.pool: ${CONCURRENT})`);
+  const inRow: CliRunTiming[] = [];
+  let previous: string[] = [];
+  for (let i = 0; i < CONCURRENT; i++) {
+    context.signal.throwIfAborted();
+    await fullPool(setup, context, previous);
+    inRow.push(await timeCliRun(argv, at));
+    previous = [await runContainer(setup.state, inRow[i].runId!)];
+  }
+  const sequential = inRow.reduce((sum, t) => sum + t.exitMs, 0);
+  await fullPool(setup, context, previous);
+  context.progress(`concurrency: ${CONCURRENT} runs at once`);
+  const startedAt = wallClockMs();
   const together = await Promise.all(Array.from({ length: CONCURRENT }, () => timeCliRun(argv, at)));
-  return { sequential, sequentialCpuSeconds, concurrent: performance.now() - started, together };
-}
-
-/**
- * The least wall time in which this machine's cores can do the CPU work of the runs one after
- * another, all at once: their CPU seconds over the cores. Concurrent runs do at least that work
- * (each isolated run does what it does alone, and those in containers of their own more), so no
- * schedule finishes them sooner; a target below it cannot be met on this machine.
- */
-function cpuFloor(name: string, sequentialCpuSeconds: number, concurrent: number): Figure {
+  const concurrent = wallClockMs() - startedAt;
+  const lastFirstEvent = Math.max(...together.map((t) => t.spawnedAtMs - startedAt + t.firstEventMs));
+  const places = await Promise.all(together.map((t) => runContainer(setup.state, t.runId!)));
+  if (new Set(places).size !== CONCURRENT) throw new Error(`${CONCURRENT} concurrent runs shared a container: ${places.join(", ")}`);
+  const pooled = places.filter((name) => POOLED_NAME.test(name)).length;
+  const readyAfter = (await readyPooled(setup.state, setup.poolProfile)).length;
   return {
-    name,
-    unit: "ms",
-    baseline: (sequentialCpuSeconds / navigator.hardwareConcurrency) * 1000,
-    measured: concurrent,
-    better: "lower",
-  };
-}
-
-/** What the CPU accounting says of the runs one after another: cores busy, and the floor's ratio. */
-function cpuNote(sequential: number, sequentialCpuSeconds: number): string {
-  const cores = navigator.hardwareConcurrency;
-  const floor = (sequentialCpuSeconds / cores) * 1000;
-  return `the ${CONCURRENT} runs one after another cost the machine ${sequentialCpuSeconds.toFixed(2)} CPU-s (${
-    (sequentialCpuSeconds / CONCURRENT * 1000).toFixed(0)
-  } ms a run, the next waiting worker's load included) in ${(sequential / 1000).toFixed(2)} s: ${
-    (sequentialCpuSeconds / (sequential / 1000)).toFixed(2)
-  } of ${cores} cores busy; at once, the same work needs at least ${(floor / 1000).toFixed(2)} s on ${cores} cores, ${
-    (floor / sequential).toFixed(2)
-  }× the sequential time (target ${CONCURRENT_TARGET_RATIO}×: it needs ${
-    Math.ceil(sequentialCpuSeconds / (CONCURRENT_TARGET_RATIO * sequential / 1000))
-  } cores at this CPU per run)`;
-}
-
-/** The container each run worked in, from its run log. */
-async function containersOf(setup: RunSetup, runs: CliRunTiming[]): Promise<string[]> {
-  return await Promise.all(runs.map(async (timing) => {
-    const meta = JSON.parse(await Deno.readTextFile(`${setup.state}/sandbox/runs/${timing.runId}/meta.json`)) as {
-      extra?: { container?: string };
-    };
-    return meta.extra?.container ?? "?";
-  }));
-}
-
-/** The concurrency target's figure: `concurrent` wall time against `sequential`. */
-function concurrencyFigure(name: string, sequential: number, concurrent: number): Figure {
-  return {
-    name,
-    unit: "ms",
-    baseline: sequential,
-    measured: concurrent,
-    better: "lower",
-    target: {
-      text: `≤ ${CONCURRENT_TARGET_RATIO}× sequential`,
-      met: concurrent <= CONCURRENT_TARGET_RATIO * sequential,
-    },
-  };
-}
-
-/**
- * Wall time of `count` runs of the profile at once, and one after another; each must succeed. The
- * floor beside it: what those concurrent runs must do at least, done at once with docker alone
- * (floorAtOnce).
- */
-export async function measureConcurrency(setup: RunSetup, context: BenchContext, image: string): Promise<Measured> {
-  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
-  context.progress(`concurrency: the floor, ${CONCURRENT - 1} containers started, ${CONCURRENT - 1} relays and workers and ${CONCURRENT} CLIs loaded at once (3 times)`);
-  const floors: number[] = [];
-  for (let i = 0; i < 3; i++) floors.push(await floorAtOnce(setup, image, CONCURRENT, context));
-  const floor = summarize(floors);
-  context.progress(`concurrency: ${CONCURRENT} runs one after another, then ${CONCURRENT} at once`);
-  const { sequential, sequentialCpuSeconds, concurrent, together } = await sequentialThenAtOnce(setup.runArgv, at);
-  // One run at a time in a container (the hostile-agent rules): each in a container of its own,
-  // but for the profile's shared one, whose lease lets runs in one after another (a run that
-  // starts once another has ended there takes it, as a run after a run does).
-  const places = await containersOf(setup, together);
-  const shared = places.filter((name) => name === setup.container).length;
-  if (new Set(places).size !== CONCURRENT - Math.max(0, shared - 1)) {
-    throw new Error(`${CONCURRENT} concurrent runs shared a container of their own: ${places.join(", ")}`);
-  }
-  return {
-    figures: [
-      concurrencyFigure(`${CONCURRENT} concurrent runs, one profile: one after another → at once (wall)`, sequential, concurrent),
-      {
-        name: `floor: ${CONCURRENT - 1} containers, workers, relays, ${CONCURRENT} CLIs at once → ${CONCURRENT} runs at once`,
-        unit: "ms",
-        baseline: floor.median,
-        measured: concurrent,
-        better: "lower",
-      },
-      cpuFloor(`CPU floor: the ${CONCURRENT} sequential runs' CPU ÷ ${navigator.hardwareConcurrency} cores → ${CONCURRENT} runs at once`, sequentialCpuSeconds, concurrent),
-    ],
+    figures: [{
+      name: `${CONCURRENT} runs, sandbox.pool: ${CONCURRENT} after up: one after another → at once (wall)`,
+      unit: "ms",
+      baseline: sequential,
+      measured: concurrent,
+      better: "lower",
+      target: { text: `≤ ${CONCURRENT_TARGET_RATIO}× one after another`, met: concurrent <= CONCURRENT_TARGET_RATIO * sequential },
+    }],
     notes: [
-      `concurrency, CPU: ${cpuNote(sequential, sequentialCpuSeconds)}`,
-      `concurrency: ${CONCURRENT} runs at once, all succeeded, ${shared} in the shared container (one after another), ${
-        CONCURRENT - shared
-      } each in its own; first events ${
-        describe(summarize(together.map((t) => t.firstEventMs)))
-      }, exits ${describe(summarize(together.map((t) => t.exitMs)))}; floor (${CONCURRENT - 1} containers started with docker run -d, a worker and a relay loaded in each, ${CONCURRENT} CLI starts, all at once) ${
-        describe(floor)
-      }, ${(floor.median / sequential).toFixed(2)}× the ${CONCURRENT} runs one after another`,
-    ],
-  };
-}
-
-/** How long the pool's waiting workers get to load after `up` (8 of ~0.2 s of CPU, on 2 cores). */
-const POOL_SETTLE_MS = 3_000;
-
-/**
- * The same 8 runs at once, and one after another, on a profile that keeps 8 shared containers
- * (`sandbox.containers: 8`), made by `up` beforehand: what an orchestrator that runs 8 at a time
- * configures. Each run must succeed in a shared container of the profile, no two at once in one.
- */
-/**
- * The CPU that `CONCURRENT` loads of the waiting worker cost the machine (each a `docker exec` of
- * the worker under the wrapper, in a container of the image made for this): at most what the runs
- * spend on the next run's worker, since a run's lease starts it without a `docker exec`.
- */
-async function workerLoadsCpuSeconds(setup: RunSetup, image: string, context: BenchContext): Promise<number> {
-  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
-  const name = benchContainerName("loads");
-  try {
-    await startBenchContainer(name, image, at);
-    await timeCommand(workerStart(name), at);
-    const { cpuSeconds } = await machineCpuOf(async () => {
-      for (let i = 0; i < CONCURRENT; i++) await timeCommand(workerStart(name), at);
-    });
-    return cpuSeconds;
-  } finally {
-    await run(["docker", "rm", "--force", name], { timeoutMs: 60_000 });
-  }
-}
-
-export async function measurePool(setup: RunSetup, context: BenchContext, poolProfile: string, image: string): Promise<Measured> {
-  const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
-  const argv = setup.runArgv.map((arg) => arg === setup.profile ? poolProfile : arg);
-  context.progress(`pool: up of a profile with sandbox.containers: ${CONCURRENT}`);
-  const up = await run(setup.cli(["up", "-p", poolProfile]), { ...at, timeoutMs: CHILD_TIMEOUT_MS });
-  if (up.exitCode !== 0) throw new Error(`up -p ${poolProfile} failed: ${up.stderr.slice(-2_000)}`);
-  await new Promise((resolve) => setTimeout(resolve, POOL_SETTLE_MS));
-  context.progress(`pool: ${CONCURRENT} runs one after another, then ${CONCURRENT} at once`);
-  const { sequential, sequentialCpuSeconds, concurrent, together } = await sequentialThenAtOnce(argv, at, POOL_SETTLE_MS);
-  // Where each worked: a shared container's lease lets one run at a time in, so a run that found
-  // every one busy may follow another that had ended into its container, or make one of its own.
-  const shared = (await containersOf(setup, together)).filter((name) => name === `sandbox-${poolProfile}` || /-s\d+$/.test(name));
-  context.progress(`pool: the CPU of ${CONCURRENT} waiting workers' loads`);
-  const loads = await workerLoadsCpuSeconds(setup, image, context);
-  const inWindow = Math.max(0, sequentialCpuSeconds - loads);
-  return {
-    figures: [
-      concurrencyFigure(`${CONCURRENT} concurrent runs, sandbox.containers: ${CONCURRENT} after up: one after another → at once`, sequential, concurrent),
-      cpuFloor(`CPU floor (pool): the ${CONCURRENT} sequential runs' CPU ÷ ${navigator.hardwareConcurrency} cores → ${CONCURRENT} runs at once`, sequentialCpuSeconds, concurrent),
-      cpuFloor(`CPU floor (pool), the next workers' loads left out → ${CONCURRENT} runs at once`, inWindow, concurrent),
-    ],
-    notes: [
-      `pool, CPU: ${cpuNote(sequential, sequentialCpuSeconds)}`,
-      `pool, CPU without the next waiting workers' loads (${CONCURRENT} of them cost at most ${loads.toFixed(2)} CPU-s, measured by docker exec; runs at once may leave them until after the last one ends): ${
-        inWindow.toFixed(2)
-      } CPU-s, at least ${(inWindow / navigator.hardwareConcurrency).toFixed(2)} s on ${navigator.hardwareConcurrency} cores, ${
-        (inWindow / navigator.hardwareConcurrency * 1000 / sequential).toFixed(2)
-      }× the sequential time`,
-      `pool (sandbox.containers: ${CONCURRENT}, made by up ${Math.round(POOL_SETTLE_MS / 1000)} s before): ${CONCURRENT} runs at once, all succeeded, ${shared.length} in the profile's shared containers (${new Set(shared).size} different ones), ${
-        CONCURRENT - shared.length
-      } in one of their own; first events ${
-        describe(summarize(together.map((t) => t.firstEventMs)))
-      }, exits ${describe(summarize(together.map((t) => t.exitMs)))}`,
+      `concurrency: one after another, exits ${describe(summarize(inRow.map((t) => t.exitMs)))}, first events ${
+        describe(summarize(inRow.map((t) => t.firstEventMs)))
+      }; at once, all succeeded in ${CONCURRENT} different sandboxes (${pooled} claimed from the pool), every first event by ${
+        Math.round(lastFirstEvent)
+      } ms, first events ${describe(summarize(together.map((t) => t.firstEventMs)))}, exits ${
+        describe(summarize(together.map((t) => t.exitMs)))
+      } (each exit waits for its run's refill of the pool); the pool held ${readyAfter} ready sandboxes afterwards (sandbox.pool: ${CONCURRENT})`,
     ],
   };
 }

@@ -3,15 +3,18 @@
  * start to the first event on stdout, for the built-in deepagents worker, Claude Code and Codex,
  * each with the container of its image up (the agent layers are built by the warm-up runs when
  * missing). The LLM is a replayed one-answer conversation in each agent's own API (`--model
- * replay:FILE`, answered at once), so the figure is the sandbox's and the agent's own start.
- * Baseline beside each: `docker exec CONTAINER true` in that agent's container, measured just
- * before every run; and the agent program's own start in its container (`--version`, or the
- * worker's `--help`) as a part.
+ * replay:FILE`, answered at once), so the figure is the sandbox's and the agent's own start. Each
+ * run claims a sandbox from the agent's warm pool (refilled behind the run before it). Baseline
+ * beside each: `docker exec CONTAINER true` in a plain container of that agent's image that the
+ * bench starts itself (`sleep infinity`: a `docker exec` into a pooled sandbox would make it one
+ * that ran foreign commands), measured just before every run; and the agent program's own start
+ * in that container (`--version`, or the worker's `--help`) as a part.
  */
 import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
 import { agentProgram } from "../lib/agents/launch.ts";
 import { removeProfile } from "../tests/_helpers.ts";
 import { type CliRunTiming, describe, snapshotSources, summarize, timeCliRun, timeCommand, timeRepeated } from "./_run_helpers.ts";
+import { imageOf, readyPooled, removeBenchContainers, removeProxyMounts, startBenchContainer } from "./_pool_probe.ts";
 
 const WARM_RUNS = 5;
 const START_RUNS = 5;
@@ -85,6 +88,7 @@ async function run(context: BenchContext): Promise<BenchResult> {
   const src = `${dir}/src`;
   const profile = `bench-agents-${crypto.randomUUID().slice(0, 8)}`;
   const notes: string[] = [];
+  const plain: Partial<Record<Agent, string>> = {};
   try {
     await snapshotSources(src);
     await Deno.mkdir(`${dir}/state`);
@@ -100,17 +104,20 @@ async function run(context: BenchContext): Promise<BenchResult> {
         "--model", `replay:${recording}`, "--format", "ndjson",
       ];
     };
-    const container = (agent: Agent) => agent === "deepagents" ? `sandbox-${profile}` : `sandbox-${profile}-${agent}`;
+    const container = (agent: Agent) => plain[agent]!;
 
     for (const agent of AGENTS) {
       context.progress(`${agent}: warm-up run (builds the image or the agent's layer when missing)`);
       const warmup = await timeCliRun(argv(agent), at);
       if (disturbed(warmup)) notes.push(`${agent}: the warm-up run built an image`);
+      // The run refilled the agent's pool before it exited: its ready sandbox names the image.
+      const [pooled] = await readyPooled(`${dir}/state`, profile, agent === "deepagents" ? undefined : agent);
+      plain[agent] = await startBenchContainer(await imageOf(pooled), agent, ["sleep", "infinity"]);
     }
 
     const exec: Record<Agent, number[]> = { deepagents: [], "claude-code": [], codex: [] };
     const warm: Record<Agent, CliRunTiming[]> = { deepagents: [], "claude-code": [], codex: [] };
-    context.progress(`warm: ${WARM_RUNS} rounds of the three agents, each run after a raw docker exec in its container`);
+    context.progress(`warm: ${WARM_RUNS} rounds of the three agents, each run after a raw docker exec in a plain container of its image`);
     for (let i = 0; i < WARM_RUNS; i++) {
       for (const agent of AGENTS) {
         signal.throwIfAborted();
@@ -119,7 +126,7 @@ async function run(context: BenchContext): Promise<BenchResult> {
       }
     }
 
-    context.progress(`the agents' own start in their containers: ${START_RUNS} × each`);
+    context.progress(`the agents' own start in plain containers of their images: ${START_RUNS} × each`);
     const startArgv: Record<Agent, string[]> = {
       deepagents: ["deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js", "--help"],
       "claude-code": [agentProgram("claude-code"), "--version"],
@@ -143,13 +150,15 @@ async function run(context: BenchContext): Promise<BenchResult> {
       notes.push(`${agent}: first event ${describe(first)}; exit ${describe(exit)}; docker exec true ${describe(baseline)}; own start ${describe(start)}; events [${warm[agent][0].types.join(", ")}]`);
     }
     notes.push(
-      `setup: one profile ${profile} with default settings (isolated network); --agent picks the agent, each in its own container; --model replay of one instant answer in the agent's API; sources frozen in a temporary copy`,
+      `setup: one profile ${profile} with default settings (isolated network); --agent picks the agent, each run in a pooled sandbox of its own; --model replay of one instant answer in the agent's API; sources frozen in a temporary copy`,
     );
     return { figures, notes };
   } finally {
-    context.progress(`removing profile ${profile}`);
-    await removeProfile(profile).catch(() => {});
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    context.progress(`removing profile ${profile} and the plain containers`);
+    await removeBenchContainers(Object.values(plain));
+    await removeProfile(profile);
+    await removeProxyMounts(`${dir}/state`);
+    await Deno.remove(dir, { recursive: true });
   }
 }
 
