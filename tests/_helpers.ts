@@ -113,7 +113,7 @@ export interface InspectedMount {
 export function unexpectedBinds(mounts: InspectedMount[] | null | undefined): InspectedMount[] {
   return (mounts ?? []).filter((m) =>
     m.Type === "bind" &&
-    !(m.Destination === PROXY_MOUNT_PATH && m.RW === false && /\/proxy\/[0-9a-f]+$/.test(m.Source ?? ""))
+    !(m.Destination === PROXY_MOUNT_PATH && m.RW === false && /^\/tmp\/sandbox-proxy-[0-9a-f]+\/[0-9a-f]+$/.test(m.Source ?? ""))
   );
 }
 

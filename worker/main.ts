@@ -173,6 +173,27 @@ async function serve(socket: string | undefined): Promise<number> {
  * Read the task (`load`), then run it, emitting events, the result and the usage; every failure
  * before the result becomes an is_error result. Returns the exit code.
  */
+/** What the exec wrapper keeps of the container's environment for the agent's commands (scripts/sandbox-exec). */
+const CONTAINER_ENV_PREFIX = "SANDBOX_CONTAINER_ENV_";
+
+/**
+ * The environment the agent's commands start from: this process's, with the container's own
+ * variables given back under their names (the exec wrapper started this worker without them, so
+ * that none could steer it) and the wrapper's prefixed copies gone from this process.
+ */
+function ownEnvironment(): Record<string, string> {
+  const own: Record<string, string> = {};
+  const container: Record<string, string> = {};
+  for (const [name, value] of Object.entries(Deno.env.toObject())) {
+    if (!name.startsWith(CONTAINER_ENV_PREFIX)) own[name] = value;
+    else {
+      container[name.slice(CONTAINER_ENV_PREFIX.length)] = value;
+      Deno.env.delete(name);
+    }
+  }
+  return { ...own, ...container };
+}
+
 async function runTask(
   load: () => Promise<WorkerJob>,
   emit: Emitter,
@@ -181,7 +202,7 @@ async function runTask(
   const started = performance.now();
   try {
     const job = await load();
-    const givenEnv = { ...Deno.env.toObject(), ...job.env };
+    const givenEnv = { ...ownEnvironment(), ...job.env };
     const llm = llmSettings(givenEnv, job.model);
     scrubEnvironment();
     if (job.mode === "agentic") {

@@ -1,11 +1,12 @@
 /**
- * The commands that manage a sandbox, as a user runs them against a real engine: `up`, `stop`,
- * `start`, `status --json`, `down`, `cp` both ways (`:PATH` and `RUN_ID:PATH`), `image build`, and
- * where their output goes (human output on stdout, progress on stderr). One profile of its own,
- * removed afterwards, and a private state directory.
+ * The commands that manage sandboxes, as a user runs them against a real engine: `up` (fills the
+ * warm pool runs claim from), and on the profile's development sandbox `exec`, `stop`, `start`,
+ * `status --json`, `down`, `cp` both ways (`:PATH`, and `RUN_ID:PATH` into a kept run's sandbox),
+ * `image build`, and where their output goes (human output on stdout, progress on stderr). One
+ * profile of its own, removed afterwards, and a private state directory.
  */
 import assert from "node:assert/strict";
-import type { RunResult } from "../../lib/process.ts";
+import { run, type RunResult } from "../../lib/process.ts";
 import { assertDocker, docker, dockerTest, explain, removeProfile, ROOT, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
 
 console.error("e2e: sandbox commands starting");
@@ -60,10 +61,17 @@ Deno.test({
     assertDocker();
     await using f = await Fixture.create();
 
-    await t.step("up prints the status on stdout, with --config after the command", async () => {
+    await t.step("up fills the warm pool and prints its sandbox on stdout, with --config after the command; exec starts the development sandbox", async () => {
       const up = await f.ok(["up", "-p", f.profile]);
-      assert.match(up.stdout, new RegExp(`^sandbox ${f.container} is running \\(profile ${f.profile}, image sandbox-runtime:[0-9a-f]{16}\\)\\n$`), explain(up));
+      const pooled = up.stdout.match(new RegExp(`^sandbox (${f.container}-p[0-9a-f]{8}) is ready \\(profile ${f.profile}\\)\\n$`));
+      assert.ok(pooled, explain(up));
+      assert.equal(await docker("inspect", "--format", '{{index .Config.Labels "dev.sandbox.kind"}}', pooled[1]), "pool");
+      // up starts no development sandbox: exec does, and the pooled one is not it.
+      const before = await run(["docker", "container", "inspect", f.container]);
+      assert.notEqual(before.exitCode, 0, "up started the development sandbox");
       await f.ok(["exec", "-p", f.profile, "--", "sh", "-c", "echo kept > /workspace/kept.txt"]);
+      const inPool = await docker("exec", pooled[1], "sh", "-c", "test -e /workspace/kept.txt && echo found || echo absent");
+      assert.equal(inPool, "absent", "exec wrote into the pooled sandbox");
     });
 
     let firstStart = "";
@@ -71,6 +79,7 @@ Deno.test({
       const status = JSON.parse((await f.ok(["status", "--json"])).stdout).find((s: { name: string }) => s.name === f.container);
       assert.ok(status, "the sandbox is not listed");
       assert.equal(status.state, "running");
+      assert.equal(status.kind, "shared", JSON.stringify(status));
       assert.ok(Date.parse(status.startedAt) >= Date.parse(status.createdAt), JSON.stringify(status));
       assert.equal(status.stoppedAt, null);
       assert.equal(status.workspacePath, "/workspace");
@@ -97,18 +106,29 @@ Deno.test({
       assert.equal(cat.stdout, "kept\n");
     });
 
-    await t.step("down prints what it removed on stdout; down again says there is nothing", async () => {
+    await t.step("down prints what it removed on stdout (the development sandbox, the pool, their volumes); down again says there is nothing", async () => {
+      const pooled = JSON.parse((await f.ok(["status", "--json"])).stdout)
+        .filter((s: { profile: string; kind: string }) => s.profile === f.profile && s.kind === "pool")
+        .map((s: { name: string }) => s.name);
+      assert.equal(pooled.length, 1, JSON.stringify(pooled));
       const down = await f.ok(["down", "-p", f.profile, "--volumes"]);
-      assert.equal(down.stdout, `removed ${f.container}, ${f.container}-workspace\n`, explain(down));
+      const removed = down.stdout.match(/^removed (.*)\n$/)?.[1].split(", ").sort();
+      const expected = [f.container, `${f.container}-workspace`, pooled[0], `${pooled[0]}-workspace`].sort();
+      assert.deepEqual(removed, expected, explain(down));
       const again = await f.ok(["down", "-p", f.profile]);
       assert.equal(again.stdout, `no sandbox for profile ${f.profile}\n`, explain(again));
       assert.equal(again.stderr, "");
     });
 
-    await t.step("start of a sandbox that does not exist fails and says how to create it", async () => {
-      const result = await f.cli(["start", "-p", f.profile]);
-      assert.notEqual(result.exitCode, 0, explain(result));
-      assert.match(result.stderr, new RegExp(`^sandbox: error: Sandbox "${f.container}" does not exist\\nsandbox:   Start it with: sandbox up$`, "m"));
+    await t.step("stop of a sandbox that does not exist fails and says how to start it; start makes it anew, with an empty workspace", async () => {
+      const stop = await f.cli(["stop", "-p", f.profile]);
+      assert.notEqual(stop.exitCode, 0, explain(stop));
+      assert.match(stop.stderr, new RegExp(`^sandbox: error: Sandbox "${f.container}" does not exist\\nsandbox:   Start it with: sandbox start$`, "m"));
+      assert.doesNotMatch(stop.stderr, STACK, explain(stop));
+      const started = await f.ok(["start", "-p", f.profile]);
+      assert.match(started.stdout, new RegExp(`^sandbox ${f.container} is running`), explain(started));
+      const cat = await f.cli(["exec", "-p", f.profile, "--", "cat", "/workspace/kept.txt"]);
+      assert.notEqual(cat.exitCode, 0, `the removed workspace's file is back\n${explain(cat)}`);
     });
   },
 });
@@ -120,7 +140,7 @@ Deno.test({
     assertDocker();
     await using f = await Fixture.create();
     const d = f.dir.path;
-    await f.ok(["up", "-p", f.profile]);
+    await f.ok(["start", "-p", f.profile]);
     await Deno.mkdir(`${d}/src/nested`, { recursive: true });
     await Deno.writeTextFile(`${d}/src/nested/a.txt`, "alpha\n");
     await Deno.writeTextFile(`${d}/single.txt`, "one\n");
@@ -153,9 +173,16 @@ Deno.test({
       assert.doesNotMatch(result.stderr, STACK);
     });
 
-    await t.step("a run's file, by RUN_ID:PATH relative to the run's directory", async () => {
+    await t.step("a run's file, by RUN_ID:PATH relative to the run's directory, while its sandbox is kept (--keep-worktree); a run whose sandbox went has nothing to copy", async () => {
       await Deno.copyFile(`${ROOT}/examples/hello/prompt.txt`, `${d}/prompt.txt`);
-      const ran = await f.ok(["run", "agentic", "-p", f.profile, "--prompt-file", `${d}/prompt.txt`, "-m", `replay:${ROOT}/examples/hello/recording.json`, "--format", "ndjson"]);
+      const repo = `${d}/repo`;
+      await Deno.mkdir(repo);
+      for (const args of [["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "init"]]) {
+        const git = await new Deno.Command("git", { args: ["-C", repo, "-c", "user.name=u", "-c", "user.email=u@x", ...args] }).output();
+        assert.equal(git.code, 0, new TextDecoder().decode(git.stderr));
+      }
+      const replay = ["run", "agentic", "-p", f.profile, "--prompt-file", `${d}/prompt.txt`, "-m", `replay:${ROOT}/examples/hello/recording.json`, "--format", "ndjson"];
+      const ran = await f.ok([...replay, "--repo", repo, "--keep-worktree"]);
       const id = ran.stderr.match(/^sandbox: run (\S+) /m)?.[1];
       assert.ok(id, explain(ran));
       await f.ok(["cp", `${id}:greet.sh`, `${d}/greet.sh`]);
@@ -164,6 +191,13 @@ Deno.test({
       const wrong = await f.cli(["cp", "-p", "default", `${id}:greet.sh`, `${d}/g.sh`]);
       assert.equal(wrong.exitCode, 2, explain(wrong));
       assert.match(wrong.stderr, /is of profile/);
+      // Twin: the same run without a repository to keep; its sandbox went with it.
+      const gone = await f.ok(replay);
+      const goneId = gone.stderr.match(/^sandbox: run (\S+) /m)?.[1];
+      assert.ok(goneId, explain(gone));
+      const nothing = await f.cli(["cp", `${goneId}:greet.sh`, `${d}/gone.sh`]);
+      assert.equal(nothing.exitCode, 2, explain(nothing));
+      assert.match(nothing.stderr, new RegExp(`^sandbox: error: Run "${goneId}" left nothing to copy`, "m"));
     });
 
     await t.step("a stopped sandbox is refused with the command that starts it", async () => {

@@ -144,7 +144,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "an image-only devcontainer: up, exec, status and down work as for docker, and up finds the repository from the current directory",
+  name: "an image-only devcontainer: up, exec, runs, status and down work as for docker, and up finds the repository from the current directory",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -153,16 +153,19 @@ Deno.test({
       ".devcontainer.json": `{ "image": "sandbox-base:bookworm", "containerEnv": { "DC_ONLY": "image-${MARK}" } }\n`,
     });
 
-    await t.step("up in the repository's directory builds and starts it", async () => {
+    let pooled = "";
+    await t.step("up in the repository's directory builds it and fills the repository's warm pool", async () => {
       const up = await run([Deno.execPath(), "run", "-A", "--quiet", `${new URL("../../cli.ts", import.meta.url).pathname}`, "--config", fixture.config, "up", "-p", fixture.profile, "--json"], {
         cwd: fixture.repo,
         env: fixture.env,
         timeoutMs: 240_000,
       });
       assert.equal(up.exitCode, 0, explain(up));
-      const status = JSON.parse(up.stdout);
-      assert.equal(status.state, "running", explain(up));
-      assert.equal(status.name, fixture.container);
+      const { ready } = JSON.parse(up.stdout);
+      assert.equal(ready.length, 1, explain(up));
+      assert.match(ready[0], new RegExp(`^${fixture.container}-p[0-9a-f]{8}$`), explain(up));
+      pooled = ready[0];
+      assert.equal(await docker("inspect", "--format", "{{.State.Running}}", pooled), "true");
     });
 
     await t.step("exec --repo runs in the devcontainer's environment, as the sandbox user", async () => {
@@ -171,24 +174,38 @@ Deno.test({
       assert.equal(exec.stdout, `image-${MARK}\nsandbox\n10001\n`, explain(exec));
     });
 
-    await t.step("a run uses the same container, in the default workspace folder", async () => {
+    await t.step("a run claims the pooled container up made, works in the default workspace folder with the devcontainer's environment", async () => {
       const result = await fixture.runAgent();
       assert.equal(result.exitCode, 0, explain(result));
+      const id = /run (\S+) \(/.exec(result.stderr)?.[1];
+      assert.ok(id, explain(result));
+      assert.equal((await fixture.meta(id)).extra?.container, pooled, explain(result));
       const [output] = executeOutputs(parseLines(result.stdout, explain(result)));
-      assert.match(output, new RegExp(`^ONLY=image-${MARK}$`, "m"), explain(result));
       assert.match(output, /^PWD=\/workspace\/worktrees\//m, explain(result));
-      assert.match(result.stderr, /^sandbox: sandbox sandbox-|/m);
+      assert.match(output, new RegExp(`^ONLY=image-${MARK}$`, "m"), explain(result));
     });
 
-    await t.step("status lists it and down removes it", async () => {
+    await t.step("status lists the development sandbox, and down removes it and the refilled pool; the run's container went with the run", async () => {
       const status = await fixture.cli(["status", "--json"]);
       assert.equal(status.exitCode, 0, explain(status));
       assert.ok(JSON.parse(status.stdout).some((s: { name: string }) => s.name === fixture.container), explain(status));
       const down = await fixture.cli(["down", "-p", fixture.profile, "--json"]);
       assert.equal(down.exitCode, 0, explain(down));
-      assert.deepEqual(JSON.parse(down.stdout).containers, [fixture.container]);
+      const containers: string[] = JSON.parse(down.stdout).containers;
+      assert.ok(containers.includes(fixture.container), explain(down));
+      assert.ok(!containers.includes(pooled), `the run's container outlived the run\n${explain(down)}`);
+      for (const name of containers.filter((name) => name !== fixture.container)) {
+        assert.match(name, new RegExp(`^${fixture.container}-p[0-9a-f]{8}$`), explain(down));
+      }
       const gone = await run(["docker", "container", "inspect", fixture.container]);
-      assert.notEqual(gone.exitCode, 0, "the container is gone");
+      assert.notEqual(gone.exitCode, 0, "the development sandbox is still there");
+      // The run's container is removed detached, moments after its CLI exits.
+      let removed = false;
+      for (let i = 0; i < 600 && !removed; i++) {
+        removed = (await run(["docker", "container", "inspect", pooled])).exitCode !== 0;
+        if (!removed) await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      assert.ok(removed, `the run's container ${pooled} is still there`);
     });
   },
 });

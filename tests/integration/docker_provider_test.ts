@@ -205,7 +205,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "two concurrent `sandbox up` end with one container and no error",
+  name: "two concurrent `sandbox start` end with one development sandbox and no error",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -214,8 +214,8 @@ Deno.test({
     const config = await writeConfig(dir.path, `profiles:\n  ${profile}: {}\n`);
     try {
       const [a, b] = await Promise.all([
-        runCli(["up", "--profile", profile, "--json"], { config }),
-        runCli(["up", "--profile", profile, "--json"], { config }),
+        runCli(["start", "--profile", profile, "--json"], { config }),
+        runCli(["start", "--profile", profile, "--json"], { config }),
       ]);
       assert.equal(a.exitCode, 0, explain(a));
       assert.equal(b.exitCode, 0, explain(b));
@@ -229,7 +229,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "changing the profile's resources replaces the container; an unchanged profile keeps it",
+  name: "changing the profile's resources replaces the development sandbox at the next exec; an unchanged profile keeps it",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -239,14 +239,19 @@ Deno.test({
       writeConfig(dir.path, `profiles:\n  ${profile}:\n    sandbox: {resources: {memory: ${memory}}}\n`);
     try {
       const config = await write("128m");
-      const first = await runCli(["up", "--profile", profile, "--json"], { config });
+      const id = () => docker("inspect", "--format", "{{.Id}}", `sandbox-${profile}`);
+      const exec = () => runCli(["exec", "--profile", profile, "--", "true"], { config });
+      const first = await exec();
       assert.equal(first.exitCode, 0, explain(first));
-      const again = await runCli(["up", "--profile", profile, "--json"], { config });
-      assert.equal(JSON.parse(again.stdout).id, JSON.parse(first.stdout).id);
+      const firstId = await id();
+      const again = await exec();
+      assert.equal(again.exitCode, 0, explain(again));
+      assert.equal(await id(), firstId);
+      assert.doesNotMatch(again.stderr, /Replacing sandbox/, explain(again));
       await write("256m");
-      const changed = await runCli(["up", "--profile", profile, "--json"], { config });
+      const changed = await exec();
       assert.equal(changed.exitCode, 0, explain(changed));
-      assert.notEqual(JSON.parse(changed.stdout).id, JSON.parse(first.stdout).id);
+      assert.notEqual(await id(), firstId);
       assert.equal((await inspect(`sandbox-${profile}`)).HostConfig.Memory, 256 * 1024 ** 2);
       assert.match(changed.stderr, /configuration changed/);
     } finally {
@@ -256,7 +261,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "a stopped sandbox is started again by `up`, keeping its workspace",
+  name: "a stopped development sandbox is started again by ensureRunning (exec), keeping its workspace",
   ...dockerTest(),
   async fn() {
     await using sandbox = await sandboxFor("{}", "it-stop");
@@ -281,19 +286,26 @@ Deno.test({
     try {
       await docker("network", "create", "--internal", ...legacy(profile));
       await docker("network", "create", "--internal", ...legacy(other));
-      const up = await runCli(["up", "--profile", profile], { config });
+      // The warm pool's sandbox and the development sandbox.
+      const up = await runCli(["up", "--profile", profile, "--json"], { config });
       assert.equal(up.exitCode, 0, explain(up));
+      const pooled: string[] = JSON.parse(up.stdout).ready;
+      assert.equal(pooled.length, 1, up.stdout);
+      const start = await runCli(["start", "--profile", profile], { config });
+      assert.equal(start.exitCode, 0, explain(start));
       const down = await runCli(["down", "--profile", profile, "--volumes", "--json"], { config });
       assert.equal(down.exitCode, 0, explain(down));
-      assert.deepEqual(JSON.parse(down.stdout), {
-        containers: [`sandbox-${profile}`],
+      const report = JSON.parse(down.stdout);
+      assert.deepEqual({ ...report, containers: report.containers.sort(), volumes: report.volumes.sort() }, {
+        containers: [`sandbox-${profile}`, pooled[0]].sort(),
         networks: [`sandbox-${profile}-internal`],
-        volumes: [`sandbox-${profile}-workspace`],
+        volumes: [`sandbox-${profile}-workspace`, `${pooled[0]}-workspace`].sort(),
       });
       const left = await run(["docker", "ps", "-a", "--filter", `label=dev.sandbox.profile=${profile}`, "--format", "{{.Names}}"]);
       assert.equal(left.stdout.trim(), "");
       assert.equal((await run(["docker", "network", "inspect", `sandbox-${profile}-internal`])).exitCode, 1);
       assert.equal((await run(["docker", "volume", "inspect", `sandbox-${profile}-workspace`])).exitCode, 1);
+      assert.equal((await run(["docker", "volume", "inspect", `${pooled[0]}-workspace`])).exitCode, 1);
       // The other profile's network is not touched.
       assert.equal((await run(["docker", "network", "inspect", `sandbox-${other}-internal`])).exitCode, 0);
     } finally {
@@ -351,8 +363,8 @@ Deno.test({
     const profile = uniqueProfile("it-exec");
     const config = await writeConfig(dir.path, `profiles:\n  ${profile}: {}\n`);
     try {
-      const up = await runCli(["up", "--profile", profile], { config });
-      assert.equal(up.exitCode, 0, explain(up));
+      const start = await runCli(["start", "--profile", profile], { config });
+      assert.equal(start.exitCode, 0, explain(start));
       const stdin = new TransformStream<Uint8Array, Uint8Array>();
       // The command blocks on stdin after its first line: that line must reach us while it runs.
       const child = spawnCli(

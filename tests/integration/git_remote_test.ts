@@ -8,7 +8,7 @@ import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
 import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { GitHttpServer } from "../_git_server.ts";
-import { repoContainerOf } from "../_run_fixture.ts";
+import type { RunMeta } from "../../lib/run/run_log.ts";
 import {
   assertDocker,
   docker,
@@ -98,8 +98,11 @@ Deno.test({
       const expected = `Basic ${btoa(`x-access-token:${token}`)}`;
       assert.ok(server.authorizations.includes(expected), "the remote never saw the token");
 
-      // Nothing in the sandbox holds the token: not its config, not a file, not the kept repository.
-      const container = await repoContainerOf(profile, server.url("proj.git"));
+      // Nothing in the run's sandbox (kept by --keep-worktree) holds the token: not its config,
+      // not a file, not the kept repository.
+      const meta: RunMeta = JSON.parse(await Deno.readTextFile(`${dir.path}/state/sandbox/runs/${runId}/meta.json`));
+      const container = meta.extra?.container;
+      assert.ok(typeof container === "string" && meta.extra?.kept === true, JSON.stringify(meta.extra));
       assert.ok(!(await docker("container", "inspect", container)).includes(token));
       const grep = await run(
         ["docker", "exec", "-i", "-u", "0", container, "grep", "-rlsF", "-D", "skip", "--exclude-dir=proc", "--exclude-dir=sys", "--exclude-dir=dev", "-f", "/dev/stdin", "/"],

@@ -24,6 +24,13 @@ function loopbackServer() {
   return Object.assign(server, { counter, [Symbol.asyncDispose]: () => server.shutdown() });
 }
 
+/** The names of every container of `profile` (a run's, a pooled one, the development sandbox). */
+async function profileContainers(profile: string): Promise<string> {
+  const listed = await run(["docker", "ps", "-a", "--filter", `label=dev.sandbox.profile=${profile}`, "--format", "{{.Names}}"]);
+  assert.equal(listed.exitCode, 0, listed.stderr);
+  return listed.stdout.trim();
+}
+
 const IGNORED_KEYS = ["privileged", "capAdd", "securityOpt", "runArgs", "mounts", "workspaceMount", "init", "forwardPorts", "initializeCommand"];
 
 Deno.test({
@@ -80,8 +87,7 @@ Deno.test({
       assert.equal(refused.exitCode, 2, explain(refused));
       assert.match(refused.stderr, /error: The devcontainer of ".*" asks to run as root \(user "root"\)/, explain(refused));
       assert.match(refused.stderr, /allow_root: true/, explain(refused));
-      const container = await run(["docker", "container", "inspect", fixture.container]);
-      assert.notEqual(container.exitCode, 0, "no container was started");
+      assert.equal(await profileContainers(fixture.profile), "", "a container was started");
     });
 
     // The profile now allows root: the run goes on, and still gets none of it.
@@ -91,7 +97,8 @@ Deno.test({
         `    sandbox: {mode: devcontainer, devcontainer: {allow_root: true}}\n`,
       "allow-root.yaml",
     );
-    const result = await fixture.runAgent(hostEnv);
+    // Its container is kept (--keep-worktree) to be inspected once the run is over.
+    const result = await fixture.runAgent(hostEnv, ["--keep-worktree"]);
     const context = explain(result);
     assert.equal(result.exitCode, 0, context);
     const [output] = executeOutputs(parseLines(result.stdout, context));
@@ -147,8 +154,12 @@ Deno.test({
       assert.equal(seen.GREETING, "harmless-greeting", context);
     });
 
-    await t.step("docker inspect: the container is the hardened one, with nothing the repository asked for", async () => {
-      const inspected = await run(["docker", "container", "inspect", fixture.container, "--format", "{{json .HostConfig}}|{{json .Mounts}}|{{json .Config.User}}"]);
+    await t.step("docker inspect: the run's container is the hardened one, with nothing the repository asked for", async () => {
+      const id = /run (\S+) \(/.exec(result.stderr)?.[1];
+      assert.ok(id, context);
+      const container = (await fixture.meta(id)).extra?.container;
+      assert.ok(typeof container === "string", context);
+      const inspected = await run(["docker", "container", "inspect", container, "--format", "{{json .HostConfig}}|{{json .Mounts}}|{{json .Config.User}}"]);
       assert.equal(inspected.exitCode, 0, inspected.stderr);
       const [hostConfig, mounts, user] = inspected.stdout.trim().split("|").map((p) => JSON.parse(p));
       assert.equal(hostConfig.Privileged, false);
@@ -191,8 +202,7 @@ Deno.test({
     assert.match(result.stderr, /postCreateCommand: \$\{localEnv:SANDBOX_DC_HOSTILE_API_KEY\} names a secret/, context);
     assert.ok(!result.stderr.includes(secret) && !result.stdout.includes(secret), `the secret was printed\n${context}`);
     assert.deepEqual(await fixture.images(), [], "nothing was built");
-    const container = await run(["docker", "container", "inspect", fixture.container]);
-    assert.notEqual(container.exitCode, 0, "no container was started");
+    assert.equal(await profileContainers(fixture.profile), "", "a container was started");
   },
 });
 
@@ -222,7 +232,8 @@ Deno.test({
     await using fixture = await DevcontainerFixture.create("sec-dc-env", llm.baseUrl, {
       ".devcontainer/devcontainer.json": JSON.stringify(steering, null, 2),
     });
-    const result = await fixture.runAgent();
+    // Its container is kept (--keep-worktree) to be inspected once the run is over.
+    const result = await fixture.runAgent({}, ["--keep-worktree"]);
     const context = explain(result);
     assert.equal(result.exitCode, 0, context);
     const [output] = executeOutputs(parseLines(result.stdout, context));
@@ -237,7 +248,11 @@ Deno.test({
       assert.equal(lines.length, 1, `warnings for ${key}: ${lines.length}\n${context}`);
     }
     assert.ok(!result.stderr.includes("DEVCONTAINER_GREETING"), context);
-    const env = await run(["docker", "container", "inspect", fixture.container, "--format", "{{json .Config.Env}}"]);
+    const id = /run (\S+) \(/.exec(result.stderr)?.[1];
+    assert.ok(id, context);
+    const container = (await fixture.meta(id)).extra?.container;
+    assert.ok(typeof container === "string", context);
+    const env = await run(["docker", "container", "inspect", container, "--format", "{{json .Config.Env}}"]);
     const names = (JSON.parse(env.stdout) as string[]).map((e) => e.split("=")[0]);
     assert.ok(names.includes("DEVCONTAINER_GREETING"), env.stdout);
     for (const name of ["PERL5OPT", "PERL5DB", "LD_PRELOAD", "NODE_OPTIONS"]) assert.ok(!names.includes(name), `${name} is in the container's environment: ${env.stdout}`);

@@ -14,7 +14,7 @@ import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
 import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { GitHttpServer } from "../_git_server.ts";
-import { repoContainerOf } from "../_run_fixture.ts";
+import type { RunMeta } from "../../lib/run/run_log.ts";
 import { assertDocker, docker, dockerTest, explain, removeProfile, runCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
 
 console.error("security: git push policy attacks starting");
@@ -196,9 +196,13 @@ Deno.test({
         const where = /branch agent\/work: (\d+) commit\(s\) on [0-9a-f]{12}, not pushed: kept in (\S+) as (\S+) of (\S+)$/m.exec(result.stderr);
         assert.ok(where, context);
         const [, count, container, branch, bare] = where;
-        assert.equal(container, await repoContainerOf(profile, remote.server.url("proj.git")));
+        // The run's own container, kept with its commits (every other run's goes when it ends).
+        const runId = /run (\S+) \(/.exec(result.stderr)?.[1];
+        const meta: RunMeta = JSON.parse(await Deno.readTextFile(`${dir.path}/state/sandbox/runs/${runId}/meta.json`));
+        assert.equal(container, meta.extra?.container, context);
+        assert.equal(meta.extra?.kept, true, JSON.stringify(meta.extra));
         assert.equal(count, "1");
-        // Under the exec wrapper, like every command of the tool's: the sweep behind the run spares it.
+        // Under the exec wrapper, like every command of the tool's.
         assert.equal(await docker("exec", container, "sandbox-exec", `check-${crypto.randomUUID()}`, "git", "-C", bare, "rev-parse", `refs/heads/${branch}`), commit);
       });
     } finally {

@@ -1,8 +1,9 @@
 /**
- * The relay runs under a uid of its own (10002), not the agent's (10001). A process the agent
- * left behind — alive while the next run's relay starts, before its lease sweeps it — must not be
- * able to read that relay's memory or environment (the next run's traffic and token), ptrace it
- * (to inject code, or fork a child inside the relay's protected tree), or kill it. These tests do
+ * The relay runs under a uid of its own (10002), not the agent's (10001). A process of the
+ * agent's uid — the run's agent itself, or what an earlier `sandbox exec` left in the development
+ * sandbox while the next exec's relay starts — must not be able to read that relay's memory or
+ * environment (its traffic and token), ptrace it (to inject code, or fork a child inside the
+ * relay's protected tree), or kill it. These tests do
  * each of those as the agent, and the same against a process of the agent's own uid, which works:
  * the kernel (no Yama here) allows it, so the refusals are the uid's doing. And the relay's wrapper
  * keeps no state where the agent could have planted it.
@@ -160,7 +161,7 @@ Deno.test({
       ].join("\n")]);
       assert.equal(plant.stdout.trim(), "planted", plant.stderr);
 
-      // A run's session: its relay (\`relay-RUN-…\`) does not keep the run's own lease from it.
+      // A run's session: its relay is named after the run (\`relay-RUN-…\`).
       const runId = `plant-${crypto.randomUUID().slice(0, 8)}`;
       await using session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson`, runId });
       const relay = await relayPid(provider.containerName);

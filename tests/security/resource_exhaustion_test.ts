@@ -1,12 +1,13 @@
 /**
- * Attack: exhaust what the sandbox shares with the host and with later runs (issue 9, item 10):
- * fill the host's disk through `/workspace` (a volume with no size limit on this storage), hide
- * the writes in a file deleted while open, fill `/tmp` and home (tmpfs, whose pages count against
- * the memory limit) until nothing can start, and leave the container wedged for `up` to call
- * running.
+ * Attack: exhaust what the sandbox shares with the host (issue 9, item 10): fill the host's disk
+ * through `/workspace` (a volume with no size limit on this storage), hide the writes in a file
+ * deleted while open, fill `/tmp` and home (tmpfs, whose pages count against the memory limit)
+ * until nothing can start, and leave the development sandbox wedged (every pid held).
  *
  * Each attack is done as a user's command or an agent's would be: `sandbox exec` or a scripted
- * agent run. Each has its twin: the same write under the limit succeeds on the same path.
+ * agent run. Each has its twin: the same write under the limit succeeds on the same path. A run's
+ * container is its own and goes with it, so a wedged development sandbox holds no run up.
+ * (Stopping or killing the disk watcher: tests/security/disk_watch_attack_test.ts.)
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
@@ -36,6 +37,15 @@ async function workspaceBytes(container: string): Promise<number> {
 
 async function processes(container: string): Promise<string> {
   return (await run(["docker", "exec", "--user", "0", container, "ps", "-eo", "args="])).stdout;
+}
+
+/** Whether `container` is gone within a minute (a run's is removed, detached, once it ends). */
+async function removed(container: string): Promise<boolean> {
+  for (let i = 0; i < 600; i++) {
+    if ((await run(["docker", "container", "inspect", container])).exitCode !== 0) return true;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  return false;
 }
 
 Deno.test({
@@ -92,55 +102,26 @@ Deno.test({
       return fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"]);
     };
 
-    await t.step("an agent run that fills the workspace ends with exit 125 and the same message; its lease watched, no exec of its own", async () => {
+    await t.step("an agent run that fills the workspace ends with exit 125 and the same message; watched from its container's log, no exec of its own; its container goes", async () => {
       const since = new Date();
       const result = await agentRun("dd if=/dev/zero of=/workspace/big bs=1M count=100000 2>&1; echo dd-ended");
       const until = new Date(Date.now() + 1_000);
       assert.equal(result.exitCode, 125, explain(result));
       assert.match(result.stderr, /exceeded resources\.disk: \/workspace holds/, explain(result));
-      assert.doesNotMatch(await processes(fixture.container), /^dd /m);
       const id = /run (\S+) \(/.exec(result.stderr)?.[1];
       assert.ok(id, result.stderr);
       const meta = await fixture.meta(id);
       assert.equal(meta.status, "failed");
       assert.equal(meta.exitCode, 125);
       assert.match(meta.error ?? "", /resources\.disk/);
-      const execs = await execsBetween(fixture.container, since, until);
-      assert.ok(execs.some((line) => /sandbox-exec --lease lease-/.test(line)), execs.join("\n"));
+      const container = meta.extra?.container;
+      assert.ok(typeof container === "string" && container !== fixture.container, JSON.stringify(meta.extra));
+      // The engine saw the run's worker started in its container, and no exec to watch the disk.
+      const execs = await execsBetween(container, since, until);
+      assert.ok(execs.some((line) => /sandbox-exec worker-/.test(line)), execs.join("\n"));
       assert.ok(!execs.some((line) => /sandbox-exec --du /.test(line)), execs.join("\n"));
-      await run(["docker", "exec", "--user", "0", fixture.container, "rm", "-f", "/workspace/big"]);
+      assert.ok(await removed(container), `the run's container ${container} is still there`);
     });
-
-    // The lease's disk watcher is a child of the lease (same argv, the lease its parent), of the
-    // sandbox user's uid like the agent: the agent can kill it, or the lease. Either stops the run.
-    // `set -- WATCHER LEASE`, once the watcher is there (it starts 250 ms into the run).
-    const findWatcher = String.raw`
-      lease() { { tr '\0' ' ' <"$1/cmdline"; } 2>/dev/null | grep -q '^[^ ]*sandbox-perl [^ ]*sandbox-exec --lease lease-'; }
-      watcher() {
-        for i in $(seq 100); do
-          for d in /proc/[0-9]*; do
-            lease "$d" || continue
-            parent=$(sed 's/.*) //' "$d/stat" | cut -d' ' -f2)
-            if lease "/proc/$parent"; then echo "$(basename "$d") $parent"; return; fi
-          done
-          sleep 0.1
-        done
-      }
-      set -- $(watcher)`;
-    await t.step("twin: the same agent command without the kill runs to its end", async () => {
-      const result = await agentRun(`${findWatcher}; [ -n "$2" ] && echo found-watcher; sleep 3; echo survived`);
-      assert.equal(result.exitCode, 0, explain(result));
-      assert.match(result.stdout, /"tool_output":"found-watcher\\nsurvived\\n/, explain(result));
-    });
-
-    for (const [what, pid] of [["its disk watcher", "$1"], ["its lease", "$2"]]) {
-      await t.step(`an agent that kills ${what} is stopped (the watch fails closed), not left unwatched`, async () => {
-        const result = await agentRun(`${findWatcher}; kill -KILL "${pid}" && echo killed; sleep 5; echo survived`);
-        assert.equal(result.exitCode, 125, explain(result));
-        assert.match(result.stderr, /disk watch of sandbox "[^"]+" stopped/, explain(result));
-        assert.doesNotMatch(result.stdout, /"tool_output":"[^"]*survived/, explain(result));
-      });
-    }
   },
 });
 
@@ -172,21 +153,21 @@ Deno.test({
       assert.match(result.stdout, /tried/);
     });
 
-    await t.step("with both full, the next command still starts, and up finds the sandbox healthy", async () => {
-      const result = await exec("du -sk /tmp/fill ~/fill; echo alive");
-      assert.equal(result.exitCode, 0, explain(result));
-      assert.match(result.stdout, /alive/);
+    await t.step("with both full, the next commands still start (pipelines too), in the same sandbox", async () => {
       const before = await docker("container", "inspect", "--format", "{{.Id}}", fixture.container);
-      const up = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
-      assert.equal(up.exitCode, 0, explain(up));
-      assert.doesNotMatch(up.stderr, /Replacing/);
-      assert.equal(before.startsWith(JSON.parse(up.stdout).id), true);
+      for (let i = 0; i < 2; i++) {
+        const result = await exec("du -sk /tmp/fill ~/fill | cat; echo alive");
+        assert.equal(result.exitCode, 0, explain(result));
+        assert.match(result.stdout, /alive/);
+        assert.doesNotMatch(result.stderr, /Replacing/);
+      }
+      assert.equal(await docker("container", "inspect", "--format", "{{.Id}}", fixture.container), before);
     });
   },
 });
 
 Deno.test({
-  name: "up replaces a wedged sandbox (no command can start in it) instead of calling it running",
+  name: "a wedged development sandbox (no command can start in it) holds no run up, and exec replaces it once the engine finds it unhealthy",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -195,17 +176,24 @@ Deno.test({
       prefix: "sec-wedge",
       llmUrl: llm.baseUrl,
       keyEnv: "SEC_WEDGE_KEY",
-      prompt: "unused\n",
+      prompt: "Say alive\n",
       sandboxYaml: "{resources: {pids: 32, cpus: 0.5}}",
     });
-    const first = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
+    const first = await fixture.cli(["start", "-p", fixture.profile, "--json"]);
     assert.equal(first.exitCode, 0, explain(first));
     const before = JSON.parse(first.stdout).id as string;
+
+    await t.step("twin: exec on a healthy sandbox keeps it", async () => {
+      const alive = await fixture.cli(["exec", "-p", fixture.profile, "--", "echo", "alive"]);
+      assert.equal(alive.stdout, "alive\n", explain(alive));
+      assert.doesNotMatch(alive.stderr, /Replacing/);
+      assert.ok((await docker("container", "inspect", "--format", "{{.Id}}", fixture.container)).startsWith(before));
+    });
 
     await t.step("processes left running hold every pid: nothing can start", async () => {
       // Started as a user's plain `docker exec` would: outside any wrapper, nothing ends it. It
       // forks again at once whenever a pid comes free (bash would back off for seconds after a
-      // failed fork, and a thread the waiting worker's runtime retires would let a probe in).
+      // failed fork).
       await docker("exec", "--detach", "--user", "10001", fixture.container, "perl", "-e", "while (1) { my $p = fork; if (defined $p && !$p) { sleep 1000; exit } }");
       // `docker exec` itself still gets a process in (it is moved into the container, not forked
       // there), but that process cannot fork: no command that starts another can run.
@@ -218,23 +206,29 @@ Deno.test({
       assert.ok(blocked, "the processes never exhausted the pids");
     });
 
-    await t.step("up replaces it, says so, and the new one runs commands", async () => {
-      const up = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
-      assert.equal(up.exitCode, 0, explain(up));
-      assert.match(up.stderr, new RegExp(`Replacing sandbox ${fixture.container}: it cannot run commands`));
-      const status = JSON.parse(up.stdout);
-      assert.equal(status.state, "running");
-      assert.notEqual(status.id, before);
-      const alive = await fixture.cli(["exec", "-p", fixture.profile, "--", "echo", "alive"]);
-      assert.equal(alive.stdout, "alive\n", explain(alive));
+    await t.step("a run meanwhile gets a sandbox of its own and runs its command to its end", async () => {
+      llm.script.splice(0, llm.script.length, toolCall("execute", { command: "echo alive-in-$(hostname)" }), text("Done"));
+      const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"]);
+      assert.equal(result.exitCode, 0, explain(result));
+      assert.match(result.stdout, /"tool_output":"alive-in-/, explain(result));
+      const id = /run (\S+) \(/.exec(result.stderr)?.[1];
+      assert.ok(id, result.stderr);
+      const container = (await fixture.meta(id)).extra?.container;
+      assert.ok(typeof container === "string" && container !== fixture.container, String(container));
     });
 
-    await t.step("twin: up on a healthy sandbox keeps it", async () => {
-      const up = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
-      assert.doesNotMatch(up.stderr, /Replacing/);
-      const id = JSON.parse(up.stdout).id;
-      const again = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
-      assert.equal(JSON.parse(again.stdout).id, id);
+    await t.step("once the engine's health check calls it unhealthy, exec replaces it, says so, and the new one runs commands", async () => {
+      // The image's health check runs every 30 s and needs three failures: wait for its verdict.
+      let health = "";
+      for (let i = 0; i < 300 && health !== "unhealthy"; i++) {
+        health = await docker("container", "inspect", "--format", "{{.State.Health.Status}}", fixture.container);
+        if (health !== "unhealthy") await new Promise((resolve) => setTimeout(resolve, 1_000));
+      }
+      assert.equal(health, "unhealthy");
+      const alive = await fixture.cli(["exec", "-p", fixture.profile, "--", "echo", "alive"]);
+      assert.equal(alive.stdout, "alive\n", explain(alive));
+      assert.match(alive.stderr, new RegExp(`Replacing sandbox ${fixture.container}: it cannot run commands`));
+      assert.ok(!(await docker("container", "inspect", "--format", "{{.Id}}", fixture.container)).startsWith(before));
     });
   },
 });

@@ -435,7 +435,7 @@ Deno.test("workspaceQuota() reads the volume's size option, and nothing when it 
   assert.equal(await new DockerSandboxProvider(WORK, { docker: plain.program }).workspaceQuota(), undefined);
 });
 
-Deno.test("runs on a repository get a container and volume of their own, labelled with it; down removes them all", async () => {
+Deno.test("each repository gets a development sandbox and volume of its own, labelled with it, and so do its runs' pooled and cold containers; down removes them all, a run's volume with its container", async () => {
   const repo = await sandboxRepo("app-0123456789ab");
   const other = await sandboxRepo("lib-ba9876543210");
   assert.match(repo.id, /^[0-9a-f]{12}$/);
@@ -447,15 +447,27 @@ Deno.test("runs on a repository get a container and volume of their own, labelle
   assert.equal(new DockerSandboxProvider(WORK).containerName, "sandbox-work");
   assert.equal(probe.labels()["dev.sandbox.repo"], "app-0123456789ab");
   assert.equal(probe.labels()["dev.sandbox.kind"], "shared");
+  // A run's container: pooled (`p` and 8 hex digits) or cold (the run's id), named after the repository.
+  const pooled = new DockerSandboxProvider(WORK, { repository: repo, instance: "p0123abcd", pooled: true });
+  assert.equal(pooled.containerName, `sandbox-work-repo-${repo.id}-p0123abcd`);
+  assert.equal(pooled.labels()["dev.sandbox.kind"], "pool");
+  assert.equal(pooled.labels()["dev.sandbox.repo"], "app-0123456789ab");
+  const cold = new DockerSandboxProvider(WORK, { repository: repo, instance: "20990101-000000-abcdef" });
+  assert.equal(cold.containerName, `sandbox-work-repo-${repo.id}-20990101-000000-abcdef`);
+  assert.equal(cold.labels()["dev.sandbox.kind"], "run");
 
   await using docker = await fakeDocker(`
 case "$1" in
-  ps) echo sandbox-work; echo "sandbox-work-repo-${repo.id}" ;;
+  ps) echo "sandbox-work shared"; echo "sandbox-work-repo-${repo.id} shared"; echo "sandbox-work-repo-${repo.id}-p0123abcd pool" ;;
   volume) [ "$2" = ls ] && { echo sandbox-work-workspace; echo "sandbox-work-repo-${repo.id}-workspace"; } ;;
 esac`);
   const report = await teardownProfile(new DockerCli(docker.program), "work", { volumes: true });
-  assert.deepEqual(report.containers, ["sandbox-work", `sandbox-work-repo-${repo.id}`]);
-  assert.deepEqual(report.volumes, ["sandbox-work-workspace", `sandbox-work-repo-${repo.id}-workspace`]);
+  assert.deepEqual(report.containers, ["sandbox-work", `sandbox-work-repo-${repo.id}`, `sandbox-work-repo-${repo.id}-p0123abcd`]);
+  assert.deepEqual(report.volumes, [
+    `sandbox-work-repo-${repo.id}-p0123abcd-workspace`,
+    "sandbox-work-workspace",
+    `sandbox-work-repo-${repo.id}-workspace`,
+  ]);
   const [ps] = await docker.callsStartingWith("ps");
   assert.ok(ps.includes("label=dev.sandbox.owner=sandbox") && ps.includes("label=dev.sandbox.profile=work"), ps.join(" "));
   const [volumeLs] = await docker.callsStartingWith("volume", "ls");
