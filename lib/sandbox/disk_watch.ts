@@ -50,7 +50,8 @@ export const DISK_WATCH_SILENCE_MS = 60_000;
 export const DISK_WATCH_DELAY_MS = 250;
 
 /**
- * Watch the sizes `start()` prints (`du KIB` lines); closing the watch stops the watcher.
+ * Watch the sizes `start()` prints: `base KIB` lines (sizes from before the watch began: the
+ * workspace's size then) and `du KIB` lines (since); closing the watch stops the watcher.
  * `start` resolves to undefined when there is nothing to watch (a kernel quota holds), and may
  * throw (the sandbox cannot run it): that aborts the watch like a failure later.
  */
@@ -106,13 +107,15 @@ export function startDiskWatch(
       heard();
       try {
         for await (const line of child.lines()) {
-          const kib = Number(/^du (\d+)$/.exec(line.trim())?.[1] ?? NaN);
-          if (!Number.isFinite(kib)) continue;
+          // `base KIB`: a size from before the watch began (what the workspace held then);
+          // `du KIB`: one since.
+          const report = /^(du|base) (\d+)$/.exec(line.trim());
+          if (!report) continue;
           heard();
-          const bytes = kib * 1024;
+          const bytes = Number(report[2]) * 1024;
           const previous = used;
           used = bytes;
-          if (bytes > options.limitBytes && previous !== undefined && bytes > previous) {
+          if (report[1] === "du" && bytes > options.limitBytes && previous !== undefined && bytes > previous) {
             fail(exceeded(options, bytes));
             return;
           }

@@ -659,12 +659,21 @@ export class DockerSandboxProvider implements SandboxProvider {
    */
   watchDisk(options: { onAbort?: (reason: SandboxError) => void } = {}): DiskWatch {
     const limitBytes = this.profile.resources.diskBytes;
+    const began = Date.now();
     // Started in the background: the first command need not wait for it.
     return startDiskWatch(async () => {
       const quota = await this.workspaceQuota();
       if (quota !== undefined && quota <= limitBytes) return undefined;
-      // The last report at once (the size now), then each one as init prints it.
-      return this.docker.spawn(["logs", "--follow", "--tail", "1", this.names.container]);
+      // Every report since a little before the watch began (init reports at least every 5 s), by
+      // the engine's timestamps: those from before it are the size the command started with,
+      // whenever this follower attaches, and the ones after it are the command's doing.
+      const since = ((began - DISK_REPORT_LOOKBACK_MS) / 1000).toFixed(3);
+      const follower = this.docker.spawn(["logs", "--follow", "--timestamps", "--since", since, this.names.container]);
+      return {
+        lines: () => datedReports(follower.lines(), began),
+        finished: follower.finished,
+        kill: (graceMs?: number) => follower.kill(graceMs),
+      };
     }, { limitBytes, sandbox: this.names.container, profile: this.profile.name, onAbort: options.onAbort });
   }
 
@@ -947,6 +956,22 @@ export class DockerSandboxProvider implements SandboxProvider {
 /** Size of each of the /tmp and home tmpfs mounts: a quarter of the memory limit (see runArgs). */
 export function tmpfsBytes(memoryBytes: number): number {
   return Math.max(1024 ** 2, Math.floor(memoryBytes / 4 / 4096) * 4096);
+}
+
+/** How far back a disk watch reads the container's log: init reports at least every 5 s. */
+const DISK_REPORT_LOOKBACK_MS = 6_000;
+
+/**
+ * Init's `du KIB` reports on the container's log (`docker logs --timestamps`), as disk_watch.ts
+ * reads them: `base KIB` when made before `began`, `du KIB` after.
+ */
+async function* datedReports(lines: AsyncGenerator<string>, began: number): AsyncGenerator<string> {
+  for await (const line of lines) {
+    const [stamp, kind, kib] = line.split(" ");
+    const at = Date.parse(stamp);
+    if (kind !== "du" || Number.isNaN(at)) continue;
+    yield `${at < began ? "base" : "du"} ${kib}`;
+  }
 }
 
 /** An exec's id in the container (the wrapper's): a run's own are named after it (see ExecOptions.runId). */

@@ -119,3 +119,23 @@ Deno.test("the watch fails closed when the watcher falls silent (stopped, it say
     await watch.close();
   });
 });
+
+Deno.test("sizes from before the watch began are its baseline: a workspace that grew past the limit before the follower attached is caught; one already over that stays is not", async (t) => {
+  /** A watcher printing these lines, one every 20 ms, then waiting until it is stopped. */
+  const lines = (...reports: string[]) => () =>
+    Promise.resolve(spawn(["sh", "-c", `for r in ${reports.map((r) => `'${r}'`).join(" ")}; do echo "$r"; sleep 0.02; done; exec sleep 3600`]));
+  await t.step("base 1 MiB, then (the command's) 20 MiB: abort", async () => {
+    await using watch = startDiskWatch(lines("base 1024", "du 20480"), { ...OPTIONS, delayMs: 0 });
+    assert.equal((await aborted(watch)).code, "disk_limit");
+  });
+  await t.step("twin: base 20 MiB (over before the command), then 20 MiB: no abort", async () => {
+    const watch = startDiskWatch(lines("base 20480", "du 20480", "du 20480"), { ...OPTIONS, delayMs: 0 });
+    for (let waited = 0; watch.usedBytes !== 20480 * 1024; waited += 10) {
+      assert.ok(waited < 10_000, "no report arrived");
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    assert.equal(watch.signal.aborted, false);
+    await watch.close();
+  });
+});
