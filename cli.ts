@@ -11,7 +11,14 @@ import type { Command } from "commander";
 import denoJson from "./deno.json" with { type: "json" };
 import { cliName } from "./lib/cli_name.ts";
 import { EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
-import { checkNamedConfigFirst, cliState, type Invocation, note, signal, stdout } from "./cli/context.ts";
+import {
+  checkNamedConfigFirst,
+  cliState,
+  type Invocation,
+  note,
+  signal,
+  stdout,
+} from "./cli/context.ts";
 import { type FastCommand, parseFastPath } from "./cli/fast_path.ts";
 import { stopSpinner } from "./cli/progress.ts";
 import { reportError } from "./cli/report.ts";
@@ -21,7 +28,8 @@ const VERSION = denoJson.version;
 const encoder = new TextEncoder();
 
 const CONFIG_FLAGS = "-c, --config <file>";
-const CONFIG_HELP = "configuration file (default: ./sandbox.yaml, the repo root's, or ~/.config/sandbox/config.yaml)";
+const CONFIG_HELP =
+  "configuration file (default: ./sandbox.yaml, the repo root's, or ~/.config/sandbox/config.yaml)";
 
 /** The whole command line interface, with every command's options and help. */
 export async function buildProgram(): Promise<Command> {
@@ -73,7 +81,8 @@ const PREFIX = "sandbox:";
 
 /** commander's error text, each line prefixed as `note()` does: the first as the error, the rest as its detail. */
 function prefixed(text: string): string {
-  return text.trimEnd().split("\n").map((line, i) => `${PREFIX} ${i === 0 ? "" : "  "}${line}\n`).join("");
+  return text.trimEnd().split("\n").map((line, i) => `${PREFIX} ${i === 0 ? "" : "  "}${line}\n`)
+    .join("");
 }
 
 /**

@@ -30,15 +30,29 @@ export type {
 } from "./lib/config.ts";
 export { listTrust, revokeTrust, trustContent, trustStateOf, trustStorePath } from "./lib/trust.ts";
 export type { TrustEntry, TrustState } from "./lib/trust.ts";
-export { assertNoSecrets, knownSecrets, registerSecret, secretNameRules } from "./lib/secret_guard.ts";
+export {
+  assertNoSecrets,
+  knownSecrets,
+  registerSecret,
+  secretNameRules,
+} from "./lib/secret_guard.ts";
 export type { KnownSecret, SandboxInput } from "./lib/secret_guard.ts";
 
-export { DockerSandboxProvider, listSandboxes, sandboxNames, statsAll, teardownAll } from "./lib/sandbox/docker_provider.ts";
+export {
+  DockerSandboxProvider,
+  listSandboxes,
+  sandboxNames,
+  statsAll,
+  teardownAll,
+} from "./lib/sandbox/docker_provider.ts";
 export type { DockerProviderOptions } from "./lib/sandbox/docker_provider.ts";
 export { DockerCli, LABEL } from "./lib/sandbox/docker.ts";
 export { createProvider, openProvider } from "./lib/sandbox/providers.ts";
 export type { OpenProviderOptions } from "./lib/sandbox/providers.ts";
-export { openDevcontainer, prepareDevcontainerWorkspace } from "./lib/sandbox/devcontainer/provider.ts";
+export {
+  openDevcontainer,
+  prepareDevcontainerWorkspace,
+} from "./lib/sandbox/devcontainer/provider.ts";
 export type { Devcontainer, OpenDevcontainerOptions } from "./lib/sandbox/devcontainer/provider.ts";
 export { ensureImage, imageTagFor } from "./lib/sandbox/image.ts";
 export type { ImageInfo, ImageOptions } from "./lib/sandbox/image.ts";
@@ -61,7 +75,11 @@ export { CommandExitError, ConfigError, EXIT, exitCodeFor, SandboxError } from "
 export type { ConfigIssue, SandboxErrorCode } from "./lib/errors.ts";
 
 export { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "./lib/run/container_driver.ts";
-export type { AgenticOptions, ContainerDriverOptions, GenerateOptions } from "./lib/run/container_driver.ts";
+export type {
+  AgenticOptions,
+  ContainerDriverOptions,
+  GenerateOptions,
+} from "./lib/run/container_driver.ts";
 export { AGENT_CLIS, AGENT_PACKAGES, AGENTS } from "./lib/agents/packages.ts";
 export type { AgentCliName, AgentName } from "./lib/agents/packages.ts";
 export { agentCli } from "./lib/agents/agent_cli.ts";
@@ -72,7 +90,12 @@ export { HostProvider } from "./lib/sandbox/host_provider.ts";
 export { openSession, startHostProxies } from "./lib/proxy/session.ts";
 export type { HostProxies, SandboxSession, SessionOptions } from "./lib/proxy/session.ts";
 export { startCredentialProxy, TokenRegistry } from "./lib/proxy/credential_proxy.ts";
-export type { CredentialProxy, CredentialProxyOptions, ProxyGrant, UpstreamProvider } from "./lib/proxy/credential_proxy.ts";
+export type {
+  CredentialProxy,
+  CredentialProxyOptions,
+  ProxyGrant,
+  UpstreamProvider,
+} from "./lib/proxy/credential_proxy.ts";
 export type { LlmPolicy } from "./lib/proxy/llm_policy.ts";
 export { startEgressProxy } from "./lib/proxy/egress_proxy.ts";
 export type { EgressProxy, EgressProxyOptions } from "./lib/proxy/egress_proxy.ts";

@@ -25,7 +25,9 @@ export function sleep(ms: number): Promise<void> {
 /** `docker ARGS`'s stdout, trimmed; raises on a non-zero exit. */
 export async function docker(args: readonly string[]): Promise<string> {
   const result = await run(["docker", ...args], { timeoutMs: DOCKER_TIMEOUT_MS });
-  if (result.exitCode !== 0) throw new Error(`docker ${args.join(" ")}: ${result.stderr.slice(-1_000)}`);
+  if (result.exitCode !== 0) {
+    throw new Error(`docker ${args.join(" ")}: ${result.stderr.slice(-1_000)}`);
+  }
   return result.stdout.trim();
 }
 
@@ -35,15 +37,23 @@ export async function imageOf(container: string): Promise<string> {
 }
 
 /** Names of the pool's ready containers for runs of `profile` (with `agent`), in `state`. */
-export async function readyPooled(state: string, profile: string, agent?: string): Promise<string[]> {
+export async function readyPooled(
+  state: string,
+  profile: string,
+  agent?: string,
+): Promise<string[]> {
   const key = poolKey(profile, agent);
   const names: string[] = [];
   try {
     for await (const entry of Deno.readDir(`${state}/sandbox/pool/ready`)) {
       if (!entry.isFile || !entry.name.endsWith(".json")) continue;
       // Unreadable: claimed by a run between the listing and the read, so no longer ready.
-      const text = await Deno.readTextFile(`${state}/sandbox/pool/ready/${entry.name}`).catch(() => "");
-      if (text && (JSON.parse(text) as { key: string }).key === key) names.push(entry.name.slice(0, -".json".length));
+      const text = await Deno.readTextFile(`${state}/sandbox/pool/ready/${entry.name}`).catch(() =>
+        ""
+      );
+      if (text && (JSON.parse(text) as { key: string }).key === key) {
+        names.push(entry.name.slice(0, -".json".length));
+      }
     }
   } catch (error) {
     if (!(error instanceof Deno.errors.NotFound)) throw error;
@@ -59,7 +69,11 @@ export async function readyPooled(state: string, profile: string, agent?: string
  */
 export async function workerListening(container: string): Promise<boolean | undefined> {
   // A container that cannot be inspected is gone (claimed and removed): its worker listens nowhere.
-  const pid = Number(await docker(["container", "inspect", "--format", "{{.State.Pid}}", container]).catch(() => "0"));
+  const pid = Number(
+    await docker(["container", "inspect", "--format", "{{.State.Pid}}", container]).catch(() =>
+      "0"
+    ),
+  );
   if (!pid) return false;
   let table: string;
   try {
@@ -77,7 +91,9 @@ export async function workerListening(container: string): Promise<boolean | unde
 
 /** Whether no container named `name` exists any more (a run's is removed behind it, detached). */
 export async function containerGone(name: string): Promise<boolean> {
-  const result = await run(["docker", "container", "inspect", "--format", "{{.Id}}", name], { timeoutMs: DOCKER_TIMEOUT_MS });
+  const result = await run(["docker", "container", "inspect", "--format", "{{.Id}}", name], {
+    timeoutMs: DOCKER_TIMEOUT_MS,
+  });
   return result.exitCode !== 0;
 }
 
@@ -99,7 +115,12 @@ export interface Settling {
 }
 
 /** Whether the runs' containers are gone and each of the pool's ready workers listens (at least `ready`). */
-async function settled(state: string, profile: string, previous: readonly string[], ready: number): Promise<boolean | undefined> {
+async function settled(
+  state: string,
+  profile: string,
+  previous: readonly string[],
+  ready: number,
+): Promise<boolean | undefined> {
   for (const name of previous) if (!await containerGone(name)) return false;
   const names = await readyPooled(state, profile);
   if (names.length < ready) return false;
@@ -115,7 +136,12 @@ async function settled(state: string, profile: string, previous: readonly string
 export async function waitSettled(
   state: string,
   profile: string,
-  options: { previous?: readonly string[]; ready?: number; timeoutMs?: number; signal?: AbortSignal } = {},
+  options: {
+    previous?: readonly string[];
+    ready?: number;
+    timeoutMs?: number;
+    signal?: AbortSignal;
+  } = {},
 ): Promise<Settling> {
   const started = performance.now();
   const deadline = started + (options.timeoutMs ?? 120_000);
@@ -125,11 +151,17 @@ export async function waitSettled(
     if (done !== false) return { ms: performance.now() - started, workersSeen: done === true };
     await sleep(POLL_MS);
   }
-  throw new Error(`the pool of ${profile} did not settle within ${options.timeoutMs ?? 120_000} ms`);
+  throw new Error(
+    `the pool of ${profile} did not settle within ${options.timeoutMs ?? 120_000} ms`,
+  );
 }
 
 /** Whether the pool of `profile` is settled right now (see `waitSettled`), false if unknown. */
-export async function isSettled(state: string, profile: string, previous: string): Promise<boolean> {
+export async function isSettled(
+  state: string,
+  profile: string,
+  previous: string,
+): Promise<boolean> {
   return await settled(state, profile, [previous], 1) === true;
 }
 
@@ -147,13 +179,17 @@ const MEMORY_UNITS: Record<string, number> = {
 export function parseMemUsage(text: string): number {
   const match = /^\s*([\d.]+)\s*([KMG]?i?B)\s*\//i.exec(text);
   const factor = match ? MEMORY_UNITS[match[2].toUpperCase()] : undefined;
-  if (!match || factor === undefined) throw new Error(`cannot read docker stats' memory usage "${text}"`);
+  if (!match || factor === undefined) {
+    throw new Error(`cannot read docker stats' memory usage "${text}"`);
+  }
   return Number(match[1]) * factor / 1024 ** 2;
 }
 
 /** Memory in use by `container` (cgroup usage less inactive file cache, as docker stats shows), MiB. */
 export async function memoryMiB(container: string): Promise<number> {
-  return parseMemUsage(await docker(["stats", "--no-stream", "--format", "{{.MemUsage}}", container]));
+  return parseMemUsage(
+    await docker(["stats", "--no-stream", "--format", "{{.MemUsage}}", container]),
+  );
 }
 
 /** This machine's memory (MemTotal of /proc/meminfo), MiB. */
@@ -164,7 +200,11 @@ export async function machineMemoryMiB(): Promise<number> {
 }
 
 /** A container of the bench's own from `image`, running `argv` (default: the image's command). */
-export async function startBenchContainer(image: string, purpose: string, argv: string[] = []): Promise<string> {
+export async function startBenchContainer(
+  image: string,
+  purpose: string,
+  argv: string[] = [],
+): Promise<string> {
   const name = `sandbox-bench-${purpose}-${crypto.randomUUID().slice(0, 8)}`;
   await docker(["run", "-d", "--name", name, "--label", BENCH_LABEL, image, ...argv]);
   return name;
@@ -172,7 +212,9 @@ export async function startBenchContainer(image: string, purpose: string, argv: 
 
 /** Remove containers the bench started itself (by name). */
 export async function removeBenchContainers(names: readonly string[]): Promise<void> {
-  if (names.length > 0) await run(["docker", "rm", "--force", ...names], { timeoutMs: DOCKER_TIMEOUT_MS });
+  if (names.length > 0) {
+    await run(["docker", "rm", "--force", ...names], { timeoutMs: DOCKER_TIMEOUT_MS });
+  }
 }
 
 /**

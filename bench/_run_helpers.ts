@@ -206,7 +206,10 @@ export async function timeCliRun(
     exitMs,
     types,
     stderr,
-    disturbed: /Building sandbox image|Replacing sandbox|Bundling the worker|removing pooled sandbox/.test(stderr),
+    disturbed:
+      /Building sandbox image|Replacing sandbox|Bundling the worker|removing pooled sandbox/.test(
+        stderr,
+      ),
   };
 }
 

@@ -11,10 +11,10 @@ import { readTrailer, trailerComment } from "../lib/sandbox/bundle_trailer.ts";
 import {
   machineMemoryMiB,
   memoryMiB,
+  POOLED_NAME,
   readyPooled,
   removeBenchContainers,
   runContainer,
-  POOLED_NAME,
   startBenchContainer,
   waitSettled,
 } from "./_pool_probe.ts";
@@ -92,23 +92,39 @@ async function alternate(
 }
 
 /** Peak resident memory of `argv` in MiB, by GNU time; undefined where it is not installed. */
-async function peakMiB(argv: readonly string[], options: TimedOptions): Promise<number | undefined> {
+async function peakMiB(
+  argv: readonly string[],
+  options: TimedOptions,
+): Promise<number | undefined> {
   try {
     await Deno.stat(GNU_TIME);
   } catch {
     return undefined;
   }
-  const result = await run([GNU_TIME, "-f", "peak-kib %M", ...argv], { ...options, timeoutMs: CHILD_TIMEOUT_MS });
+  const result = await run([GNU_TIME, "-f", "peak-kib %M", ...argv], {
+    ...options,
+    timeoutMs: CHILD_TIMEOUT_MS,
+  });
   const match = /peak-kib (\d+)\s*$/.exec(result.stderr);
   return match ? Number(match[1]) / 1024 : undefined;
 }
 
 /** The bundled CLI (scripts/bundle.sh of the frozen copy) as the installed launcher runs it. */
-async function bundledCli(setup: RunSetup, context: BenchContext): Promise<(args: string[]) => string[]> {
+async function bundledCli(
+  setup: RunSetup,
+  context: BenchContext,
+): Promise<(args: string[]) => string[]> {
   context.progress("bundling the CLI from the frozen sources (scripts/bundle.sh)");
-  const built = await run(["bash", `${setup.src}/scripts/bundle.sh`], { cwd: setup.src, timeoutMs: CHILD_TIMEOUT_MS });
-  if (built.exitCode !== 0) throw new Error(`scripts/bundle.sh failed: ${built.stderr.slice(-2_000)}`);
-  const config = JSON.parse(await Deno.readTextFile(`${setup.src}/deno.json`)) as { unstable?: string[] };
+  const built = await run(["bash", `${setup.src}/scripts/bundle.sh`], {
+    cwd: setup.src,
+    timeoutMs: CHILD_TIMEOUT_MS,
+  });
+  if (built.exitCode !== 0) {
+    throw new Error(`scripts/bundle.sh failed: ${built.stderr.slice(-2_000)}`);
+  }
+  const config = JSON.parse(await Deno.readTextFile(`${setup.src}/deno.json`)) as {
+    unstable?: string[];
+  };
   const unstable = (config.unstable ?? []).map((feature) => `--unstable-${feature}`);
   const bundle = `${setup.src}/dist/sandbox.js`;
   return (args) => [
@@ -133,7 +149,9 @@ async function bundledCli(setup: RunSetup, context: BenchContext): Promise<(args
 async function bundleWithoutWorker(bundle: string): Promise<string> {
   const text = await Deno.readTextFile(bundle);
   const comment = trailerComment("worker", readTrailer(new URL(`file://${bundle}`), "worker"));
-  if (text.split(comment).length !== 2) throw new Error(`the embedded worker is not found once in ${bundle}`);
+  if (text.split(comment).length !== 2) {
+    throw new Error(`the embedded worker is not found once in ${bundle}`);
+  }
   const stripped = bundle.replace(/\.js$/, ".no-worker.js");
   await Deno.writeTextFile(stripped, text.replace(comment, ""));
   return stripped;
@@ -148,15 +166,28 @@ export async function measureBundle(
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
   const bundled = await bundledCli(setup, context);
   context.progress(`start: ${STARTS} × checkout and bundle --version, alternating`);
-  const [checkout, bundle] = await alternate(setup.cli(["--version"]), bundled(["--version"]), STARTS, at);
+  const [checkout, bundle] = await alternate(
+    setup.cli(["--version"]),
+    bundled(["--version"]),
+    STARTS,
+    at,
+  );
   const checkoutStart = summarize(checkout);
   const bundleStart = summarize(bundle);
   const withoutWorker = await bundleWithoutWorker(`${setup.src}/dist/sandbox.js`);
-  const stripped = (args: string[]) => bundled(args).map((arg) => arg.endsWith("/dist/sandbox.js") ? withoutWorker : arg);
-  const [withWorker, noWorker] = await alternate(bundled(["--version"]), stripped(["--version"]), STARTS, at);
+  const stripped = (args: string[]) =>
+    bundled(args).map((arg) => arg.endsWith("/dist/sandbox.js") ? withoutWorker : arg);
+  const [withWorker, noWorker] = await alternate(
+    bundled(["--version"]),
+    stripped(["--version"]),
+    STARTS,
+    at,
+  );
   const checkoutPeak = await peakMiB(setup.cli(["--version"]), at);
   const bundlePeak = await peakMiB(bundled(["--version"]), at);
-  context.progress("warm runs through the bundle (same image: its tag is a hash of the same bytes)");
+  context.progress(
+    "warm runs through the bundle (same image: its tag is a hash of the same bytes)",
+  );
   // The CLI's own arguments of the warm run: from its `run agentic` on.
   const runArgs = setup.runArgv.slice(setup.runArgv.indexOf("agentic") - 1);
   const bundleRuns: CliRunTiming[] = [];
@@ -200,9 +231,11 @@ export async function measureBundle(
   return {
     figures,
     notes: [
-      `bundle: --version ${describe(bundleStart)}; checkout --version ${describe(checkoutStart)}; warm run first event ${
-        describe(bundleFirst)
-      }${disturbed ? ` (${disturbed} not warm)` : ""}; peak memory checkout ${checkoutPeak?.toFixed(0) ?? "?"} MiB, bundle ${
+      `bundle: --version ${describe(bundleStart)}; checkout --version ${
+        describe(checkoutStart)
+      }; warm run first event ${describe(bundleFirst)}${
+        disturbed ? ` (${disturbed} not warm)` : ""
+      }; peak memory checkout ${checkoutPeak?.toFixed(0) ?? "?"} MiB, bundle ${
         bundlePeak?.toFixed(0) ?? "?"
       } MiB`,
     ],
@@ -216,8 +249,21 @@ export async function measureBundle(
  */
 function relayStart(container: string): string[] {
   return [
-    "docker", "exec", "--user", RELAY_USER, container, "sandbox-exec", `bench-relay-${crypto.randomUUID()}`,
-    "deno", "run", "--quiet", "--no-config", "--no-prompt", "--allow-net=127.0.0.1", "/opt/sandbox/relay.js", "--check",
+    "docker",
+    "exec",
+    "--user",
+    RELAY_USER,
+    container,
+    "sandbox-exec",
+    `bench-relay-${crypto.randomUUID()}`,
+    "deno",
+    "run",
+    "--quiet",
+    "--no-config",
+    "--no-prompt",
+    "--allow-net=127.0.0.1",
+    "/opt/sandbox/relay.js",
+    "--check",
   ];
 }
 
@@ -229,7 +275,11 @@ function relayStart(container: string): string[] {
  * The relay's own start is measured too: what an exec without a spare relay waits for on top.
  * `sandbox exec` acts on the profile's development sandbox, which `run_bench.ts` started.
  */
-export async function measureExec(setup: RunSetup, context: BenchContext, denoEmptyMs: number): Promise<Measured> {
+export async function measureExec(
+  setup: RunSetup,
+  context: BenchContext,
+  denoEmptyMs: number,
+): Promise<Measured> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
   context.progress(`exec: ${EXECS} × sandbox exec -- true and docker exec true, alternating`);
   const [raw, ours] = await alternate(
@@ -262,11 +312,15 @@ export async function measureExec(setup: RunSetup, context: BenchContext, denoEm
       better: "lower",
     }],
     notes: [
-      `exec: sandbox exec -- true ${describe(measured)}; docker exec true ${describe(baseline)}; relay start (docker exec of relay.js --check under the wrapper) ${
+      `exec: sandbox exec -- true ${describe(measured)}; docker exec true ${
+        describe(baseline)
+      }; relay start (docker exec of relay.js --check under the wrapper) ${
         describe(relay)
-      } (what an exec without a spare relay would wait for on top); an exec of its own would take at least ${Math.round(floor)} ms = deno empty ${
-        Math.round(denoEmptyMs)
-      } + docker exec true ${Math.round(baseline.median)} (${(floor / baseline.median).toFixed(1)}× docker exec)`,
+      } (what an exec without a spare relay would wait for on top); an exec of its own would take at least ${
+        Math.round(floor)
+      } ms = deno empty ${Math.round(denoEmptyMs)} + docker exec true ${
+        Math.round(baseline.median)
+      } (${(floor / baseline.median).toFixed(1)}× docker exec)`,
     ],
   };
 }
@@ -285,20 +339,36 @@ async function makeLargeRepo(path: string): Promise<void> {
   const bytes = new Uint8Array(REPO_FILE_BYTES);
   for (let i = 0; i < REPO_FILES; i++) {
     // getRandomValues fills at most 65,536 bytes at a time.
-    for (let at = 0; at < bytes.length; at += 65_536) crypto.getRandomValues(bytes.subarray(at, at + 65_536));
+    for (let at = 0; at < bytes.length; at += 65_536) {
+      crypto.getRandomValues(bytes.subarray(at, at + 65_536));
+    }
     await Deno.writeFile(`${path}/random-${i}.bin`, bytes);
   }
   await git("add", ".");
-  await git("-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-q", "-m", "random");
+  await git(
+    "-c",
+    "user.name=bench",
+    "-c",
+    "user.email=bench@localhost",
+    "commit",
+    "-q",
+    "-m",
+    "random",
+  );
 }
 
 /** What a run on a local repository says of its checkout (lib/run/run.ts, on stderr). */
-const CHECKED_OUT = /^sandbox: checked out .+ \(([0-9a-f]{12})\)(?:; (\d+) bytes of objects added to its cache)?$/m;
+const CHECKED_OUT =
+  /^sandbox: checked out .+ \(([0-9a-f]{12})\)(?:; (\d+) bytes of objects added to its cache)?$/m;
 
 /** Bytes of objects the run sent into the repository's object cache (none said: 0). */
 function objectsSent(timing: CliRunTiming): number {
   const match = CHECKED_OUT.exec(timing.stderr);
-  if (!match) throw new Error(`the run on the repository did not say what it checked out:\n${timing.stderr.slice(-2_000)}`);
+  if (!match) {
+    throw new Error(
+      `the run on the repository did not say what it checked out:\n${timing.stderr.slice(-2_000)}`,
+    );
+  }
   return match[2] === undefined ? 0 : Number(match[2]);
 }
 
@@ -310,7 +380,9 @@ function objectsSent(timing: CliRunTiming): number {
 export async function measureRepo(setup: RunSetup, context: BenchContext): Promise<Measured> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
   const repo = `${setup.dir}/repo`;
-  context.progress(`repository: ${REPO_FILES} × ${REPO_FILE_BYTES.toLocaleString("en-US")} random bytes committed`);
+  context.progress(
+    `repository: ${REPO_FILES} × ${REPO_FILE_BYTES.toLocaleString("en-US")} random bytes committed`,
+  );
   await makeLargeRepo(repo);
   const argv = [...setup.runArgv, "--repo", repo];
   context.progress("repository: a first run, then a second one");
@@ -320,7 +392,9 @@ export async function measureRepo(setup: RunSetup, context: BenchContext): Promi
   const pooled = POOLED_NAME.test(await runContainer(setup.state, second.runId!));
   return {
     figures: [{
-      name: `repository of ${REPO_FILES * REPO_FILE_BYTES / 1e6} MB, objects sent: first run → second run`,
+      name: `repository of ${
+        REPO_FILES * REPO_FILE_BYTES / 1e6
+      } MB, objects sent: first run → second run`,
       unit: "MB",
       baseline: firstBytes / 1e6,
       measured: secondBytes / 1e6,
@@ -328,11 +402,17 @@ export async function measureRepo(setup: RunSetup, context: BenchContext): Promi
       target: { text: `≤ ${REPO_TARGET_BYTES / 1e6} MB`, met: secondBytes <= REPO_TARGET_BYTES },
     }],
     notes: [
-      `repository: first run sent ${firstBytes.toLocaleString("en-US")} B, first event ${Math.round(first.firstEventMs)} ms, exit ${
-        Math.round(first.exitMs)
-      } ms; second run sent ${secondBytes.toLocaleString("en-US")} B, first event ${Math.round(second.firstEventMs)} ms, exit ${
+      `repository: first run sent ${firstBytes.toLocaleString("en-US")} B, first event ${
+        Math.round(first.firstEventMs)
+      } ms, exit ${Math.round(first.exitMs)} ms; second run sent ${
+        secondBytes.toLocaleString("en-US")
+      } B, first event ${Math.round(second.firstEventMs)} ms, exit ${
         Math.round(second.exitMs)
-      } ms, ${pooled ? "in a sandbox claimed from the repository's pool" : "in a sandbox of its own (the repository's pool was empty)"}`,
+      } ms, ${
+        pooled
+          ? "in a sandbox claimed from the repository's pool"
+          : "in a sandbox of its own (the repository's pool was empty)"
+      }`,
     ],
   };
 }
@@ -352,8 +432,14 @@ async function memoryOf(a: string, b: string): Promise<[number, number]> {
  * stats` shows it) against a plain `sleep infinity` container of the same image, and how many
  * pooled sandboxes fit in this machine's memory (MemTotal).
  */
-export async function measureMemory(setup: RunSetup, context: BenchContext, image: string): Promise<Measured> {
-  context.progress(`memory: an idle pooled sandbox and a sleep container of ${image}, ${MEMORY_SAMPLES} × docker stats each`);
+export async function measureMemory(
+  setup: RunSetup,
+  context: BenchContext,
+  image: string,
+): Promise<Measured> {
+  context.progress(
+    `memory: an idle pooled sandbox and a sleep container of ${image}, ${MEMORY_SAMPLES} × docker stats each`,
+  );
   await waitSettled(setup.state, setup.profile, { signal: context.signal });
   const [pooled] = await readyPooled(setup.state, setup.profile);
   const sleeper = await startBenchContainer(image, "sleep", ["sleep", "infinity"]);
@@ -368,12 +454,22 @@ export async function measureMemory(setup: RunSetup, context: BenchContext, imag
   const fit = (mib: number, of = totalMiB) => Math.floor(of / mib);
   return {
     figures: [
-      { name: "idle sandbox memory: sleep container → pooled sandbox (worker, relay waiting)", unit: "MiB", baseline: plainMiB, measured: pooledMiB, better: "lower" },
+      {
+        name: "idle sandbox memory: sleep container → pooled sandbox (worker, relay waiting)",
+        unit: "MiB",
+        baseline: plainMiB,
+        measured: pooledMiB,
+        better: "lower",
+      },
     ],
     notes: [
-      `memory (docker stats MemUsage, median of ${MEMORY_SAMPLES}): pooled sandbox ${pooledMiB.toFixed(1)} MiB (${pooled}), sleep infinity ${
-        plainMiB.toFixed(1)
-      } MiB; ${fit(pooledMiB)} idle pooled sandboxes fit in this machine's ${(totalMiB / 1024).toFixed(1)} GiB, ${fit(pooledMiB, 24 * 1024)} per 24 GiB`,
+      `memory (docker stats MemUsage, median of ${MEMORY_SAMPLES}): pooled sandbox ${
+        pooledMiB.toFixed(1)
+      } MiB (${pooled}), sleep infinity ${plainMiB.toFixed(1)} MiB; ${
+        fit(pooledMiB)
+      } idle pooled sandboxes fit in this machine's ${(totalMiB / 1024).toFixed(1)} GiB, ${
+        fit(pooledMiB, 24 * 1024)
+      } per 24 GiB`,
     ],
   };
 }
@@ -383,9 +479,20 @@ export async function measureMemory(setup: RunSetup, context: BenchContext, imag
  * containers of `previous` runs are gone: each run of the concurrency figure starts from there.
  */
 async function fullPool(setup: RunSetup, context: BenchContext, previous: string[]): Promise<void> {
-  const up = await run(setup.cli(["up", "-p", setup.poolProfile]), { cwd: setup.dir, env: setup.env, signal: context.signal, timeoutMs: CHILD_TIMEOUT_MS });
-  if (up.exitCode !== 0) throw new Error(`up -p ${setup.poolProfile} failed: ${up.stderr.slice(-2_000)}`);
-  await waitSettled(setup.state, setup.poolProfile, { previous, ready: CONCURRENT, signal: context.signal });
+  const up = await run(setup.cli(["up", "-p", setup.poolProfile]), {
+    cwd: setup.dir,
+    env: setup.env,
+    signal: context.signal,
+    timeoutMs: CHILD_TIMEOUT_MS,
+  });
+  if (up.exitCode !== 0) {
+    throw new Error(`up -p ${setup.poolProfile} failed: ${up.stderr.slice(-2_000)}`);
+  }
+  await waitSettled(setup.state, setup.poolProfile, {
+    previous,
+    ready: CONCURRENT,
+    signal: context.signal,
+  });
 }
 
 /**
@@ -394,10 +501,15 @@ async function fullPool(setup: RunSetup, context: BenchContext, previous: string
  * timed): wall time to the last exit, and the sum of the exits. Every run must succeed in a
  * container of its own.
  */
-export async function measureConcurrency(setup: RunSetup, context: BenchContext): Promise<Measured> {
+export async function measureConcurrency(
+  setup: RunSetup,
+  context: BenchContext,
+): Promise<Measured> {
   const at = { cwd: setup.dir, env: setup.env, signal: context.signal };
   const argv = setup.runArgvOf(setup.poolProfile);
-  context.progress(`concurrency: ${CONCURRENT} runs one after another, each after up -p ${setup.poolProfile} (sandbox.pool: ${CONCURRENT})`);
+  context.progress(
+    `concurrency: ${CONCURRENT} runs one after another, each after up -p ${setup.poolProfile} (sandbox.pool: ${CONCURRENT})`,
+  );
   const inRow: CliRunTiming[] = [];
   let previous: string[] = [];
   for (let i = 0; i < CONCURRENT; i++) {
@@ -410,24 +522,36 @@ export async function measureConcurrency(setup: RunSetup, context: BenchContext)
   await fullPool(setup, context, previous);
   context.progress(`concurrency: ${CONCURRENT} runs at once`);
   const startedAt = wallClockMs();
-  const together = await Promise.all(Array.from({ length: CONCURRENT }, () => timeCliRun(argv, at)));
+  const together = await Promise.all(
+    Array.from({ length: CONCURRENT }, () => timeCliRun(argv, at)),
+  );
   const concurrent = wallClockMs() - startedAt;
-  const lastFirstEvent = Math.max(...together.map((t) => t.spawnedAtMs - startedAt + t.firstEventMs));
+  const lastFirstEvent = Math.max(
+    ...together.map((t) => t.spawnedAtMs - startedAt + t.firstEventMs),
+  );
   const places = await Promise.all(together.map((t) => runContainer(setup.state, t.runId!)));
-  if (new Set(places).size !== CONCURRENT) throw new Error(`${CONCURRENT} concurrent runs shared a container: ${places.join(", ")}`);
+  if (new Set(places).size !== CONCURRENT) {
+    throw new Error(`${CONCURRENT} concurrent runs shared a container: ${places.join(", ")}`);
+  }
   const pooled = places.filter((name) => POOLED_NAME.test(name)).length;
   const readyAfter = (await readyPooled(setup.state, setup.poolProfile)).length;
   return {
     figures: [{
-      name: `${CONCURRENT} runs, sandbox.pool: ${CONCURRENT} after up: one after another → at once (wall)`,
+      name:
+        `${CONCURRENT} runs, sandbox.pool: ${CONCURRENT} after up: one after another → at once (wall)`,
       unit: "ms",
       baseline: sequential,
       measured: concurrent,
       better: "lower",
-      target: { text: `≤ ${CONCURRENT_TARGET_RATIO}× one after another`, met: concurrent <= CONCURRENT_TARGET_RATIO * sequential },
+      target: {
+        text: `≤ ${CONCURRENT_TARGET_RATIO}× one after another`,
+        met: concurrent <= CONCURRENT_TARGET_RATIO * sequential,
+      },
     }],
     notes: [
-      `concurrency: one after another, exits ${describe(summarize(inRow.map((t) => t.exitMs)))}, first events ${
+      `concurrency: one after another, exits ${
+        describe(summarize(inRow.map((t) => t.exitMs)))
+      }, first events ${
         describe(summarize(inRow.map((t) => t.firstEventMs)))
       }; at once, all succeeded in ${CONCURRENT} different sandboxes (${pooled} claimed from the pool), every first event by ${
         Math.round(lastFirstEvent)

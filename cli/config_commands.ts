@@ -19,7 +19,9 @@ export function registerConfigCommands(program: Command): void {
     .argument("[file]", "file to check")
     .addOption(jsonOption())
     .action(async (file: string | undefined, opts: { json?: boolean }, command: Command) => {
-      const { config, file: path } = file ? await loadConfigOrThrow({ explicit: file }) : await configFor(command);
+      const { config, file: path } = file
+        ? await loadConfigOrThrow({ explicit: file })
+        : await configFor(command);
       if (path === undefined) {
         if (opts.json) await stdout.json({ valid: true, file: null, profiles: ["default"] });
         else await stdout.line("no configuration file found; the built-in default profile applies");
@@ -53,7 +55,8 @@ function effectiveConfig(config: Config): Config {
     const cpus = resolveProfile({ ...config, profiles }, name).resources.cpus;
     const llm = profiles[name].llm;
     // The model a run uses when neither the profile nor --model names one.
-    const model = llm.model ?? (llm.provider === "custom" ? "default" : BUILTIN_PROVIDERS[llm.provider].defaultModel);
+    const model = llm.model ??
+      (llm.provider === "custom" ? "default" : BUILTIN_PROVIDERS[llm.provider].defaultModel);
     profiles[name] = {
       ...profiles[name],
       llm: { ...llm, model },

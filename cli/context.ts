@@ -103,10 +103,16 @@ export function configFor(command: Invocation): Promise<LoadedConfig> {
 
 function reportIgnored(ignored: IgnoredConfig): void {
   const why = ignored.state === "changed" ? "it changed since you trusted it" : "it is not trusted";
-  note(`ignoring ${shellQuote(ignored.file)}: ${why} (a configuration file that comes with a project may be hostile)`);
+  note(
+    `ignoring ${
+      shellQuote(ignored.file)
+    }: ${why} (a configuration file that comes with a project may be hostile)`,
+  );
   note("  it would set:");
   for (const line of ignored.summary) note(`    ${line}`);
-  note("  the built-in defaults (or your user config) apply as if it were absent; after reviewing it, trust it with:");
+  note(
+    "  the built-in defaults (or your user config) apply as if it were absent; after reviewing it, trust it with:",
+  );
   note(`    ${ignored.trustCommand}`);
 }
 
@@ -130,16 +136,24 @@ export async function profileFor(command: Invocation, name?: string) {
  * configuration never stops a cleanup. The name is `-p`, else `$SANDBOX_PROFILE`, else the
  * configuration's `default_profile` (which needs a valid configuration), else "default".
  */
-export async function sandboxToRemove(command: Invocation, name?: string): Promise<DockerSandboxProvider> {
+export async function sandboxToRemove(
+  command: Invocation,
+  name?: string,
+): Promise<DockerSandboxProvider> {
   let chosen = name ?? (Deno.env.get("SANDBOX_PROFILE") || undefined);
   if (chosen === undefined) {
     try {
       chosen = (await configFor(command)).config.default_profile ?? DEFAULT_PROFILE;
     } catch (error) {
       if (!(error instanceof ConfigError)) throw error;
-      throw new SandboxError("config_invalid", `Cannot tell which profile's sandbox to remove: ${error.message}`, {
-        detail: `${error.detail}\nName the profile to remove its sandbox whatever the configuration says: sandbox down -p PROFILE`,
-      });
+      throw new SandboxError(
+        "config_invalid",
+        `Cannot tell which profile's sandbox to remove: ${error.message}`,
+        {
+          detail:
+            `${error.detail}\nName the profile to remove its sandbox whatever the configuration says: sandbox down -p PROFILE`,
+        },
+      );
     }
   }
   const { DockerSandboxProvider } = await import("../lib/sandbox/docker_provider.ts");
@@ -150,15 +164,24 @@ export async function sandboxToRemove(command: Invocation, name?: string): Promi
  * The profile's sandbox container, found by its name (`sandbox-P`) as in every mode that has one:
  * `stop`, `start` and `cp` act on what exists and build nothing (a devcontainer's image included).
  */
-export async function sandboxByName(command: Invocation, name?: string): Promise<DockerSandboxProvider> {
+export async function sandboxByName(
+  command: Invocation,
+  name?: string,
+): Promise<DockerSandboxProvider> {
   const profile = await profileFor(command, name);
   if (profile.sandbox.mode === "none") {
-    throw new SandboxError("usage", `Profile "${profile.name}" uses sandbox mode "none": there is no sandbox`, {
-      detail: `Set profiles.${profile.name}.sandbox.mode to "container"`,
-    });
+    throw new SandboxError(
+      "usage",
+      `Profile "${profile.name}" uses sandbox mode "none": there is no sandbox`,
+      {
+        detail: `Set profiles.${profile.name}.sandbox.mode to "container"`,
+      },
+    );
   }
   const { DockerSandboxProvider } = await import("../lib/sandbox/docker_provider.ts");
-  return new DockerSandboxProvider(profile.sandbox.mode === "container" ? profile : bareProfile(profile.name));
+  return new DockerSandboxProvider(
+    profile.sandbox.mode === "container" ? profile : bareProfile(profile.name),
+  );
 }
 
 export function collect(value: string, previous: string[] = []): string[] {
@@ -172,12 +195,16 @@ export function parseEnvPairs(pairs: string[]): Record<string, string> {
     if (eq <= 0) throw new SandboxError("usage", `Invalid --env "${pair}": expected KEY=VALUE`);
     const name = pair.slice(0, eq);
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
-      throw new SandboxError("usage", `Invalid --env "${name}": expected an environment variable name`);
+      throw new SandboxError(
+        "usage",
+        `Invalid --env "${name}": expected an environment variable name`,
+      );
     }
     // The same rule as the configuration's environment: secrets never enter the sandbox.
     if (isSecretName(name)) {
       throw new SandboxError("usage", `Refusing --env "${name}": the name looks like a secret`, {
-        detail: "Secrets never enter the sandbox; LLM keys and git tokens reach their upstreams through the host-side proxies",
+        detail:
+          "Secrets never enter the sandbox; LLM keys and git tokens reach their upstreams through the host-side proxies",
       });
     }
     env[name] = pair.slice(eq + 1);

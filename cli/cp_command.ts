@@ -21,7 +21,9 @@ type Side =
 export function parseSide(arg: string): Side {
   const match = /^([^/:]*):(.*)$/s.exec(arg);
   if (!match) return { kind: "host", path: arg };
-  return match[1] === "" ? { kind: "sandbox", path: match[2] } : { kind: "sandbox", run: match[1], path: match[2] };
+  return match[1] === ""
+    ? { kind: "sandbox", path: match[2] }
+    : { kind: "sandbox", run: match[1], path: match[2] };
 }
 
 const RUN_ID = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
@@ -49,7 +51,11 @@ function dirname(path: string): string {
 }
 
 /** The sandbox and directory a sandbox-side argument points into. */
-async function resolveSandbox(side: Extract<Side, { kind: "sandbox" }>, command: Command, profileName?: string): Promise<SandboxTarget> {
+async function resolveSandbox(
+  side: Extract<Side, { kind: "sandbox" }>,
+  command: Command,
+  profileName?: string,
+): Promise<SandboxTarget> {
   const [{ WORKSPACE_DIR, DockerSandboxProvider }, { readRun }] = await Promise.all([
     import("../lib/sandbox/docker_provider.ts"),
     import("../lib/run/run_log.ts"),
@@ -60,35 +66,58 @@ async function resolveSandbox(side: Extract<Side, { kind: "sandbox" }>, command:
   let run: string | undefined;
   if (side.run !== undefined) {
     const meta = RUN_ID.test(side.run) ? await readRun(side.run) : undefined;
-    if (!meta) throw usage(`No run "${side.run}"`, `List runs with: ${cliName()} runs (the sandbox side is :PATH or RUN_ID:PATH)`);
+    if (!meta) {
+      throw usage(
+        `No run "${side.run}"`,
+        `List runs with: ${cliName()} runs (the sandbox side is :PATH or RUN_ID:PATH)`,
+      );
+    }
     if (profileName !== undefined && profileName !== meta.profile) {
-      throw usage(`Run "${side.run}" is of profile "${meta.profile}", not "${profileName}"`, "Leave out -p: a run names its own profile");
+      throw usage(
+        `Run "${side.run}" is of profile "${meta.profile}", not "${profileName}"`,
+        "Leave out -p: a run names its own profile",
+      );
     }
     const extra = meta.extra ?? {};
-    const workdir = typeof extra.workdir === "string" ? extra.workdir : `${WORKSPACE_DIR}/runs/${meta.id}`;
+    const workdir = typeof extra.workdir === "string"
+      ? extra.workdir
+      : `${WORKSPACE_DIR}/runs/${meta.id}`;
     if (meta.sandbox === "none") {
-      throw usage(`Run "${meta.id}" ran on this host (sandbox mode "none"): its files are in ${workdir}`);
+      throw usage(
+        `Run "${meta.id}" ran on this host (sandbox mode "none"): its files are in ${workdir}`,
+      );
     }
     // A run's sandbox is its own, removed when it ends unless kept.
     if (typeof extra.container !== "string" || (meta.status !== "running" && extra.kept !== true)) {
-      throw usage(`Run "${meta.id}" left nothing to copy: its sandbox was removed when it ended`, [
-        "A repository run's work comes back as a branch; --keep-worktree keeps a run's sandbox",
-        `(remove it with: ${cliName()} down -p ${meta.profile})`,
-      ].join("\n"));
+      throw usage(
+        `Run "${meta.id}" left nothing to copy: its sandbox was removed when it ended`,
+        [
+          "A repository run's work comes back as a branch; --keep-worktree keeps a run's sandbox",
+          `(remove it with: ${cliName()} down -p ${meta.profile})`,
+        ].join("\n"),
+      );
     }
     name = meta.profile;
     base = workdir;
     run = extra.container;
   }
   const named = await sandboxByName(command, name);
-  const provider = run === undefined ? named : new DockerSandboxProvider(named.profile, { existing: run });
+  const provider = run === undefined
+    ? named
+    : new DockerSandboxProvider(named.profile, { existing: run });
   const profile = provider.profile.name;
   const status = await provider.status({ signal });
   if (status.state === "missing") {
-    throw usage(`Sandbox "${provider.containerName}" does not exist`, `Start it with: ${cliName()} start -p ${profile}`);
+    throw usage(
+      `Sandbox "${provider.containerName}" does not exist`,
+      `Start it with: ${cliName()} start -p ${profile}`,
+    );
   }
   if (status.state !== "running") {
-    throw usage(`Sandbox "${provider.containerName}" is ${status.state}`, `Start it with: ${cliName()} start -p ${profile}`);
+    throw usage(
+      `Sandbox "${provider.containerName}" is ${status.state}`,
+      `Start it with: ${cliName()} start -p ${profile}`,
+    );
   }
   const relative = side.path.replace(/^\.\/?/, "");
   const path = side.path.startsWith("/") ? side.path : relative ? `${base}/${relative}` : base;
@@ -98,7 +127,13 @@ async function resolveSandbox(side: Extract<Side, { kind: "sandbox" }>, command:
 /** What `test` says about a path in the sandbox: a directory, something else, or nothing. */
 async function sandboxKind(target: SandboxTarget): Promise<"dir" | "file" | "none"> {
   const result = await target.provider.exec(
-    ["sh", "-c", 'if [ -d "$1" ]; then echo dir; elif [ -e "$1" ]; then echo file; else echo none; fi', "sh", target.path],
+    [
+      "sh",
+      "-c",
+      'if [ -d "$1" ]; then echo dir; elif [ -e "$1" ]; then echo file; else echo none; fi',
+      "sh",
+      target.path,
+    ],
     { signal, timeoutMs: 30_000 },
   );
   const kind = result.stdout.trim();
@@ -116,7 +151,9 @@ async function hostKind(path: string): Promise<"dir" | "file" | "none"> {
 
 export function registerCpCommand(program: Command): void {
   program.command("cp")
-    .description("copy files between the host and a sandbox: one of SRC and DST is :PATH (the profile's sandbox) or RUN_ID:PATH (a run's directory)")
+    .description(
+      "copy files between the host and a sandbox: one of SRC and DST is :PATH (the profile's sandbox) or RUN_ID:PATH (a run's directory)",
+    )
     .addOption(profileOption())
     .argument("<src>", "host path, :PATH or RUN_ID:PATH")
     .argument("<dst>", "host path, :PATH or RUN_ID:PATH")
@@ -137,27 +174,43 @@ sandbox user inside and by you on the host.`,
       const to = parseSide(dst);
       if ((from.kind === "sandbox") === (to.kind === "sandbox")) {
         throw usage(
-          from.kind === "sandbox" ? "Both SRC and DST are in a sandbox" : "Neither SRC nor DST is in a sandbox",
+          from.kind === "sandbox"
+            ? "Both SRC and DST are in a sandbox"
+            : "Neither SRC nor DST is in a sandbox",
           "One side is :PATH (the profile's sandbox) or RUN_ID:PATH (a run's directory); the other a host path",
         );
       }
       if (from.kind === "sandbox" && to.kind === "host") {
         const source = await resolveSandbox(from, command, opts.profile);
-        if (await sandboxKind(source) === "none") throw usage(`No such file or directory: ${source.label}`);
+        if (await sandboxKind(source) === "none") {
+          throw usage(`No such file or directory: ${source.label}`);
+        }
         const into = to.path.endsWith("/") || await hostKind(to.path) === "dir";
         if (into) await Deno.mkdir(to.path, { recursive: true }).catch(() => {});
         const target = into ? `${to.path.replace(/\/+$/, "")}/${basename(source.path)}` : to.path;
-        if (await hostKind(dirname(target)) !== "dir") throw usage(`Cannot copy to "${target}": no directory "${dirname(target)}" on the host`);
-        if (await hostKind(target) === "dir") throw usage(`Cannot copy to "${target}": a directory of that name exists (remove it, or copy into it with a trailing /)`);
+        if (await hostKind(dirname(target)) !== "dir") {
+          throw usage(`Cannot copy to "${target}": no directory "${dirname(target)}" on the host`);
+        }
+        if (await hostKind(target) === "dir") {
+          throw usage(
+            `Cannot copy to "${target}": a directory of that name exists (remove it, or copy into it with a trailing /)`,
+          );
+        }
         await source.provider.copyOut(source.path, target, { signal });
         note(`copied ${source.label} to ${target}`);
       } else if (from.kind === "host" && to.kind === "sandbox") {
-        if (await hostKind(from.path) === "none") throw usage(`No such file or directory: "${from.path}"`);
+        if (await hostKind(from.path) === "none") {
+          throw usage(`No such file or directory: "${from.path}"`);
+        }
         const dest = await resolveSandbox(to, command, opts.profile);
         const into = to.path.endsWith("/") || await sandboxKind(dest) === "dir";
-        const target = into ? { ...dest, path: `${dest.path.replace(/\/+$/, "")}/${basename(from.path)}` } : dest;
+        const target = into
+          ? { ...dest, path: `${dest.path.replace(/\/+$/, "")}/${basename(from.path)}` }
+          : dest;
         if (into && await sandboxKind(target) === "dir") {
-          throw usage(`Cannot copy to ${target.provider.containerName}:${target.path}: a directory of that name exists (remove it first)`);
+          throw usage(
+            `Cannot copy to ${target.provider.containerName}:${target.path}: a directory of that name exists (remove it first)`,
+          );
         }
         await dest.provider.copyIn(from.path, target.path, { signal });
         note(`copied ${from.path} to ${dest.provider.containerName}:${target.path}`);

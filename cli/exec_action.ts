@@ -24,7 +24,11 @@ export interface ExecFlags {
   repo?: string;
 }
 
-export async function execAction(argv: string[], opts: ExecFlags, command: Invocation): Promise<void> {
+export async function execAction(
+  argv: string[],
+  opts: ExecFlags,
+  command: Invocation,
+): Promise<void> {
   const env = parseEnvPairs(opts.env);
   const timeoutMs = parseTimeout(opts.timeout);
   // Loaded while the configuration is read.

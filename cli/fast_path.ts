@@ -36,7 +36,11 @@ function table(entries: [names: string[], spec: OptionSpec][]): Map<string, Opti
   return map;
 }
 
-const value = (key: string, choices?: readonly string[]): OptionSpec => ({ key, value: true, choices });
+const value = (key: string, choices?: readonly string[]): OptionSpec => ({
+  key,
+  value: true,
+  choices,
+});
 const flag = (key: string): OptionSpec => ({ key, value: false });
 
 /** Options every run mode has (run_command.ts), and `--config` (accepted after the command too). */
@@ -111,7 +115,9 @@ function readOptions(
       given = next;
       i += 2;
     }
-    if (typeof given === "string" && spec.choices && !spec.choices.includes(given)) return undefined;
+    if (typeof given === "string" && spec.choices && !spec.choices.includes(given)) {
+      return undefined;
+    }
     if (spec.repeat) {
       values[spec.key] = [...(values[spec.key] as string[] | undefined ?? []), given];
     } else {
@@ -137,7 +143,12 @@ export function parseFastPath(args: readonly string[]): FastCommand | undefined 
     if (!parsed || parsed.next !== args.length) return undefined;
     const { config, ...opts } = parsed.values;
     if (typeof opts.promptFile !== "string") return undefined;
-    return { kind: "run", mode, opts: opts as unknown as RunFlags, config: globalConfig ?? config as string | undefined };
+    return {
+      kind: "run",
+      mode,
+      opts: opts as unknown as RunFlags,
+      config: globalConfig ?? config as string | undefined,
+    };
   }
   if (command === "exec") {
     const parsed = readOptions(args, program.next + 1, EXEC_OPTIONS);

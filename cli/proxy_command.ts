@@ -1,14 +1,7 @@
 /** `sandbox proxy`: the credential and egress proxies standalone, for orchestrators' own containers. */
 import type { Command } from "commander";
 import { SandboxError } from "../lib/errors.ts";
-import {
-  cliState,
-  collect,
-  note,
-  profileFor,
-  signal,
-  stdout,
-} from "./context.ts";
+import { cliState, collect, note, profileFor, signal, stdout } from "./context.ts";
 import { jsonOption, profileOption } from "./options.ts";
 
 export function registerProxyCommand(program: Command): void {

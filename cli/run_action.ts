@@ -6,14 +6,7 @@ import { SandboxError } from "../lib/errors.ts";
 import { MAX_PROMPT_BYTES, MAX_SCHEMA_BYTES, readInputText } from "../lib/input_file.ts";
 import { cliName } from "../lib/cli_name.ts";
 import type { JsonSchema } from "../worker/json_schema.ts";
-import {
-  type Invocation,
-  note,
-  parseTimeout,
-  profileFor,
-  signal,
-  stdout,
-} from "./context.ts";
+import { type Invocation, note, parseTimeout, profileFor, signal, stdout } from "./context.ts";
 import { progress } from "./progress.ts";
 import { reportError } from "./report.ts";
 import type { AgentName } from "../lib/agents/packages.ts";

@@ -15,7 +15,9 @@ export function registerRunsCommands(program: Command): void {
       const runs = await listRuns();
       if (opts.json) return void await stdout.json(runs);
       if (runs.length === 0) {
-        return void await stdout.line(`no runs yet (start one with: ${cliName()} run agentic --prompt-file FILE)`);
+        return void await stdout.line(
+          `no runs yet (start one with: ${cliName()} run agentic --prompt-file FILE)`,
+        );
       }
       await stdout.line(table(
         ["RUN", "PROFILE", "MODE", "STATUS", "STARTED", "DURATION", "TOKENS", "EXIT", "BRANCH"],
@@ -42,11 +44,12 @@ export function registerRunsCommands(program: Command): void {
         .choices(["ndjson", "pretty"]),
     )
     .action(async (id: string, opts: { follow?: boolean; format?: string }) => {
-      const [{ readEventBatches, readRun }, { decodeMessage }, { renderMessage }] = await Promise.all([
-        import("../lib/run/run_log.ts"),
-        import("../lib/run/protocol.ts"),
-        import("../lib/run/transcript.ts"),
-      ]);
+      const [{ readEventBatches, readRun }, { decodeMessage }, { renderMessage }] = await Promise
+        .all([
+          import("../lib/run/run_log.ts"),
+          import("../lib/run/protocol.ts"),
+          import("../lib/run/transcript.ts"),
+        ]);
       if (!await readRun(id)) {
         throw new SandboxError("usage", `No run "${id}"`, {
           detail: `List runs with: ${cliName()} runs`,

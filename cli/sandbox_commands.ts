@@ -34,24 +34,46 @@ const repoOption = (devcontainerOnly = false) =>
 
 export function registerSandboxCommands(program: Command): void {
   program.command("up")
-    .description("fill the profile's warm pool: sandbox.pool fresh sandboxes started ahead, one per run")
+    .description(
+      "fill the profile's warm pool: sandbox.pool fresh sandboxes started ahead, one per run",
+    )
     .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption())
-    .addOption(new Option("--agent <name>", "the pool for runs of this agent CLI").choices([...AGENT_CLIS]))
-    .action(async (opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName }, command: Command) => {
-      const profile = await profileFor(command, opts.profile);
-      const { poolFor } = await import("../lib/run/run_pool.ts");
-      const pool = await poolFor(profile, { repo: opts.repo, agent: opts.agent, onProgress: progress, signal });
-      // Human output on stdout, like every command's; progress (image builds) went to stderr.
-      if (opts.json) await stdout.json(pool);
-      else {
-        for (const name of pool.reaped) await stdout.line(`removed ${name} (its run's process is gone)`);
-        for (const each of pool.ready) await stdout.line(`sandbox ${each} is ready (profile ${profile.name})`);
-        if (profile.sandbox.pool === 0) await stdout.line(`profile ${profile.name} keeps no pool (sandbox.pool is 0)`);
-      }
-    });
+    .addOption(
+      new Option("--agent <name>", "the pool for runs of this agent CLI").choices([...AGENT_CLIS]),
+    )
+    .action(
+      async (
+        opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName },
+        command: Command,
+      ) => {
+        const profile = await profileFor(command, opts.profile);
+        const { poolFor } = await import("../lib/run/run_pool.ts");
+        const pool = await poolFor(profile, {
+          repo: opts.repo,
+          agent: opts.agent,
+          onProgress: progress,
+          signal,
+        });
+        // Human output on stdout, like every command's; progress (image builds) went to stderr.
+        if (opts.json) await stdout.json(pool);
+        else {
+          for (const name of pool.reaped) {
+            await stdout.line(`removed ${name} (its run's process is gone)`);
+          }
+          for (const each of pool.ready) {
+            await stdout.line(`sandbox ${each} is ready (profile ${profile.name})`);
+          }
+          if (profile.sandbox.pool === 0) {
+            await stdout.line(`profile ${profile.name} keeps no pool (sandbox.pool is 0)`);
+          }
+        }
+      },
+    );
 
   program.command("down")
-    .description("stop and remove the profile's sandbox containers (development sandboxes, the warm pool, kept runs)")
+    .description(
+      "stop and remove the profile's sandbox containers (development sandboxes, the warm pool, kept runs)",
+    )
     .addOption(profileOption()).addOption(jsonOption())
     .option("--volumes", "also remove its workspace volume (the sandbox's copy of your repos)")
     .action(
@@ -60,58 +82,90 @@ export function registerSandboxCommands(program: Command): void {
         // Every container of the profile: its shared one, one per repository, per-run ones, and
         // its agent CLIs' (sandbox-PROFILE-AGENT…): all carry the profile's label.
         const { teardownProfile } = await import("../lib/sandbox/docker_provider.ts");
-        const report = await teardownProfile(provider.docker, provider.profile.name, { volumes: opts.volumes, signal });
+        const report = await teardownProfile(provider.docker, provider.profile.name, {
+          volumes: opts.volumes,
+          signal,
+        });
         if (opts.json) await stdout.json(report);
         else if (report.containers.length === 0) {
           await stdout.line(`no sandbox for profile ${provider.profile.name}`);
-        } else await stdout.line(`removed ${[...report.containers, ...report.networks, ...report.volumes].join(", ")}`);
+        } else {await stdout.line(
+            `removed ${[...report.containers, ...report.networks, ...report.volumes].join(", ")}`,
+          );}
       },
     );
 
   program.command("snapshot")
-    .description("save the profile's development sandbox (its /workspace and home) as the image its runs start from")
+    .description(
+      "save the profile's development sandbox (its /workspace and home) as the image its runs start from",
+    )
     .addOption(profileOption()).addOption(jsonOption())
     .option("--drop", "forget the profile's snapshot: its runs start from the image as built again")
-    .action(async (opts: { profile?: string; json?: boolean; drop?: boolean }, command: Command) => {
-      const provider = await sandboxByName(command, opts.profile);
-      const { takeSnapshot, dropSnapshot } = await import("../lib/sandbox/snapshot.ts");
-      if (opts.drop) {
-        const dropped = await dropSnapshot(provider);
-        if (opts.json) await stdout.json({ dropped });
-        else await stdout.line(dropped ? `profile ${provider.profile.name}: snapshot dropped` : `profile ${provider.profile.name} has no snapshot`);
-        return;
-      }
-      const record = await takeSnapshot(provider, await provider.runImageTag(), { signal, onProgress: progress });
-      if (opts.json) await stdout.json(record);
-      else await stdout.line(`profile ${provider.profile.name}: runs start from ${record.tag} (built on ${record.base}); refill the pool with: ${cliName()} up -p ${provider.profile.name}`);
-    });
+    .action(
+      async (opts: { profile?: string; json?: boolean; drop?: boolean }, command: Command) => {
+        const provider = await sandboxByName(command, opts.profile);
+        const { takeSnapshot, dropSnapshot } = await import("../lib/sandbox/snapshot.ts");
+        if (opts.drop) {
+          const dropped = await dropSnapshot(provider);
+          if (opts.json) await stdout.json({ dropped });
+          else {await stdout.line(
+              dropped
+                ? `profile ${provider.profile.name}: snapshot dropped`
+                : `profile ${provider.profile.name} has no snapshot`,
+            );}
+          return;
+        }
+        const record = await takeSnapshot(provider, await provider.runImageTag(), {
+          signal,
+          onProgress: progress,
+        });
+        if (opts.json) await stdout.json(record);
+        else {await stdout.line(
+            `profile ${provider.profile.name}: runs start from ${record.tag} (built on ${record.base}); refill the pool with: ${cliName()} up -p ${provider.profile.name}`,
+          );}
+      },
+    );
 
   program.command("stop")
-    .description("stop the profile's sandbox without removing it (its workspace stays; start resumes it)")
+    .description(
+      "stop the profile's sandbox without removing it (its workspace stays; start resumes it)",
+    )
     .addOption(profileOption()).addOption(jsonOption())
     .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
       const provider = await sandboxByName(command, opts.profile);
       const status = await provider.stop({ signal });
       if (opts.json) await stdout.json(status);
-      else await stdout.line(`sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}; its workspace is kept)`);
+      else {await stdout.line(
+          `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}; its workspace is kept)`,
+        );}
     });
 
   program.command("start")
-    .description("start the profile's development sandbox (exec, cp; runs never use it), making it if missing")
+    .description(
+      "start the profile's development sandbox (exec, cp; runs never use it), making it if missing",
+    )
     .addOption(profileOption()).addOption(jsonOption())
     .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
       const provider = await sandboxByName(command, opts.profile);
       const missing = (await provider.status({ signal })).state === "missing";
-      const status = missing ? await provider.ensureRunning({ signal }) : await provider.start({ signal });
+      const status = missing
+        ? await provider.ensureRunning({ signal })
+        : await provider.start({ signal });
       if (opts.json) await stdout.json(status);
-      else await stdout.line(`sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}, image ${status.image})`);
+      else {await stdout.line(
+          `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}, image ${status.image})`,
+        );}
     });
 
   const listAction = async (opts: { json?: boolean }) => {
     const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
     const sandboxes = await listSandboxes(new DockerCli(), signal);
     if (opts.json) return void await stdout.json(sandboxes);
-    if (sandboxes.length === 0) return void await stdout.line(`no sandboxes (start one with: ${cliName()} start, or fill the warm pool with: ${cliName()} up)`);
+    if (sandboxes.length === 0) {
+      return void await stdout.line(
+        `no sandboxes (start one with: ${cliName()} start, or fill the warm pool with: ${cliName()} up)`,
+      );
+    }
     await stdout.line(table(
       ["PROFILE", "CONTAINER", "REPO", "IMAGE", "STATE", "HEALTH", "AGE"],
       sandboxes.map((
@@ -199,38 +253,61 @@ export function registerSandboxCommands(program: Command): void {
     .description("build (or rebuild) the sandbox image for a profile")
     .addOption(profileOption()).addOption(jsonOption()).addOption(repoOption(true))
     .addOption(
-      new Option("--agent <agent>", "build (or rebuild) an agent CLI's layer on the sandbox image instead")
+      new Option(
+        "--agent <agent>",
+        "build (or rebuild) an agent CLI's layer on the sandbox image instead",
+      )
         .choices([...AGENT_CLIS]),
     )
-    .action(async (opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName }, command: Command) => {
-      const [{ ensureImage }, { ensureAgentImage }] = await Promise.all([
-        import("../lib/sandbox/image.ts"),
-        import("../lib/agents/agent_image.ts"),
-      ]);
-      const profile = await profileFor(command, opts.profile);
-      const docker = new DockerCli();
-      // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
-      const layer = async (base: string) => {
-        const built = await ensureAgentImage(docker, base, opts.agent!, { force: true, onProgress: progress, signal });
-        if (opts.json) await stdout.json(built);
-        else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
-      };
-      if (profile.sandbox.mode === "devcontainer") {
-        const { openDevcontainer } = await import("../lib/sandbox/devcontainer/provider.ts");
-        const devcontainer = await openDevcontainer(profile, { repo: opts.repo ?? Deno.cwd(), force: !opts.agent, onProgress: progress, signal });
-        const info = await ensureImage(docker, devcontainer.profile.sandbox.image, { force: !opts.agent, onProgress: progress, signal });
+    .action(
+      async (
+        opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName },
+        command: Command,
+      ) => {
+        const [{ ensureImage }, { ensureAgentImage }] = await Promise.all([
+          import("../lib/sandbox/image.ts"),
+          import("../lib/agents/agent_image.ts"),
+        ]);
+        const profile = await profileFor(command, opts.profile);
+        const docker = new DockerCli();
+        // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
+        const layer = async (base: string) => {
+          const built = await ensureAgentImage(docker, base, opts.agent!, {
+            force: true,
+            onProgress: progress,
+            signal,
+          });
+          if (opts.json) await stdout.json(built);
+          else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
+        };
+        if (profile.sandbox.mode === "devcontainer") {
+          const { openDevcontainer } = await import("../lib/sandbox/devcontainer/provider.ts");
+          const devcontainer = await openDevcontainer(profile, {
+            repo: opts.repo ?? Deno.cwd(),
+            force: !opts.agent,
+            onProgress: progress,
+            signal,
+          });
+          const info = await ensureImage(docker, devcontainer.profile.sandbox.image, {
+            force: !opts.agent,
+            onProgress: progress,
+            signal,
+          });
+          if (opts.agent) return await layer(info.tag);
+          if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
+          else {note(
+              `built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`,
+            );}
+          return;
+        }
+        const info = await ensureImage(docker, profile.sandbox.image, {
+          force: !opts.agent,
+          onProgress: progress,
+          signal,
+        });
         if (opts.agent) return await layer(info.tag);
-        if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
-        else note(`built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`);
-        return;
-      }
-      const info = await ensureImage(docker, profile.sandbox.image, {
-        force: !opts.agent,
-        onProgress: progress,
-        signal,
-      });
-      if (opts.agent) return await layer(info.tag);
-      if (opts.json) await stdout.json(info);
-      else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
-    });
+        if (opts.json) await stdout.json(info);
+        else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
+      },
+    );
 }

@@ -6,9 +6,9 @@
  */
 import { z } from "zod";
 import { AGENTS, DEFAULT_AGENT } from "./agents/packages.ts";
-import { loadYaml, parseYamlDocument, type YamlDocument, yamlDeferred } from "./yaml.ts";
+import { loadYaml, parseYamlDocument, yamlDeferred, type YamlDocument } from "./yaml.ts";
 import { parsedDocument } from "./config_cache.ts";
-import { type ConfigIssue, ConfigError, SandboxError } from "./errors.ts";
+import { ConfigError, type ConfigIssue, SandboxError } from "./errors.ts";
 import { parseDuration, parseSize } from "./units.ts";
 import { decodeUtf8, formatLimit, MAX_CONFIG_BYTES, readBounded } from "./input_file.ts";
 import { joinPath, userConfigDir } from "./paths.ts";
@@ -32,7 +32,8 @@ export const DEFAULT_BASE_IMAGE = "sandbox-base:bookworm";
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const PROFILE_NAME = /^[a-z0-9][a-z0-9_.-]{0,62}$/;
 /** `example.com`, `*.example.com`, either with an optional `:port`. */
-const DOMAIN_PATTERN = /^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(:\d{1,5})?$/i;
+const DOMAIN_PATTERN =
+  /^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(:\d{1,5})?$/i;
 
 const size = (example: string) =>
   z.string({ invalid_type_error: `expected a size like "${example}"` }).refine(
@@ -71,7 +72,10 @@ const NetworkSchema = z.object({
   /** Static name → IP map the egress proxy consults before DNS (like /etc/hosts). */
   hosts: z.record(
     z.string().regex(DOMAIN_PATTERN, { message: "expected a host name" }),
-    z.string().regex(/^((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)$|^[0-9a-f]*:[0-9a-f:.]*$/i, { message: "expected an IP address" }),
+    z.string().regex(
+      /^((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)$|^[0-9a-f]*:[0-9a-f:.]*$/i,
+      { message: "expected an IP address" },
+    ),
   ).default({}),
 }).strict();
 
@@ -94,7 +98,11 @@ const EnvironmentSchema = z.object({
     .superRefine((record, ctx) => {
       for (const name of Object.keys(record)) {
         if (!ENV_NAME.test(name)) {
-          ctx.addIssue({ code: "custom", path: [name], message: "expected an environment variable name" });
+          ctx.addIssue({
+            code: "custom",
+            path: [name],
+            message: "expected an environment variable name",
+          });
         } else if (isSecretName(name)) {
           ctx.addIssue({ code: "custom", path: [name], message: SECRET_MESSAGE });
         }
@@ -130,15 +138,20 @@ const SandboxSchema = z.object({
 
 const KeySourceSchema = z.union([
   z.object({ env: envName }).strict(),
-  z.object({ command: z.array(z.string().min(1)).min(1, { message: "expected a command as a list of arguments" }) }).strict(),
-], { errorMap: () => ({ message: 'expected {env: NAME} or {command: [program, args...]}' }) });
+  z.object({
+    command: z.array(z.string().min(1)).min(1, {
+      message: "expected a command as a list of arguments",
+    }),
+  }).strict(),
+], { errorMap: () => ({ message: "expected {env: NAME} or {command: [program, args...]}" }) });
 
 const LlmSchema = z.object({
   /** A built-in provider, or `custom` with `base_url`, `api` and `key`. */
   provider: z.enum(["openai", "anthropic", "openrouter", "custom"]).default("openai"),
   model: z.string().min(1).optional(),
   /** Only for `custom`: built-in providers' keys never go anywhere but their own endpoint. */
-  base_url: z.string().url({ message: 'expected a URL like "https://llm.example.com/v1"' }).optional(),
+  base_url: z.string().url({ message: 'expected a URL like "https://llm.example.com/v1"' })
+    .optional(),
   /** The wire format of a `custom` provider. */
   api: z.enum(["openai", "anthropic"]).optional(),
   key: KeySourceSchema.optional(),
@@ -151,18 +164,29 @@ const LlmSchema = z.object({
   agent: z.enum(AGENTS).default(DEFAULT_AGENT),
 }).strict().superRefine((llm, ctx) => {
   if (llm.models && llm.model && !llm.models.includes(llm.model)) {
-    ctx.addIssue({ code: "custom", path: ["model"], message: `"${llm.model}" is not one of llm.models` });
+    ctx.addIssue({
+      code: "custom",
+      path: ["model"],
+      message: `"${llm.model}" is not one of llm.models`,
+    });
   }
   if (llm.provider === "custom") {
-    if (!llm.base_url) ctx.addIssue({ code: "custom", path: ["base_url"], message: "required for provider custom" });
+    if (!llm.base_url) {
+      ctx.addIssue({ code: "custom", path: ["base_url"], message: "required for provider custom" });
+    }
     if (!llm.key) {
-      ctx.addIssue({ code: "custom", path: ["key"], message: "required for provider custom: name the key source explicitly" });
+      ctx.addIssue({
+        code: "custom",
+        path: ["key"],
+        message: "required for provider custom: name the key source explicitly",
+      });
     }
   } else if (llm.base_url) {
     ctx.addIssue({
       code: "custom",
       path: ["base_url"],
-      message: `only provider custom takes a base_url (a ${llm.provider} key is sent only to ${llm.provider})`,
+      message:
+        `only provider custom takes a base_url (a ${llm.provider} key is sent only to ${llm.provider})`,
     });
   }
 });
@@ -180,7 +204,8 @@ const ProfileSchema = z.object({
 }).strict();
 
 const ConfigSchema = z.object({
-  default_profile: z.string().regex(PROFILE_NAME, { message: "expected a profile name" }).optional(),
+  default_profile: z.string().regex(PROFILE_NAME, { message: "expected a profile name" })
+    .optional(),
   profiles: z.record(z.string(), ProfileSchema).superRefine((profiles, ctx) => {
     for (const name of Object.keys(profiles)) {
       if (!PROFILE_NAME.test(name)) {
@@ -236,8 +261,20 @@ export interface IgnoredConfig {
 }
 
 export type ConfigLoadResult =
-  | { kind: "ok"; config: Config; file: string | undefined; source?: ConfigSource; ignored?: IgnoredConfig[] }
-  | { kind: "invalid"; file: string | undefined; issues: ConfigIssue[]; source?: ConfigSource; ignored?: IgnoredConfig[] };
+  | {
+    kind: "ok";
+    config: Config;
+    file: string | undefined;
+    source?: ConfigSource;
+    ignored?: IgnoredConfig[];
+  }
+  | {
+    kind: "invalid";
+    file: string | undefined;
+    issues: ConfigIssue[];
+    source?: ConfigSource;
+    ignored?: IgnoredConfig[];
+  };
 
 /** Format a zod path as `profiles.work.sandbox.allow[0]`. */
 function formatPath(path: readonly (string | number)[]): string {
@@ -286,7 +323,8 @@ export function interpolate(
         if (fallback !== undefined) return fallback;
         issues.push({
           path: formatPath(path),
-          message: `environment variable "${name}" is not set (use \${${name}:-default} for a fallback)`,
+          message:
+            `environment variable "${name}" is not set (use \${${name}:-default} for a fallback)`,
         });
         return "";
       },
@@ -325,12 +363,17 @@ function checkDocument(
   const parsed = ConfigSchema.safeParse(raw);
   if (!parsed.success) return { kind: "invalid", file, issues: issuesFromZod(parsed.error) };
   const config = parsed.data;
-  if (config.default_profile && config.default_profile !== DEFAULT_PROFILE &&
-    !(config.default_profile in config.profiles)) {
+  if (
+    config.default_profile && config.default_profile !== DEFAULT_PROFILE &&
+    !(config.default_profile in config.profiles)
+  ) {
     return {
       kind: "invalid",
       file,
-      issues: [{ path: "default_profile", message: `no profile named "${config.default_profile}"` }],
+      issues: [{
+        path: "default_profile",
+        message: `no profile named "${config.default_profile}"`,
+      }],
     };
   }
   return { kind: "ok", config, file };
@@ -353,7 +396,9 @@ export function namedConfigFile(options: FindConfigOptions = {}): string | undef
 export async function projectConfigCandidates(cwd: string = Deno.cwd()): Promise<string[]> {
   const candidates = CONFIG_FILE_NAMES.map((name) => joinPath(cwd, name));
   const root = await findRepoRoot(cwd);
-  if (root && root !== cwd) candidates.push(...CONFIG_FILE_NAMES.map((name) => joinPath(root, name)));
+  if (root && root !== cwd) {
+    candidates.push(...CONFIG_FILE_NAMES.map((name) => joinPath(root, name)));
+  }
   return candidates;
 }
 
@@ -366,8 +411,20 @@ export async function findProjectConfigFile(cwd?: string): Promise<string | unde
 }
 
 type Selection =
-  | { kind: "found"; file: string; source: ConfigSource; bytes: Uint8Array; ignored: IgnoredConfig[] }
-  | { kind: "unreadable"; file: string; source: ConfigSource; reason: string; ignored: IgnoredConfig[] }
+  | {
+    kind: "found";
+    file: string;
+    source: ConfigSource;
+    bytes: Uint8Array;
+    ignored: IgnoredConfig[];
+  }
+  | {
+    kind: "unreadable";
+    file: string;
+    source: ConfigSource;
+    reason: string;
+    ignored: IgnoredConfig[];
+  }
   | { kind: "none"; ignored: IgnoredConfig[] };
 
 /**
@@ -379,7 +436,10 @@ export async function readConfigBytes(
 ): Promise<{ kind: "ok"; bytes: Uint8Array } | { kind: "unreadable"; reason: string }> {
   const read = await readBounded(file, MAX_CONFIG_BYTES);
   if (read.kind === "too_large") {
-    return { kind: "unreadable", reason: `larger than ${formatLimit(MAX_CONFIG_BYTES)}, the limit for a configuration file` };
+    return {
+      kind: "unreadable",
+      reason: `larger than ${formatLimit(MAX_CONFIG_BYTES)}, the limit for a configuration file`,
+    };
   }
   return read;
 }
@@ -394,18 +454,25 @@ async function selectConfig(options: FindConfigOptions): Promise<Selection> {
   const named = namedConfigFile(options);
   if (named) {
     const read = await readConfigBytes(named);
-    if (read.kind === "unreadable") return { kind: "unreadable", file: named, source: "named", reason: read.reason, ignored: [] };
+    if (read.kind === "unreadable") {
+      return { kind: "unreadable", file: named, source: "named", reason: read.reason, ignored: [] };
+    }
     return { kind: "found", file: named, source: "named", bytes: read.bytes, ignored: [] };
   }
   const ignored: IgnoredConfig[] = [];
   const candidates: { file: string; source: ConfigSource }[] = [
-    ...(await projectConfigCandidates(options.cwd)).map((file) => ({ file, source: "project" as const })),
+    ...(await projectConfigCandidates(options.cwd)).map((file) => ({
+      file,
+      source: "project" as const,
+    })),
     { file: joinPath(userConfigDir(), "sandbox", "config.yaml"), source: "user" },
   ];
   for (const { file, source } of candidates) {
     if (!await isFile(file)) continue;
     const read = await readConfigBytes(file);
-    if (read.kind === "unreadable") return { kind: "unreadable", file, source, reason: read.reason, ignored };
+    if (read.kind === "unreadable") {
+      return { kind: "unreadable", file, source, reason: read.reason, ignored };
+    }
     const { bytes } = read;
     if (source === "project") {
       const state = await trustStateOf(file, bytes, options.trustStore);
@@ -442,13 +509,23 @@ export async function findConfigFile(options: FindConfigOptions = {}): Promise<s
 export async function loadConfig(options: FindConfigOptions = {}): Promise<ConfigLoadResult> {
   const selected = await selectConfig(options);
   const { ignored } = selected;
-  if (selected.kind === "none") return { ...checkDocument({ kind: "ok", value: { profiles: {} } }), ignored };
+  if (selected.kind === "none") {
+    return { ...checkDocument({ kind: "ok", value: { profiles: {} } }), ignored };
+  }
   const { file, source } = selected;
   if (selected.kind === "unreadable") {
-    return { kind: "invalid", file, source, issues: [{ path: "", message: `cannot read: ${selected.reason}` }], ignored };
+    return {
+      kind: "invalid",
+      file,
+      source,
+      issues: [{ path: "", message: `cannot read: ${selected.reason}` }],
+      ignored,
+    };
   }
   const decoded = decodeUtf8(selected.bytes);
-  if (decoded.kind === "invalid") return { kind: "invalid", file, source, issues: [notUtf8(decoded.offset)], ignored };
+  if (decoded.kind === "invalid") {
+    return { kind: "invalid", file, source, issues: [notUtf8(decoded.offset)], ignored };
+  }
   const { text } = decoded;
   return { ...validateConfigText(text, file, source, await parsedDocument(text)), source, ignored };
 }
@@ -483,12 +560,17 @@ function rejectHostCommands(result: ConfigLoadResult): ConfigLoadResult {
   if (result.kind !== "ok") return result;
   const issues = Object.entries(result.config.profiles)
     .flatMap(([name, profile]) => [
-      ...(profile.llm.key && "command" in profile.llm.key ? [`profiles.${name}.llm.key.command`] : []),
-      ...(profile.git.token && "command" in profile.git.token ? [`profiles.${name}.git.token.command`] : []),
+      ...(profile.llm.key && "command" in profile.llm.key
+        ? [`profiles.${name}.llm.key.command`]
+        : []),
+      ...(profile.git.token && "command" in profile.git.token
+        ? [`profiles.${name}.git.token.command`]
+        : []),
     ])
     .map((path) => ({
       path,
-      message: "a key command runs on the host, so it is only honoured from ~/.config/sandbox/config.yaml or a file named with --config, not from a project's sandbox.yaml",
+      message:
+        "a key command runs on the host, so it is only honoured from ~/.config/sandbox/config.yaml or a file named with --config, not from a project's sandbox.yaml",
     }));
   return issues.length > 0 ? { kind: "invalid", file: result.file, issues } : result;
 }
@@ -504,7 +586,9 @@ export function secretValueIssues(
   env: Record<string, string> = Deno.env.toObject(),
 ): ConfigIssue[] {
   const keyVariables = Object.values(config.profiles).flatMap((profile) =>
-    [profile.llm.key, profile.git.token].flatMap((source) => source && "env" in source ? [source.env] : [])
+    [profile.llm.key, profile.git.token].flatMap((source) =>
+      source && "env" in source ? [source.env] : []
+    )
   );
   const secrets = knownSecrets(env, keyVariables);
   if (secrets.length === 0) return [];
@@ -512,7 +596,10 @@ export function secretValueIssues(
   const refuse = (path: string, value: string | undefined, what = "contains") => {
     const found = value === undefined ? undefined : findSecret(value, secrets);
     if (found) {
-      issues.push({ path, message: `${what} the value of ${found.source}; secrets never enter the sandbox` });
+      issues.push({
+        path,
+        message: `${what} the value of ${found.source}; secrets never enter the sandbox`,
+      });
     }
   };
   for (const [name, profile] of Object.entries(config.profiles)) {
@@ -521,7 +608,11 @@ export function secretValueIssues(
       refuse(`${at}.sandbox.environment.set.${variable}`, value);
     }
     profile.sandbox.environment.passthrough.forEach((variable, i) =>
-      refuse(`${at}.sandbox.environment.passthrough[${i}]`, env[variable], "its value on this host contains")
+      refuse(
+        `${at}.sandbox.environment.passthrough[${i}]`,
+        env[variable],
+        "its value on this host contains",
+      )
     );
     refuse(`${at}.llm.model`, profile.llm.model);
   }
@@ -552,11 +643,15 @@ export async function loadConfigOrThrow(
 
 /** The profile to use: `name`, else `$SANDBOX_PROFILE`, else `default_profile`, else "default". */
 export function resolveProfile(config: Config, name?: string): Profile {
-  const chosen = name ?? Deno.env.get("SANDBOX_PROFILE") ?? config.default_profile ?? DEFAULT_PROFILE;
+  const chosen = name ?? Deno.env.get("SANDBOX_PROFILE") ?? config.default_profile ??
+    DEFAULT_PROFILE;
   let profile = config.profiles[chosen];
   if (!profile) {
     if (chosen !== DEFAULT_PROFILE) {
-      const known = [DEFAULT_PROFILE, ...Object.keys(config.profiles).filter((p) => p !== DEFAULT_PROFILE)];
+      const known = [
+        DEFAULT_PROFILE,
+        ...Object.keys(config.profiles).filter((p) => p !== DEFAULT_PROFILE),
+      ];
       throw new SandboxError("usage", `Unknown profile "${chosen}"`, {
         detail: `Defined profiles: ${known.join(", ")}`,
       });

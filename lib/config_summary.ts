@@ -28,7 +28,9 @@ export function quoteForTerminal(value: unknown): string {
 /** A name from the file: bare when it is a plain identifier, else quoted. */
 function label(value: unknown): string {
   if (typeof value === "number" || typeof value === "boolean") return String(value);
-  return typeof value === "string" && /^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$/.test(value) ? value : quoteForTerminal(value);
+  return typeof value === "string" && /^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$/.test(value)
+    ? value
+    : quoteForTerminal(value);
 }
 
 /**
@@ -38,12 +40,20 @@ function label(value: unknown): string {
 export function shellQuote(path: string): string {
   if (/^[A-Za-z0-9_\/.,:@%+=-]+$/.test(path)) return path;
   // deno-lint-ignore no-control-regex -- finding control characters is the point
-  if (!/[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/.test(path)) {
+  if (
+    !/[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/.test(
+      path,
+    )
+  ) {
     return `'${path.replaceAll("'", `'\\''`)}'`;
   }
   const bytes = new TextEncoder().encode(path);
-  const escaped = Array.from(bytes, (b) =>
-    b >= 0x20 && b < 0x7f && b !== 0x27 && b !== 0x5c ? String.fromCharCode(b) : `\\x${b.toString(16).padStart(2, "0")}`
+  const escaped = Array.from(
+    bytes,
+    (b) =>
+      b >= 0x20 && b < 0x7f && b !== 0x27 && b !== 0x5c
+        ? String.fromCharCode(b)
+        : `\\x${b.toString(16).padStart(2, "0")}`,
   ).join("");
   return `$'${escaped}'`;
 }
@@ -61,8 +71,12 @@ function names(value: unknown): string[] {
 }
 
 function keySource(value: unknown): string {
-  if (isObject(value) && "command" in value) return "a command run on the host (never allowed in a project file)";
-  if (isObject(value) && "env" in value) return `environment variable ${quoteForTerminal(value.env)}`;
+  if (isObject(value) && "command" in value) {
+    return "a command run on the host (never allowed in a project file)";
+  }
+  if (isObject(value) && "env" in value) {
+    return `environment variable ${quoteForTerminal(value.env)}`;
+  }
   return quoteForTerminal(value);
 }
 
@@ -80,7 +94,9 @@ export function summarizeConfig(text: string): string[] {
   }
   if (!isObject(doc)) return ["(no settings)"];
   const lines: string[] = [];
-  if (doc.default_profile !== undefined) lines.push(`default_profile ${quoteForTerminal(doc.default_profile)}`);
+  if (doc.default_profile !== undefined) {
+    lines.push(`default_profile ${quoteForTerminal(doc.default_profile)}`);
+  }
   const profiles = isObject(doc.profiles) ? doc.profiles : {};
   for (const [name, raw] of Object.entries(profiles)) {
     const where = `profile ${label(name)}:`;
@@ -92,7 +108,9 @@ export function summarizeConfig(text: string): string[] {
     const llm = isObject(raw.llm) ? raw.llm : {};
     const llmParts = [
       llm.provider !== undefined ? `provider ${quoteForTerminal(llm.provider)}` : "",
-      llm.base_url !== undefined ? `base_url ${quoteForTerminal(llm.base_url)} (where your key is sent)` : "",
+      llm.base_url !== undefined
+        ? `base_url ${quoteForTerminal(llm.base_url)} (where your key is sent)`
+        : "",
       llm.api !== undefined ? `api ${quoteForTerminal(llm.api)}` : "",
       llm.model !== undefined ? `model ${quoteForTerminal(llm.model)}` : "",
       llm.key !== undefined ? `key from ${keySource(llm.key)}` : "",
@@ -102,15 +120,21 @@ export function summarizeConfig(text: string): string[] {
     if (git.token !== undefined) lines.push(`${where} git token from ${keySource(git.token)}`);
     const sandbox = isObject(raw.sandbox) ? raw.sandbox : {};
     if (sandbox.mode !== undefined) {
-      const unsafe = sandbox.mode === "none" ? " (no isolation: the agent runs on this machine, as you)" : "";
+      const unsafe = sandbox.mode === "none"
+        ? " (no isolation: the agent runs on this machine, as you)"
+        : "";
       lines.push(`${where} sandbox.mode ${quoteForTerminal(sandbox.mode)}${unsafe}`);
     }
-    if (sandbox.image !== undefined) lines.push(`${where} image ${quoteForTerminal(sandbox.image)}`);
+    if (sandbox.image !== undefined) {
+      lines.push(`${where} image ${quoteForTerminal(sandbox.image)}`);
+    }
     if (sandbox.pool !== undefined) lines.push(`${where} pool ${quoteForTerminal(sandbox.pool)}`);
     const network = isObject(sandbox.network) ? sandbox.network : {};
     const networkParts = [
       network.mode !== undefined
-        ? `mode ${quoteForTerminal(network.mode)}${network.mode === "full" ? " (unrestricted outbound access)" : ""}`
+        ? `mode ${quoteForTerminal(network.mode)}${
+          network.mode === "full" ? " (unrestricted outbound access)" : ""
+        }`
         : "",
       network.allow !== undefined ? `allow ${names(network.allow).join(", ") || "nothing"}` : "",
       network.hosts !== undefined ? `hosts ${names(network.hosts).join(", ")}` : "",
@@ -118,16 +142,22 @@ export function summarizeConfig(text: string): string[] {
     if (networkParts.length) lines.push(`${where} network ${networkParts.join(", ")}`);
     const environment = isObject(sandbox.environment) ? sandbox.environment : {};
     const envParts = [
-      environment.passthrough !== undefined ? `passthrough ${names(environment.passthrough).join(", ")}` : "",
+      environment.passthrough !== undefined
+        ? `passthrough ${names(environment.passthrough).join(", ")}`
+        : "",
       environment.set !== undefined ? `set ${names(environment.set).join(", ")}` : "",
     ].filter(Boolean);
     if (envParts.length) lines.push(`${where} environment ${envParts.join("; ")}`);
     if (isObject(sandbox.resources)) {
-      const resources = Object.entries(sandbox.resources).map(([k, v]) => `${label(k)} ${label(v)}`);
+      const resources = Object.entries(sandbox.resources).map(([k, v]) =>
+        `${label(k)} ${label(v)}`
+      );
       if (resources.length) lines.push(`${where} resources ${resources.join(", ")}`);
     }
     if (lines.length === before) lines.push(`${where} defined, with the defaults`);
   }
   if (lines.length === 0) return ["(no settings)"];
-  return lines.length > MAX_LINES ? [...lines.slice(0, MAX_LINES), `… and ${lines.length - MAX_LINES} more`] : lines;
+  return lines.length > MAX_LINES
+    ? [...lines.slice(0, MAX_LINES), `… and ${lines.length - MAX_LINES} more`]
+    : lines;
 }

@@ -5,10 +5,16 @@
  * is closed); else null: too long, more than a line, cut short, or late. Read in chunks: the
  * peers this reads from say nothing after such a line until they are answered.
  */
-export async function readLine(conn: Deno.Conn, max: number, timeoutMs?: number): Promise<Uint8Array | null> {
+export async function readLine(
+  conn: Deno.Conn,
+  max: number,
+  timeoutMs?: number,
+): Promise<Uint8Array | null> {
   const buffer = new Uint8Array(max);
   let filled = 0;
-  const timer = timeoutMs === undefined ? undefined : setTimeout(() => closeQuietly(conn), timeoutMs);
+  const timer = timeoutMs === undefined
+    ? undefined
+    : setTimeout(() => closeQuietly(conn), timeoutMs);
   try {
     while (filled < max) {
       const n = await conn.read(buffer.subarray(filled));

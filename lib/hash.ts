@@ -15,7 +15,11 @@ export async function sha256HexOf(bytes: Uint8Array): Promise<string> {
  * 100 MB) is read once, not on every start. A cache that cannot be written only costs speed.
  */
 export async function fileSha256(path: string, cacheDir?: string): Promise<string> {
-  return await cachedByIdentity([path], cacheDir, async () => await sha256HexOf(await Deno.readFile(path)));
+  return await cachedByIdentity(
+    [path],
+    cacheDir,
+    async () => await sha256HexOf(await Deno.readFile(path)),
+  );
 }
 
 /**
@@ -38,7 +42,9 @@ export async function cachedByIdentity(
     // One is gone (or unreadable) meanwhile: no identity to remember it by.
     return await compute();
   }
-  const identity = paths.map((path, i) => [path, infos[i].dev, infos[i].ino, infos[i].size, infos[i].mtime?.getTime() ?? 0].join("\0"))
+  const identity = paths.map((path, i) =>
+    [path, infos[i].dev, infos[i].ino, infos[i].size, infos[i].mtime?.getTime() ?? 0].join("\0")
+  )
     .join("\0\0");
   const entry = `${cacheDir}/${(await sha256Hex(identity)).slice(0, 32)}.sha256`;
   const cached = (await Deno.readTextFile(entry).catch(() => "")).trim();
@@ -57,5 +63,8 @@ export async function cachedByIdentity(
 
 /** `bytes` random bytes, in hex. */
 export function randomHex(bytes: number): string {
-  return Array.from(crypto.getRandomValues(new Uint8Array(bytes)), (b) => b.toString(16).padStart(2, "0")).join("");
+  return Array.from(
+    crypto.getRandomValues(new Uint8Array(bytes)),
+    (b) => b.toString(16).padStart(2, "0"),
+  ).join("");
 }

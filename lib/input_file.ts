@@ -45,7 +45,10 @@ export async function readBounded(path: string, maxBytes: number): Promise<Bound
   try {
     file = await Deno.open(path, { read: true });
   } catch (error) {
-    return { kind: "unreadable", reason: error instanceof Deno.errors.NotFound ? "file not found" : (error as Error).message };
+    return {
+      kind: "unreadable",
+      reason: error instanceof Deno.errors.NotFound ? "file not found" : (error as Error).message,
+    };
   }
   using _ = file;
   try {
@@ -68,7 +71,10 @@ export async function readStdinBounded(maxBytes: number): Promise<BoundedRead> {
   }
 }
 
-async function readAtMost(reader: { read(buffer: Uint8Array): Promise<number | null> }, maxBytes: number): Promise<BoundedRead> {
+async function readAtMost(
+  reader: { read(buffer: Uint8Array): Promise<number | null> },
+  maxBytes: number,
+): Promise<BoundedRead> {
   const chunks: Uint8Array[] = [];
   let total = 0;
   for (;;) {
@@ -126,7 +132,9 @@ export function invalidUtf8Offset(bytes: Uint8Array): number {
 }
 
 /** `bytes` as text, or the offset of the first byte that is not UTF-8. */
-export function decodeUtf8(bytes: Uint8Array): { kind: "ok"; text: string } | { kind: "invalid"; offset: number } {
+export function decodeUtf8(
+  bytes: Uint8Array,
+): { kind: "ok"; text: string } | { kind: "invalid"; offset: number } {
   try {
     return { kind: "ok", text: new TextDecoder("utf-8", { fatal: true }).decode(bytes) };
   } catch (error) {
@@ -153,28 +161,46 @@ function named(path: string, name: InputName): string {
 /** The sentence a usage error starts with when an input is past its limit. */
 export function tooLargeMessage(path: string, name: InputName, maxBytes: number): string {
   const subject = named(path, name);
-  return `${subject[0].toUpperCase()}${subject.slice(1)} is larger than ${formatLimit(maxBytes)}, the limit for a ${name.limitFor ?? name.what}`;
+  return `${subject[0].toUpperCase()}${subject.slice(1)} is larger than ${
+    formatLimit(maxBytes)
+  }, the limit for a ${name.limitFor ?? name.what}`;
 }
 
 /**
  * `path`'s bytes ("-" is stdin, when `name.stdin` says how to call it), at most `maxBytes`: a usage
  * error (exit 2) naming the file and the problem otherwise.
  */
-export async function readInputBytes(path: string, maxBytes: number, name: InputName): Promise<Uint8Array> {
-  const read = path === "-" && name.stdin ? await readStdinBounded(maxBytes) : await readBounded(path, maxBytes);
-  if (read.kind === "too_large") throw new SandboxError("usage", tooLargeMessage(path, name, maxBytes));
-  if (read.kind === "unreadable") throw new SandboxError("usage", `Cannot read ${named(path, name)}: ${read.reason}`);
+export async function readInputBytes(
+  path: string,
+  maxBytes: number,
+  name: InputName,
+): Promise<Uint8Array> {
+  const read = path === "-" && name.stdin
+    ? await readStdinBounded(maxBytes)
+    : await readBounded(path, maxBytes);
+  if (read.kind === "too_large") {
+    throw new SandboxError("usage", tooLargeMessage(path, name, maxBytes));
+  }
+  if (read.kind === "unreadable") {
+    throw new SandboxError("usage", `Cannot read ${named(path, name)}: ${read.reason}`);
+  }
   return read.bytes;
 }
 
 /** `readInputBytes`, as UTF-8 text: a usage error naming the first byte that is not UTF-8. */
-export async function readInputText(path: string, maxBytes: number, name: InputName): Promise<string> {
+export async function readInputText(
+  path: string,
+  maxBytes: number,
+  name: InputName,
+): Promise<string> {
   const decoded = decodeUtf8(await readInputBytes(path, maxBytes, name));
   if (decoded.kind === "invalid") {
     const subject = named(path, name);
     throw new SandboxError(
       "usage",
-      `${subject[0].toUpperCase()}${subject.slice(1)} is not UTF-8 text: invalid byte at offset ${decoded.offset}`,
+      `${subject[0].toUpperCase()}${
+        subject.slice(1)
+      } is not UTF-8 text: invalid byte at offset ${decoded.offset}`,
     );
   }
   return decoded.text;
@@ -191,14 +217,21 @@ export function checkPromptFits(
   options: { instructions?: string; profile: Pick<Profile, "name" | "llm"> },
 ): void {
   const { instructions, profile } = options;
-  const maxRequestBodyBytes = parseSize(profile.llm.max_request_body) ?? DEFAULT_MAX_REQUEST_BODY_BYTES;
+  const maxRequestBodyBytes = parseSize(profile.llm.max_request_body) ??
+    DEFAULT_MAX_REQUEST_BODY_BYTES;
   const encoder = new TextEncoder();
-  const bytes = encoder.encode(prompt).length + (instructions ? encoder.encode(instructions).length : 0);
+  const bytes = encoder.encode(prompt).length +
+    (instructions ? encoder.encode(instructions).length : 0);
   const share = Math.floor(maxRequestBodyBytes / 2);
   if (bytes <= Math.min(MAX_PROMPT_BYTES, share)) return;
   const what = instructions ? "The prompt with its instructions" : "The prompt";
   const limit = share < MAX_PROMPT_BYTES
-    ? `${formatLimit(share)}, half of profiles.${profile.name}.llm.max_request_body (${formatLimit(maxRequestBodyBytes)})`
+    ? `${formatLimit(share)}, half of profiles.${profile.name}.llm.max_request_body (${
+      formatLimit(maxRequestBodyBytes)
+    })`
     : `${formatLimit(MAX_PROMPT_BYTES)}, the limit for a prompt`;
-  throw new SandboxError("usage", `${what} (${formatBytes(bytes)}) is too large for an LLM request: at most ${limit}`);
+  throw new SandboxError(
+    "usage",
+    `${what} (${formatBytes(bytes)}) is too large for an LLM request: at most ${limit}`,
+  );
 }

@@ -16,7 +16,10 @@ export class StdoutWriter {
    * next write (order kept, far fewer writes per event); it waits only past 1 MiB of backlog.
    * The owner must `flush()` before exiting.
    */
-  constructor(out: { write(p: Uint8Array): Promise<number> } = Deno.stdout, options: { buffered?: boolean } = {}) {
+  constructor(
+    out: { write(p: Uint8Array): Promise<number> } = Deno.stdout,
+    options: { buffered?: boolean } = {},
+  ) {
     this.#out = out;
     this.#buffered = options.buffered ?? false;
   }

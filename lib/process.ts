@@ -164,7 +164,9 @@ export class ChildProcess implements Child {
     try {
       const status = await this.#child.status;
       let grace: ReturnType<typeof setTimeout> | undefined;
-      if (stop.timedOut || stop.aborted) grace = setTimeout(() => stopStderr.abort(), STDERR_GRACE_MS);
+      if (stop.timedOut || stop.aborted) {
+        grace = setTimeout(() => stopStderr.abort(), STDERR_GRACE_MS);
+      }
       const stderr = await stderrTail;
       clearTimeout(grace);
       this.#exited = true;
@@ -247,7 +249,10 @@ export function spawn(argv: readonly string[], options?: SpawnOptions): ChildPro
  * outlives this process, and a Ctrl-C meant for this process does not reach it. Its output is
  * discarded; nothing reports how it ended.
  */
-export function spawnDetached(argv: readonly string[], options: { env?: Record<string, string> } = {}): void {
+export function spawnDetached(
+  argv: readonly string[],
+  options: { env?: Record<string, string> } = {},
+): void {
   if (argv.length === 0) throw new TypeError("Cannot run an empty command");
   try {
     const child = new Deno.Command(argv[0], {
@@ -260,7 +265,9 @@ export function spawnDetached(argv: readonly string[], options: { env?: Record<s
     }).spawn();
     child.unref();
   } catch (error) {
-    if (error instanceof Deno.errors.NotFound) throw new ProgramNotFoundError(argv[0], { cause: error });
+    if (error instanceof Deno.errors.NotFound) {
+      throw new ProgramNotFoundError(argv[0], { cause: error });
+    }
     throw error;
   }
 }
@@ -292,7 +299,10 @@ export function outcomeError(
   message: string,
 ): SandboxError {
   if (outcome.timedOut) {
-    return new SandboxError("timeout", `${message}: timed out after ${Math.round(outcome.durationMs)} ms`);
+    return new SandboxError(
+      "timeout",
+      `${message}: timed out after ${Math.round(outcome.durationMs)} ms`,
+    );
   }
   if (outcome.aborted) return new SandboxError("interrupted", `${message}: interrupted`);
   return new CommandExitError(code, `${message}: exit code ${outcome.exitCode}`, outcome);
@@ -364,7 +374,11 @@ export function closeOnAbort(signal: AbortSignal | undefined, close: () => unkno
  * `stdout` as lines of at most `maxChars`; a longer line raises `LineTooLongError` after `stop`
  * ends the producer (a process, an exec), whose further output nobody would read.
  */
-export async function* linesOrStop(stdout: ReadableStream<Uint8Array>, maxChars: number, stop: () => void): AsyncGenerator<string> {
+export async function* linesOrStop(
+  stdout: ReadableStream<Uint8Array>,
+  maxChars: number,
+  stop: () => void,
+): AsyncGenerator<string> {
   const reader = readLines(stdout, maxChars).getReader();
   try {
     while (true) {

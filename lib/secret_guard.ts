@@ -119,14 +119,19 @@ export interface SandboxInput {
  * names the sandbox (`sandbox "sandbox-work"`). The message names the variable, argument or file and
  * the secret's source, never the value.
  */
-export function assertNoSecrets(target: string, input: SandboxInput, secrets: readonly KnownSecret[] = knownSecrets()): void {
+export function assertNoSecrets(
+  target: string,
+  input: SandboxInput,
+  secrets: readonly KnownSecret[] = knownSecrets(),
+): void {
   if (secrets.length === 0) return;
   const refuse = (where: string, secret: KnownSecret): never => {
     throw new SandboxError(
       "config_invalid",
       `Refusing to pass a secret into ${target}: ${where} contains the value of ${secret.source}`,
       {
-        detail: "Secrets never enter a sandbox: LLM keys and git tokens reach their upstreams through the host-side proxies",
+        detail:
+          "Secrets never enter a sandbox: LLM keys and git tokens reach their upstreams through the host-side proxies",
       },
     );
   };

@@ -46,7 +46,14 @@ const MAX_SPARSE_SEGMENTS = 1 << 20;
 const PIECE_BYTES = 1 << 20;
 
 type Kind = "file" | "sparse" | "directory" | "symlink" | "hardlink";
-const ENTRY_KINDS: Record<string, Kind> = { "0": "file", "\0": "file", S: "sparse", "5": "directory", "2": "symlink", "1": "hardlink" };
+const ENTRY_KINDS: Record<string, Kind> = {
+  "0": "file",
+  "\0": "file",
+  S: "sparse",
+  "5": "directory",
+  "2": "symlink",
+  "1": "hardlink",
+};
 const REFUSED_KINDS: Record<string, string> = {
   "3": "a character device",
   "4": "a block device",
@@ -134,16 +141,25 @@ class Extraction {
   readonly #umask = processUmask();
   #nameBytes = 0;
 
-  constructor(readonly reader: ByteReader, readonly root: string, readonly options: TarExtractOptions) {
+  constructor(
+    readonly reader: ByteReader,
+    readonly root: string,
+    readonly options: TarExtractOptions,
+  ) {
     this.#maxName = options.maxNameBytes ?? MAX_TAR_NAME_BYTES;
     this.#maxEntries = options.maxEntries ?? MAX_TAR_ENTRIES;
   }
 
   fail(reason: string, entry?: string): SandboxError {
     const what = this.options.what ?? "Cannot extract the archive";
-    return new SandboxError("exec_failed", `${what}: ${entry === undefined ? "" : `${quote(entry)} `}${reason}`, {
-      detail: "Nothing was written: only regular files, directories and symbolic links are copied out, inside the copy",
-    });
+    return new SandboxError(
+      "exec_failed",
+      `${what}: ${entry === undefined ? "" : `${quote(entry)} `}${reason}`,
+      {
+        detail:
+          "Nothing was written: only regular files, directories and symbolic links are copied out, inside the copy",
+      },
+    );
   }
 
   async run(): Promise<number> {
@@ -152,7 +168,9 @@ class Extraction {
     let meta: Meta = {};
     for (;;) {
       const block = await this.reader.exact(BLOCK);
-      if (block.byteLength === 0) throw this.fail("the archive ends without its end marker (truncated)");
+      if (block.byteLength === 0) {
+        throw this.fail("the archive ends without its end marker (truncated)");
+      }
       if (block.byteLength < BLOCK) throw this.fail("the archive ends inside a header (truncated)");
       if (isZero(block)) {
         if (meta.longName !== undefined || meta.longLink !== undefined || meta.pax) {
@@ -168,7 +186,9 @@ class Extraction {
       }
       const entry = this.#entry(header, meta);
       meta = {};
-      if (this.#made.size >= this.#maxEntries) throw this.fail(`holds more than ${this.#maxEntries} members`, "the archive");
+      if (this.#made.size >= this.#maxEntries) {
+        throw this.fail(`holds more than ${this.#maxEntries} members`, "the archive");
+      }
       await this.#extract(entry);
     }
     for (const directory of this.#directories.reverse()) {
@@ -183,7 +203,9 @@ class Extraction {
   /** The second zero block, and nothing but zeros after it. */
   async #end(): Promise<void> {
     const second = await this.reader.exact(BLOCK);
-    if (second.byteLength < BLOCK) throw this.fail("the archive ends after a single zero block (truncated)");
+    if (second.byteLength < BLOCK) {
+      throw this.fail("the archive ends after a single zero block (truncated)");
+    }
     if (!isZero(second)) throw this.fail("the archive has data after a zero block");
     for (;;) {
       const piece = await this.reader.some(PIECE_BYTES);
@@ -202,16 +224,22 @@ class Extraction {
       unsigned += byte;
       signed += byte > 127 ? byte - 256 : byte;
     }
-    if (stored === undefined || (stored !== unsigned && stored !== signed)) throw this.fail(`${at} has a bad checksum`);
+    if (stored === undefined || (stored !== unsigned && stored !== signed)) {
+      throw this.fail(`${at} has a bad checksum`);
+    }
     const magic = latin1(block.subarray(257, 265));
     const gnu = magic === "ustar  \0";
-    if (!gnu && magic !== "ustar\u000000") throw this.fail(`${at} is not a ustar or GNU tar header`);
+    if (!gnu && magic !== "ustar\u000000") {
+      throw this.fail(`${at} is not a ustar or GNU tar header`);
+    }
     const name = this.#text(block.subarray(0, 100), at);
     const prefix = gnu ? "" : this.#text(block.subarray(345, 500), at);
     const mode = numberField(block, 100, 8);
     const size = numberField(block, 124, 12);
     const mtime = numberField(block, 136, 12);
-    if (mode === undefined || size === undefined || mtime === undefined) throw this.fail(`${at} has a malformed number`);
+    if (mode === undefined || size === undefined || mtime === undefined) {
+      throw this.fail(`${at} has a malformed number`);
+    }
     return {
       name: prefix ? `${prefix}/${name}` : name,
       mode,
@@ -241,7 +269,9 @@ class Extraction {
   /** A GNU long name or link (`L`, `K`) or a pax header (`x`), for the member that follows. */
   async #meta(header: Header, meta: Meta): Promise<Meta> {
     const limit = header.type === "x" ? MAX_PAX_BYTES : this.#maxName + 1;
-    const at = `the ${header.type === "x" ? "pax header" : "long name"} at byte ${this.reader.position - BLOCK}`;
+    const at = `the ${header.type === "x" ? "pax header" : "long name"} at byte ${
+      this.reader.position - BLOCK
+    }`;
     if (header.size > limit) throw this.fail(`${at} is longer than ${limit} bytes`);
     const body = await this.#body(header.size, at);
     if (header.type === "x") {
@@ -281,10 +311,18 @@ class Extraction {
       const key = this.#utf8(record.subarray(0, equals), at);
       const value = this.#utf8(record.subarray(equals + 1), at);
       if (records.has(key)) throw this.fail(`${at} names "${key}" twice`);
-      if (key.startsWith("GNU.sparse.")) throw this.fail(`${at} describes a pax sparse file, which is not supported`);
-      if ((key === "path" || key === "linkpath") && value.includes("\0")) throw this.fail(`${at} has a ${key} holding a NUL`);
-      if (key === "size" && !/^[0-9]{1,15}$/.test(value)) throw this.fail(`${at} has a malformed size`);
-      if (key === "mtime" && !/^-?[0-9]{1,15}(\.[0-9]{1,9})?$/.test(value)) throw this.fail(`${at} has a malformed mtime`);
+      if (key.startsWith("GNU.sparse.")) {
+        throw this.fail(`${at} describes a pax sparse file, which is not supported`);
+      }
+      if ((key === "path" || key === "linkpath") && value.includes("\0")) {
+        throw this.fail(`${at} has a ${key} holding a NUL`);
+      }
+      if (key === "size" && !/^[0-9]{1,15}$/.test(value)) {
+        throw this.fail(`${at} has a malformed size`);
+      }
+      if (key === "mtime" && !/^-?[0-9]{1,15}(\.[0-9]{1,9})?$/.test(value)) {
+        throw this.fail(`${at} has a malformed mtime`);
+      }
       records.set(key, value);
       offset = end;
     }
@@ -295,7 +333,10 @@ class Extraction {
   #entry(header: Header, meta: Meta): Entry {
     const paxPath = meta.pax?.get("path");
     const paxLink = meta.pax?.get("linkpath");
-    if ((paxPath !== undefined && meta.longName !== undefined) || (paxLink !== undefined && meta.longLink !== undefined)) {
+    if (
+      (paxPath !== undefined && meta.longName !== undefined) ||
+      (paxLink !== undefined && meta.longLink !== undefined)
+    ) {
       throw this.fail("has both a GNU long name and a pax one", header.name);
     }
     const name = paxPath ?? meta.longName ?? header.name;
@@ -306,28 +347,45 @@ class Extraction {
       const what = REFUSED_KINDS[header.type] ?? `of tar type ${JSON.stringify(header.type)}`;
       throw this.fail(`is ${what}: refused`, name);
     }
-    if (kind === "sparse" && !header.gnu) throw this.fail("is a sparse file in a header that is not GNU", name);
-    if (kind !== "file" && kind !== "sparse" && size !== 0) throw this.fail(`is a ${kind} that carries data`, name);
+    if (kind === "sparse" && !header.gnu) {
+      throw this.fail("is a sparse file in a header that is not GNU", name);
+    }
+    if (kind !== "file" && kind !== "sparse" && size !== 0) {
+      throw this.fail(`is a ${kind} that carries data`, name);
+    }
     const parts = this.#parts(name);
     if (this.options.top !== undefined && parts[0] !== this.options.top) {
       throw this.fail(`is outside ${quote(this.options.top)}, the one thing copied`, name);
     }
-    return { name, path: parts.join("/"), mode: header.mode, size, mtime, kind, linkname: paxLink ?? meta.longLink ?? header.linkname, header };
+    return {
+      name,
+      path: parts.join("/"),
+      mode: header.mode,
+      size,
+      mtime,
+      kind,
+      linkname: paxLink ?? meta.longLink ?? header.linkname,
+      header,
+    };
   }
 
   /** A member name's components: relative, no `..`, within the length caps. */
   #parts(name: string): string[] {
     const bytes = new TextEncoder().encode(name).byteLength;
-    if (bytes > this.#maxName) throw this.fail(`has a name longer than ${this.#maxName} bytes`, name);
+    if (bytes > this.#maxName) {
+      throw this.fail(`has a name longer than ${this.#maxName} bytes`, name);
+    }
     if (name.startsWith("/")) throw this.fail("has an absolute name: refused", name);
     const parts = name.split("/").filter((part) => part !== "" && part !== ".");
-    if (parts.includes("..")) throw this.fail("has a \"..\" component: refused", name);
+    if (parts.includes("..")) throw this.fail('has a ".." component: refused', name);
     if (parts.length === 0) throw this.fail("names the destination itself", name);
     if (parts.some((part) => new TextEncoder().encode(part).byteLength > MAX_COMPONENT_BYTES)) {
       throw this.fail(`has a component longer than ${MAX_COMPONENT_BYTES} bytes`, name);
     }
     this.#nameBytes += bytes;
-    if (this.#nameBytes > MAX_TAR_NAMES_BYTES) throw this.fail(`has names longer than ${MAX_TAR_NAMES_BYTES} bytes in all`, "the archive");
+    if (this.#nameBytes > MAX_TAR_NAMES_BYTES) {
+      throw this.fail(`has names longer than ${MAX_TAR_NAMES_BYTES} bytes in all`, "the archive");
+    }
     return parts;
   }
 
@@ -346,7 +404,9 @@ class Extraction {
         break;
       case "symlink": {
         const bytes = new TextEncoder().encode(entry.linkname).byteLength;
-        if (bytes === 0 || bytes > this.#maxName) throw this.fail(`is a symbolic link with a target of ${bytes} bytes`, entry.name);
+        if (bytes === 0 || bytes > this.#maxName) {
+          throw this.fail(`is a symbolic link with a target of ${bytes} bytes`, entry.name);
+        }
         await this.#fs(entry.name, () => Deno.symlink(entry.linkname, abs));
         this.#made.set(entry.path, "symlink");
         break;
@@ -354,7 +414,12 @@ class Extraction {
       case "hardlink": {
         const target = this.#parts(entry.linkname).join("/");
         if (this.#made.get(target) !== "file") {
-          throw this.fail(`is a hard link to ${quote(entry.linkname)}, which is not a file extracted before it: refused`, entry.name);
+          throw this.fail(
+            `is a hard link to ${
+              quote(entry.linkname)
+            }, which is not a file extracted before it: refused`,
+            entry.name,
+          );
         }
         await this.#fs(entry.name, () => Deno.link(`${this.root}/${target}`, abs));
         this.#made.set(entry.path, "file");
@@ -368,24 +433,38 @@ class Extraction {
    * a link, nor a file), which lstat confirms is a directory.
    */
   async #place(entry: Entry): Promise<string> {
-    if (this.#made.has(entry.path)) throw this.fail("is named twice in the archive: refused", entry.name);
+    if (this.#made.has(entry.path)) {
+      throw this.fail("is named twice in the archive: refused", entry.name);
+    }
     const slash = entry.path.lastIndexOf("/");
     const parent = slash === -1 ? "" : entry.path.slice(0, slash);
     if (parent !== "") {
       const made = this.#made.get(parent);
-      if (made === "symlink") throw this.fail(`is inside ${quote(parent)}, a symbolic link: nothing is written through a link`, entry.name);
-      if (made !== "directory") throw this.fail(`comes without its directory ${quote(parent)} before it`, entry.name);
+      if (made === "symlink") {
+        throw this.fail(
+          `is inside ${quote(parent)}, a symbolic link: nothing is written through a link`,
+          entry.name,
+        );
+      }
+      if (made !== "directory") {
+        throw this.fail(`comes without its directory ${quote(parent)} before it`, entry.name);
+      }
     }
     const dir = parent === "" ? this.root : `${this.root}/${parent}`;
     const info = await this.#fs(entry.name, () => Deno.lstat(dir));
-    if (!info.isDirectory) throw this.fail(`is inside ${quote(parent)}, which is no longer a directory`, entry.name);
+    if (!info.isDirectory) {
+      throw this.fail(`is inside ${quote(parent)}, which is no longer a directory`, entry.name);
+    }
     return `${this.root}/${entry.path}`;
   }
 
   /** A regular file (GNU sparse ones with their holes), created new, its mode set last. */
   async #file(abs: string, entry: Entry): Promise<void> {
     const segments = entry.kind === "sparse" ? await this.#sparseMap(entry) : undefined;
-    const file = await this.#fs(entry.name, () => Deno.open(abs, { write: true, createNew: true, mode: 0o600 }));
+    const file = await this.#fs(
+      entry.name,
+      () => Deno.open(abs, { write: true, createNew: true, mode: 0o600 }),
+    );
     try {
       this.#made.set(entry.path, "file");
       if (segments) {
@@ -398,11 +477,15 @@ class Extraction {
         await this.#copy(file, entry.size, entry);
       }
       const padding = (BLOCK - (entry.size % BLOCK)) % BLOCK;
-      if ((await this.reader.exact(padding)).byteLength < padding) throw this.fail("ends inside its data (truncated)", entry.name);
+      if ((await this.reader.exact(padding)).byteLength < padding) {
+        throw this.fail("ends inside its data (truncated)", entry.name);
+      }
       await this.#fs(entry.name, async () => {
         await file.utime(new Date(), entry.mtime);
         const [opened, named] = await Promise.all([file.stat(), Deno.lstat(abs)]);
-        if (!named.isFile || named.ino !== opened.ino || named.dev !== opened.dev) throw new Error("replaced while it was written");
+        if (!named.isFile || named.ino !== opened.ino || named.dev !== opened.dev) {
+          throw new Error("replaced while it was written");
+        }
         await Deno.chmod(abs, this.#mode(entry.mode));
       });
     } finally {
@@ -417,13 +500,17 @@ class Extraction {
       const piece = await this.reader.some(Math.min(left, PIECE_BYTES));
       if (!piece) throw this.fail("ends inside its data (truncated)", entry.name);
       let written = 0;
-      while (written < piece.byteLength) written += await this.#fs(entry.name, () => file.write(piece.subarray(written)));
+      while (written < piece.byteLength) {
+        written += await this.#fs(entry.name, () => file.write(piece.subarray(written)));
+      }
       left -= piece.byteLength;
     }
   }
 
   /** An old-GNU sparse map: four segments in the header, 21 more in each extension block. */
-  async #sparseMap(entry: Entry): Promise<{ list: { offset: number; length: number }[]; realSize: number }> {
+  async #sparseMap(
+    entry: Entry,
+  ): Promise<{ list: { offset: number; length: number }[]; realSize: number }> {
     const list: { offset: number; length: number }[] = [];
     const read = (block: Uint8Array, start: number, count: number) => {
       for (let i = 0; i < count; i++) {
@@ -431,8 +518,12 @@ class Extraction {
         if (block[at] === 0) return;
         const offset = numberField(block, at, 12);
         const length = numberField(block, at + 12, 12);
-        if (offset === undefined || length === undefined) throw this.fail("has a malformed sparse map", entry.name);
-        if (list.length >= MAX_SPARSE_SEGMENTS) throw this.fail(`has more than ${MAX_SPARSE_SEGMENTS} sparse segments`, entry.name);
+        if (offset === undefined || length === undefined) {
+          throw this.fail("has a malformed sparse map", entry.name);
+        }
+        if (list.length >= MAX_SPARSE_SEGMENTS) {
+          throw this.fail(`has more than ${MAX_SPARSE_SEGMENTS} sparse segments`, entry.name);
+        }
         list.push({ offset, length });
       }
     };
@@ -441,7 +532,9 @@ class Extraction {
     let extended = block[482] !== 0;
     while (extended) {
       const more = await this.reader.exact(BLOCK);
-      if (more.byteLength < BLOCK) throw this.fail("ends inside its sparse map (truncated)", entry.name);
+      if (more.byteLength < BLOCK) {
+        throw this.fail("ends inside its sparse map (truncated)", entry.name);
+      }
       read(more, 0, 21);
       extended = more[504] !== 0;
     }
@@ -449,13 +542,17 @@ class Extraction {
     let end = 0;
     let stored = 0;
     for (const segment of list) {
-      if (realSize === undefined || segment.offset < end || segment.offset + segment.length > realSize) {
+      if (
+        realSize === undefined || segment.offset < end || segment.offset + segment.length > realSize
+      ) {
         throw this.fail("has a sparse map out of order or past its size", entry.name);
       }
       end = segment.offset + segment.length;
       stored += segment.length;
     }
-    if (realSize === undefined || stored !== entry.size) throw this.fail("has a sparse map that does not match its data", entry.name);
+    if (realSize === undefined || stored !== entry.size) {
+      throw this.fail("has a sparse map that does not match its data", entry.name);
+    }
     return { list, realSize };
   }
 

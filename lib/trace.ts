@@ -22,5 +22,7 @@ export function tracing(): boolean {
 /** One trace line on stderr (when SANDBOX_TRACE is set). */
 export function trace(label: string): void {
   if (!enabled) return;
-  Deno.stderr.writeSync(encoder.encode(`sandbox: trace ${performance.now().toFixed(1)} ms ${label}\n`));
+  Deno.stderr.writeSync(
+    encoder.encode(`sandbox: trace ${performance.now().toFixed(1)} ms ${label}\n`),
+  );
 }

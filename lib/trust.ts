@@ -55,7 +55,10 @@ async function readStore(path: string): Promise<TrustEntry[]> {
     text = await Deno.readTextFile(path);
   } catch (error) {
     if (error instanceof Deno.errors.NotFound) return [];
-    throw new SandboxError("config_invalid", `Cannot read the trust store "${path}": ${(error as Error).message}`);
+    throw new SandboxError(
+      "config_invalid",
+      `Cannot read the trust store "${path}": ${(error as Error).message}`,
+    );
   }
   let parsed;
   try {
@@ -64,9 +67,14 @@ async function readStore(path: string): Promise<TrustEntry[]> {
     parsed = undefined;
   }
   if (!parsed?.success) {
-    throw new SandboxError("config_invalid", `Cannot read the trust store "${path}": it is not a trust store`, {
-      detail: "Remove it (every project file is then untrusted) and trust your files again with: sandbox trust FILE",
-    });
+    throw new SandboxError(
+      "config_invalid",
+      `Cannot read the trust store "${path}": it is not a trust store`,
+      {
+        detail:
+          "Remove it (every project file is then untrusted) and trust your files again with: sandbox trust FILE",
+      },
+    );
   }
   return parsed.data.trusted;
 }
@@ -103,12 +111,18 @@ export async function trustContent(
     sha256: await sha256OfBytes(bytes),
     trusted_at: new Date().toISOString(),
   };
-  await updateStore(storePath, (entries) => [...entries.filter((e) => e.file !== entry.file), entry]);
+  await updateStore(
+    storePath,
+    (entries) => [...entries.filter((e) => e.file !== entry.file), entry],
+  );
   return entry;
 }
 
 /** Forget the trust in `file`; false when it was not trusted. */
-export async function revokeTrust(file: string, storePath: string = trustStorePath()): Promise<boolean> {
+export async function revokeTrust(
+  file: string,
+  storePath: string = trustStorePath(),
+): Promise<boolean> {
   const key = await trustKey(file);
   let found = false;
   await updateStore(storePath, (entries) => {
@@ -128,12 +142,20 @@ export async function listTrust(
     const read = await readBounded(entry.file, MAX_CONFIG_BYTES);
     if (read.kind === "unreadable") return { ...entry, state: "missing" as const };
     if (read.kind === "too_large") return { ...entry, state: "changed" as const };
-    return { ...entry, state: await sha256OfBytes(read.bytes) === entry.sha256 ? "trusted" as const : "changed" as const };
+    return {
+      ...entry,
+      state: await sha256OfBytes(read.bytes) === entry.sha256
+        ? "trusted" as const
+        : "changed" as const,
+    };
   }));
 }
 
 /** Read, change and atomically replace the store, holding its lock throughout. */
-async function updateStore(path: string, change: (entries: TrustEntry[]) => TrustEntry[]): Promise<void> {
+async function updateStore(
+  path: string,
+  change: (entries: TrustEntry[]) => TrustEntry[],
+): Promise<void> {
   const dir = path.replace(/\/[^/]*$/, "") || "/";
   await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
   using lock = await Deno.open(`${path}.lock`, { create: true, write: true, mode: 0o600 });
@@ -143,14 +165,24 @@ async function updateStore(path: string, change: (entries: TrustEntry[]) => Trus
     const text = JSON.stringify({ version: 1, trusted: entries }, null, 2) + "\n";
     const temporary = `${path}.${crypto.randomUUID()}.tmp`;
     try {
-      using file = await Deno.open(temporary, { create: true, write: true, truncate: true, mode: 0o600 });
+      using file = await Deno.open(temporary, {
+        create: true,
+        write: true,
+        truncate: true,
+        mode: 0o600,
+      });
       const bytes = new TextEncoder().encode(text);
-      for (let written = 0; written < bytes.length;) written += await file.write(bytes.subarray(written));
+      for (let written = 0; written < bytes.length;) {
+        written += await file.write(bytes.subarray(written));
+      }
       await file.syncData();
       await Deno.rename(temporary, path);
     } catch (error) {
       await Deno.remove(temporary).catch(() => {});
-      throw new SandboxError("config_invalid", `Cannot write the trust store "${path}": ${(error as Error).message}`);
+      throw new SandboxError(
+        "config_invalid",
+        `Cannot write the trust store "${path}": ${(error as Error).message}`,
+      );
     }
   } finally {
     await lock.unlock();

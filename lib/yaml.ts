@@ -35,7 +35,9 @@ export function loadYaml(): Promise<Yaml> {
 
 /** The `yaml` module, which must have been loaded (`await loadYaml()`). */
 export function yaml(): Yaml {
-  if (!loaded) throw new Error("Internal error: the yaml module is used before loadYaml() finished");
+  if (!loaded) {
+    throw new Error("Internal error: the yaml module is used before loadYaml() finished");
+  }
   return loaded;
 }
 
@@ -57,7 +59,12 @@ export function parseYamlDocument(text: string): YamlDocument {
   const Y = yaml();
   const lineCounter = new Y.LineCounter();
   const doc = Y.parseDocument(text, { prettyErrors: true, lineCounter });
-  if (doc.errors.length > 0) return { kind: "invalid", errors: doc.errors.map((e) => `YAML syntax: ${e.message}`) };
+  if (doc.errors.length > 0) {
+    return {
+      kind: "invalid",
+      errors: doc.errors.map((e) => `YAML syntax: ${e.message}`),
+    };
+  }
   const unresolved = unresolvedAliases(doc, lineCounter);
   if (unresolved.length > 0) return { kind: "invalid", errors: unresolved };
   try {
@@ -66,7 +73,10 @@ export function parseYamlDocument(text: string): YamlDocument {
     // The module's own checks on what its aliases expand to (their count, an alias within its
     // own anchor): the document's fault, not ours.
     if (!(error instanceof ReferenceError)) throw error;
-    return { kind: "invalid", errors: [`YAML alias: ${error.message} (at most ${MAX_YAML_ALIAS_COUNT} alias expansions)`] };
+    return {
+      kind: "invalid",
+      errors: [`YAML alias: ${error.message} (at most ${MAX_YAML_ALIAS_COUNT} alias expansions)`],
+    };
   }
 }
 
@@ -74,7 +84,10 @@ export function parseYamlDocument(text: string): YamlDocument {
  * Every alias (`*name`) with no anchor (`&name`) before it, in one pass over the document: the
  * anchors seen so far are the ones an alias may name (YAML 1.2, 7.1).
  */
-function unresolvedAliases(doc: YamlModule.Document, lineCounter: YamlModule.LineCounter): string[] {
+function unresolvedAliases(
+  doc: YamlModule.Document,
+  lineCounter: YamlModule.LineCounter,
+): string[] {
   const Y = yaml();
   const anchors = new Set<string>();
   const problems: string[] = [];
@@ -84,7 +97,9 @@ function unresolvedAliases(doc: YamlModule.Document, lineCounter: YamlModule.Lin
         if (anchors.has(node.source)) return;
         const at = node.range ? lineCounter.linePos(node.range[0]) : undefined;
         const where = at ? ` at line ${at.line}, column ${at.col}` : "";
-        problems.push(`YAML alias: *${node.source}${where} names no anchor (&${node.source}) set before it`);
+        problems.push(
+          `YAML alias: *${node.source}${where} names no anchor (&${node.source}) set before it`,
+        );
       } else if (node.anchor) anchors.add(node.anchor);
     },
   });

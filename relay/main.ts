@@ -181,7 +181,11 @@ class Carried {
 }
 
 /** Socket path: each accepted connection gets its own connection to the service's socket. */
-async function serveSocket(listener: Deno.TcpListener, path: string, carried?: Carried): Promise<void> {
+async function serveSocket(
+  listener: Deno.TcpListener,
+  path: string,
+  carried?: Carried,
+): Promise<void> {
   for await (const conn of listener) {
     conn.setNoDelay(true);
     const session = carried?.session ?? 0;

@@ -15,7 +15,9 @@ try {
   const text = finishBundle(await Deno.readTextFile(file));
   // The CLI's own start pays for a two-byte source on every command: keep it ASCII.
   if (option === "--require-ascii" && !isAscii(text)) {
-    throw new BundleShapeError("a character outside ASCII is left where escaping it could change the code (see lib/sandbox/bundle_text.ts)");
+    throw new BundleShapeError(
+      "a character outside ASCII is left where escaping it could change the code (see lib/sandbox/bundle_text.ts)",
+    );
   }
   await Deno.writeTextFile(file, text);
 } catch (error) {

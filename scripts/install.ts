@@ -15,7 +15,11 @@ const binDir = (Deno.env.get("SANDBOX_INSTALL_DIR") || `${home}/.local/bin`).rep
 const libDir = `${binDir.replace(/\/[^/]*$/, "") || "/"}/lib/sandbox`.replace(/^\/\//, "/");
 const say = (line: string) => console.error(`install: ${line}`);
 
-const bundled = await new Deno.Command("bash", { args: [`${root}/scripts/bundle.sh`], stdout: "inherit", stderr: "inherit" })
+const bundled = await new Deno.Command("bash", {
+  args: [`${root}/scripts/bundle.sh`],
+  stdout: "inherit",
+  stderr: "inherit",
+})
   .output();
 if (!bundled.success) {
   say("building the bundle failed (see above)");
@@ -29,7 +33,9 @@ const bundle = `${libDir}/sandbox.js`;
 await Deno.copyFile(`${root}/dist/sandbox.js`, `${bundle}.${Deno.pid}.tmp`);
 await Deno.rename(`${bundle}.${Deno.pid}.tmp`, bundle);
 
-const unstable = ((denoJson as { unstable?: string[] }).unstable ?? []).map((feature) => `--unstable-${feature}`);
+const unstable = ((denoJson as { unstable?: string[] }).unstable ?? []).map((feature) =>
+  `--unstable-${feature}`
+);
 const quote = (text: string) => `'${text.replaceAll("'", `'\\''`)}'`;
 const launcher = `${binDir}/sandbox`;
 const script = `#!/bin/sh
@@ -42,7 +48,11 @@ await Deno.chmod(`${launcher}.${Deno.pid}.tmp`, 0o755);
 await Deno.rename(`${launcher}.${Deno.pid}.tmp`, launcher);
 
 say(`installed sandbox ${denoJson.version}: ${launcher} (runs ${bundle})`);
-const onPath = (Deno.env.get("PATH") ?? "").split(":").some((dir) => dir.replace(/\/+$/, "") === binDir);
+const onPath = (Deno.env.get("PATH") ?? "").split(":").some((dir) =>
+  dir.replace(/\/+$/, "") === binDir
+);
 if (!onPath) {
-  say(`${binDir} is not on your PATH: add it, e.g. echo 'export PATH="${binDir}:$PATH"' >> ~/.profile`);
+  say(
+    `${binDir} is not on your PATH: add it, e.g. echo 'export PATH="${binDir}:$PATH"' >> ~/.profile`,
+  );
 }

@@ -12,7 +12,7 @@
  *   usage: deno task mutate [NAME_SUBSTRING...]
  * Exit 0 when every mutation was caught; 1 otherwise, naming each one that survived.
  */
-import { MUTATIONS, type Mutation } from "../tests/mutations.ts";
+import { type Mutation, MUTATIONS } from "../tests/mutations.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const encoder = new TextEncoder();
@@ -74,7 +74,9 @@ async function check(dir: string, mutation: Mutation): Promise<string | undefine
   await Deno.writeTextFile(path, original.replace(mutation.find, () => mutation.replace));
   try {
     const result = await output(testArgv(mutation.tests), dir);
-    if (result.code === 0) return `the tests still pass with the defence removed (${mutation.tests.join(", ")})`;
+    if (result.code === 0) {
+      return `the tests still pass with the defence removed (${mutation.tests.join(", ")})`;
+    }
     return undefined;
   } finally {
     await Deno.writeTextFile(path, original);
@@ -82,7 +84,9 @@ async function check(dir: string, mutation: Mutation): Promise<string | undefine
 }
 
 async function main(filters: string[]): Promise<number> {
-  const selected = MUTATIONS.filter((m) => filters.length === 0 || filters.some((f) => m.name.includes(f)));
+  const selected = MUTATIONS.filter((m) =>
+    filters.length === 0 || filters.some((f) => m.name.includes(f))
+  );
   if (selected.length === 0) {
     say(`no mutation matches ${filters.map((f) => `"${f}"`).join(", ")}`);
     return 2;
@@ -93,7 +97,9 @@ async function main(filters: string[]): Promise<number> {
     say(`baseline: ${allTests.length} test file(s) must pass unmutated`);
     const baseline = await output(testArgv(allTests), dir);
     if (baseline.code !== 0) {
-      say("baseline failed: the tests fail without any mutation, so no mutation can prove anything");
+      say(
+        "baseline failed: the tests fail without any mutation, so no mutation can prove anything",
+      );
       Deno.stderr.writeSync(encoder.encode(baseline.text.slice(-4000) + "\n"));
       return 1;
     }
@@ -110,7 +116,9 @@ async function main(filters: string[]): Promise<number> {
         say(`${label}: caught (${seconds}s)`);
       }
     }
-    console.log(`mutations: ${selected.length - survivors.length} caught, ${survivors.length} not caught`);
+    console.log(
+      `mutations: ${selected.length - survivors.length} caught, ${survivors.length} not caught`,
+    );
     for (const survivor of survivors) console.log(`  not caught: ${survivor}`);
     return survivors.length === 0 ? 0 : 1;
   } finally {

@@ -9,7 +9,14 @@ import { SOURCE_LABEL } from "../lib/sandbox/devcontainer/image.ts";
 import { repoContainerOf, RunFixture } from "./_run_fixture.ts";
 
 export const KEY_ENV = "SANDBOX_E2E_DEVCONTAINER_KEY";
-const USER_GIT = ["-c", "user.name=Repo Owner", "-c", "user.email=owner@example.test", "-c", "commit.gpgsign=false"];
+const USER_GIT = [
+  "-c",
+  "user.name=Repo Owner",
+  "-c",
+  "user.email=owner@example.test",
+  "-c",
+  "commit.gpgsign=false",
+];
 
 // deno-lint-ignore no-explicit-any
 export type Wire = Record<string, any>;
@@ -22,7 +29,11 @@ export async function git(cwd: string, ...args: string[]): Promise<string> {
 }
 
 /** Write `files` (executable when the name ends in .sh) and commit them all; returns the commit. */
-export async function commitFiles(repo: string, files: Record<string, string>, message: string): Promise<string> {
+export async function commitFiles(
+  repo: string,
+  files: Record<string, string>,
+  message: string,
+): Promise<string> {
   for (const [name, content] of Object.entries(files)) {
     const file = `${repo}/${name}`;
     await Deno.mkdir(file.slice(0, file.lastIndexOf("/")), { recursive: true });
@@ -49,7 +60,13 @@ export class DevcontainerFixture extends RunFixture {
     files: Record<string, string>,
     sandboxYaml = "{mode: devcontainer}",
   ): Promise<DevcontainerFixture> {
-    const fixture = await DevcontainerFixture.make({ prefix, llmUrl, keyEnv: KEY_ENV, prompt: "Work on the repository.\n", sandboxYaml });
+    const fixture = await DevcontainerFixture.make({
+      prefix,
+      llmUrl,
+      keyEnv: KEY_ENV,
+      prompt: "Work on the repository.\n",
+      sandboxYaml,
+    });
     const path = `${fixture.dir.path}/${prefix}-repo`;
     await Deno.mkdir(path, { recursive: true });
     await git(path, "init", "-q", "-b", "main");
@@ -62,14 +79,34 @@ export class DevcontainerFixture extends RunFixture {
   /** `sandbox run agentic --repo REPO` for this profile, NDJSON on stdout. */
   runAgent(env: Record<string, string> = {}, args: string[] = []): Promise<RunResult> {
     return this.cli(
-      ["run", "agentic", "--prompt-file", this.promptFile, "--profile", this.profile, "--format", "ndjson", "--repo", this.repo, ...args],
+      [
+        "run",
+        "agentic",
+        "--prompt-file",
+        this.promptFile,
+        "--profile",
+        this.profile,
+        "--format",
+        "ndjson",
+        "--repo",
+        this.repo,
+        ...args,
+      ],
       env,
     );
   }
 
   /** Ids of the images built for this fixture's repository, newest first. */
   async images(): Promise<string[]> {
-    const listed = await run(["docker", "images", "--no-trunc", "--filter", `label=${SOURCE_LABEL}=${this.repo}`, "--format", "{{.ID}} {{.CreatedAt}}"]);
+    const listed = await run([
+      "docker",
+      "images",
+      "--no-trunc",
+      "--filter",
+      `label=${SOURCE_LABEL}=${this.repo}`,
+      "--format",
+      "{{.ID}} {{.CreatedAt}}",
+    ]);
     return listed.stdout.split("\n").filter(Boolean).map((l) => l.split(" ")[0]);
   }
 
@@ -96,7 +133,9 @@ export function parseLines(stdout: string, context: string): Wire[] {
 
 /** The output of the execute tool calls, in order. */
 export function executeOutputs(messages: Wire[]): string[] {
-  return messages.filter((m) => m.type === "tool_result" && m.tool_name === "execute").map((m) => m.tool_output);
+  return messages.filter((m) => m.type === "tool_result" && m.tool_name === "execute").map((m) =>
+    m.tool_output
+  );
 }
 
 /** `KEY=value` lines of an output, as a record. */

@@ -16,7 +16,13 @@
  */
 
 export type AgentStep =
-  | { kind: "tool"; name: string; input: Record<string, unknown>; text?: string; reasoning?: string }
+  | {
+    kind: "tool";
+    name: string;
+    input: Record<string, unknown>;
+    text?: string;
+    reasoning?: string;
+  }
   | { kind: "text"; text: string };
 
 export interface AgentLlmRequest {
@@ -44,12 +50,20 @@ export function anthropicSse(step: AgentStep, n: number, model: string): string 
       content: [],
       stop_reason: null,
       stop_sequence: null,
-      usage: { input_tokens: STEP_USAGE.input, cache_read_input_tokens: STEP_USAGE.cacheRead, cache_creation_input_tokens: 0, output_tokens: 1 },
+      usage: {
+        input_tokens: STEP_USAGE.input,
+        cache_read_input_tokens: STEP_USAGE.cacheRead,
+        cache_creation_input_tokens: 0,
+        output_tokens: 1,
+      },
     },
   }];
   const blocks: { start: Record<string, unknown>; delta: Record<string, unknown> }[] = [];
   if (step.kind === "tool" && step.reasoning) {
-    blocks.push({ start: { type: "thinking", thinking: "", signature: "" }, delta: { type: "thinking_delta", thinking: step.reasoning } });
+    blocks.push({
+      start: { type: "thinking", thinking: "", signature: "" },
+      delta: { type: "thinking_delta", thinking: step.reasoning },
+    });
   }
   const text = step.text;
   if (text) blocks.push({ start: { type: "text", text: "" }, delta: { type: "text_delta", text } });
@@ -62,7 +76,13 @@ export function anthropicSse(step: AgentStep, n: number, model: string): string 
   blocks.forEach((block, index) => {
     events.push({ type: "content_block_start", index, content_block: block.start });
     events.push({ type: "content_block_delta", index, delta: block.delta });
-    if (block.start.type === "thinking") events.push({ type: "content_block_delta", index, delta: { type: "signature_delta", signature: "c2ln" } });
+    if (block.start.type === "thinking") {
+      events.push({
+        type: "content_block_delta",
+        index,
+        delta: { type: "signature_delta", signature: "c2ln" },
+      });
+    }
     events.push({ type: "content_block_stop", index });
   });
   events.push({
@@ -78,19 +98,51 @@ export function anthropicSse(step: AgentStep, n: number, model: string): string 
 export function responsesSse(step: AgentStep, n: number, model: string): string {
   const output: Record<string, unknown>[] = [];
   if (step.kind === "tool" && step.reasoning) {
-    output.push({ type: "reasoning", id: `rs_${n}`, summary: [{ type: "summary_text", text: step.reasoning }] });
+    output.push({
+      type: "reasoning",
+      id: `rs_${n}`,
+      summary: [{ type: "summary_text", text: step.reasoning }],
+    });
   }
   const text = step.text;
   if (text) {
-    output.push({ type: "message", id: `msg_${n}`, role: "assistant", status: "completed", content: [{ type: "output_text", text, annotations: [] }] });
+    output.push({
+      type: "message",
+      id: `msg_${n}`,
+      role: "assistant",
+      status: "completed",
+      content: [{ type: "output_text", text, annotations: [] }],
+    });
   }
   if (step.kind === "tool") {
-    output.push({ type: "function_call", id: `fc_${n}`, call_id: `call_${n}`, name: step.name, arguments: JSON.stringify(step.input), status: "completed" });
+    output.push({
+      type: "function_call",
+      id: `fc_${n}`,
+      call_id: `call_${n}`,
+      name: step.name,
+      arguments: JSON.stringify(step.input),
+      status: "completed",
+    });
   }
-  const response = { id: `resp_${n}`, object: "response", created_at: 1_700_000_000 + n, model, status: "in_progress", output: [] as unknown[] };
-  const events: Record<string, unknown>[] = [{ type: "response.created", sequence_number: 0, response }];
+  const response = {
+    id: `resp_${n}`,
+    object: "response",
+    created_at: 1_700_000_000 + n,
+    model,
+    status: "in_progress",
+    output: [] as unknown[],
+  };
+  const events: Record<string, unknown>[] = [{
+    type: "response.created",
+    sequence_number: 0,
+    response,
+  }];
   output.forEach((item, index) => {
-    events.push({ type: "response.output_item.added", output_index: index, item: { ...item, status: "in_progress" } });
+    events.push({
+      type: "response.output_item.added",
+      output_index: index,
+      item: { ...item, status: "in_progress" },
+    });
     events.push({ type: "response.output_item.done", output_index: index, item });
   });
   events.push({
@@ -119,9 +171,17 @@ export class FakeAgentLlm implements AsyncDisposable {
   #closed = false;
   #hold: { reached: () => void; released: Promise<void> } | undefined;
 
-  constructor(readonly api: "anthropic" | "responses", script: AgentStep[], readonly key: string, readonly model = "fake-model") {
+  constructor(
+    readonly api: "anthropic" | "responses",
+    script: AgentStep[],
+    readonly key: string,
+    readonly model = "fake-model",
+  ) {
     this.#script = [...script];
-    this.#server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, (req) => this.#handle(req));
+    this.#server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      (req) => this.#handle(req),
+    );
   }
 
   /** The provider base URL a profile names: `http://127.0.0.1:PORT/v1`. */
@@ -163,10 +223,21 @@ export class FakeAgentLlm implements AsyncDisposable {
     const keyed = this.api === "anthropic"
       ? req.headers.get("x-api-key") === this.key
       : req.headers.get("authorization") === `Bearer ${this.key}`;
-    if (!keyed) return Response.json({ type: "error", error: { type: "authentication_error", message: "invalid key" } }, { status: 401 });
-    if (this.api === "anthropic" && url.pathname === "/v1/messages/count_tokens") return Response.json({ input_tokens: 10 });
+    if (!keyed) {
+      return Response.json({
+        type: "error",
+        error: { type: "authentication_error", message: "invalid key" },
+      }, { status: 401 });
+    }
+    if (this.api === "anthropic" && url.pathname === "/v1/messages/count_tokens") {
+      return Response.json({ input_tokens: 10 });
+    }
     const route = this.api === "anthropic" ? "/v1/messages" : "/v1/responses";
-    if (url.pathname !== route) return Response.json({ error: { type: "not_found", message: `no route ${url.pathname}` } }, { status: 404 });
+    if (url.pathname !== route) {
+      return Response.json({ error: { type: "not_found", message: `no route ${url.pathname}` } }, {
+        status: 404,
+      });
+    }
     const hold = this.#hold;
     if (hold) {
       this.#hold = undefined;
@@ -175,10 +246,15 @@ export class FakeAgentLlm implements AsyncDisposable {
     }
     const step = this.#script.shift();
     if (!step) {
-      return Response.json({ type: "error", error: { type: "invalid_request_error", message: "fake: the script is exhausted" } }, { status: 400 });
+      return Response.json({
+        type: "error",
+        error: { type: "invalid_request_error", message: "fake: the script is exhausted" },
+      }, { status: 400 });
     }
     const n = ++this.#served;
-    const text = this.api === "anthropic" ? anthropicSse(step, n, this.model) : responsesSse(step, n, this.model);
+    const text = this.api === "anthropic"
+      ? anthropicSse(step, n, this.model)
+      : responsesSse(step, n, this.model);
     return new Response(text, { headers: { "content-type": "text/event-stream" } });
   }
 }

@@ -96,9 +96,18 @@ export class FakeLlm implements AsyncDisposable {
 
   /** The last tool result in the last request it received: what the agent's last command printed. */
   lastToolOutput(): string {
-    const messages = (this.requests.at(-1)?.body?.messages ?? []) as { role: string; content: unknown }[];
+    const messages = (this.requests.at(-1)?.body?.messages ?? []) as {
+      role: string;
+      content: unknown;
+    }[];
     const tool = messages.filter((m) => m.role === "tool").at(-1);
-    if (!tool) throw new Error(`no tool result in the request: ${JSON.stringify(this.requests.at(-1)?.body ?? {}).slice(0, 500)}`);
+    if (!tool) {
+      throw new Error(
+        `no tool result in the request: ${
+          JSON.stringify(this.requests.at(-1)?.body ?? {}).slice(0, 500)
+        }`,
+      );
+    }
     return typeof tool.content === "string" ? tool.content : JSON.stringify(tool.content);
   }
   /** Sum of the usage reported in responses so far. */

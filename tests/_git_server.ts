@@ -15,7 +15,10 @@ export class GitHttpServer implements AsyncDisposable {
   constructor(root: string, token: string) {
     this.root = root;
     this.token = token;
-    this.#server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, (req) => this.#handle(req));
+    this.#server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      (req) => this.#handle(req),
+    );
   }
 
   /** URL of repository `name` (a bare repository `<root>/<name>`). */
@@ -26,10 +29,15 @@ export class GitHttpServer implements AsyncDisposable {
   async #handle(req: Request): Promise<Response> {
     const auth = req.headers.get("authorization");
     this.authorizations.push(auth);
-    const password = auth?.startsWith("Basic ") ? atob(auth.slice(6)).split(":").slice(1).join(":") : undefined;
+    const password = auth?.startsWith("Basic ")
+      ? atob(auth.slice(6)).split(":").slice(1).join(":")
+      : undefined;
     if (password !== this.token) {
       await req.body?.cancel();
-      return new Response("auth required\n", { status: 401, headers: { "www-authenticate": 'Basic realm="test"' } });
+      return new Response("auth required\n", {
+        status: 401,
+        headers: { "www-authenticate": 'Basic realm="test"' },
+      });
     }
     const url = new URL(req.url);
     const body = new Uint8Array(await req.arrayBuffer());

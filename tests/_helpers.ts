@@ -12,7 +12,8 @@ export const CLI = `${ROOT}/cli.ts`;
  */
 export const DOCKER_AVAILABLE: boolean = await (async () => {
   try {
-    return (await run(["docker", "info", "--format", "{{.ServerVersion}}"], { timeoutMs: 20_000 })).exitCode === 0;
+    return (await run(["docker", "info", "--format", "{{.ServerVersion}}"], { timeoutMs: 20_000 }))
+      .exitCode === 0;
   } catch {
     return false;
   }
@@ -27,12 +28,16 @@ export function dockerTest(): { ignore: boolean } {
 /** Fail with a clear message when CI runs a Docker test without an engine. */
 export function assertDocker(): void {
   if (!DOCKER_AVAILABLE) {
-    throw new Error("CI is set but no Docker engine is reachable: run scripts/provision.sh (docker info failed)");
+    throw new Error(
+      "CI is set but no Docker engine is reachable: run scripts/provision.sh (docker info failed)",
+    );
   }
 }
 
 /** A temporary directory removed on dispose. */
-export async function tempDir(prefix = "sandbox-test-"): Promise<AsyncDisposable & { path: string }> {
+export async function tempDir(
+  prefix = "sandbox-test-",
+): Promise<AsyncDisposable & { path: string }> {
   const path = await Deno.makeTempDir({ prefix });
   return {
     path,
@@ -64,7 +69,15 @@ export function spawnCli(args: string[], options: CliOptions = {}) {
 }
 
 function cliArgv(args: string[], config?: string): string[] {
-  return [Deno.execPath(), "run", "-A", "--quiet", CLI, ...(config ? ["--config", config] : []), ...args];
+  return [
+    Deno.execPath(),
+    "run",
+    "-A",
+    "--quiet",
+    CLI,
+    ...(config ? ["--config", config] : []),
+    ...args,
+  ];
 }
 
 /** Failure output for assertion messages. */
@@ -82,16 +95,25 @@ export async function docker(...args: string[]): Promise<string> {
 /** Remove every container, network and volume of a profile, by label (test cleanup). */
 export async function removeProfile(profile: string): Promise<void> {
   const filter = `label=dev.sandbox.profile=${profile}`;
-  const containers = (await run(["docker", "ps", "-aq", "--filter", filter])).stdout.split("\n").filter(Boolean);
+  const containers = (await run(["docker", "ps", "-aq", "--filter", filter])).stdout.split("\n")
+    .filter(Boolean);
   if (containers.length) await run(["docker", "rm", "-f", ...containers]);
-  const networks = (await run(["docker", "network", "ls", "-q", "--filter", filter])).stdout.split("\n").filter(Boolean);
+  const networks = (await run(["docker", "network", "ls", "-q", "--filter", filter])).stdout.split(
+    "\n",
+  ).filter(Boolean);
   if (networks.length) await run(["docker", "network", "rm", ...networks]);
-  const volumes = (await run(["docker", "volume", "ls", "-q", "--filter", filter])).stdout.split("\n").filter(Boolean);
+  const volumes = (await run(["docker", "volume", "ls", "-q", "--filter", filter])).stdout.split(
+    "\n",
+  ).filter(Boolean);
   if (volumes.length) await run(["docker", "volume", "rm", "-f", ...volumes]);
 }
 
 /** Write a config file with one profile and return its path. */
-export async function writeConfig(dir: string, yaml: string, name = "sandbox.yaml"): Promise<string> {
+export async function writeConfig(
+  dir: string,
+  yaml: string,
+  name = "sandbox.yaml",
+): Promise<string> {
   const path = `${dir}/${name}`;
   await Deno.writeTextFile(path, yaml);
   return path;
@@ -113,12 +135,16 @@ export interface InspectedMount {
 export function unexpectedBinds(mounts: InspectedMount[] | null | undefined): InspectedMount[] {
   return (mounts ?? []).filter((m) =>
     m.Type === "bind" &&
-    !(m.Destination === PROXY_MOUNT_PATH && m.RW === false && /^\/tmp\/sandbox-proxy-[0-9a-f]+\/[0-9a-f]+$/.test(m.Source ?? ""))
+    !(m.Destination === PROXY_MOUNT_PATH && m.RW === false &&
+      /^\/tmp\/sandbox-proxy-[0-9a-f]+\/[0-9a-f]+$/.test(m.Source ?? ""))
   );
 }
 
 /** Run `fn` with these variables set (undefined: unset), then put them back. */
-export async function withEnv<T>(vars: Record<string, string | undefined>, fn: () => Promise<T>): Promise<T> {
+export async function withEnv<T>(
+  vars: Record<string, string | undefined>,
+  fn: () => Promise<T>,
+): Promise<T> {
   const saved = Object.fromEntries(Object.keys(vars).map((name) => [name, Deno.env.get(name)]));
   const apply = (values: Record<string, string | undefined>) => {
     for (const [name, value] of Object.entries(values)) {
@@ -143,5 +169,8 @@ export function profileFrom(yaml: string, name: string): Profile {
 
 /** A profile `name` whose LLM is the custom upstream at `baseUrl`, its key read from `$keyEnv`. */
 export function upstreamProfile(name: string, baseUrl: string, keyEnv: string): Profile {
-  return profileFrom(`profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${baseUrl}", key: {env: ${keyEnv}}}\n`, name);
+  return profileFrom(
+    `profiles:\n  ${name}:\n    llm: {provider: custom, base_url: "${baseUrl}", key: {env: ${keyEnv}}}\n`,
+    name,
+  );
 }

@@ -16,7 +16,10 @@ export class LiveCli implements AsyncDisposable {
   readonly #stderrDone: Promise<void>;
   readonly #deadline: ReturnType<typeof setTimeout>;
 
-  constructor(args: string[], options: { config: string; env: Record<string, string>; timeoutMs?: number }) {
+  constructor(
+    args: string[],
+    options: { config: string; env: Record<string, string>; timeoutMs?: number },
+  ) {
     this.child = new Deno.Command(Deno.execPath(), {
       args: ["run", "-A", "--quiet", CLI, "--config", options.config, ...args],
       env: options.env,

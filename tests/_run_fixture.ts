@@ -15,10 +15,20 @@ import { FAKE_LLM_KEY } from "./_fake_llm.ts";
  * The shared container of `profile`'s runs on repository `repo` (a path or URL; no commit needed),
  * or of its agent CLI `agent`'s runs there.
  */
-export async function repoContainerOf(profile: string, repo: string, agent?: string): Promise<string> {
-  const top = async () => (await run(["git", "-C", repo, "rev-parse", "--show-toplevel"])).stdout.trim();
-  const key = isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : await localRepoKey(await top());
-  return sandboxNames(profile, [agent, `repo-${(await sandboxRepo(key)).id}`].filter(Boolean).join("-")).container;
+export async function repoContainerOf(
+  profile: string,
+  repo: string,
+  agent?: string,
+): Promise<string> {
+  const top = async () =>
+    (await run(["git", "-C", repo, "rev-parse", "--show-toplevel"])).stdout.trim();
+  const key = isRemoteUrl(repo)
+    ? (await resolveRemoteRepo(repo)).key
+    : await localRepoKey(await top());
+  return sandboxNames(
+    profile,
+    [agent, `repo-${(await sandboxRepo(key)).id}`].filter(Boolean).join("-"),
+  ).container;
 }
 
 /** Kills a CLI that hangs, so that a broken build fails the test instead of stalling it. */
@@ -51,9 +61,19 @@ export class RunFixture implements AsyncDisposable {
    */
   static async make<T extends RunFixture>(
     this: new (dir: { path: string } & AsyncDisposable, prefix: string, keyEnv: string) => T,
-    options: { prefix: string; llmUrl: string; keyEnv: string; prompt: string; sandboxYaml?: string },
+    options: {
+      prefix: string;
+      llmUrl: string;
+      keyEnv: string;
+      prompt: string;
+      sandboxYaml?: string;
+    },
   ): Promise<T> {
-    const fixture = new this(await tempDir(`sandbox-e2e-${options.prefix}-`), options.prefix, options.keyEnv);
+    const fixture = new this(
+      await tempDir(`sandbox-e2e-${options.prefix}-`),
+      options.prefix,
+      options.keyEnv,
+    );
     fixture.config = await writeConfig(
       fixture.dir.path,
       `profiles:\n  ${fixture.profile}:\n` +
@@ -95,7 +115,11 @@ export class RunFixture implements AsyncDisposable {
 
   /** `sandbox ARGS` to completion, with this fixture's config and environment (plus `env`). */
   cli(args: string[], env: Record<string, string> = {}): Promise<RunResult> {
-    return runCli(args, { config: this.config, env: { ...this.env, ...env }, timeoutMs: CLI_TIMEOUT_MS });
+    return runCli(args, {
+      config: this.config,
+      env: { ...this.env, ...env },
+      timeoutMs: CLI_TIMEOUT_MS,
+    });
   }
 
   async meta(id: string): Promise<RunMeta> {

@@ -53,7 +53,9 @@ function padded(data: Uint8Array): Uint8Array {
 
 /** One header block and its data. */
 export function member(name: string, options: MemberOptions = {}): Uint8Array {
-  const data = typeof options.data === "string" ? encoder.encode(options.data) : options.data ?? new Uint8Array(0);
+  const data = typeof options.data === "string"
+    ? encoder.encode(options.data)
+    : options.data ?? new Uint8Array(0);
   const block = new Uint8Array(512);
   put(block, 0, 100, name);
   octal(block, 100, 8, options.mode ?? 0o644);
@@ -78,10 +80,14 @@ export function member(name: string, options: MemberOptions = {}): Uint8Array {
   return concat(block, padded(data));
 }
 
-export const file = (name: string, data: string | Uint8Array, options: MemberOptions = {}) => member(name, { ...options, data });
-export const dir = (name: string, options: MemberOptions = {}) => member(name, { mode: 0o755, ...options, type: "5" });
-export const symlink = (name: string, target: string) => member(name, { type: "2", mode: 0o777, linkname: target });
-export const hardlink = (name: string, target: string) => member(name, { type: "1", linkname: target });
+export const file = (name: string, data: string | Uint8Array, options: MemberOptions = {}) =>
+  member(name, { ...options, data });
+export const dir = (name: string, options: MemberOptions = {}) =>
+  member(name, { mode: 0o755, ...options, type: "5" });
+export const symlink = (name: string, target: string) =>
+  member(name, { type: "2", mode: 0o777, linkname: target });
+export const hardlink = (name: string, target: string) =>
+  member(name, { type: "1", linkname: target });
 
 /** A GNU long name (`L`) or long link target (`K`) for the member that follows. */
 export function longName(name: string, type: "L" | "K" = "L"): Uint8Array {

@@ -5,15 +5,30 @@
 import { run } from "../lib/process.ts";
 
 /** A tmpfs of `sizeBytes` mounted on `path` (made if missing) until disposed. */
-export async function mountTmpfs(path: string, sizeBytes: number): Promise<AsyncDisposable & { path: string }> {
+export async function mountTmpfs(
+  path: string,
+  sizeBytes: number,
+): Promise<AsyncDisposable & { path: string }> {
   await Deno.mkdir(path, { recursive: true });
-  const mounted = await run(["mount", "-t", "tmpfs", "-o", `size=${sizeBytes},mode=0755`, "tmpfs", path]);
-  if (mounted.exitCode !== 0) throw new Error(`Cannot mount a tmpfs on ${path} (the tests need root): ${mounted.stderr}`);
+  const mounted = await run([
+    "mount",
+    "-t",
+    "tmpfs",
+    "-o",
+    `size=${sizeBytes},mode=0755`,
+    "tmpfs",
+    path,
+  ]);
+  if (mounted.exitCode !== 0) {
+    throw new Error(`Cannot mount a tmpfs on ${path} (the tests need root): ${mounted.stderr}`);
+  }
   return {
     path,
     async [Symbol.asyncDispose]() {
       const unmounted = await run(["umount", path]);
-      if (unmounted.exitCode !== 0) throw new Error(`Cannot unmount the tmpfs on ${path}: ${unmounted.stderr}`);
+      if (unmounted.exitCode !== 0) {
+        throw new Error(`Cannot unmount the tmpfs on ${path}: ${unmounted.stderr}`);
+      }
     },
   };
 }

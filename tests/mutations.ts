@@ -36,7 +36,21 @@ const AGENT_ROUTE_TESTS = ["tests/unit/agent_api_routes_test.ts"];
 
 /** Every rule of the secret-name pattern, each dropped on its own. */
 const SECRET_NAME_RULES: Mutation[] = [
-  ...["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "PRIVATE", "AUTH", "COOKIE", "SESSION", "DSN", "DATABASE_URL"]
+  ...[
+    "KEY",
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "PRIVATE",
+    "AUTH",
+    "COOKIE",
+    "SESSION",
+    "DSN",
+    "DATABASE_URL",
+  ]
     .map((word) => ({
       name: `secret-name pattern without ${word}`,
       file: SECRET_GUARD,
@@ -123,8 +137,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "git push of any ref allowed",
     file: GIT_PROTOCOL,
-    find: `if (update.ref !== allowed) return`,
-    replace: `if (false) return`,
+    find: `if (update.ref !== allowed) {`,
+    replace: `if (false) {`,
     tests: ["tests/unit/git_proxy_test.ts"],
   },
   {
@@ -151,21 +165,23 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "git push: several updates of the allowed branch in one push allowed",
     file: GIT_PROTOCOL,
-    find: `if (updates.length > 1) return`,
-    replace: `if (false) return`,
+    find: `if (updates.length > 1) {`,
+    replace: `if (false) {`,
     tests: GIT_TESTS,
   },
   {
     name: "git push: a gzip-encoded push checked without decoding it",
     file: GIT_PROXY,
-    find: `const decoded = encoding ? source.pipeThrough(new DecompressionStream("gzip")) : source;`,
+    find:
+      `const decoded = encoding ? source.pipeThrough(new DecompressionStream("gzip")) : source;`,
     replace: `const decoded = source;`,
     tests: GIT_TESTS,
   },
   {
     name: "git push: command section read without a size bound",
     file: GIT_PROXY,
-    find: `if (commands ? commands.end > MAX_COMMAND_BYTES : buffered.byteLength >= MAX_COMMAND_BYTES) {`,
+    find:
+      `if (commands ? commands.end > MAX_COMMAND_BYTES : buffered.byteLength >= MAX_COMMAND_BYTES) {`,
     replace: `if (false) {`,
     tests: GIT_TESTS,
   },
@@ -193,15 +209,19 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "a project sandbox.yaml may use a key command",
     file: CONFIG,
-    find: `...(profile.llm.key && "command" in profile.llm.key ? [`,
-    replace: `...(false ? [`,
+    find: `...(profile.llm.key && "command" in profile.llm.key
+        ? [`,
+    replace: `...(false
+        ? [`,
     tests: ["tests/unit/config_test.ts"],
   },
   {
     name: "a project sandbox.yaml may use a git token command",
     file: CONFIG,
-    find: `...(profile.git.token && "command" in profile.git.token ? [`,
-    replace: `...(false ? [`,
+    find: `...(profile.git.token && "command" in profile.git.token
+        ? [`,
+    replace: `...(false
+        ? [`,
     tests: ["tests/unit/config_test.ts"],
   },
   {
@@ -235,28 +255,31 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "docker exec (or the waiting wrapper) passes a known secret in its environment or argv",
     file: DOCKER_PROVIDER,
-    find: "assertNoSecrets(`sandbox \"${this.names.container}\"`, { env: options.env, envKind: \"exec environment\", argv });",
+    find:
+      'assertNoSecrets(`sandbox "${this.names.container}"`, {\n      env: options.env,\n      envKind: "exec environment",\n      argv,\n    });',
     replace: ``,
     tests: SECRET_GUARD_TESTS,
   },
   {
     name: "the container environment may carry a known secret",
     file: DOCKER_PROVIDER,
-    find: "assertNoSecrets(`sandbox \"${this.names.container}\"`, { env: { ...env, ...this.profile.sandbox.environment.set }, envKind: \"container environment\" });",
+    find:
+      'assertNoSecrets(`sandbox "${this.names.container}"`, {\n      env: { ...env, ...this.profile.sandbox.environment.set },\n      envKind: "container environment",\n    });',
     replace: ``,
     tests: SECRET_GUARD_TESTS,
   },
   {
     name: "a file written into the sandbox may carry a known secret",
     file: DOCKER_PROVIDER,
-    find: "assertNoSecrets(`sandbox \"${this.names.container}\"`, { file: { path, data } });",
+    find: 'assertNoSecrets(`sandbox "${this.names.container}"`, { file: { path, data } });',
     replace: ``,
     tests: SECRET_GUARD_TESTS,
   },
   {
     name: "sandbox mode none passes a known secret to the host command",
     file: HOST_PROVIDER,
-    find: `assertNoSecrets("the host process (sandbox mode none)", { env: options.env, envKind: "environment", argv });`,
+    find:
+      `assertNoSecrets("the host process (sandbox mode none)", {\n    env: options.env,\n    envKind: "environment",\n    argv,\n  });`,
     replace: ``,
     tests: SECRET_GUARD_TESTS,
   },
@@ -275,7 +298,8 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/e2e/config_errors_test.ts"],
   },
   {
-    name: "credential proxy forwards every incoming header (the token as x-api-key reaches an OpenAI-style provider)",
+    name:
+      "credential proxy forwards every incoming header (the token as x-api-key reaches an OpenAI-style provider)",
     file: CREDENTIAL_PROXY,
     find: `const headers = forwardedHeaders(options.api, incoming, options.policy);`,
     replace: `const headers = new Headers(incoming);
@@ -419,7 +443,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "Responses API: tool search run by the provider passes",
     file: LLM_POLICY,
-    find: `if (type === "tool_search" && isObject(tool) && tool.execution === "client") return undefined;`,
+    find:
+      `if (type === "tool_search" && isObject(tool) && tool.execution === "client") return undefined;`,
     replace: `if (type === "tool_search") return undefined;`,
     tests: AGENT_ROUTE_TESTS,
   },
@@ -451,8 +476,10 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "an agent CLI's prompt goes on its command line",
     file: "lib/run/container_driver.ts",
-    find: `yield* this.#stream(["sh", "-c", ENTER_CWD, "sandbox-agent", options.cwd, ...launch.argv], {`,
-    replace: `yield* this.#stream(["sh", "-c", ENTER_CWD, "sandbox-agent", options.cwd, ...launch.argv, prompt], {`,
+    find:
+      `yield* this.#stream(["sh", "-c", ENTER_CWD, "sandbox-agent", options.cwd, ...launch.argv], {`,
+    replace:
+      `yield* this.#stream(["sh", "-c", ENTER_CWD, "sandbox-agent", options.cwd, ...launch.argv, prompt], {`,
     tests: ["tests/unit/agent_driver_test.ts"],
   },
   {
@@ -478,7 +505,8 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/host_provider_test.ts"],
   },
   {
-    name: "a run in sandbox mode none leaves its proxies serving its token after it ends (library use)",
+    name:
+      "a run in sandbox mode none leaves its proxies serving its token after it ends (library use)",
     file: "lib/run/run.ts",
     find: `    context.cleanups.push(() => proxies.close());`,
     replace: ``,
@@ -488,19 +516,20 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "an exec's variables go on the docker command line (the session token in `ps`)",
     file: "lib/sandbox/docker_env.ts",
-    find: "    args.push(\"--env\", `${EXEC_ENV_PREFIX}${name}`);",
-    replace: "    args.push(\"--env\", `${name}=${value}`);",
+    find: '    args.push("--env", `${EXEC_ENV_PREFIX}${name}`);',
+    replace: '    args.push("--env", `${name}=${value}`);',
     tests: ["tests/unit/docker_provider_test.ts"],
   },
   {
     name: "the container's variables go on the docker run command line",
     file: "lib/sandbox/docker_env.ts",
     find: `      args.push("--env", name);\n      clientEnv[name] = value;`,
-    replace: "      args.push(\"--env\", `${name}=${value}`);",
+    replace: '      args.push("--env", `${name}=${value}`);',
     tests: ["tests/unit/docker_provider_test.ts"],
   },
   {
-    name: "`sandbox exec --repo` shares the profile's development sandbox with every other repository",
+    name:
+      "`sandbox exec --repo` shares the profile's development sandbox with every other repository",
     file: DOCKER_PROVIDER,
     find: "const repo = options.repository ? `repo-${options.repository.id}` : undefined;",
     replace: "const repo = undefined;",
@@ -516,15 +545,16 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "the workspace volume is created without asking for a kernel quota",
     file: DOCKER_PROVIDER,
-    find: "[...create, \"--opt\", `size=${this.profile.resources.diskBytes}`, this.names.volume]",
+    find: '[...create, "--opt", `size=${this.profile.resources.diskBytes}`, this.names.volume]',
     replace: "[...create, this.names.volume]",
     tests: ["tests/unit/docker_provider_test.ts"],
   },
   {
     name: "the disk watch never stops a workspace growing past resources.disk",
     file: "lib/sandbox/disk_watch.ts",
-    find: `if (report[1] === "du" && bytes > options.limitBytes && previous !== undefined && bytes > previous) {`,
-    replace: "if (false) {",
+    find: `report[1] === "du" && bytes > options.limitBytes && previous !== undefined &&
+            bytes > previous`,
+    replace: "false",
     tests: ["tests/unit/disk_watch_test.ts"],
   },
   {
@@ -549,42 +579,47 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {
-    name: "the wrappers run on the readable perl: each is dumpable until its prctl (the agent attaches to it, or reads a waiting one's key)",
+    name:
+      "the wrappers run on the readable perl: each is dumpable until its prctl (the agent attaches to it, or reads a waiting one's key)",
     file: "scripts/sandbox-exec",
     find: "#!/usr/local/libexec/sandbox-perl\n",
     replace: "#!/usr/bin/perl\n",
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {
-    name: "the wrappers' interpreter is readable by the sandbox user (so they are dumpable until their prctl)",
+    name:
+      "the wrappers' interpreter is readable by the sandbox user (so they are dumpable until their prctl)",
     file: "Dockerfile",
-    find: "-m 0711 \"$(readlink -f /usr/bin/perl)\"",
-    replace: "-m 0755 \"$(readlink -f /usr/bin/perl)\"",
+    find: '-m 0711 "$(readlink -f /usr/bin/perl)"',
+    replace: '-m 0755 "$(readlink -f /usr/bin/perl)"',
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {
-    name: "a sweep kills an exec still starting (a command started beside another's end never runs)",
+    name:
+      "a sweep kills an exec still starting (a command started beside another's end never runs)",
     file: "scripts/sandbox-exec",
     find: "    $keep{$_} = 1 for grep { entered($table, $_) } keys %$table;\n",
     replace: "",
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {
-    name: "a process counts as started from outside whatever its parent (the agent's own undumpable orphans outlive every sweep)",
+    name:
+      "a process counts as started from outside whatever its parent (the agent's own undumpable orphans outlive every sweep)",
     file: "scripts/sandbox-exec",
-    find: "  return 0 unless $ppid == 0 && $pid != 1 && $state ne \"Z\";\n",
-    replace: "  return 0 unless $pid != 1 && $state ne \"Z\";\n",
+    find: '  return 0 unless $ppid == 0 && $pid != 1 && $state ne "Z";\n',
+    replace: '  return 0 unless $pid != 1 && $state ne "Z";\n',
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {
     name: "the sweep spares orphans",
     file: "scripts/sandbox-exec",
-    find: "    $killed += kill \"KILL\", @targets;",
-    replace: "    print \"swept $killed\\n\"; exit 0;",
+    find: '    $killed += kill "KILL", @targets;',
+    replace: '    print "swept $killed\\n"; exit 0;',
     tests: ["tests/security/leftover_processes_test.ts"],
   },
   {
-    name: "sandbox cp out takes any amount the sandbox sends (a file of holes fills the host's disk)",
+    name:
+      "sandbox cp out takes any amount the sandbox sends (a file of holes fills the host's disk)",
     file: DOCKER_PROVIDER,
     find: "          if (received > limitBytes) {",
     replace: "          if (false) {",
@@ -598,10 +633,16 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/copy_out_test.ts"],
   },
   {
-    name: "sandbox cp out accepts device and FIFO members (as plain files: the archive's word for what they are is taken)",
+    name:
+      "sandbox cp out accepts device and FIFO members (as plain files: the archive's word for what they are is taken)",
     file: "lib/tar_extract.ts",
-    find: `const ENTRY_KINDS: Record<string, Kind> = { "0": "file",`,
-    replace: `const ENTRY_KINDS: Record<string, Kind> = { "3": "file", "4": "file", "6": "file", "0": "file",`,
+    find: `const ENTRY_KINDS: Record<string, Kind> = {
+  "0": "file",`,
+    replace: `const ENTRY_KINDS: Record<string, Kind> = {
+  "3": "file",
+  "4": "file",
+  "6": "file",
+  "0": "file",`,
     tests: ["tests/unit/tar_extract_test.ts", "tests/security/copy_out_test.ts"],
   },
   {
@@ -619,14 +660,16 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/tar_extract_test.ts", "tests/security/copy_out_test.ts"],
   },
   {
-    name: "the quarantine imports a .gitmodules whose entries hold control characters (a submodule path ending in a carriage return)",
+    name:
+      "the quarantine imports a .gitmodules whose entries hold control characters (a submodule path ending in a carriage return)",
     file: "lib/repo/gitmodules.ts",
     find: "      if (CONTROL.test(key) || CONTROL.test(value)) {",
     replace: "      if (false) {",
     tests: ["tests/unit/result_import_test.ts"],
   },
   {
-    name: "the proxies' socket directory is mounted from the state directory (the sandbox's mount table shows the user's home)",
+    name:
+      "the proxies' socket directory is mounted from the state directory (the sandbox's mount table shows the user's home)",
     file: "lib/sandbox/proxy_mount.ts",
     find: "  return `${PROXY_MOUNT_TMP}/sandbox-proxy-${user}/${id}`;",
     replace: "  return `${userStateDir()}/proxy/${id}`;",
@@ -647,14 +690,16 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/docker_provider_test.ts", "tests/security/relay_test.ts"],
   },
   {
-    name: "the relay runs as the sandbox user (a leftover of the agent's uid can ptrace it, read its memory and token, kill it)",
+    name:
+      "the relay runs as the sandbox user (a leftover of the agent's uid can ptrace it, read its memory and token, kill it)",
     file: "lib/proxy/session.ts",
     find: "      RELAY_USER,\n",
-    replace: "      \"10001:10001\",\n",
+    replace: '      "10001:10001",\n',
     tests: ["tests/security/relay_uid_test.ts"],
   },
   {
-    name: "the relay's wrapper keeps its state in the sandbox user's /tmp directory (made first, it is the relay's; an agent's plant is used)",
+    name:
+      "the relay's wrapper keeps its state in the sandbox user's /tmp directory (made first, it is the relay's; an agent's plant is used)",
     file: "scripts/sandbox-exec",
     find: `my $STATE = $< == $SANDBOX_UID ? "/tmp/.sandbox-exec" : undef;`,
     replace: `my $STATE = "/tmp/.sandbox-exec";`,
@@ -668,63 +713,76 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/engine_api_test.ts"],
   },
   {
-    name: "a run's docker calls go to this machine's engine although DOCKER_CONTEXT names another one",
+    name:
+      "a run's docker calls go to this machine's engine although DOCKER_CONTEXT names another one",
     file: "lib/sandbox/engine_api.ts",
     find: `    if (context && context !== "default") return undefined;\n`,
     replace: ``,
     tests: ["tests/unit/engine_api_test.ts"],
   },
   {
-    name: "a run's docker calls go to this machine's engine although the CLI's config chooses another context",
+    name:
+      "a run's docker calls go to this machine's engine although the CLI's config chooses another context",
     file: "lib/sandbox/engine_api.ts",
     find: `    if (!context && !host && otherContextConfigured()) return undefined;\n`,
     replace: ``,
     tests: ["tests/unit/engine_api_test.ts"],
   },
   {
-    name: "a claimed spare relay is taken for the relay without its key (any connection to the control socket passes)",
+    name:
+      "a claimed spare relay is taken for the relay without its key (any connection to the control socket passes)",
     file: "lib/proxy/spare_relay.ts",
     find: `if (said && sameBytes(said, expected)) {`,
     replace: `if (said) {`,
     tests: ["tests/unit/spare_relay_test.ts", "tests/security/spare_relay_test.ts"],
   },
   {
-    name: "a spare relay that did not answer is left running (holding its ports, waiting) when the session passes it over",
+    name:
+      "a spare relay that did not answer is left running (holding its ports, waiting) when the session passes it over",
     file: "lib/proxy/spare_relay.ts",
     find: `    trace("session: spare relay did not answer");\n    await stopSpare();\n`,
     replace: `    trace("session: spare relay did not answer");\n`,
     tests: ["tests/unit/spare_relay_test.ts", "tests/security/spare_relay_test.ts"],
   },
   {
-    name: "a spare relay passed on keeps the connections it carried for the session that ended (the agent's open connection reaches the next session)",
+    name:
+      "a spare relay passed on keeps the connections it carried for the session that ended (the agent's open connection reaches the next session)",
     file: "relay/main.ts",
     find: `    for (const conn of this.#conns) close(conn);`,
     replace: ``,
     tests: ["tests/unit/spare_relay_test.ts"],
   },
   {
-    name: "a spare relay told nothing at its session's end serves again (a session that crashed, or would not pass it on, leaves it running)",
+    name:
+      "a spare relay told nothing at its session's end serves again (a session that crashed, or would not pass it on, leaves it running)",
     file: "relay/main.ts",
     find: `    if (!again) Deno.exit(0);`,
     replace: ``,
     tests: ["tests/unit/spare_relay_test.ts"],
   },
   {
-    name: "a claimed pooled container stays on offer (it is copied to claimed, not moved): it serves a second run",
+    name:
+      "a claimed pooled container stays on offer (it is copied to claimed, not moved): it serves a second run",
     file: "lib/sandbox/pool_records.ts",
-    find: "await Deno.rename(`${poolDir()}/ready/${name}.json`, `${poolDir()}/claimed/${claimedName(name, await self())}`);",
-    replace: "await Deno.copyFile(`${poolDir()}/ready/${name}.json`, `${poolDir()}/claimed/${claimedName(name, await self())}`);",
+    find:
+      "await Deno.rename(\n      `${poolDir()}/ready/${name}.json`,\n      `${poolDir()}/claimed/",
+    replace:
+      "await Deno.copyFile(\n      `${poolDir()}/ready/${name}.json`,\n      `${poolDir()}/claimed/",
     tests: ["tests/unit/pool_records_test.ts"],
   },
   {
-    name: "a pool claim that is not atomic (looked at, then taken): two runs at once win the same container",
+    name:
+      "a pool claim that is not atomic (looked at, then taken): two runs at once win the same container",
     file: "lib/sandbox/pool_records.ts",
-    find: "    await Deno.rename(`${poolDir()}/ready/${name}.json`, `${poolDir()}/claimed/${claimedName(name, await self())}`);",
-    replace: "    await Deno.stat(`${poolDir()}/ready/${name}.json`);\n    await new Promise((r) => setTimeout(r, 300));\n    await Deno.writeTextFile(`${poolDir()}/claimed/${claimedName(name, await self())}`, \"\");\n    await Deno.remove(`${poolDir()}/ready/${name}.json`).catch(() => {});",
+    find:
+      "    await Deno.rename(\n      `${poolDir()}/ready/${name}.json`,\n      `${poolDir()}/claimed/${claimedName(name, await self())}`,\n    );",
+    replace:
+      '    await Deno.stat(`${poolDir()}/ready/${name}.json`);\n    await new Promise((r) => setTimeout(r, 300));\n    await Deno.writeTextFile(`${poolDir()}/claimed/${claimedName(name, await self())}`, "");\n    await Deno.remove(`${poolDir()}/ready/${name}.json`).catch(() => {});',
     tests: ["tests/unit/pool_records_test.ts"],
   },
   {
-    name: "a run's container is kept after the run: what its agent left (a spy, a squatter) lives on",
+    name:
+      "a run's container is kept after the run: what its agent left (a spy, a squatter) lives on",
     file: "lib/run/run.ts",
     find: "  if (!keep.worktree && !keep.branch) return await destroy(sandbox);",
     replace: "  if (!keep.worktree && !keep.branch) return;",
@@ -738,16 +796,18 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/cross_run_test.ts"],
   },
   {
-    name: "a reused pid passes for the holder of a run's container (the container of a killed CLI is never reaped)",
+    name:
+      "a reused pid passes for the holder of a run's container (the container of a killed CLI is never reaped)",
     file: "lib/sandbox/pool_records.ts",
     find: "(await processStartTicks(held.pid)) === held.startTicks",
     replace: "(await processStartTicks(held.pid)) !== undefined",
     tests: ["tests/unit/pool_records_test.ts"],
   },
   {
-    name: "our own programs in the sandbox inherit the container's environment (a repository's NODE_OPTIONS or DENO_* steers the worker and the relay)",
+    name:
+      "our own programs in the sandbox inherit the container's environment (a repository's NODE_OPTIONS or DENO_* steers the worker and the relay)",
     file: "scripts/sandbox-exec",
-    find: "  return unless $command[0] eq \"deno\" && grep { $_ =~ $OWN_PROGRAM } @command;",
+    find: '  return unless $command[0] eq "deno" && grep { $_ =~ $OWN_PROGRAM } @command;',
     replace: "  return;",
     tests: ["tests/security/own_environment_test.ts"],
   },
@@ -759,21 +819,24 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/disk_watch_attack_test.ts"],
   },
   {
-    name: "a disk watch that falls silent is never noticed (a stopped watcher lets the workspace fill)",
+    name:
+      "a disk watch that falls silent is never noticed (a stopped watcher lets the workspace fill)",
     file: "lib/sandbox/disk_watch.ts",
     find: "silence = setTimeout(() => {",
     replace: "silence = setTimeout(() => { return;",
     tests: ["tests/unit/disk_watch_test.ts"],
   },
   {
-    name: "a run's liveness is judged by its pid alone (a reused pid makes a crashed run read as running)",
+    name:
+      "a run's liveness is judged by its pid alone (a reused pid makes a crashed run read as running)",
     file: "lib/run/run_log.ts",
     find: "!await isSameProcessAlive(meta.pid, meta.pidStartTicks)",
     replace: "!await isSameProcessAlive(meta.pid)",
     tests: ["tests/unit/run_liveness_test.ts"],
   },
   {
-    name: "Claude Code reads the project's settings untrusted (the project setting source left on: its hooks, env and apiKeyHelper run)",
+    name:
+      "Claude Code reads the project's settings untrusted (the project setting source left on: its hooks, env and apiKeyHelper run)",
     file: "lib/agents/launch.ts",
     find: `const sources = trusted.has(".claude") ? [] : ["--setting-sources", "user"];`,
     replace: `const sources: string[] = [];`,
@@ -787,44 +850,60 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/agent_launch_test.ts"],
   },
   {
-    name: "Codex is told the project is trusted whatever the user trusted (its .codex/ config and MCP servers load)",
+    name:
+      "Codex is told the project is trusted whatever the user trusted (its .codex/ config and MCP servers load)",
     file: "lib/agents/launch.ts",
-    find: `trust_level="\${trusted ? "trusted" : "untrusted"}"`,
+    find: `trust_level="\${
+    trusted ? "trusted" : "untrusted"
+  }"`,
     replace: `trust_level="trusted"`,
     tests: ["tests/unit/agent_launch_test.ts", "tests/security/agent_project_config_test.ts"],
   },
   {
-    name: "agent configuration is used without checking the user's trust (every committed file counts as trusted)",
+    name:
+      "agent configuration is used without checking the user's trust (every committed file counts as trusted)",
     file: "lib/agents/project_config.ts",
-    find: `if (state !== "trusted") ignored.push(`,
-    replace: `if (state === "never") ignored.push(`,
-    tests: ["tests/unit/agent_project_config_test.ts", "tests/security/agent_project_config_test.ts"],
+    find: `if (state !== "trusted") {
+      ignored.push(`,
+    replace: `if (state === "never") {
+      ignored.push(`,
+    tests: [
+      "tests/unit/agent_project_config_test.ts",
+      "tests/security/agent_project_config_test.ts",
+    ],
   },
   {
     name: "agent configuration that is not a regular file (a symbolic link) counts as trusted",
     file: "lib/agents/project_config.ts",
     find: `const ignored: IgnoredAgentFile[] = files.filter((f) => !regular.includes(f)).map(`,
-    replace: `const ignored: IgnoredAgentFile[] = files.filter((f) => !regular.includes(f) && false).map(`,
+    replace:
+      `const ignored: IgnoredAgentFile[] = files.filter((f) => !regular.includes(f) && false).map(`,
     tests: ["tests/unit/agent_project_config_test.ts"],
   },
   {
-    name: "a devcontainer's containerEnv/remoteEnv sets loader and interpreter variables (PERL5OPT, LD_PRELOAD…)",
+    name:
+      "a devcontainer's containerEnv/remoteEnv sets loader and interpreter variables (PERL5OPT, LD_PRELOAD…)",
     file: "lib/sandbox/devcontainer/runtime.ts",
     find: `const refused = value === null ? undefined : refusedEnvReason(name);`,
     replace: `const refused = value === null ? undefined : undefined;`,
     tests: ["tests/unit/refused_env_test.ts", "tests/security/devcontainer_hostile_test.ts"],
   },
   {
-    name: "a profile's environment.set/passthrough keeps loader and interpreter variables (no warning)",
+    name:
+      "a profile's environment.set/passthrough keeps loader and interpreter variables (no warning)",
     file: CONFIG,
     find: `const environment = withoutRefusedNames(chosen, profile.sandbox.environment);`,
-    replace: `const environment = { environment: profile.sandbox.environment, warnings: [] as string[] };`,
+    replace:
+      `const environment = { environment: profile.sandbox.environment, warnings: [] as string[] };`,
     tests: ["tests/unit/refused_env_test.ts"],
   },
   {
-    name: "the container's environment keeps loader and interpreter variables of a profile made without resolveProfile()",
+    name:
+      "the container's environment keeps loader and interpreter variables of a profile made without resolveProfile()",
     file: DOCKER_PROVIDER,
-    find: `return withoutRefusedEnv({ ...env, ...this.profile.sandbox.environment.set }, (name) => name).env;`,
+    find:
+      `return withoutRefusedEnv({ ...env, ...this.profile.sandbox.environment.set }, (name) => name)
+      .env;`,
     replace: `return { ...env, ...this.profile.sandbox.environment.set };`,
     tests: ["tests/unit/refused_env_test.ts"],
   },
@@ -836,21 +915,24 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/refused_env_test.ts"],
   })),
   {
-    name: "YAML aliases expand without bound (an alias bomb in a project's sandbox.yaml grows the CLI without limit)",
+    name:
+      "YAML aliases expand without bound (an alias bomb in a project's sandbox.yaml grows the CLI without limit)",
     file: "lib/yaml.ts",
     find: `doc.toJS({ maxAliasCount: MAX_YAML_ALIAS_COUNT })`,
     replace: `doc.toJS({ maxAliasCount: -1 })`,
     tests: ["tests/unit/input_file_test.ts"],
   },
   {
-    name: "a configuration file is read whatever its size (a project's sandbox.yaml of gigabytes is read whole)",
+    name:
+      "a configuration file is read whatever its size (a project's sandbox.yaml of gigabytes is read whole)",
     file: CONFIG,
     find: `const read = await readBounded(file, MAX_CONFIG_BYTES);`,
     replace: `const read = await readBounded(file, Number.MAX_SAFE_INTEGER);`,
     tests: ["tests/unit/input_file_test.ts"],
   },
   {
-    name: "a host lock counts on a file its last holder removed (two holders at once: one on the removed file, one on the new)",
+    name:
+      "a host lock counts on a file its last holder removed (two holders at once: one on the removed file, one on the new)",
     file: "lib/lock.ts",
     find: `      if (await isAtPath(file, lockPath(name))) return file;`,
     replace: `      return file;`,

@@ -22,15 +22,20 @@
  * steps are not streamed: only its `task` call and result). The final assistant text is the
  * `result`, also sent as `thinking` before it, as the Python worker did.
  */
-import { CompositeBackend, createDeepAgent, FilesystemBackend, LocalShellBackend } from "deepagents";
+import {
+  CompositeBackend,
+  createDeepAgent,
+  FilesystemBackend,
+  LocalShellBackend,
+} from "deepagents";
 import { modelCallLimitMiddleware } from "langchain";
 import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langchain/core/messages";
 import type { Emitter } from "./emit.ts";
 import { normalizeToolName } from "../lib/run/tool_names.ts";
 import {
   createChatModel,
-  emitOutcome,
   describeError,
+  emitOutcome,
   type LlmSettings,
   messageText,
   UsageTracker,
@@ -65,10 +70,22 @@ const WARM_UP_URL = "http://127.0.0.1:9/v1";
  * reaches nothing; never throws.
  */
 export async function warmUpAgentic(): Promise<void> {
-  const llm: LlmSettings = { api: "openai", baseUrl: WARM_UP_URL, token: "warm-up", model: "warm-up", maxRetries: 0 };
+  const llm: LlmSettings = {
+    api: "openai",
+    baseUrl: WARM_UP_URL,
+    token: "warm-up",
+    model: "warm-up",
+    maxRetries: 0,
+  };
   const agent = createDeepAgent({
     model: createChatModel(llm, new UsageTracker(llm.model)),
-    backend: new LocalShellBackend({ rootDir: "/", virtualMode: false, timeout: 1, inheritEnv: false, env: {} }),
+    backend: new LocalShellBackend({
+      rootDir: "/",
+      virtualMode: false,
+      timeout: 1,
+      inheritEnv: false,
+      env: {},
+    }),
     systemPrompt: systemPrompt({ prompt: "", cwd: "/", toolEnv: {}, llm }),
   });
   try {
@@ -119,7 +136,9 @@ function agentBackend(options: AgenticOptions, evicted: string): CompositeBacken
     env: options.toolEnv,
   });
   const routes = Object.fromEntries(
-    EVICTION_ROUTES.map((route) => [route, new FilesystemBackend({ rootDir: `${evicted}${route}`, virtualMode: true })]),
+    EVICTION_ROUTES.map((
+      route,
+    ) => [route, new FilesystemBackend({ rootDir: `${evicted}${route}`, virtualMode: true })]),
   );
   return new CompositeBackend(shell, routes);
 }
@@ -215,7 +234,11 @@ function systemPrompt(options: AgenticOptions, evicted?: string): string {
     "File tools take absolute paths: use paths under the working directory.",
     "Shell commands run with the working directory as their current directory.",
     ...(evicted
-      ? [`Tool results saved under ${EVICTION_ROUTES[0]} (file tools) are in ${evicted}${EVICTION_ROUTES[0]} for shell commands.`]
+      ? [
+        `Tool results saved under ${EVICTION_ROUTES[0]} (file tools) are in ${evicted}${
+          EVICTION_ROUTES[0]
+        } for shell commands.`,
+      ]
       : []),
   ].join(" ");
   return [BASE_PROMPT, options.instructions?.trim(), where].filter(Boolean).join("\n\n");

@@ -22,8 +22,8 @@ import type { Emitter } from "./emit.ts";
 import { checkJson, type JsonSchema } from "./json_schema.ts";
 import {
   createChatModel,
-  emitOutcome,
   describeError,
+  emitOutcome,
   type LlmSettings,
   messageText,
   type UsageTracker,

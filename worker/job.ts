@@ -40,7 +40,9 @@ export function parseJob(line: string): WorkerJob {
   if (!isObject(raw)) throw new TypeError("The job is not a JSON object");
   const { mode, prompt, env, cwd, instructions, model, maxTurns, schema } = raw;
   if (mode !== "agentic" && mode !== "generate") {
-    throw new TypeError(`The job's mode is ${JSON.stringify(mode)}: expected "agentic" or "generate"`);
+    throw new TypeError(
+      `The job's mode is ${JSON.stringify(mode)}: expected "agentic" or "generate"`,
+    );
   }
   if (typeof prompt !== "string") throw new TypeError("The job has no prompt");
   if (!isObject(env) || !Object.values(env).every((value) => typeof value === "string")) {
@@ -51,11 +53,19 @@ export function parseJob(line: string): WorkerJob {
       throw new TypeError(`The job's ${name} is not a string`);
     }
   }
-  if (maxTurns !== undefined && maxTurns !== null && !(Number.isInteger(maxTurns) && (maxTurns as number) >= 1)) {
-    throw new TypeError(`The job's maxTurns is ${JSON.stringify(maxTurns)}: expected a positive integer`);
+  if (
+    maxTurns !== undefined && maxTurns !== null &&
+    !(Number.isInteger(maxTurns) && (maxTurns as number) >= 1)
+  ) {
+    throw new TypeError(
+      `The job's maxTurns is ${JSON.stringify(maxTurns)}: expected a positive integer`,
+    );
   }
   if (schema !== undefined && schema !== null) {
-    if (!isObject(schema) || typeof schema.name !== "string" || typeof schema.file !== "string" || !isObject(schema.schema)) {
+    if (
+      !isObject(schema) || typeof schema.name !== "string" || typeof schema.file !== "string" ||
+      !isObject(schema.schema)
+    ) {
       throw new TypeError("The job's schema is not {name, file, schema}");
     }
   }

@@ -112,9 +112,13 @@ export class UsageTracker extends BaseCallbackHandler {
         this.#output = add(this.#output, usage.output_tokens);
         this.#cacheRead = add(this.#cacheRead, usage.input_token_details?.cache_read);
         this.#cacheCreation = add(this.#cacheCreation, usage.input_token_details?.cache_creation);
-        const metadata = message?.response_metadata as { model_name?: unknown; model?: unknown } | undefined;
+        const metadata = message?.response_metadata as
+          | { model_name?: unknown; model?: unknown }
+          | undefined;
         const info = (generation as { generationInfo?: { model_name?: unknown } }).generationInfo;
-        const billed = [metadata?.model_name, metadata?.model, info?.model_name].find((m) => typeof m === "string" && m);
+        const billed = [metadata?.model_name, metadata?.model, info?.model_name].find((m) =>
+          typeof m === "string" && m
+        );
         const cost = costOf((billed as string | undefined) ?? this.#requestedModel, {
           input: usage.input_tokens ?? 0,
           output: usage.output_tokens ?? 0,

@@ -20,7 +20,14 @@ import { Emitter } from "./emit.ts";
 import type { WorkerJob } from "./job.ts";
 import { type JsonSchema, loadJsonSchema } from "./json_schema.ts";
 import { describeError, llmSettings, scrubEnvironment } from "./llm.ts";
-import { type Channel, EXIT_HOST_GONE, inputEnded, readJob, socketChannel, stdioChannel } from "./serve.ts";
+import {
+  type Channel,
+  EXIT_HOST_GONE,
+  inputEnded,
+  readJob,
+  socketChannel,
+  stdioChannel,
+} from "./serve.ts";
 import { StdoutWriter } from "../lib/output.ts";
 
 export const USAGE = `Usage:
@@ -108,18 +115,30 @@ export async function main(args: readonly string[]): Promise<number> {
   if (command.kind === "serve") return await serve(command.socket);
   divertConsole();
   const fallbackModel = command.model || Deno.env.get("SANDBOX_LLM_MODEL") || null;
-  return await runTask(async () => {
-    const prompt = await readInput(command.promptFile, "prompt");
-    if (prompt.trim() === "") throw new Error(`The prompt file "${command.promptFile}" is empty`);
-    if (command.kind === "agentic") {
-      const instructions = command.instructionsFile
-        ? await readInput(command.instructionsFile, "instructions")
-        : undefined;
-      return { mode: "agentic", prompt, env: {}, instructions, cwd: command.cwd, model: command.model, maxTurns: command.maxTurns };
-    }
-    const schema = command.schemaFile ? await loadJsonSchema(command.schemaFile) : undefined;
-    return { mode: "generate", prompt, env: {}, schema, model: command.model };
-  }, new Emitter(), fallbackModel);
+  return await runTask(
+    async () => {
+      const prompt = await readInput(command.promptFile, "prompt");
+      if (prompt.trim() === "") throw new Error(`The prompt file "${command.promptFile}" is empty`);
+      if (command.kind === "agentic") {
+        const instructions = command.instructionsFile
+          ? await readInput(command.instructionsFile, "instructions")
+          : undefined;
+        return {
+          mode: "agentic",
+          prompt,
+          env: {},
+          instructions,
+          cwd: command.cwd,
+          model: command.model,
+          maxTurns: command.maxTurns,
+        };
+      }
+      const schema = command.schemaFile ? await loadJsonSchema(command.schemaFile) : undefined;
+      return { mode: "generate", prompt, env: {}, schema, model: command.model };
+    },
+    new Emitter(),
+    fallbackModel,
+  );
 }
 
 /**
@@ -132,7 +151,10 @@ async function serve(socket: string | undefined): Promise<number> {
   // warm-up to reach it), and a job that comes meanwhile starts once the warm-up is over.
   let warming: Promise<void> = Promise.resolve();
   const preload = async () => {
-    const [{ warmUpAgentic }] = await Promise.all([import("./agentic.ts"), import("./generate.ts")]);
+    const [{ warmUpAgentic }] = await Promise.all([
+      import("./agentic.ts"),
+      import("./generate.ts"),
+    ]);
     warming = warmUpAgentic();
   };
   let channel: Channel;
@@ -148,22 +170,26 @@ async function serve(socket: string | undefined): Promise<number> {
   let job: WorkerJob | undefined;
   /** Set once the job has run: its input ending then is the host done, not gone. */
   let finished = false;
-  const code = await runTask(async () => {
-    try {
-      job = (await readJob(reader)).job;
-    } catch (error) {
-      throw new Error(`Cannot read the job: ${(error as Error).message}`);
-    }
-    // The host's input stays open while it waits for the run; its end means nobody does.
-    void inputEnded(reader).then(async () => {
-      if (finished) return;
-      await channel.finish(EXIT_HOST_GONE);
-      Deno.exit(EXIT_HOST_GONE);
-    });
-    if (job.prompt.trim() === "") throw new Error("The job's prompt is empty");
-    await warming;
-    return job;
-  }, emit, () => job?.model || job?.env.SANDBOX_LLM_MODEL || Deno.env.get("SANDBOX_LLM_MODEL") || null);
+  const code = await runTask(
+    async () => {
+      try {
+        job = (await readJob(reader)).job;
+      } catch (error) {
+        throw new Error(`Cannot read the job: ${(error as Error).message}`);
+      }
+      // The host's input stays open while it waits for the run; its end means nobody does.
+      void inputEnded(reader).then(async () => {
+        if (finished) return;
+        await channel.finish(EXIT_HOST_GONE);
+        Deno.exit(EXIT_HOST_GONE);
+      });
+      if (job.prompt.trim() === "") throw new Error("The job's prompt is empty");
+      await warming;
+      return job;
+    },
+    emit,
+    () => job?.model || job?.env.SANDBOX_LLM_MODEL || Deno.env.get("SANDBOX_LLM_MODEL") || null,
+  );
   finished = true;
   await channel.finish(code);
   return code;
@@ -225,7 +251,11 @@ async function runTask(
     const model = typeof fallbackModel === "function" ? fallbackModel() : fallbackModel;
     try {
       await emit.result(`Cannot run the worker: ${describeError(error)}`, { isError: true, model });
-      await emit.usage({ duration_ms: Math.round(performance.now() - started), num_turns: 0, model });
+      await emit.usage({
+        duration_ms: Math.round(performance.now() - started),
+        num_turns: 0,
+        model,
+      });
       return 0;
     } catch (emitError) {
       console.error(`worker: cannot emit a result: ${describeError(emitError)}`);
@@ -245,7 +275,12 @@ function divertConsole(line?: (text: string) => void): void {
   }
   const write = (...args: unknown[]) =>
     line(args.map((arg) => typeof arg === "string" ? arg : Deno.inspect(arg)).join(" "));
-  console.log = console.info = console.debug = console.warn = console.error = write;
+  console.log =
+    console.info =
+    console.debug =
+    console.warn =
+    console.error =
+      write;
 }
 
 async function readInput(file: string, what: string): Promise<string> {

@@ -51,7 +51,9 @@ export async function readJob(
     if (newline === -1) {
       chunks.push(value);
       size += value.byteLength;
-      if (size > MAX_JOB_BYTES) throw new TypeError(`The job line is longer than ${MAX_JOB_BYTES} bytes`);
+      if (size > MAX_JOB_BYTES) {
+        throw new TypeError(`The job line is longer than ${MAX_JOB_BYTES} bytes`);
+      }
       continue;
     }
     chunks.push(value.subarray(0, newline));

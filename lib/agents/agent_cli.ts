@@ -39,7 +39,10 @@ export function agentCli(name: AgentCliName, options: AgentCliOptions = {}): Age
     translator: (options = {}) =>
       name === "claude-code"
         // Claude Code's tool names (Bash, Write…) as the seeds' drivers report them.
-        ? new ClaudeCodeTranslator({ model: options.model, toolName: options.toolName ?? normalizeToolName })
+        ? new ClaudeCodeTranslator({
+          model: options.model,
+          toolName: options.toolName ?? normalizeToolName,
+        })
         : new CodexTranslator({ model: options.model, onDiagnostic: options.onDiagnostic }),
   };
 }
@@ -57,25 +60,45 @@ export const AGENT_API: Readonly<Record<AgentCliName, "openai" | "anthropic">> =
  */
 export function checkAgentRun(
   agent: AgentCliName,
-  run: { mode: "agentic" | "generate"; sandboxMode: string; api: "openai" | "anthropic"; profile: string; replay: boolean },
+  run: {
+    mode: "agentic" | "generate";
+    sandboxMode: string;
+    api: "openai" | "anthropic";
+    profile: string;
+    replay: boolean;
+  },
 ): void {
-  if (run.mode !== "agentic") throw new SandboxError("usage", `--agent ${agent} is for run agentic`);
+  if (run.mode !== "agentic") {
+    throw new SandboxError("usage", `--agent ${agent} is for run agentic`);
+  }
   // A devcontainer run is a container run on the repository's image: the layer goes on top of it.
   if (run.sandboxMode !== "container" && run.sandboxMode !== "devcontainer") {
-    throw new SandboxError("usage", `Agent "${agent}" needs sandbox mode "container" or "devcontainer", not "${run.sandboxMode}"`, {
-      detail: "Agent CLIs run from an image layer on the sandbox image",
-    });
+    throw new SandboxError(
+      "usage",
+      `Agent "${agent}" needs sandbox mode "container" or "devcontainer", not "${run.sandboxMode}"`,
+      {
+        detail: "Agent CLIs run from an image layer on the sandbox image",
+      },
+    );
   }
   const wanted = AGENT_API[agent];
   if (run.api !== wanted) {
     const hint = run.replay
       ? `the recording holds ${run.api === "anthropic" ? "Anthropic Messages" : "OpenAI"} answers`
-      : `profile "${run.profile}" uses an ${run.api === "anthropic" ? "Anthropic" : "OpenAI-style"} provider`;
+      : `profile "${run.profile}" uses an ${
+        run.api === "anthropic" ? "Anthropic" : "OpenAI-style"
+      } provider`;
     const fix = wanted === "anthropic"
       ? "set llm.provider: anthropic (or custom with api: anthropic)"
       : "set llm.provider: openai (or custom with api: openai, an endpoint with the Responses API)";
-    throw new SandboxError("usage", `Agent "${agent}" speaks the ${wanted === "anthropic" ? "Anthropic Messages" : "OpenAI Responses"} API, but ${hint}`, {
-      detail: `To run ${agent}, ${fix}`,
-    });
+    throw new SandboxError(
+      "usage",
+      `Agent "${agent}" speaks the ${
+        wanted === "anthropic" ? "Anthropic Messages" : "OpenAI Responses"
+      } API, but ${hint}`,
+      {
+        detail: `To run ${agent}, ${fix}`,
+      },
+    );
   }
 }

@@ -60,21 +60,36 @@ export function agentDockerfile(agent: AgentCliName): string {
 /** What the layer is made of, apart from the base image's id. */
 function layerInputs(baseTag: string, agent: AgentCliName): string {
   const pkg = AGENT_PACKAGES[agent];
-  const tarballs = Object.entries(pkg.tarballs).sort().map(([arch, t]) => `${arch} ${t.spec} ${t.integrity} ${t.root}`);
-  return [baseTag, agent, `${pkg.name}@${pkg.version}`, ...tarballs, agentDockerfile(agent)].join("\0");
+  const tarballs = Object.entries(pkg.tarballs).sort().map(([arch, t]) =>
+    `${arch} ${t.spec} ${t.integrity} ${t.root}`
+  );
+  return [baseTag, agent, `${pkg.name}@${pkg.version}`, ...tarballs, agentDockerfile(agent)].join(
+    "\0",
+  );
 }
 
 /** The agent image's tag for a sandbox image tag. */
 export async function agentImageTagFor(baseTag: string, agent: AgentCliName): Promise<string> {
-  return `${AGENT_IMAGE_REPOSITORY}:${agent}-${(await sha256Hex(layerInputs(baseTag, agent))).slice(0, 16)}`;
+  return `${AGENT_IMAGE_REPOSITORY}:${agent}-${
+    (await sha256Hex(layerInputs(baseTag, agent))).slice(0, 16)
+  }`;
 }
 
 /** The layer's content label: what it is made of, including the base image's id. */
-export async function agentLayerContentHash(baseTag: string, agent: AgentCliName, baseId: string): Promise<string> {
+export async function agentLayerContentHash(
+  baseTag: string,
+  agent: AgentCliName,
+  baseId: string,
+): Promise<string> {
   return await sha256Hex(`${layerInputs(baseTag, agent)}\0${baseId}`);
 }
 
-async function inspect(docker: DockerCli, ref: string, format: string, signal?: AbortSignal): Promise<string | undefined> {
+async function inspect(
+  docker: DockerCli,
+  ref: string,
+  format: string,
+  signal?: AbortSignal,
+): Promise<string | undefined> {
   const result = await docker.run(["image", "inspect", "--format", format, ref], { signal });
   return result.exitCode === 0 ? result.stdout.trim() : undefined;
 }
@@ -94,28 +109,55 @@ export async function ensureAgentImage(
   const info = { tag, agent, base: baseTag, version: pkg.version };
   const baseFacts = await inspect(docker, baseTag, "{{.Id}} {{.Architecture}}", options.signal);
   if (!baseFacts) {
-    throw new SandboxError("image_build_failed", `Cannot build the ${agent} image "${tag}": its base "${baseTag}" does not exist`);
+    throw new SandboxError(
+      "image_build_failed",
+      `Cannot build the ${agent} image "${tag}": its base "${baseTag}" does not exist`,
+    );
   }
   const [baseId, architecture] = baseFacts.split(" ");
   const contentHash = await agentLayerContentHash(baseTag, agent, baseId);
-  if (!options.force && await inspect(docker, tag, `{{index .Config.Labels "${LABEL.contentHash}"}}`, options.signal) === contentHash) {
+  if (
+    !options.force &&
+    await inspect(
+        docker,
+        tag,
+        `{{index .Config.Labels "${LABEL.contentHash}"}}`,
+        options.signal,
+      ) === contentHash
+  ) {
     return { ...info, built: false };
   }
   const tarball = pkg.tarballs[architecture as Architecture];
   if (!tarball) {
-    throw new SandboxError("image_build_failed", `Cannot build the ${agent} image "${tag}": ${pkg.name} has no build for architecture "${architecture}" here`, {
-      detail: `Pinned builds: ${Object.keys(pkg.tarballs).join(", ")}`,
-    });
+    throw new SandboxError(
+      "image_build_failed",
+      `Cannot build the ${agent} image "${tag}": ${pkg.name} has no build for architecture "${architecture}" here`,
+      {
+        detail: `Pinned builds: ${Object.keys(pkg.tarballs).join(", ")}`,
+      },
+    );
   }
   let path: string;
   try {
     path = await fetchTarball(tarball, options);
   } catch (error) {
     if (!(error instanceof RegistryError)) throw error;
-    throw new SandboxError("image_build_failed", `Cannot build the missing ${agent} image "${tag}": ${error.message.replace(/^Cannot/, "cannot")}`, {
-      cause: error,
-      detail: offlineHelp(agent, tag, cachedTarballName(tarball), tarball.spec, options.cacheDir ?? npmCacheDir()),
-    });
+    throw new SandboxError(
+      "image_build_failed",
+      `Cannot build the missing ${agent} image "${tag}": ${
+        error.message.replace(/^Cannot/, "cannot")
+      }`,
+      {
+        cause: error,
+        detail: offlineHelp(
+          agent,
+          tag,
+          cachedTarballName(tarball),
+          tarball.spec,
+          options.cacheDir ?? npmCacheDir(),
+        ),
+      },
+    );
   }
   const started = performance.now();
   options.onProgress?.(`Building ${agent} image ${tag} on ${baseTag}`, "begin");
@@ -140,7 +182,10 @@ export async function ensureAgentImage(
       throw new CommandExitError("image_build_failed", `Cannot unpack ${tarball.spec}`, unpacked);
     }
     await Deno.stat(`${dir}/agent/${pkg.entrypoint}`).catch(() => {
-      throw new SandboxError("image_build_failed", `Cannot build the ${agent} image: ${tarball.spec} has no "${pkg.entrypoint}"`);
+      throw new SandboxError(
+        "image_build_failed",
+        `Cannot build the ${agent} image: ${tarball.spec} has no "${pkg.entrypoint}"`,
+      );
     });
     await Deno.writeTextFile(`${dir}/Dockerfile`, agentDockerfile(agent));
     const result = await docker.run([
@@ -154,21 +199,37 @@ export async function ensureAgentImage(
       tag,
       dir,
     ], { signal: options.signal, env: { DOCKER_CLI_HINTS: "false" } });
-    if (result.aborted) throw new SandboxError("interrupted", `Building the ${agent} image was interrupted`);
+    if (result.aborted) {
+      throw new SandboxError("interrupted", `Building the ${agent} image was interrupted`);
+    }
     if (result.exitCode !== 0) {
-      throw new CommandExitError("image_build_failed", `Cannot build the ${agent} image "${tag}"`, result, {
-        detail: tail(result.stdout + result.stderr),
-      });
+      throw new CommandExitError(
+        "image_build_failed",
+        `Cannot build the ${agent} image "${tag}"`,
+        result,
+        {
+          detail: tail(result.stdout + result.stderr),
+        },
+      );
     }
   } finally {
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
-  options.onProgress?.(`Built ${agent} image ${tag} in ${((performance.now() - started) / 1000).toFixed(1)}s`, "end");
+  options.onProgress?.(
+    `Built ${agent} image ${tag} in ${((performance.now() - started) / 1000).toFixed(1)}s`,
+    "end",
+  );
   return { ...info, built: true };
 }
 
 /** How to get the layer onto a machine that cannot reach the registry. */
-function offlineHelp(agent: AgentCliName, tag: string, file: string, spec: string, cacheDir: string): string {
+function offlineHelp(
+  agent: AgentCliName,
+  tag: string,
+  file: string,
+  spec: string,
+  cacheDir: string,
+): string {
   return [
     "The agent's image layer is built once, from the npm registry, on top of the sandbox image. Either:",
     `- build it where the registry is reachable, with the same version of sandbox: sandbox image build --agent ${agent}`,

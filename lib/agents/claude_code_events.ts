@@ -15,7 +15,15 @@
  * are unique within the session.
  */
 import type { AgenticMessageInit } from "../run/protocol.ts";
-import { contentText, count, type EventTranslator, isObject, type JsonObject, str, sum } from "./translate.ts";
+import {
+  contentText,
+  count,
+  type EventTranslator,
+  isObject,
+  type JsonObject,
+  str,
+  sum,
+} from "./translate.ts";
 
 export interface ClaudeCodeTranslatorOptions {
   /** The model asked for; the init event's model replaces it when given. */
@@ -66,16 +74,24 @@ export class ClaudeCodeTranslator implements EventTranslator {
 
   #assistant(event: JsonObject): { messages: AgenticMessageInit[]; known: boolean } {
     const message = event.message;
-    if (!isObject(message) || !Array.isArray(message.content)) return { messages: [], known: false };
+    if (!isObject(message) || !Array.isArray(message.content)) {
+      return { messages: [], known: false };
+    }
     const messages: AgenticMessageInit[] = [];
     let known = true;
     for (const block of message.content) {
       if (!isObject(block)) continue;
       if (block.type === "text" && typeof block.text === "string" && block.text.trim() !== "") {
         messages.push({ type: "thinking", content: block.text, ...this.#common() });
-      } else if (block.type === "thinking" && typeof block.thinking === "string" && block.thinking.trim() !== "") {
+      } else if (
+        block.type === "thinking" && typeof block.thinking === "string" &&
+        block.thinking.trim() !== ""
+      ) {
         messages.push({ type: "thinking", content: block.thinking, ...this.#common() });
-      } else if ((block.type === "tool_use" || block.type === "server_tool_use") && typeof block.id === "string") {
+      } else if (
+        (block.type === "tool_use" || block.type === "server_tool_use") &&
+        typeof block.id === "string"
+      ) {
         const name = this.#normalise(str(block.name) ?? "unknown");
         this.#toolNames.set(block.id, name);
         messages.push({
@@ -85,10 +101,15 @@ export class ClaudeCodeTranslator implements EventTranslator {
           tool_call_id: block.id,
           ...this.#common(),
         });
-      } else if (typeof block.type === "string" && block.type.endsWith("_tool_result") && typeof block.tool_use_id === "string") {
+      } else if (
+        typeof block.type === "string" && block.type.endsWith("_tool_result") &&
+        typeof block.tool_use_id === "string"
+      ) {
         // A server-side tool's result arrives in the assistant's own message.
         messages.push(this.#toolResult(block));
-      } else if (block.type !== "redacted_thinking" && block.type !== "text" && block.type !== "thinking") {
+      } else if (
+        block.type !== "redacted_thinking" && block.type !== "text" && block.type !== "thinking"
+      ) {
         known = false;
       }
     }
@@ -101,7 +122,9 @@ export class ClaudeCodeTranslator implements EventTranslator {
     // A plain user turn (the prompt, a replayed message) has string content: nothing to send.
     if (!Array.isArray(message.content)) return { messages: [], known: true };
     const messages = message.content
-      .filter((block): block is JsonObject => isObject(block) && block.type === "tool_result" && typeof block.tool_use_id === "string")
+      .filter((block): block is JsonObject =>
+        isObject(block) && block.type === "tool_result" && typeof block.tool_use_id === "string"
+      )
       .map((block) => this.#toolResult(block));
     return { messages, known: true };
   }
@@ -123,7 +146,8 @@ export class ClaudeCodeTranslator implements EventTranslator {
     if (this.#resultSent) return { messages: [], known: false };
     this.#resultSent = true;
     this.#session = str(event.session_id) ?? this.#session;
-    const isError = event.is_error === true || (typeof event.subtype === "string" && event.subtype.startsWith("error"));
+    const isError = event.is_error === true ||
+      (typeof event.subtype === "string" && event.subtype.startsWith("error"));
     const content = str(event.result) ?? errorText(event);
     const usage = isObject(event.usage) ? event.usage : {};
     const cacheRead = count(usage.cache_read_input_tokens);
@@ -143,7 +167,9 @@ export class ClaudeCodeTranslator implements EventTranslator {
             cache_read_tokens: cacheRead ?? null,
             cache_creation_tokens: cacheCreation ?? null,
             cost_usd: typeof cost === "number" && Number.isFinite(cost) && cost >= 0 ? cost : null,
-            duration_ms: typeof event.duration_ms === "number" && event.duration_ms >= 0 ? event.duration_ms : null,
+            duration_ms: typeof event.duration_ms === "number" && event.duration_ms >= 0
+              ? event.duration_ms
+              : null,
             num_turns: count(event.num_turns) ?? null,
             model: this.#model,
           },
@@ -155,7 +181,9 @@ export class ClaudeCodeTranslator implements EventTranslator {
 
 /** What an error result without a `result` text says (max turns, an execution error). */
 function errorText(event: JsonObject): string {
-  const errors = Array.isArray(event.errors) ? event.errors.filter((e) => typeof e === "string") : [];
+  const errors = Array.isArray(event.errors)
+    ? event.errors.filter((e) => typeof e === "string")
+    : [];
   const subtype = str(event.subtype) ?? "error";
   return [`Claude Code ended with ${subtype}`, ...errors].join(": ");
 }

@@ -100,7 +100,12 @@ export class CodexTranslator implements EventTranslator {
     // code and stderr, which say more than anything here could.
     if (this.#completedTurns === 0 && this.#failure === null) return [];
     const result: AgenticMessageInit = this.#failure !== null
-      ? { type: "result", content: `Codex failed: ${this.#failure}`, is_error: true, ...this.#common() }
+      ? {
+        type: "result",
+        content: `Codex failed: ${this.#failure}`,
+        is_error: true,
+        ...this.#common(),
+      }
       : { type: "result", content: this.#lastMessage ?? "", ...this.#common() };
     return [result, { type: "usage", model: this.#model, usage: this.#usage() }];
   }
@@ -136,7 +141,12 @@ export class CodexTranslator implements EventTranslator {
 
   #cost(): number | null {
     if (this.#input === undefined || this.#output === undefined) return null;
-    const tokens = { input: this.#input, output: this.#output, cacheRead: this.#cached, cacheWrite: this.#cacheWrite };
+    const tokens = {
+      input: this.#input,
+      output: this.#output,
+      cacheRead: this.#cached,
+      cacheWrite: this.#cacheWrite,
+    };
     const cost = costOf(this.#model, tokens);
     return cost === null ? null : roundUsd(cost);
   }
@@ -149,7 +159,10 @@ export class CodexTranslator implements EventTranslator {
         const text = str(item.text);
         if (!completed || text === undefined) return { messages: [], known: true };
         this.#lastMessage = text;
-        return { messages: text.trim() ? [{ type: "thinking", content: text, ...this.#common() }] : [], known: true };
+        return {
+          messages: text.trim() ? [{ type: "thinking", content: text, ...this.#common() }] : [],
+          known: true,
+        };
       }
       case "reasoning":
       case "plan": {
@@ -160,8 +173,17 @@ export class CodexTranslator implements EventTranslator {
       case "todo_list": {
         // The plan as it stands when set or changed; its completion (at the turn's end) repeats it.
         if (completed || !Array.isArray(item.items)) return { messages: [], known: true };
-        const lines = item.items.filter(isObject).map((t) => `- [${t.completed === true ? "x" : " "}] ${str(t.text) ?? ""}`);
-        return { messages: [{ type: "thinking", content: `Plan:\n${lines.join("\n")}`, ...this.#common() }], known: true };
+        const lines = item.items.filter(isObject).map((t) =>
+          `- [${t.completed === true ? "x" : " "}] ${str(t.text) ?? ""}`
+        );
+        return {
+          messages: [{
+            type: "thinking",
+            content: `Plan:\n${lines.join("\n")}`,
+            ...this.#common(),
+          }],
+          known: true,
+        };
       }
       case "error": {
         const message = str(item.message);
@@ -185,18 +207,33 @@ export class CodexTranslator implements EventTranslator {
     const name = toolName(item);
     if (!this.#called.has(id) && (!update || completed)) {
       this.#called.add(id);
-      messages.push({ type: "tool_call", tool_name: name, tool_input: toolInput(item), tool_call_id: id, ...this.#common() });
+      messages.push({
+        type: "tool_call",
+        tool_name: name,
+        tool_input: toolInput(item),
+        tool_call_id: id,
+        ...this.#common(),
+      });
     }
     if (completed) {
       const { output, isError } = toolOutcome(item);
-      messages.push({ type: "tool_result", tool_name: name, tool_output: output, tool_call_id: id, is_error: isError, ...this.#common() });
+      messages.push({
+        type: "tool_result",
+        tool_name: name,
+        tool_output: output,
+        tool_call_id: id,
+        is_error: isError,
+        ...this.#common(),
+      });
     }
     return messages;
   }
 }
 
 function toolName(item: JsonObject): string {
-  if (item.type === "mcp_tool_call") return `mcp__${str(item.server) ?? "unknown"}__${str(item.tool) ?? "unknown"}`;
+  if (item.type === "mcp_tool_call") {
+    return `mcp__${str(item.server) ?? "unknown"}__${str(item.tool) ?? "unknown"}`;
+  }
   if (item.type === "collab_tool_call") return str(item.tool) ?? "collab_tool_call";
   return CODEX_TOOL_NAMES[item.type as string] ?? String(item.type);
 }
@@ -221,7 +258,10 @@ function toolOutcome(item: JsonObject): { output: string; isError: boolean } {
   switch (item.type) {
     case "command_execution": {
       const exit = typeof item.exit_code === "number" ? item.exit_code : null;
-      return { output: str(item.aggregated_output) ?? "", isError: failed || (exit !== null && exit !== 0) };
+      return {
+        output: str(item.aggregated_output) ?? "",
+        isError: failed || (exit !== null && exit !== 0),
+      };
     }
     case "file_change": {
       const changes = Array.isArray(item.changes) ? item.changes.filter(isObject) : [];
@@ -233,7 +273,9 @@ function toolOutcome(item: JsonObject): { output: string; isError: boolean } {
       if (error !== undefined) return { output: error, isError: true };
       const result = isObject(item.result) ? item.result : {};
       const content = Array.isArray(result.content) ? result.content : [];
-      const text = content.map((b) => (isObject(b) && typeof b.text === "string" ? b.text : JSON.stringify(b))).join("\n");
+      const text = content.map((
+        b,
+      ) => (isObject(b) && typeof b.text === "string" ? b.text : JSON.stringify(b))).join("\n");
       return { output: text || JSON.stringify(result.structured_content ?? null), isError: failed };
     }
     case "web_search":

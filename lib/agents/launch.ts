@@ -53,13 +53,17 @@ export function agentProgram(agent: AgentCliName): string {
 /** The model the agent is told to use. */
 function modelFor(input: LaunchInput): string {
   const model = input.model || input.env.SANDBOX_LLM_MODEL;
-  if (!model) throw new SandboxError("usage", "No model for the agent: pass --model or set llm.model");
+  if (!model) {
+    throw new SandboxError("usage", "No model for the agent: pass --model or set llm.model");
+  }
   return model;
 }
 
 function required(env: Record<string, string>, name: string, agent: AgentCliName): string {
   const value = env[name];
-  if (!value) throw new SandboxError("worker_failed", `Cannot start ${agent}: the session sets no ${name}`);
+  if (!value) {
+    throw new SandboxError("worker_failed", `Cannot start ${agent}: the session sets no ${name}`);
+  }
   return value;
 }
 
@@ -136,7 +140,9 @@ export function codexConfig(input: Pick<LaunchInput, "env" | "runId" | "instruct
     `model_provider = "sandbox"`,
     "check_for_update_on_startup = false",
     `web_search = "disabled"`,
-    ...(input.instructions?.trim() ? [`developer_instructions = ${tomlString(input.instructions)}`] : []),
+    ...(input.instructions?.trim()
+      ? [`developer_instructions = ${tomlString(input.instructions)}`]
+      : []),
     "",
     "[model_providers.sandbox]",
     `name = "sandbox credential proxy"`,
@@ -172,7 +178,9 @@ export function codexProfileName(runId: string): string {
  */
 function codexProjectFlags(input: LaunchInput): string[] {
   const trusted = (input.trustedConfig ?? []).includes(".codex");
-  const table = `projects={${tomlString(input.cwd)}={trust_level="${trusted ? "trusted" : "untrusted"}"}}`;
+  const table = `projects={${tomlString(input.cwd)}={trust_level="${
+    trusted ? "trusted" : "untrusted"
+  }"}}`;
   return trusted ? ["-c", table, "--dangerously-bypass-hook-trust"] : ["-c", table];
 }
 

@@ -15,7 +15,9 @@ export const DEFAULT_NPM_REGISTRY = "https://registry.npmjs.org";
 const REGISTRY_TIMEOUT_MS = 30_000;
 
 /** The registry npm itself would use: `npm_config_registry` when set (a mirror), else npmjs. */
-export function npmRegistry(env: (name: string) => string | undefined = (name) => Deno.env.get(name)): string {
+export function npmRegistry(
+  env: (name: string) => string | undefined = (name) => Deno.env.get(name),
+): string {
   const configured = env("npm_config_registry") || env("NPM_CONFIG_REGISTRY");
   return (configured || DEFAULT_NPM_REGISTRY).replace(/\/+$/, "");
 }
@@ -56,7 +58,10 @@ export interface FetchTarballOptions {
  * pinned integrity. Raises `RegistryError` when the registry cannot provide it, and a
  * `SandboxError("image_build_failed")` when what it provides does not match the pin.
  */
-export async function fetchTarball(tarball: PlatformTarball, options: FetchTarballOptions = {}): Promise<string> {
+export async function fetchTarball(
+  tarball: PlatformTarball,
+  options: FetchTarballOptions = {},
+): Promise<string> {
   const cacheDir = options.cacheDir ?? npmCacheDir();
   const path = `${cacheDir}/${cachedTarballName(tarball)}`;
   if (await integrityOf(path) === tarball.integrity) return path;
@@ -72,20 +77,36 @@ export async function fetchTarball(tarball: PlatformTarball, options: FetchTarba
       signal: options.signal ? AbortSignal.any([options.signal, headers]) : headers,
     });
   } catch (error) {
-    if (options.signal?.aborted) throw new SandboxError("interrupted", `Downloading ${tarball.spec} was interrupted`);
-    const reason = headers.aborted ? `no answer within ${REGISTRY_TIMEOUT_MS / 1000} s` : describeFetchError(error);
-    throw new RegistryError(registry, `Cannot download ${tarball.spec} from ${registry}: ${reason}`, { cause: error });
+    if (options.signal?.aborted) {
+      throw new SandboxError("interrupted", `Downloading ${tarball.spec} was interrupted`);
+    }
+    const reason = headers.aborted
+      ? `no answer within ${REGISTRY_TIMEOUT_MS / 1000} s`
+      : describeFetchError(error);
+    throw new RegistryError(
+      registry,
+      `Cannot download ${tarball.spec} from ${registry}: ${reason}`,
+      { cause: error },
+    );
   }
   if (response.status !== 200 || response.body === null) {
     await response.body?.cancel();
-    throw new RegistryError(registry, `Cannot download ${tarball.spec} from ${registry}: HTTP ${response.status}`);
+    throw new RegistryError(
+      registry,
+      `Cannot download ${tarball.spec} from ${registry}: HTTP ${response.status}`,
+    );
   }
   // Written beside the final name and renamed only once its hash matches: a partial or tampered
   // download never sits in the cache under the name the next build trusts.
   const partial = `${path}.${Deno.pid}.partial`;
   const hash = await sha512();
   try {
-    const file = await Deno.open(partial, { write: true, create: true, truncate: true, mode: 0o644 });
+    const file = await Deno.open(partial, {
+      write: true,
+      create: true,
+      truncate: true,
+      mode: 0o644,
+    });
     try {
       for await (const chunk of response.body) {
         hash.update(chunk);
@@ -97,15 +118,26 @@ export async function fetchTarball(tarball: PlatformTarball, options: FetchTarba
     }
   } catch (error) {
     await Deno.remove(partial).catch(() => {});
-    if (options.signal?.aborted) throw new SandboxError("interrupted", `Downloading ${tarball.spec} was interrupted`);
-    throw new RegistryError(registry, `Cannot download ${tarball.spec} from ${registry}: ${describeFetchError(error)}`, { cause: error });
+    if (options.signal?.aborted) {
+      throw new SandboxError("interrupted", `Downloading ${tarball.spec} was interrupted`);
+    }
+    throw new RegistryError(
+      registry,
+      `Cannot download ${tarball.spec} from ${registry}: ${describeFetchError(error)}`,
+      { cause: error },
+    );
   }
   const integrity = `sha512-${hash.digest("base64")}`;
   if (integrity !== tarball.integrity) {
     await Deno.remove(partial).catch(() => {});
-    throw new SandboxError("image_build_failed", `The tarball of ${tarball.spec} from ${registry} does not match its pinned integrity`, {
-      detail: `expected ${tarball.integrity}\nreceived ${integrity}\nA registry mirror or proxy changed it; nothing was installed`,
-    });
+    throw new SandboxError(
+      "image_build_failed",
+      `The tarball of ${tarball.spec} from ${registry} does not match its pinned integrity`,
+      {
+        detail:
+          `expected ${tarball.integrity}\nreceived ${integrity}\nA registry mirror or proxy changed it; nothing was installed`,
+      },
+    );
   }
   await Deno.rename(partial, path);
   return path;
@@ -142,7 +174,9 @@ export function displayRegistry(registry: string): string {
 
 /** A fetch error's reason without its URL (a mirror URL may carry credentials). */
 function describeFetchError(error: unknown): string {
-  const text = error instanceof Error ? (error.cause instanceof Error ? error.cause.message : error.message) : String(error);
+  const text = error instanceof Error
+    ? (error.cause instanceof Error ? error.cause.message : error.message)
+    : String(error);
   return text
     .replace(/^error sending request for url \([^)]*\):\s*/i, "")
     .replace(/https?:\/\/[^\s)]+/g, "the registry")

@@ -57,13 +57,15 @@ export const AGENT_PACKAGES: Readonly<Record<AgentCliName, AgentPackage>> = {
       amd64: {
         spec: "@anthropic-ai/claude-code-linux-x64@2.1.330",
         path: "@anthropic-ai/claude-code-linux-x64/-/claude-code-linux-x64-2.1.330.tgz",
-        integrity: "sha512-9Gn+V7DtJ8M1nztP9CeDVl9g3RtrepI7rOFTyPRRnZe8D6zebIHKmC7OvBauucuAP0X0k85SDN/LPVZyjsGezQ==",
+        integrity:
+          "sha512-9Gn+V7DtJ8M1nztP9CeDVl9g3RtrepI7rOFTyPRRnZe8D6zebIHKmC7OvBauucuAP0X0k85SDN/LPVZyjsGezQ==",
         root: "package",
       },
       arm64: {
         spec: "@anthropic-ai/claude-code-linux-arm64@2.1.330",
         path: "@anthropic-ai/claude-code-linux-arm64/-/claude-code-linux-arm64-2.1.330.tgz",
-        integrity: "sha512-V4yanAY5EA5UpwwRPtjSfqDbNqAlUJeVn3NYZw2AgmRHjdpSsLtHAzbxRXfkAnbjwTXzE0uedjQxUY02ARPcsA==",
+        integrity:
+          "sha512-V4yanAY5EA5UpwwRPtjSfqDbNqAlUJeVn3NYZw2AgmRHjdpSsLtHAzbxRXfkAnbjwTXzE0uedjQxUY02ARPcsA==",
         root: "package",
       },
     },
@@ -77,13 +79,15 @@ export const AGENT_PACKAGES: Readonly<Record<AgentCliName, AgentPackage>> = {
       amd64: {
         spec: "@openai/codex@0.169.0-linux-x64",
         path: "@openai/codex/-/codex-0.169.0-linux-x64.tgz",
-        integrity: "sha512-o05NyAOCDygSPRo1yinzxvkRSdmsZyBD9E7mbpmjRanSfM8lypqWtQgEo4XfNkwhuCR2aFu8mlGOsQGFXVbVww==",
+        integrity:
+          "sha512-o05NyAOCDygSPRo1yinzxvkRSdmsZyBD9E7mbpmjRanSfM8lypqWtQgEo4XfNkwhuCR2aFu8mlGOsQGFXVbVww==",
         root: "package/vendor/x86_64-unknown-linux-musl",
       },
       arm64: {
         spec: "@openai/codex@0.169.0-linux-arm64",
         path: "@openai/codex/-/codex-0.169.0-linux-arm64.tgz",
-        integrity: "sha512-NZ/DaQUpcQmxmqee7Z9uC1rzw3GhSbooawcaTe1LN5Yk+WlinUKGdTXJgClRT/9ogQEEM9TWxYzvxPfj5G/xFg==",
+        integrity:
+          "sha512-NZ/DaQUpcQmxmqee7Z9uC1rzw3GhSbooawcaTe1LN5Yk+WlinUKGdTXJgClRT/9ogQEEM9TWxYzvxPfj5G/xFg==",
         root: "package/vendor/aarch64-unknown-linux-musl",
       },
     },

@@ -28,7 +28,10 @@ export interface ProjectConfigUnit {
 
 export const AGENT_PROJECT_CONFIG: Readonly<Record<AgentCliName, readonly ProjectConfigUnit[]>> = {
   "claude-code": [
-    { path: ".claude", what: "Claude Code's project and local settings, skills, agents and commands" },
+    {
+      path: ".claude",
+      what: "Claude Code's project and local settings, skills, agents and commands",
+    },
     { path: ".mcp.json", what: "the MCP servers Claude Code starts" },
   ],
   codex: [{ path: ".codex", what: "Codex's project configuration, hooks and rules" }],
@@ -129,32 +132,63 @@ export async function checkAgentProjectConfig(
 }
 
 /** The files of `units` whose committed content the user has not trusted. */
-async function untrustedFiles(repo: { path: string; base: string }, files: TreeFile[], trustStore: string): Promise<IgnoredAgentFile[]> {
+async function untrustedFiles(
+  repo: { path: string; base: string },
+  files: TreeFile[],
+  trustStore: string,
+): Promise<IgnoredAgentFile[]> {
   if (files.length > MAX_FILES) {
-    return [{ path: files[0].path.split("/")[0], state: "not a regular file", summary: [`${files.length} files: more than ${MAX_FILES} are never used`] }];
+    return [{
+      path: files[0].path.split("/")[0],
+      state: "not a regular file",
+      summary: [`${files.length} files: more than ${MAX_FILES} are never used`],
+    }];
   }
-  const regular = files.filter((f) => f.type === "blob" && (f.mode === "100644" || f.mode === "100755"));
+  const regular = files.filter((f) =>
+    f.type === "blob" && (f.mode === "100644" || f.mode === "100755")
+  );
   const ignored: IgnoredAgentFile[] = files.filter((f) => !regular.includes(f)).map((f) => ({
     path: f.path,
     state: "not a regular file",
-    summary: [f.mode === "120000" ? "a symbolic link: never used" : `a ${f.type} (mode ${f.mode}): never used`],
+    summary: [
+      f.mode === "120000"
+        ? "a symbolic link: never used"
+        : `a ${f.type} (mode ${f.mode}): never used`,
+    ],
   }));
   const contents = await readBlobs(repo.path, regular.map((f) => f.oid));
   for (const [i, file] of regular.entries()) {
     const bytes = contents[i];
     if (bytes === undefined) {
-      ignored.push({ path: file.path, state: "not a regular file", summary: [`over ${MAX_FILE_BYTES} bytes: never used`] });
+      ignored.push({
+        path: file.path,
+        state: "not a regular file",
+        summary: [`over ${MAX_FILE_BYTES} bytes: never used`],
+      });
       continue;
     }
     const state = await trustStateOf(`${repo.path}/${file.path}`, bytes, trustStore);
-    if (state !== "trusted") ignored.push({ path: file.path, state, summary: summarizeAgentFile(file.path, bytes) });
+    if (state !== "trusted") {
+      ignored.push({ path: file.path, state, summary: summarizeAgentFile(file.path, bytes) });
+    }
   }
   return ignored;
 }
 
 /** `git ls-tree -r` of `paths` at the base commit: every file under them, with its mode and type. */
-async function committedFiles(repo: { path: string; base: string }, paths: string[]): Promise<TreeFile[]> {
-  const out = await git(repo.path, ["ls-tree", "-r", "-z", "--full-tree", repo.base, "--", ...paths]);
+async function committedFiles(
+  repo: { path: string; base: string },
+  paths: string[],
+): Promise<TreeFile[]> {
+  const out = await git(repo.path, [
+    "ls-tree",
+    "-r",
+    "-z",
+    "--full-tree",
+    repo.base,
+    "--",
+    ...paths,
+  ]);
   return new TextDecoder().decode(out).split("\0").filter(Boolean).map((line) => {
     const tab = line.indexOf("\t");
     const [mode, type, oid] = line.slice(0, tab).split(" ");
@@ -171,7 +205,9 @@ async function readBlobs(repoPath: string, oids: string[]): Promise<(Uint8Array 
   for (const oid of oids) {
     const newline = out.indexOf(0x0a, at);
     const header = new TextDecoder().decode(out.subarray(at, newline)).split(" ");
-    if (header[0] !== oid || header[1] !== "blob") throw new SandboxError("exec_failed", `Cannot read ${oid} in "${repoPath}"`);
+    if (header[0] !== oid || header[1] !== "blob") {
+      throw new SandboxError("exec_failed", `Cannot read ${oid} in "${repoPath}"`);
+    }
     const size = Number(header[2]);
     blobs.push(size > MAX_FILE_BYTES ? undefined : out.slice(newline + 1, newline + 1 + size));
     at = newline + 1 + size + 1;
@@ -180,10 +216,18 @@ async function readBlobs(repoPath: string, oids: string[]): Promise<(Uint8Array 
 }
 
 async function git(repoPath: string, args: string[], stdin?: string): Promise<Uint8Array> {
-  const child = spawn(["git", "-C", repoPath, ...args], { env: { GIT_TERMINAL_PROMPT: "0" }, stdin });
+  const child = spawn(["git", "-C", repoPath, ...args], {
+    env: { GIT_TERMINAL_PROMPT: "0" },
+    stdin,
+  });
   const [out, outcome] = await Promise.all([new Response(child.stdout).bytes(), child.finished]);
   if (outcome.exitCode !== 0) {
-    throw new SandboxError("exec_failed", `Cannot read the agent configuration in "${repoPath}": ${outcome.stderrTail.trim().split("\n")[0]}`);
+    throw new SandboxError(
+      "exec_failed",
+      `Cannot read the agent configuration in "${repoPath}": ${
+        outcome.stderrTail.trim().split("\n")[0]
+      }`,
+    );
   }
   return out;
 }
@@ -192,10 +236,18 @@ async function git(repoPath: string, args: string[], stdin?: string): Promise<Ui
 export function describeIgnored(agent: AgentCliName, config: AgentProjectConfig): string[] {
   const lines: string[] = [];
   for (const { unit, hostPath, files } of config.ignored) {
-    lines.push(`ignoring ${shellQuote(hostPath)}, ${unit.what}: a configuration that comes with a project may be hostile`);
+    lines.push(
+      `ignoring ${
+        shellQuote(hostPath)
+      }, ${unit.what}: a configuration that comes with a project may be hostile`,
+    );
     for (const file of files.slice(0, 16)) {
       if (file.state === "not a regular file") {
-        lines.push(`  ${quoteForTerminal(file.path)}: ${file.summary.join("; ")}, and keeps ${unit.path} out while it is committed`);
+        lines.push(
+          `  ${quoteForTerminal(file.path)}: ${
+            file.summary.join("; ")
+          }, and keeps ${unit.path} out while it is committed`,
+        );
         continue;
       }
       const why = file.state === "changed" ? "changed since you trusted it" : "not trusted";
@@ -206,7 +258,9 @@ export function describeIgnored(agent: AgentCliName, config: AgentProjectConfig)
     lines.push(
       files.some((f) => f.state === "not a regular file")
         ? `  ${agent} runs without it: only regular files of reasonable size can be trusted`
-        : `  ${agent} runs without it; after reviewing it, trust it with: sandbox trust ${shellQuote(hostPath)}`,
+        : `  ${agent} runs without it; after reviewing it, trust it with: sandbox trust ${
+          shellQuote(hostPath)
+        }`,
     );
   }
   return lines;
@@ -236,22 +290,49 @@ function isObject(value: unknown): value is Record<string, unknown> {
 }
 
 function keys(value: unknown): string {
-  return isObject(value) ? Object.keys(value).map(quoteForTerminal).join(", ") : quoteForTerminal(value);
+  return isObject(value)
+    ? Object.keys(value).map(quoteForTerminal).join(", ")
+    : quoteForTerminal(value);
 }
 
 /** Claude Code's settings, Codex's hooks.json: hooks, environment, helpers, then the other keys. */
 function jsonSettings(doc: Record<string, unknown>): string[] {
   const lines: string[] = [];
-  if (doc.hooks !== undefined) lines.push(`hooks ${keys(doc.hooks)} (commands the agent runs, given the prompt, in its environment)`);
+  if (doc.hooks !== undefined) {
+    lines.push(
+      `hooks ${keys(doc.hooks)} (commands the agent runs, given the prompt, in its environment)`,
+    );
+  }
   if (doc.env !== undefined) {
-    const redirect = isObject(doc.env) && Object.keys(doc.env).some((k) => /BASE_URL$/.test(k)) ? "; a *_BASE_URL is where the agent's LLM calls go" : "";
+    const redirect = isObject(doc.env) && Object.keys(doc.env).some((k) => /BASE_URL$/.test(k))
+      ? "; a *_BASE_URL is where the agent's LLM calls go"
+      : "";
     lines.push(`env ${keys(doc.env)} (the agent's environment${redirect})`);
   }
-  for (const helper of ["apiKeyHelper", "awsAuthRefresh", "awsCredentialExport", "otelHeadersHelper", "statusLine"]) {
-    if (doc[helper] !== undefined) lines.push(`${helper} ${quoteForTerminal(doc[helper])} (a command the agent runs)`);
+  for (
+    const helper of [
+      "apiKeyHelper",
+      "awsAuthRefresh",
+      "awsCredentialExport",
+      "otelHeadersHelper",
+      "statusLine",
+    ]
+  ) {
+    if (doc[helper] !== undefined) {
+      lines.push(`${helper} ${quoteForTerminal(doc[helper])} (a command the agent runs)`);
+    }
   }
   if (doc.mcpServers !== undefined) lines.push(...mcpServers(doc.mcpServers));
-  const known = new Set(["hooks", "env", "mcpServers", "apiKeyHelper", "awsAuthRefresh", "awsCredentialExport", "otelHeadersHelper", "statusLine"]);
+  const known = new Set([
+    "hooks",
+    "env",
+    "mcpServers",
+    "apiKeyHelper",
+    "awsAuthRefresh",
+    "awsCredentialExport",
+    "otelHeadersHelper",
+    "statusLine",
+  ]);
   const other = Object.keys(doc).filter((k) => !known.has(k));
   if (other.length > 0) lines.push(`also ${other.map(quoteForTerminal).join(", ")}`);
   return lines.length > 0 ? lines : ["(no settings)"];
@@ -286,6 +367,12 @@ function tomlSettings(text: string): string[] {
   }
   const lines: string[] = [];
   if (top.length > 0) lines.push(`sets ${top.map(quoteForTerminal).join(", ")}`);
-  if (tables.length > 0) lines.push(`tables ${tables.slice(0, 12).map(quoteForTerminal).join(", ")}${tables.length > 12 ? ", …" : ""}`);
+  if (tables.length > 0) {
+    lines.push(
+      `tables ${tables.slice(0, 12).map(quoteForTerminal).join(", ")}${
+        tables.length > 12 ? ", …" : ""
+      }`,
+    );
+  }
   return lines.length > 0 ? lines : ["(no settings)"];
 }

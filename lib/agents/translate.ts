@@ -8,7 +8,12 @@
  * know (a new kind in a later version, a line that is not JSON) never breaks the stream: it is
  * handed to `onEvent` unknown, for the run log, and skipped.
  */
-import { type AgenticMessage, type AgenticMessageInit, decodeMessage, encodeMessage } from "../run/protocol.ts";
+import {
+  type AgenticMessage,
+  type AgenticMessageInit,
+  decodeMessage,
+  encodeMessage,
+} from "../run/protocol.ts";
 
 export type JsonObject = Record<string, unknown>;
 
@@ -77,7 +82,9 @@ export function sum(...values: (number | undefined)[]): number | undefined {
 /** Text of a tool result's content: a string, or the text of its blocks (other blocks named). */
 export function contentText(content: unknown): string {
   if (typeof content === "string") return content;
-  if (!Array.isArray(content)) return content === undefined || content === null ? "" : JSON.stringify(content);
+  if (!Array.isArray(content)) {
+    return content === undefined || content === null ? "" : JSON.stringify(content);
+  }
   return content.map((block) => {
     if (typeof block === "string") return block;
     if (isObject(block) && typeof block.text === "string") return block.text;

@@ -24,8 +24,8 @@ import {
   forwardedHeaders,
   type LlmApi,
   type LlmPolicy,
-  ROUTES,
   type RouteRule,
+  ROUTES,
 } from "./llm_policy.ts";
 import { parseStrictJson } from "./strict_json.ts";
 
@@ -148,7 +148,9 @@ export async function startCredentialProxy(
       }, handler));
     }
     for (const hostname of options.hostnames) {
-      const port = servers.length === 0 ? options.port ?? 0 : (servers[0].addr as Deno.NetAddr).port;
+      const port = servers.length === 0
+        ? options.port ?? 0
+        : (servers[0].addr as Deno.NetAddr).port;
       servers.push(Deno.serve({
         hostname: hostname.replace(/^\[|\]$/g, ""),
         port,

@@ -152,7 +152,9 @@ export async function startEgressProxy(options: EgressProxyOptions): Promise<Egr
 /** Shared by the host proxies: a Unix socket, or TCP addresses that name no wildcard. */
 export function assertListenOn(options: { hostnames: readonly string[]; path?: string }): void {
   if (options.path === undefined) return assertListenHostnames(options.hostnames);
-  if (options.hostnames.length > 0) throw new TypeError("Cannot listen on a Unix socket and TCP addresses at once");
+  if (options.hostnames.length > 0) {
+    throw new TypeError("Cannot listen on a Unix socket and TCP addresses at once");
+  }
 }
 
 /** A listen address list must be non-empty and name no wildcard. */

@@ -29,7 +29,15 @@ const MAX_PKT_LENGTH = 65_520;
 const OBJECT_ID = /^(?:[0-9a-f]{40}|[0-9a-f]{64})$/;
 const ZERO_ID = /^0+$/;
 /** Capabilities a push may ask for; anything else (notably `push-options`) is refused. */
-const PUSH_CAPABILITIES = new Set(["report-status", "report-status-v2", "side-band-64k", "side-band", "quiet", "atomic", "ofs-delta"]);
+const PUSH_CAPABILITIES = new Set([
+  "report-status",
+  "report-status-v2",
+  "side-band-64k",
+  "side-band",
+  "quiet",
+  "atomic",
+  "ofs-delta",
+]);
 const PUSH_CAPABILITY_PREFIXES = ["agent=", "object-format=", "session-id="];
 
 /**
@@ -56,9 +64,15 @@ export function parseGitRoute(method: string, target: string, prefix: string): G
   const path = mark < 0 ? target : target.slice(0, mark);
   const query = mark < 0 ? undefined : target.slice(mark + 1);
   const endpoint = path.startsWith(`${prefix}/`) ? path.slice(prefix.length) : undefined;
-  if (endpoint !== "/info/refs" && endpoint !== "/git-upload-pack" && endpoint !== "/git-receive-pack") {
+  if (
+    endpoint !== "/info/refs" && endpoint !== "/git-upload-pack" && endpoint !== "/git-receive-pack"
+  ) {
     if (/%|\\|\/\/|\/\.\.?(?:\/|$)|;/.test(path)) {
-      return { ok: false, status: 400, reason: "ambiguous path (percent-encoding, dot segments, doubled slashes)" };
+      return {
+        ok: false,
+        status: 400,
+        reason: "ambiguous path (percent-encoding, dot segments, doubled slashes)",
+      };
     }
     return { ok: false, status: 404, reason: "not a smart HTTP endpoint" };
   }
@@ -69,15 +83,27 @@ export function parseGitRoute(method: string, target: string, prefix: string): G
       return {
         ok: false,
         status: 400,
-        reason: "info/refs needs exactly ?service=git-upload-pack or ?service=git-receive-pack (dumb HTTP is not served)",
+        reason:
+          "info/refs needs exactly ?service=git-upload-pack or ?service=git-receive-pack (dumb HTTP is not served)",
       };
     }
-    return { ok: true, route: { kind: "advertisement", service: service as GitService, suffix: `/info/refs?service=${service}` } };
+    return {
+      ok: true,
+      route: {
+        kind: "advertisement",
+        service: service as GitService,
+        suffix: `/info/refs?service=${service}`,
+      },
+    };
   }
   const service = endpoint.slice(1) as GitService;
   if (method !== "POST") return { ok: false, status: 405, reason: `${method} on ${service}` };
   if (query !== undefined) {
-    return { ok: false, status: 400, reason: `a query on POST ${service}: the service is its path, nothing else` };
+    return {
+      ok: false,
+      status: 400,
+      reason: `a query on POST ${service}: the service is its path, nothing else`,
+    };
   }
   return { ok: true, route: { kind: "rpc", service, suffix: endpoint } };
 }
@@ -118,7 +144,9 @@ export function scanPushCommands(body: Uint8Array): PushCommands | undefined {
   while (true) {
     if (offset + 4 > body.length) return undefined;
     const header = String.fromCharCode(...body.subarray(offset, offset + 4));
-    if (!/^[0-9a-fA-F]{4}$/.test(header)) throw new PushFormatError(`malformed pkt-line length "${printable(header)}"`);
+    if (!/^[0-9a-fA-F]{4}$/.test(header)) {
+      throw new PushFormatError(`malformed pkt-line length "${printable(header)}"`);
+    }
     const length = Number.parseInt(header, 16);
     if (length === 0) return { updates, capabilities, end: offset + 4 };
     if (length <= 4) throw new PushFormatError(`special packet "${header}" in the command list`);
@@ -137,18 +165,27 @@ export function scanPushCommands(body: Uint8Array): PushCommands | undefined {
     const line = nul < 0 ? payload : payload.slice(0, nul);
     if (nul >= 0) {
       for (const capability of payload.slice(nul + 1).split(" ").filter(Boolean)) {
-        if (capability === "push-options") throw new PushFormatError("push options are not allowed");
-        if (!PUSH_CAPABILITIES.has(capability) && !PUSH_CAPABILITY_PREFIXES.some((p) => capability.startsWith(p))) {
+        if (capability === "push-options") {
+          throw new PushFormatError("push options are not allowed");
+        }
+        if (
+          !PUSH_CAPABILITIES.has(capability) &&
+          !PUSH_CAPABILITY_PREFIXES.some((p) => capability.startsWith(p))
+        ) {
           throw new PushFormatError(`capability "${printable(capability)}" is not allowed`);
         }
         capabilities.push(capability);
       }
     }
     if (line.startsWith("shallow ")) {
-      if (!OBJECT_ID.test(line.slice("shallow ".length))) throw new PushFormatError(`malformed "${printable(line)}"`);
+      if (!OBJECT_ID.test(line.slice("shallow ".length))) {
+        throw new PushFormatError(`malformed "${printable(line)}"`);
+      }
       continue;
     }
-    if (line.startsWith("push-cert")) throw new PushFormatError("signed pushes (push-cert) are not supported");
+    if (line.startsWith("push-cert")) {
+      throw new PushFormatError("signed pushes (push-cert) are not supported");
+    }
     // receive-pack: 40 (or 64) hex, SP, the same again, SP, then the ref name is the rest of the line.
     const command = /^([0-9a-f]{40}|[0-9a-f]{64}) ([0-9a-f]{40}|[0-9a-f]{64}) (.+)$/s.exec(line);
     if (!command || command[1].length !== command[2].length) {
@@ -170,14 +207,22 @@ export function parseRefUpdates(body: Uint8Array): RefUpdate[] {
  * `allowed`. `false`: this session may not push at all.
  */
 export function pushViolation(updates: RefUpdate[], allowed: string | false): string | undefined {
-  if (allowed === false) return "this run has no push grant (only a run started with --push may push its branch)";
+  if (allowed === false) {
+    return "this run has no push grant (only a run started with --push may push its branch)";
+  }
   if (updates.length === 0) return "a push with no ref updates";
   for (const update of updates) {
-    if (update.ref !== allowed) return `updating "${printable(update.ref)}": this run may push only "${allowed}"`;
+    if (update.ref !== allowed) {
+      return `updating "${printable(update.ref)}": this run may push only "${allowed}"`;
+    }
     if (ZERO_ID.test(update.new)) return `deleting "${update.ref}"`;
-    if (!OBJECT_ID.test(update.old) || !OBJECT_ID.test(update.new)) return `malformed object id for "${update.ref}"`;
+    if (!OBJECT_ID.test(update.old) || !OBJECT_ID.test(update.new)) {
+      return `malformed object id for "${update.ref}"`;
+    }
   }
-  if (updates.length > 1) return `${updates.length} updates of "${allowed}" in one push: one is allowed`;
+  if (updates.length > 1) {
+    return `${updates.length} updates of "${allowed}" in one push: one is allowed`;
+  }
   return undefined;
 }
 
@@ -185,5 +230,8 @@ export function pushViolation(updates: RefUpdate[], allowed: string | false): st
 function printable(text: string): string {
   const shown = text.length > 200 ? `${text.slice(0, 200)}…` : text;
   // deno-lint-ignore no-control-regex
-  return shown.replace(/[\x00-\x1f\x7f-\x9f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
+  return shown.replace(
+    /[\x00-\x1f\x7f-\x9f]/g,
+    (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`,
+  );
 }

@@ -17,7 +17,14 @@
  */
 import type { AccessLog } from "./access_log.ts";
 import { assertListenOn, formatHostForUrl } from "./egress_proxy.ts";
-import { type GitRoute, parseGitRoute, PushFormatError, pushViolation, requestTarget, scanPushCommands } from "./git_protocol.ts";
+import {
+  type GitRoute,
+  parseGitRoute,
+  PushFormatError,
+  pushViolation,
+  requestTarget,
+  scanPushCommands,
+} from "./git_protocol.ts";
 import { closeOnAbort } from "../process.ts";
 import type { Redactor } from "../redact.ts";
 
@@ -85,7 +92,10 @@ function tokenOf(req: Request): string | undefined {
 }
 
 function refuse(status: number, message: string): Response {
-  return new Response(`sandbox git proxy: ${message}\n`, { status, headers: { "content-type": "text/plain" } });
+  return new Response(`sandbox git proxy: ${message}\n`, {
+    status,
+    headers: { "content-type": "text/plain" },
+  });
 }
 
 /**
@@ -150,16 +160,22 @@ async function readCommandSection(
     try {
       commands = scanPushCommands(buffered);
     } catch (error) {
-      if (error instanceof PushFormatError) throw new Refusal(403, `push refused: ${error.message}`);
+      if (error instanceof PushFormatError) {
+        throw new Refusal(403, `push refused: ${error.message}`);
+      }
       throw error;
     }
     if (commands ? commands.end > MAX_COMMAND_BYTES : buffered.byteLength >= MAX_COMMAND_BYTES) {
-      throw new Refusal(413, `push refused: its command section exceeds ${MAX_COMMAND_BYTES} bytes`);
+      throw new Refusal(
+        413,
+        `push refused: its command section exceeds ${MAX_COMMAND_BYTES} bytes`,
+      );
     }
     if (commands) return { buffered, commands };
     let timer: ReturnType<typeof setTimeout> | undefined;
     const expired = new Promise<never>((_, reject) => {
-      const late = () => reject(new Refusal(408, "push refused: its command section did not arrive in time"));
+      const late = () =>
+        reject(new Refusal(408, "push refused: its command section did not arrive in time"));
       timer = setTimeout(late, Math.max(0, deadline - Date.now()));
     });
     let chunk: ReadableStreamReadResult<Uint8Array>;
@@ -171,7 +187,9 @@ async function readCommandSection(
     } finally {
       clearTimeout(timer);
     }
-    if (chunk.done) throw new Refusal(403, "push refused: the request ends inside its command list");
+    if (chunk.done) {
+      throw new Refusal(403, "push refused: the request ends inside its command list");
+    }
     const grown = new Uint8Array(buffered.byteLength + chunk.value.byteLength);
     grown.set(buffered);
     grown.set(chunk.value, buffered.byteLength);
@@ -187,7 +205,9 @@ export function startGitProxy(options: GitProxyOptions): Promise<GitProxy> {
   const servers: Deno.HttpServer<Deno.Addr>[] = [];
   let port = 0;
   try {
-    if (options.path !== undefined) servers.push(Deno.serve({ path: options.path, onListen: () => {} }, handler));
+    if (options.path !== undefined) {
+      servers.push(Deno.serve({ path: options.path, onListen: () => {} }, handler));
+    }
     for (const hostname of options.hostnames) {
       const server = Deno.serve({ hostname, port, onListen: () => {} }, handler);
       servers.push(server);
@@ -281,7 +301,9 @@ export async function handleGitRequest(req: Request, options: GitProxyOptions): 
     // Protocol v2 is for fetches; receive-pack speaks v0 only, the format the command check reads.
     const protocol = req.headers.get("git-protocol");
     if (protocol && route.service === "git-upload-pack") {
-      if (!/^[A-Za-z0-9=:._-]{1,100}$/.test(protocol)) throw new Refusal(400, "malformed Git-Protocol header");
+      if (!/^[A-Za-z0-9=:._-]{1,100}$/.test(protocol)) {
+        throw new Refusal(400, "malformed Git-Protocol header");
+      }
       headers.set("git-protocol", protocol);
     }
 
@@ -290,19 +312,30 @@ export async function handleGitRequest(req: Request, options: GitProxyOptions): 
       const expected = `application/x-${route.service}-request`;
       const contentType = req.headers.get("content-type");
       if (contentType !== expected) {
-        throw new Refusal(415, `POST ${route.service} needs content type "${expected}", not "${(contentType ?? "").slice(0, 100)}"`);
+        throw new Refusal(
+          415,
+          `POST ${route.service} needs content type "${expected}", not "${
+            (contentType ?? "").slice(0, 100)
+          }"`,
+        );
       }
       headers.set("content-type", contentType);
       const encoding = (req.headers.get("content-encoding") ?? "").toLowerCase();
       if (encoding !== "" && encoding !== "gzip" && encoding !== "x-gzip") {
-        throw new Refusal(415, `content encoding "${encoding.slice(0, 100)}" is not accepted (only gzip)`);
+        throw new Refusal(
+          415,
+          `content encoding "${encoding.slice(0, 100)}" is not accepted (only gzip)`,
+        );
       }
       const source = req.body ?? new Blob([]).stream();
       if (route.service === "git-receive-pack") {
         // The remote gets the decoded bytes that were checked, never a second reading of them.
         const decoded = encoding ? source.pipeThrough(new DecompressionStream("gzip")) : source;
         sourceReader = decoded.getReader();
-        const { buffered, commands } = await readCommandSection(sourceReader, options.commandTimeoutMs ?? 60_000);
+        const { buffered, commands } = await readCommandSection(
+          sourceReader,
+          options.commandTimeoutMs ?? 60_000,
+        );
         const violation = pushViolation(commands.updates, remote.push);
         if (violation) throw new Refusal(403, `push refused: ${violation}`);
         body = chain(buffered, sourceReader, (n) => bytesOut += n);
@@ -327,7 +360,9 @@ export async function handleGitRequest(req: Request, options: GitProxyOptions): 
     } catch (error) {
       status = 502;
       reason = "cannot reach the remote";
-      const message = options.redactor ? options.redactor.redact((error as Error).message) : "error";
+      const message = options.redactor
+        ? options.redactor.redact((error as Error).message)
+        : "error";
       return refuse(status, `cannot reach the remote (${message.slice(0, 200)})`);
     }
     status = upstream.status;
@@ -341,7 +376,10 @@ export async function handleGitRequest(req: Request, options: GitProxyOptions): 
     if (status === 401 || status === 403) reason = "the remote refused the credentials";
     if (!upstream.body) return new Response(null, { status, headers: out });
     streaming = true;
-    return new Response(chain(undefined, upstream.body.getReader(), (n) => bytesIn += n, writeLog), { status, headers: out });
+    return new Response(
+      chain(undefined, upstream.body.getReader(), (n) => bytesIn += n, writeLog),
+      { status, headers: out },
+    );
   } catch (error) {
     await (sourceReader ? sourceReader.cancel() : req.body?.cancel())?.catch(() => {});
     if (error instanceof Refusal) {
@@ -351,7 +389,9 @@ export async function handleGitRequest(req: Request, options: GitProxyOptions): 
     }
     // Not the sandbox's doing (the credential source failed, say): say so without any secret.
     status = 502;
-    const message = options.redactor ? options.redactor.redact((error as Error).message ?? String(error)) : "error";
+    const message = options.redactor
+      ? options.redactor.redact((error as Error).message ?? String(error))
+      : "error";
     reason = `cannot forward: ${message.slice(0, 200)}`;
     return refuse(status, "cannot forward the request to the remote");
   } finally {

@@ -12,7 +12,9 @@ interface BuiltinProvider {
 }
 
 /** Built-in providers. Their keys go only to their own base URL, which config cannot change. */
-export const BUILTIN_PROVIDERS: Readonly<Record<"openai" | "anthropic" | "openrouter", BuiltinProvider>> = {
+export const BUILTIN_PROVIDERS: Readonly<
+  Record<"openai" | "anthropic" | "openrouter", BuiltinProvider>
+> = {
   openai: {
     kind: "openai",
     baseUrl: "https://api.openai.com/v1",

@@ -85,7 +85,16 @@ export const RELAY_PATH = "/opt/sandbox/relay.js";
 
 /** The image's relay with `args`, as the exec wrapper runs it (with the image's Deno cache). */
 export function relayArgv(args: readonly string[]): string[] {
-  return ["deno", "run", "--quiet", "--no-config", "--no-prompt", ...relayPermissions(args), RELAY_PATH, ...args];
+  return [
+    "deno",
+    "run",
+    "--quiet",
+    "--no-config",
+    "--no-prompt",
+    ...relayPermissions(args),
+    RELAY_PATH,
+    ...args,
+  ];
 }
 
 /** The environment variable that carries a spare relay's key (relay/main.ts). */
@@ -101,7 +110,10 @@ export type RelayLauncher = (args: string[]) => RelayProcess;
  */
 export function spawnRelayProcess(
   argv: string[],
-  options: { kill?: () => Promise<void>; spawn?: (argv: string[], options: SpawnOptions) => Child } = {},
+  options: {
+    kill?: () => Promise<void>;
+    spawn?: (argv: string[], options: SpawnOptions) => Child;
+  } = {},
 ): RelayProcess {
   // Some buffering between the mux and the pipe, so that the next batch is ready while one is
   // being written (a write into a pipe ends only when the reader took all of it).
@@ -176,7 +188,9 @@ export async function startRelay(options: RelayOptions): Promise<RelayHost> {
   for (let attempt = 0;; attempt++) {
     const ports = portsFor(services, base);
     const outcome = await launchOnce(options, ports);
-    if (outcome.kind === "ready") return new LiveRelay(options, ports, launched(outcome), outcome.transport);
+    if (outcome.kind === "ready") {
+      return new LiveRelay(options, ports, launched(outcome), outcome.transport);
+    }
     if (outcome.kind === "ports_in_use" && attempt + 1 < BASE_PORT_ATTEMPTS) {
       base += BASE_PORT_STEP;
       continue;
@@ -203,7 +217,10 @@ export async function startRelay(options: RelayOptions): Promise<RelayHost> {
 }
 
 /** The ports of `services` from `base` (each at its offset). */
-export function portsFor(services: RelayService[], base: number): Partial<Record<RelayService, number>> {
+export function portsFor(
+  services: RelayService[],
+  base: number,
+): Partial<Record<RelayService, number>> {
   return Object.fromEntries(services.map((s) => [s, base + RELAY_SERVICES[s]]));
 }
 
@@ -298,7 +315,9 @@ class FirstBytes implements AsyncIterable<Uint8Array> {
   /** The first bytes as one line, when they are printable text (no relay frame is). */
   asText(): string | undefined {
     const text = new TextDecoder("utf-8", { fatal: false }).decode(this.#kept).trim();
-    return text.length > 0 && /^[\P{Cc}\t\r\n]+$/u.test(text) ? text.replace(/\s+/g, " ").slice(0, 300) : undefined;
+    return text.length > 0 && /^[\P{Cc}\t\r\n]+$/u.test(text)
+      ? text.replace(/\s+/g, " ").slice(0, 300)
+      : undefined;
   }
 }
 

@@ -13,8 +13,13 @@
  * relay, revokes the token, stops the proxies and removes the sockets.
  */
 import { AccessLog } from "./access_log.ts";
-import { userStateDir, type Profile } from "../config.ts";
-import { PROXY_PATH_PREFIX, startCredentialProxy, TokenRegistry, type UpstreamProvider } from "./credential_proxy.ts";
+import { type Profile, userStateDir } from "../config.ts";
+import {
+  PROXY_PATH_PREFIX,
+  startCredentialProxy,
+  TokenRegistry,
+  type UpstreamProvider,
+} from "./credential_proxy.ts";
 import { type DockerSandboxProvider, RELAY_USER } from "../sandbox/docker_provider.ts";
 import { startEgressProxy } from "./egress_proxy.ts";
 import type { GitRemote } from "./git_proxy.ts";
@@ -22,17 +27,34 @@ import { KeyStore } from "../keys.ts";
 import { llmTarget } from "./llm_providers.ts";
 import { Redactor } from "../redact.ts";
 import { parseSize } from "../units.ts";
-import { adoptRelay, BASE_PORT_STEP, DEFAULT_RELAY_BASE_PORT, portsFor, type RelayHost, type RelayLauncher, relayArgv, type RelayService, spawnRelayProcess, startRelay } from "./relay_host.ts";
+import {
+  adoptRelay,
+  BASE_PORT_STEP,
+  DEFAULT_RELAY_BASE_PORT,
+  portsFor,
+  relayArgv,
+  type RelayHost,
+  type RelayLauncher,
+  type RelayService,
+  spawnRelayProcess,
+  startRelay,
+} from "./relay_host.ts";
 import {
   awaitSpareRelay,
-  claimSpareRelay,
   type ClaimedSpare,
+  claimSpareRelay,
   hasSpareRelay,
   passOnSpareRelay,
   type ServingSpare,
   startSpareRelay,
 } from "./spare_relay.ts";
-import { makeSessionSocketDir, MAX_SOCKET_PATH, prepareProxyMountSource, type SessionSocketDir, sweepStaleSessionDirs } from "../sandbox/proxy_mount.ts";
+import {
+  makeSessionSocketDir,
+  MAX_SOCKET_PATH,
+  prepareProxyMountSource,
+  type SessionSocketDir,
+  sweepStaleSessionDirs,
+} from "../sandbox/proxy_mount.ts";
 import { SandboxError } from "../errors.ts";
 import { trace } from "../trace.ts";
 
@@ -151,7 +173,9 @@ function sandboxEnv(
   };
   if (urls.git) env.SANDBOX_GIT_URL = urls.git;
   if (urls.egress) {
-    for (const name of ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]) env[name] = urls.egress;
+    for (const name of ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"]) {
+      env[name] = urls.egress;
+    }
     const noProxy = [...new Set([...urls.noProxy, "localhost", "127.0.0.1"])].join(",");
     for (const name of ["NO_PROXY", "no_proxy"]) env[name] = noProxy;
   }
@@ -164,7 +188,11 @@ function sandboxEnv(
  * carry exactly these to be claimed).
  */
 export function sessionServices(profile: Profile, options: { git?: boolean } = {}): RelayService[] {
-  return ["llm", ...(profile.sandbox.network.mode === "full" ? [] : ["egress" as const]), ...(options.git ? ["git" as const] : [])];
+  return [
+    "llm",
+    ...(profile.sandbox.network.mode === "full" ? [] : ["egress" as const]),
+    ...(options.git ? ["git" as const] : []),
+  ];
 }
 
 /**
@@ -173,18 +201,29 @@ export function sessionServices(profile: Profile, options: { git?: boolean } = {
  * without a remote serves. Only where the container has the mounted socket directory; best
  * effort, as every spare.
  */
-export async function readySpareRelay(provider: DockerSandboxProvider, signal?: AbortSignal): Promise<void> {
+export async function readySpareRelay(
+  provider: DockerSandboxProvider,
+  signal?: AbortSignal,
+): Promise<void> {
   if (!await provider.hasProxyMount(signal).catch(() => false)) return;
   const source = await prepareProxyMountSource(provider.containerName).catch(() => undefined);
   if (!source) return;
-  await startSpareRelay(provider, source, portsFor(sessionServices(provider.profile), DEFAULT_RELAY_BASE_PORT));
+  await startSpareRelay(
+    provider,
+    source,
+    portsFor(sessionServices(provider.profile), DEFAULT_RELAY_BASE_PORT),
+  );
 }
 
 /**
  * Start the credential proxy, the egress proxy (unless the network mode is full) and the git
  * proxy (with a remote) for `profile`, and issue a token for them.
  */
-async function startProxies(profile: Profile, listen: Listen, options: SessionOptions): Promise<StartedProxies> {
+async function startProxies(
+  profile: Profile,
+  listen: Listen,
+  options: SessionOptions,
+): Promise<StartedProxies> {
   const redactor = options.redactor ?? new Redactor();
   const keys = options.keys ?? new KeyStore({ redactor });
   const logPath = options.accessLogPath ?? defaultAccessLogPath();
@@ -204,7 +243,9 @@ async function startProxies(profile: Profile, listen: Listen, options: SessionOp
     policy: configured.policy,
   });
   const at = (service: RelayService) =>
-    "socketDir" in listen ? { hostnames: [], path: `${listen.socketDir}/${service}.sock` } : { hostnames: listen.hostnames };
+    "socketDir" in listen
+      ? { hostnames: [], path: `${listen.socketDir}/${service}.sock` }
+      : { hostnames: listen.hostnames };
 
   const cleanups: (() => Promise<void>)[] = [() => log.close()];
   const close = async () => {
@@ -223,16 +264,18 @@ async function startProxies(profile: Profile, listen: Listen, options: SessionOp
     });
     cleanups.push(() => credentials.close());
     const { mode, allow, hosts } = profile.sandbox.network;
-    const egress = !sessionServices(profile).includes("egress") ? undefined : await startEgressProxy({
-      ...at("egress"),
-      mode,
-      allow,
-      hosts,
-      log,
-      profile: profile.name,
-      runId: options.runId ?? null,
-      signal: options.signal,
-    });
+    const egress = !sessionServices(profile).includes("egress")
+      ? undefined
+      : await startEgressProxy({
+        ...at("egress"),
+        mode,
+        allow,
+        hosts,
+        log,
+        profile: profile.name,
+        runId: options.runId ?? null,
+        signal: options.signal,
+      });
     if (egress) cleanups.push(() => egress.close());
     // The git proxy's modules are loaded only for a session with a remote (~4 ms of every other).
     const git = options.gitRemote
@@ -308,7 +351,9 @@ export async function startHostProxies(
  * the first where a socket path fits.
  */
 async function sessionSocketDir(): Promise<string> {
-  const bases = [Deno.env.get("XDG_RUNTIME_DIR"), `${userStateDir()}/run`].filter((b): b is string => Boolean(b));
+  const bases = [Deno.env.get("XDG_RUNTIME_DIR"), `${userStateDir()}/run`].filter((
+    b,
+  ): b is string => Boolean(b));
   const fits = (dir: string) => `${dir}/egress.sock`.length <= MAX_SOCKET_PATH;
   for (const base of bases) {
     // The directory's name adds its prefix and 16 random characters.
@@ -335,7 +380,10 @@ async function mountSourceFor(
   transport = Deno.env.get(RELAY_TRANSPORT_ENV) || "auto",
 ): Promise<string | undefined> {
   if (transport !== "auto" && transport !== "stream") {
-    throw new SandboxError("config_invalid", `Invalid ${RELAY_TRANSPORT_ENV} "${transport}": use "auto" or "stream"`);
+    throw new SandboxError(
+      "config_invalid",
+      `Invalid ${RELAY_TRANSPORT_ENV} "${transport}": use "auto" or "stream"`,
+    );
   }
   if (transport === "stream") return undefined;
   return await prepareProxyMountSource(containerName).catch(() => undefined);
@@ -345,7 +393,10 @@ async function mountSourceFor(
  * The session's socket directory in the mounted one: the claimed spare relay's, else a new one
  * (none when it cannot be made: removed under us, say; the stream needs no such directory).
  */
-async function mountedSocketDir(source: string | undefined, claimed: ClaimedSpare | undefined): Promise<SessionSocketDir | undefined> {
+async function mountedSocketDir(
+  source: string | undefined,
+  claimed: ClaimedSpare | undefined,
+): Promise<SessionSocketDir | undefined> {
   if (claimed) return { host: claimed.hostDir, sandbox: claimed.sandboxDir };
   return source ? await makeSessionSocketDir(source).catch(() => undefined) : undefined;
 }
@@ -354,7 +405,9 @@ async function mountedSocketDir(source: string | undefined, claimed: ClaimedSpar
  * Ports for the next session's relay, while this one's holds `ports`: the default range, or the
  * one above it when this session has it (so spares and the sessions that claim them alternate).
  */
-function otherPorts(ports: Partial<Record<RelayService, number>>): Partial<Record<RelayService, number>> {
+function otherPorts(
+  ports: Partial<Record<RelayService, number>>,
+): Partial<Record<RelayService, number>> {
   const services = Object.keys(ports) as RelayService[];
   const first = portsFor(services, DEFAULT_RELAY_BASE_PORT);
   return services.every((service) => ports[service] === first[service])
@@ -363,7 +416,10 @@ function otherPorts(ports: Partial<Record<RelayService, number>>): Partial<Recor
 }
 
 /** The spare serves exactly the session's services (a run on a remote repository adds git). */
-function sameServices(ports: Partial<Record<RelayService, number>>, sockets: Partial<Record<RelayService, string>>): boolean {
+function sameServices(
+  ports: Partial<Record<RelayService, number>>,
+  sockets: Partial<Record<RelayService, string>>,
+): boolean {
   const a = Object.keys(ports).sort().join(",");
   return a === Object.keys(sockets).sort().join(",");
 }
@@ -372,7 +428,10 @@ function sameServices(ports: Partial<Record<RelayService, number>>, sockets: Par
  * Runs the relay in `provider`'s container: `docker exec -i` under the exec wrapper, as the relay's
  * own uid (not the sandbox user's: nothing the agent runs can ptrace, read or kill it).
  */
-export function dockerRelayLauncher(provider: DockerSandboxProvider, runId?: string | null): RelayLauncher {
+export function dockerRelayLauncher(
+  provider: DockerSandboxProvider,
+  runId?: string | null,
+): RelayLauncher {
   return (args) => {
     // A run's relay is named after the run (its exec id, in traces and `ps`).
     const id = runId ? `relay-${runId}-${crypto.randomUUID()}` : `relay-${crypto.randomUUID()}`;
@@ -418,7 +477,10 @@ export async function openSession(
   let serving: { spare: ServingSpare; relay: RelayHost } | undefined;
   let passing = false;
   const cleanups: (() => Promise<void>)[] = [
-    () => passing ? passOnSpareRelay(provider, source!, claimed!).then(() => {}) : Deno.remove(dir, { recursive: true }),
+    () =>
+      passing
+        ? passOnSpareRelay(provider, source!, claimed!).then(() => {})
+        : Deno.remove(dir, { recursive: true }),
     () => sweeping,
     // A spare that answered but does not serve (the session failed to open, or serves other
     // services): closing its control ends it.
@@ -441,13 +503,16 @@ export async function openSession(
     const proxies = await startProxies(profile, { socketDir: dir }, options);
     cleanups.push(() => proxies.close());
     // The sandbox user is another uid: it may connect (the 0700 parent keeps everyone else out).
-    if (mounted) for (const socket of Object.values(proxies.sockets)) await Deno.chmod(socket, 0o666);
+    if (mounted) {
+      for (const socket of Object.values(proxies.sockets)) await Deno.chmod(socket, 0o666);
+    }
     const relayOptions = {
       sockets: proxies.sockets,
       sandboxSocketDir: mounted?.sandbox,
       launch: dockerRelayLauncher(provider, options.runId),
       sandboxName: provider.containerName,
-      onEvent: (message: string) => options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
+      onEvent: (message: string) =>
+        options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
     };
     let relay: RelayHost | undefined;
     const spare = await answering?.catch(() => undefined);
@@ -465,7 +530,8 @@ export async function openSession(
     // engine has started it.
     cleanups.push(async () => await leavingSpare);
     trace(`session: relay ready (${relay.transport} path)`);
-    const local = (port: number | undefined) => port === undefined ? undefined : `http://127.0.0.1:${port}`;
+    const local = (port: number | undefined) =>
+      port === undefined ? undefined : `http://127.0.0.1:${port}`;
     const gitUrl = relay.ports.git === undefined
       ? undefined
       : `${local(relay.ports.git)}${(await import("./git_proxy.ts")).GIT_PATH_PREFIX}`;
@@ -486,7 +552,9 @@ export async function openSession(
       leaveSpareRelay: () => {
         // A spare that serves this session is passed on when it closes: nothing to start.
         if (leavingSpare || !source || carrying.transport !== "socket" || spareServes()) return;
-        leavingSpare = startSpareRelay(provider, source, otherPorts(carrying.ports)).catch(() => {});
+        leavingSpare = startSpareRelay(provider, source, otherPorts(carrying.ports)).catch(
+          () => {},
+        );
       },
       close,
       [Symbol.asyncDispose]: close,

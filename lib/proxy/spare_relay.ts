@@ -74,7 +74,6 @@ export interface ClaimedSpare {
   sandboxDir: string;
 }
 
-
 /**
  * Start a spare relay in `provider`'s container on `ports`, its socket directory in
  * `mountSource`, and record it there; nothing when the container already has one. Best effort:
@@ -146,8 +145,19 @@ export async function claimSpareRelay(
   mountSource: string,
 ): Promise<ClaimedSpare | undefined> {
   const stop = (id: string) => provider.stopExec(id);
-  const spare = await claimLiveRecord(spareRelayRecordPath(mountSource), parseRecord, mountSource, stop, "session: spare relay");
-  return spare && { record: spare, hostDir: `${mountSource}/${spare.dir}`, sandboxDir: `${PROXY_MOUNT_PATH}/${spare.dir}` };
+  const spare = await claimLiveRecord(
+    spareRelayRecordPath(mountSource),
+    parseRecord,
+    mountSource,
+    stop,
+    "session: spare relay",
+  );
+  return spare &&
+    {
+      record: spare,
+      hostDir: `${mountSource}/${spare.dir}`,
+      sandboxDir: `${PROXY_MOUNT_PATH}/${spare.dir}`,
+    };
 }
 
 function parseRecord(text: string): SpareRecord {
@@ -263,7 +273,10 @@ export async function passOnSpareRelay(
     for await (const entry of Deno.readDir(claimed.hostDir)) {
       await Deno.remove(`${claimed.hostDir}/${entry.name}`, { recursive: true });
     }
-    await Deno.writeTextFile(spareRelayRecordPath(mountSource), JSON.stringify(claimed.record), { createNew: true, mode: 0o600 });
+    await Deno.writeTextFile(spareRelayRecordPath(mountSource), JSON.stringify(claimed.record), {
+      createNew: true,
+      mode: 0o600,
+    });
     trace("session: spare relay passed on");
     return true;
   } catch {
@@ -283,7 +296,6 @@ export async function hasSpareRelay(mountSource: string): Promise<boolean> {
   }
 }
 
-
 /** Equal bytes, compared in time that does not depend on where they differ. */
 function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   if (a.length !== b.length) return false;
@@ -291,4 +303,3 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   for (let i = 0; i < a.length; i++) diff |= a[i] ^ b[i];
   return diff === 0;
 }
-

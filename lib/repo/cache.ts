@@ -27,8 +27,7 @@ const HAS_BASE = "sandbox: base present";
  * list its refs, then index the pack the host sends (unless it has the base already), and keep
  * the base reachable with a ref of its own.
  */
-const UPDATE =
-  '[ -d "$4" ] || git init -q --bare "$4"; ' +
+const UPDATE = '[ -d "$4" ] || git init -q --bare "$4"; ' +
   'git -C "$4" for-each-ref --format="%(objectname) %(refname)" || exit 1; ' +
   'if git -C "$4" cat-file -e "$1^{commit}" 2>/dev/null; then echo "$3"; ' +
   'else echo "$2" && git -C "$4" index-pack --stdin --fix-thin >/dev/null || exit 1; fi; ' +
@@ -44,17 +43,50 @@ export async function updateCache(
   repo: LocalRepo,
   signal?: AbortSignal,
 ): Promise<number> {
-  const labels = { [LABEL.owner]: OWNER, [LABEL.profile]: provider.profile.name, [LABEL.kind]: "cache-update" };
+  const labels = {
+    [LABEL.owner]: OWNER,
+    [LABEL.profile]: provider.profile.name,
+    [LABEL.kind]: "cache-update",
+  };
   const input = new TransformStream<Uint8Array, Uint8Array>();
   const child = provider.docker.spawn([
-    "run", "--rm", "--interactive", ...labelArgs(labels),
-    "--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
-    "--user", "0:0", "--mount", `type=volume,src=${volume},dst=${CACHE_DIR}`,
+    "run",
+    "--rm",
+    "--interactive",
+    ...labelArgs(labels),
+    "--network",
+    "none",
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges",
+    "--read-only",
+    "--user",
+    "0:0",
+    "--mount",
+    `type=volume,src=${volume},dst=${CACHE_DIR}`,
     await provider.imageTag(),
-    "sh", "-c", UPDATE, "sh", repo.base, REFS_END, HAS_BASE, CACHE_REPO,
+    "sh",
+    "-c",
+    UPDATE,
+    "sh",
+    repo.base,
+    REFS_END,
+    HAS_BASE,
+    CACHE_REPO,
   ], { stdin: input.readable, signal });
-  const sent = await sendBase(readLines(child.stdout, 4096), input.writable, repo, { refsEnd: REFS_END, hasBase: HAS_BASE, signal });
+  const sent = await sendBase(readLines(child.stdout, 4096), input.writable, repo, {
+    refsEnd: REFS_END,
+    hasBase: HAS_BASE,
+    signal,
+  });
   const outcome = await child.finished;
-  if (outcome.exitCode !== 0) throw new CommandExitError("exec_failed", `Cannot update the repository cache "${volume}"`, outcome);
+  if (outcome.exitCode !== 0) {
+    throw new CommandExitError(
+      "exec_failed",
+      `Cannot update the repository cache "${volume}"`,
+      outcome,
+    );
+  }
   return sent;
 }

@@ -34,11 +34,22 @@ export function isGitmodulesName(name: string): boolean {
  * reachable from it and not from `base` has a control character in a submodule's name, path,
  * URL or any other entry, or cannot be parsed.
  */
-export async function assertPlainGitmodules(repo: string, head: string, base: string, signal?: AbortSignal): Promise<void> {
+export async function assertPlainGitmodules(
+  repo: string,
+  head: string,
+  base: string,
+  signal?: AbortSignal,
+): Promise<void> {
   for (const blob of await gitmodulesBlobs(repo, head, base, signal)) {
-    const listed = await run(["git", "-C", repo, "config", "--blob", blob, "--list", "-z"], { signal });
+    const listed = await run(["git", "-C", repo, "config", "--blob", blob, "--list", "-z"], {
+      signal,
+    });
     if (listed.exitCode !== 0) {
-      throw new CommandExitError("exec_failed", `The sandbox's result has a .gitmodules (${blob}) that git cannot read: refused`, listed);
+      throw new CommandExitError(
+        "exec_failed",
+        `The sandbox's result has a .gitmodules (${blob}) that git cannot read: refused`,
+        listed,
+      );
     }
     for (const entry of listed.stdout.split("\0").filter(Boolean)) {
       const newline = entry.indexOf("\n");
@@ -47,8 +58,13 @@ export async function assertPlainGitmodules(repo: string, head: string, base: st
       if (CONTROL.test(key) || CONTROL.test(value)) {
         throw new SandboxError(
           "exec_failed",
-          `The sandbox's result has a .gitmodules whose ${JSON.stringify(key)} holds a control character (${JSON.stringify(value)}): refused`,
-          { detail: "Nothing was imported. A submodule path ending in a carriage return makes some git versions write outside the checkout (CVE-2025-48384)" },
+          `The sandbox's result has a .gitmodules whose ${
+            JSON.stringify(key)
+          } holds a control character (${JSON.stringify(value)}): refused`,
+          {
+            detail:
+              "Nothing was imported. A submodule path ending in a carriage return makes some git versions write outside the checkout (CVE-2025-48384)",
+          },
         );
       }
     }
@@ -56,24 +72,52 @@ export async function assertPlainGitmodules(repo: string, head: string, base: st
 }
 
 /** The blobs named `.gitmodules` in the trees reachable from `head` and not from `base`. */
-async function gitmodulesBlobs(repo: string, head: string, base: string, signal?: AbortSignal): Promise<Set<string>> {
+async function gitmodulesBlobs(
+  repo: string,
+  head: string,
+  base: string,
+  signal?: AbortSignal,
+): Promise<Set<string>> {
   const listed = spawn(
-    ["git", "-C", repo, "rev-list", "--objects", "--no-object-names", "--filter=object:type=tree", head, `^${base}`],
+    [
+      "git",
+      "-C",
+      repo,
+      "rev-list",
+      "--objects",
+      "--no-object-names",
+      "--filter=object:type=tree",
+      head,
+      `^${base}`,
+    ],
     { signal },
   );
   const batch = spawn(["git", "-C", repo, "cat-file", "--batch"], { stdin: listed.stdout, signal });
   const blobs = new Set<string>();
   try {
-    await readTrees(new ByteReader(batch.stdout), (tree) => gitmodulesIn(tree).forEach((blob) => blobs.add(blob)));
+    await readTrees(
+      new ByteReader(batch.stdout),
+      (tree) => gitmodulesIn(tree).forEach((blob) => blobs.add(blob)),
+    );
   } catch (error) {
     batch.kill();
     listed.kill();
     await Promise.all([listed.finished, batch.finished]);
     if (error instanceof SandboxError) throw error;
-    throw new SandboxError("exec_failed", `Cannot read the trees of the sandbox's result: ${(error as Error).message}`, { cause: error });
+    throw new SandboxError(
+      "exec_failed",
+      `Cannot read the trees of the sandbox's result: ${(error as Error).message}`,
+      { cause: error },
+    );
   }
   for (const outcome of await Promise.all([listed.finished, batch.finished])) {
-    if (outcome.exitCode !== 0) throw new CommandExitError("exec_failed", "Cannot list the trees of the sandbox's result", outcome);
+    if (outcome.exitCode !== 0) {
+      throw new CommandExitError(
+        "exec_failed",
+        "Cannot list the trees of the sandbox's result",
+        outcome,
+      );
+    }
   }
   return blobs;
 }
@@ -87,9 +131,14 @@ async function readTrees(reader: ByteReader, onTree: (body: Uint8Array) => void)
     if (line === undefined) throw new Error("a malformed object header");
     const [oid, type, sizeText] = decoder.decode(line).split(" ");
     const size = Number(sizeText);
-    if (!/^[0-9a-f]{40}$/.test(oid) || !Number.isSafeInteger(size)) throw new Error(`an unexpected object "${decoder.decode(line)}"`);
+    if (!/^[0-9a-f]{40}$/.test(oid) || !Number.isSafeInteger(size)) {
+      throw new Error(`an unexpected object "${decoder.decode(line)}"`);
+    }
     if (size > MAX_OBJECT_BYTES) {
-      throw new SandboxError("exec_failed", `The sandbox's result has a ${type} (${oid}) larger than ${MAX_OBJECT_BYTES} bytes: refused`);
+      throw new SandboxError(
+        "exec_failed",
+        `The sandbox's result has a ${type} (${oid}) larger than ${MAX_OBJECT_BYTES} bytes: refused`,
+      );
     }
     const body = await reader.exact(size + 1);
     if (body.byteLength !== size + 1) throw new Error("truncated output");
@@ -105,11 +154,17 @@ function gitmodulesIn(tree: Uint8Array): string[] {
   while (at < tree.byteLength) {
     const space = tree.indexOf(0x20, at);
     const nul = tree.indexOf(0, space);
-    if (space === -1 || nul === -1 || nul + 21 > tree.byteLength) throw new Error("a malformed tree");
+    if (space === -1 || nul === -1 || nul + 21 > tree.byteLength) {
+      throw new Error("a malformed tree");
+    }
     const mode = decoder.decode(tree.subarray(at, space));
     const name = decoder.decode(tree.subarray(space + 1, nul));
     if (mode.startsWith("100") && isGitmodulesName(name)) {
-      found.push(Array.from(tree.subarray(nul + 1, nul + 21), (b) => b.toString(16).padStart(2, "0")).join(""));
+      found.push(
+        Array.from(tree.subarray(nul + 1, nul + 21), (b) => b.toString(16).padStart(2, "0")).join(
+          "",
+        ),
+      );
     }
     at = nul + 21;
   }

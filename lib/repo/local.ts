@@ -28,13 +28,12 @@ export const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
  * Prefix for every git command the tool runs in the sandbox: the agent may have planted hooks, a
  * hooks path or an fsmonitor command in the shared repository, and none of them may run for us.
  */
-export const SAFE_GIT = 'git -c core.hooksPath=/dev/null -c core.fsmonitor=false';
+export const SAFE_GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false";
 /**
  * Sandbox script: make the bare repository `$1` if missing, and reset what an earlier run's agent
  * could have changed in it to run code for the next (config, hooks).
  */
-export const RESET_BARE =
-  '[ -d "$1" ] || git init -q --bare "$1"; rm -rf "$1/hooks"; ' +
+export const RESET_BARE = '[ -d "$1" ] || git init -q --bare "$1"; rm -rf "$1/hooks"; ' +
   "printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfilemode = true\\n\\tbare = true\\n' >\"$1/config\"";
 /** Identity of the commit the tool makes of changes the agent left uncommitted. */
 export const TOOL_IDENTITY = { name: "sandbox", email: "sandbox@localhost" } as const;
@@ -84,7 +83,11 @@ export interface RepoResult {
   committedLeftovers: boolean;
 }
 
-async function git(args: string[], what: string, options: { stdin?: string } = {}): Promise<string> {
+async function git(
+  args: string[],
+  what: string,
+  options: { stdin?: string } = {},
+): Promise<string> {
   const result = await run(["git", ...args], { ...options, env: { GIT_TERMINAL_PROMPT: "0" } });
   if (result.exitCode !== 0) throw new CommandExitError("exec_failed", `Cannot ${what}`, result);
   return result.stdout;
@@ -102,12 +105,16 @@ export async function resolveLocalRepo(path: string, baseName = "HEAD"): Promise
   // Independent questions, asked at once (each a git process).
   const [base, commonDirText, status] = await Promise.all([
     run(["git", "-C", repoPath, "rev-parse", "--verify", "--quiet", `${baseName}^{commit}`]),
-    git(["-C", repoPath, "rev-parse", "--path-format=absolute", "--git-common-dir"], "find the git directory"),
+    git(
+      ["-C", repoPath, "rev-parse", "--path-format=absolute", "--git-common-dir"],
+      "find the git directory",
+    ),
     git(["-C", repoPath, "status", "--porcelain"], "read the repository's status"),
   ]);
   if (base.exitCode !== 0) {
     throw new SandboxError("usage", `Base "${baseName}" not found in "${repoPath}"`, {
-      detail: "Name a branch, tag or commit that exists (default: the current HEAD, which needs at least one commit)",
+      detail:
+        "Name a branch, tag or commit that exists (default: the current HEAD, which needs at least one commit)",
     });
   }
   const commonDir = commonDirText.trim();
@@ -137,18 +144,33 @@ export async function checkRunBranch(repo: LocalRepo, branch: string): Promise<v
   // A ref can be neither an existing branch nor a prefix or extension of one ("a" vs "a/b").
   const target = `refs/heads/${branch}`;
   const refs = listed.split("\n");
-  const clash = refs.find((ref) => ref === target || ref.startsWith(`${target}/`) || target.startsWith(`${ref}/`));
+  const clash = refs.find((ref) =>
+    ref === target || ref.startsWith(`${target}/`) || target.startsWith(`${ref}/`)
+  );
   if (clash) {
     const message = clash === target
       ? `Branch "${branch}" already exists in "${repo.path}"`
-      : `Branch "${branch}" cannot be created in "${repo.path}": branch "${clash.slice("refs/heads/".length)}" is in its way`;
-    throw new SandboxError("usage", message, { detail: "Choose another with --branch, or delete the existing branch first" });
+      : `Branch "${branch}" cannot be created in "${repo.path}": branch "${
+        clash.slice("refs/heads/".length)
+      }" is in its way`;
+    throw new SandboxError("usage", message, {
+      detail: "Choose another with --branch, or delete the existing branch first",
+    });
   }
 }
 
 /** Run a script in the sandbox (as the sandbox user), failing with its stderr. */
-export async function inSandbox(provider: SandboxProvider, what: string, script: string, args: string[], signal?: AbortSignal) {
-  const result = await provider.exec(["sh", "-c", script, "sh", ...args], { signal, timeoutMs: 600_000 });
+export async function inSandbox(
+  provider: SandboxProvider,
+  what: string,
+  script: string,
+  args: string[],
+  signal?: AbortSignal,
+) {
+  const result = await provider.exec(["sh", "-c", script, "sh", ...args], {
+    signal,
+    timeoutMs: 600_000,
+  });
   if (result.exitCode !== 0) {
     throw new CommandExitError("exec_failed", `Cannot ${what} in the sandbox`, {
       argv: ["sh", "-c", script],
@@ -173,10 +195,8 @@ function byteCounter(): { stream: TransformStream<Uint8Array, Uint8Array>; bytes
   };
 }
 
-
 /** The run's checkout: its own repository, which borrows the cache's objects and has its own refs. */
-const CHECKOUT =
-  'git init -q "$1" && printf "%s\\n" "$4" >"$1/.git/objects/info/alternates" && ' +
+const CHECKOUT = 'git init -q "$1" && printf "%s\\n" "$4" >"$1/.git/objects/info/alternates" && ' +
   `if ! ${SAFE_GIT} -C "$1" cat-file -e "$2^{commit}" 2>/dev/null; then rm -rf "$1"; echo "$5"; exit 0; fi && ` +
   `${SAFE_GIT} -C "$1" checkout -q -b "$3" "$2"`;
 /** What the checkout prints when the cache lacks the base commit (the host then updates it). */
@@ -192,18 +212,42 @@ const BASE_MISSING = "sandbox: base missing";
 export async function prepareWorktree(
   provider: SandboxProvider,
   repo: LocalRepo,
-  options: { runId: string; branch: string; signal?: AbortSignal; updateCache: () => Promise<number> },
+  options: {
+    runId: string;
+    branch: string;
+    signal?: AbortSignal;
+    updateCache: () => Promise<number>;
+  },
 ): Promise<RunWorktree> {
   const path = `${WORKTREES_DIR}/${options.runId}`;
   const branch = sandboxBranch(options.runId);
   let sentBytes = 0;
   for (let attempt = 0;; attempt++) {
-    const out = await inSandbox(provider, "check out the repository", CHECKOUT, [path, repo.base, branch, CACHE_OBJECTS, BASE_MISSING], options.signal);
+    const out = await inSandbox(provider, "check out the repository", CHECKOUT, [
+      path,
+      repo.base,
+      branch,
+      CACHE_OBJECTS,
+      BASE_MISSING,
+    ], options.signal);
     if (!out.includes(BASE_MISSING)) break;
-    if (attempt === 1) throw new SandboxError("exec_failed", `The repository cache has no commit ${repo.base.slice(0, 12)} after it was updated`);
+    if (attempt === 1) {
+      throw new SandboxError(
+        "exec_failed",
+        `The repository cache has no commit ${repo.base.slice(0, 12)} after it was updated`,
+      );
+    }
     sentBytes = await options.updateCache();
   }
-  return { bare: path, path, branch, targetBranch: options.branch, base: repo.base, refsBefore: [], sentBytes };
+  return {
+    bare: path,
+    path,
+    branch,
+    targetBranch: options.branch,
+    base: repo.base,
+    refsBefore: [],
+    sentBytes,
+  };
 }
 
 /**
@@ -235,8 +279,21 @@ export async function sendBase(
       }
       const haves = await commitsKnownToHost(repo, refs);
       const pack = spawn(
-        ["git", "-C", repo.path, "pack-objects", "--stdout", "--revs", "--thin", "--delta-base-offset", "-q"],
-        { stdin: [repo.base, ...haves.map((h) => `^${h}`)].join("\n") + "\n", signal: marks.signal },
+        [
+          "git",
+          "-C",
+          repo.path,
+          "pack-objects",
+          "--stdout",
+          "--revs",
+          "--thin",
+          "--delta-base-offset",
+          "-q",
+        ],
+        {
+          stdin: [repo.base, ...haves.map((h) => `^${h}`)].join("\n") + "\n",
+          signal: marks.signal,
+        },
       );
       // A failed pipe shows in the pack's or the receiver's outcome, checked by the caller.
       pack.stdout.pipeThrough(counter.stream).pipeTo(input).catch(() => {});
@@ -247,7 +304,9 @@ export async function sendBase(
     if (!packed && !done) await input.close().catch(() => {});
   }
   const outcome = await packed;
-  if (outcome && outcome.exitCode !== 0) throw new CommandExitError("exec_failed", "Cannot pack the repository", outcome);
+  if (outcome && outcome.exitCode !== 0) {
+    throw new CommandExitError("exec_failed", "Cannot pack the repository", outcome);
+  }
   return counter.bytes();
 }
 
@@ -262,15 +321,23 @@ export function refsAddedBy(worktree: RunWorktree, refsNow: string[]): string[] 
   return refsNow
     .filter((line) => line && !before.has(line))
     .map((line) => line.slice(line.indexOf(" ") + 1))
-    .filter((ref) => ref !== `refs/heads/${worktree.branch}` && !ref.startsWith("refs/sandbox/bases/"));
+    .filter((ref) =>
+      ref !== `refs/heads/${worktree.branch}` && !ref.startsWith("refs/sandbox/bases/")
+    );
 }
 
 /** Of `commits`, those the host repository has (so they can be excluded from the pack). */
 async function commitsKnownToHost(repo: LocalRepo, commits: string[]): Promise<string[]> {
   const wellFormed = [...new Set(commits)].filter((c) => /^[0-9a-f]{40}$/.test(c));
   if (wellFormed.length === 0) return [];
-  const out = await git(["-C", repo.path, "cat-file", "--batch-check"], "check the sandbox's commits", { stdin: wellFormed.join("\n") + "\n" });
-  return out.split("\n").filter((line) => / commit \d+$/.test(line)).map((line) => line.split(" ")[0]);
+  const out = await git(
+    ["-C", repo.path, "cat-file", "--batch-check"],
+    "check the sandbox's commits",
+    { stdin: wellFormed.join("\n") + "\n" },
+  );
+  return out.split("\n").filter((line) => / commit \d+$/.test(line)).map((line) =>
+    line.split(" ")[0]
+  );
 }
 
 /**
@@ -301,7 +368,10 @@ export async function collectResult(
   try {
     await git(["init", "-q", "--bare", quarantine], "make the quarantine repository");
     // The user's objects, read-only: the sandbox's thin pack may refer to them.
-    await Deno.writeTextFile(`${quarantine}/objects/info/alternates`, `${repo.commonDir}/objects\n`);
+    await Deno.writeTextFile(
+      `${quarantine}/objects/info/alternates`,
+      `${repo.commonDir}/objects\n`,
+    );
     const receivedBytes = await importPack(provider, worktree, head, quarantine, {
       maxBytes: Math.min(options.maxBytes ?? MAX_RESULT_PACK_BYTES, MAX_RESULT_PACK_BYTES),
       signal: options.signal,
@@ -313,12 +383,26 @@ export async function collectResult(
     await assertPlainGitmodules(quarantine, head, worktree.base, options.signal);
     await git(["-C", quarantine, "update-ref", "refs/heads/result", head], "stage the result");
     await git([
-      "-C", repo.path, "-c", "transfer.fsckObjects=true",
-      "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules",
-      quarantine, `refs/heads/result:refs/heads/${worktree.targetBranch}`,
+      "-C",
+      repo.path,
+      "-c",
+      "transfer.fsckObjects=true",
+      "fetch",
+      "--quiet",
+      "--no-tags",
+      "--no-write-fetch-head",
+      "--no-recurse-submodules",
+      quarantine,
+      `refs/heads/result:refs/heads/${worktree.targetBranch}`,
     ], `bring branch "${worktree.targetBranch}" into ${repo.path}`);
-    const log = await git(["-C", repo.path, "log", "--format=%h %s", `${worktree.base}..${head}`], "list the run's commits");
-    const diffstat = await git(["-C", repo.path, "diff", "--stat", worktree.base, head], "summarise the run's changes");
+    const log = await git(
+      ["-C", repo.path, "log", "--format=%h %s", `${worktree.base}..${head}`],
+      "list the run's commits",
+    );
+    const diffstat = await git(
+      ["-C", repo.path, "diff", "--stat", worktree.base, head],
+      "summarise the run's changes",
+    );
     return {
       ...empty,
       commit: head,
@@ -368,7 +452,15 @@ async function importPack(
   options: { maxBytes: number; signal?: AbortSignal },
 ): Promise<number> {
   const pack = provider.execBytes(
-    ["sh", "-c", `printf "%s\\n^%s\\n" "$2" "$3" | ${SAFE_GIT} -C "$1" pack-objects --stdout --revs --thin -q`, "sh", worktree.bare, head, worktree.base],
+    [
+      "sh",
+      "-c",
+      `printf "%s\\n^%s\\n" "$2" "$3" | ${SAFE_GIT} -C "$1" pack-objects --stdout --revs --thin -q`,
+      "sh",
+      worktree.bare,
+      head,
+      worktree.base,
+    ],
     { signal: options.signal, timeoutMs: 600_000 },
   );
   let received = 0;
@@ -386,17 +478,32 @@ async function importPack(
       },
     }),
   );
-  const indexed = await run(["git", "-C", quarantine, "index-pack", "--stdin", "--strict", "--fix-thin"], {
+  const indexed = await run([
+    "git",
+    "-C",
+    quarantine,
+    "index-pack",
+    "--stdin",
+    "--strict",
+    "--fix-thin",
+  ], {
     stdin: capped,
     signal: options.signal,
   });
   if (tooBig) {
     await pack.stop();
-    throw new SandboxError("exec_failed", `The sandbox sent back more than ${formatBytes(options.maxBytes)} of objects: refused`);
+    throw new SandboxError(
+      "exec_failed",
+      `The sandbox sent back more than ${formatBytes(options.maxBytes)} of objects: refused`,
+    );
   }
   if (indexed.exitCode !== 0) {
     await pack.stop();
-    throw new CommandExitError("exec_failed", "The sandbox's result failed git's object checks", indexed);
+    throw new CommandExitError(
+      "exec_failed",
+      "The sandbox's result failed git's object checks",
+      indexed,
+    );
   }
   const packed = await pack.outcome;
   if (packed.exitCode !== 0) {
@@ -415,7 +522,9 @@ export async function removeWorktree(
   worktree: RunWorktree,
   options: { keepBranch?: boolean } = {},
 ): Promise<void> {
-  await provider.exec(removeWorktreeArgv(worktree, options), { timeoutMs: 120_000 }).catch(() => {});
+  await provider.exec(removeWorktreeArgv(worktree, options), { timeoutMs: 120_000 }).catch(
+    () => {},
+  );
 }
 
 /** The command, run in the sandbox, that removes the run's worktree (and unless `keepBranch` its branch). */
@@ -427,7 +536,7 @@ export function removeWorktreeArgv(
     "sh",
     "-c",
     `${SAFE_GIT} -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; ${SAFE_GIT} -C "$1" worktree prune; ` +
-      `[ -z "$3" ] || ${SAFE_GIT} -C "$1" branch -D -q "$3" 2>/dev/null; true`,
+    `[ -z "$3" ] || ${SAFE_GIT} -C "$1" branch -D -q "$3" 2>/dev/null; true`,
     "sh",
     worktree.bare,
     worktree.path,

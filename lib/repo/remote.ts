@@ -55,19 +55,36 @@ export async function resolveRemoteRepo(url: string, baseName = "HEAD"): Promise
   try {
     parsed = new URL(url);
   } catch {
-    throw new SandboxError("usage", `Unsupported repository URL "${url}": use an https:// (or http://) URL`, {
-      detail: "ssh remotes cannot go through the credential-attaching git proxy",
-    });
+    throw new SandboxError(
+      "usage",
+      `Unsupported repository URL "${url}": use an https:// (or http://) URL`,
+      {
+        detail: "ssh remotes cannot go through the credential-attaching git proxy",
+      },
+    );
   }
   if (parsed.protocol !== "https:" && parsed.protocol !== "http:") {
-    throw new SandboxError("usage", `Unsupported repository URL "${url}": use an https:// (or http://) URL`);
+    throw new SandboxError(
+      "usage",
+      `Unsupported repository URL "${url}": use an https:// (or http://) URL`,
+    );
   }
   if (parsed.username || parsed.password) {
-    throw new SandboxError("usage", "Put credentials in git's credential store or the profile's git.token, not in the URL");
+    throw new SandboxError(
+      "usage",
+      "Put credentials in git's credential store or the profile's git.token, not in the URL",
+    );
   }
-  const name = parsed.pathname.replace(/\/+$/, "").split("/").pop()!.replace(/\.git$/, "").replace(/[^A-Za-z0-9._-]/g, "_") ||
+  const name = parsed.pathname.replace(/\/+$/, "").split("/").pop()!.replace(/\.git$/, "").replace(
+    /[^A-Za-z0-9._-]/g,
+    "_",
+  ) ||
     "repo";
-  return { url: parsed.href, key: `${name}-${(await sha256Hex(parsed.href)).slice(0, 12)}`, baseName };
+  return {
+    url: parsed.href,
+    key: `${name}-${(await sha256Hex(parsed.href)).slice(0, 12)}`,
+    baseName,
+  };
 }
 
 /**
@@ -87,13 +104,17 @@ export function remoteAuthorization(
       }
       const url = new URL(repo.url);
       const filled = await run(["git", "credential", "fill"], {
-        stdin: `protocol=${url.protocol.replace(":", "")}\nhost=${url.host}\npath=${url.pathname.replace(/^\//, "")}\n\n`,
+        stdin: `protocol=${url.protocol.replace(":", "")}\nhost=${url.host}\npath=${
+          url.pathname.replace(/^\//, "")
+        }\n\n`,
         env: { GIT_TERMINAL_PROMPT: "0", GIT_ASKPASS: "", SSH_ASKPASS: "" },
         timeoutMs: 30_000,
       });
       if (filled.exitCode !== 0) return undefined;
       const fields = Object.fromEntries(
-        filled.stdout.split("\n").filter((l) => l.includes("=")).map((l) => [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)]),
+        filled.stdout.split("\n").filter((l) => l.includes("=")).map((
+          l,
+        ) => [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)]),
       );
       if (!fields.password) return undefined;
       return basic(fields.username ?? "x-access-token", fields.password, options.redactor);
@@ -122,27 +143,39 @@ export interface GitGrantOptions {
  * with its secrets, so a run without `--push` gets no receive-pack at all.)
  */
 export function gitRemoteFor(repo: RemoteRepo, options: GitGrantOptions): GitRemote {
-  return { url: repo.url, authorization: options.authorization, push: options.push ? `refs/heads/${options.branch}` : false };
+  return {
+    url: repo.url,
+    authorization: options.authorization,
+    push: options.push ? `refs/heads/${options.branch}` : false,
+  };
 }
 
 /** Fetch the remote into the sandbox's bare repository and make the run's worktree. */
 export async function prepareRemoteWorktree(
   provider: SandboxProvider,
   repo: RemoteRepo,
-  options: { runId: string; branch: string; gitUrl: string; env: Record<string, string>; signal?: AbortSignal },
+  options: {
+    runId: string;
+    branch: string;
+    gitUrl: string;
+    env: Record<string, string>;
+    signal?: AbortSignal;
+  },
 ): Promise<RunWorktree> {
   const bare = `${REPOS_DIR}/${repo.key}.git`;
   const path = `${WORKTREES_DIR}/${options.runId}`;
-  const baseRef = repo.baseName === "HEAD" ? "refs/remotes/origin/HEAD" : `refs/remotes/origin/${repo.baseName}`;
+  const baseRef = repo.baseName === "HEAD"
+    ? "refs/remotes/origin/HEAD"
+    : `refs/remotes/origin/${repo.baseName}`;
   const result = await provider.exec([
     "sh",
     "-c",
     `set -e; ${RESET_BARE}; ` +
-      `${SAFE_GIT} -C "$1" -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" fetch -q --prune --no-tags "$2" ` +
-      '"+refs/heads/*:refs/remotes/origin/*" "+HEAD:refs/remotes/origin/HEAD"; ' +
-      `base=$(${SAFE_GIT} -C "$1" rev-parse --verify -q "$3^{commit}") || { echo "base not found: $3" >&2; exit 3; }; ` +
-      `mkdir -p "$(dirname "$4")"; ${SAFE_GIT} -C "$1" worktree add -q -b "$5" "$4" "$base"; echo "$base"; ` +
-      `${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)"`,
+    `${SAFE_GIT} -C "$1" -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" fetch -q --prune --no-tags "$2" ` +
+    '"+refs/heads/*:refs/remotes/origin/*" "+HEAD:refs/remotes/origin/HEAD"; ' +
+    `base=$(${SAFE_GIT} -C "$1" rev-parse --verify -q "$3^{commit}") || { echo "base not found: $3" >&2; exit 3; }; ` +
+    `mkdir -p "$(dirname "$4")"; ${SAFE_GIT} -C "$1" worktree add -q -b "$5" "$4" "$base"; echo "$base"; ` +
+    `${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)"`,
     "sh",
     bare,
     options.gitUrl,
@@ -156,11 +189,15 @@ export async function prepareRemoteWorktree(
   if (result.exitCode !== 0) {
     const text = result.stderr;
     const auth = /401|403|Authentication|could not read Username/i.test(text);
-    throw new SandboxError("exec_failed", auth ? `The remote refused access: ${repo.url}` : `Cannot fetch ${repo.url}`, {
-      detail: auth
-        ? "Give the host credentials: git credential store, `gh auth login`, or the profile's git.token"
-        : text.trim().split("\n").slice(-5).join("\n"),
-    });
+    throw new SandboxError(
+      "exec_failed",
+      auth ? `The remote refused access: ${repo.url}` : `Cannot fetch ${repo.url}`,
+      {
+        detail: auth
+          ? "Give the host credentials: git credential store, `gh auth login`, or the profile's git.token"
+          : text.trim().split("\n").slice(-5).join("\n"),
+      },
+    );
   }
   // The refs after the fetch and worktree are the baseline: what the agent adds is reported.
   const [base, ...refsBefore] = result.stdout.trim().split("\n");
@@ -179,7 +216,13 @@ export async function prepareRemoteWorktree(
 export async function finishRemoteRun(
   provider: SandboxProvider,
   worktree: RunWorktree,
-  options: { runId: string; push: boolean; gitUrl: string; env: Record<string, string>; signal?: AbortSignal },
+  options: {
+    runId: string;
+    push: boolean;
+    gitUrl: string;
+    env: Record<string, string>;
+    signal?: AbortSignal;
+  },
 ): Promise<RemoteResult> {
   const { committed, head, refs } = await commitLeftovers(provider, worktree, options);
   const summary = await inSandbox(

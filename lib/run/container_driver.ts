@@ -29,7 +29,13 @@ import type { AgentCli } from "../agents/agent_cli.ts";
 import { translateAgentLines } from "../agents/translate.ts";
 
 /** How the worker is started inside the image (with `serve`, it reads its job from stdin). */
-export const WORKER_COMMAND = ["deno", "run", "--allow-all", "--no-config", "/opt/sandbox/worker.js"] as const;
+export const WORKER_COMMAND = [
+  "deno",
+  "run",
+  "--allow-all",
+  "--no-config",
+  "/opt/sandbox/worker.js",
+] as const;
 /** Where an agent CLI's per-run files live in the sandbox (a tmpfs, readable only by the sandbox user). */
 export const PROMPT_ROOT = "/tmp/sandbox-prompts";
 
@@ -111,7 +117,9 @@ export class ContainerDriver {
   }
 
   async *executeAgentic(prompt: string, options: AgenticOptions): AsyncGenerator<AgenticMessage> {
-    if (this.#options.agent) return yield* this.#executeAgentCli(this.#options.agent, prompt, options);
+    if (this.#options.agent) {
+      return yield* this.#executeAgentCli(this.#options.agent, prompt, options);
+    }
     // The worker creates and enters its cwd itself: one `docker exec` fewer per run.
     yield* this.#runWorker({
       mode: "agentic",
@@ -124,15 +132,26 @@ export class ContainerDriver {
     }, options);
   }
 
-  async generate(prompt: string, options: GenerateOptions = {}): Promise<{ value: unknown; sessionId: null }> {
+  async generate(
+    prompt: string,
+    options: GenerateOptions = {},
+  ): Promise<{ value: unknown; sessionId: null }> {
     let result: AgenticMessage | undefined;
     // The schema travels in the job, named by the caller's file: the worker's messages name it so.
-    const job: WorkerJob = { mode: "generate", prompt, env: this.#options.env, model: this.#options.model, schema: options.schema };
+    const job: WorkerJob = {
+      mode: "generate",
+      prompt,
+      env: this.#options.env,
+      model: this.#options.model,
+      schema: options.schema,
+    };
     for await (const message of this.#runWorker(job, options)) {
       if (message.type === "result") result = message;
     }
     if (!result) throw new SandboxError("worker_failed", "Worker did not emit a result message");
-    if (result.is_error) throw new GenerationError(`Generation failed: ${result.content ?? "no detail"}`);
+    if (result.is_error) {
+      throw new GenerationError(`Generation failed: ${result.content ?? "no detail"}`);
+    }
     if (!options.schema) return { value: result.content ?? "", sessionId: null };
     const checked = checkJson(result.content ?? "", options.schema);
     if (!checked.ok) {
@@ -148,25 +167,38 @@ export class ContainerDriver {
    * checked first: no known secret enters the sandbox through it (the session token is no secret
    * of the host's: it is made for the sandbox).
    */
-  async *#runWorker(job: WorkerJob, options: { timeoutMs?: number; signal?: AbortSignal }): AsyncGenerator<AgenticMessage> {
+  async *#runWorker(
+    job: WorkerJob,
+    options: { timeoutMs?: number; signal?: AbortSignal },
+  ): AsyncGenerator<AgenticMessage> {
     if (job.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
     const { provider } = this.#options;
-    const target = `the worker in ${"containerName" in provider ? `sandbox "${provider.containerName}"` : "the sandbox"}`;
+    const target = `the worker in ${
+      "containerName" in provider ? `sandbox "${provider.containerName}"` : "the sandbox"
+    }`;
     assertNoSecrets(target, {
       env: job.env,
       envKind: "worker environment",
       argv: [job.cwd, job.model].filter((v): v is string => v !== undefined),
       texts: [
         { what: "the prompt", data: job.prompt },
-        ...(job.instructions !== undefined ? [{ what: "the instructions", data: job.instructions }] : []),
-        ...(job.schema ? [{ what: `the JSON Schema "${job.schema.file}"`, data: JSON.stringify(job.schema.schema) }] : []),
+        ...(job.instructions !== undefined
+          ? [{ what: "the instructions", data: job.instructions }]
+          : []),
+        ...(job.schema
+          ? [{
+            what: `the JSON Schema "${job.schema.file}"`,
+            data: JSON.stringify(job.schema.schema),
+          }]
+          : []),
       ],
     });
-    const worker = this.#options.worker?.() ?? startWorker(provider, [...this.#workerCommand(), "serve"], {
-      timeoutMs: options.timeoutMs,
-      signal: options.signal,
-      onStderrLine: this.#options.onStderrLine,
-    });
+    const worker = this.#options.worker?.() ??
+      startWorker(provider, [...this.#workerCommand(), "serve"], {
+        timeoutMs: options.timeoutMs,
+        signal: options.signal,
+        onStderrLine: this.#options.onStderrLine,
+      });
     try {
       worker.send(job);
       trace("driver: job sent");
@@ -180,8 +212,15 @@ export class ContainerDriver {
    * An agent CLI instead of the worker: its private files written (0600), the prompt on its stdin,
    * its events translated. The files go when it ends, whatever happened.
    */
-  async *#executeAgentCli(agent: AgentCli, prompt: string, options: AgenticOptions): AsyncGenerator<AgenticMessage> {
-    const files = await this.#writeInputs(prompt, options.runId, { instructions: options.instructions, promptFile: false });
+  async *#executeAgentCli(
+    agent: AgentCli,
+    prompt: string,
+    options: AgenticOptions,
+  ): AsyncGenerator<AgenticMessage> {
+    const files = await this.#writeInputs(prompt, options.runId, {
+      instructions: options.instructions,
+      promptFile: false,
+    });
     const model = this.#options.model ?? this.#options.env.SANDBOX_LLM_MODEL;
     const launch = agent.launch({
       env: this.#options.env,
@@ -192,7 +231,9 @@ export class ContainerDriver {
       cwd: options.cwd,
     });
     try {
-      for (const file of launch.files) await this.#options.provider.writeFile(file.path, file.content, { mode: 0o600 });
+      for (const file of launch.files) {
+        await this.#options.provider.writeFile(file.path, file.content, { mode: 0o600 });
+      }
       const translator = agent.translator({
         model,
         onDiagnostic: (message) => this.#options.onStderrLine?.(`${agent.name}: ${message}`),
@@ -203,12 +244,14 @@ export class ContainerDriver {
         timeoutMs: options.timeoutMs,
         signal: options.signal,
         producer: agent.name,
-        decode: (lines) => translateAgentLines(lines, translator, { onEvent: this.#options.onAgentEvent }),
+        decode: (lines) =>
+          translateAgentLines(lines, translator, { onEvent: this.#options.onAgentEvent }),
       });
     } finally {
       const paths = launch.files.map((file) => file.path);
       if (paths.length > 0) {
-        await this.#options.provider.exec(["rm", "-f", "--", ...paths], { timeoutMs: 30_000 }).catch(() => {});
+        await this.#options.provider.exec(["rm", "-f", "--", ...paths], { timeoutMs: 30_000 })
+          .catch(() => {});
       }
       await this.#removeInputs(files.dir);
     }
@@ -253,13 +296,21 @@ export class ContainerDriver {
     const producer = options.producer ?? "Worker";
     let results = 0;
     try {
-      for await (const message of speakOfTheRun((options.decode ?? decodeMessages)(stream), options.timeoutMs)) {
+      for await (
+        const message of speakOfTheRun(
+          (options.decode ?? decodeMessages)(stream),
+          options.timeoutMs,
+        )
+      ) {
         if (message.type === "usage") {
           this.#usage = message.usage;
           continue;
         }
         if (message.type === "result" && ++results > 1) {
-          throw new SandboxError("worker_failed", `${producer} emitted more than one result message`);
+          throw new SandboxError(
+            "worker_failed",
+            `${producer} emitted more than one result message`,
+          );
         }
         yield message;
       }
@@ -291,11 +342,16 @@ export class ContainerDriver {
     if (prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
     const dir = `${this.#options.promptRoot ?? PROMPT_ROOT}/${runId ?? crypto.randomUUID()}`;
     const { provider } = this.#options;
-    const files: { dir: string; prompt: string; instructions?: string; schema?: string } = { dir, prompt: `${dir}/prompt.txt` };
+    const files: { dir: string; prompt: string; instructions?: string; schema?: string } = {
+      dir,
+      prompt: `${dir}/prompt.txt`,
+    };
     try {
       // Inside the try: a write that fails half-way must not leave a partial prompt behind.
       // (An agent CLI reads its prompt from stdin: no file.)
-      if (extra.promptFile !== false) await provider.writeFile(files.prompt, prompt, { mode: 0o600 });
+      if (extra.promptFile !== false) {
+        await provider.writeFile(files.prompt, prompt, { mode: 0o600 });
+      }
       if (extra.instructions !== undefined) {
         files.instructions = `${dir}/instructions.txt`;
         await provider.writeFile(files.instructions, extra.instructions, { mode: 0o600 });
@@ -328,7 +384,9 @@ async function* speakOfTheRun(
     yield* messages;
   } catch (error) {
     if (error instanceof SandboxError && error.code === "timeout" && timeoutMs !== undefined) {
-      throw new SandboxError("timeout", `The run timed out after ${formatDuration(timeoutMs)}`, { cause: error });
+      throw new SandboxError("timeout", `The run timed out after ${formatDuration(timeoutMs)}`, {
+        cause: error,
+      });
     }
     if (error instanceof SandboxError && error.code === "interrupted") {
       throw new SandboxError("interrupted", "The run was interrupted", { cause: error });

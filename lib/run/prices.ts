@@ -22,8 +22,18 @@ export interface ModelPrice {
   cacheWrite: number;
 }
 
-const openai = (input: number, cacheRead: number, output: number): ModelPrice => ({ input, output, cacheRead, cacheWrite: input });
-const anthropic = (input: number, cacheWrite: number, cacheRead: number, output: number): ModelPrice => ({ input, output, cacheRead, cacheWrite });
+const openai = (input: number, cacheRead: number, output: number): ModelPrice => ({
+  input,
+  output,
+  cacheRead,
+  cacheWrite: input,
+});
+const anthropic = (
+  input: number,
+  cacheWrite: number,
+  cacheRead: number,
+  output: number,
+): ModelPrice => ({ input, output, cacheRead, cacheWrite });
 
 /** Model name (without a date suffix or provider prefix) → price per million tokens. */
 export const PRICES: Readonly<Record<string, ModelPrice>> = {
@@ -78,7 +88,8 @@ export function costOf(model: string | null | undefined, tokens: CallTokens): nu
   const cacheRead = tokens.cacheRead ?? 0;
   const cacheWrite = tokens.cacheWrite ?? 0;
   const fresh = Math.max(0, tokens.input - cacheRead - cacheWrite);
-  return (fresh * price.input + cacheRead * price.cacheRead + cacheWrite * price.cacheWrite + tokens.output * price.output) / 1e6;
+  return (fresh * price.input + cacheRead * price.cacheRead + cacheWrite * price.cacheWrite +
+    tokens.output * price.output) / 1e6;
 }
 
 /** A sum of costs as printed: float noise (0.00020600000000000002) cut at a ten-billionth of a dollar. */

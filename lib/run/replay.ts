@@ -51,7 +51,10 @@ export async function loadRecording(path: string): Promise<Recording> {
   try {
     parsed = JSON.parse(text);
   } catch (error) {
-    throw new SandboxError("usage", `Invalid recording "${path}": not JSON (${(error as Error).message})`);
+    throw new SandboxError(
+      "usage",
+      `Invalid recording "${path}": not JSON (${(error as Error).message})`,
+    );
   }
   const problems = recordingProblems(parsed);
   if (problems.length > 0) {
@@ -79,16 +82,29 @@ export function startReplayUpstream(recording: Recording, name = "replay"): Loca
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
     const path = new URL(req.url).pathname;
     const body = await req.text();
-    if (path.endsWith("/models")) return Response.json({ object: "list", data: [{ id: "replay", object: "model" }] });
+    if (path.endsWith("/models")) {
+      return Response.json({ object: "list", data: [{ id: "replay", object: "model" }] });
+    }
     // An estimate (a token is about four characters): a replayed run's context sizing needs a
     // plausible figure, and taking one from the recording would shift every answer after it.
     if (isTokenCount(path)) return Response.json({ input_tokens: Math.ceil(body.length / 4) });
-    if (!isLlmCall(path)) return Response.json({ error: { message: `replay: no route ${path}` } }, { status: 404 });
+    if (!isLlmCall(path)) {
+      return Response.json({ error: { message: `replay: no route ${path}` } }, { status: 404 });
+    }
     if (path.endsWith("/responses") !== (recording.kind === "openai-responses")) {
       // Answers of one API served to a client of another would fail in obscure ways inside it.
-      const holds = recording.kind === "openai-responses" ? "OpenAI Responses API" : recording.kind === "anthropic" ? "Anthropic Messages" : "OpenAI Chat Completions";
+      const holds = recording.kind === "openai-responses"
+        ? "OpenAI Responses API"
+        : recording.kind === "anthropic"
+        ? "Anthropic Messages"
+        : "OpenAI Chat Completions";
       return Response.json(
-        { error: { type: "replay_mismatch", message: `replay: the recording holds ${holds} answers; the agent called ${path}` } },
+        {
+          error: {
+            type: "replay_mismatch",
+            message: `replay: the recording holds ${holds} answers; the agent called ${path}`,
+          },
+        },
         { status: 400 },
       );
     }
@@ -99,7 +115,9 @@ export function startReplayUpstream(recording: Recording, name = "replay"): Loca
         {
           error: {
             type: "replay_exhausted",
-            message: `replay: the recording has only ${plural(recording.responses.length, "response")}; the agent asked for more`,
+            message: `replay: the recording has only ${
+              plural(recording.responses.length, "response")
+            }; the agent asked for more`,
           },
         },
         { status: 400 },
@@ -108,10 +126,15 @@ export function startReplayUpstream(recording: Recording, name = "replay"): Loca
     next++;
     const wantsStream = /"stream"\s*:\s*true/.test(body);
     if ("sse" in recorded) {
-      return new Response(recorded.sse, { status: recorded.status, headers: { "content-type": "text/event-stream" } });
+      return new Response(recorded.sse, {
+        status: recorded.status,
+        headers: { "content-type": "text/event-stream" },
+      });
     }
     if (wantsStream && recording.kind === "openai" && recorded.status === 200) {
-      return new Response(completionToSse(recorded.body), { headers: { "content-type": "text/event-stream" } });
+      return new Response(completionToSse(recorded.body), {
+        headers: { "content-type": "text/event-stream" },
+      });
     }
     return Response.json(recorded.body, { status: recorded.status });
   });
@@ -137,10 +160,19 @@ function completionToSse(completion: unknown): string {
     id?: string;
     model?: string;
     created?: number;
-    choices?: { index?: number; message?: { role?: string; content?: string | null; tool_calls?: unknown[] }; finish_reason?: string }[];
+    choices?: {
+      index?: number;
+      message?: { role?: string; content?: string | null; tool_calls?: unknown[] };
+      finish_reason?: string;
+    }[];
     usage?: unknown;
   };
-  const base = { id: c.id ?? "replay", object: "chat.completion.chunk", created: c.created ?? 0, model: c.model ?? "replay" };
+  const base = {
+    id: c.id ?? "replay",
+    object: "chat.completion.chunk",
+    created: c.created ?? 0,
+    model: c.model ?? "replay",
+  };
   const events = (c.choices ?? []).map((choice) => ({
     ...base,
     choices: [{
@@ -149,7 +181,9 @@ function completionToSse(completion: unknown): string {
         role: choice.message?.role ?? "assistant",
         content: choice.message?.content ?? null,
         ...(choice.message?.tool_calls
-          ? { tool_calls: choice.message.tool_calls.map((t, i) => ({ index: i, ...(t as object) })) }
+          ? {
+            tool_calls: choice.message.tool_calls.map((t, i) => ({ index: i, ...(t as object) })),
+          }
           : {}),
       },
       finish_reason: choice.finish_reason ?? "stop",
@@ -203,21 +237,30 @@ export function startRecorder(
         ? { status: upstream.status, sse: text }
         : { status: upstream.status, body: safeJson(text) },
     );
-    return new Response(text, { status: upstream.status, headers: { "content-type": type || "application/json" } });
+    return new Response(text, {
+      status: upstream.status,
+      headers: { "content-type": type || "application/json" },
+    });
   });
   const close = async () => {
     await server.shutdown();
     // The key is registered at the last moment, so the recording is redacted even when nothing
     // else resolved it into this redactor; a key that cannot be read was never sent either.
     redactor.add(await real.key().catch(() => ""));
-    const kind = real.kind === "openai" && responses.length > 0 && responsesOnly ? "openai-responses" : real.kind;
+    const kind = real.kind === "openai" && responses.length > 0 && responsesOnly
+      ? "openai-responses"
+      : real.kind;
     const recording: Recording = { version: 1, kind, responses };
     // Redacting the serialised text catches a secret anywhere: in SSE text, JSON values and keys
     // (the redactor knows each secret's JSON-escaped spelling too), and the result is still JSON.
     await Deno.writeTextFile(path, redactor.redactJson(JSON.stringify(recording, null, 2)) + "\n");
   };
   return {
-    upstream: { ...real, name: `${real.name} (recording)`, baseUrl: `http://127.0.0.1:${server.addr.port}/v1` },
+    upstream: {
+      ...real,
+      name: `${real.name} (recording)`,
+      baseUrl: `http://127.0.0.1:${server.addr.port}/v1`,
+    },
     get count() {
       return responses.length;
     },

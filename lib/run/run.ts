@@ -9,7 +9,13 @@ import type { JsonSchema } from "../../worker/json_schema.ts";
 import type { Profile } from "../config.ts";
 import { ContainerDriver, GenerationError, WORKER_COMMAND } from "./container_driver.ts";
 import { startWorker, type WorkerProcess } from "./worker_process.ts";
-import { attachPooledWorker, claimPooled, coldSandbox, destroy, fillPool } from "../sandbox/pool.ts";
+import {
+  attachPooledWorker,
+  claimPooled,
+  coldSandbox,
+  destroy,
+  fillPool,
+} from "../sandbox/pool.ts";
 import { keepSandbox } from "../sandbox/pool_records.ts";
 import { cacheVolumeName, updateCache } from "../repo/cache.ts";
 import { cliName } from "../cli_name.ts";
@@ -22,9 +28,25 @@ import { describeKeySource, type KeySource, KeyStore } from "../keys.ts";
 import { BUILTIN_PROVIDERS, llmTarget } from "../proxy/llm_providers.ts";
 import { type AgenticMessage, agenticMessage, driverUsage } from "./protocol.ts";
 import { Redactor } from "../redact.ts";
-import { type LocalUpstream, loadRecording, startRecorder, startReplayUpstream } from "./replay.ts";
-import { checkRunBranch, collectResult, type LocalRepo, prepareWorktree, type RepoResult, resolveLocalRepo, type RunWorktree } from "../repo/local.ts";
-import { finishRemoteRun, gitRemoteFor, isRemoteUrl, prepareRemoteWorktree, remoteAuthorization, type RemoteRepo, resolveRemoteRepo } from "../repo/remote.ts";
+import { loadRecording, type LocalUpstream, startRecorder, startReplayUpstream } from "./replay.ts";
+import {
+  checkRunBranch,
+  collectResult,
+  type LocalRepo,
+  prepareWorktree,
+  type RepoResult,
+  resolveLocalRepo,
+  type RunWorktree,
+} from "../repo/local.ts";
+import {
+  finishRemoteRun,
+  gitRemoteFor,
+  isRemoteUrl,
+  prepareRemoteWorktree,
+  remoteAuthorization,
+  type RemoteRepo,
+  resolveRemoteRepo,
+} from "../repo/remote.ts";
 import { run } from "../process.ts";
 import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
 import { openSession, type SandboxSession, startHostProxies } from "../proxy/session.ts";
@@ -115,7 +137,9 @@ async function chooseUpstream(
     return { upstream: local.upstream, model: "replay", local };
   }
   if (request.record) {
-    const local = startRecorder(llmTarget(request.profile.llm, keys).upstream, request.record, { redactor });
+    const local = startRecorder(llmTarget(request.profile.llm, keys).upstream, request.record, {
+      redactor,
+    });
     return { upstream: local.upstream, model: request.model, local };
   }
   return { model: request.model };
@@ -125,10 +149,15 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const { profile } = request;
   // Limits enforced while the run is live (resources.disk) stop it through this signal.
   const limits = new AbortController();
-  request = { ...request, signal: request.signal ? AbortSignal.any([request.signal, limits.signal]) : limits.signal };
+  request = {
+    ...request,
+    signal: request.signal ? AbortSignal.any([request.signal, limits.signal]) : limits.signal,
+  };
   if (request.prompt.trim() === "") throw new SandboxError("usage", "The prompt is empty");
   checkPromptFits(request.prompt, { instructions: request.instructions, profile });
-  if (profile.sandbox.mode === "devcontainer" && !request.repo) (await devcontainerModule()).requireLocalRepo(undefined, false);
+  if (profile.sandbox.mode === "devcontainer" && !request.repo) {
+    (await devcontainerModule()).requireLocalRepo(undefined, false);
+  }
   const repo = request.repo ? await resolveRepo(request) : undefined;
   const redactor = new Redactor();
   const keys = new KeyStore({ redactor });
@@ -155,7 +184,13 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       throw error;
     }
   }
-  await using log = await RunLog.create({ id, mode: request.mode, profile: profile.name, model, sandbox: sandboxKind }, redactor);
+  await using log = await RunLog.create({
+    id,
+    mode: request.mode,
+    profile: profile.name,
+    model,
+    sandbox: sandboxKind,
+  }, redactor);
   request.onStart?.(log.meta);
   trace("run: id");
 
@@ -183,7 +218,10 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   /** LLM calls the credential proxy completed: the usage known so far when the worker cannot say. */
   let llmCalls = 0;
   const countLlmCall = (entry: { kind: string; decision: string; path?: string }) => {
-    if (entry.kind === "llm" && entry.decision === "allow" && /\/(chat\/completions|messages|responses)$/.test(entry.path ?? "")) llmCalls++;
+    if (
+      entry.kind === "llm" && entry.decision === "allow" &&
+      /\/(chat\/completions|messages|responses)$/.test(entry.path ?? "")
+    ) llmCalls++;
   };
   /** Where the agent worked, and whether its container stays (`kept`). */
   let place: Record<string, unknown> = {};
@@ -191,30 +229,35 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const placed = () => ({ ...place, kept: kept !== undefined && (kept.worktree || kept.branch) });
   try {
     const onAgentEvent = (line: string) => log.appendAgentEvent(line);
-    const { driver, cwd, provider, worktree, session, keep, underWay: prepared } = await prepare(request, {
-      id,
-      redactor,
-      keys,
-      chosen,
-      cleanups,
-      repo,
-      onAccess: countLlmCall,
-      agent,
-      onAgentEvent,
-      limits,
-      onSandbox: (container) => log.note({ container }),
-    });
+    const { driver, cwd, provider, worktree, session, keep, underWay: prepared } = await prepare(
+      request,
+      {
+        id,
+        redactor,
+        keys,
+        chosen,
+        cleanups,
+        repo,
+        onAccess: countLlmCall,
+        agent,
+        onAgentEvent,
+        limits,
+        onSandbox: (container) => log.note({ container }),
+      },
+    );
     underWay = prepared;
     place = { container: provider?.containerName ?? null, workdir: cwd };
     kept = keep;
     if (request.mode === "agentic") {
-      for await (const message of driver.executeAgentic(request.prompt, {
-        cwd,
-        instructions: request.instructions,
-        runId: id,
-        timeoutMs: request.timeoutMs,
-        signal: request.signal,
-      })) {
+      for await (
+        const message of driver.executeAgentic(request.prompt, {
+          cwd,
+          instructions: request.instructions,
+          runId: id,
+          timeoutMs: request.timeoutMs,
+          signal: request.signal,
+        })
+      ) {
         if (message.type === "result") result = message;
         await emit(message);
       }
@@ -226,7 +269,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
           timeoutMs: request.timeoutMs,
           signal: request.signal,
         });
-        result = agenticMessage({ type: "result", content: typeof value === "string" ? value : JSON.stringify(value), model });
+        result = agenticMessage({
+          type: "result",
+          content: typeof value === "string" ? value : JSON.stringify(value),
+          model,
+        });
       } catch (error) {
         // The model failed (an error answer, or one that does not fit the schema): that is the
         // run's result, an error one, as for an agent — not a sandbox failure.
@@ -238,7 +285,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     }
     let extra: Record<string, unknown> | undefined;
     if (repo?.kind === "local" && worktree && provider && result) {
-      const back = await collectResult(provider, repo.local, worktree, { runId: id, signal: request.signal, maxBytes: profile.resources.diskBytes })
+      const back = await collectResult(provider, repo.local, worktree, {
+        runId: id,
+        signal: request.signal,
+        maxBytes: profile.resources.diskBytes,
+      })
         .catch((error) => {
           keep.worktree = true;
           request.onProgress?.(
@@ -246,9 +297,21 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
           );
           throw error;
         });
-      extra = { repo: repo.local.path, branch: back.commit ? back.branch : null, base: back.base, commit: back.commit, diffstat: back.diffstat, commits: back.commits };
+      extra = {
+        repo: repo.local.path,
+        branch: back.commit ? back.branch : null,
+        base: back.base,
+        commit: back.commit,
+        diffstat: back.diffstat,
+        commits: back.commits,
+      };
       reportResult(request, back, repo.local.path);
-      await request.onLifecycle?.({ type: "sandbox.branch", run_id: id, repository: repo.local.path, ...snake(back) });
+      await request.onLifecycle?.({
+        type: "sandbox.branch",
+        run_id: id,
+        repository: repo.local.path,
+        ...snake(back),
+      });
     } else if (repo?.kind === "remote" && worktree && provider && session?.gitUrl && result) {
       const back = await finishRemoteRun(provider, worktree, {
         runId: id,
@@ -257,16 +320,37 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
         env: session.env,
         signal: request.signal,
       });
-      extra = { repo: repo.remote.url, branch: back.commit ? back.branch : null, base: back.base, commit: back.commit, diffstat: back.diffstat, commits: back.commits, pushed: back.pushed };
+      extra = {
+        repo: repo.remote.url,
+        branch: back.commit ? back.branch : null,
+        base: back.base,
+        commit: back.commit,
+        diffstat: back.diffstat,
+        commits: back.commits,
+        pushed: back.pushed,
+      };
       const say = request.onProgress ?? (() => {});
       if (!back.commit) say("the agent changed nothing: nothing to push");
-      else if (back.pushed) say(`branch ${back.branch}: ${back.commits.length} commit(s) on ${back.base.slice(0, 12)}, pushed to ${repo.remote.url}`);
-      else {
+      else if (back.pushed) {
+        say(
+          `branch ${back.branch}: ${back.commits.length} commit(s) on ${
+            back.base.slice(0, 12)
+          }, pushed to ${repo.remote.url}`,
+        );
+      } else {
         // Not pushed: the commits must not vanish with the worktree.
         keep.branch = true;
-        say(`branch ${back.branch}: ${back.commits.length} commit(s) on ${back.base.slice(0, 12)}, not pushed: kept in ${provider.containerName} as ${worktree.branch} of ${worktree.bare}`);
+        say(
+          `branch ${back.branch}: ${back.commits.length} commit(s) on ${
+            back.base.slice(0, 12)
+          }, not pushed: kept in ${provider.containerName} as ${worktree.branch} of ${worktree.bare}`,
+        );
       }
-      for (const ref of back.ignoredRefs) say(`warning: the agent created ${ref} in the sandbox: not pushed (only the run branch is)`);
+      for (const ref of back.ignoredRefs) {
+        say(
+          `warning: the agent created ${ref} in the sandbox: not pushed (only the run branch is)`,
+        );
+      }
       await request.onLifecycle?.({
         type: "sandbox.branch",
         run_id: id,
@@ -281,7 +365,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
         committed_leftovers: back.committedLeftovers,
       });
     }
-    await emitUsage(log, request, agenticMessage({ type: "usage", usage: driver.getUsage(), model }));
+    await emitUsage(
+      log,
+      request,
+      agenticMessage({ type: "usage", usage: driver.getUsage(), model }),
+    );
     sent.usage = true;
     const failed = result?.is_error === true;
     await log.finish({
@@ -296,15 +384,35 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     const failure = limits.signal.aborted
       ? limits.signal.reason as SandboxError
       : !(error instanceof SandboxError)
-      ? new SandboxError("worker_failed", (error as Error).message ?? String(error), { cause: error })
+      ? new SandboxError("worker_failed", (error as Error).message ?? String(error), {
+        cause: error,
+      })
       : error.code === "interrupted" && error.message !== "The run was interrupted"
       ? new SandboxError("interrupted", "The run was interrupted", { cause: error })
       : error;
     // Close the stream as promised: an error result saying what happened, then the usage so far.
-    const usage = driverUsage({ duration_ms: Math.round(performance.now() - started), num_turns: llmCalls, model });
-    if (!sent.result) await emit(agenticMessage({ type: "result", content: failure.message, is_error: true, model })).catch(() => {});
-    if (!sent.usage) await emitUsage(log, request, agenticMessage({ type: "usage", usage, model })).catch(() => {});
-    await log.finish({ status: statusFor(failure), exitCode: exitCodeFor(failure), usage, error: failure.message, extra: placed() });
+    const usage = driverUsage({
+      duration_ms: Math.round(performance.now() - started),
+      num_turns: llmCalls,
+      model,
+    });
+    if (!sent.result) {
+      await emit(
+        agenticMessage({ type: "result", content: failure.message, is_error: true, model }),
+      ).catch(() => {});
+    }
+    if (!sent.usage) {
+      await emitUsage(log, request, agenticMessage({ type: "usage", usage, model })).catch(
+        () => {},
+      );
+    }
+    await log.finish({
+      status: statusFor(failure),
+      exitCode: exitCodeFor(failure),
+      usage,
+      error: failure.message,
+      extra: placed(),
+    });
     return outcomeOf(log, exitCodeFor(failure), failure);
   } finally {
     trace("run: cleaning up");
@@ -320,7 +428,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
 async function emitUsage(log: RunLog, request: RunRequest, message: AgenticMessage): Promise<void> {
   await log.append(message);
   const lost = log.storeError;
-  await request.onEvent(lost === undefined ? message : { ...message, content: `The run's record is incomplete: ${lost}` });
+  await request.onEvent(
+    lost === undefined
+      ? message
+      : { ...message, content: `The run's record is incomplete: ${lost}` },
+  );
 }
 
 /** How a run ends: a record that could not be written in full makes it exit `EXIT.storeFailed`. */
@@ -348,8 +460,15 @@ async function requireKey(profile: Profile, keys: KeyStore, signal?: AbortSignal
       : `Check that ${describeKeySource(source)} prints the key (profiles.${profile.name}.llm.key)`;
     throw new SandboxError(
       "config_invalid",
-      `Cannot run profile "${profile.name}": ${error.message.charAt(0).toLowerCase()}${error.message.slice(1)}`,
-      { cause: error, detail: [error.detail, `${fix}; --model replay:FILE runs a recording without a key`].filter(Boolean).join("\n") },
+      `Cannot run profile "${profile.name}": ${error.message.charAt(0).toLowerCase()}${
+        error.message.slice(1)
+      }`,
+      {
+        cause: error,
+        detail: [error.detail, `${fix}; --model replay:FILE runs a recording without a key`].filter(
+          Boolean,
+        ).join("\n"),
+      },
     );
   }
 }
@@ -361,10 +480,12 @@ type ResolvedRepo =
 /** Check the repository request before anything slow starts; user mistakes are usage errors. */
 async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
   const repo = request.repo!;
-  if (request.profile.sandbox.mode === "devcontainer") (await devcontainerModule()).requireLocalRepo(repo.path, isRemoteUrl(repo.path));
-  else if (request.profile.sandbox.mode !== "container") {
-    throw new SandboxError("usage", "--repo needs sandbox mode \"container\"", {
-      detail: "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
+  if (request.profile.sandbox.mode === "devcontainer") {
+    (await devcontainerModule()).requireLocalRepo(repo.path, isRemoteUrl(repo.path));
+  } else if (request.profile.sandbox.mode !== "container") {
+    throw new SandboxError("usage", '--repo needs sandbox mode "container"', {
+      detail:
+        "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
     });
   }
   if (request.mode !== "agentic") throw new SandboxError("usage", "--repo is for run agentic");
@@ -374,16 +495,25 @@ async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
     const valid = await run(["git", "check-ref-format", "--branch", branch]);
     if (valid.exitCode !== 0) throw new SandboxError("usage", `Invalid branch name "${branch}"`);
     if (!repo.push) {
-      request.onProgress?.("note: without --push the run's commits stay in the sandbox and are reported, not pushed");
+      request.onProgress?.(
+        "note: without --push the run's commits stay in the sandbox and are reported, not pushed",
+      );
     }
     return { kind: "remote", id, remote: await resolveRemoteRepo(repo.path, repo.base), branch };
   }
-  if (repo.push) throw new SandboxError("usage", "--push is for remote repositories; a local run's branch comes back by itself");
+  if (repo.push) {
+    throw new SandboxError(
+      "usage",
+      "--push is for remote repositories; a local run's branch comes back by itself",
+    );
+  }
   const local = await resolveLocalRepo(repo.path, repo.base);
   await checkRunBranch(local, branch);
   if (local.uncommitted > 0) {
     request.onProgress?.(
-      `warning: ${local.uncommitted} uncommitted change(s) in ${local.path} are NOT sent: the sandbox gets ${local.baseName} (${local.base.slice(0, 12)}) as committed`,
+      `warning: ${local.uncommitted} uncommitted change(s) in ${local.path} are NOT sent: the sandbox gets ${local.baseName} (${
+        local.base.slice(0, 12)
+      }) as committed`,
     );
   }
   return { kind: "local", id, local, branch };
@@ -391,9 +521,15 @@ async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
 
 function reportResult(request: RunRequest, back: RepoResult, path: string): void {
   const say = request.onProgress ?? (() => {});
-  for (const ref of back.ignoredRefs) say(`warning: the sandbox created ${ref}: not imported (only the run branch is)`);
+  for (const ref of back.ignoredRefs) {
+    say(`warning: the sandbox created ${ref}: not imported (only the run branch is)`);
+  }
   if (!back.commit) return say("the agent changed nothing: no branch created");
-  say(`branch ${back.branch} in ${path}: ${back.commits.length} commit(s) on ${back.base.slice(0, 12)}${back.committedLeftovers ? " (uncommitted changes committed by sandbox)" : ""}`);
+  say(
+    `branch ${back.branch} in ${path}: ${back.commits.length} commit(s) on ${
+      back.base.slice(0, 12)
+    }${back.committedLeftovers ? " (uncommitted changes committed by sandbox)" : ""}`,
+  );
   for (const line of back.diffstat.split("\n")) if (line) say(`  ${line.trim()}`);
 }
 
@@ -420,7 +556,9 @@ async function finishSandbox(
 ): Promise<void> {
   if (!keep.worktree && !keep.branch) return await destroy(sandbox);
   await keepSandbox(sandbox.containerName);
-  onProgress?.(`the run's container ${sandbox.containerName} is kept with its work; remove it with: ${cliName()} down -p ${sandbox.profile.name}`);
+  onProgress?.(
+    `the run's container ${sandbox.containerName} is kept with its work; remove it with: ${cliName()} down -p ${sandbox.profile.name}`,
+  );
 }
 
 /** The sandbox side of a run: provider, session and driver, with their cleanups registered. */
@@ -456,14 +594,24 @@ async function prepare(
   const keep = { worktree: false, branch: false };
   const { signal } = request;
   // Mode devcontainer: the repository's devcontainer image, run by the Docker provider from here on.
-  const devcontainer = request.profile.sandbox.mode === "devcontainer" && context.repo?.kind === "local"
-    ? await (await devcontainerModule()).openDevcontainer(request.profile, { repo: context.repo.local.path, base: context.repo.local.base, onProgress: request.onProgress, signal })
-    : undefined;
+  const devcontainer =
+    request.profile.sandbox.mode === "devcontainer" && context.repo?.kind === "local"
+      ? await (await devcontainerModule()).openDevcontainer(request.profile, {
+        repo: context.repo.local.path,
+        base: context.repo.local.base,
+        onProgress: request.onProgress,
+        signal,
+      })
+      : undefined;
   const profile = devcontainer?.profile ?? request.profile;
   // What an agent CLI may read of the repository's configuration for it: only what the user trusts.
-  const ownConfig = context.repo?.kind === "local" && !devcontainer?.config.workspaceSubdir ? context.repo.local : undefined;
+  const ownConfig = context.repo?.kind === "local" && !devcontainer?.config.workspaceSubdir
+    ? context.repo.local
+    : undefined;
   // (Read while the sandbox gets ready; awaited before the agent's driver is made.)
-  const checkingConfig = context.agent ? checkAgentProjectConfig(context.agent, ownConfig) : undefined;
+  const checkingConfig = context.agent
+    ? checkAgentProjectConfig(context.agent, ownConfig)
+    : undefined;
   checkingConfig?.catch(() => {}); // awaited below, where its error counts
   const sessionOptions = {
     runId: context.id,
@@ -476,7 +624,9 @@ async function prepare(
     onProgress: request.onProgress,
   };
   if (profile.sandbox.mode === "none") {
-    request.onProgress?.("UNSAFE: sandbox mode \"none\" runs the agent on this machine with no isolation");
+    request.onProgress?.(
+      'UNSAFE: sandbox mode "none" runs the agent on this machine with no isolation',
+    );
     const proxies = await startHostProxies(profile, ["127.0.0.1"], sessionOptions);
     context.cleanups.push(() => proxies.close());
     const bundle = await workerBundlePath(request.onProgress);
@@ -493,11 +643,16 @@ async function prepare(
     return { driver, cwd: request.hostCwd ?? Deno.cwd(), keep };
   }
   if (profile.sandbox.mode !== "container") {
-    throw new SandboxError("unsupported", `Sandbox mode "${profile.sandbox.mode}" is not implemented yet`);
+    throw new SandboxError(
+      "unsupported",
+      `Sandbox mode "${profile.sandbox.mode}" is not implemented yet`,
+    );
   }
   // A sandbox no other run has touched: one started ahead for the pool and claimed by this run
   // alone, or one made now. It is destroyed when the run ends (lib/sandbox/pool.ts).
-  const repoKey = context.repo?.kind === "local" ? context.repo.local.key : context.repo?.remote.key;
+  const repoKey = context.repo?.kind === "local"
+    ? context.repo.local.key
+    : context.repo?.remote.key;
   const repository = repoKey ? await sandboxRepo(repoKey) : undefined;
   const local = context.repo?.kind === "local" ? context.repo : undefined;
   const remote = context.repo?.kind === "remote" ? context.repo : undefined;
@@ -507,8 +662,15 @@ async function prepare(
     cacheVolume: local && repository ? cacheVolumeName(repository) : undefined,
     onProgress: request.onProgress,
   };
-  const workerOptions = { timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs, signal, onStderrLine: request.onWorkerStderr, runId: context.id };
-  const claimed = profile.sandbox.pool > 0 ? await claimPooled(profile, { ...poolOptions, signal }) : undefined;
+  const workerOptions = {
+    timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs,
+    signal,
+    onStderrLine: request.onWorkerStderr,
+    runId: context.id,
+  };
+  const claimed = profile.sandbox.pool > 0
+    ? await claimPooled(profile, { ...poolOptions, signal })
+    : undefined;
   const sandbox = claimed ?? await coldSandbox(profile, context.id, { ...poolOptions, signal });
   context.cleanups.push(() => finishSandbox(sandbox, keep, request.onProgress));
   await context.onSandbox?.(sandbox.containerName);
@@ -540,10 +702,12 @@ async function prepare(
     });
   // The worker (the one waiting in the pooled container, or one started now, which loads while
   // the session opens), the session and the checkout go at once: they are independent.
-  const starting: Promise<WorkerProcess | undefined> = context.agent ? Promise.resolve(undefined) : (async () => {
-    const waiting = claimed ? await attachPooledWorker(claimed, workerOptions) : undefined;
-    return waiting ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
-  })();
+  const starting: Promise<WorkerProcess | undefined> = context.agent
+    ? Promise.resolve(undefined)
+    : (async () => {
+      const waiting = claimed ? await attachPooledWorker(claimed, workerOptions) : undefined;
+      return waiting ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
+    })();
   starting.catch(() => {});
   // A run that fails before its job was sent ends the worker's input: it stops.
   context.cleanups.push(async () => (await starting.catch(() => undefined))?.close());
@@ -570,24 +734,34 @@ async function prepare(
       env: session.env,
       signal,
     });
-    request.onProgress?.(`fetched ${remote.remote.url} into the sandbox; base ${worktree.base.slice(0, 12)}`);
+    request.onProgress?.(
+      `fetched ${remote.remote.url} into the sandbox; base ${worktree.base.slice(0, 12)}`,
+    );
   } else if (local && sending) {
     worktree = await sending;
-    const sent = worktree.sentBytes > 0 ? `; ${worktree.sentBytes} bytes of objects added to its cache` : "";
-    request.onProgress?.(`checked out ${local.local.baseName} (${local.local.base.slice(0, 12)})${sent}`);
+    const sent = worktree.sentBytes > 0
+      ? `; ${worktree.sentBytes} bytes of objects added to its cache`
+      : "";
+    request.onProgress?.(
+      `checked out ${local.local.baseName} (${local.local.base.slice(0, 12)})${sent}`,
+    );
   }
   // Kept: the run's container stays (with its checkout) instead of going with the run.
   if (worktree && request.repo?.keepWorktree) keep.worktree = true;
   let early = await starting;
   const provider = sandbox;
   const agentConfig = await checkingConfig;
-  for (const line of agentConfig ? describeIgnored(context.agent!, agentConfig) : []) request.onProgress?.(line);
+  for (const line of agentConfig ? describeIgnored(context.agent!, agentConfig) : []) {
+    request.onProgress?.(line);
+  }
   const driver = new ContainerDriver({
     provider,
     env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },
     model: context.chosen.model,
     onStderrLine: request.onWorkerStderr,
-    agent: context.agent ? agentCli(context.agent, { trustedConfig: agentConfig?.trusted }) : undefined,
+    agent: context.agent
+      ? agentCli(context.agent, { trustedConfig: agentConfig?.trusted })
+      : undefined,
     onAgentEvent: context.onAgentEvent,
     worker: () => {
       const started = early;

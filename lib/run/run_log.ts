@@ -30,7 +30,13 @@ const META_RESERVE_FILE = "meta.reserve";
 const RESERVED_EXTRA_CHARS = 1024;
 const RESERVED_ERROR_CHARS = 4096;
 
-export type RunStatus = "running" | "succeeded" | "failed" | "timed_out" | "interrupted" | "crashed";
+export type RunStatus =
+  | "running"
+  | "succeeded"
+  | "failed"
+  | "timed_out"
+  | "interrupted"
+  | "crashed";
 
 export interface RunMeta {
   id: string;
@@ -119,7 +125,11 @@ export class RunLog implements AsyncDisposable {
         pidStartTicks: await processStartTicks(Deno.pid),
         storeError: null,
       };
-      await Deno.writeFile(`${dir}/${META_RESERVE_FILE}`, new Uint8Array(META_RESERVE_BYTES).fill(0x20), { mode: 0o600 });
+      await Deno.writeFile(
+        `${dir}/${META_RESERVE_FILE}`,
+        new Uint8Array(META_RESERVE_BYTES).fill(0x20),
+        { mode: 0o600 },
+      );
       const log = new RunLog(dir, meta, file, redactor);
       await log.#writeMeta();
       return log;
@@ -127,7 +137,11 @@ export class RunLog implements AsyncDisposable {
       file?.close();
       // What was made of the record goes: a half-made one would read as a run.
       await Deno.remove(dir, { recursive: true }).catch(() => {}); // a leftover is only clutter
-      throw new SandboxError("store_failed", `Cannot record the run in ${dir}: ${describe(error)}`, { cause: error });
+      throw new SandboxError(
+        "store_failed",
+        `Cannot record the run in ${dir}: ${describe(error)}`,
+        { cause: error },
+      );
     }
   }
 
@@ -163,7 +177,11 @@ export class RunLog implements AsyncDisposable {
     if (!this.#agentEvents) {
       const name = "agent-events.ndjson";
       try {
-        const file = Deno.openSync(`${this.dir}/${name}`, { append: true, create: true, mode: 0o600 });
+        const file = Deno.openSync(`${this.dir}/${name}`, {
+          append: true,
+          create: true,
+          mode: 0o600,
+        });
         this.#agentEvents = { name, file, bytes: file.statSync().size };
       } catch (error) {
         this.#lost = `cannot write ${this.dir}/${name}: ${describe(error)}`;
@@ -206,7 +224,11 @@ export class RunLog implements AsyncDisposable {
    * Record the outcome; the run's files are complete after this, or `storeError` says what is
    * missing (then `exitCode` is `EXIT.storeFailed`). Never raises.
    */
-  async finish(outcome: Pick<RunMeta, "status" | "exitCode" | "usage" | "error"> & { extra?: Record<string, unknown> }): Promise<void> {
+  async finish(
+    outcome: Pick<RunMeta, "status" | "exitCode" | "usage" | "error"> & {
+      extra?: Record<string, unknown>;
+    },
+  ): Promise<void> {
     await this.#events.file.sync().catch(() => {}); // the lines are written; only a power cut could lose them
     await this.#agentEvents?.file.sync().catch(() => {}); // as above
     const ended = new Date();
@@ -215,7 +237,9 @@ export class RunLog implements AsyncDisposable {
         ...this.meta,
         ...outcome,
         exitCode: this.#lost === undefined ? outcome.exitCode : EXIT.storeFailed,
-        error: outcome.error && this.#redactor ? this.#redactor.redact(outcome.error) : outcome.error,
+        error: outcome.error && this.#redactor
+          ? this.#redactor.redact(outcome.error)
+          : outcome.error,
         extra: { ...this.meta.extra, ...outcome.extra },
         endedAt: ended.toISOString(),
         durationMs: ended.getTime() - Date.parse(this.meta.startedAt),
@@ -232,7 +256,9 @@ export class RunLog implements AsyncDisposable {
       this.#lost ??= `cannot write ${this.dir}/meta.json: ${describe(error)}`;
     }
     record();
-    if (!await this.#writeReservedMeta()) this.#lost = `${this.#lost}; meta.json was not written either`;
+    if (!await this.#writeReservedMeta()) {
+      this.#lost = `${this.#lost}; meta.json was not written either`;
+    }
   }
 
   async #writeMeta(): Promise<void> {
@@ -249,7 +275,9 @@ export class RunLog implements AsyncDisposable {
   /** `meta.json` written over the reserve, in place, then renamed onto it. False if it could not be. */
   async #writeReservedMeta(): Promise<boolean> {
     let bytes = this.#encoder.encode(JSON.stringify(this.meta, null, 2) + "\n");
-    if (bytes.length > META_RESERVE_BYTES) bytes = this.#encoder.encode(JSON.stringify(reservedMeta(this.meta)) + "\n");
+    if (bytes.length > META_RESERVE_BYTES) {
+      bytes = this.#encoder.encode(JSON.stringify(reservedMeta(this.meta)) + "\n");
+    }
     const reserve = `${this.dir}/${META_RESERVE_FILE}`;
     try {
       {
@@ -276,7 +304,9 @@ export class RunLog implements AsyncDisposable {
 /** A `meta` that fits the reserve: long `extra` values and the error's tail left out. */
 function reservedMeta(meta: RunMeta): RunMeta {
   const extra = Object.fromEntries(
-    Object.entries(meta.extra ?? {}).filter(([, value]) => (JSON.stringify(value) ?? "").length <= RESERVED_EXTRA_CHARS),
+    Object.entries(meta.extra ?? {}).filter(([, value]) =>
+      (JSON.stringify(value) ?? "").length <= RESERVED_EXTRA_CHARS
+    ),
   );
   return { ...meta, error: meta.error?.slice(0, RESERVED_ERROR_CHARS) ?? null, extra };
 }
@@ -285,13 +315,14 @@ function describe(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-
 /** The metadata of one run, with a dead "running" run reported as crashed. */
 export async function readRun(id: string): Promise<RunMeta | undefined> {
   try {
     const meta = JSON.parse(await Deno.readTextFile(`${runsDir()}/${id}/meta.json`)) as RunMeta;
     meta.storeError ??= null; // (records from before the field)
-    if (meta.status === "running" && !await isSameProcessAlive(meta.pid, meta.pidStartTicks)) meta.status = "crashed";
+    if (meta.status === "running" && !await isSameProcessAlive(meta.pid, meta.pidStartTicks)) {
+      meta.status = "crashed";
+    }
     return meta;
   } catch {
     return undefined;
@@ -375,5 +406,10 @@ async function checkRecordEnd(id: string, rest: string): Promise<void> {
       `The log of run "${id}" ends in a torn line (${rest.length} characters without their newline): its record is incomplete${why}`,
     );
   }
-  if (meta.storeError) throw new SandboxError("store_failed", `The log of run "${id}" is incomplete: ${meta.storeError}`);
+  if (meta.storeError) {
+    throw new SandboxError(
+      "store_failed",
+      `The log of run "${id}" is incomplete: ${meta.storeError}`,
+    );
+  }
 }

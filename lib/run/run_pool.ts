@@ -19,7 +19,12 @@ export interface PoolReport {
 
 export async function poolFor(
   profile: Profile,
-  options: { repo?: string; agent?: AgentCliName; onProgress?: (line: string) => void; signal?: AbortSignal },
+  options: {
+    repo?: string;
+    agent?: AgentCliName;
+    onProgress?: (line: string) => void;
+    signal?: AbortSignal;
+  },
 ): Promise<PoolReport> {
   let runProfile = profile;
   let repoKey: string | undefined;
@@ -27,13 +32,20 @@ export async function poolFor(
   // Mode devcontainer runs on a repository always: the current directory's by default.
   const repo = options.repo ?? (profile.sandbox.mode === "devcontainer" ? Deno.cwd() : undefined);
   if (repo !== undefined) {
-    const [{ resolveLocalRepo }, { isRemoteUrl, resolveRemoteRepo }] = await Promise.all([import("../repo/local.ts"), import("../repo/remote.ts")]);
+    const [{ resolveLocalRepo }, { isRemoteUrl, resolveRemoteRepo }] = await Promise.all([
+      import("../repo/local.ts"),
+      import("../repo/remote.ts"),
+    ]);
     local = !isRemoteUrl(repo);
     repoKey = local ? (await resolveLocalRepo(repo)).key : (await resolveRemoteRepo(repo)).key;
   }
   if (profile.sandbox.mode === "devcontainer") {
     const { openDevcontainer } = await import("../sandbox/devcontainer/provider.ts");
-    runProfile = (await openDevcontainer(profile, { repo: repo!, onProgress: options.onProgress, signal: options.signal })).profile;
+    runProfile = (await openDevcontainer(profile, {
+      repo: repo!,
+      onProgress: options.onProgress,
+      signal: options.signal,
+    })).profile;
   }
   const repository = repoKey ? await sandboxRepo(repoKey) : undefined;
   const reaped = await reapOrphans(runProfile);
@@ -46,5 +58,8 @@ export async function poolFor(
     wait: true,
   });
   const key = poolKey(runProfile.name, options.agent, repository?.key);
-  return { reaped, ready: (await listReady()).filter((record) => record.key === key).map((record) => record.name) };
+  return {
+    reaped,
+    ready: (await listReady()).filter((record) => record.key === key).map((record) => record.name),
+  };
 }

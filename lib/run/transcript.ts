@@ -11,7 +11,9 @@ import type { AgenticMessage } from "./protocol.ts";
 const MAX_SHOWN = 2_000;
 
 function clip(text: string): string {
-  return text.length > MAX_SHOWN ? `${text.slice(0, MAX_SHOWN)}… (${text.length - MAX_SHOWN} more characters)` : text;
+  return text.length > MAX_SHOWN
+    ? `${text.slice(0, MAX_SHOWN)}… (${text.length - MAX_SHOWN} more characters)`
+    : text;
 }
 
 function indent(text: string): string {
@@ -37,10 +39,16 @@ const NAMED: Record<string, string> = {
  */
 export function escapeControls(text: string): string {
   // deno-lint-ignore no-control-regex
-  return text.replace(/\r\n/g, "\n").replace(/[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]/g, (c) => {
-    const code = c.charCodeAt(0);
-    return NAMED[c] ?? (code < 0x80 ? `\\x${code.toString(16).padStart(2, "0")}` : `\\u${code.toString(16).padStart(4, "0")}`);
-  });
+  return text.replace(/\r\n/g, "\n").replace(
+    /[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]/g,
+    (c) => {
+      const code = c.charCodeAt(0);
+      return NAMED[c] ??
+        (code < 0x80
+          ? `\\x${code.toString(16).padStart(2, "0")}`
+          : `\\u${code.toString(16).padStart(4, "0")}`);
+    },
+  );
 }
 
 /** One message as a few lines of text, control characters escaped. */
@@ -55,15 +63,19 @@ function renderRaw(message: AgenticMessage): string {
     case "tool_call":
       return `→ ${message.tool_name}(${clip(JSON.stringify(message.tool_input ?? {}))})`;
     case "tool_result":
-      return `${message.is_error ? "✗" : "←"} ${message.tool_name ?? "result"}\n${indent(clip(message.tool_output ?? ""))}`;
+      return `${message.is_error ? "✗" : "←"} ${message.tool_name ?? "result"}\n${
+        indent(clip(message.tool_output ?? ""))
+      }`;
     case "result":
       return `${message.is_error ? "✗ failed" : "✓ done"}: ${clip(message.content ?? "")}`;
     case "usage": {
       const u = message.usage;
       if (!u) return "usage: unknown";
-      return `usage: ${u.input_tokens ?? "?"} in / ${u.output_tokens ?? "?"} out tokens, ${u.num_turns ?? "?"} turns, ${
-        u.duration_ms === null ? "?" : `${(u.duration_ms / 1000).toFixed(1)} s`
-      }${u.model ? `, ${u.model}` : ""}`;
+      return `usage: ${u.input_tokens ?? "?"} in / ${u.output_tokens ?? "?"} out tokens, ${
+        u.num_turns ?? "?"
+      } turns, ${u.duration_ms === null ? "?" : `${(u.duration_ms / 1000).toFixed(1)} s`}${
+        u.model ? `, ${u.model}` : ""
+      }`;
     }
   }
 }

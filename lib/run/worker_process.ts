@@ -17,7 +17,11 @@ export interface WorkerProcess {
 }
 
 /** An input stream the host writes to, and ends when it chooses. */
-export function hostInput(): { stream: ReadableStream<Uint8Array>; write(text: string): void; close(): void } {
+export function hostInput(): {
+  stream: ReadableStream<Uint8Array>;
+  write(text: string): void;
+  close(): void;
+} {
   let controller!: ReadableStreamDefaultController<Uint8Array>;
   let closed = false;
   const stream = new ReadableStream<Uint8Array>({ start: (c) => void (controller = c) });
@@ -50,7 +54,10 @@ export function startWorker(
 }
 
 /** A worker process from its output stream and the input it reads. */
-export function workerProcess(stream: ExecStream, input: { write(text: string): void; close(): void }): WorkerProcess {
+export function workerProcess(
+  stream: ExecStream,
+  input: { write(text: string): void; close(): void },
+): WorkerProcess {
   let sent = false;
   return {
     stream,

@@ -46,16 +46,23 @@ export async function attachWorker(
   // The first line comes only after the job is sent: before that, the stream ends only if the
   // connector found no worker.
   const first = lines.next();
-  const which = await Promise.race([attached, first.then(() => "ended" as const, () => "ended" as const)]);
+  const which = await Promise.race([
+    attached,
+    first.then(() => "ended" as const, () => "ended" as const),
+  ]);
   if (which === "ended") {
     input.close();
     const line = await first;
     if (line.done) {
       const outcome = await stream.outcome;
       if (outcome.exitCode === EXIT_NO_WORKER) return undefined;
-      throw new SandboxError("exec_failed", `Cannot reach the worker waiting in the sandbox: the connector exited with code ${outcome.exitCode}`, {
-        detail: outcome.stderrTail || undefined,
-      });
+      throw new SandboxError(
+        "exec_failed",
+        `Cannot reach the worker waiting in the sandbox: the connector exited with code ${outcome.exitCode}`,
+        {
+          detail: outcome.stderrTail || undefined,
+        },
+      );
     }
   }
   const joined: ExecStream = {

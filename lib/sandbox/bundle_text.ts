@@ -35,9 +35,11 @@ const IMPORT_SHIM_LAZY = "var __require = (id) => globalThis.process.getBuiltinM
 
 /** The minified bundler's shim (esbuild's `__require`), whatever its names were minified to. */
 const MINIFIED_SHIM = new RegExp(
-  String.raw`([A-Za-z_$][\w$]*)=\((\w+)=>typeof require<"u"\?require:typeof Proxy<"u"\?new Proxy\(\2,` +
+  String
+    .raw`([A-Za-z_$][\w$]*)=\((\w+)=>typeof require<"u"\?require:typeof Proxy<"u"\?new Proxy\(\2,` +
     String.raw`\{get:\((\w+),(\w+)\)=>\(typeof require<"u"\?require:\3\)\[\4\]\}\):\2\)` +
-    String.raw`\(function\((\w+)\)\{if\(typeof require<"u"\)return require\.apply\(this,arguments\);` +
+    String
+      .raw`\(function\((\w+)\)\{if\(typeof require<"u"\)return require\.apply\(this,arguments\);` +
     String.raw`throw Error\('Dynamic require of "'\+\5\+'" is not supported'\)\}\)`,
   "g",
 );
@@ -69,7 +71,11 @@ function lazyRequire(text: string): string {
   const imports = text.split(IMPORT_SHIM).length - 1;
   const minified = [...text.matchAll(MINIFIED_SHIM)];
   if (imports + minified.length > 1) {
-    throw new BundleShapeError(`expected the bundler's require shim at most once, found it ${imports + minified.length} times`);
+    throw new BundleShapeError(
+      `expected the bundler's require shim at most once, found it ${
+        imports + minified.length
+      } times`,
+    );
   }
   let name = "__require";
   if (imports === 1) text = text.replace(IMPORT_SHIM, IMPORT_SHIM_LAZY);
@@ -80,16 +86,33 @@ function lazyRequire(text: string): string {
   // process.getBuiltinModule knows only Node's built-ins: a bundle that requires anything else
   // at run time would break on that path, so it must not build.
   const calls = new RegExp(String.raw`(?<![\w$.])${name.replaceAll("$", "\\$")}\(([^)]*)\)`, "g");
-  const notBuiltin = [...text.matchAll(calls)].map((m) => m[1]).filter((arg) => !/^"node:[a-z_/]+"$/.test(arg));
+  const notBuiltin = [...text.matchAll(calls)].map((m) => m[1]).filter((arg) =>
+    !/^"node:[a-z_/]+"$/.test(arg)
+  );
   if (notBuiltin.length > 0) {
-    throw new BundleShapeError(`the bundle requires modules that are not Node built-ins: ${notBuiltin.join(", ")}`);
+    throw new BundleShapeError(
+      `the bundle requires modules that are not Node built-ins: ${notBuiltin.join(", ")}`,
+    );
   }
   return text;
 }
 
 /** Keywords after which a `/` starts a regular expression and a backtick a plain template. */
 const KEYWORDS_BEFORE_EXPRESSION = new Set([
-  "return", "typeof", "case", "do", "else", "in", "of", "new", "delete", "void", "throw", "yield", "await", "instanceof",
+  "return",
+  "typeof",
+  "case",
+  "do",
+  "else",
+  "in",
+  "of",
+  "new",
+  "delete",
+  "void",
+  "throw",
+  "yield",
+  "await",
+  "instanceof",
 ]);
 
 /**
@@ -99,7 +122,9 @@ const KEYWORDS_BEFORE_EXPRESSION = new Set([
  * template's text, `space` where code expects a separator, `escapable` anywhere else. Undefined
  * when the scan ends inside a literal or comment: the text is then not what it assumed.
  */
-function placesOutsideAscii(text: string): Map<number, "tagged" | "space" | "escapable"> | undefined {
+function placesOutsideAscii(
+  text: string,
+): Map<number, "tagged" | "space" | "escapable"> | undefined {
   const places = new Map<number, "tagged" | "space" | "escapable">();
   const templates: { tagged: boolean; depth: number }[] = [];
   let depth = 0;
@@ -150,9 +175,14 @@ function placesOutsideAscii(text: string): Map<number, "tagged" | "space" | "esc
       previous = c;
     } else if (c === "`") {
       i++;
-      const tagged = /^[\w$)\]]/.test(previous.slice(-1)) && !KEYWORDS_BEFORE_EXPRESSION.has(previous);
+      const tagged = /^[\w$)\]]/.test(previous.slice(-1)) &&
+        !KEYWORDS_BEFORE_EXPRESSION.has(previous);
       if (!openTemplate(tagged)) return undefined;
-    } else if (c === "/" && (previous === "" || /^[(,=:[!&|?{};+\-*%<>~^]$/.test(previous) || KEYWORDS_BEFORE_EXPRESSION.has(previous))) {
+    } else if (
+      c === "/" &&
+      (previous === "" || /^[(,=:[!&|?{};+\-*%<>~^]$/.test(previous) ||
+        KEYWORDS_BEFORE_EXPRESSION.has(previous))
+    ) {
       let inClass = false;
       for (i++; i < text.length && (inClass || text[i] !== "/"); i++) {
         if (text[i] === "\\") {
@@ -216,7 +246,11 @@ function asciiWhereSafe(text: string): string {
   for (const [at, place] of places) {
     const unit = text.charCodeAt(at);
     out += text.slice(last, at) +
-      (place === "tagged" ? `\${"${escapeUnit(unit)}"}` : place === "space" ? " " : escapeUnit(unit));
+      (place === "tagged"
+        ? `\${"${escapeUnit(unit)}"}`
+        : place === "space"
+        ? " "
+        : escapeUnit(unit));
     last = at + 1;
   }
   return out + text.slice(last);

@@ -14,7 +14,9 @@
 /** The comment that carries one bundle: its name, the length of its base64, the base64. */
 export function trailerComment(name: string, base64: string): string {
   if (!/^[a-z]+$/.test(name)) throw new TypeError(`Invalid embedded bundle name: ${name}`);
-  if (!/^[A-Za-z0-9+/=]*$/.test(base64)) throw new TypeError(`The ${name} bundle's text is not base64`);
+  if (!/^[A-Za-z0-9+/=]*$/.test(base64)) {
+    throw new TypeError(`The ${name} bundle's text is not base64`);
+  }
   return `\n/* sandbox-embedded ${name} ${base64.length}\n${base64}\n*/\n`;
 }
 

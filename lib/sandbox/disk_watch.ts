@@ -115,7 +115,10 @@ export function startDiskWatch(
           const bytes = Number(report[2]) * 1024;
           const previous = used;
           used = bytes;
-          if (report[1] === "du" && bytes > options.limitBytes && previous !== undefined && bytes > previous) {
+          if (
+            report[1] === "du" && bytes > options.limitBytes && previous !== undefined &&
+            bytes > previous
+          ) {
             fail(exceeded(options, bytes));
             return;
           }

@@ -8,8 +8,21 @@
  * request, without starting the CLI each time.
  */
 import { CommandExitError, SandboxError, type SandboxErrorCode } from "../errors.ts";
-import { type Child, ProgramNotFoundError, run, type RunResult, spawn, type SpawnOptions } from "../process.ts";
-import { EngineExec, engineSocket, execRequestOf, inspectRequestOf, inspectViaEngine } from "./engine_api.ts";
+import {
+  type Child,
+  ProgramNotFoundError,
+  run,
+  type RunResult,
+  spawn,
+  type SpawnOptions,
+} from "../process.ts";
+import {
+  EngineExec,
+  engineSocket,
+  execRequestOf,
+  inspectRequestOf,
+  inspectViaEngine,
+} from "./engine_api.ts";
 
 /** Label keys on every object this tool creates. Teardown selects by `OWNER`, nothing else. */
 export const LABEL = {
@@ -58,7 +71,10 @@ export class DockerCli {
           options?.onStderrChunk?.(text);
         },
       });
-      const [stdout, outcome] = await Promise.all([new Response(child.stdout).text(), child.finished]);
+      const [stdout, outcome] = await Promise.all([
+        new Response(child.stdout).text(),
+        child.finished,
+      ]);
       return { ...outcome, stdout, stderr };
     }
     return await run([this.program, ...args], options);
@@ -89,7 +105,13 @@ export class DockerCli {
     const socket = this.#engine(options);
     const request = socket ? execRequestOf(args, options.env) : undefined;
     if (socket && request) {
-      return new EngineExec(socket, [this.program, ...args], request, options, () => this.#spawnCli(args, options));
+      return new EngineExec(
+        socket,
+        [this.program, ...args],
+        request,
+        options,
+        () => this.#spawnCli(args, options),
+      );
     }
     return this.#spawnCli(args, options);
   }
@@ -125,7 +147,8 @@ function mapSpawnError(error: unknown, program: string): unknown {
   if (error instanceof ProgramNotFoundError) {
     return new SandboxError("docker_missing", `Cannot find the docker CLI ("${program}")`, {
       cause: error,
-      detail: provisionHint() ?? "Install Docker (on Debian: apt-get install docker.io) or put docker on PATH",
+      detail: provisionHint() ??
+        "Install Docker (on Debian: apt-get install docker.io) or put docker on PATH",
     });
   }
   return error;
@@ -136,7 +159,8 @@ export function throwIfUnreachable(stderr: string): void {
   if (DAEMON_DOWN.some((needle) => stderr.includes(needle))) {
     throw new SandboxError("daemon_down", "Cannot reach the Docker engine", {
       detail: `${firstLine(stderr)}\n${
-        provisionHint() ?? "Start it (e.g. sudo dockerd, or systemctl start docker) or set DOCKER_HOST"
+        provisionHint() ??
+          "Start it (e.g. sudo dockerd, or systemctl start docker) or set DOCKER_HOST"
       }`,
     });
   }
@@ -148,7 +172,9 @@ export function throwIfUnreachable(stderr: string): void {
  */
 function provisionHint(): string | undefined {
   const script = Deno.env.get("SANDBOX_PROVISION");
-  return script ? `Install or start it with: bash ${script} (or set DOCKER_HOST to another engine)` : undefined;
+  return script
+    ? `Install or start it with: bash ${script} (or set DOCKER_HOST to another engine)`
+    : undefined;
 }
 
 /** docker's way of saying the named object does not exist. */
@@ -162,8 +188,11 @@ export function isAlreadyExists(stderr: string): boolean {
 }
 
 function firstLine(text: string): string {
-  return text.trim().split("\n").find((l) => l.trim() !== "")?.replace(/^Error response from daemon:\s*/, "")
-    ?? "";
+  return text.trim().split("\n").find((l) => l.trim() !== "")?.replace(
+    /^Error response from daemon:\s*/,
+    "",
+  ) ??
+    "";
 }
 
 /** Labels as `--label k=v` pairs. */

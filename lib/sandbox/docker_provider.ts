@@ -8,7 +8,15 @@
  */
 import { withoutRefusedEnv } from "../refused_env.ts";
 import type { Profile } from "../config.ts";
-import { DockerCli, isAlreadyExists, isNoSuchObject, LABEL, labelArgs, OWNER, OWNER_FILTER } from "./docker.ts";
+import {
+  DockerCli,
+  isAlreadyExists,
+  isNoSuchObject,
+  LABEL,
+  labelArgs,
+  OWNER,
+  OWNER_FILTER,
+} from "./docker.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { cliName } from "../cli_name.ts";
 import { sha256Hex } from "../hash.ts";
@@ -24,7 +32,13 @@ import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
 import { type DiskWatch, type DiskWatcher, startDiskWatch } from "./disk_watch.ts";
 import { type Child, spawn, spawnDetached } from "../process.ts";
-import { engineMayShareFilesystem, prepareProxyMountSource, PROXY_MOUNT_PATH, proxyMountSource, removeProxyMountSource } from "./proxy_mount.ts";
+import {
+  engineMayShareFilesystem,
+  prepareProxyMountSource,
+  PROXY_MOUNT_PATH,
+  proxyMountSource,
+  removeProxyMountSource,
+} from "./proxy_mount.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import { formatBytes } from "../units.ts";
 import { extractTar } from "../tar_extract.ts";
@@ -127,7 +141,13 @@ interface ContainerInspect {
   Name: string;
   Created: string;
   Image: string;
-  State: { Status: string; Running: boolean; Health?: { Status: string }; StartedAt?: string; FinishedAt?: string };
+  State: {
+    Status: string;
+    Running: boolean;
+    Health?: { Status: string };
+    StartedAt?: string;
+    FinishedAt?: string;
+  };
   Config: { Image: string; Labels: Record<string, string> | null };
   HostConfig: { PidsLimit?: number | null; Memory?: number };
   Mounts?: { Type: string; Source: string; Destination: string }[];
@@ -141,7 +161,9 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   constructor(profile: Profile, options: DockerProviderOptions = {}) {
     if (profile.sandbox.mode !== "container") {
-      throw new TypeError(`DockerSandboxProvider needs sandbox mode "container", not "${profile.sandbox.mode}"`);
+      throw new TypeError(
+        `DockerSandboxProvider needs sandbox mode "container", not "${profile.sandbox.mode}"`,
+      );
     }
     this.profile = profile;
     this.docker = new DockerCli(options.docker);
@@ -193,9 +215,13 @@ export class DockerSandboxProvider implements SandboxProvider {
       const value = hostEnv(name);
       if (value !== undefined) env[name] = value;
     }
-    assertNoSecrets(`sandbox "${this.names.container}"`, { env: { ...env, ...this.profile.sandbox.environment.set }, envKind: "container environment" });
+    assertNoSecrets(`sandbox "${this.names.container}"`, {
+      env: { ...env, ...this.profile.sandbox.environment.set },
+      envKind: "container environment",
+    });
     // resolveProfile() warned of them already; a profile made another way loses them here too.
-    return withoutRefusedEnv({ ...env, ...this.profile.sandbox.environment.set }, (name) => name).env;
+    return withoutRefusedEnv({ ...env, ...this.profile.sandbox.environment.set }, (name) => name)
+      .env;
   }
 
   /**
@@ -213,7 +239,9 @@ export class DockerSandboxProvider implements SandboxProvider {
     const body = [
       "--hostname",
       // A hostname has at most 63 characters; a run's container name may have more.
-      this.names.container.length <= 63 ? this.names.container : `sandbox-${this.#options.instance}`.slice(0, 63),
+      this.names.container.length <= 63
+        ? this.names.container
+        : `sandbox-${this.#options.instance}`.slice(0, 63),
       "--user",
       SANDBOX_USER,
       "--cap-drop",
@@ -227,7 +255,9 @@ export class DockerSandboxProvider implements SandboxProvider {
       `${SANDBOX_HOME}:rw,nosuid,nodev,size=${tmpfsSize},uid=${SANDBOX_UID},gid=${SANDBOX_UID},mode=0700`,
       "--mount",
       `type=volume,src=${this.names.volume},dst=${WORKSPACE_DIR}`,
-      ...(this.#options.cacheVolume ? ["--mount", `type=volume,src=${this.#options.cacheVolume},dst=${CACHE_DIR},readonly`] : []),
+      ...(this.#options.cacheVolume
+        ? ["--mount", `type=volume,src=${this.#options.cacheVolume},dst=${CACHE_DIR},readonly`]
+        : []),
       "--memory",
       String(resources.memoryBytes),
       "--memory-swap",
@@ -251,7 +281,8 @@ export class DockerSandboxProvider implements SandboxProvider {
     // Of the configuration, not of this container: its own names are left out, so that the hash of
     // a pooled container says whether it was made as a run would make one now.
     const shape = body.map((arg) => arg.split(this.names.container).join("NAME"));
-    const configHash = (await sha256Hex(`${shape.join("\0")}\0${JSON.stringify(env.clientEnv)}`)).slice(0, 16);
+    const configHash = (await sha256Hex(`${shape.join("\0")}\0${JSON.stringify(env.clientEnv)}`))
+      .slice(0, 16);
     return {
       args: [
         "run",
@@ -272,17 +303,26 @@ export class DockerSandboxProvider implements SandboxProvider {
    * processes there; its sessions' relays take the stream).
    */
   async hasProxyMount(signal?: AbortSignal): Promise<boolean> {
-    const mount = (await this.#inspect(signal))?.Mounts?.find((m) => m.Destination === PROXY_MOUNT_PATH);
+    const mount = (await this.#inspect(signal))?.Mounts?.find((m) =>
+      m.Destination === PROXY_MOUNT_PATH
+    );
     if (!mount) return false;
     const expected = await proxyMountSource(this.names.container);
-    return mount.Source === expected || mount.Source === await Deno.realPath(expected).catch(() => expected);
+    return mount.Source === expected ||
+      mount.Source === await Deno.realPath(expected).catch(() => expected);
   }
 
   async #inspect(signal?: AbortSignal): Promise<ContainerInspect | undefined> {
-    const result = await this.docker.run(["container", "inspect", this.names.container], { signal });
+    const result = await this.docker.run(["container", "inspect", this.names.container], {
+      signal,
+    });
     if (result.exitCode !== 0) {
       if (isNoSuchObject(result.stderr)) return undefined;
-      throw new CommandExitError("docker_failed", `Cannot inspect sandbox "${this.names.container}"`, result);
+      throw new CommandExitError(
+        "docker_failed",
+        `Cannot inspect sandbox "${this.names.container}"`,
+        result,
+      );
     }
     return (JSON.parse(result.stdout) as ContainerInspect[])[0];
   }
@@ -296,9 +336,14 @@ export class DockerSandboxProvider implements SandboxProvider {
     for (let pass = 0;; pass++) {
       signal?.throwIfAborted();
       if (pass === ENSURE_MAX_PASSES) {
-        throw new SandboxError("docker_failed", `Cannot start sandbox "${this.names.container}": it keeps changing under us`, {
-          detail: "Another process may be removing or recreating it; check docker ps and docker events",
-        });
+        throw new SandboxError(
+          "docker_failed",
+          `Cannot start sandbox "${this.names.container}": it keeps changing under us`,
+          {
+            detail:
+              "Another process may be removing or recreating it; check docker ps and docker events",
+          },
+        );
       }
       const found = await this.#inspect(signal);
       const current = found?.Config.Labels?.[LABEL.configHash] === configHash &&
@@ -307,12 +352,15 @@ export class DockerSandboxProvider implements SandboxProvider {
         // Running is not enough: a container whose memory is all held (by tmpfs files, say)
         // cannot start a command any more. Replace it; the workspace volume survives.
         // A failing health check alone may be a slow machine: the probe decides.
-        const wedged = (options.probe || found.State.Health?.Status === "unhealthy") && !await this.#probe(signal);
+        const wedged = (options.probe || found.State.Health?.Status === "unhealthy") &&
+          !await this.#probe(signal);
         if (!wedged) {
           this.#wasRunning = pass === 0;
           return this.#toStatus(found, configHash);
         }
-        this.#options.onProgress?.(`Replacing sandbox ${this.names.container}: it cannot run commands`);
+        this.#options.onProgress?.(
+          `Replacing sandbox ${this.names.container}: it cannot run commands`,
+        );
         await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
         continue;
       }
@@ -348,7 +396,10 @@ export class DockerSandboxProvider implements SandboxProvider {
         const mount = await this.#proxyMountArgs();
         if (mount.length === 0) return await this.docker.run(args, { signal, env });
         // Not part of the configuration (hash): an accelerator whose absence changes no rule.
-        const mounted = await this.docker.run([...args.slice(0, -1), ...mount, args.at(-1)!], { signal, env });
+        const mounted = await this.docker.run([...args.slice(0, -1), ...mount, args.at(-1)!], {
+          signal,
+          env,
+        });
         if (mounted.exitCode === 0 || isAlreadyExists(mounted.stderr)) return mounted;
         // The engine could not bind it (not this machine's filesystem after all): without it.
         this.#mountRefused = true;
@@ -356,21 +407,27 @@ export class DockerSandboxProvider implements SandboxProvider {
         return await this.docker.run(args, { signal, env });
       };
       // A shared container is made by one process at a time (a run's own has a name of its own).
-      const created = this.#options.instance ? await create() : await withHostLock(`container-${this.names.container}`, async () => {
-        if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
-        return await create();
-      });
+      const created = this.#options.instance
+        ? await create()
+        : await withHostLock(`container-${this.names.container}`, async () => {
+          if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
+          return await create();
+        });
       if (created.exitCode === 0) continue;
       if (isAlreadyExists(created.stderr) && Date.now() < deadline) {
         // A concurrent `up` won the race for the name: use its container.
         await delay(100);
         continue;
       }
-      throw new CommandExitError("docker_failed", `Cannot start sandbox "${this.names.container}"`, {
-        argv: args,
-        exitCode: created.exitCode,
-        stderrTail: created.stderr,
-      });
+      throw new CommandExitError(
+        "docker_failed",
+        `Cannot start sandbox "${this.names.container}"`,
+        {
+          argv: args,
+          exitCode: created.exitCode,
+          stderrTail: created.stderr,
+        },
+      );
     }
   }
 
@@ -381,7 +438,13 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   /** The id of the image containers are created from now, or undefined when it is missing. */
   async imageId(signal?: AbortSignal): Promise<string | undefined> {
-    const result = await this.docker.run(["image", "inspect", "--format", "{{.Id}}", await this.#imageTag()], { signal });
+    const result = await this.docker.run([
+      "image",
+      "inspect",
+      "--format",
+      "{{.Id}}",
+      await this.#imageTag(),
+    ], { signal });
     return result.exitCode === 0 ? result.stdout.trim() : undefined;
   }
 
@@ -433,7 +496,17 @@ export class DockerSandboxProvider implements SandboxProvider {
     for (let round = 0; round < PROBE_ROUNDS; round++) {
       if (round > 0) await delay(PROBE_GAP_MS);
       const result = await this.docker.run(
-        ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "probe", "sh", "-c", "true | true"],
+        [
+          "exec",
+          "--user",
+          SANDBOX_USER,
+          this.names.container,
+          SANDBOX_EXEC,
+          "probe",
+          "sh",
+          "-c",
+          "true | true",
+        ],
         { signal, timeoutMs: PROBE_TIMEOUT_MS },
       );
       signal?.throwIfAborted();
@@ -450,23 +523,46 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   /** Image and volume, each created only when missing and safe under races. */
   async #prepare(signal?: AbortSignal): Promise<void> {
-    const base = await ensureImage(this.docker, this.profile.sandbox.image, { signal, onProgress: this.#options.onProgress });
+    const base = await ensureImage(this.docker, this.profile.sandbox.image, {
+      signal,
+      onProgress: this.#options.onProgress,
+    });
     if (this.#options.agent) {
       const { ensureAgentImage } = await import("../agents/agent_image.ts");
-      await ensureAgentImage(this.docker, base.tag, this.#options.agent, { signal, onProgress: this.#options.onProgress });
+      await ensureAgentImage(this.docker, base.tag, this.#options.agent, {
+        signal,
+        onProgress: this.#options.onProgress,
+      });
     }
     const image = await this.#imageTag();
-    if (image.startsWith(`${SNAPSHOT_REPOSITORY}:`) && (await this.docker.run(["image", "inspect", image], { signal })).exitCode !== 0) {
-      throw new SandboxError("image_build_failed", `The snapshot "${image}" of profile "${this.profile.name}" is missing`, {
-        detail: `Take a new one with: ${cliName()} snapshot -p ${this.profile.name}, or drop it with: ${cliName()} snapshot --drop -p ${this.profile.name}`,
-      });
+    if (
+      image.startsWith(`${SNAPSHOT_REPOSITORY}:`) &&
+      (await this.docker.run(["image", "inspect", image], { signal })).exitCode !== 0
+    ) {
+      throw new SandboxError(
+        "image_build_failed",
+        `The snapshot "${image}" of profile "${this.profile.name}" is missing`,
+        {
+          detail:
+            `Take a new one with: ${cliName()} snapshot -p ${this.profile.name}, or drop it with: ${cliName()} snapshot --drop -p ${this.profile.name}`,
+        },
+      );
     }
     await this.#ensureVolume(signal);
     // Created here, labelled (a mount would make it unlabelled, out of teardown's sight).
     if (this.#options.cacheVolume) {
       const cache = this.#options.cacheVolume;
-      const labels = { [LABEL.owner]: OWNER, [LABEL.profile]: this.profile.name, [LABEL.kind]: "cache" };
-      await this.#createIfMissing(["volume", "inspect", cache], ["volume", "create", ...labelArgs(labels), cache], signal);
+      const labels = {
+        [LABEL.owner]: OWNER,
+        [LABEL.profile]: this.profile.name,
+        [LABEL.kind]: "cache",
+      };
+      await this.#createIfMissing(["volume", "inspect", cache], [
+        "volume",
+        "create",
+        ...labelArgs(labels),
+        cache,
+      ], signal);
     }
   }
 
@@ -480,14 +576,20 @@ export class DockerSandboxProvider implements SandboxProvider {
     const create = ["volume", "create", ...labelArgs(this.labels())];
     const found = await this.docker.run(inspect, { signal });
     if (found.exitCode === 0) return;
-    if (/ambiguous/.test(found.stderr)) return await this.#dedupe("volume", this.names.volume, signal);
+    if (/ambiguous/.test(found.stderr)) {
+      return await this.#dedupe("volume", this.names.volume, signal);
+    }
     const quota = await this.docker.run(
       [...create, "--opt", `size=${this.profile.resources.diskBytes}`, this.names.volume],
       { signal },
     );
     if (quota.exitCode === 0 || isAlreadyExists(quota.stderr)) return;
     if (!/quota/i.test(quota.stderr)) {
-      throw new CommandExitError("docker_failed", `Cannot create volume "${this.names.volume}"`, quota);
+      throw new CommandExitError(
+        "docker_failed",
+        `Cannot create volume "${this.names.volume}"`,
+        quota,
+      );
     }
     await this.#createIfMissing(inspect, [...create, this.names.volume], signal);
   }
@@ -507,10 +609,16 @@ export class DockerSandboxProvider implements SandboxProvider {
   async #createIfMissing(inspect: string[], create: string[], signal?: AbortSignal): Promise<void> {
     const found = await this.docker.run(inspect, { signal });
     if (found.exitCode === 0) return;
-    if (/ambiguous/.test(found.stderr)) return await this.#dedupe(create[0], inspect.at(-1)!, signal);
+    if (/ambiguous/.test(found.stderr)) {
+      return await this.#dedupe(create[0], inspect.at(-1)!, signal);
+    }
     const result = await this.docker.run(create, { signal });
     if (result.exitCode !== 0 && !isAlreadyExists(result.stderr)) {
-      throw new CommandExitError("docker_failed", `Cannot create ${create[0]} "${create.at(-1)}"`, result);
+      throw new CommandExitError(
+        "docker_failed",
+        `Cannot create ${create[0]} "${create.at(-1)}"`,
+        result,
+      );
     }
   }
 
@@ -525,17 +633,27 @@ export class DockerSandboxProvider implements SandboxProvider {
       `Cannot list ${kind}s`,
       { signal },
     );
-    const ids = listed.split("\n").map((l) => l.split(" ")).filter(([, n]) => n === name).map(([id]) => id).sort();
+    const ids = listed.split("\n").map((l) => l.split(" ")).filter(([, n]) => n === name).map((
+      [id],
+    ) => id).sort();
     for (const id of ids.slice(1)) await this.docker.run([kind, "rm", id], { signal });
   }
 
   /** A command may run: not empty, and no known secret in its variables or arguments. */
   #checkCommand(argv: readonly string[], options: ExecOptions): void {
     if (argv.length === 0) throw new TypeError("Cannot run an empty command");
-    assertNoSecrets(`sandbox "${this.names.container}"`, { env: options.env, envKind: "exec environment", argv });
+    assertNoSecrets(`sandbox "${this.names.container}"`, {
+      env: options.env,
+      envKind: "exec environment",
+      argv,
+    });
   }
 
-  #execArgs(argv: readonly string[], id: string, options: ExecOptions): { args: string[]; env: Record<string, string> } {
+  #execArgs(
+    argv: readonly string[],
+    id: string,
+    options: ExecOptions,
+  ): { args: string[]; env: Record<string, string> } {
     this.#checkCommand(argv, options);
     // By name: the values (the session token among them) stay off every command line.
     const env = execEnvByName(options.env ?? {});
@@ -574,12 +692,21 @@ export class DockerSandboxProvider implements SandboxProvider {
       const ended = await child.finished;
       if (ended.timedOut || ended.aborted || stoppedEarly) await this.#killTree(id);
       if (ended.timedOut) {
-        throw new SandboxError("timeout", `Command timed out after ${timeoutMs} ms in sandbox "${this.names.container}"`);
+        throw new SandboxError(
+          "timeout",
+          `Command timed out after ${timeoutMs} ms in sandbox "${this.names.container}"`,
+        );
       }
       if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
       throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
       const oomKilled = ended.exitCode === 137 && await this.#wasOomKilled(id);
-      return { exitCode: ended.exitCode, durationMs: ended.durationMs, timedOut: false, oomKilled, stderrTail: ended.stderrTail };
+      return {
+        exitCode: ended.exitCode,
+        durationMs: ended.durationMs,
+        timedOut: false,
+        oomKilled,
+        stderrTail: ended.stderrTail,
+      };
     });
   }
 
@@ -598,12 +725,21 @@ export class DockerSandboxProvider implements SandboxProvider {
       const ended = await child.finished;
       if (ended.timedOut || ended.aborted || stopped) await this.#killTree(id);
       if (ended.timedOut) {
-        throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms in sandbox "${this.names.container}"`);
+        throw new SandboxError(
+          "timeout",
+          `Command timed out after ${options.timeoutMs} ms in sandbox "${this.names.container}"`,
+        );
       }
       if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
       throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
       const oomKilled = ended.exitCode === 137 && !stopped && await this.#wasOomKilled(id);
-      return { exitCode: ended.exitCode, durationMs: ended.durationMs, timedOut: false, oomKilled, stderrTail: ended.stderrTail };
+      return {
+        exitCode: ended.exitCode,
+        durationMs: ended.durationMs,
+        timedOut: false,
+        oomKilled,
+        stderrTail: ended.stderrTail,
+      };
     })();
     outcome.catch(() => {});
     return {
@@ -629,7 +765,9 @@ export class DockerSandboxProvider implements SandboxProvider {
     });
     if (result.timedOut || result.aborted) await this.#killTree(id);
     if (result.aborted) throw new SandboxError("interrupted", "Command interrupted");
-    if (!result.timedOut) throwIfDockerExecFailed(result.exitCode, result.stderr, this.names.container);
+    if (!result.timedOut) {
+      throwIfDockerExecFailed(result.exitCode, result.stderr, this.names.container);
+    }
     return {
       exitCode: result.timedOut ? EXIT_TIMEOUT : result.exitCode,
       stdout: result.stdout,
@@ -668,13 +806,25 @@ export class DockerSandboxProvider implements SandboxProvider {
       // the engine's timestamps: those from before it are the size the command started with,
       // whenever this follower attaches, and the ones after it are the command's doing.
       const since = ((began - DISK_REPORT_LOOKBACK_MS) / 1000).toFixed(3);
-      const follower = this.docker.spawn(["logs", "--follow", "--timestamps", "--since", since, this.names.container]);
+      const follower = this.docker.spawn([
+        "logs",
+        "--follow",
+        "--timestamps",
+        "--since",
+        since,
+        this.names.container,
+      ]);
       return {
         lines: () => datedReports(follower.lines(), began),
         finished: follower.finished,
         kill: (graceMs?: number) => follower.kill(graceMs),
       };
-    }, { limitBytes, sandbox: this.names.container, profile: this.profile.name, onAbort: options.onAbort });
+    }, {
+      limitBytes,
+      sandbox: this.names.container,
+      profile: this.profile.name,
+      onAbort: options.onAbort,
+    });
   }
 
   /**
@@ -701,7 +851,10 @@ export class DockerSandboxProvider implements SandboxProvider {
         ["exec", "--user", user, this.names.container, SANDBOX_EXEC, ...args],
         { timeoutMs: 15_000 },
       );
-      if (result.exitCode === 0 || isNoSuchObject(result.stderr) || /is not running/.test(result.stderr)) return;
+      if (
+        result.exitCode === 0 || isNoSuchObject(result.stderr) ||
+        /is not running/.test(result.stderr)
+      ) return;
       await delay(100 * (attempt + 1));
     }
     this.#options.onProgress?.(
@@ -733,10 +886,17 @@ export class DockerSandboxProvider implements SandboxProvider {
       ["exec", "--user", SANDBOX_USER, ...this.#wrapped("cat", "--", path)],
       { signal: options.signal },
     );
-    const [bytes, outcome] = await Promise.all([new Response(child.stdout).bytes(), child.finished]);
+    const [bytes, outcome] = await Promise.all([
+      new Response(child.stdout).bytes(),
+      child.finished,
+    ]);
     if (outcome.exitCode !== 0) {
       throwIfDockerExecFailed(outcome.exitCode, outcome.stderrTail, this.names.container);
-      throw new CommandExitError("exec_failed", `Cannot read "${path}" in sandbox "${this.names.container}"`, outcome);
+      throw new CommandExitError(
+        "exec_failed",
+        `Cannot read "${path}" in sandbox "${this.names.container}"`,
+        outcome,
+      );
     }
     return bytes;
   }
@@ -750,33 +910,68 @@ export class DockerSandboxProvider implements SandboxProvider {
     const mode = (options.mode ?? 0o600).toString(8);
     const script = 'umask 077; mkdir -p "$(dirname "$1")" && cat >"$1" && chmod "$2" "$1"';
     const result = await this.docker.run(
-      ["exec", "--interactive", "--user", SANDBOX_USER, ...this.#wrapped("sh", "-c", script, "sh", path, mode)],
+      [
+        "exec",
+        "--interactive",
+        "--user",
+        SANDBOX_USER,
+        ...this.#wrapped("sh", "-c", script, "sh", path, mode),
+      ],
       { stdin: data, signal: options.signal },
     );
     if (result.exitCode !== 0) {
       throwIfDockerExecFailed(result.exitCode, result.stderr, this.names.container);
-      throw new CommandExitError("exec_failed", `Cannot write "${path}" in sandbox "${this.names.container}"`, result);
+      throw new CommandExitError(
+        "exec_failed",
+        `Cannot write "${path}" in sandbox "${this.names.container}"`,
+        result,
+      );
     }
   }
 
   /** A tar stream through `docker exec`: works on tmpfs and volumes alike, owned by the sandbox user. */
-  async copyIn(hostPath: string, sandboxPath: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+  async copyIn(
+    hostPath: string,
+    sandboxPath: string,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<void> {
     const { dir, base } = splitPath(hostPath);
     const tar = spawn(["tar", "-C", dir, "-c", "--", base], { signal: options.signal });
     const script = 'mkdir -p "$1" && tar -x -C "$1" --no-same-owner';
     const { dir: targetDir, base: targetBase } = splitPath(sandboxPath);
     const untar = this.docker.spawn(
-      ["exec", "--interactive", "--user", SANDBOX_USER, ...this.#wrapped("sh", "-c",
-        `${script} && { [ "$2" = "$3" ] || mv -- "$1/$2" "$1/$3"; }`, "sh", targetDir, base, targetBase)],
+      [
+        "exec",
+        "--interactive",
+        "--user",
+        SANDBOX_USER,
+        ...this.#wrapped(
+          "sh",
+          "-c",
+          `${script} && { [ "$2" = "$3" ] || mv -- "$1/$2" "$1/$3"; }`,
+          "sh",
+          targetDir,
+          base,
+          targetBase,
+        ),
+      ],
       { stdin: tar.stdout, signal: options.signal },
     );
-    const [packed, unpacked] = await Promise.all([tar.finished, untar.finished, new Response(untar.stdout).text()]);
+    const [packed, unpacked] = await Promise.all([
+      tar.finished,
+      untar.finished,
+      new Response(untar.stdout).text(),
+    ]);
     if (packed.exitCode !== 0) {
       throw new CommandExitError("exec_failed", `Cannot read "${hostPath}" on the host`, packed);
     }
     if (unpacked.exitCode !== 0) {
       throwIfDockerExecFailed(unpacked.exitCode, unpacked.stderrTail, this.names.container);
-      throw new CommandExitError("exec_failed", `Cannot copy into "${sandboxPath}" in sandbox "${this.names.container}"`, unpacked);
+      throw new CommandExitError(
+        "exec_failed",
+        `Cannot copy into "${sandboxPath}" in sandbox "${this.names.container}"`,
+        unpacked,
+      );
     }
   }
 
@@ -791,14 +986,27 @@ export class DockerSandboxProvider implements SandboxProvider {
    * any `resources.disk`, and it stays a hole on the host), and the stream is cut off past twice
    * `resources.disk` — more than the workspace can hold, headers included — and the copy refused.
    */
-  async copyOut(sandboxPath: string, hostPath: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+  async copyOut(
+    sandboxPath: string,
+    hostPath: string,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<void> {
     const { dir, base } = splitPath(sandboxPath);
     const limitBytes = 2 * this.profile.resources.diskBytes;
     const tooLarge = new AbortController();
     const refused = new AbortController();
-    const signal = AbortSignal.any([tooLarge.signal, refused.signal, ...(options.signal ? [options.signal] : [])]);
+    const signal = AbortSignal.any([
+      tooLarge.signal,
+      refused.signal,
+      ...(options.signal ? [options.signal] : []),
+    ]);
     const pack = this.docker.spawn(
-      ["exec", "--user", SANDBOX_USER, ...this.#wrapped("tar", "-C", dir, "--sparse", "-c", "--", base)],
+      [
+        "exec",
+        "--user",
+        SANDBOX_USER,
+        ...this.#wrapped("tar", "-C", dir, "--sparse", "-c", "--", base),
+      ],
       { signal },
     );
     let received = 0;
@@ -830,15 +1038,24 @@ export class DockerSandboxProvider implements SandboxProvider {
       if (tooLarge.signal.aborted) {
         throw new SandboxError(
           "exec_failed",
-          `${what}: it is larger than ${formatBytes(limitBytes)}, twice resources.disk of profile "${this.profile.name}"`,
-          { detail: "Nothing was written. A workspace cannot hold that much: the file is sparse or was still growing" },
+          `${what}: it is larger than ${
+            formatBytes(limitBytes)
+          }, twice resources.disk of profile "${this.profile.name}"`,
+          {
+            detail:
+              "Nothing was written. A workspace cannot hold that much: the file is sparse or was still growing",
+          },
         );
       }
       if (options.signal?.aborted) throw new SandboxError("interrupted", `${what}: interrupted`);
       // A packer that failed on its own explains a cut archive; one we ended for a refused member does not.
       if (packed.exitCode !== 0 && !(packed.aborted && failure)) {
         throwIfDockerExecFailed(packed.exitCode, packed.stderrTail, this.names.container);
-        throw new CommandExitError("exec_failed", `Cannot read "${sandboxPath}" in sandbox "${this.names.container}"`, packed);
+        throw new CommandExitError(
+          "exec_failed",
+          `Cannot read "${sandboxPath}" in sandbox "${this.names.container}"`,
+          packed,
+        );
       }
       if (failure) throw failure;
       await Deno.rename(`${staging}/${base}`, `${targetDir}/${targetBase}`);
@@ -877,15 +1094,27 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   #toStatus(found: ContainerInspect, configHash: string): SandboxStatus {
-    return { ...inspectToStatus(found), current: found.Config.Labels?.[LABEL.configHash] === configHash };
+    return {
+      ...inspectToStatus(found),
+      current: found.Config.Labels?.[LABEL.configHash] === configHash,
+    };
   }
 
   /** `docker stop`: the container and its workspace stay; `start` (or `up`, or a run) resumes it. */
   async stop(options: { signal?: AbortSignal; timeoutS?: number } = {}): Promise<SandboxStatus> {
-    const result = await this.docker.run(["stop", "--time", String(options.timeoutS ?? 10), this.names.container], { signal: options.signal });
+    const result = await this.docker.run([
+      "stop",
+      "--time",
+      String(options.timeoutS ?? 10),
+      this.names.container,
+    ], { signal: options.signal });
     if (result.exitCode !== 0) {
       if (isNoSuchObject(result.stderr)) throw notFound(this.names.container);
-      throw new CommandExitError("docker_failed", `Cannot stop sandbox "${this.names.container}"`, result);
+      throw new CommandExitError(
+        "docker_failed",
+        `Cannot stop sandbox "${this.names.container}"`,
+        result,
+      );
     }
     return await this.status(options);
   }
@@ -896,7 +1125,13 @@ export class DockerSandboxProvider implements SandboxProvider {
     if (!found) throw notFound(this.names.container);
     if (!found.State.Running) {
       const result = await this.docker.run(["start", found.Id], { signal: options.signal });
-      if (result.exitCode !== 0) throw new CommandExitError("docker_failed", `Cannot start sandbox "${this.names.container}"`, result);
+      if (result.exitCode !== 0) {
+        throw new CommandExitError(
+          "docker_failed",
+          `Cannot start sandbox "${this.names.container}"`,
+          result,
+        );
+      }
     }
     return await this.status(options);
   }
@@ -933,22 +1168,34 @@ export class DockerSandboxProvider implements SandboxProvider {
     return (await this.runArgs()).configHash;
   }
 
-  async teardown(options: { volumes?: boolean; signal?: AbortSignal } = {}): Promise<TeardownReport> {
+  async teardown(
+    options: { volumes?: boolean; signal?: AbortSignal } = {},
+  ): Promise<TeardownReport> {
     const report: TeardownReport = { containers: [], networks: [], volumes: [] };
-    const removed = await this.docker.run(["rm", "--force", this.names.container], { signal: options.signal });
+    const removed = await this.docker.run(["rm", "--force", this.names.container], {
+      signal: options.signal,
+    });
     // `rm --force` of a missing container exits 0 (docker 20.10), saying so only on stderr.
     const missing = isNoSuchObject(removed.stderr);
     if (removed.exitCode === 0 && !missing) report.containers.push(this.names.container);
     else if (!missing) {
-      throw new CommandExitError("docker_failed", `Cannot remove sandbox "${this.names.container}"`, removed);
+      throw new CommandExitError(
+        "docker_failed",
+        `Cannot remove sandbox "${this.names.container}"`,
+        removed,
+      );
     }
     // The container is gone: so is what the host kept for its mount (sockets, a spare relay's record).
     await removeProxyMountSource(this.names.container);
     if (options.volumes) {
-      const volume = await this.docker.run(["volume", "rm", this.names.volume], { signal: options.signal });
+      const volume = await this.docker.run(["volume", "rm", this.names.volume], {
+        signal: options.signal,
+      });
       if (volume.exitCode === 0) report.volumes.push(this.names.volume);
     }
-    if (!this.#options.instance) report.networks = await removeLegacyNetworks(this.docker, this.profile.name, options.signal);
+    if (!this.#options.instance) {
+      report.networks = await removeLegacyNetworks(this.docker, this.profile.name, options.signal);
+    }
     return report;
   }
 }
@@ -997,7 +1244,10 @@ function throwIfDockerExecFailed(exitCode: number, stderr: string, container: st
       detail: `Start it with: ${cliName()} start`,
     });
   }
-  if (exitCode >= 125 && exitCode <= 127 && /OCI runtime exec failed|Error response from daemon/.test(stderr)) {
+  if (
+    exitCode >= 125 && exitCode <= 127 &&
+    /OCI runtime exec failed|Error response from daemon/.test(stderr)
+  ) {
     throw new CommandExitError("exec_failed", `Cannot run the command in sandbox "${container}"`, {
       argv: [],
       exitCode,
@@ -1021,7 +1271,9 @@ const STATES = new Set<SandboxState>(["running", "paused", "restarting", "dead",
 
 function inspectToStatus(found: ContainerInspect): Omit<SandboxStatus, "current"> {
   const labels = found.Config.Labels ?? {};
-  const state = STATES.has(found.State.Status as SandboxState) ? found.State.Status as SandboxState : "stopped";
+  const state = STATES.has(found.State.Status as SandboxState)
+    ? found.State.Status as SandboxState
+    : "stopped";
   const health = (found.State.Health?.Status ?? "unknown") as SandboxHealth;
   return {
     profile: labels[LABEL.profile] ?? "",
@@ -1045,13 +1297,21 @@ function dockerTime(text: string | undefined): string | null {
 }
 
 /** Every sandbox container this tool owns (by label), on the engine `docker` reaches. */
-export async function listSandboxes(docker: DockerCli, signal?: AbortSignal): Promise<SandboxStatus[]> {
+export async function listSandboxes(
+  docker: DockerCli,
+  signal?: AbortSignal,
+): Promise<SandboxStatus[]> {
   const found = await inspectOwned(docker, signal);
   return found.map((c) => ({ ...inspectToStatus(c), current: true }));
 }
 
 async function inspectOwned(docker: DockerCli, signal?: AbortSignal): Promise<ContainerInspect[]> {
-  const ids = (await docker.ok(["ps", "--all", "--quiet", "--filter", OWNER_FILTER], "docker_failed", "Cannot list sandboxes", { signal }))
+  const ids = (await docker.ok(
+    ["ps", "--all", "--quiet", "--filter", OWNER_FILTER],
+    "docker_failed",
+    "Cannot list sandboxes",
+    { signal },
+  ))
     .split("\n").filter(Boolean);
   if (ids.length === 0) return [];
   const result = await docker.run(["container", "inspect", ...ids], { signal });
@@ -1066,18 +1326,36 @@ export async function statsAll(docker: DockerCli, signal?: AbortSignal): Promise
   return await dockerStats(docker, running, signal);
 }
 
-async function dockerStats(docker: DockerCli, containers: ContainerInspect[], signal?: AbortSignal): Promise<SandboxStats[]> {
+async function dockerStats(
+  docker: DockerCli,
+  containers: ContainerInspect[],
+  signal?: AbortSignal,
+): Promise<SandboxStats[]> {
   if (containers.length === 0) return [];
   const out = await docker.ok(
-    ["stats", "--no-stream", "--no-trunc", "--format", "{{json .}}", ...containers.map((c) => c.Id)],
+    [
+      "stats",
+      "--no-stream",
+      "--no-trunc",
+      "--format",
+      "{{json .}}",
+      ...containers.map((c) => c.Id),
+    ],
     "docker_failed",
     "Cannot read sandbox stats",
     { signal },
   );
   const byId = new Map(containers.map((c) => [c.Id, c]));
   return out.split("\n").filter(Boolean).map((line) => {
-    const row = JSON.parse(line) as { ID: string; Container: string; CPUPerc: string; MemUsage: string; PIDs: string };
-    const inspect = byId.get(row.ID) ?? containers.find((c) => c.Id.startsWith(row.ID) || row.ID.startsWith(c.Id));
+    const row = JSON.parse(line) as {
+      ID: string;
+      Container: string;
+      CPUPerc: string;
+      MemUsage: string;
+      PIDs: string;
+    };
+    const inspect = byId.get(row.ID) ??
+      containers.find((c) => c.Id.startsWith(row.ID) || row.ID.startsWith(c.Id));
     const [used, limit] = row.MemUsage.split("/").map((s) => parseDockerSize(s.trim()));
     return {
       profile: inspect?.Config.Labels?.[LABEL.profile] ?? "",
@@ -1102,10 +1380,23 @@ export function parseDockerSize(text: string): number {
 }
 
 /** Older versions gave each profile a network (and, as root, a firewall chain on its bridge). */
-async function removeLegacyNetworks(docker: DockerCli, profile: string, signal?: AbortSignal): Promise<string[]> {
+async function removeLegacyNetworks(
+  docker: DockerCli,
+  profile: string,
+  signal?: AbortSignal,
+): Promise<string[]> {
   const removed: string[] = [];
   const networks = await docker.run(
-    ["network", "ls", "--filter", OWNER_FILTER, "--filter", `label=${LABEL.profile}=${profile}`, "--format", "{{.Name}}"],
+    [
+      "network",
+      "ls",
+      "--filter",
+      OWNER_FILTER,
+      "--filter",
+      `label=${LABEL.profile}=${profile}`,
+      "--format",
+      "{{.Name}}",
+    ],
     { signal },
   );
   for (const network of networks.stdout.split("\n").filter(Boolean)) {
@@ -1128,27 +1419,40 @@ export async function teardownProfile(
   const filters = ["--filter", OWNER_FILTER, "--filter", `label=${LABEL.profile}=${profile}`];
   const report: TeardownReport = { containers: [], networks: [], volumes: [] };
   const list = async (args: string[], what: string) =>
-    (await docker.ok(args, "docker_failed", `Cannot list ${what}`, options)).split("\n").filter(Boolean);
+    (await docker.ok(args, "docker_failed", `Cannot list ${what}`, options)).split("\n").filter(
+      Boolean,
+    );
   // One by one: an object removed meanwhile by someone else is simply not reported (`rm --force`
   // of a missing container exits 0 on docker 20.10, saying so only on stderr).
   const remove = async (args: string[], name: string) => {
     const removed = await docker.run([...args, name], options);
     if (isNoSuchObject(removed.stderr)) return false;
     if (removed.exitCode === 0) return true;
-    throw new CommandExitError("docker_failed", `Cannot remove "${name}" of profile "${profile}"`, removed);
+    throw new CommandExitError(
+      "docker_failed",
+      `Cannot remove "${name}" of profile "${profile}"`,
+      removed,
+    );
   };
   const format = `{{.Names}} {{.Label "${LABEL.kind}"}}`;
-  for (const [name, kind] of (await list(["ps", "--all", ...filters, "--format", format], "sandboxes")).map((line) => line.split(" "))) {
+  for (
+    const [name, kind] of (await list(["ps", "--all", ...filters, "--format", format], "sandboxes"))
+      .map((line) => line.split(" "))
+  ) {
     if (await remove(["rm", "--force"], name)) report.containers.push(name);
     // A run's workspace goes with its container, always.
     if (kind === "pool" || kind === "run") {
-      if (await remove(["volume", "rm", "--force"], `${name}-workspace`)) report.volumes.push(`${name}-workspace`);
+      if (await remove(["volume", "rm", "--force"], `${name}-workspace`)) {
+        report.volumes.push(`${name}-workspace`);
+      }
     }
     // With the container, what the host kept of it (its mount's sockets, its pool records).
     await Promise.all([removeProxyMountSource(name), forget(name)]);
   }
   if (options.volumes) {
-    for (const name of await list(["volume", "ls", ...filters, "--format", "{{.Name}}"], "volumes")) {
+    for (
+      const name of await list(["volume", "ls", ...filters, "--format", "{{.Name}}"], "volumes")
+    ) {
       if (await remove(["volume", "rm", "--force"], name)) report.volumes.push(name);
     }
   }
@@ -1157,17 +1461,26 @@ export async function teardownProfile(
 }
 
 /** Remove every container, network and volume this tool owns (by label), and nothing else. */
-export async function teardownAll(docker: DockerCli, signal?: AbortSignal): Promise<TeardownReport> {
+export async function teardownAll(
+  docker: DockerCli,
+  signal?: AbortSignal,
+): Promise<TeardownReport> {
   const list = async (kind: "container" | "network" | "volume") => {
     const args = kind === "container"
       ? ["ps", "--all", "--filter", OWNER_FILTER, "--format", "{{.Names}}"]
       : [kind, "ls", "--filter", OWNER_FILTER, "--format", "{{.Name}}"];
-    return (await docker.ok(args, "docker_failed", `Cannot list ${kind}s`, { signal })).split("\n").filter(Boolean);
+    return (await docker.ok(args, "docker_failed", `Cannot list ${kind}s`, { signal })).split("\n")
+      .filter(Boolean);
   };
   const report: TeardownReport = { containers: [], networks: [], volumes: [] };
   const containers = await list("container");
   if (containers.length > 0) {
-    await docker.ok(["rm", "--force", ...containers], "docker_failed", "Cannot remove sandbox containers", { signal });
+    await docker.ok(
+      ["rm", "--force", ...containers],
+      "docker_failed",
+      "Cannot remove sandbox containers",
+      { signal },
+    );
     report.containers = containers;
     for (const name of containers) await Promise.all([removeProxyMountSource(name), forget(name)]);
   }
@@ -1177,7 +1490,12 @@ export async function teardownAll(docker: DockerCli, signal?: AbortSignal): Prom
   }
   const volumes = await list("volume");
   if (volumes.length > 0) {
-    await docker.ok(["volume", "rm", "--force", ...volumes], "docker_failed", "Cannot remove sandbox volumes", { signal });
+    await docker.ok(
+      ["volume", "rm", "--force", ...volumes],
+      "docker_failed",
+      "Cannot remove sandbox volumes",
+      { signal },
+    );
     report.volumes = volumes;
   }
   return report;

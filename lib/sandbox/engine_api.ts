@@ -18,7 +18,15 @@
  * Environment values travel in the request body over the socket, as the CLI sends them: never on
  * a command line.
  */
-import { type Child, collectStderr, linesOrStop, type ProcessOutcome, type RunResult, type SpawnOptions, stopOnAbortOrTimeout } from "../process.ts";
+import {
+  type Child,
+  collectStderr,
+  linesOrStop,
+  type ProcessOutcome,
+  type RunResult,
+  type SpawnOptions,
+  stopOnAbortOrTimeout,
+} from "../process.ts";
 import { writeAll } from "../conn.ts";
 import { MAX_LINE_CHARS } from "../lines.ts";
 import { trace, tracing } from "../trace.ts";
@@ -206,7 +214,12 @@ export function inspectRequestOf(args: readonly string[]): InspectRequest | unde
   if (verb !== "inspect") return undefined;
   const asArray = (body: unknown) => JSON.stringify([body], null, 4) + "\n";
   if (kind === "container" && rest.length === 1 && NAME.test(rest[0])) {
-    return { path: `/containers/${rest[0]}/json`, what: "container", name: rest[0], format: asArray };
+    return {
+      path: `/containers/${rest[0]}/json`,
+      what: "container",
+      name: rest[0],
+      format: asArray,
+    };
   }
   if (kind === "volume") {
     const name = rest.at(-1)!;
@@ -214,19 +227,35 @@ export function inspectRequestOf(args: readonly string[]): InspectRequest | unde
     const path = `/volumes/${name}`;
     if (rest.length === 1) return { path, what: "volume", name, format: asArray };
     if (rest.length === 3 && rest[0] === "--format" && rest[1] === "{{json .Options}}") {
-      return { path, what: "volume", name, format: (body) => JSON.stringify((body as { Options?: unknown }).Options ?? null) + "\n" };
+      return {
+        path,
+        what: "volume",
+        name,
+        format: (body) => JSON.stringify((body as { Options?: unknown }).Options ?? null) + "\n",
+      };
     }
     return undefined;
   }
-  if (kind === "image" && rest.length === 3 && rest[0] === "--format" && /^[A-Za-z0-9][A-Za-z0-9._:/@-]*$/.test(rest[2])) {
+  if (
+    kind === "image" && rest.length === 3 && rest[0] === "--format" &&
+    /^[A-Za-z0-9][A-Za-z0-9._:/@-]*$/.test(rest[2])
+  ) {
     const path = `/images/${rest[2].split("/").map(encodeURIComponent).join("/")}/json`;
-    if (rest[1] === "{{.Id}}") return { path, what: "image", name: rest[2], format: (body) => `${(body as { Id: string }).Id}\n` };
+    if (rest[1] === "{{.Id}}") {
+      return {
+        path,
+        what: "image",
+        name: rest[2],
+        format: (body) => `${(body as { Id: string }).Id}\n`,
+      };
+    }
     if (rest[1] === "{{json .Config.Labels}}") {
       return {
         path,
         what: "image",
         name: rest[2],
-        format: (body) => JSON.stringify((body as { Config?: { Labels?: unknown } }).Config?.Labels ?? null) + "\n",
+        format: (body) =>
+          JSON.stringify((body as { Config?: { Labels?: unknown } }).Config?.Labels ?? null) + "\n",
       };
     }
   }
@@ -254,7 +283,9 @@ async function connect(socket: string): Promise<Deno.UnixConn> {
 function requestHead(method: string, path: string, body: string, extra = ""): Uint8Array {
   return encoder.encode(
     `${method} ${path} HTTP/1.1\r\nHost: docker\r\nUser-Agent: sandbox\r\n${extra}` +
-      (body ? `Content-Type: application/json\r\nContent-Length: ${encoder.encode(body).byteLength}\r\n` : "") +
+      (body
+        ? `Content-Type: application/json\r\nContent-Length: ${encoder.encode(body).byteLength}\r\n`
+        : "") +
       `\r\n${body}`,
   );
 }
@@ -276,7 +307,9 @@ async function readHead(
       const headers = new Map<string, string>();
       for (const line of lines.slice(1)) {
         const colon = line.indexOf(":");
-        if (colon > 0) headers.set(line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim());
+        if (colon > 0) {
+          headers.set(line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim());
+        }
       }
       return { status, headers, rest: buffered.subarray(end + 4) };
     }
@@ -289,7 +322,9 @@ async function readHead(
 
 function indexOfHeadEnd(bytes: Uint8Array): number {
   for (let i = 0; i + 3 < bytes.byteLength; i++) {
-    if (bytes[i] === 13 && bytes[i + 1] === 10 && bytes[i + 2] === 13 && bytes[i + 3] === 10) return i;
+    if (bytes[i] === 13 && bytes[i + 1] === 10 && bytes[i + 2] === 13 && bytes[i + 3] === 10) {
+      return i;
+    }
   }
   return -1;
 }
@@ -307,7 +342,15 @@ export async function engineRequest(
   signal?.addEventListener("abort", abort, { once: true });
   try {
     signal?.throwIfAborted();
-    await writeAll(conn, requestHead(method, path, body === undefined ? "" : JSON.stringify(body), "Connection: close\r\n"));
+    await writeAll(
+      conn,
+      requestHead(
+        method,
+        path,
+        body === undefined ? "" : JSON.stringify(body),
+        "Connection: close\r\n",
+      ),
+    );
     const head = await readHead(conn);
     const rest = [head.rest];
     const chunk = new Uint8Array(64 * 1024);
@@ -320,7 +363,9 @@ export async function engineRequest(
       size += n;
     }
     const raw = concat(rest);
-    const text = /chunked/i.test(head.headers.get("transfer-encoding") ?? "") ? dechunk(raw) : decoder.decode(raw);
+    const text = /chunked/i.test(head.headers.get("transfer-encoding") ?? "")
+      ? dechunk(raw)
+      : decoder.decode(raw);
     return { status: head.status, body: text };
   } catch (error) {
     signal?.throwIfAborted();
@@ -340,7 +385,9 @@ function dechunk(raw: Uint8Array): string {
   let at = 0;
   while (at < raw.byteLength) {
     let lineEnd = at;
-    while (lineEnd + 1 < raw.byteLength && !(raw[lineEnd] === 13 && raw[lineEnd + 1] === 10)) lineEnd++;
+    while (lineEnd + 1 < raw.byteLength && !(raw[lineEnd] === 13 && raw[lineEnd + 1] === 10)) {
+      lineEnd++;
+    }
     const size = parseInt(decoder.decode(raw.subarray(at, lineEnd)), 16);
     if (!Number.isFinite(size) || size === 0) break;
     parts.push(raw.subarray(lineEnd + 2, lineEnd + 2 + size));
@@ -388,9 +435,22 @@ export async function inspectViaEngine(
   } catch (error) {
     if (error instanceof Unreachable) return undefined;
     const aborted = options.signal?.aborted === true;
-    return outcome(argv, started, aborted ? EXIT_KILLED : 1, `${aborted ? "" : `error during connect: ${(error as Error).message}\n`}`, "", { aborted });
+    return outcome(
+      argv,
+      started,
+      aborted ? EXIT_KILLED : 1,
+      `${aborted ? "" : `error during connect: ${(error as Error).message}\n`}`,
+      "",
+      { aborted },
+    );
   }
-  if (tracing()) trace(`docker api: ${request.what} inspect ${request.name} ${response.status} (${(performance.now() - started).toFixed(1)} ms)`);
+  if (tracing()) {
+    trace(
+      `docker api: ${request.what} inspect ${request.name} ${response.status} (${
+        (performance.now() - started).toFixed(1)
+      } ms)`,
+    );
+  }
   if (response.status === 200) {
     let body: unknown;
     try {
@@ -493,7 +553,9 @@ export class EngineExec implements Child {
     const started = performance.now();
     const options = this.#options;
     const stop = stopOnAbortOrTimeout(options, () => this.kill());
-    let stderr: { write(bytes: Uint8Array): void; close(): void; tail: Promise<string> } | undefined;
+    let stderr:
+      | { write(bytes: Uint8Array): void; close(): void; tail: Promise<string> }
+      | undefined;
     try {
       let exitCode: number;
       let id: string | { message: string };
@@ -504,11 +566,13 @@ export class EngineExec implements Child {
         // No engine here after all: the CLI, with everything still unread.
         stop.release();
         const child = this.#fallback = fallback();
-        void child.stdout.pipeTo(new WritableStream({
-          write: (chunk) => this.#push(chunk),
-          close: () => this.#stdout.close(),
-          abort: (reason) => this.#stdout.error(reason),
-        })).catch(() => {});
+        void child.stdout.pipeTo(
+          new WritableStream({
+            write: (chunk) => this.#push(chunk),
+            close: () => this.#stdout.close(),
+            abort: (reason) => this.#stdout.error(reason),
+          }),
+        ).catch(() => {});
         if (this.#killed) child.kill();
         return await child.finished;
       }
@@ -525,7 +589,13 @@ export class EngineExec implements Child {
       this.#closeStdout();
       const tail = await stderr.tail;
       const stopped = this.#killed;
-      if (tracing()) trace(`docker api: exec ${label(request.cmd)} ended ${stopped ? "(stopped)" : exitCode} (${(performance.now() - started).toFixed(1)} ms)`);
+      if (tracing()) {
+        trace(
+          `docker api: exec ${label(request.cmd)} ended ${stopped ? "(stopped)" : exitCode} (${
+            (performance.now() - started).toFixed(1)
+          } ms)`,
+        );
+      }
       return {
         argv: this.argv,
         exitCode: stopped ? EXIT_KILLED : exitCode,
@@ -580,8 +650,12 @@ export class EngineExec implements Child {
       AttachStderr: !request.detach,
       Tty: false,
     });
-    if (response.status === 201 || response.status === 200) return (JSON.parse(response.body) as { Id: string }).Id;
-    const message = response.status === 404 ? `No such container: ${request.container}` : daemonMessage(response);
+    if (response.status === 201 || response.status === 200) {
+      return (JSON.parse(response.body) as { Id: string }).Id;
+    }
+    const message = response.status === 404
+      ? `No such container: ${request.container}`
+      : daemonMessage(response);
     return { message };
   }
 
@@ -593,7 +667,10 @@ export class EngineExec implements Child {
     stderr: { write(bytes: Uint8Array): void },
   ): Promise<number> {
     if (request.detach) {
-      const response = await engineRequest(socket, "POST", `/exec/${id}/start`, { Detach: true, Tty: false });
+      const response = await engineRequest(socket, "POST", `/exec/${id}/start`, {
+        Detach: true,
+        Tty: false,
+      });
       if (response.status !== 200 && response.status !== 204) {
         stderr.write(encoder.encode(`Error response from daemon: ${daemonMessage(response)}\n`));
         return 126;
@@ -607,10 +684,24 @@ export class EngineExec implements Child {
     });
     this.#conn = conn;
     if (this.#killed) conn.close();
-    await writeAll(conn, requestHead("POST", `/exec/${id}/start`, JSON.stringify({ Detach: false, Tty: false }), "Connection: Upgrade\r\nUpgrade: tcp\r\n"));
+    await writeAll(
+      conn,
+      requestHead(
+        "POST",
+        `/exec/${id}/start`,
+        JSON.stringify({ Detach: false, Tty: false }),
+        "Connection: Upgrade\r\nUpgrade: tcp\r\n",
+      ),
+    );
     const head = await readHead(conn);
     if (head.status !== 101 && head.status !== 200) {
-      stderr.write(encoder.encode(`Error response from daemon: ${daemonMessage({ status: head.status, body: decoder.decode(head.rest) })}\n`));
+      stderr.write(
+        encoder.encode(
+          `Error response from daemon: ${
+            daemonMessage({ status: head.status, body: decoder.decode(head.rest) })
+          }\n`,
+        ),
+      );
       conn.close();
       return 126;
     }
@@ -633,7 +724,10 @@ export class EngineExec implements Child {
   }
 
   /** The command's input: the caller's bytes, then the end of input (half-close). */
-  async #feed(conn: Deno.UnixConn, input: Uint8Array | string | ReadableStream<Uint8Array>): Promise<void> {
+  async #feed(
+    conn: Deno.UnixConn,
+    input: Uint8Array | string | ReadableStream<Uint8Array>,
+  ): Promise<void> {
     const stream = typeof input === "string"
       ? ReadableStream.from([encoder.encode(input)])
       : input instanceof Uint8Array
@@ -657,7 +751,11 @@ export class EngineExec implements Child {
   }
 
   /** The multiplexed stream: 8-byte headers (stream, size) and payloads, until it ends. */
-  async #demux(conn: Deno.UnixConn, first: Uint8Array, stderr: { write(bytes: Uint8Array): void }): Promise<void> {
+  async #demux(
+    conn: Deno.UnixConn,
+    first: Uint8Array,
+    stderr: { write(bytes: Uint8Array): void },
+  ): Promise<void> {
     let pending = first;
     const chunk = new Uint8Array(64 * 1024);
     const more = async (): Promise<boolean> => {
@@ -668,7 +766,9 @@ export class EngineExec implements Child {
         n = null;
       }
       if (n === null) return false;
-      pending = pending.byteLength === 0 ? chunk.slice(0, n) : concat([pending, chunk.subarray(0, n)]);
+      pending = pending.byteLength === 0
+        ? chunk.slice(0, n)
+        : concat([pending, chunk.subarray(0, n)]);
       return true;
     };
     while (true) {
@@ -711,7 +811,9 @@ export class EngineExec implements Child {
 }
 
 /** stderr bytes to the caller's callbacks and a kept tail, as the CLI's stderr would be read. */
-function stderrSink(options: SpawnOptions): { write(bytes: Uint8Array): void; close(): void; tail: Promise<string> } {
+function stderrSink(
+  options: SpawnOptions,
+): { write(bytes: Uint8Array): void; close(): void; tail: Promise<string> } {
   let controller!: ReadableStreamDefaultController<Uint8Array>;
   const stream = new ReadableStream<Uint8Array>({ start: (c) => void (controller = c) });
   const tail = collectStderr(stream, options, new AbortController().signal);

@@ -33,7 +33,11 @@ function baseEnv(): Record<string, string> {
 
 /** A command on the host: a cleared environment plus the caller's variables. */
 function spawnOptions(options: ExecOptions, argv: readonly string[]): SpawnOptions {
-  assertNoSecrets("the host process (sandbox mode none)", { env: options.env, envKind: "environment", argv });
+  assertNoSecrets("the host process (sandbox mode none)", {
+    env: options.env,
+    envKind: "environment",
+    argv,
+  });
   return {
     cwd: options.cwd,
     env: { ...baseEnv(), ...options.env },
@@ -66,18 +70,34 @@ export class HostProvider implements SandboxProvider {
     const child = spawn(argv, spawnOptions(options, argv));
     return execStreamOf(child, async () => {
       const ended = await child.finished;
-      if (ended.timedOut) throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
+      if (ended.timedOut) {
+        throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
+      }
       if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
-      return { exitCode: ended.exitCode, durationMs: ended.durationMs, timedOut: false, oomKilled: false, stderrTail: ended.stderrTail };
+      return {
+        exitCode: ended.exitCode,
+        durationMs: ended.durationMs,
+        timedOut: false,
+        oomKilled: false,
+        stderrTail: ended.stderrTail,
+      };
     });
   }
 
   execBytes(argv: readonly string[], options: ExecOptions = {}): ExecBytes {
     const child = spawn(argv, spawnOptions(options, argv));
     const outcome = child.finished.then((ended) => {
-      if (ended.timedOut) throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
+      if (ended.timedOut) {
+        throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
+      }
       if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
-      return { exitCode: ended.exitCode, durationMs: ended.durationMs, timedOut: false, oomKilled: false, stderrTail: ended.stderrTail };
+      return {
+        exitCode: ended.exitCode,
+        durationMs: ended.durationMs,
+        timedOut: false,
+        oomKilled: false,
+        stderrTail: ended.stderrTail,
+      };
     });
     outcome.catch(() => {});
     return {
@@ -107,7 +127,11 @@ export class HostProvider implements SandboxProvider {
     return await Deno.readFile(path);
   }
 
-  async writeFile(path: string, data: Uint8Array | string, options: { mode?: number } = {}): Promise<void> {
+  async writeFile(
+    path: string,
+    data: Uint8Array | string,
+    options: { mode?: number } = {},
+  ): Promise<void> {
     assertNoSecrets("the host process (sandbox mode none)", { file: { path, data } });
     await Deno.mkdir(path.replace(/\/[^/]*$/, "") || "/", { recursive: true, mode: 0o700 });
     const mode = options.mode ?? 0o600;
@@ -125,11 +149,24 @@ export class HostProvider implements SandboxProvider {
 
   async #copy(from: string, to: string): Promise<void> {
     const result = await run(["cp", "-R", "--", from, to]);
-    if (result.exitCode !== 0) throw new SandboxError("exec_failed", `Cannot copy "${from}" to "${to}": ${result.stderr.trim()}`);
+    if (result.exitCode !== 0) {
+      throw new SandboxError(
+        "exec_failed",
+        `Cannot copy "${from}" to "${to}": ${result.stderr.trim()}`,
+      );
+    }
   }
 
   stats(): Promise<SandboxStats> {
-    return Promise.resolve({ profile: this.profile, name: "host", memoryBytes: 0, memoryLimitBytes: 0, cpuPercent: 0, pids: 0, pidsLimit: 0 });
+    return Promise.resolve({
+      profile: this.profile,
+      name: "host",
+      memoryBytes: 0,
+      memoryLimitBytes: 0,
+      cpuPercent: 0,
+      pids: 0,
+      pidsLimit: 0,
+    });
   }
 
   status(): Promise<SandboxStatus> {

@@ -16,7 +16,13 @@ import { CommandExitError, SandboxError, tail } from "../errors.ts";
 import { run } from "../process.ts";
 import { fileSha256, sha256Hex } from "../hash.ts";
 import { withHostLock } from "../lock.ts";
-import { denoBinaryPath, relayBundlePath, relayContentHash, workerBundlePath, workerContentHash } from "./worker_bundle.ts";
+import {
+  denoBinaryPath,
+  relayBundlePath,
+  relayContentHash,
+  workerBundlePath,
+  workerContentHash,
+} from "./worker_bundle.ts";
 
 export const IMAGE_REPOSITORY = "sandbox-runtime";
 
@@ -64,7 +70,9 @@ let contextDigest: Promise<string> | undefined;
 function contextFilesDigest(onProgress?: ImageOptions["onProgress"]): Promise<string> {
   contextDigest ??= (async () => {
     const lines: string[] = [];
-    for (const name of Object.keys(IMAGE_CONTEXT)) lines.push(`${name} ${await sha256Hex(IMAGE_CONTEXT[name])}`);
+    for (const name of Object.keys(IMAGE_CONTEXT)) {
+      lines.push(`${name} ${await sha256Hex(IMAGE_CONTEXT[name])}`);
+    }
     lines.push(`worker.js ${await workerContentHash(onProgress)}`);
     lines.push(`relay.js ${await relayContentHash(onProgress)}`);
     lines.push(`deno ${await fileSha256(denoBinaryPath(), `${userStateDir()}/cache`)}`);
@@ -80,8 +88,15 @@ async function contextHash(...extra: string[]): Promise<string> {
 }
 
 /** The labels of a local image, or undefined when it is absent. */
-async function imageLabels(docker: DockerCli, ref: string, signal?: AbortSignal): Promise<Record<string, string> | undefined> {
-  const result = await docker.run(["image", "inspect", "--format", "{{json .Config.Labels}}", ref], { signal });
+async function imageLabels(
+  docker: DockerCli,
+  ref: string,
+  signal?: AbortSignal,
+): Promise<Record<string, string> | undefined> {
+  const result = await docker.run(
+    ["image", "inspect", "--format", "{{json .Config.Labels}}", ref],
+    { signal },
+  );
   if (result.exitCode !== 0) return undefined;
   try {
     return JSON.parse(result.stdout) ?? {};
@@ -91,7 +106,11 @@ async function imageLabels(docker: DockerCli, ref: string, signal?: AbortSignal)
 }
 
 /** Id of a local image, or undefined when absent. */
-async function imageId(docker: DockerCli, ref: string, signal?: AbortSignal): Promise<string | undefined> {
+async function imageId(
+  docker: DockerCli,
+  ref: string,
+  signal?: AbortSignal,
+): Promise<string | undefined> {
   const result = await docker.run(["image", "inspect", "--format", "{{.Id}}", ref], { signal });
   return result.exitCode === 0 ? result.stdout.trim() : undefined;
 }
@@ -101,7 +120,9 @@ function seconds(since: number): string {
 }
 
 /** A build log file: every line of output as it arrives, so a killed build leaves its log too. */
-async function openBuildLog(name: string): Promise<{ path: string; line: (text: string) => void; close: () => void }> {
+async function openBuildLog(
+  name: string,
+): Promise<{ path: string; line: (text: string) => void; close: () => void }> {
   const dir = buildLogDir();
   await Deno.mkdir(dir, { recursive: true });
   const path = `${dir}/${name.replace(/[^A-Za-z0-9_.-]+/g, "-")}.log`;
@@ -148,7 +169,10 @@ export async function ensureBaseImage(
   const log = await openBuildLog(`base-${baseImage}`);
   try {
     if (baseImage === DEFAULT_BASE_IMAGE) {
-      options.onProgress?.(`Building base image ${baseImage} from Debian packages (once; log: ${log.path})`, "begin");
+      options.onProgress?.(
+        `Building base image ${baseImage} from Debian packages (once; log: ${log.path})`,
+        "begin",
+      );
       const script = await Deno.makeTempFile({ prefix: "sandbox-build-base-", suffix: ".sh" });
       try {
         await Deno.writeTextFile(script, BUILD_BASE_IMAGE_SCRIPT);
@@ -159,9 +183,17 @@ export async function ensureBaseImage(
         });
         for (const line of result.stdout.split("\n")) if (line) log.line(line);
         if (result.exitCode !== 0) {
-          throw new CommandExitError("image_build_failed", `Cannot build base image "${baseImage}"`, result, {
-            detail: `${await logTail(log.path, result.stderrTail)}\nIt needs root (debootstrap) and Debian's package mirror\nFull build log: ${log.path}`,
-          });
+          throw new CommandExitError(
+            "image_build_failed",
+            `Cannot build base image "${baseImage}"`,
+            result,
+            {
+              detail: `${await logTail(
+                log.path,
+                result.stderrTail,
+              )}\nIt needs root (debootstrap) and Debian's package mirror\nFull build log: ${log.path}`,
+            },
+          );
         }
       } finally {
         await Deno.remove(script).catch(() => {});
@@ -169,12 +201,22 @@ export async function ensureBaseImage(
       options.onProgress?.(`Built base image ${baseImage} in ${seconds(started)}`, "end");
     } else {
       options.onProgress?.(`Pulling base image ${baseImage} (log: ${log.path})`, "begin");
-      const result = await docker.run(["pull", baseImage], { signal: options.signal, onStderrLine: log.line });
+      const result = await docker.run(["pull", baseImage], {
+        signal: options.signal,
+        onStderrLine: log.line,
+      });
       for (const line of result.stdout.split("\n")) if (line) log.line(line);
       if (result.exitCode !== 0) {
-        throw new CommandExitError("image_build_failed", `Cannot pull base image "${baseImage}"`, result, {
-          detail: `${tail(result.stderr)}\nBuild or load it locally, or set sandbox.image to an image you have\nFull log: ${log.path}`,
-        });
+        throw new CommandExitError(
+          "image_build_failed",
+          `Cannot pull base image "${baseImage}"`,
+          result,
+          {
+            detail: `${
+              tail(result.stderr)
+            }\nBuild or load it locally, or set sandbox.image to an image you have\nFull log: ${log.path}`,
+          },
+        );
       }
       options.onProgress?.(`Pulled base image ${baseImage} in ${seconds(started)}`, "end");
     }
@@ -182,7 +224,12 @@ export async function ensureBaseImage(
     log.close();
   }
   const id = await imageId(docker, baseImage, options.signal);
-  if (!id) throw new SandboxError("image_build_failed", `Base image "${baseImage}" is still missing after building it`);
+  if (!id) {
+    throw new SandboxError(
+      "image_build_failed",
+      `Base image "${baseImage}" is still missing after building it`,
+    );
+  }
   return id;
 }
 
@@ -260,11 +307,18 @@ async function buildImage(
     for await (const line of child.lines()) log.line(line);
     const outcome = await child.finished;
     throwIfUnreachable(outcome.stderrTail);
-    if (outcome.aborted) throw new SandboxError("interrupted", `Building sandbox image "${tag}" was interrupted`);
+    if (outcome.aborted) {
+      throw new SandboxError("interrupted", `Building sandbox image "${tag}" was interrupted`);
+    }
     if (outcome.exitCode !== 0) {
-      throw new CommandExitError("image_build_failed", `Cannot build sandbox image "${tag}"`, outcome, {
-        detail: `${await logTail(log.path, outcome.stderrTail)}\nFull build log: ${log.path}`,
-      });
+      throw new CommandExitError(
+        "image_build_failed",
+        `Cannot build sandbox image "${tag}"`,
+        outcome,
+        {
+          detail: `${await logTail(log.path, outcome.stderrTail)}\nFull build log: ${log.path}`,
+        },
+      );
     }
   } finally {
     log.close();

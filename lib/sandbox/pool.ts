@@ -24,9 +24,18 @@ import type { AgentCliName } from "../agents/packages.ts";
 import { WORKER_COMMAND } from "../run/container_driver.ts";
 import { type AttachOptions, attachWorker } from "./attach.ts";
 import type { WorkerProcess } from "../run/worker_process.ts";
-import { DockerSandboxProvider, type SandboxRepo, SANDBOX_USER } from "./docker_provider.ts";
+import { DockerSandboxProvider, SANDBOX_USER, type SandboxRepo } from "./docker_provider.ts";
 import { removeProxyMountSource } from "./proxy_mount.ts";
-import { addReady, claimReady, forget, holdOwn, listReady, orphaned, poolKey, releaseOwn } from "./pool_records.ts";
+import {
+  addReady,
+  claimReady,
+  forget,
+  holdOwn,
+  listReady,
+  orphaned,
+  poolKey,
+  releaseOwn,
+} from "./pool_records.ts";
 import { randomHex, sha256Hex } from "../hash.ts";
 import { tryHostLock, withHostLock } from "../lock.ts";
 import { userStateDir } from "../paths.ts";
@@ -45,7 +54,11 @@ export interface PoolOptions {
 }
 
 /** A provider for a new container of the kind a run of `profile` with `options` uses. */
-export function runSandbox(profile: Profile, instance: string, options: PoolOptions & { pooled: boolean }): DockerSandboxProvider {
+export function runSandbox(
+  profile: Profile,
+  instance: string,
+  options: PoolOptions & { pooled: boolean },
+): DockerSandboxProvider {
   return new DockerSandboxProvider(profile, {
     instance,
     pooled: options.pooled,
@@ -70,17 +83,25 @@ function instanceOf(name: string): string {
  * that was made with the current configuration. Stale ones (another configuration or image) are
  * removed on the way, never used.
  */
-export async function claimPooled(profile: Profile, options: PoolOptions = {}): Promise<DockerSandboxProvider | undefined> {
+export async function claimPooled(
+  profile: Profile,
+  options: PoolOptions = {},
+): Promise<DockerSandboxProvider | undefined> {
   const key = keyOf(profile, options);
   let current: { configHash: string; imageId: string | undefined } | undefined;
   for (const record of await listReady()) {
     if (record.key !== key) continue;
     const provider = runSandbox(profile, instanceOf(record.name), { ...options, pooled: true });
     if (provider.containerName !== record.name) continue;
-    current ??= { configHash: await provider.configHash(), imageId: await provider.imageId(options.signal) };
+    current ??= {
+      configHash: await provider.configHash(),
+      imageId: await provider.imageId(options.signal),
+    };
     if (!await claimReady(record.name)) continue;
     if (record.configHash !== current.configHash || record.imageId !== current.imageId) {
-      options.onProgress?.(`removing pooled sandbox ${record.name}: made with another configuration or image`);
+      options.onProgress?.(
+        `removing pooled sandbox ${record.name}: made with another configuration or image`,
+      );
       await destroy(provider);
       continue;
     }
@@ -104,16 +125,25 @@ async function dropStale(profile: Profile, key: string, options: PoolOptions): P
   for (const record of await listReady()) {
     if (record.key !== key) continue;
     const provider = runSandbox(profile, instanceOf(record.name), { ...options, pooled: true });
-    current ??= { configHash: await provider.configHash(), imageId: await provider.imageId(options.signal) };
+    current ??= {
+      configHash: await provider.configHash(),
+      imageId: await provider.imageId(options.signal),
+    };
     if (record.configHash === current.configHash && record.imageId === current.imageId) continue;
     if (!await claimReady(record.name)) continue;
-    options.onProgress?.(`removing pooled sandbox ${record.name}: made with another configuration or image`);
+    options.onProgress?.(
+      `removing pooled sandbox ${record.name}: made with another configuration or image`,
+    );
     await destroy(provider);
   }
 }
 
 /** A container of the run's own, made now (the pool had none): recorded as held by this process. */
-export async function coldSandbox(profile: Profile, runId: string, options: PoolOptions = {}): Promise<DockerSandboxProvider> {
+export async function coldSandbox(
+  profile: Profile,
+  runId: string,
+  options: PoolOptions = {},
+): Promise<DockerSandboxProvider> {
   const provider = runSandbox(profile, runId.toLowerCase(), { ...options, pooled: false });
   await holdOwn(provider.containerName);
   await provider.ensureRunning({ signal: options.signal });
@@ -124,14 +154,20 @@ export async function coldSandbox(profile: Profile, runId: string, options: Pool
  * The worker waiting in a claimed container, with the connector attached (its job not sent yet),
  * or undefined when it has none (an agent CLI's pool, or a container that is gone).
  */
-export async function attachPooledWorker(provider: DockerSandboxProvider, options: AttachOptions): Promise<WorkerProcess | undefined> {
+export async function attachPooledWorker(
+  provider: DockerSandboxProvider,
+  options: AttachOptions,
+): Promise<WorkerProcess | undefined> {
   return await attachWorker(provider, POOL_WORKER_SOCKET, options);
 }
 
 /** Remove a run's container, its workspace volume and the host's records of it, without waiting. */
 export async function destroy(provider: DockerSandboxProvider): Promise<void> {
   provider.teardownDetached();
-  await Promise.all([removeProxyMountSource(provider.containerName), forget(provider.containerName)]);
+  await Promise.all([
+    removeProxyMountSource(provider.containerName),
+    forget(provider.containerName),
+  ]);
 }
 
 /**
@@ -142,7 +178,10 @@ export async function destroy(provider: DockerSandboxProvider): Promise<void> {
  * count the same gap and fill it twice. A run's refill (`wait: false`) leaves the pool to the
  * process already filling it; `up` waits for it, then fills what is still missing.
  */
-export async function fillPool(profile: Profile, options: PoolOptions & { wait?: boolean } = {}): Promise<string[]> {
+export async function fillPool(
+  profile: Profile,
+  options: PoolOptions & { wait?: boolean } = {},
+): Promise<string[]> {
   await reapOrphans(profile);
   const key = keyOf(profile, options);
   const lock = `pool-${(await sha256Hex(`${userStateDir()}\0${key}`)).slice(0, 16)}`;
@@ -153,7 +192,9 @@ export async function fillPool(profile: Profile, options: PoolOptions & { wait?:
     if (missing <= 0) return [];
     // Side by side; one that fails leaves nothing behind, and the first failure is raised once
     // the others are settled.
-    const made = await Promise.allSettled(Array.from({ length: missing }, () => startPooled(profile, key, options)));
+    const made = await Promise.allSettled(
+      Array.from({ length: missing }, () => startPooled(profile, key, options)),
+    );
     const failed = made.find((each) => each.status === "rejected");
     if (failed) throw failed.reason;
     return made.map((each) => (each as PromiseFulfilledResult<string>).value);
@@ -175,10 +216,23 @@ async function startPooled(profile: Profile, key: string, options: PoolOptions):
     await holdOwn(provider.containerName);
     await provider.ensureRunning({ signal: options.signal });
     const { readySpareRelay } = await import("../proxy/session.ts");
-    await Promise.all([options.agent ? undefined : startWaitingWorker(provider), readySpareRelay(provider, options.signal)]);
+    await Promise.all([
+      options.agent ? undefined : startWaitingWorker(provider),
+      readySpareRelay(provider, options.signal),
+    ]);
     const imageId = await provider.imageId(options.signal);
-    if (!imageId) throw new SandboxError("docker_failed", `Cannot start a pooled sandbox: the image of "${provider.containerName}" is gone`);
-    await addReady({ name: provider.containerName, key, configHash: await provider.configHash(), imageId });
+    if (!imageId) {
+      throw new SandboxError(
+        "docker_failed",
+        `Cannot start a pooled sandbox: the image of "${provider.containerName}" is gone`,
+      );
+    }
+    await addReady({
+      name: provider.containerName,
+      key,
+      configHash: await provider.configHash(),
+      imageId,
+    });
     await releaseOwn(provider.containerName);
     return provider.containerName;
   } catch (error) {
@@ -189,19 +243,24 @@ async function startPooled(profile: Profile, key: string, options: PoolOptions):
 
 /** Start the worker that waits, loaded, for the job of the run that claims `provider`. */
 async function startWaitingWorker(provider: DockerSandboxProvider): Promise<void> {
-  await provider.docker.ok([
-    "exec",
-    "--detach",
-    "--user",
-    SANDBOX_USER,
-    provider.containerName,
-    "sandbox-exec",
-    `worker-pool-${randomHex(8)}`,
-    ...WORKER_COMMAND,
-    "serve",
-    "--socket",
-    POOL_WORKER_SOCKET,
-  ], "exec_failed", `Cannot start the waiting worker in sandbox "${provider.containerName}"`, { timeoutMs: 30_000 });
+  await provider.docker.ok(
+    [
+      "exec",
+      "--detach",
+      "--user",
+      SANDBOX_USER,
+      provider.containerName,
+      "sandbox-exec",
+      `worker-pool-${randomHex(8)}`,
+      ...WORKER_COMMAND,
+      "serve",
+      "--socket",
+      POOL_WORKER_SOCKET,
+    ],
+    "exec_failed",
+    `Cannot start the waiting worker in sandbox "${provider.containerName}"`,
+    { timeoutMs: 30_000 },
+  );
 }
 
 /**
@@ -213,7 +272,9 @@ export async function reapOrphans(profile: Profile): Promise<string[]> {
   for (const held of await orphaned()) {
     const provider = new DockerSandboxProvider(profile);
     await provider.docker.run(["rm", "--force", "--volumes", held.name], { timeoutMs: 60_000 });
-    await provider.docker.run(["volume", "rm", "--force", `${held.name}-workspace`], { timeoutMs: 60_000 });
+    await provider.docker.run(["volume", "rm", "--force", `${held.name}-workspace`], {
+      timeoutMs: 60_000,
+    });
     await Promise.all([removeProxyMountSource(held.name), forget(held.name)]);
     reaped.push(held.name);
   }

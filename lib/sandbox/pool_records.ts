@@ -57,7 +57,9 @@ function claimedName(name: string, holder: { pid: number; startTicks: number }):
 
 function parseClaimed(file: string): ClaimedRecord | undefined {
   const match = /^(.+)\.(\d+)-(\d+)$/.exec(file);
-  return match ? { name: match[1], pid: Number(match[2]), startTicks: Number(match[3]) } : undefined;
+  return match
+    ? { name: match[1], pid: Number(match[2]), startTicks: Number(match[3]) }
+    : undefined;
 }
 
 /** Write `record` as ready to be claimed. */
@@ -96,7 +98,10 @@ export async function listReady(): Promise<ReadyRecord[]> {
 export async function claimReady(name: string): Promise<boolean> {
   await Deno.mkdir(`${poolDir()}/claimed`, { recursive: true, mode: 0o700 });
   try {
-    await Deno.rename(`${poolDir()}/ready/${name}.json`, `${poolDir()}/claimed/${claimedName(name, await self())}`);
+    await Deno.rename(
+      `${poolDir()}/ready/${name}.json`,
+      `${poolDir()}/claimed/${claimedName(name, await self())}`,
+    );
     return true;
   } catch (error) {
     if (error instanceof Deno.errors.NotFound) return false;
@@ -107,7 +112,9 @@ export async function claimReady(name: string): Promise<boolean> {
 /** Record that this process holds `name`, a container it made for itself (a cold run). */
 export async function holdOwn(name: string): Promise<void> {
   await Deno.mkdir(`${poolDir()}/claimed`, { recursive: true, mode: 0o700 });
-  await Deno.writeTextFile(`${poolDir()}/claimed/${claimedName(name, await self())}`, "", { mode: 0o600 });
+  await Deno.writeTextFile(`${poolDir()}/claimed/${claimedName(name, await self())}`, "", {
+    mode: 0o600,
+  });
 }
 
 /** This process no longer holds `name` (it is ready for a run now, or removed). */
@@ -118,7 +125,10 @@ export async function releaseOwn(name: string): Promise<void> {
 /** `name`, held by this process, is kept after it (reaping passes it over; `down` removes it). */
 export async function keepSandbox(name: string): Promise<void> {
   await Deno.mkdir(`${poolDir()}/kept`, { recursive: true, mode: 0o700 });
-  await Deno.rename(`${poolDir()}/claimed/${claimedName(name, await self())}`, `${poolDir()}/kept/${name}`);
+  await Deno.rename(
+    `${poolDir()}/claimed/${claimedName(name, await self())}`,
+    `${poolDir()}/kept/${name}`,
+  );
 }
 
 /** Forget `name` wherever it is recorded (it was removed). */
@@ -148,6 +158,8 @@ export async function listClaimed(): Promise<ClaimedRecord[]> {
 /** Claimed containers whose holder is no longer alive (a reused pid has another start time). */
 export async function orphaned(): Promise<ClaimedRecord[]> {
   const all = await listClaimed();
-  const alive = await Promise.all(all.map(async (held) => (await processStartTicks(held.pid)) === held.startTicks));
+  const alive = await Promise.all(
+    all.map(async (held) => (await processStartTicks(held.pid)) === held.startTicks),
+  );
   return all.filter((_, i) => !alive[i]);
 }

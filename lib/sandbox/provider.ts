@@ -53,7 +53,14 @@ export interface ExecBytes {
   stop(): Promise<void>;
 }
 
-export type SandboxState = "running" | "stopped" | "missing" | "paused" | "restarting" | "dead" | "created";
+export type SandboxState =
+  | "running"
+  | "stopped"
+  | "missing"
+  | "paused"
+  | "restarting"
+  | "dead"
+  | "created";
 export type SandboxHealth = "healthy" | "unhealthy" | "starting" | "unknown";
 
 export interface SandboxStatus {
@@ -128,7 +135,11 @@ export interface SandboxProvider {
   exec(argv: readonly string[], options?: ExecOptions): Promise<ExecResult>;
   readFile(path: string, options?: { signal?: AbortSignal }): Promise<Uint8Array>;
   /** Write a file owned by the sandbox user; `mode` defaults to 0o600. */
-  writeFile(path: string, data: Uint8Array | string, options?: { mode?: number; signal?: AbortSignal }): Promise<void>;
+  writeFile(
+    path: string,
+    data: Uint8Array | string,
+    options?: { mode?: number; signal?: AbortSignal },
+  ): Promise<void>;
   /** Copy a host file or directory into the sandbox (the copy is owned by the sandbox user). */
   copyIn(hostPath: string, sandboxPath: string, options?: { signal?: AbortSignal }): Promise<void>;
   /** Copy a sandbox file or directory out to the host. */

@@ -1,25 +1,42 @@
 /** Choosing the `SandboxProvider` implementation for a profile's sandbox mode. */
 import type { Profile } from "../config.ts";
 import { DockerCli } from "./docker.ts";
-import { type DockerProviderOptions, DockerSandboxProvider, type SandboxRepo, sandboxRepo } from "./docker_provider.ts";
+import {
+  type DockerProviderOptions,
+  DockerSandboxProvider,
+  type SandboxRepo,
+  sandboxRepo,
+} from "./docker_provider.ts";
 import { SandboxError } from "../errors.ts";
 import type { SandboxProvider } from "./provider.ts";
 
 /** The provider for `profile`, or a usage error for modes that have no container to manage. */
-export function createProvider(profile: Profile, options: DockerProviderOptions = {}): SandboxProvider & {
+export function createProvider(
+  profile: Profile,
+  options: DockerProviderOptions = {},
+): SandboxProvider & {
   readonly containerName: string;
 } {
   switch (profile.sandbox.mode) {
     case "container":
       return new DockerSandboxProvider(profile, options);
     case "none":
-      throw new SandboxError("usage", `Profile "${profile.name}" uses sandbox mode "none": there is no sandbox to manage`, {
-        detail: 'Set profiles.' + profile.name + '.sandbox.mode to "container"',
-      });
+      throw new SandboxError(
+        "usage",
+        `Profile "${profile.name}" uses sandbox mode "none": there is no sandbox to manage`,
+        {
+          detail: "Set profiles." + profile.name + '.sandbox.mode to "container"',
+        },
+      );
     case "devcontainer":
-      throw new SandboxError("usage", `Profile "${profile.name}" uses sandbox mode "devcontainer": its provider is opened on a repository`, {
-        detail: "Use openProvider(profile, {repo}) (it builds the repository's devcontainer image first)",
-      });
+      throw new SandboxError(
+        "usage",
+        `Profile "${profile.name}" uses sandbox mode "devcontainer": its provider is opened on a repository`,
+        {
+          detail:
+            "Use openProvider(profile, {repo}) (it builds the repository's devcontainer image first)",
+        },
+      );
   }
 }
 
@@ -36,7 +53,10 @@ export interface OpenProviderOptions extends DockerProviderOptions {
 }
 
 /** The provider for `profile`; in mode devcontainer, after building the repository's image if it changed. */
-export async function openProvider(profile: Profile, options: OpenProviderOptions = {}): Promise<DockerSandboxProvider> {
+export async function openProvider(
+  profile: Profile,
+  options: OpenProviderOptions = {},
+): Promise<DockerSandboxProvider> {
   const { repo, signal, force, ...rest } = options;
   if (profile.sandbox.mode !== "devcontainer") {
     const repository = repo === undefined ? undefined : await repositoryOf(repo);
@@ -52,7 +72,10 @@ export async function openProvider(profile: Profile, options: OpenProviderOption
     signal,
     force,
   });
-  return devcontainerProvider(devcontainer, { ...rest, repository: await repositoryOf(repo ?? Deno.cwd()) });
+  return devcontainerProvider(devcontainer, {
+    ...rest,
+    repository: await repositoryOf(repo ?? Deno.cwd()),
+  });
 }
 
 /**
@@ -65,5 +88,7 @@ async function repositoryOf(repo: string): Promise<SandboxRepo> {
     import("../repo/local.ts"),
     import("../repo/remote.ts"),
   ]);
-  return await sandboxRepo(isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : (await resolveLocalRepo(repo)).key);
+  return await sandboxRepo(
+    isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : (await resolveLocalRepo(repo)).key,
+  );
 }

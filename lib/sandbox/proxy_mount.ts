@@ -177,7 +177,6 @@ async function takeRecord<T>(path: string, parse: (text: string) => T): Promise<
   }
 }
 
-
 /**
  * Remove what the host kept for `containerName`'s mount, once the container is gone: the directory
  * (its sessions' sockets, a spare relay's) and the spare relay's record beside it.

@@ -55,9 +55,14 @@ export async function takeSnapshot(
   options: { signal?: AbortSignal; onProgress?: (line: string) => void } = {},
 ): Promise<SnapshotRecord> {
   if (!await dev.isRunning(options.signal)) {
-    throw new SandboxError("usage", `Sandbox "${dev.containerName}" is not running: nothing to snapshot`, {
-      detail: `Prepare it with: sandbox exec -p ${dev.profile.name} -- CMD (it starts it), then snapshot`,
-    });
+    throw new SandboxError(
+      "usage",
+      `Sandbox "${dev.containerName}" is not running: nothing to snapshot`,
+      {
+        detail:
+          `Prepare it with: sandbox exec -p ${dev.profile.name} -- CMD (it starts it), then snapshot`,
+      },
+    );
   }
   const context = await Deno.makeTempDir({ prefix: "sandbox-snapshot-" });
   try {
@@ -70,12 +75,18 @@ export async function takeSnapshot(
     );
     const tag = `${SNAPSHOT_REPOSITORY}:${dev.profile.name}-${randomHex(4)}`;
     options.onProgress?.(`building ${tag} on ${base}`);
-    const built = await dev.docker.run(["build", "--quiet", "--tag", tag, context], { signal: options.signal });
-    if (built.exitCode !== 0) throw new CommandExitError("image_build_failed", `Cannot build snapshot "${tag}"`, built);
+    const built = await dev.docker.run(["build", "--quiet", "--tag", tag, context], {
+      signal: options.signal,
+    });
+    if (built.exitCode !== 0) {
+      throw new CommandExitError("image_build_failed", `Cannot build snapshot "${tag}"`, built);
+    }
     const previous = await readSnapshot(dev.profile.name);
     const record: SnapshotRecord = { tag, base, createdAt: new Date().toISOString() };
     await Deno.mkdir(`${userStateDir()}/snapshots`, { recursive: true, mode: 0o700 });
-    await Deno.writeTextFile(`${recordPath(dev.profile.name)}.tmp`, JSON.stringify(record), { mode: 0o600 });
+    await Deno.writeTextFile(`${recordPath(dev.profile.name)}.tmp`, JSON.stringify(record), {
+      mode: 0o600,
+    });
     await Deno.rename(`${recordPath(dev.profile.name)}.tmp`, recordPath(dev.profile.name));
     // The one it replaces goes: its tag now, its layers once no container uses them.
     if (previous) await dev.docker.run(["image", "rm", "--force", previous.tag]);

@@ -34,7 +34,9 @@ export interface EmbeddedBundle {
 const embedded: Partial<Record<BundleName, EmbeddedBundle>> = {};
 
 function embed(name: BundleName, bundle: EmbeddedBundle): void {
-  if (!/^[0-9a-f]{64}$/.test(bundle.sha256)) throw new TypeError(`Invalid SHA-256 for the embedded ${name} bundle`);
+  if (!/^[0-9a-f]{64}$/.test(bundle.sha256)) {
+    throw new TypeError(`Invalid SHA-256 for the embedded ${name} bundle`);
+  }
   embedded[name] = bundle;
 }
 
@@ -57,13 +59,18 @@ async function embeddedBytes(bundle: EmbeddedBundle): Promise<Uint8Array> {
   } catch (error) {
     throw new SandboxError(
       "image_build_failed",
-      `Cannot read the bundle this CLI carries (${error instanceof Error ? error.message : String(error)}): this bundled CLI is damaged; build it again (deno task bundle) or run from a checkout`,
+      `Cannot read the bundle this CLI carries (${
+        error instanceof Error ? error.message : String(error)
+      }): this bundled CLI is damaged; build it again (deno task bundle) or run from a checkout`,
     );
   }
   const bytes = new Uint8Array(brotliDecompressSync(Uint8Array.fromBase64(base64)));
   // The bytes that go into the image must be the ones the tag's hash names.
   if (await sha256HexOf(bytes) !== bundle.sha256) {
-    throw new SandboxError("image_build_failed", "The embedded bundle does not match its SHA-256: this bundled CLI is damaged");
+    throw new SandboxError(
+      "image_build_failed",
+      "The embedded bundle does not match its SHA-256: this bundled CLI is damaged",
+    );
   }
   return bytes;
 }
@@ -96,12 +103,19 @@ let identity: Promise<string> | undefined;
  */
 export function workerIdentity(): Promise<string> {
   identity ??= (async () => {
-    if (embedded.worker !== undefined) return await sha256Hex(`${embedded.worker.sha256}\0${embedded.relay?.sha256 ?? ""}`);
+    if (embedded.worker !== undefined) {
+      return await sha256Hex(`${embedded.worker.sha256}\0${embedded.relay?.sha256 ?? ""}`);
+    }
     const files = sourceFiles();
     const paths = files.map((file) => new URL(file, SOURCE_ROOT).pathname);
     return await cachedByIdentity(paths, `${userStateDir()}/cache`, async () => {
       const parts: string[] = [];
-      for (const [i, file] of files.entries()) parts.push(file, await Deno.readTextFile(paths[i]).catch(() => ""));
+      for (const [i, file] of files.entries()) {
+        parts.push(
+          file,
+          await Deno.readTextFile(paths[i]).catch(() => ""),
+        );
+      }
       return await sha256Hex(parts.join("\0"));
     });
   })();
@@ -110,7 +124,10 @@ export function workerIdentity(): Promise<string> {
 
 const contentHashes: Partial<Record<BundleName, Promise<string>>> = {};
 
-function contentHash(name: BundleName, onProgress?: (line: string, phase?: "begin" | "end") => void): Promise<string> {
+function contentHash(
+  name: BundleName,
+  onProgress?: (line: string, phase?: "begin" | "end") => void,
+): Promise<string> {
   const hash = contentHashes[name] ??= (async () => {
     const bundle = embedded[name];
     if (bundle !== undefined) return bundle.sha256;
@@ -125,26 +142,37 @@ function contentHash(name: BundleName, onProgress?: (line: string, phase?: "begi
  * bundled CLI or bundled here from a checkout (both are `deno bundle worker/main.ts`, byte for
  * byte the same for the same sources), so both build the same image.
  */
-export function workerContentHash(onProgress?: (line: string, phase?: "begin" | "end") => void): Promise<string> {
+export function workerContentHash(
+  onProgress?: (line: string, phase?: "begin" | "end") => void,
+): Promise<string> {
   return contentHash("worker", onProgress);
 }
 
 /** SHA-256 of the relay bundle's bytes, as `workerContentHash` for the worker. */
-export function relayContentHash(onProgress?: (line: string, phase?: "begin" | "end") => void): Promise<string> {
+export function relayContentHash(
+  onProgress?: (line: string, phase?: "begin" | "end") => void,
+): Promise<string> {
   return contentHash("relay", onProgress);
 }
 
 /** Path of the worker bundle on the host, building it from source when needed. */
-export function workerBundlePath(onProgress?: (line: string, phase?: "begin" | "end") => void): Promise<string> {
+export function workerBundlePath(
+  onProgress?: (line: string, phase?: "begin" | "end") => void,
+): Promise<string> {
   return bundlePath("worker", onProgress);
 }
 
 /** Path of the relay bundle on the host, building it from source when needed. */
-export function relayBundlePath(onProgress?: (line: string, phase?: "begin" | "end") => void): Promise<string> {
+export function relayBundlePath(
+  onProgress?: (line: string, phase?: "begin" | "end") => void,
+): Promise<string> {
   return bundlePath("relay", onProgress);
 }
 
-async function bundlePath(name: BundleName, onProgress?: (line: string, phase?: "begin" | "end") => void): Promise<string> {
+async function bundlePath(
+  name: BundleName,
+  onProgress?: (line: string, phase?: "begin" | "end") => void,
+): Promise<string> {
   const dir = `${userStateDir()}/worker`;
   await Deno.mkdir(dir, { recursive: true });
   const path = `${dir}/${name}-${(await workerIdentity()).slice(0, 16)}.js`;
@@ -160,7 +188,10 @@ async function bundlePath(name: BundleName, onProgress?: (line: string, phase?: 
   if (bundle !== undefined) {
     await Deno.writeFile(partial, await embeddedBytes(bundle));
   } else if (embedded.worker !== undefined) {
-    throw new SandboxError("image_build_failed", `Cannot find the ${name} bundle: this bundled CLI was built without it`);
+    throw new SandboxError(
+      "image_build_failed",
+      `Cannot find the ${name} bundle: this bundled CLI was built without it`,
+    );
   } else {
     const started = performance.now();
     onProgress?.(`Bundling the ${name} from source (once per change)`, "begin");
@@ -177,9 +208,15 @@ async function bundlePath(name: BundleName, onProgress?: (line: string, phase?: 
       await Deno.writeTextFile(partial, finishBundle(await Deno.readTextFile(partial)));
     } catch (error) {
       if (!(error instanceof BundleShapeError)) throw error;
-      throw new SandboxError("image_build_failed", `Cannot finish the ${name} bundle: ${error.message}`);
+      throw new SandboxError(
+        "image_build_failed",
+        `Cannot finish the ${name} bundle: ${error.message}`,
+      );
     }
-    onProgress?.(`Bundled the ${name} in ${((performance.now() - started) / 1000).toFixed(1)}s`, "end");
+    onProgress?.(
+      `Bundled the ${name} in ${((performance.now() - started) / 1000).toFixed(1)}s`,
+      "end",
+    );
   }
   await Deno.rename(partial, path);
   return path;

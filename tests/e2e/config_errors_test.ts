@@ -48,7 +48,9 @@ async function setup() {
 /** Run `jobs` two at a time: the machine is shared, but thirty CLI starts in a row are slow. */
 async function inPairs<T>(jobs: (() => Promise<T>)[]): Promise<T[]> {
   const results: T[] = [];
-  for (let i = 0; i < jobs.length; i += 2) results.push(...await Promise.all(jobs.slice(i, i + 2).map((job) => job())));
+  for (let i = 0; i < jobs.length; i += 2) {
+    results.push(...await Promise.all(jobs.slice(i, i + 2).map((job) => job())));
+  }
   return results;
 }
 
@@ -68,7 +70,11 @@ const COMMANDS: string[][] = [
 function assertConfigError(result: RunResult, path: string, problem: RegExp, what: string): void {
   const context = `${what}\n${explain(result)}`;
   assert.equal(result.exitCode, 2, context);
-  assert.match(result.stderr, new RegExp(`Invalid configuration in "${path.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")}"`), context);
+  assert.match(
+    result.stderr,
+    new RegExp(`Invalid configuration in "${path.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")}"`),
+    context,
+  );
   assert.match(result.stderr, problem, context);
   assert.doesNotMatch(result.stderr, /\n\s+at /, `stack trace\n${context}`);
 }
@@ -79,8 +85,18 @@ Deno.test("every command refuses a missing or invalid named config with exit 2, 
   const invalid = `${t.dir.path}/invalid.yaml`;
   await Deno.writeTextFile(invalid, "profiles: {work: {sandbox: {resources: {memory: lots}}}}\n");
   const cases = [
-    ...COMMANDS.map((args) => ({ args: ["-c", missing, ...args], env: {}, path: missing, problem: /cannot read: file not found/ })),
-    ...COMMANDS.map((args) => ({ args, env: { SANDBOX_CONFIG: missing }, path: missing, problem: /cannot read: file not found/ })),
+    ...COMMANDS.map((args) => ({
+      args: ["-c", missing, ...args],
+      env: {},
+      path: missing,
+      problem: /cannot read: file not found/,
+    })),
+    ...COMMANDS.map((args) => ({
+      args,
+      env: { SANDBOX_CONFIG: missing },
+      path: missing,
+      problem: /cannot read: file not found/,
+    })),
     ...COMMANDS.map((args) => ({
       args: ["-c", invalid, ...args],
       env: {},
@@ -89,8 +105,19 @@ Deno.test("every command refuses a missing or invalid named config with exit 2, 
     })),
   ];
   const results = await inPairs(cases.map((c) => () => t.cli(c.args, c.env)));
-  cases.forEach((c, i) => assertConfigError(results[i], c.path, c.problem, `${JSON.stringify(c.env)} sandbox ${c.args.join(" ")}`));
-  assert.deepEqual(await t.docker.calls(), [], "a command went on to docker despite the broken config");
+  cases.forEach((c, i) =>
+    assertConfigError(
+      results[i],
+      c.path,
+      c.problem,
+      `${JSON.stringify(c.env)} sandbox ${c.args.join(" ")}`,
+    )
+  );
+  assert.deepEqual(
+    await t.docker.calls(),
+    [],
+    "a command went on to docker despite the broken config",
+  );
 
   // The twin: with a valid named config the same commands get past the configuration (and meet
   // the engine, which is down here, or answer from the state directory).
@@ -107,7 +134,10 @@ Deno.test("down -p removes a sandbox by its profile name whatever the configurat
   // A broken user configuration: the commands that need it refuse, `down -p` and `status` do not.
   await Deno.mkdir(`${t.dir.path}/xdg/sandbox`, { recursive: true });
   const userConfig = `${t.dir.path}/xdg/sandbox/config.yaml`;
-  await Deno.writeTextFile(userConfig, "default_profile: work\nprofiles: {work: {sandbox: {mode: vm}}}\n");
+  await Deno.writeTextFile(
+    userConfig,
+    "default_profile: work\nprofiles: {work: {sandbox: {mode: vm}}}\n",
+  );
 
   const down = await t.cli(["down", "-p", "work"]);
   assert.equal(down.exitCode, 0, explain(down));
@@ -115,7 +145,18 @@ Deno.test("down -p removes a sandbox by its profile name whatever the configurat
   assert.equal(down.stdout, "no sandbox for profile work\n", explain(down));
   // Every container labelled with the profile (its development sandboxes, its pool, its runs'),
   // found by label and removed by name.
-  const listed = (name: string) => ["ps", "--all", "--filter", "label=dev.sandbox.owner=sandbox", "--filter", `label=dev.sandbox.profile=${name}`, "--format", '{{.Names}} {{.Label "dev.sandbox.kind"}}'];
+  const listed = (
+    name: string,
+  ) => [
+    "ps",
+    "--all",
+    "--filter",
+    "label=dev.sandbox.owner=sandbox",
+    "--filter",
+    `label=dev.sandbox.profile=${name}`,
+    "--format",
+    '{{.Names}} {{.Label "dev.sandbox.kind"}}',
+  ];
   const removed = (name: string) => ["rm", "--force", name];
   assert.deepEqual(await t.docker.callsStartingWith("ps"), [listed("work")]);
   assert.deepEqual(await t.docker.callsStartingWith("rm"), [removed("sandbox-work")]);
@@ -128,11 +169,19 @@ Deno.test("down -p removes a sandbox by its profile name whatever the configurat
   // Without a name, the profile would come from the broken file: refused, saying how to proceed.
   const unnamed = await t.cli(["down"]);
   assert.equal(unnamed.exitCode, 2, explain(unnamed));
-  assert.match(unnamed.stderr, /Cannot tell which profile's sandbox to remove: Invalid configuration in ".*config\.yaml"/);
+  assert.match(
+    unnamed.stderr,
+    /Cannot tell which profile's sandbox to remove: Invalid configuration in ".*config\.yaml"/,
+  );
   assert.match(unnamed.stderr, /profiles\.work\.sandbox\.mode/);
   assert.match(unnamed.stderr, /sandbox down -p PROFILE/);
 
-  assertConfigError(await t.cli(["up", "-p", "work"]), userConfig, /profiles\.work\.sandbox\.mode/, "up");
+  assertConfigError(
+    await t.cli(["up", "-p", "work"]),
+    userConfig,
+    /profiles\.work\.sandbox\.mode/,
+    "up",
+  );
   const status = await t.cli(["status"]);
   assert.notEqual(status.exitCode, 2, `status needs no configuration\n${explain(status)}`);
 
@@ -143,7 +192,10 @@ Deno.test("down -p removes a sandbox by its profile name whatever the configurat
     const result = await t.cli(["down", "-p", profile]);
     assert.equal(result.exitCode, 0, explain(result));
     assert.deepEqual((await t.docker.callsStartingWith("ps")).at(-1), listed(profile));
-    assert.deepEqual((await t.docker.callsStartingWith("rm")).at(-1), removed(`sandbox-${profile}`));
+    assert.deepEqual(
+      (await t.docker.callsStartingWith("rm")).at(-1),
+      removed(`sandbox-${profile}`),
+    );
   }
   const bad = await t.cli(["down", "-p", "../x"]);
   assert.equal(bad.exitCode, 2, explain(bad));
@@ -155,9 +207,16 @@ Deno.test("exec -e refuses a secret-looking name, as the configuration does", as
   for (const name of ["MY_TOKEN", "OPENAI_API_KEY", "db_password", "MY_SESSION"]) {
     const result = await t.cli(["exec", "-e", `${name}=x`, "--", "true"]);
     assert.equal(result.exitCode, 2, explain(result));
-    assert.match(result.stderr, new RegExp(`Refusing --env "${name}": the name looks like a secret`));
+    assert.match(
+      result.stderr,
+      new RegExp(`Refusing --env "${name}": the name looks like a secret`),
+    );
   }
-  assert.deepEqual(await t.docker.calls(), [], "exec went on to docker with a secret-looking variable");
+  assert.deepEqual(
+    await t.docker.calls(),
+    [],
+    "exec went on to docker with a secret-looking variable",
+  );
   // The twin: an innocent name gets past the check to the engine (down here: exit 125).
   const innocent = await t.cli(["exec", "-e", "NOTES=x", "--", "true"]);
   assert.equal(innocent.exitCode, 125, explain(innocent));

@@ -18,14 +18,29 @@ function hostOf(output: string): string {
 }
 
 Deno.test({
-  name: "up fills the pool; runs started at once each claim a pooled container of their own; a stale one is removed, never used; down removes the pool",
+  name:
+    "up fills the pool; runs started at once each claim a pooled container of their own; a stale one is removed, never used; down removes the pool",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
     await using llm = new FakeLlm();
-    await using fixture = await RunFixture.make({ prefix: "e2e-pool", llmUrl: llm.baseUrl, keyEnv: "E2E_POOL_KEY", prompt: "Where\n", sandboxYaml: "{pool: 2}" });
+    await using fixture = await RunFixture.make({
+      prefix: "e2e-pool",
+      llmUrl: llm.baseUrl,
+      keyEnv: "E2E_POOL_KEY",
+      prompt: "Where\n",
+      sandboxYaml: "{pool: 2}",
+    });
     const run = async () => {
-      const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--lifecycle-events"]);
+      const result = await fixture.cli([
+        "run",
+        "agentic",
+        "--prompt-file",
+        fixture.promptFile,
+        "--profile",
+        fixture.profile,
+        "--lifecycle-events",
+      ]);
       assert.equal(result.exitCode, 0, explain(result));
       return result;
     };
@@ -39,39 +54,71 @@ Deno.test({
     await t.step("up makes sandbox.pool containers, ready; a second up makes none", async () => {
       ready = (await up()).ready;
       assert.equal(ready.length, 2);
-      for (const name of ready) assert.match(name, new RegExp(`^sandbox-${fixture.profile}-p[0-9a-f]{8}$`));
+      for (const name of ready) {
+        assert.match(name, new RegExp(`^sandbox-${fixture.profile}-p[0-9a-f]{8}$`));
+      }
       assert.deepEqual((await up()).ready.sort(), [...ready].sort());
     });
 
     await t.step("two runs started at once claim two different pooled containers", async () => {
-      llm.script.push(toolCall("execute", { command: "echo HOST=$(hostname); sleep 1" }), toolCall("execute", { command: "echo HOST=$(hostname); sleep 1" }));
+      llm.script.push(
+        toolCall("execute", { command: "echo HOST=$(hostname); sleep 1" }),
+        toolCall("execute", { command: "echo HOST=$(hostname); sleep 1" }),
+      );
       llm.script.push(text("Done"), text("Done"));
       const [a, b] = await Promise.all([run(), run()]);
       const hosts = [a, b].map((r) => hostOf(r.stdout));
       assert.notEqual(hosts[0], hosts[1]);
-      assert.deepEqual([...hosts].sort(), [...ready].sort(), "each run used one of the ready containers");
+      assert.deepEqual(
+        [...hosts].sort(),
+        [...ready].sort(),
+        "each run used one of the ready containers",
+      );
     });
 
-    await t.step("a pooled container made with another configuration is removed, and the run gets a new one", async () => {
-      const stale = (await up()).ready;
-      assert.equal(stale.length, 2);
-      fixture.config = await writeConfig(
-        fixture.dir.path,
-        (await Deno.readTextFile(fixture.config)).replace("{pool: 2}", "{pool: 2, resources: {memory: 3g}}"),
-      );
-      llm.script.push(toolCall("execute", { command: "echo HOST=$(hostname)" }), text("Done"));
-      const result = await run();
-      const host = hostOf(result.stdout);
-      assert.ok(!stale.includes(host), `the run used stale ${host}`);
-      assert.match(result.stderr, /removing pooled sandbox .*: made with another configuration/, explain(result));
-      const left = (await docker("ps", "-a", "--filter", `label=dev.sandbox.profile=${fixture.profile}`, "--format", "{{.Names}}")).split("\n");
-      assert.ok(stale.every((name) => !left.includes(name)), `stale containers left: ${left.join(", ")}`);
-    });
+    await t.step(
+      "a pooled container made with another configuration is removed, and the run gets a new one",
+      async () => {
+        const stale = (await up()).ready;
+        assert.equal(stale.length, 2);
+        fixture.config = await writeConfig(
+          fixture.dir.path,
+          (await Deno.readTextFile(fixture.config)).replace(
+            "{pool: 2}",
+            "{pool: 2, resources: {memory: 3g}}",
+          ),
+        );
+        llm.script.push(toolCall("execute", { command: "echo HOST=$(hostname)" }), text("Done"));
+        const result = await run();
+        const host = hostOf(result.stdout);
+        assert.ok(!stale.includes(host), `the run used stale ${host}`);
+        assert.match(
+          result.stderr,
+          /removing pooled sandbox .*: made with another configuration/,
+          explain(result),
+        );
+        const left = (await docker(
+          "ps",
+          "-a",
+          "--filter",
+          `label=dev.sandbox.profile=${fixture.profile}`,
+          "--format",
+          "{{.Names}}",
+        )).split("\n");
+        assert.ok(
+          stale.every((name) => !left.includes(name)),
+          `stale containers left: ${left.join(", ")}`,
+        );
+      },
+    );
 
     await t.step("down removes the pool, and up fills it again", async () => {
       const down = await fixture.cli(["down", "-p", fixture.profile, "--json"]);
       assert.equal(down.exitCode, 0, explain(down));
-      assert.equal(await docker("ps", "-aq", "--filter", `label=dev.sandbox.profile=${fixture.profile}`), "");
+      assert.equal(
+        await docker("ps", "-aq", "--filter", `label=dev.sandbox.profile=${fixture.profile}`),
+        "",
+      );
       assert.equal((await up()).ready.length, 2);
     });
   },

@@ -24,7 +24,14 @@ console.error("e2e: sandbox run --repo tests starting");
 
 const KEY_ENV = "SANDBOX_E2E_REPO_KEY";
 /** Identity for the test's own commits in the user's repository. */
-const USER_GIT = ["-c", "user.name=Repo Owner", "-c", "user.email=owner@example.test", "-c", "commit.gpgsign=false"];
+const USER_GIT = [
+  "-c",
+  "user.name=Repo Owner",
+  "-c",
+  "user.email=owner@example.test",
+  "-c",
+  "commit.gpgsign=false",
+];
 
 // deno-lint-ignore no-explicit-any
 type Wire = Record<string, any>;
@@ -37,7 +44,10 @@ async function git(cwd: string, ...args: string[]): Promise<string> {
 }
 
 /** A new repository at `path` (branch main) with `files` in its first commit. */
-async function createRepo(path: string, files: Record<string, string | Uint8Array>): Promise<string> {
+async function createRepo(
+  path: string,
+  files: Record<string, string | Uint8Array>,
+): Promise<string> {
   await Deno.mkdir(path, { recursive: true });
   await git(path, "init", "-q", "-b", "main");
   await commitFiles(path, files, "initial commit");
@@ -45,7 +55,11 @@ async function createRepo(path: string, files: Record<string, string | Uint8Arra
 }
 
 /** Write `files` and commit them all. */
-async function commitFiles(repo: string, files: Record<string, string | Uint8Array>, message: string): Promise<string> {
+async function commitFiles(
+  repo: string,
+  files: Record<string, string | Uint8Array>,
+  message: string,
+): Promise<string> {
   for (const [name, content] of Object.entries(files)) {
     const file = `${repo}/${name}`;
     await Deno.mkdir(file.slice(0, file.lastIndexOf("/")), { recursive: true });
@@ -63,7 +77,9 @@ async function dirBytes(dir: string): Promise<Record<string, Uint8Array>> {
   for await (const entry of Deno.readDir(dir)) {
     const path = `${dir}/${entry.name}`;
     if (entry.isDirectory) {
-      for (const [name, bytes] of Object.entries(await dirBytes(path))) out[`${entry.name}/${name}`] = bytes;
+      for (const [name, bytes] of Object.entries(await dirBytes(path))) {
+        out[`${entry.name}/${name}`] = bytes;
+      }
     } else {
       out[entry.name] = await Deno.readFile(path);
     }
@@ -97,7 +113,9 @@ async function repoState(repo: string, files: string[] = []): Promise<RepoState>
     symbolicHead: await git(repo, "symbolic-ref", "HEAD"),
     status: await git(repo, "status", "--porcelain", "--untracked-files=all"),
     index: await git(repo, "ls-files", "--stage"),
-    refs: (await git(repo, "for-each-ref", "--format=%(refname) %(objectname)")).split("\n").filter(Boolean).sort(),
+    refs: (await git(repo, "for-each-ref", "--format=%(refname) %(objectname)")).split("\n").filter(
+      Boolean,
+    ).sort(),
     config: await Deno.readFile(`${repo}/.git/config`),
     hooks: await dirBytes(`${repo}/.git/hooks`),
     gitDirEntries: gitDirEntries.sort(),
@@ -109,7 +127,12 @@ async function repoState(repo: string, files: string[] = []): Promise<RepoState>
  * The user's repository after a run is the one before, plus exactly `refs/heads/<branch>`: same
  * HEAD, index, working tree, other refs, config, hooks and `.git` entries.
  */
-function assertOnlyBranchAdded(before: RepoState, after: RepoState, branch: string, context: string): void {
+function assertOnlyBranchAdded(
+  before: RepoState,
+  after: RepoState,
+  branch: string,
+  context: string,
+): void {
   assert.equal(after.head, before.head, `HEAD moved\n${context}`);
   assert.equal(after.symbolicHead, before.symbolicHead, `HEAD switched branch\n${context}`);
   assert.equal(after.status, before.status, `git status changed\n${context}`);
@@ -118,11 +141,23 @@ function assertOnlyBranchAdded(before: RepoState, after: RepoState, branch: stri
   const removed = before.refs.filter((r) => !after.refs.includes(r));
   assert.deepEqual(removed, [], `refs changed or removed\n${context}`);
   assert.equal(added.length, 1, `refs added: ${added.join(", ")}\n${context}`);
-  assert.match(added[0], new RegExp(`^refs/heads/${branch.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")} [0-9a-f]{40}$`), context);
+  assert.match(
+    added[0],
+    new RegExp(`^refs/heads/${branch.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")} [0-9a-f]{40}$`),
+    context,
+  );
   assert.deepEqual(after.config, before.config, `.git/config changed\n${context}`);
-  assert.deepEqual(Object.keys(after.hooks).sort(), Object.keys(before.hooks).sort(), `hook files added or removed\n${context}`);
+  assert.deepEqual(
+    Object.keys(after.hooks).sort(),
+    Object.keys(before.hooks).sort(),
+    `hook files added or removed\n${context}`,
+  );
   assert.deepEqual(after.hooks, before.hooks, `a hook's content changed\n${context}`);
-  assert.deepEqual(after.gitDirEntries, before.gitDirEntries, `.git gained or lost entries\n${context}`);
+  assert.deepEqual(
+    after.gitDirEntries,
+    before.gitDirEntries,
+    `.git gained or lost entries\n${context}`,
+  );
   assert.deepEqual(after.files, before.files, `working-tree files changed\n${context}`);
 }
 
@@ -147,13 +182,17 @@ function runIdFrom(stderr: string): string {
 
 /** The output of the execute tool calls, in order. */
 function executeOutputs(messages: Wire[]): string[] {
-  return messages.filter((m) => m.type === "tool_result" && m.tool_name === "execute").map((m) => m.tool_output);
+  return messages.filter((m) => m.type === "tool_result" && m.tool_name === "execute").map((m) =>
+    m.tool_output
+  );
 }
 
 /** `sent <base> (<commit>): N bytes of objects` from stderr. */
 /** Bytes of objects the run added to its repository's cache (0 when it had the base already). */
 function sentBytes(stderr: string): number {
-  const match = stderr.match(/^sandbox: checked out \S+ \([0-9a-f]{12}\)(?:; (\d+) bytes of objects added to its cache)?$/m);
+  const match = stderr.match(
+    /^sandbox: checked out \S+ \([0-9a-f]{12}\)(?:; (\d+) bytes of objects added to its cache)?$/m,
+  );
   assert.ok(match, `stderr reports no checkout:\n${stderr}`);
   return Number(match[1] ?? 0);
 }
@@ -163,7 +202,9 @@ async function assertRunContainerRemoved(fixture: RunFixture, id: string): Promi
   const container = (await fixture.meta(id)).extra?.container;
   assert.equal(typeof container, "string", "the run's metadata names its container");
   for (let i = 0; i < 100; i++) {
-    if ((await run(["docker", "container", "inspect", container as string])).exitCode !== 0) return container as string;
+    if ((await run(["docker", "container", "inspect", container as string])).exitCode !== 0) {
+      return container as string;
+    }
     await new Promise((resolve) => setTimeout(resolve, 200));
   }
   assert.fail(`${container} is still there after its run`);
@@ -173,7 +214,17 @@ async function assertRunContainerRemoved(fixture: RunFixture, id: string): Promi
 async function poolContainerOf(fixture: RunFixture, repo: string): Promise<string> {
   const key = await localRepoKey(repo);
   for (let i = 0; i < 150; i++) {
-    const names = (await docker("ps", "--filter", `label=dev.sandbox.profile=${fixture.profile}`, "--filter", `label=dev.sandbox.repo=${key}`, "--filter", "label=dev.sandbox.kind=pool", "--format", "{{.Names}}")).split("\n").filter(Boolean);
+    const names = (await docker(
+      "ps",
+      "--filter",
+      `label=dev.sandbox.profile=${fixture.profile}`,
+      "--filter",
+      `label=dev.sandbox.repo=${key}`,
+      "--filter",
+      "label=dev.sandbox.kind=pool",
+      "--format",
+      "{{.Names}}",
+    )).split("\n").filter(Boolean);
     if (names.length > 0) return names[0];
     await new Promise((resolve) => setTimeout(resolve, 200));
   }
@@ -183,7 +234,12 @@ async function poolContainerOf(fixture: RunFixture, repo: string): Promise<strin
 /** A profile, its config, a prompt, an isolated state directory; removed on dispose. */
 class RepoFixture extends RunFixture {
   static create(prefix: string, llmUrl: string): Promise<RepoFixture> {
-    return RepoFixture.make({ prefix, llmUrl, keyEnv: KEY_ENV, prompt: "Work on the repository.\n" });
+    return RepoFixture.make({
+      prefix,
+      llmUrl,
+      keyEnv: KEY_ENV,
+      prompt: "Work on the repository.\n",
+    });
   }
 
   async prompt(name: string, content: string): Promise<string> {
@@ -193,21 +249,37 @@ class RepoFixture extends RunFixture {
   }
 
   /** `sandbox run agentic --prompt-file P --profile X --format ndjson ARGS`. */
-  run(args: string[], options: { promptFile?: string; env?: Record<string, string> } = {}): Promise<RunResult> {
+  run(
+    args: string[],
+    options: { promptFile?: string; env?: Record<string, string> } = {},
+  ): Promise<RunResult> {
     return this.cli(
-      ["run", "agentic", "--prompt-file", options.promptFile ?? this.promptFile, "--profile", this.profile, "--format", "ndjson", ...args],
+      [
+        "run",
+        "agentic",
+        "--prompt-file",
+        options.promptFile ?? this.promptFile,
+        "--profile",
+        this.profile,
+        "--format",
+        "ndjson",
+        ...args,
+      ],
       options.env,
     );
   }
 }
 
 Deno.test({
-  name: "run --repo: the agent's uncommitted file comes back as branch sandbox/<run-id>, and nothing else of the user's repository changes",
+  name:
+    "run --repo: the agent's uncommitted file comes back as branch sandbox/<run-id>, and nothing else of the user's repository changes",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
     await using llm = new FakeLlm([
-      toolCall("execute", { command: "echo MARKER-START; cat README.md; ls -a; git status --porcelain; echo MARKER-END" }),
+      toolCall("execute", {
+        command: "echo MARKER-START; cat README.md; ls -a; git status --porcelain; echo MARKER-END",
+      }),
       toolCall("write_file", { file_path: "agent.txt", content: "written by the agent\n" }),
       text("Done: wrote agent.txt"),
     ]);
@@ -239,25 +311,61 @@ Deno.test({
       assert.ok(!result.stdout.includes("never leaves the host"), context);
     });
 
-    await t.step("stderr warns that the uncommitted changes are NOT sent, and reports the transfer and the branch", () => {
-      assert.match(result.stderr, /^sandbox: warning: 2 uncommitted change\(s\) in .* are NOT sent/m, context);
-      assert.ok(sentBytes(result.stderr) > 0, context);
-      assert.match(result.stderr, new RegExp(`^sandbox: branch ${branch} in ${repo}: 1 commit\\(s\\) on ${before.head.slice(0, 12)}`, "m"), context);
-      assert.match(result.stderr, /^sandbox: {3}agent\.txt \| 1 \+$/m, context);
-    });
+    await t.step(
+      "stderr warns that the uncommitted changes are NOT sent, and reports the transfer and the branch",
+      () => {
+        assert.match(
+          result.stderr,
+          /^sandbox: warning: 2 uncommitted change\(s\) in .* are NOT sent/m,
+          context,
+        );
+        assert.ok(sentBytes(result.stderr) > 0, context);
+        assert.match(
+          result.stderr,
+          new RegExp(
+            `^sandbox: branch ${branch} in ${repo}: 1 commit\\(s\\) on ${before.head.slice(0, 12)}`,
+            "m",
+          ),
+          context,
+        );
+        assert.match(result.stderr, /^sandbox: {3}agent\.txt \| 1 \+$/m, context);
+      },
+    );
 
-    await t.step("the branch holds the agent's file, committed by the tool on the base", async () => {
-      assert.equal(await git(repo, "show", `refs/heads/${branch}:agent.txt`), "written by the agent");
-      assert.equal(await git(repo, "show", `refs/heads/${branch}:README.md`), "committed content");
-      assert.equal(await git(repo, "log", "-1", "--format=%an <%ae>", `refs/heads/${branch}`), "sandbox <sandbox@localhost>");
-      assert.equal(await git(repo, "rev-parse", `refs/heads/${branch}^`), before.head);
-      assert.equal(await git(repo, "rev-list", "--count", `${before.head}..refs/heads/${branch}`), "1");
-      assert.ok(!(await git(repo, "ls-tree", "-r", "--name-only", `refs/heads/${branch}`)).includes("untracked-secret"));
-    });
+    await t.step(
+      "the branch holds the agent's file, committed by the tool on the base",
+      async () => {
+        assert.equal(
+          await git(repo, "show", `refs/heads/${branch}:agent.txt`),
+          "written by the agent",
+        );
+        assert.equal(
+          await git(repo, "show", `refs/heads/${branch}:README.md`),
+          "committed content",
+        );
+        assert.equal(
+          await git(repo, "log", "-1", "--format=%an <%ae>", `refs/heads/${branch}`),
+          "sandbox <sandbox@localhost>",
+        );
+        assert.equal(await git(repo, "rev-parse", `refs/heads/${branch}^`), before.head);
+        assert.equal(
+          await git(repo, "rev-list", "--count", `${before.head}..refs/heads/${branch}`),
+          "1",
+        );
+        assert.ok(
+          !(await git(repo, "ls-tree", "-r", "--name-only", `refs/heads/${branch}`)).includes(
+            "untracked-secret",
+          ),
+        );
+      },
+    );
 
     await t.step("HEAD, index, working tree, other refs, config and hooks are unchanged", () => {
       assertOnlyBranchAdded(before, after, branch, context);
-      assert.equal(new TextDecoder().decode(after.files["README.md"]), "DIRTY uncommitted content\n");
+      assert.equal(
+        new TextDecoder().decode(after.files["README.md"]),
+        "DIRTY uncommitted content\n",
+      );
     });
 
     await t.step("run metadata records the branch", async () => {
@@ -269,12 +377,19 @@ Deno.test({
       assert.equal(meta.extra?.commit, await git(repo, "rev-parse", `refs/heads/${branch}`));
     });
 
-    await t.step("a run's container has no bind mounts (but its proxy sockets, read-only) and never heard of the host path", async () => {
-      const inspect = JSON.parse(await docker("container", "inspect", await poolContainerOf(fixture, repo)))[0];
-      assert.deepEqual(unexpectedBinds(inspect.Mounts), [], JSON.stringify(inspect.Mounts));
-      assert.ok(!inspect.HostConfig.Binds?.length, JSON.stringify(inspect.HostConfig.Binds));
-      assert.ok(!JSON.stringify(inspect).includes(repo), "the host repository's path is in docker inspect");
-    });
+    await t.step(
+      "a run's container has no bind mounts (but its proxy sockets, read-only) and never heard of the host path",
+      async () => {
+        const inspect =
+          JSON.parse(await docker("container", "inspect", await poolContainerOf(fixture, repo)))[0];
+        assert.deepEqual(unexpectedBinds(inspect.Mounts), [], JSON.stringify(inspect.Mounts));
+        assert.ok(!inspect.HostConfig.Binds?.length, JSON.stringify(inspect.HostConfig.Binds));
+        assert.ok(
+          !JSON.stringify(inspect).includes(repo),
+          "the host repository's path is in docker inspect",
+        );
+      },
+    );
 
     await t.step("the run's container, with its checkout and branch, is gone", async () => {
       await assertRunContainerRemoved(fixture, id);
@@ -290,7 +405,7 @@ const HOSTILE_COMMAND = [
   'git update-ref refs/heads/main "$evil"',
   'git tag evil-tag "$evil"',
   'git branch evil "$evil"',
-  'common=$(git rev-parse --git-common-dir)',
+  "common=$(git rev-parse --git-common-dir)",
   'mkdir -p "$common/hooks"',
   `printf '#!/bin/sh\\necho pwned >/tmp/pwned\\n' >"$common/hooks/post-checkout"`,
   'chmod +x "$common/hooks/post-checkout"',
@@ -301,7 +416,8 @@ const HOSTILE_COMMAND = [
 ].join("\n");
 
 Deno.test({
-  name: "run --repo: refs, tags, hooks and config the agent creates in the sandbox never reach the user's repository, and stderr warns about them",
+  name:
+    "run --repo: refs, tags, hooks and config the agent creates in the sandbox never reach the user's repository, and stderr warns about them",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -325,12 +441,19 @@ Deno.test({
     assert.ok(evil, context);
     // (The checkout is a repository of its own: its git directory is `.git`, relative.)
     assert.match(hostile, /^HOOKS=(\/workspace\/worktrees\/[^\n]*\/)?\.git\/hooks$/m, context);
-    assert.match(hostile, /^refs\/heads\/main$/m, `the sandbox did not get refs/heads/main\n${context}`);
+    assert.match(
+      hostile,
+      /^refs\/heads\/main$/m,
+      `the sandbox did not get refs/heads/main\n${context}`,
+    );
     const after = await repoState(repo, ["README.md"]);
 
     await t.step("only the run branch arrived, with the agent's real work", async () => {
       assertOnlyBranchAdded(before, after, `sandbox/${id}`, context);
-      assert.equal(await git(repo, "show", `refs/heads/sandbox/${id}:feature.txt`), "the real work");
+      assert.equal(
+        await git(repo, "show", `refs/heads/sandbox/${id}:feature.txt`),
+        "the real work",
+      );
       assert.equal(await git(repo, "rev-parse", "refs/heads/main"), before.head);
     });
 
@@ -338,15 +461,29 @@ Deno.test({
       const has = await run(["git", "-C", repo, "cat-file", "-e", `${evil}^{commit}`]);
       assert.notEqual(has.exitCode, 0, "the evil commit's object was imported");
       assert.equal(await git(repo, "tag", "--list"), "");
-      assert.equal((await run(["git", "-C", repo, "rev-parse", "--verify", "--quiet", "refs/heads/evil"])).exitCode, 1);
-      assert.equal((await run(["git", "-C", repo, "config", "--get", "core.hooksPath"])).stdout, "");
+      assert.equal(
+        (await run(["git", "-C", repo, "rev-parse", "--verify", "--quiet", "refs/heads/evil"]))
+          .exitCode,
+        1,
+      );
+      assert.equal(
+        (await run(["git", "-C", repo, "config", "--get", "core.hooksPath"])).stdout,
+        "",
+      );
     });
 
-    await t.step("stderr warns about each ref the sandbox created and that was not imported", () => {
-      for (const ref of ["refs/heads/main", "refs/heads/evil", "refs/tags/evil-tag"]) {
-        assert.match(result.stderr, new RegExp(`^sandbox: warning: the sandbox created ${ref}: not imported`, "m"), context);
-      }
-    });
+    await t.step(
+      "stderr warns about each ref the sandbox created and that was not imported",
+      () => {
+        for (const ref of ["refs/heads/main", "refs/heads/evil", "refs/tags/evil-tag"]) {
+          assert.match(
+            result.stderr,
+            new RegExp(`^sandbox: warning: the sandbox created ${ref}: not imported`, "m"),
+            context,
+          );
+        }
+      },
+    );
   },
 });
 
@@ -356,7 +493,7 @@ const PLANTING_COMMAND = [
   'evil=$(git commit-tree "HEAD^{tree}" -p HEAD -m "evil commit")',
   'git branch evil "$evil"',
   'git branch sandbox/planted "$evil"',
-  'common=$(git rev-parse --git-common-dir)',
+  "common=$(git rev-parse --git-common-dir)",
   'mkdir -p "$common/hooks"',
   `printf '#!/bin/sh\\necho "$(pwd)" >>/tmp/pwned\\necho injected >injected.txt\\n' >"$common/hooks/post-checkout"`,
   'chmod +x "$common/hooks/post-checkout"',
@@ -365,7 +502,8 @@ const PLANTING_COMMAND = [
 ].join("\n");
 
 Deno.test({
-  name: "run --repo: what one run's agent leaves in its repository (branches, hooks, config) does not reach or block the next runs",
+  name:
+    "run --repo: what one run's agent leaves in its repository (branches, hooks, config) does not reach or block the next runs",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -385,36 +523,60 @@ Deno.test({
 
     const first = await fixture.run(["--repo", repo]);
     assert.equal(first.exitCode, 0, explain(first));
-    assert.ok(executeOutputs(parseLines(first.stdout, explain(first)))[0]?.includes("PLANTED"), explain(first));
+    assert.ok(
+      executeOutputs(parseLines(first.stdout, explain(first)))[0]?.includes("PLANTED"),
+      explain(first),
+    );
 
-    await t.step("every ref the agent created is reported, including one under refs/heads/sandbox/", () => {
-      // Regression test for a fixed bug (lib/repo.ts collectResult), which was: refs under refs/heads/sandbox/ are filtered out of
-      // ignoredRefs, so an agent's own refs/heads/sandbox/planted goes unreported.
-      assert.match(first.stderr, /^sandbox: warning: the sandbox created refs\/heads\/evil: not imported/m, explain(first));
-      assert.match(first.stderr, /^sandbox: warning: the sandbox created refs\/heads\/sandbox\/planted: not imported/m, explain(first));
-    });
+    await t.step(
+      "every ref the agent created is reported, including one under refs/heads/sandbox/",
+      () => {
+        // Regression test for a fixed bug (lib/repo.ts collectResult), which was: refs under refs/heads/sandbox/ are filtered out of
+        // ignoredRefs, so an agent's own refs/heads/sandbox/planted goes unreported.
+        assert.match(
+          first.stderr,
+          /^sandbox: warning: the sandbox created refs\/heads\/evil: not imported/m,
+          explain(first),
+        );
+        assert.match(
+          first.stderr,
+          /^sandbox: warning: the sandbox created refs\/heads\/sandbox\/planted: not imported/m,
+          explain(first),
+        );
+      },
+    );
 
-    await t.step("the hook planted by run 1 does not run when run 2's worktree is made", async () => {
-      // Regression test for a fixed bug (lib/repo.ts prepareWorktree), which was: `git worktree add` runs the bare repository's
-      // post-checkout hook (and honours core.hooksPath) that an earlier run's agent wrote; the
-      // hook's file is then committed by the tool as run 2's "uncommitted changes".
-      const second = await fixture.run(["--repo", repo]);
-      const context = explain(second);
-      assert.equal(second.exitCode, 0, context);
-      const branch = `refs/heads/sandbox/${runIdFrom(second.stderr)}`;
-      const files = (await git(repo, "ls-tree", "-r", "--name-only", branch)).split("\n");
-      assert.ok(files.includes("honest.txt"), context);
-      assert.deepEqual(files.filter((f) => f === "injected.txt"), [], `run 1's hook wrote into run 2's branch\n${context}`);
-    });
+    await t.step(
+      "the hook planted by run 1 does not run when run 2's worktree is made",
+      async () => {
+        // Regression test for a fixed bug (lib/repo.ts prepareWorktree), which was: `git worktree add` runs the bare repository's
+        // post-checkout hook (and honours core.hooksPath) that an earlier run's agent wrote; the
+        // hook's file is then committed by the tool as run 2's "uncommitted changes".
+        const second = await fixture.run(["--repo", repo]);
+        const context = explain(second);
+        assert.equal(second.exitCode, 0, context);
+        const branch = `refs/heads/sandbox/${runIdFrom(second.stderr)}`;
+        const files = (await git(repo, "ls-tree", "-r", "--name-only", branch)).split("\n");
+        assert.ok(files.includes("honest.txt"), context);
+        assert.deepEqual(
+          files.filter((f) => f === "injected.txt"),
+          [],
+          `run 1's hook wrote into run 2's branch\n${context}`,
+        );
+      },
+    );
 
-    await t.step("a --branch name the user's repository lacks works even if the sandbox has it", async () => {
-      // Regression test for a fixed bug (lib/repo.ts prepareWorktree), which was: `git worktree add -b <branch>` fails with "a branch
-      // named 'evil' already exists" (exit 125) because run 1's agent made it in the sandbox.
-      const third = await fixture.run(["--repo", repo, "--branch", "evil"]);
-      const context = explain(third);
-      assert.equal(third.exitCode, 0, context);
-      assert.equal(await git(repo, "show", "refs/heads/evil:third.txt"), "third");
-    });
+    await t.step(
+      "a --branch name the user's repository lacks works even if the sandbox has it",
+      async () => {
+        // Regression test for a fixed bug (lib/repo.ts prepareWorktree), which was: `git worktree add -b <branch>` fails with "a branch
+        // named 'evil' already exists" (exit 125) because run 1's agent made it in the sandbox.
+        const third = await fixture.run(["--repo", repo, "--branch", "evil"]);
+        const context = explain(third);
+        assert.equal(third.exitCode, 0, context);
+        assert.equal(await git(repo, "show", "refs/heads/evil:third.txt"), "third");
+      },
+    );
   },
 });
 
@@ -432,24 +594,34 @@ class RoutedLlm implements AsyncDisposable {
 
   constructor(fakes: Record<string, FakeLlm>, readonly barrierAt: number) {
     this.#fakes = new Map(Object.entries(fakes));
-    this.#server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
-      const body = await req.text();
-      const marker = [...this.#fakes.keys()].find((m) => body.includes(m));
-      if (!marker) return Response.json({ error: { message: "no run marker in the request" } }, { status: 400 });
-      const n = (this.#counts.get(marker) ?? 0) + 1;
-      this.#counts.set(marker, n);
-      if (n === this.barrierAt) {
-        this.#arrived.add(marker);
-        if (this.#arrived.size === this.#fakes.size) this.#barrier.resolve();
-        await this.#barrier.promise;
-      }
-      const url = new URL(req.url);
-      return await fetch(`http://127.0.0.1:${this.#fakes.get(marker)!.port}${url.pathname}${url.search}`, {
-        method: req.method,
-        headers: req.headers,
-        body: body || undefined,
-      });
-    });
+    this.#server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      async (req) => {
+        const body = await req.text();
+        const marker = [...this.#fakes.keys()].find((m) => body.includes(m));
+        if (!marker) {
+          return Response.json({ error: { message: "no run marker in the request" } }, {
+            status: 400,
+          });
+        }
+        const n = (this.#counts.get(marker) ?? 0) + 1;
+        this.#counts.set(marker, n);
+        if (n === this.barrierAt) {
+          this.#arrived.add(marker);
+          if (this.#arrived.size === this.#fakes.size) this.#barrier.resolve();
+          await this.#barrier.promise;
+        }
+        const url = new URL(req.url);
+        return await fetch(
+          `http://127.0.0.1:${this.#fakes.get(marker)!.port}${url.pathname}${url.search}`,
+          {
+            method: req.method,
+            headers: req.headers,
+            body: body || undefined,
+          },
+        );
+      },
+    );
   }
 
   get baseUrl(): string {
@@ -529,32 +701,44 @@ async function concurrentRuns(t: Deno.TestContext, separateState: boolean): Prom
       const otherId = runs[1 - i].id;
       assert.ok(listings[i].includes(own), `run ${id} does not see its own file:\n${listings[i]}`);
       assert.ok(!listings[i].includes(other), `run ${id} sees ${other}:\n${listings[i]}`);
-      assert.ok(!listings[i].includes(otherId), `run ${id} sees the other run's worktree:\n${listings[i]}`);
+      assert.ok(
+        !listings[i].includes(otherId),
+        `run ${id} sees the other run's worktree:\n${listings[i]}`,
+      );
     });
   });
 
   await t.step("each run has its own branch, holding its file only", async () => {
     assert.notEqual(runs[0].id, runs[1].id);
     for (const { own, other, id } of runs) {
-      const files = (await git(repo, "ls-tree", "-r", "--name-only", `refs/heads/sandbox/${id}`)).split("\n");
+      const files = (await git(repo, "ls-tree", "-r", "--name-only", `refs/heads/sandbox/${id}`))
+        .split("\n");
       assert.ok(files.includes(own), `sandbox/${id}: ${files.join(", ")}`);
       assert.ok(!files.includes(other), `sandbox/${id}: ${files.join(", ")}`);
     }
     const refs = (await git(repo, "for-each-ref", "--format=%(refname)")).split("\n").sort();
-    assert.deepEqual(refs, ["refs/heads/main", ...runs.map((r) => `refs/heads/sandbox/${r.id}`)].sort());
+    assert.deepEqual(
+      refs,
+      ["refs/heads/main", ...runs.map((r) => `refs/heads/sandbox/${r.id}`)].sort(),
+    );
     const after = await repoState(repo, ["README.md"]);
     assert.equal(after.head, before.head);
     assert.equal(after.status, before.status);
   });
 
-  await t.step("each run's container is removed when its run ends (behind it: moments after)", async () => {
-    if (!separateState) for (const { id } of runs) await assertRunContainerRemoved(fixture, id);
-    else await assertRunContainerRemoved(fixture, runs[0].id);
-  });
+  await t.step(
+    "each run's container is removed when its run ends (behind it: moments after)",
+    async () => {
+      if (!separateState) {
+        for (const { id } of runs) await assertRunContainerRemoved(fixture, id);
+      } else await assertRunContainerRemoved(fixture, runs[0].id);
+    },
+  );
 }
 
 Deno.test({
-  name: "run --repo: two concurrent runs of one profile get separate containers and branches, and neither sees the other's files",
+  name:
+    "run --repo: two concurrent runs of one profile get separate containers and branches, and neither sees the other's files",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -564,7 +748,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "run --repo: two concurrent runs of one profile are kept apart even when their run logs are in different state directories",
+  name:
+    "run --repo: two concurrent runs of one profile are kept apart even when their run logs are in different state directories",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -583,7 +768,8 @@ function randomBytes(length: number): Uint8Array {
 }
 
 Deno.test({
-  name: "run --repo: a second run against the same repository adds only the objects its cache lacks, and nothing when it has the base",
+  name:
+    "run --repo: a second run against the same repository adds only the objects its cache lacks, and nothing when it has the base",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -594,7 +780,9 @@ Deno.test({
       toolCall("execute", { command: "git log --format=%s; cat small.txt; wc -c <big.bin" }),
       text("Nothing to change either"),
       // Run 3, on the same commit: its worktree is at it, though nothing was sent.
-      toolCall("execute", { command: "git log --format=%s; cat small.txt; git status --porcelain | wc -l" }),
+      toolCall("execute", {
+        command: "git log --format=%s; cat small.txt; git status --porcelain | wc -l",
+      }),
       text("Still nothing to change"),
     ]);
     await using fixture = await RepoFixture.create("e2e-incr", llm.baseUrl);
@@ -606,7 +794,10 @@ Deno.test({
     const first = await fixture.run(["--repo", repo]);
     assert.equal(first.exitCode, 0, explain(first));
     const firstBytes = sentBytes(first.stderr);
-    assert.ok(firstBytes >= 200 * 1024, `run 1 sent ${firstBytes} bytes for a 200 KiB random file\n${explain(first)}`);
+    assert.ok(
+      firstBytes >= 200 * 1024,
+      `run 1 sent ${firstBytes} bytes for a 200 KiB random file\n${explain(first)}`,
+    );
     assert.match(first.stderr, /the agent changed nothing: no branch created/, explain(first));
 
     const second = await commitFiles(repo, { "small.txt": "a small change\n" }, "small change");
@@ -617,16 +808,27 @@ Deno.test({
     assert.match(next.stderr, new RegExp(`checked out HEAD \\(${second.slice(0, 12)}\\)`), context);
     // An empty pack is 32 bytes (header and checksum): run 2 must send the new commit's objects.
     assert.ok(nextBytes > 32, `run 2 sent no objects (${nextBytes} bytes)\n${context}`);
-    assert.ok(nextBytes < firstBytes / 10, `run 2 sent ${nextBytes} bytes, run 1 ${firstBytes}\n${context}`);
+    assert.ok(
+      nextBytes < firstBytes / 10,
+      `run 2 sent ${nextBytes} bytes, run 1 ${firstBytes}\n${context}`,
+    );
     const [seen] = executeOutputs(parseLines(next.stdout, context));
     assert.match(seen ?? "", /^small change\ninitial commit\na small change\n\s*204800\b/, context);
 
     const third = await fixture.run(["--repo", repo]);
     const thirdContext = explain(third);
     assert.equal(third.exitCode, 0, thirdContext);
-    assert.match(third.stderr, new RegExp(`^sandbox: checked out HEAD \\(${second.slice(0, 12)}\\)$`, "m"), thirdContext);
+    assert.match(
+      third.stderr,
+      new RegExp(`^sandbox: checked out HEAD \\(${second.slice(0, 12)}\\)$`, "m"),
+      thirdContext,
+    );
     const [again] = executeOutputs(parseLines(third.stdout, thirdContext));
-    assert.match(again ?? "", /^small change\ninitial commit\na small change\n\s*0\n/, thirdContext);
+    assert.match(
+      again ?? "",
+      /^small change\ninitial commit\na small change\n\s*0\n/,
+      thirdContext,
+    );
   },
 });
 
@@ -710,11 +912,17 @@ Deno.test({
     await t.step("a directory that is not a git repository", async () => {
       const plain = `${fixture.dir.path}/plain`;
       await Deno.mkdir(plain);
-      await expectUsage(["--repo", plain], new RegExp(`^sandbox: error: Not a git repository: "${plain}"$`, "m"));
+      await expectUsage(
+        ["--repo", plain],
+        new RegExp(`^sandbox: error: Not a git repository: "${plain}"$`, "m"),
+      );
     });
 
     await t.step("a path that does not exist", async () => {
-      await expectUsage(["--repo", `${fixture.dir.path}/nowhere`], /^sandbox: error: Not a git repository: /m);
+      await expectUsage(
+        ["--repo", `${fixture.dir.path}/nowhere`],
+        /^sandbox: error: Not a git repository: /m,
+      );
     });
 
     await t.step("a repository without any commit", async () => {
@@ -725,15 +933,24 @@ Deno.test({
     });
 
     await t.step("--base naming nothing", async () => {
-      await expectUsage(["--repo", repo, "--base", "nope"], new RegExp(`^sandbox: error: Base "nope" not found in "${repo}"$`, "m"));
+      await expectUsage(
+        ["--repo", repo, "--base", "nope"],
+        new RegExp(`^sandbox: error: Base "nope" not found in "${repo}"$`, "m"),
+      );
     });
 
     await t.step("--branch that already exists", async () => {
-      await expectUsage(["--repo", repo, "--branch", "taken"], new RegExp(`^sandbox: error: Branch "taken" already exists in "${repo}"$`, "m"));
+      await expectUsage(
+        ["--repo", repo, "--branch", "taken"],
+        new RegExp(`^sandbox: error: Branch "taken" already exists in "${repo}"$`, "m"),
+      );
     });
 
     await t.step("--branch that git rejects", async () => {
-      await expectUsage(["--repo", repo, "--branch", "bad..name"], /^sandbox: error: Invalid branch name "bad\.\.name"$/m);
+      await expectUsage(
+        ["--repo", repo, "--branch", "bad..name"],
+        /^sandbox: error: Invalid branch name "bad\.\.name"$/m,
+      );
     });
 
     await t.step("--base without --repo", async () => {
@@ -741,12 +958,18 @@ Deno.test({
     });
 
     await t.step("--push with a local repository", async () => {
-      await expectUsage(["--repo", repo, "--push"], /^sandbox: error: --push is for remote repositories/m);
+      await expectUsage(
+        ["--repo", repo, "--push"],
+        /^sandbox: error: --push is for remote repositories/m,
+      );
     });
 
     await t.step("no docker command ran, and the repository is unchanged", async () => {
       const calls = await bin.calls();
-      assert.ok(calls.some((c) => c.startsWith("git ")), "the recording git never ran: the check would prove nothing");
+      assert.ok(
+        calls.some((c) => c.startsWith("git ")),
+        "the recording git never ran: the check would prove nothing",
+      );
       assert.deepEqual(calls.filter((c) => !c.startsWith("git ")), []);
       assert.deepEqual(await repoState(repo, ["README.md"]), before);
       assert.equal(llm.requests.length, 0);
@@ -755,7 +978,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "run --repo: a run branch whose path collides with an existing branch is refused before the run (exit 2)",
+  name:
+    "run --repo: a run branch whose path collides with an existing branch is refused before the run (exit 2)",
   async fn(t) {
     // Regression test for a fixed bug (lib/repo.ts checkRunBranch), which was: only `refs/heads/<branch>` itself is looked up, so with a
     // branch "sandbox" every default branch sandbox/<run-id> passes the check, the agent runs,
@@ -771,9 +995,13 @@ Deno.test({
     const env = { PATH: bin.path };
 
     const cases: [string, string[], string][] = [
-      ["the default sandbox/<run-id> under an existing branch \"sandbox\"", [], "sandbox"],
-      ["--branch feature/x under an existing branch \"feature\"", ["--branch", "feature/x"], "feature"],
-      ["--branch topic over an existing branch \"topic/one\"", ["--branch", "topic"], "topic"],
+      ['the default sandbox/<run-id> under an existing branch "sandbox"', [], "sandbox"],
+      [
+        '--branch feature/x under an existing branch "feature"',
+        ["--branch", "feature/x"],
+        "feature",
+      ],
+      ['--branch topic over an existing branch "topic/one"', ["--branch", "topic"], "topic"],
     ];
     for (const [what, args, name] of cases) {
       await t.step(what, async () => {
@@ -792,7 +1020,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "run --repo with a URL the git proxy cannot serve fails with exit 2 before any network access",
+  name:
+    "run --repo with a URL the git proxy cannot serve fails with exit 2 before any network access",
   async fn(t) {
     await using llm = new FakeLlm([]);
     await using fixture = await RepoFixture.create("e2e-remote", llm.baseUrl);
@@ -813,10 +1042,22 @@ Deno.test({
     };
     const host = gitHost.url.replace("http://", "");
     const cases: [string, RegExp][] = [
-      [`git@${host.split(":")[0]}:x.git`, /^sandbox: error: Unsupported repository URL "git@.*": use an https:\/\/ \(or http:\/\/\) URL$/m],
-      [`ssh://${host}/x.git`, /^sandbox: error: Unsupported repository URL "ssh:\/\/.*": use an https:\/\/ \(or http:\/\/\) URL$/m],
-      [`file://${fixture.dir.path}/x.git`, /^sandbox: error: Unsupported repository URL "file:\/\/.*"/m],
-      [`http://user:secret@${host}/x.git`, /^sandbox: error: Put credentials in git's credential store or the profile's git\.token, not in the URL$/m],
+      [
+        `git@${host.split(":")[0]}:x.git`,
+        /^sandbox: error: Unsupported repository URL "git@.*": use an https:\/\/ \(or http:\/\/\) URL$/m,
+      ],
+      [
+        `ssh://${host}/x.git`,
+        /^sandbox: error: Unsupported repository URL "ssh:\/\/.*": use an https:\/\/ \(or http:\/\/\) URL$/m,
+      ],
+      [
+        `file://${fixture.dir.path}/x.git`,
+        /^sandbox: error: Unsupported repository URL "file:\/\/.*"/m,
+      ],
+      [
+        `http://user:secret@${host}/x.git`,
+        /^sandbox: error: Put credentials in git's credential store or the profile's git\.token, not in the URL$/m,
+      ],
     ];
     for (const [url, message] of cases) {
       await t.step(`--repo ${url}`, async () => {
@@ -831,7 +1072,11 @@ Deno.test({
     await t.step("no git host, proxy, docker or network program was contacted", async () => {
       const calls = await bin.calls();
       // Only local git plumbing (the branch name check) may run.
-      assert.deepEqual(calls.filter((c) => !c.startsWith("git check-ref-format ")), [], calls.join("\n"));
+      assert.deepEqual(
+        calls.filter((c) => !c.startsWith("git check-ref-format ")),
+        [],
+        calls.join("\n"),
+      );
       assert.deepEqual(gitHost.requests, []);
       assert.deepEqual(proxy.requests, []);
       assert.equal(llm.requests.length, 0);
@@ -840,7 +1085,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "run --repo --lifecycle-events: a sandbox.branch event precedes the usage line, and meta.json records the branch",
+  name:
+    "run --repo --lifecycle-events: a sandbox.branch event precedes the usage line, and meta.json records the branch",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -850,22 +1096,42 @@ Deno.test({
       text("Done"),
     ]);
     await using fixture = await RepoFixture.create("e2e-life", llm.baseUrl);
-    const repo = await createRepo(`${fixture.dir.path}/user-repo`, { "README.md": "version one\n" });
+    const repo = await createRepo(`${fixture.dir.path}/user-repo`, {
+      "README.md": "version one\n",
+    });
     const v1 = await git(repo, "rev-parse", "HEAD");
     await git(repo, "tag", "v1");
     await commitFiles(repo, { "README.md": "version two\n" }, "second commit");
 
-    const result = await fixture.run(["--repo", repo, "--base", "v1", "--branch", "agent/work", "--lifecycle-events"]);
+    const result = await fixture.run([
+      "--repo",
+      repo,
+      "--base",
+      "v1",
+      "--branch",
+      "agent/work",
+      "--lifecycle-events",
+    ]);
     const context = explain(result);
     assert.equal(result.exitCode, 0, context);
     const id = runIdFrom(result.stderr);
     const lines = parseLines(result.stdout, context);
     const commit = await git(repo, "rev-parse", "refs/heads/agent/work");
-    const diffstat = (await run(["git", "-C", repo, "diff", "--stat", v1, commit])).stdout.trimEnd();
+    const diffstat = (await run(["git", "-C", repo, "diff", "--stat", v1, commit])).stdout
+      .trimEnd();
 
     await t.step("the agent started from --base, not from HEAD", () => {
       assert.match(executeOutputs(lines)[0] ?? "", /^version one\ninitial commit\n/, context);
-      assert.match(result.stderr, new RegExp(`^sandbox: checked out v1 \\(${v1.slice(0, 12)}\\); \\d+ bytes of objects added to its cache$`, "m"), context);
+      assert.match(
+        result.stderr,
+        new RegExp(
+          `^sandbox: checked out v1 \\(${
+            v1.slice(0, 12)
+          }\\); \\d+ bytes of objects added to its cache$`,
+          "m",
+        ),
+        context,
+      );
     });
 
     await t.step("stdout ends with result, sandbox.branch, usage", () => {
@@ -891,26 +1157,35 @@ Deno.test({
       assert.equal(await git(repo, "rev-parse", `${commit}^`), v1);
     });
 
-    await t.step("meta.json extra records repo, branch, base, commit, diffstat and commits", async () => {
-      const meta = await fixture.meta(id);
-      assert.equal(meta.status, "succeeded");
-      assert.match(String(meta.extra?.container), new RegExp(`^sandbox-${fixture.profile}-repo-`));
-      assert.deepEqual(meta.extra, {
-        // Where the agent worked: its own container, removed at the end with the checkout.
-        container: meta.extra?.container,
-        workdir: `/workspace/worktrees/${id}`,
-        kept: false,
-        repo,
-        branch: "agent/work",
-        base: v1,
-        commit,
-        diffstat,
-        commits: lines.at(-2)!.commits,
-      });
-    });
+    await t.step(
+      "meta.json extra records repo, branch, base, commit, diffstat and commits",
+      async () => {
+        const meta = await fixture.meta(id);
+        assert.equal(meta.status, "succeeded");
+        assert.match(
+          String(meta.extra?.container),
+          new RegExp(`^sandbox-${fixture.profile}-repo-`),
+        );
+        assert.deepEqual(meta.extra, {
+          // Where the agent worked: its own container, removed at the end with the checkout.
+          container: meta.extra?.container,
+          workdir: `/workspace/worktrees/${id}`,
+          kept: false,
+          repo,
+          branch: "agent/work",
+          base: v1,
+          commit,
+          diffstat,
+          commits: lines.at(-2)!.commits,
+        });
+      },
+    );
 
     await t.step("without --lifecycle-events, stdout has no sandbox.branch line", async () => {
-      llm.script.push(toolCall("write_file", { file_path: "more.txt", content: "more\n" }), text("Done again"));
+      llm.script.push(
+        toolCall("write_file", { file_path: "more.txt", content: "more\n" }),
+        text("Done again"),
+      );
       const plain = await fixture.run(["--repo", repo]);
       assert.equal(plain.exitCode, 0, explain(plain));
       assert.ok(!plain.stdout.includes("sandbox.branch"), explain(plain));

@@ -12,27 +12,12 @@ import { readLines } from "../../lib/lines.ts";
 import { MESSAGE_TYPES } from "../../lib/run/protocol.ts";
 import { run, type RunResult } from "../../lib/process.ts";
 import type { RunMeta } from "../../lib/run/run_log.ts";
-import {
-  FakeLlm,
-  httpError,
-  text,
-  toolCall,
-  writeThenExecute,
-} from "../_fake_llm.ts";
-import {
-  assertDocker,
-  CLI,
-  docker,
-  dockerTest,
-  explain,
-  spawnCli,
-  tempDir,
-} from "../_helpers.ts";
+import { FakeLlm, httpError, text, toolCall, writeThenExecute } from "../_fake_llm.ts";
+import { assertDocker, CLI, docker, dockerTest, explain, spawnCli, tempDir } from "../_helpers.ts";
 
 console.error("e2e: sandbox run tests starting");
 
 const KEY_ENV = "SANDBOX_E2E_RUN_KEY";
-
 
 // deno-lint-ignore no-explicit-any
 type Wire = Record<string, any>;
@@ -127,22 +112,46 @@ const CANONICAL_TYPES = /^tool_call,tool_result,tool_call,tool_result,(thinking,
 class RunTestFixture extends RunFixture {
   /** `llmUrl`: the fake's OpenAI-style base URL; `sandboxYaml`: extra YAML under the profile's `sandbox:`. */
   static create(prefix: string, llmUrl: string, sandboxYaml?: string): Promise<RunTestFixture> {
-    return RunTestFixture.make({ prefix, llmUrl, keyEnv: KEY_ENV, sandboxYaml, prompt: "Write the file, then run the command.\n" });
+    return RunTestFixture.make({
+      prefix,
+      llmUrl,
+      keyEnv: KEY_ENV,
+      sandboxYaml,
+      prompt: "Write the file, then run the command.\n",
+    });
   }
 
   /** `sandbox run MODE --prompt-file P --profile X ARGS`. */
   run(mode: "agentic" | "generate", args: string[] = []): Promise<RunResult> {
-    return this.cli(["run", mode, "--prompt-file", this.promptFile, "--profile", this.profile, "--format", "ndjson", ...args]);
+    return this.cli([
+      "run",
+      mode,
+      "--prompt-file",
+      this.promptFile,
+      "--profile",
+      this.profile,
+      "--format",
+      "ndjson",
+      ...args,
+    ]);
   }
 
   /** The processes of `container`, one command line each (read as root). */
   async processes(container: string): Promise<string[]> {
-    return (await docker("exec", "--user", "0", container, "ps", "-eo", "args")).split("\n").slice(1);
+    return (await docker("exec", "--user", "0", container, "ps", "-eo", "args")).split("\n").slice(
+      1,
+    );
   }
 
   /** The containers of this profile that are running now. */
   async containers(): Promise<string[]> {
-    return (await docker("ps", "--filter", `label=dev.sandbox.profile=${this.profile}`, "--format", "{{.Names}}")).split("\n").filter(Boolean);
+    return (await docker(
+      "ps",
+      "--filter",
+      `label=dev.sandbox.profile=${this.profile}`,
+      "--format",
+      "{{.Names}}",
+    )).split("\n").filter(Boolean);
   }
 }
 
@@ -161,7 +170,11 @@ async function assertGone(name: string, context: string): Promise<void> {
  * agent's command. A pooled container's worker waiting on its socket for the next run is no
  * leftover: it never met this run.
  */
-async function assertNoLeftovers(fixture: RunTestFixture, container: string, context: string): Promise<void> {
+async function assertNoLeftovers(
+  fixture: RunTestFixture,
+  container: string,
+  context: string,
+): Promise<void> {
   await assertGone(container, context);
   for (const other of await fixture.containers()) {
     const processes = await fixture.processes(other);
@@ -306,14 +319,24 @@ Deno.test({
     const meta = await fixture.meta(id);
     const container = meta.extra?.container;
 
-    await t.step("the command ran inside the run's own sandbox, as its unprivileged user, where the file was written", () => {
-      assert.ok(typeof container === "string" && container.startsWith(`sandbox-${fixture.profile}-`), JSON.stringify(meta));
-      assert.notEqual(container, fixture.container, "the run used the development sandbox");
-      assert.equal(meta.extra?.workdir, `/workspace/runs/${id}`, JSON.stringify(meta));
-      const output: string = messages.filter((m) => m.type === "tool_result")[1].tool_output;
-      const lines = output.split("\n");
-      assert.deepEqual(lines.slice(0, 4), ["hi", "sandbox", container, `/workspace/runs/${id}`], output);
-    });
+    await t.step(
+      "the command ran inside the run's own sandbox, as its unprivileged user, where the file was written",
+      () => {
+        assert.ok(
+          typeof container === "string" && container.startsWith(`sandbox-${fixture.profile}-`),
+          JSON.stringify(meta),
+        );
+        assert.notEqual(container, fixture.container, "the run used the development sandbox");
+        assert.equal(meta.extra?.workdir, `/workspace/runs/${id}`, JSON.stringify(meta));
+        const output: string = messages.filter((m) => m.type === "tool_result")[1].tool_output;
+        const lines = output.split("\n");
+        assert.deepEqual(
+          lines.slice(0, 4),
+          ["hi", "sandbox", container, `/workspace/runs/${id}`],
+          output,
+        );
+      },
+    );
 
     await t.step("usage totals what the LLM reported", () => {
       const usage = messages.at(-1)!.usage;
@@ -323,9 +346,12 @@ Deno.test({
       assert.equal(llm.completions, 3);
     });
 
-    await t.step("the run's sandbox is gone after it, with the file and the prompt file", async () => {
-      await assertGone(container as string, context);
-    });
+    await t.step(
+      "the run's sandbox is gone after it, with the file and the prompt file",
+      async () => {
+        await assertGone(container as string, context);
+      },
+    );
 
     await t.step(
       "the run is recorded: runs --json, meta.json and logs agree with stdout",
@@ -437,8 +463,14 @@ Deno.test({
     const lines = result.stdout.trim().split("\n").map((line) => JSON.parse(line));
     assert.deepEqual(lines.map((m) => m.type), ["result", "usage"], context);
     assert.equal(lines[0].is_error, true);
-    assert.ok(lines[0].content.includes(schemaFile), `the result does not name the user's schema file\n${context}`);
-    assert.ok(!lines[0].content.includes("sandbox-prompts"), `the result names the internal copy\n${context}`);
+    assert.ok(
+      lines[0].content.includes(schemaFile),
+      `the result does not name the user's schema file\n${context}`,
+    );
+    assert.ok(
+      !lines[0].content.includes("sandbox-prompts"),
+      `the result names the internal copy\n${context}`,
+    );
     const meta = await fixture.meta(runIdFrom(result.stderr));
     assert.equal(meta.status, "failed");
     assert.equal(meta.exitCode, 1);
@@ -450,15 +482,24 @@ Deno.test({
  * saying what happened, then the usage so far, as the protocol promises.
  */
 function assertClosingRecord(lines: string[], says: RegExp, context: string): void {
-  const messages = lines.map((line, i) => assertWireMessage(line, `stdout line ${i + 1}\n${context}`));
-  assert.equal(messages.filter((m) => m.type === "result").length, 1, `exactly one result\n${context}`);
+  const messages = lines.map((line, i) =>
+    assertWireMessage(line, `stdout line ${i + 1}\n${context}`)
+  );
+  assert.equal(
+    messages.filter((m) => m.type === "result").length,
+    1,
+    `exactly one result\n${context}`,
+  );
   const [result, usage] = messages.slice(-2);
   assert.equal(result.type, "result", context);
   assert.equal(result.is_error, true, context);
   assert.match(result.content, says, context);
   assert.doesNotMatch(result.content, /Command/, context);
   assert.equal(usage.type, "usage", context);
-  assert.ok(usage.usage.duration_ms > 0, `usage.duration_ms ${usage.usage.duration_ms}\n${context}`);
+  assert.ok(
+    usage.usage.duration_ms > 0,
+    `usage.duration_ms ${usage.usage.duration_ms}\n${context}`,
+  );
   // The one LLM call that asked for the command had completed: the usage so far counts it.
   assert.equal(usage.usage.num_turns, 1, context);
   assert.ok(typeof usage.usage.model === "string" && usage.usage.model, context);
@@ -485,7 +526,11 @@ Deno.test({
     assert.ok(elapsed < 60_000, `the timeout took ${Math.round(elapsed)} ms to act\n${context}`);
     const id = runIdFrom(result.stderr);
     assert.match(result.stdout, /"tool_name":"execute"/, `the command never started\n${context}`);
-    assertClosingRecord(result.stdout.trimEnd().split("\n"), /^The run timed out after 8s$/, context);
+    assertClosingRecord(
+      result.stdout.trimEnd().split("\n"),
+      /^The run timed out after 8s$/,
+      context,
+    );
     assert.match(result.stderr, /^sandbox: error: The run timed out after 8s$/m, context);
     const meta = await fixture.meta(id);
     assert.equal(meta.status, "timed_out");

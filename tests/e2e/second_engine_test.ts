@@ -162,7 +162,11 @@ Deno.test({
         });
         assert.equal(result.exitCode, 0, explain(result));
         assert.match(result.stderr, new RegExp(`relay ready \\(${path} path\\)`), result.stderr);
-        assert.deepEqual(result.stdout.trim().split("\n"), ["lo", "llm 200", "hello from the host"]);
+        assert.deepEqual(result.stdout.trim().split("\n"), [
+          "lo",
+          "llm 200",
+          "hello from the host",
+        ]);
       }
       assert.equal(upstream.requests.length, 2);
 

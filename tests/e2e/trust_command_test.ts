@@ -14,12 +14,22 @@ async function setup() {
   const repo = `${dir.path}/repo`;
   await Deno.mkdir(`${repo}/sub`, { recursive: true });
   assert.equal((await run(["git", "init", "-q", repo])).exitCode, 0);
-  const env = { XDG_CONFIG_HOME: `${dir.path}/xdg`, XDG_STATE_HOME: `${dir.path}/state`, SANDBOX_CONFIG: "" };
+  const env = {
+    XDG_CONFIG_HOME: `${dir.path}/xdg`,
+    XDG_STATE_HOME: `${dir.path}/state`,
+    SANDBOX_CONFIG: "",
+  };
   const cli = (args: string[], cwd = repo) => runCli(args, { env, cwd, timeoutMs: 60_000 });
-  return { dir, repo: await Deno.realPath(repo), cli, [Symbol.asyncDispose]: () => dir[Symbol.asyncDispose]() };
+  return {
+    dir,
+    repo: await Deno.realPath(repo),
+    cli,
+    [Symbol.asyncDispose]: () => dir[Symbol.asyncDispose](),
+  };
 }
 
-const BENIGN = "profiles:\n  work:\n    llm: {model: project-model}\n    sandbox: {resources: {memory: 1g}}\n";
+const BENIGN =
+  "profiles:\n  work:\n    llm: {model: project-model}\n    sandbox: {resources: {memory: 1g}}\n";
 
 Deno.test("a committed sandbox.yaml applies only after sandbox trust, and again only after a change is trusted", async () => {
   await using t = await setup();
@@ -51,7 +61,10 @@ Deno.test("a committed sandbox.yaml applies only after sandbox trust, and again 
 
   const listed = await t.cli(["trust", "--list", "--json"]);
   assert.equal(listed.exitCode, 0, explain(listed));
-  assert.deepEqual(JSON.parse(listed.stdout).map((e: { file: string; state: string }) => [e.file, e.state]), [[file, "trusted"]]);
+  assert.deepEqual(
+    JSON.parse(listed.stdout).map((e: { file: string; state: string }) => [e.file, e.state]),
+    [[file, "trusted"]],
+  );
 
   // A change, however small, needs trust again.
   await Deno.writeTextFile(file, BENIGN.replace("1g", "2g"));
@@ -80,7 +93,11 @@ Deno.test("sandbox trust refuses a project file with a key command or a problem,
   const refused = await t.cli(["trust"]);
   assert.equal(refused.exitCode, 2, explain(refused));
   assert.match(refused.stderr, /profiles\.work\.llm\.key\.command: a key command runs on the host/);
-  assert.equal(await Deno.stat(`${t.repo}/pwned`).then(() => true, () => false), false, "the key command ran");
+  assert.equal(
+    await Deno.stat(`${t.repo}/pwned`).then(() => true, () => false),
+    false,
+    "the key command ran",
+  );
   const listed = await t.cli(["trust", "--list", "--json"]);
   assert.deepEqual(JSON.parse(listed.stdout), []);
 
@@ -93,18 +110,35 @@ Deno.test("sandbox trust refuses a project file with a key command or a problem,
 Deno.test("sandbox trust takes an agent configuration directory file by file, shows what each sets, and --revoke forgets them all", async () => {
   await using t = await setup();
   await Deno.mkdir(`${t.repo}/.claude/agents`, { recursive: true });
-  await Deno.writeTextFile(`${t.repo}/.claude/settings.json`, JSON.stringify({ hooks: { Stop: [] }, apiKeyHelper: "echo k" }));
+  await Deno.writeTextFile(
+    `${t.repo}/.claude/settings.json`,
+    JSON.stringify({ hooks: { Stop: [] }, apiKeyHelper: "echo k" }),
+  );
   await Deno.writeTextFile(`${t.repo}/.claude/agents/a.md`, "an agent\n");
   await Deno.symlink("/etc/passwd", `${t.repo}/.claude/link`);
   const trusted = await t.cli(["trust", ".claude"]);
   assert.equal(trusted.exitCode, 0, explain(trusted));
-  assert.match(trusted.stdout, new RegExp(`^trusted ${t.repo}/\\.claude/agents/a\\.md \\(sha256 [0-9a-f]{12}\\); it sets:\n  9 bytes`));
-  assert.match(trusted.stdout, /\.claude\/settings\.json \(sha256 [0-9a-f]{12}\); it sets:\n  hooks "Stop" .*\n  apiKeyHelper "echo k" \(a command the agent runs\)/);
+  assert.match(
+    trusted.stdout,
+    new RegExp(
+      `^trusted ${t.repo}/\\.claude/agents/a\\.md \\(sha256 [0-9a-f]{12}\\); it sets:\n  9 bytes`,
+    ),
+  );
+  assert.match(
+    trusted.stdout,
+    /\.claude\/settings\.json \(sha256 [0-9a-f]{12}\); it sets:\n  hooks "Stop" .*\n  apiKeyHelper "echo k" \(a command the agent runs\)/,
+  );
   assert.match(trusted.stderr, /not trusted: .*\/\.claude\/link is not a regular file/);
   const listed = JSON.parse((await t.cli(["trust", "--list", "--json"])).stdout);
-  assert.deepEqual(listed.map((e: { file: string }) => e.file), [`${t.repo}/.claude/agents/a.md`, `${t.repo}/.claude/settings.json`]);
+  assert.deepEqual(listed.map((e: { file: string }) => e.file), [
+    `${t.repo}/.claude/agents/a.md`,
+    `${t.repo}/.claude/settings.json`,
+  ]);
   const revoked = await t.cli(["trust", "--revoke", ".claude", "--json"]);
-  assert.deepEqual(JSON.parse(revoked.stdout).map((e: { revoked: boolean }) => e.revoked), [true, true], explain(revoked));
+  assert.deepEqual(JSON.parse(revoked.stdout).map((e: { revoked: boolean }) => e.revoked), [
+    true,
+    true,
+  ], explain(revoked));
   assert.deepEqual(JSON.parse((await t.cli(["trust", "--list", "--json"])).stdout), []);
   // sandbox.yaml is still validated as one: a .json elsewhere is not agent configuration.
   await Deno.writeTextFile(`${t.repo}/other.json`, `{"profiles": {"work": {"agent": 1}}}`);

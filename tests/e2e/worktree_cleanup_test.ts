@@ -26,10 +26,16 @@ const FILE_DEADLINE_MS = 120_000;
 
 type Ending = "failure" | "timeout" | "interrupt";
 
-const ENDINGS: Record<Ending, { steps: FakeStep[]; args: string[]; exitCode: number; status: string; says: RegExp }> = {
+const ENDINGS: Record<
+  Ending,
+  { steps: FakeStep[]; args: string[]; exitCode: number; status: string; says: RegExp }
+> = {
   failure: {
     // The agent's command runs, then its LLM refuses: the run ends with the agent's error result.
-    steps: [toolCall("execute", { command: LEAVE }), httpError(400, "the fake LLM refuses to go on")],
+    steps: [
+      toolCall("execute", { command: LEAVE }),
+      httpError(400, "the fake LLM refuses to go on"),
+    ],
     args: [],
     exitCode: 1,
     status: "failed",
@@ -61,7 +67,17 @@ async function createRepo(path: string): Promise<string> {
   await git("init", "-q", "-b", "main");
   await Deno.writeTextFile(`${path}/README.md`, "a repository\n");
   await git("add", "-A");
-  await git("-c", "user.name=Owner", "-c", "user.email=owner@example.test", "-c", "commit.gpgsign=false", "commit", "-qm", "initial");
+  await git(
+    "-c",
+    "user.name=Owner",
+    "-c",
+    "user.email=owner@example.test",
+    "-c",
+    "commit.gpgsign=false",
+    "commit",
+    "-qm",
+    "initial",
+  );
   return await Deno.realPath(path);
 }
 
@@ -70,7 +86,10 @@ async function createRepo(path: string): Promise<string> {
  * and stdout. Not as the sandbox user, whose processes outside the tool's wrapper the cleanup
  * behind a run kills.
  */
-async function inSandbox(container: string, ...args: string[]): Promise<{ exitCode: number; stdout: string }> {
+async function inSandbox(
+  container: string,
+  ...args: string[]
+): Promise<{ exitCode: number; stdout: string }> {
   const result = await run(["docker", "exec", "--user", "0", container, ...args]);
   return { exitCode: result.exitCode, stdout: result.stdout };
 }
@@ -80,7 +99,10 @@ async function waitForAgentFile(f: RunFixture, path: string, cli: LiveCli): Prom
   const container = await f.liveContainer();
   const deadline = Date.now() + FILE_DEADLINE_MS;
   while ((await inSandbox(container, "test", "-f", path)).exitCode !== 0) {
-    assert.ok(Date.now() < deadline, `the agent's file never appeared at ${path} in ${container}\n${cli.explain()}`);
+    assert.ok(
+      Date.now() < deadline,
+      `the agent's file never appeared at ${path} in ${container}\n${cli.explain()}`,
+    );
     await new Promise((resolve) => setTimeout(resolve, 200));
   }
 }
@@ -101,9 +123,27 @@ for (const ending of ["failure", "timeout", "interrupt"] as const) {
       async fn() {
         assertDocker();
         await using llm = new FakeLlm(expect.steps);
-        await using f = await RunFixture.make({ prefix: `e2e-wt-${ending.slice(0, 4)}`, llmUrl: llm.baseUrl, keyEnv: KEY_ENV, prompt: "Leave a file.\n" });
+        await using f = await RunFixture.make({
+          prefix: `e2e-wt-${ending.slice(0, 4)}`,
+          llmUrl: llm.baseUrl,
+          keyEnv: KEY_ENV,
+          prompt: "Leave a file.\n",
+        });
         const repo = await createRepo(`${f.dir.path}/repo`);
-        const args = ["run", "agentic", "--prompt-file", f.promptFile, "--profile", f.profile, "--format", "ndjson", "--repo", repo, ...expect.args, ...(keep ? ["--keep-worktree"] : [])];
+        const args = [
+          "run",
+          "agentic",
+          "--prompt-file",
+          f.promptFile,
+          "--profile",
+          f.profile,
+          "--format",
+          "ndjson",
+          "--repo",
+          repo,
+          ...expect.args,
+          ...(keep ? ["--keep-worktree"] : []),
+        ];
         await using cli = new LiveCli(args, { config: f.config, env: f.env });
         await cli.lineWhere((line) => JSON.parse(line).type === "tool_call");
         const id = /^sandbox: run (\S+) \(/m.exec(cli.stderr)?.[1];
@@ -118,34 +158,65 @@ for (const ending of ["failure", "timeout", "interrupt"] as const) {
         const context = cli.explain(code);
         assert.equal(code, expect.exitCode, context);
         // The run says why it ended (the result's content, or stderr's error line).
-        const result = cli.stdoutLines.map((line) => JSON.parse(line)).find((m) => m.type === "result");
+        const result = cli.stdoutLines.map((line) => JSON.parse(line)).find((m) =>
+          m.type === "result"
+        );
         assert.match(`${result?.content}\n${cli.stderr}`, expect.says, context);
 
         const meta = await f.meta(id);
         assert.equal(meta.status, expect.status, context);
         const container = meta.extra?.container;
-        assert.ok(typeof container === "string" && container, `meta.json names no container\n${JSON.stringify(meta)}`);
-        assert.equal(meta.extra?.workdir, worktree, `the run did not work in its worktree\n${JSON.stringify(meta)}`);
+        assert.ok(
+          typeof container === "string" && container,
+          `meta.json names no container\n${JSON.stringify(meta)}`,
+        );
+        assert.equal(
+          meta.extra?.workdir,
+          worktree,
+          `the run did not work in its worktree\n${JSON.stringify(meta)}`,
+        );
         if (ending === "failure") {
           // The agent's command ran in the worktree: it existed during the run.
-          const output = cli.stdoutLines.map((line) => JSON.parse(line)).find((m) => m.type === "tool_result")?.tool_output ?? "";
+          const output = cli.stdoutLines.map((line) =>
+            JSON.parse(line)
+          ).find((m) => m.type === "tool_result")?.tool_output ?? "";
           assert.equal(output.split("\n")[0], worktree, context);
         }
 
         if (keep) {
-          assert.equal(meta.extra?.kept, true, `meta.json does not say the container is kept\n${JSON.stringify(meta)}`);
+          assert.equal(
+            meta.extra?.kept,
+            true,
+            `meta.json does not say the container is kept\n${JSON.stringify(meta)}`,
+          );
           const listed = await inSandbox(container, "ls", "-A", WORKTREES);
           assert.equal(listed.exitCode, 0, `cannot list ${WORKTREES} in ${container}\n${context}`);
-          assert.ok(listed.stdout.split("\n").includes(id), `--keep-worktree: ${worktree} is gone\n${listed.stdout}\n${context}`);
+          assert.ok(
+            listed.stdout.split("\n").includes(id),
+            `--keep-worktree: ${worktree} is gone\n${listed.stdout}\n${context}`,
+          );
           const left = await inSandbox(container, "cat", `${worktree}/left-behind.txt`);
           assert.equal(left.stdout, "left by the agent\n", context);
-          assert.match(cli.stderr, new RegExp(`^sandbox: the run's container ${container} is kept with its work; remove it with: \\S+ down -p ${f.profile}$`, "m"), context);
+          assert.match(
+            cli.stderr,
+            new RegExp(
+              `^sandbox: the run's container ${container} is kept with its work; remove it with: \\S+ down -p ${f.profile}$`,
+              "m",
+            ),
+            context,
+          );
         } else {
           // Removed behind the run (the CLI does not wait for it): gone within moments of the exit.
-          for (const deadline = Date.now() + FILE_DEADLINE_MS; await exists(container) && Date.now() < deadline;) {
+          for (
+            const deadline = Date.now() + FILE_DEADLINE_MS;
+            await exists(container) && Date.now() < deadline;
+          ) {
             await new Promise((resolve) => setTimeout(resolve, 100));
           }
-          assert.ok(!await exists(container), `${container} (with ${worktree}) was left after the run\n${context}`);
+          assert.ok(
+            !await exists(container),
+            `${container} (with ${worktree}) was left after the run\n${context}`,
+          );
           assert.doesNotMatch(cli.stderr, /is kept with its work/, context);
         }
       },

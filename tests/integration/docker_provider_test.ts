@@ -17,8 +17,8 @@ import {
   runCli,
   spawnCli,
   tempDir,
-  uniqueProfile,
   unexpectedBinds,
+  uniqueProfile,
   writeConfig,
 } from "../_helpers.ts";
 import { PROXY_MOUNT_PATH } from "../../lib/sandbox/proxy_mount.ts";
@@ -35,7 +35,9 @@ function profileFrom(yaml: string, name: string) {
 async function sandboxFor(sandboxYaml: string, prefix: string) {
   assertDocker();
   const name = uniqueProfile(prefix);
-  const provider = new DockerSandboxProvider(profileFrom(`profiles:\n  ${name}:\n    sandbox: ${sandboxYaml}\n`, name));
+  const provider = new DockerSandboxProvider(
+    profileFrom(`profiles:\n  ${name}:\n    sandbox: ${sandboxYaml}\n`, name),
+  );
   await provider.ensureRunning();
   return Object.assign(provider, { [Symbol.asyncDispose]: () => removeProfile(name) });
 }
@@ -63,7 +65,8 @@ async function inspect(name: string): Promise<Inspect> {
 }
 
 Deno.test({
-  name: "the sandbox runs as a non-root user with no capabilities, no new privileges and a read-only root",
+  name:
+    "the sandbox runs as a non-root user with no capabilities, no new privileges and a read-only root",
   ...dockerTest(),
   async fn() {
     await using sandbox = await sandboxFor("{}", "it-priv");
@@ -89,12 +92,16 @@ Deno.test({
 });
 
 Deno.test({
-  name: "docker inspect shows no bind mounts but its own proxy sockets (read-only), our labels, the limits, and no host environment",
+  name:
+    "docker inspect shows no bind mounts but its own proxy sockets (read-only), our labels, the limits, and no host environment",
   ...dockerTest(),
   async fn() {
     Deno.env.set("SANDBOX_TEST_HOST_ONLY", "must-not-leak");
     try {
-      await using sandbox = await sandboxFor("{resources: {memory: 256m, cpus: 0.5, pids: 100}}", "it-inspect");
+      await using sandbox = await sandboxFor(
+        "{resources: {memory: 256m, cpus: 0.5, pids: 100}}",
+        "it-inspect",
+      );
       const info = await inspect(sandbox.containerName);
       assert.deepEqual(unexpectedBinds(info.Mounts), [], JSON.stringify(info.Mounts));
       assert.equal(info.HostConfig.Binds, null);
@@ -116,7 +123,10 @@ Deno.test({
       assert.equal(info.HostConfig.Memory, 256 * 1024 ** 2);
       assert.equal(info.HostConfig.NanoCpus, 500_000_000);
       assert.equal(info.HostConfig.PidsLimit, 100);
-      assert.ok(info.Config.Env.every((e) => !e.includes("must-not-leak")), info.Config.Env.join("\n"));
+      assert.ok(
+        info.Config.Env.every((e) => !e.includes("must-not-leak")),
+        info.Config.Env.join("\n"),
+      );
       const env = await sandbox.exec(["env"]);
       assert.doesNotMatch(env.stdout, /must-not-leak|SANDBOX_TEST_HOST_ONLY/);
       // No network of its own (tests/security/network_test.ts attacks it): nothing to label.
@@ -128,7 +138,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "a fork bomb is stopped by the pids limit while the host and then the sandbox stay responsive",
+  name:
+    "a fork bomb is stopped by the pids limit while the host and then the sandbox stay responsive",
   ...dockerTest(),
   async fn(t) {
     await using sandbox = await sandboxFor("{resources: {pids: 64, cpus: 1}}", "it-fork");
@@ -156,7 +167,8 @@ Deno.test({
       // pids.events "max" counter rose): the event itself, not a guess at how long that takes.
       // Builtins only: with every pid taken, the wait itself cannot fork.
       // cgroup v2 has the file at the root, v1 under pids/.
-      const waitForLimit = 'e=/sys/fs/cgroup/pids.events; [ -r "$e" ] || e=/sys/fs/cgroup/pids/pids.events; ' +
+      const waitForLimit =
+        'e=/sys/fs/cgroup/pids.events; [ -r "$e" ] || e=/sys/fs/cgroup/pids/pids.events; ' +
         'read -r _ before < "$e"; bomb() { bomb | bomb & }; bomb; ' +
         'while read -r _ now < "$e"; [ "$now" = "$before" ]; do :; done';
       const bomb = sandbox.exec(["bash", "-c", waitForLimit], { timeoutMs: 60_000 });
@@ -166,14 +178,19 @@ Deno.test({
       assert.ok(await processCount() < 10);
     });
 
-    await t.step("a bomb still running at its timeout is killed, even with no pid free", async () => {
-      const bomb = sandbox.exec(["bash", "-c", "bomb() { bomb | bomb & }; bomb; sleep 600"], { timeoutMs: 3_000 });
-      await probeHost(bomb);
-      const result = await bomb;
-      assert.equal(result.timedOut, true);
-      assert.equal(result.exitCode, 124);
-      assert.ok(await processCount() < 10);
-    });
+    await t.step(
+      "a bomb still running at its timeout is killed, even with no pid free",
+      async () => {
+        const bomb = sandbox.exec(["bash", "-c", "bomb() { bomb | bomb & }; bomb; sleep 600"], {
+          timeoutMs: 3_000,
+        });
+        await probeHost(bomb);
+        const result = await bomb;
+        assert.equal(result.timedOut, true);
+        assert.equal(result.exitCode, 124);
+        assert.ok(await processCount() < 10);
+      },
+    );
 
     // The host kept spawning processes while the bombs ran (every probe above asserted exit 0).
     // How fast is not asserted: these machines are noisy, and a bound would test the machine.
@@ -188,14 +205,21 @@ Deno.test({
     assertDocker();
     await using dir = await tempDir();
     const profile = uniqueProfile("it-oom");
-    const config = await writeConfig(dir.path, `profiles:\n  ${profile}:\n    sandbox: {resources: {memory: 64m}}\n`);
+    const config = await writeConfig(
+      dir.path,
+      `profiles:\n  ${profile}:\n    sandbox: {resources: {memory: 64m}}\n`,
+    );
     try {
       // `tail` keeps an endless line of /dev/zero in memory until the kernel kills it.
-      const result = await runCli(["exec", "--profile", profile, "--", "tail", "/dev/zero"], { config });
+      const result = await runCli(["exec", "--profile", profile, "--", "tail", "/dev/zero"], {
+        config,
+      });
       assert.equal(result.exitCode, 137, explain(result));
       assert.match(result.stderr, /killed by the sandbox memory limit \(64 MiB\)/);
       // An ordinary SIGKILL is not blamed on memory.
-      const killed = await runCli(["exec", "--profile", profile, "--", "sh", "-c", "kill -9 $$"], { config });
+      const killed = await runCli(["exec", "--profile", profile, "--", "sh", "-c", "kill -9 $$"], {
+        config,
+      });
       assert.equal(killed.exitCode, 137, explain(killed));
       assert.doesNotMatch(killed.stderr, /memory limit/);
     } finally {
@@ -229,14 +253,18 @@ Deno.test({
 });
 
 Deno.test({
-  name: "changing the profile's resources replaces the development sandbox at the next exec; an unchanged profile keeps it",
+  name:
+    "changing the profile's resources replaces the development sandbox at the next exec; an unchanged profile keeps it",
   ...dockerTest(),
   async fn() {
     assertDocker();
     await using dir = await tempDir();
     const profile = uniqueProfile("it-change");
     const write = (memory: string) =>
-      writeConfig(dir.path, `profiles:\n  ${profile}:\n    sandbox: {resources: {memory: ${memory}}}\n`);
+      writeConfig(
+        dir.path,
+        `profiles:\n  ${profile}:\n    sandbox: {resources: {memory: ${memory}}}\n`,
+      );
     try {
       const config = await write("128m");
       const id = () => docker("inspect", "--format", "{{.Id}}", `sandbox-${profile}`);
@@ -261,7 +289,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "a stopped development sandbox is started again by ensureRunning (exec), keeping its workspace",
+  name:
+    "a stopped development sandbox is started again by ensureRunning (exec), keeping its workspace",
   ...dockerTest(),
   async fn() {
     await using sandbox = await sandboxFor("{}", "it-stop");
@@ -269,12 +298,16 @@ Deno.test({
     await docker("stop", "--time", "1", sandbox.containerName);
     const status = await sandbox.ensureRunning();
     assert.equal(status.state, "running");
-    assert.equal(new TextDecoder().decode(await sandbox.readFile("/workspace/kept.txt")), "still here");
+    assert.equal(
+      new TextDecoder().decode(await sandbox.readFile("/workspace/kept.txt")),
+      "still here",
+    );
   },
 });
 
 Deno.test({
-  name: "`down --volumes` removes everything of its profile, including the network an older version made, and nothing of another profile",
+  name:
+    "`down --volumes` removes everything of its profile, including the network an older version made, and nothing of another profile",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -282,7 +315,15 @@ Deno.test({
     const profile = uniqueProfile("it-down");
     const other = uniqueProfile("it-down-other");
     const config = await writeConfig(dir.path, `profiles:\n  ${profile}: {}\n  ${other}: {}\n`);
-    const legacy = (name: string) => ["--label", "dev.sandbox.owner=sandbox", "--label", `dev.sandbox.profile=${name}`, `sandbox-${name}-internal`];
+    const legacy = (
+      name: string,
+    ) => [
+      "--label",
+      "dev.sandbox.owner=sandbox",
+      "--label",
+      `dev.sandbox.profile=${name}`,
+      `sandbox-${name}-internal`,
+    ];
     try {
       await docker("network", "create", "--internal", ...legacy(profile));
       await docker("network", "create", "--internal", ...legacy(other));
@@ -296,18 +337,42 @@ Deno.test({
       const down = await runCli(["down", "--profile", profile, "--volumes", "--json"], { config });
       assert.equal(down.exitCode, 0, explain(down));
       const report = JSON.parse(down.stdout);
-      assert.deepEqual({ ...report, containers: report.containers.sort(), volumes: report.volumes.sort() }, {
+      assert.deepEqual({
+        ...report,
+        containers: report.containers.sort(),
+        volumes: report.volumes.sort(),
+      }, {
         containers: [`sandbox-${profile}`, pooled[0]].sort(),
         networks: [`sandbox-${profile}-internal`],
         volumes: [`sandbox-${profile}-workspace`, `${pooled[0]}-workspace`].sort(),
       });
-      const left = await run(["docker", "ps", "-a", "--filter", `label=dev.sandbox.profile=${profile}`, "--format", "{{.Names}}"]);
+      const left = await run([
+        "docker",
+        "ps",
+        "-a",
+        "--filter",
+        `label=dev.sandbox.profile=${profile}`,
+        "--format",
+        "{{.Names}}",
+      ]);
       assert.equal(left.stdout.trim(), "");
-      assert.equal((await run(["docker", "network", "inspect", `sandbox-${profile}-internal`])).exitCode, 1);
-      assert.equal((await run(["docker", "volume", "inspect", `sandbox-${profile}-workspace`])).exitCode, 1);
-      assert.equal((await run(["docker", "volume", "inspect", `${pooled[0]}-workspace`])).exitCode, 1);
+      assert.equal(
+        (await run(["docker", "network", "inspect", `sandbox-${profile}-internal`])).exitCode,
+        1,
+      );
+      assert.equal(
+        (await run(["docker", "volume", "inspect", `sandbox-${profile}-workspace`])).exitCode,
+        1,
+      );
+      assert.equal(
+        (await run(["docker", "volume", "inspect", `${pooled[0]}-workspace`])).exitCode,
+        1,
+      );
       // The other profile's network is not touched.
-      assert.equal((await run(["docker", "network", "inspect", `sandbox-${other}-internal`])).exitCode, 0);
+      assert.equal(
+        (await run(["docker", "network", "inspect", `sandbox-${other}-internal`])).exitCode,
+        0,
+      );
     } finally {
       await removeProfile(profile);
       await removeProfile(other);
@@ -316,12 +381,18 @@ Deno.test({
 });
 
 Deno.test({
-  name: "`teardown --all` removes an orphaned labelled container, network and volume, and leaves unlabelled ones alone",
+  name:
+    "`teardown --all` removes an orphaned labelled container, network and volume, and leaves unlabelled ones alone",
   ...dockerTest(),
   async fn() {
     assertDocker();
     const suffix = crypto.randomUUID().slice(0, 8);
-    const labels = ["--label", "dev.sandbox.owner=sandbox", "--label", `dev.sandbox.profile=orphan-${suffix}`];
+    const labels = [
+      "--label",
+      "dev.sandbox.owner=sandbox",
+      "--label",
+      `dev.sandbox.profile=orphan-${suffix}`,
+    ];
     const image = "sandbox-base:bookworm";
     await docker("run", "-d", "--name", `orphan-${suffix}`, ...labels, image, "sleep", "300");
     await docker("network", "create", ...labels, `orphan-net-${suffix}`);
@@ -333,7 +404,9 @@ Deno.test({
     const sandboxImage = (await ensureImage(new DockerCli(), image)).tag;
     await docker("run", "-d", "--name", `from-image-${suffix}`, sandboxImage, "sleep", "300");
     try {
-      const inherited = JSON.parse(await docker("inspect", "--format", "{{json .Config.Labels}}", `from-image-${suffix}`));
+      const inherited = JSON.parse(
+        await docker("inspect", "--format", "{{json .Config.Labels}}", `from-image-${suffix}`),
+      );
       assert.equal(inherited?.["dev.sandbox.owner"], undefined, JSON.stringify(inherited));
       const result = await runCli(["teardown", "--all", "--json"]);
       assert.equal(result.exitCode, 0, explain(result));
@@ -344,18 +417,40 @@ Deno.test({
       assert.equal(await docker("ps", "-aq", "--filter", `name=orphan-${suffix}`), "");
       assert.notEqual(await docker("ps", "-q", "--filter", `name=unlabelled-${suffix}`), "");
       assert.ok(!report.containers.includes(`from-image-${suffix}`), result.stdout);
-      assert.notEqual(await docker("ps", "-q", "--filter", `name=from-image-${suffix}`), "", "teardown removed a hand-made container of the sandbox image");
-      assert.equal(await docker("volume", "ls", "-q", "--filter", `name=unlabelled-vol-${suffix}`), `unlabelled-vol-${suffix}`);
+      assert.notEqual(
+        await docker("ps", "-q", "--filter", `name=from-image-${suffix}`),
+        "",
+        "teardown removed a hand-made container of the sandbox image",
+      );
+      assert.equal(
+        await docker("volume", "ls", "-q", "--filter", `name=unlabelled-vol-${suffix}`),
+        `unlabelled-vol-${suffix}`,
+      );
     } finally {
-      await run(["docker", "rm", "-f", `unlabelled-${suffix}`, `orphan-${suffix}`, `from-image-${suffix}`]);
-      await run(["docker", "volume", "rm", "-f", `unlabelled-vol-${suffix}`, `orphan-vol-${suffix}`]);
+      await run([
+        "docker",
+        "rm",
+        "-f",
+        `unlabelled-${suffix}`,
+        `orphan-${suffix}`,
+        `from-image-${suffix}`,
+      ]);
+      await run([
+        "docker",
+        "volume",
+        "rm",
+        "-f",
+        `unlabelled-vol-${suffix}`,
+        `orphan-vol-${suffix}`,
+      ]);
       await run(["docker", "network", "rm", `orphan-net-${suffix}`]);
     }
   },
 });
 
 Deno.test({
-  name: "`sandbox exec` streams output line by line before the command ends, passes stdin, and exits with its code",
+  name:
+    "`sandbox exec` streams output line by line before the command ends, passes stdin, and exits with its code",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -368,7 +463,15 @@ Deno.test({
       const stdin = new TransformStream<Uint8Array, Uint8Array>();
       // The command blocks on stdin after its first line: that line must reach us while it runs.
       const child = spawnCli(
-        ["exec", "--profile", profile, "--", "sh", "-c", 'echo "first from $(hostname)"; read reply; echo "got $reply"; exit 3'],
+        [
+          "exec",
+          "--profile",
+          profile,
+          "--",
+          "sh",
+          "-c",
+          'echo "first from $(hostname)"; read reply; echo "got $reply"; exit 3',
+        ],
         { config, stdin: stdin.readable },
       );
       const lines = child.lines();

@@ -38,7 +38,8 @@ async function bothWays<T>(fn: () => Promise<T>): Promise<{ api: T; cli: T }> {
 }
 
 Deno.test({
-  name: "execs and inspects through the engine's socket answer as the docker CLI does, on a real engine",
+  name:
+    "execs and inspects through the engine's socket answer as the docker CLI does, on a real engine",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -49,11 +50,16 @@ Deno.test({
       if (!Deno.env.get("DOCKER_HOST")) {
         // This machine's engine is the CLI's default one: the socket is what the tool uses.
         resetEngineSocket();
-        assert.ok(engineSocket(), "the engine's socket is not used on a machine where the CLI reaches the default engine");
+        assert.ok(
+          engineSocket(),
+          "the engine's socket is not used on a machine where the CLI reaches the default engine",
+        );
       }
 
       await t.step("a command's stdout, stderr and exit code", async () => {
-        const { api, cli } = await bothWays(() => provider.exec(["sh", "-c", "echo out; echo err >&2; exit 7"]));
+        const { api, cli } = await bothWays(() =>
+          provider.exec(["sh", "-c", "echo out; echo err >&2; exit 7"])
+        );
         for (const result of [api, cli]) {
           assert.equal(result.exitCode, 7);
           assert.equal(result.stdout, "out\n");
@@ -61,31 +67,45 @@ Deno.test({
         }
       });
 
-      await t.step("input, to its end, and variables by name (their values on no command line)", async () => {
-        const { api, cli } = await bothWays(() =>
-          provider.exec(["sh", "-c", 'cat; echo "|$GREETING|"'], { stdin: "line one\nline two\n", env: { GREETING: "hello there" } })
-        );
-        for (const result of [api, cli]) {
-          assert.equal(result.exitCode, 0, result.stderr);
-          assert.equal(result.stdout, "line one\nline two\n|hello there|\n");
-        }
-      });
+      await t.step(
+        "input, to its end, and variables by name (their values on no command line)",
+        async () => {
+          const { api, cli } = await bothWays(() =>
+            provider.exec(["sh", "-c", 'cat; echo "|$GREETING|"'], {
+              stdin: "line one\nline two\n",
+              env: { GREETING: "hello there" },
+            })
+          );
+          for (const result of [api, cli]) {
+            assert.equal(result.exitCode, 0, result.stderr);
+            assert.equal(result.stdout, "line one\nline two\n|hello there|\n");
+          }
+        },
+      );
 
-      await t.step("a streamed command's lines as they come, with its working directory and user", async () => {
-        const { api, cli } = await bothWays(async () => {
-          const lines: string[] = [];
-          const stream = provider.execStream(["sh", "-c", "pwd; id -u; echo done"], { cwd: "/tmp" });
-          for await (const line of stream) lines.push(line);
-          return { lines, outcome: await stream.outcome };
-        });
-        for (const result of [api, cli]) {
-          assert.deepEqual(result.lines, ["/tmp", "10001", "done"]);
-          assert.equal(result.outcome.exitCode, 0);
-        }
-      });
+      await t.step(
+        "a streamed command's lines as they come, with its working directory and user",
+        async () => {
+          const { api, cli } = await bothWays(async () => {
+            const lines: string[] = [];
+            const stream = provider.execStream(["sh", "-c", "pwd; id -u; echo done"], {
+              cwd: "/tmp",
+            });
+            for await (const line of stream) lines.push(line);
+            return { lines, outcome: await stream.outcome };
+          });
+          for (const result of [api, cli]) {
+            assert.deepEqual(result.lines, ["/tmp", "10001", "done"]);
+            assert.equal(result.outcome.exitCode, 0);
+          }
+        },
+      );
 
       await t.step("the container's and the workspace volume's inspection", async () => {
-        const { api, cli } = await bothWays(async () => ({ status: await provider.status(), quota: await provider.workspaceQuota() }));
+        const { api, cli } = await bothWays(async () => ({
+          status: await provider.status(),
+          quota: await provider.workspaceQuota(),
+        }));
         assert.deepEqual(api, cli);
         assert.equal(api.status.state, "running");
       });
@@ -95,7 +115,10 @@ Deno.test({
         const { api, cli } = await bothWays(async () => {
           const status = await missing.status();
           const error = await missing.exec(["true"]).then(() => undefined, (e) => e);
-          return { state: status.state, code: error instanceof SandboxError ? error.code : String(error) };
+          return {
+            state: status.state,
+            code: error instanceof SandboxError ? error.code : String(error),
+          };
         });
         assert.deepEqual(api, { state: "missing", code: "container_not_found" });
         assert.deepEqual(cli, api);

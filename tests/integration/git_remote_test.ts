@@ -30,7 +30,8 @@ async function git(...args: string[]): Promise<string> {
 }
 
 Deno.test({
-  name: "a remote repository is cloned and pushed through the git proxy; its token never enters; other refs are refused",
+  name:
+    "a remote repository is cloned and pushed through the git proxy; its token never enters; other refs are refused",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -41,10 +42,25 @@ Deno.test({
     await git("init", "-q", "-b", "main", `${dir.path}/seed`);
     await Deno.writeTextFile(`${dir.path}/seed/README.md`, "remote readme\n");
     await git("-C", `${dir.path}/seed`, "add", ".");
-    await git("-C", `${dir.path}/seed`, "-c", "user.name=u", "-c", "user.email=u@x", "commit", "-qm", "init");
+    await git(
+      "-C",
+      `${dir.path}/seed`,
+      "-c",
+      "user.name=u",
+      "-c",
+      "user.email=u@x",
+      "commit",
+      "-qm",
+      "init",
+    );
     await git("-C", `${dir.path}/seed`, "push", "-q", `${dir.path}/remotes/proj.git`, "main");
     await git("-C", `${dir.path}/remotes/proj.git`, "symbolic-ref", "HEAD", "refs/heads/main");
-    const mainBefore = await git("-C", `${dir.path}/remotes/proj.git`, "rev-parse", "refs/heads/main");
+    const mainBefore = await git(
+      "-C",
+      `${dir.path}/remotes/proj.git`,
+      "rev-parse",
+      "refs/heads/main",
+    );
     await using server = new GitHttpServer(`${dir.path}/remotes`, token);
 
     await using llm = new FakeLlm([
@@ -59,15 +75,29 @@ Deno.test({
       text("Wrote notes.txt"),
     ]);
     const profile = uniqueProfile("it-remote");
-    const config = await writeConfig(dir.path, `profiles:
+    const config = await writeConfig(
+      dir.path,
+      `profiles:
   ${profile}:
     llm: {provider: custom, base_url: "${llm.baseUrl}", key: {env: SANDBOX_TEST_LLM_KEY}}
     git: {token: {env: SANDBOX_TEST_GIT_TOKEN}}
-`);
+`,
+    );
     await Deno.writeTextFile(`${dir.path}/prompt.txt`, "Add notes.txt");
     try {
       const result = await runCli(
-        ["run", "agentic", "--profile", profile, "--prompt-file", `${dir.path}/prompt.txt`, "--repo", server.url("proj.git"), "--push", "--keep-worktree"],
+        [
+          "run",
+          "agentic",
+          "--profile",
+          profile,
+          "--prompt-file",
+          `${dir.path}/prompt.txt`,
+          "--repo",
+          server.url("proj.git"),
+          "--push",
+          "--keep-worktree",
+        ],
         {
           config,
           env: {
@@ -83,13 +113,23 @@ Deno.test({
       const branch = `sandbox/${runId}`;
 
       // The run branch reached the remote; main did not move.
-      assert.equal(await git("-C", `${dir.path}/remotes/proj.git`, "show", `${branch}:notes.txt`), "from the agent");
-      assert.equal(await git("-C", `${dir.path}/remotes/proj.git`, "rev-parse", "refs/heads/main"), mainBefore);
+      assert.equal(
+        await git("-C", `${dir.path}/remotes/proj.git`, "show", `${branch}:notes.txt`),
+        "from the agent",
+      );
+      assert.equal(
+        await git("-C", `${dir.path}/remotes/proj.git`, "rev-parse", "refs/heads/main"),
+        mainBefore,
+      );
       assert.match(result.stderr, /pushed to/);
 
       // The agent's own push to main was refused by the proxy, and no process in the sandbox held the token.
-      const messages = result.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
-      const pushOutput = messages.find((m) => m.type === "tool_result" && m.tool_name === "execute")?.tool_output ?? "";
+      const messages = result.stdout.trim().split("\n").map((line, i) =>
+        decodeMessage(line, i + 1)
+      );
+      const pushOutput = messages.find((m) =>
+        m.type === "tool_result" && m.tool_name === "execute"
+      )?.tool_output ?? "";
       assert.match(pushOutput, /push refused|403/);
       assert.match(pushOutput, /push-exit=[1-9]/);
       assert.match(pushOutput, /^token-holders=0$/m);
@@ -100,19 +140,46 @@ Deno.test({
 
       // Nothing in the run's sandbox (kept by --keep-worktree) holds the token: not its config,
       // not a file, not the kept repository.
-      const meta: RunMeta = JSON.parse(await Deno.readTextFile(`${dir.path}/state/sandbox/runs/${runId}/meta.json`));
+      const meta: RunMeta = JSON.parse(
+        await Deno.readTextFile(`${dir.path}/state/sandbox/runs/${runId}/meta.json`),
+      );
       const container = meta.extra?.container;
-      assert.ok(typeof container === "string" && meta.extra?.kept === true, JSON.stringify(meta.extra));
+      assert.ok(
+        typeof container === "string" && meta.extra?.kept === true,
+        JSON.stringify(meta.extra),
+      );
       assert.ok(!(await docker("container", "inspect", container)).includes(token));
       const grep = await run(
-        ["docker", "exec", "-i", "-u", "0", container, "grep", "-rlsF", "-D", "skip", "--exclude-dir=proc", "--exclude-dir=sys", "--exclude-dir=dev", "-f", "/dev/stdin", "/"],
+        [
+          "docker",
+          "exec",
+          "-i",
+          "-u",
+          "0",
+          container,
+          "grep",
+          "-rlsF",
+          "-D",
+          "skip",
+          "--exclude-dir=proc",
+          "--exclude-dir=sys",
+          "--exclude-dir=dev",
+          "-f",
+          "/dev/stdin",
+          "/",
+        ],
         { stdin: token },
       );
       assert.equal(grep.stdout, "", `files holding the token:\n${grep.stdout}`);
 
-      const log = (await Deno.readTextFile(`${dir.path}/state/sandbox/access.ndjson`)).trim().split("\n").map((l) => JSON.parse(l));
+      const log = (await Deno.readTextFile(`${dir.path}/state/sandbox/access.ndjson`)).trim().split(
+        "\n",
+      ).map((l) => JSON.parse(l));
       const gitEntries = log.filter((e) => e.kind === "git");
-      assert.ok(gitEntries.some((e) => e.decision === "deny" && e.status === 403), JSON.stringify(gitEntries));
+      assert.ok(
+        gitEntries.some((e) => e.decision === "deny" && e.status === 403),
+        JSON.stringify(gitEntries),
+      );
       assert.ok(gitEntries.some((e) => e.decision === "allow"));
       assert.ok(!JSON.stringify(log).includes(token));
     } finally {

@@ -29,7 +29,10 @@ const GATEWAY = `g=$(awk '$2 == "00000000" { print $3 }' /proc/net/route); ` +
 
 /** A server on the host, on all interfaces, that says who it is. */
 function hostServer(): Deno.HttpServer<Deno.NetAddr> & AsyncDisposable {
-  const server = Deno.serve({ hostname: "0.0.0.0", port: 0, onListen: () => {} }, () => new Response("hello from the host\n"));
+  const server = Deno.serve(
+    { hostname: "0.0.0.0", port: 0, onListen: () => {} },
+    () => new Response("hello from the host\n"),
+  );
   return Object.assign(server, { [Symbol.asyncDispose]: () => server.shutdown() });
 }
 
@@ -39,7 +42,8 @@ async function readAccessLog(stateDir: string): Promise<Record<string, unknown>[
 }
 
 Deno.test({
-  name: "an LLM request from inside a sandbox reaches the upstream with the real key, which exists nowhere in the sandbox",
+  name:
+    "an LLM request from inside a sandbox reaches the upstream with the real key, which exists nowhere in the sandbox",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -64,11 +68,17 @@ Deno.test({
     ].join("\n");
     const stdin = new TransformStream<Uint8Array, Uint8Array>();
     try {
-      const child = spawnCli(["exec", "--profile", profile, "--", "sh", "-c", script], { config, env, stdin: stdin.readable });
+      const child = spawnCli(["exec", "--profile", profile, "--", "sh", "-c", script], {
+        config,
+        env,
+        stdin: stdin.readable,
+      });
       const lines = child.lines();
       const first = await lines.next();
       if (first.value !== "REQUEST-DONE") {
-        assert.fail(`expected REQUEST-DONE, got ${first.value}; stderr: ${(await child.finished).stderrTail}`);
+        assert.fail(
+          `expected REQUEST-DONE, got ${first.value}; stderr: ${(await child.finished).stderrTail}`,
+        );
       }
 
       // The upstream saw the real key, and nothing of ours.
@@ -82,18 +92,47 @@ Deno.test({
 
       // While the sandbox is in use, the key is nowhere in it or on any command line.
       const container = `sandbox-${profile}`;
-      assert.ok(!(await docker("container", "inspect", container)).includes(key), "key in docker inspect");
-      const environs = await run(["docker", "exec", "-u", "0", container, "sh", "-c", "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null"]);
+      assert.ok(
+        !(await docker("container", "inspect", container)).includes(key),
+        "key in docker inspect",
+      );
+      const environs = await run([
+        "docker",
+        "exec",
+        "-u",
+        "0",
+        container,
+        "sh",
+        "-c",
+        "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null",
+      ]);
       assert.ok(environs.stdout.length > 0);
       assert.ok(!environs.stdout.includes(key), "key in a sandbox process's environment or argv");
       // grep reads the key as a pattern from stdin, so the check itself never puts it on a command line.
       const grepFor = (pattern: string) =>
         run([
-          "docker", "exec", "-i", "-u", "0", container,
-          "grep", "-rlsF", "-D", "skip", "--exclude-dir=proc", "--exclude-dir=sys", "--exclude-dir=dev", "-f", "/dev/stdin", "/",
+          "docker",
+          "exec",
+          "-i",
+          "-u",
+          "0",
+          container,
+          "grep",
+          "-rlsF",
+          "-D",
+          "skip",
+          "--exclude-dir=proc",
+          "--exclude-dir=sys",
+          "--exclude-dir=dev",
+          "-f",
+          "/dev/stdin",
+          "/",
         ], { stdin: pattern });
       // The same search finds a string that is there, so an empty answer means something.
-      assert.match((await grepFor("PR_SET_CHILD_SUBREAPER")).stdout, /\/usr\/local\/bin\/sandbox-exec/);
+      assert.match(
+        (await grepFor("PR_SET_CHILD_SUBREAPER")).stdout,
+        /\/usr\/local\/bin\/sandbox-exec/,
+      );
       const grep = await grepFor(key);
       assert.equal(grep.stdout, "", `files in the sandbox containing the key:\n${grep.stdout}`);
       for await (const entry of Deno.readDir("/proc")) {
@@ -114,9 +153,15 @@ Deno.test({
 
       const log = await readAccessLog(`${dir.path}/state`);
       const llm = log.filter((e) => e.kind === "llm");
-      assert.deepEqual(llm.map((e) => [e.decision, e.status]), [["allow", 200], ["deny", 401], ["deny", 401]]);
+      assert.deepEqual(llm.map((e) => [e.decision, e.status]), [["allow", 200], ["deny", 401], [
+        "deny",
+        401,
+      ]]);
       const logText = JSON.stringify(log);
-      assert.ok(!logText.includes(key) && !logText.includes("sbx_"), "key or token in the access log");
+      assert.ok(
+        !logText.includes(key) && !logText.includes("sbx_"),
+        "key or token in the access log",
+      );
     } finally {
       await removeProfile(profile);
     }
@@ -124,7 +169,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "allowlist: listed names pass the egress proxy, others are denied and logged, and names do not resolve inside",
+  name:
+    "allowlist: listed names pass the egress proxy, others are denied and logged, and names do not resolve inside",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -132,14 +178,17 @@ Deno.test({
     await using dir = await tempDir();
     const port = server.addr.port;
     const profile = uniqueProfile("it-allow");
-    const config = await writeConfig(dir.path, `profiles:
+    const config = await writeConfig(
+      dir.path,
+      `profiles:
   ${profile}:
     sandbox:
       network:
         mode: allowlist
         allow: ["allowed.test:${port}"]
         hosts: {allowed.test: 127.0.0.1, denied.test: 127.0.0.1}
-`);
+`,
+    );
     const script = [
       `curl -sS -m 10 http://allowed.test:${port}/`,
       `curl -s -m 10 -w "status %{http_code}\\n" http://denied.test:${port}/`,
@@ -155,7 +204,10 @@ Deno.test({
       assert.equal(result.exitCode, 0, explain(result));
       const lines = result.stdout.trim().split("\n");
       assert.equal(lines[0], "hello from the host");
-      assert.match(result.stdout, /"denied\.test:\d+" is not allowed by the allowlist policy of profile/);
+      assert.match(
+        result.stdout,
+        /"denied\.test:\d+" is not allowed by the allowlist policy of profile/,
+      );
       assert.match(result.stdout, /status 403/);
       assert.ok(lines.includes("dns-blocked"), result.stdout);
       assert.ok(lines.includes("no-resolution"), result.stdout);
@@ -171,7 +223,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "none: only the credential proxy is reachable; full: the host server is reachable directly, and the credential proxy through the relay",
+  name:
+    "none: only the credential proxy is reachable; full: the host server is reachable directly, and the credential proxy through the relay",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -181,7 +234,9 @@ Deno.test({
     const port = server.addr.port;
     const none = uniqueProfile("it-none");
     const full = uniqueProfile("it-full");
-    const config = await writeConfig(dir.path, `profiles:
+    const config = await writeConfig(
+      dir.path,
+      `profiles:
   ${none}:
     llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}
     sandbox:
@@ -190,7 +245,8 @@ Deno.test({
     llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}
     sandbox:
       network: {mode: full}
-`);
+`,
+    );
     const env = { [KEY_ENV]: upstream.key, XDG_STATE_HOME: `${dir.path}/state` };
     try {
       await t.step("none", async () => {
@@ -198,7 +254,10 @@ Deno.test({
           `curl -s -m 10 -o /dev/null -w "llm %{http_code}\\n" "$SANDBOX_LLM_BASE_URL/models" -H "Authorization: Bearer $SANDBOX_LLM_TOKEN"`,
           `curl -s -m 10 -o /dev/null -w "egress %{http_code}\\n" http://allowed.test:${port}/`,
         ].join("\n");
-        const result = await runCli(["exec", "--profile", none, "--", "sh", "-c", script], { config, env });
+        const result = await runCli(["exec", "--profile", none, "--", "sh", "-c", script], {
+          config,
+          env,
+        });
         assert.equal(result.exitCode, 0, explain(result));
         assert.deepEqual(result.stdout.trim().split("\n"), ["llm 200", "egress 403"]);
       });
@@ -211,7 +270,10 @@ Deno.test({
           `curl -s -m 10 -o /dev/null -w "llm %{http_code}\\n" "$SANDBOX_LLM_BASE_URL/models" -H "Authorization: Bearer $SANDBOX_LLM_TOKEN"`,
           `echo "$SANDBOX_LLM_BASE_URL"`,
         ].join("\n");
-        const result = await runCli(["exec", "--profile", full, "--", "bash", "-c", script], { config, env });
+        const result = await runCli(["exec", "--profile", full, "--", "bash", "-c", script], {
+          config,
+          env,
+        });
         assert.equal(result.exitCode, 0, explain(result));
         assert.deepEqual(result.stdout.trim().split("\n"), [
           "hello from the host",

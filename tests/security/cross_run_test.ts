@@ -20,12 +20,20 @@ import { RunFixture } from "../_run_fixture.ts";
 
 console.error("security: cross-run tests starting");
 
-const LISTEN = `perl -MIO::Socket::UNIX -e 'unlink $ARGV[0]; my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Local => $ARGV[0], Listen => 5) or exit 1; while (my $c = $s->accept) { open(my $f, ">>", "/workspace/caught.log"); print $f scalar <$c> }'`;
-const SOCKETS = ["/tmp/.sandbox-spare.sock", "/tmp/.sandbox-worker.sock", "/tmp/.sandbox-exec/x.sock", "/workspace/.sandbox-worker.sock"];
+const LISTEN =
+  `perl -MIO::Socket::UNIX -e 'unlink $ARGV[0]; my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Local => $ARGV[0], Listen => 5) or exit 1; while (my $c = $s->accept) { open(my $f, ">>", "/workspace/caught.log"); print $f scalar <$c> }'`;
+const SOCKETS = [
+  "/tmp/.sandbox-spare.sock",
+  "/tmp/.sandbox-worker.sock",
+  "/tmp/.sandbox-exec/x.sock",
+  "/workspace/.sandbox-worker.sock",
+];
 
 const ATTACK = [
   "echo A-NOTES-SECRET >/workspace/a-notes.txt",
-  ...SOCKETS.map((path) => `mkdir -p "$(dirname ${path})"; setsid -f ${LISTEN} ${path} </dev/null >/dev/null 2>&1`),
+  ...SOCKETS.map((path) =>
+    `mkdir -p "$(dirname ${path})"; setsid -f ${LISTEN} ${path} </dev/null >/dev/null 2>&1`
+  ),
   `setsid -f sh -c 'while :; do for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" <"$f" 2>/dev/null | grep "^SANDBOX_LLM_TOKEN=" >>/workspace/spy.log; done; sleep 0.2; done' </dev/null >/dev/null 2>&1`,
   `setsid -f sh -c 'sleep 3; kill -STOP -1' </dev/null >/dev/null 2>&1`,
   "sleep 1",
@@ -42,7 +50,8 @@ const LOOK = [
   "echo OWN=$SANDBOX_LLM_TOKEN",
   "echo HOST=$(hostname)",
   "sleep 1",
-  "echo FOUND; ls /workspace/a-notes.txt /workspace/spy.log /workspace/caught.log " + SOCKETS.join(" ") + " 2>/dev/null; echo FOUND-END",
+  "echo FOUND; ls /workspace/a-notes.txt /workspace/spy.log /workspace/caught.log " +
+  SOCKETS.join(" ") + " 2>/dev/null; echo FOUND-END",
   "echo PS; ps -eo args; echo PS-END",
 ].join("\n");
 
@@ -61,7 +70,8 @@ function field(output: string, name: string): string {
 
 async function gitRepo(path: string): Promise<string> {
   await Deno.mkdir(path, { recursive: true });
-  const git = (...args: string[]) => run(["git", "-C", path, "-c", "user.name=u", "-c", "user.email=u@x", ...args]);
+  const git = (...args: string[]) =>
+    run(["git", "-C", path, "-c", "user.name=u", "-c", "user.email=u@x", ...args]);
   assert.equal((await git("init", "-q", "-b", "main")).exitCode, 0);
   await Deno.writeTextFile(`${path}/a.txt`, "a\n");
   await git("add", ".");
@@ -72,7 +82,14 @@ async function gitRepo(path: string): Promise<string> {
 /** Containers of `profile`, once every one not in `keep` is gone (removal is detached). */
 async function containersSettled(profile: string, gone: string[]): Promise<string[]> {
   for (let i = 0; i < 100; i++) {
-    const names = (await docker("ps", "-a", "--filter", `label=dev.sandbox.profile=${profile}`, "--format", "{{.Names}}")).split("\n").filter(Boolean);
+    const names = (await docker(
+      "ps",
+      "-a",
+      "--filter",
+      `label=dev.sandbox.profile=${profile}`,
+      "--format",
+      "{{.Names}}",
+    )).split("\n").filter(Boolean);
     if (!names.some((name) => gone.includes(name))) return names;
     await new Promise((resolve) => setTimeout(resolve, 200));
   }
@@ -82,74 +99,149 @@ async function containersSettled(profile: string, gone: string[]): Promise<strin
 /** Every process in every container of `profile` (`docker top`), as command lines. */
 async function processesOf(names: string[]): Promise<string[]> {
   const all: string[] = [];
-  for (const name of names) all.push(...(await docker("top", name, "-eo", "pid,args")).split("\n").slice(1));
+  for (const name of names) {
+    all.push(...(await docker("top", name, "-eo", "pid,args")).split("\n").slice(1));
+  }
   return all;
 }
 
 Deno.test({
-  name: "a run's agent that stops, squats and spies leaves nothing the next run on the same repository meets: that run's result is genuine and no process of the first exists afterwards",
+  name:
+    "a run's agent that stops, squats and spies leaves nothing the next run on the same repository meets: that run's result is genuine and no process of the first exists afterwards",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
     await using llm = new FakeLlm();
-    await using fixture = await RunFixture.make({ prefix: "sec-xrun", llmUrl: llm.baseUrl, keyEnv: "SEC_XRUN_KEY", prompt: "Work\n" });
+    await using fixture = await RunFixture.make({
+      prefix: "sec-xrun",
+      llmUrl: llm.baseUrl,
+      keyEnv: "SEC_XRUN_KEY",
+      prompt: "Work\n",
+    });
     const repo = await gitRepo(`${fixture.dir.path}/repo-a`);
     const runOn = async (command: string, answer: string) => {
       llm.script.push(toolCall("execute", { command }), text(answer));
-      const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--repo", repo]);
+      const result = await fixture.cli([
+        "run",
+        "agentic",
+        "--prompt-file",
+        fixture.promptFile,
+        "--profile",
+        fixture.profile,
+        "--repo",
+        repo,
+      ]);
       assert.equal(result.exitCode, 0, explain(result));
-      const messages = result.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
+      const messages = result.stdout.trim().split("\n").map((line, i) =>
+        decodeMessage(line, i + 1)
+      );
       return { output: llm.lastToolOutput(), result: messages.find((m) => m.type === "result") };
     };
 
     const first = await runOn(ATTACK, "Done 1");
     const token1 = field(first.output, "OWN");
-    await t.step("twin: the spy and the stops work while run 1 lives (the spy caught run 1's own token)", () => {
-      assert.match(token1, /^sbx_/);
-      assert.deepEqual(between(first.output, "SPY-LOG", "SPY-LOG-END"), [`SANDBOX_LLM_TOKEN=${token1}`]);
-      assert.match(first.output, /^STOPPED \d+$/m);
-    });
+    await t.step(
+      "twin: the spy and the stops work while run 1 lives (the spy caught run 1's own token)",
+      () => {
+        assert.match(token1, /^sbx_/);
+        assert.deepEqual(between(first.output, "SPY-LOG", "SPY-LOG-END"), [
+          `SANDBOX_LLM_TOKEN=${token1}`,
+        ]);
+        assert.match(first.output, /^STOPPED \d+$/m);
+      },
+    );
 
     const requestsBefore = llm.requests.length;
     const second = await runOn(LOOK, "Genuine answer 2");
     const token2 = field(second.output, "OWN");
-    await t.step("run 2's result is genuine: the fake LLM's answer, run 2's own token on its requests", () => {
-      assert.equal(second.result?.content, "Genuine answer 2");
-      assert.notEqual(token2, token1);
-      assert.equal(llm.requests.length - requestsBefore, 2, "run 2's own two turns reached the LLM");
-    });
-    await t.step("run 2 is in another container, with nothing of run 1: no note, no spy, no listener", () => {
-      assert.notEqual(field(second.output, "HOST"), field(first.output, "HOST"));
-      assert.deepEqual(between(second.output, "FOUND", "FOUND-END"), []);
-      const processes = between(second.output, "PS", "PS-END");
-      assert.deepEqual(processes.filter((p) => /while|IO::Socket|kill -STOP/.test(p)), [], processes.join("\n"));
-    });
-    await t.step("no process of run 1 exists anywhere afterwards (docker top of every container of the profile)", async () => {
-      const left = await containersSettled(fixture.profile, [field(first.output, "HOST"), field(second.output, "HOST")]);
-      const processes = await processesOf(left);
-      assert.deepEqual(processes.filter((p) => /while|IO::Socket|kill -STOP|sleep 3/.test(p)), [], processes.join("\n"));
-    });
+    await t.step(
+      "run 2's result is genuine: the fake LLM's answer, run 2's own token on its requests",
+      () => {
+        assert.equal(second.result?.content, "Genuine answer 2");
+        assert.notEqual(token2, token1);
+        assert.equal(
+          llm.requests.length - requestsBefore,
+          2,
+          "run 2's own two turns reached the LLM",
+        );
+      },
+    );
+    await t.step(
+      "run 2 is in another container, with nothing of run 1: no note, no spy, no listener",
+      () => {
+        assert.notEqual(field(second.output, "HOST"), field(first.output, "HOST"));
+        assert.deepEqual(between(second.output, "FOUND", "FOUND-END"), []);
+        const processes = between(second.output, "PS", "PS-END");
+        assert.deepEqual(
+          processes.filter((p) => /while|IO::Socket|kill -STOP/.test(p)),
+          [],
+          processes.join("\n"),
+        );
+      },
+    );
+    await t.step(
+      "no process of run 1 exists anywhere afterwards (docker top of every container of the profile)",
+      async () => {
+        const left = await containersSettled(fixture.profile, [
+          field(first.output, "HOST"),
+          field(second.output, "HOST"),
+        ]);
+        const processes = await processesOf(left);
+        assert.deepEqual(
+          processes.filter((p) => /while|IO::Socket|kill -STOP|sleep 3/.test(p)),
+          [],
+          processes.join("\n"),
+        );
+      },
+    );
   },
 });
 
 Deno.test({
-  name: "what a `sandbox exec` command leaves in the development sandbox never meets the run after it, while it keeps working there",
+  name:
+    "what a `sandbox exec` command leaves in the development sandbox never meets the run after it, while it keeps working there",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
     await using llm = new FakeLlm();
-    await using fixture = await RunFixture.make({ prefix: "sec-xexec", llmUrl: llm.baseUrl, keyEnv: "SEC_XEXEC_KEY", prompt: "Work\n" });
-    const spy = `setsid -f sh -c 'while :; do for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" <"$f" 2>/dev/null | grep "^SANDBOX_LLM_TOKEN=" >>/workspace/spy.log; done; sleep 0.2; done' </dev/null >/dev/null 2>&1; ` +
-      SOCKETS.map((path) => `mkdir -p "$(dirname ${path})"; setsid -f ${LISTEN} ${path} </dev/null >/dev/null 2>&1`).join("; ") + "; sleep 1; hostname; echo OWN=$SANDBOX_LLM_TOKEN; sort -u /workspace/spy.log";
+    await using fixture = await RunFixture.make({
+      prefix: "sec-xexec",
+      llmUrl: llm.baseUrl,
+      keyEnv: "SEC_XEXEC_KEY",
+      prompt: "Work\n",
+    });
+    const spy =
+      `setsid -f sh -c 'while :; do for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" <"$f" 2>/dev/null | grep "^SANDBOX_LLM_TOKEN=" >>/workspace/spy.log; done; sleep 0.2; done' </dev/null >/dev/null 2>&1; ` +
+      SOCKETS.map((path) =>
+        `mkdir -p "$(dirname ${path})"; setsid -f ${LISTEN} ${path} </dev/null >/dev/null 2>&1`
+      ).join("; ") + "; sleep 1; hostname; echo OWN=$SANDBOX_LLM_TOKEN; sort -u /workspace/spy.log";
     const planted = await fixture.cli(["exec", "-p", fixture.profile, "--", "sh", "-c", spy]);
     assert.equal(planted.exitCode, 0, explain(planted));
     const devHost = planted.stdout.split("\n")[0];
-    await t.step("twin: the spy works in the development sandbox while its command runs (it caught the exec's own token)", () => {
-      assert.match(planted.stdout, new RegExp(`^SANDBOX_LLM_TOKEN=${field(planted.stdout, "OWN")}$`, "m"));
-    });
+    await t.step(
+      "twin: the spy works in the development sandbox while its command runs (it caught the exec's own token)",
+      () => {
+        assert.match(
+          planted.stdout,
+          new RegExp(`^SANDBOX_LLM_TOKEN=${field(planted.stdout, "OWN")}$`, "m"),
+        );
+      },
+    );
 
-    llm.script.push(toolCall("execute", { command: "echo OWN=$SANDBOX_LLM_TOKEN; echo HOST=$(hostname); ls /workspace" }), text("Genuine answer"));
-    const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile]);
+    llm.script.push(
+      toolCall("execute", {
+        command: "echo OWN=$SANDBOX_LLM_TOKEN; echo HOST=$(hostname); ls /workspace",
+      }),
+      text("Genuine answer"),
+    );
+    const result = await fixture.cli([
+      "run",
+      "agentic",
+      "--prompt-file",
+      fixture.promptFile,
+      "--profile",
+      fixture.profile,
+    ]);
     assert.equal(result.exitCode, 0, explain(result));
     const output = llm.lastToolOutput();
     await t.step("the run is genuine, in a container of its own", () => {
@@ -158,7 +250,15 @@ Deno.test({
       assert.doesNotMatch(output, /spy\.log/);
     });
     await t.step("nothing in the development sandbox ever saw the run's token", async () => {
-      const seen = await fixture.cli(["exec", "-p", fixture.profile, "--", "sh", "-c", "sort -u /workspace/spy.log"]);
+      const seen = await fixture.cli([
+        "exec",
+        "-p",
+        fixture.profile,
+        "--",
+        "sh",
+        "-c",
+        "sort -u /workspace/spy.log",
+      ]);
       assert.equal(seen.exitCode, 0, explain(seen));
       assert.doesNotMatch(seen.stdout, new RegExp(field(output, "OWN")));
     });
@@ -166,12 +266,18 @@ Deno.test({
 });
 
 Deno.test({
-  name: "a run cannot write its repository's object cache nor reach another run's refs, while its own commits come back as its branch",
+  name:
+    "a run cannot write its repository's object cache nor reach another run's refs, while its own commits come back as its branch",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
     await using llm = new FakeLlm();
-    await using fixture = await RunFixture.make({ prefix: "sec-cache", llmUrl: llm.baseUrl, keyEnv: "SEC_CACHE_KEY", prompt: "Work\n" });
+    await using fixture = await RunFixture.make({
+      prefix: "sec-cache",
+      llmUrl: llm.baseUrl,
+      keyEnv: "SEC_CACHE_KEY",
+      prompt: "Work\n",
+    });
     const repo = await gitRepo(`${fixture.dir.path}/repo`);
     const attack = [
       "touch /cache/repo.git/planted 2>&1",
@@ -180,13 +286,27 @@ Deno.test({
       "echo change >>a.txt && git -c user.name=a -c user.email=a@x commit -qam 'agent change' && echo COMMITTED",
     ].join("; ");
     llm.script.push(toolCall("execute", { command: attack }), text("Done"));
-    const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--repo", repo, "--branch", "agent-work"]);
+    const result = await fixture.cli([
+      "run",
+      "agentic",
+      "--prompt-file",
+      fixture.promptFile,
+      "--profile",
+      fixture.profile,
+      "--repo",
+      repo,
+      "--branch",
+      "agent-work",
+    ]);
     assert.equal(result.exitCode, 0, explain(result));
     const output = llm.lastToolOutput();
     await t.step("writing the cache fails: read-only", () => {
       assert.match(output, /planted': Read-only file system/);
       assert.match(output, /refs\/heads\/evil.*Read-only file system/);
-      assert.deepEqual(between(output, "REFS", "REFS-END").filter((ref) => !ref.startsWith("refs/cache/")), []);
+      assert.deepEqual(
+        between(output, "REFS", "REFS-END").filter((ref) => !ref.startsWith("refs/cache/")),
+        [],
+      );
     });
     await t.step("twin: the run's own commit comes back as its branch", async () => {
       assert.match(output, /COMMITTED/);
@@ -197,32 +317,66 @@ Deno.test({
 });
 
 Deno.test({
-  name: "a CLI killed mid-run leaves a labelled container that the next `up` removes, and the pool is full again",
+  name:
+    "a CLI killed mid-run leaves a labelled container that the next `up` removes, and the pool is full again",
   ...dockerTest(),
   async fn() {
     assertDocker();
     await using llm = new FakeLlm();
-    await using fixture = await RunFixture.make({ prefix: "sec-killed", llmUrl: llm.baseUrl, keyEnv: "SEC_KILLED_KEY", prompt: "Work\n" });
+    await using fixture = await RunFixture.make({
+      prefix: "sec-killed",
+      llmUrl: llm.baseUrl,
+      keyEnv: "SEC_KILLED_KEY",
+      prompt: "Work\n",
+    });
     llm.script.push(toolCall("execute", { command: "sleep 120" }), text("Done"));
     const child = new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", "--quiet", CLI, "--config", fixture.config, "run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile],
+      args: [
+        "run",
+        "-A",
+        "--quiet",
+        CLI,
+        "--config",
+        fixture.config,
+        "run",
+        "agentic",
+        "--prompt-file",
+        fixture.promptFile,
+        "--profile",
+        fixture.profile,
+      ],
       env: fixture.env,
       stdout: "null",
       stderr: "null",
     }).spawn();
     let running: string[] = [];
-    for (let i = 0; i < 300 && llm.requests.length === 0; i++) await new Promise((resolve) => setTimeout(resolve, 100));
-    running = (await docker("ps", "--filter", `label=dev.sandbox.profile=${fixture.profile}`, "--filter", "label=dev.sandbox.kind=run", "--format", "{{.Names}}")).split("\n").filter(Boolean);
+    for (let i = 0; i < 300 && llm.requests.length === 0; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    running = (await docker(
+      "ps",
+      "--filter",
+      `label=dev.sandbox.profile=${fixture.profile}`,
+      "--filter",
+      "label=dev.sandbox.kind=run",
+      "--format",
+      "{{.Names}}",
+    )).split("\n").filter(Boolean);
     assert.equal(running.length, 1, "the run's own container is up");
     child.kill("SIGKILL");
     await child.status;
-    assert.ok((await docker("ps", "-a", "--format", "{{.Names}}")).split("\n").includes(running[0]), "a killed CLI cannot remove it");
+    assert.ok(
+      (await docker("ps", "-a", "--format", "{{.Names}}")).split("\n").includes(running[0]),
+      "a killed CLI cannot remove it",
+    );
     const up = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
     assert.equal(up.exitCode, 0, explain(up));
     const report = JSON.parse(up.stdout) as { reaped: string[]; ready: string[] };
     // (With it, the pooled container its run was starting behind it, which it held too.)
     assert.ok(report.reaped.includes(running[0]), up.stdout);
     assert.equal(report.ready.length, 1);
-    assert.ok(!(await docker("ps", "-a", "--format", "{{.Names}}")).split("\n").includes(running[0]));
+    assert.ok(
+      !(await docker("ps", "-a", "--format", "{{.Names}}")).split("\n").includes(running[0]),
+    );
   },
 });

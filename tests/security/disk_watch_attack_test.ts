@@ -21,10 +21,12 @@ const SILENCE = [
   `kill -STOP 1 2>/dev/null; kill -KILL 1 2>/dev/null; echo SILENCED`,
 ].join("; ");
 
-const write = (mib: number) => `dd if=/dev/zero of=/workspace/fill bs=1M count=${mib} 2>/dev/null; sleep 4; echo WROTE`;
+const write = (mib: number) =>
+  `dd if=/dev/zero of=/workspace/fill bs=1M count=${mib} 2>/dev/null; sleep 4; echo WROTE`;
 
 Deno.test({
-  name: "an exec that stops and kills what it can, then writes past resources.disk, is stopped; under the limit it runs to its end",
+  name:
+    "an exec that stops and kills what it can, then writes past resources.disk, is stopped; under the limit it runs to its end",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
@@ -37,12 +39,28 @@ Deno.test({
       sandboxYaml: "{resources: {disk: 64m}}",
     });
     await t.step("twin: silenced, then 16 MiB: the command ends, exit 0", async () => {
-      const result = await fixture.cli(["exec", "-p", fixture.profile, "--", "sh", "-c", `${SILENCE}; ${write(16)}; rm -f /workspace/fill`]);
+      const result = await fixture.cli([
+        "exec",
+        "-p",
+        fixture.profile,
+        "--",
+        "sh",
+        "-c",
+        `${SILENCE}; ${write(16)}; rm -f /workspace/fill`,
+      ]);
       assert.equal(result.exitCode, 0, explain(result));
       assert.match(result.stdout, /SILENCED\nWROTE/);
     });
     await t.step("silenced, then 200 MiB: stopped with exit 125, the limit named", async () => {
-      const result = await fixture.cli(["exec", "-p", fixture.profile, "--", "sh", "-c", `${SILENCE}; ${write(200)}`]);
+      const result = await fixture.cli([
+        "exec",
+        "-p",
+        fixture.profile,
+        "--",
+        "sh",
+        "-c",
+        `${SILENCE}; ${write(200)}`,
+      ]);
       assert.equal(result.exitCode, 125, explain(result));
       assert.match(result.stderr, /exceeded resources\.disk/, explain(result));
       assert.doesNotMatch(result.stdout, /WROTE/);
@@ -51,11 +69,15 @@ Deno.test({
 });
 
 Deno.test({
-  name: "a run whose agent stops and kills what it can, then writes past resources.disk, is stopped (exit 125)",
+  name:
+    "a run whose agent stops and kills what it can, then writes past resources.disk, is stopped (exit 125)",
   ...dockerTest(),
   async fn() {
     assertDocker();
-    await using llm = new FakeLlm([toolCall("execute", { command: `${SILENCE}; ${write(200)}` }), text("Done")]);
+    await using llm = new FakeLlm([
+      toolCall("execute", { command: `${SILENCE}; ${write(200)}` }),
+      text("Done"),
+    ]);
     await using fixture = await RunFixture.make({
       prefix: "sec-diskr",
       llmUrl: llm.baseUrl,
@@ -63,7 +85,14 @@ Deno.test({
       prompt: "Fill\n",
       sandboxYaml: "{resources: {disk: 64m}}",
     });
-    const result = await fixture.cli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile]);
+    const result = await fixture.cli([
+      "run",
+      "agentic",
+      "--prompt-file",
+      fixture.promptFile,
+      "--profile",
+      fixture.profile,
+    ]);
     assert.equal(result.exitCode, 125, explain(result));
     assert.match(result.stderr, /exceeded resources\.disk/, explain(result));
   },

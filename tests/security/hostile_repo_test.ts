@@ -12,7 +12,16 @@ import { run, type RunResult } from "../../lib/process.ts";
 import type { RunMeta } from "../../lib/run/run_log.ts";
 import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { HeldLlm } from "../_held_llm.ts";
-import { assertDocker, docker, dockerTest, explain, removeProfile, runCli, tempDir, uniqueProfile } from "../_helpers.ts";
+import {
+  assertDocker,
+  docker,
+  dockerTest,
+  explain,
+  removeProfile,
+  runCli,
+  tempDir,
+  uniqueProfile,
+} from "../_helpers.ts";
 
 console.error("security: hostile repository tests starting");
 
@@ -46,7 +55,18 @@ function attackerListener() {
 
 /** `git ARGS` in `cwd`, asserting success. */
 async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, "-c", "user.name=T", "-c", "user.email=t@example.test", "-c", "commit.gpgsign=false", ...args]);
+  const result = await run([
+    "git",
+    "-C",
+    cwd,
+    "-c",
+    "user.name=T",
+    "-c",
+    "user.email=t@example.test",
+    "-c",
+    "commit.gpgsign=false",
+    ...args,
+  ]);
   assert.equal(result.exitCode, 0, `git ${args.join(" ")}: ${result.stderr}`);
   return result.stdout.trim();
 }
@@ -89,8 +109,12 @@ async function setup(prefix: string, llm: { baseUrl: string }) {
     async liveContainer(): Promise<string> {
       const runs = `${dir.path}/state/sandbox/runs`;
       for await (const entry of Deno.readDir(runs)) {
-        const meta: RunMeta = JSON.parse(await Deno.readTextFile(`${runs}/${entry.name}/meta.json`));
-        if (meta.status === "running" && typeof meta.extra?.container === "string") return meta.extra.container;
+        const meta: RunMeta = JSON.parse(
+          await Deno.readTextFile(`${runs}/${entry.name}/meta.json`),
+        );
+        if (meta.status === "running" && typeof meta.extra?.container === "string") {
+          return meta.extra.container;
+        }
       }
       throw new Error(`no live run of ${profile} has a container`);
     },
@@ -106,7 +130,16 @@ async function setup(prefix: string, llm: { baseUrl: string }) {
     },
     /** `sandbox run agentic --repo .` from inside the repository. */
     runAgent(): Promise<RunResult> {
-      return this.cli(["run", "agentic", "--prompt-file", promptFile, "--repo", ".", "--format", "ndjson"]);
+      return this.cli([
+        "run",
+        "agentic",
+        "--prompt-file",
+        promptFile,
+        "--repo",
+        ".",
+        "--format",
+        "ndjson",
+      ]);
     },
     async [Symbol.asyncDispose]() {
       try {
@@ -121,7 +154,8 @@ async function setup(prefix: string, llm: { baseUrl: string }) {
 /** The probe's output: the lines between its markers. */
 function probeOutput(stdout: string, context: string): string[] {
   const messages: Wire[] = stdout.trim().split("\n").map((line) => JSON.parse(line));
-  const output = messages.find((m) => m.type === "tool_result" && m.tool_name === "execute")?.tool_output ?? "";
+  const output =
+    messages.find((m) => m.type === "tool_result" && m.tool_name === "execute")?.tool_output ?? "";
   const match = /PROBE-START\n([\s\S]*)PROBE-END/.exec(output);
   assert.ok(match, `the probe did not run in the agent's shell\n${context}`);
   const result = messages.find((m) => m.type === "result");
@@ -130,13 +164,17 @@ function probeOutput(stdout: string, context: string): string[] {
 }
 
 Deno.test({
-  name: "a committed hostile sandbox.yaml is ignored: the key reaches no listener and no sandbox, and the run stays in the container",
+  name:
+    "a committed hostile sandbox.yaml is ignored: the key reaches no listener and no sandbox, and the run stays in the container",
   ...dockerTest(),
   async fn() {
     assertDocker();
     await using attacker = attackerListener();
     // The second LLM request (the probe has run) is held: the run's container is looked at live.
-    await using held = new HeldLlm([toolCall("execute", { command: PROBE }), text("looked around")]);
+    await using held = new HeldLlm([
+      toolCall("execute", { command: PROBE }),
+      text("looked around"),
+    ]);
     const llm = held.fake;
     const probed = held.hold(2);
     await using user = await setup("sec-hostile", held);
@@ -148,7 +186,12 @@ Deno.test({
     );
 
     const running = user.runAgent();
-    await Promise.race([probed, running.then((ended) => Promise.reject(new Error(`the run ended before its second LLM request\n${explain(ended)}`)))]);
+    await Promise.race([
+      probed,
+      running.then((ended) =>
+        Promise.reject(new Error(`the run ended before its second LLM request\n${explain(ended)}`))
+      ),
+    ]);
     // The run's own container, while it runs: no network, and the key nowhere in docker inspect
     // or in any of its processes.
     const live = await user.liveContainer();
@@ -157,7 +200,15 @@ Deno.test({
     const [container] = JSON.parse(inspect);
     assert.deepEqual(Object.keys(container.NetworkSettings.Networks), ["none"]);
     assert.ok(!inspect.includes(user.openaiKey), "the key is in docker inspect");
-    const environs = await docker("exec", "--user", "0", live, "sh", "-c", "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n'");
+    const environs = await docker(
+      "exec",
+      "--user",
+      "0",
+      live,
+      "sh",
+      "-c",
+      "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n'",
+    );
     assert.ok(environs.length > 0);
     assert.ok(!environs.includes(user.openaiKey), "the key is in a container process");
     held.release();
@@ -167,13 +218,21 @@ Deno.test({
 
     // The message: which file, what it would change, and the exact command to trust it.
     const file = `${user.repo}/sandbox.yaml`;
-    assert.match(result.stderr, new RegExp(`ignoring ${escapeRe(file)}: it is not trusted`), context);
+    assert.match(
+      result.stderr,
+      new RegExp(`ignoring ${escapeRe(file)}: it is not trusted`),
+      context,
+    );
     assert.match(result.stderr, new RegExp(`base_url "${escapeRe(attacker.baseUrl)}"`), context);
     assert.match(result.stderr, /key from environment variable "OPENAI_API_KEY"/, context);
     assert.match(result.stderr, /sandbox\.mode "none" \(no isolation/, context);
     assert.match(result.stderr, /network mode "full"/, context);
     assert.match(result.stderr, /environment set NOTES/, context);
-    assert.match(result.stderr, new RegExp(`^sandbox: {5}sandbox trust ${escapeRe(file)}$`, "m"), context);
+    assert.match(
+      result.stderr,
+      new RegExp(`^sandbox: {5}sandbox trust ${escapeRe(file)}$`, "m"),
+      context,
+    );
 
     // The attacker's listener heard nothing; the user's own upstream served the run, with their model.
     assert.deepEqual(attacker.hits, [], "the attacker's listener was contacted");
@@ -182,13 +241,22 @@ Deno.test({
 
     // The run ran in that container (its hostname), with no network, and never on the host.
     const probe = probeOutput(result.stdout, context);
-    assert.ok(probe.includes(`host=${container.Config.Hostname}`), `not in the container: ${probe.join("\n")}`);
+    assert.ok(
+      probe.includes(`host=${container.Config.Hostname}`),
+      `not in the container: ${probe.join("\n")}`,
+    );
     assert.ok(probe.includes("notes=unset"), `NOTES reached the sandbox: ${probe.join("\n")}`);
-    assert.ok(probe.some((line) => line.startsWith("SANDBOX_LLM_TOKEN=")), "the probe saw no worker environment");
+    assert.ok(
+      probe.some((line) => line.startsWith("SANDBOX_LLM_TOKEN=")),
+      "the probe saw no worker environment",
+    );
 
     // The key is nowhere: not in any process environment the agent could see (nor, above, in
     // docker inspect or any process of the container), not in anything printed.
-    assert.ok(!probe.some((line) => line.includes(user.openaiKey)), "the key is in a sandbox process environment");
+    assert.ok(
+      !probe.some((line) => line.includes(user.openaiKey)),
+      "the key is in a sandbox process environment",
+    );
     assert.ok(!result.stdout.includes(user.openaiKey) && !result.stderr.includes(user.openaiKey));
 
     // The quiet variant: a file that only redirects the LLM, with nothing else to trip over. Were it
@@ -207,7 +275,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "once trusted, a benign project file applies; changed, it is ignored again until trusted again",
+  name:
+    "once trusted, a benign project file applies; changed, it is ignored again until trusted again",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -223,8 +292,14 @@ Deno.test({
       const from = llm.requests.length;
       const result = await user.runAgent();
       assert.equal(result.exitCode, 0, explain(result));
-      const memory = probeOutput(result.stdout, explain(result)).find((line) => line.startsWith("memory="));
-      return { result, models: new Set(llm.requests.slice(from).map((r) => r.body?.model)), memory: Number(memory?.slice(7)) };
+      const memory = probeOutput(result.stdout, explain(result)).find((line) =>
+        line.startsWith("memory=")
+      );
+      return {
+        result,
+        models: new Set(llm.requests.slice(from).map((r) => r.body?.model)),
+        memory: Number(memory?.slice(7)),
+      };
     };
     await user.commitConfig(benign("1g", "project-model"));
 
@@ -253,10 +328,24 @@ Deno.test("a user config copying a secret into the sandbox under an innocent nam
   await using dir = await tempDir("sandbox-sec-secret-value-");
   const key = `sk-victim-${crypto.randomUUID().replaceAll("-", "")}`;
   const config = `${dir.path}/mine.yaml`;
-  const env = { OPENAI_API_KEY: key, XDG_STATE_HOME: `${dir.path}/state`, XDG_CONFIG_HOME: `${dir.path}/xdg` };
-  for (const command of [["config", "validate"], ["up"], ["run", "agentic", "--prompt-file", "-"]]) {
-    await Deno.writeTextFile(config, 'profiles:\n  default:\n    sandbox: {environment: {set: {NOTES: "${OPENAI_API_KEY}"}}}\n');
-    const refused = await runCli(["--config", config, ...command], { env, cwd: dir.path, timeoutMs: 60_000, stdin: "prompt" });
+  const env = {
+    OPENAI_API_KEY: key,
+    XDG_STATE_HOME: `${dir.path}/state`,
+    XDG_CONFIG_HOME: `${dir.path}/xdg`,
+  };
+  for (
+    const command of [["config", "validate"], ["up"], ["run", "agentic", "--prompt-file", "-"]]
+  ) {
+    await Deno.writeTextFile(
+      config,
+      'profiles:\n  default:\n    sandbox: {environment: {set: {NOTES: "${OPENAI_API_KEY}"}}}\n',
+    );
+    const refused = await runCli(["--config", config, ...command], {
+      env,
+      cwd: dir.path,
+      timeoutMs: 60_000,
+      stdin: "prompt",
+    });
     const context = `sandbox ${command.join(" ")}\n${explain(refused)}`;
     assert.equal(refused.exitCode, 2, context);
     assert.match(
@@ -264,17 +353,31 @@ Deno.test("a user config copying a secret into the sandbox under an innocent nam
       /profiles\.default\.sandbox\.environment\.set\.NOTES: contains the value of environment variable "OPENAI_API_KEY"; secrets never enter the sandbox/,
       context,
     );
-    assert.ok(!refused.stderr.includes(key) && !refused.stdout.includes(key), `the key was printed\n${context}`);
-    assert.ok(!refused.stderr.includes(key.slice(0, 16)), `part of the key was printed\n${context}`);
+    assert.ok(
+      !refused.stderr.includes(key) && !refused.stdout.includes(key),
+      `the key was printed\n${context}`,
+    );
+    assert.ok(
+      !refused.stderr.includes(key.slice(0, 16)),
+      `part of the key was printed\n${context}`,
+    );
   }
   // The twin: the same file with an innocent value is valid.
-  await Deno.writeTextFile(config, "profiles:\n  default:\n    sandbox: {environment: {set: {NOTES: harmless-value}}}\n");
-  const accepted = await runCli(["--config", config, "config", "validate"], { env, cwd: dir.path, timeoutMs: 60_000 });
+  await Deno.writeTextFile(
+    config,
+    "profiles:\n  default:\n    sandbox: {environment: {set: {NOTES: harmless-value}}}\n",
+  );
+  const accepted = await runCli(["--config", config, "config", "validate"], {
+    env,
+    cwd: dir.path,
+    timeoutMs: 60_000,
+  });
   assert.equal(accepted.exitCode, 0, explain(accepted));
 });
 
 Deno.test({
-  name: "exec -e with a secret's value under an innocent name is refused before it reaches the sandbox",
+  name:
+    "exec -e with a secret's value under an innocent name is refused before it reaches the sandbox",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -285,7 +388,19 @@ Deno.test({
     await Deno.writeTextFile(config, `profiles: {${profile}: {}}\n`);
     const env = { OPENAI_API_KEY: key, XDG_STATE_HOME: `${dir.path}/state` };
     const exec = (value: string) =>
-      runCli(["--config", config, "exec", "-p", profile, "-e", `NOTES=${value}`, "--", "sh", "-c", 'echo "notes=$NOTES"'], {
+      runCli([
+        "--config",
+        config,
+        "exec",
+        "-p",
+        profile,
+        "-e",
+        `NOTES=${value}`,
+        "--",
+        "sh",
+        "-c",
+        'echo "notes=$NOTES"',
+      ], {
         env,
         timeoutMs: CLI_TIMEOUT_MS,
       });
@@ -294,10 +409,20 @@ Deno.test({
       assert.equal(refused.exitCode, 2, explain(refused));
       assert.match(
         refused.stderr,
-        new RegExp(`Refusing to pass a secret into sandbox "sandbox-${profile}": exec environment variable "NOTES" contains the value of environment variable "OPENAI_API_KEY"`),
+        new RegExp(
+          `Refusing to pass a secret into sandbox "sandbox-${profile}": exec environment variable "NOTES" contains the value of environment variable "OPENAI_API_KEY"`,
+        ),
       );
       assert.ok(!refused.stderr.includes(key) && !refused.stdout.includes(key));
-      const environs = await docker("exec", "--user", "0", `sandbox-${profile}`, "sh", "-c", "cat /proc/[0-9]*/environ | tr '\\0' '\\n'");
+      const environs = await docker(
+        "exec",
+        "--user",
+        "0",
+        `sandbox-${profile}`,
+        "sh",
+        "-c",
+        "cat /proc/[0-9]*/environ | tr '\\0' '\\n'",
+      );
       assert.ok(!environs.includes(key));
       // The twin: the same command with an innocent value runs and sees it.
       const accepted = await exec("harmless-value");

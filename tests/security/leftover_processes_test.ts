@@ -15,7 +15,18 @@ import { run } from "../../lib/process.ts";
 import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
 import { text, toolCall } from "../_fake_llm.ts";
 import { HeldLlm } from "../_held_llm.ts";
-import { assertDocker, docker, dockerTest, explain, removeProfile, runCli, spawnCli, tempDir, uniqueProfile, writeConfig } from "../_helpers.ts";
+import {
+  assertDocker,
+  docker,
+  dockerTest,
+  explain,
+  removeProfile,
+  runCli,
+  spawnCli,
+  tempDir,
+  uniqueProfile,
+  writeConfig,
+} from "../_helpers.ts";
 import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
 
 console.error("security: leftover process tests starting");
@@ -66,7 +77,11 @@ async function sandbox(prefix: string) {
   await provider.ensureRunning();
   return Object.assign(provider, {
     cli: (args: string[]) =>
-      runCli(args, { config, env: { XDG_STATE_HOME: `${dir.path}/state`, OPENAI_API_KEY: "sk-unused-by-exec" }, timeoutMs: CLI_TIMEOUT_MS }),
+      runCli(args, {
+        config,
+        env: { XDG_STATE_HOME: `${dir.path}/state`, OPENAI_API_KEY: "sk-unused-by-exec" },
+        timeoutMs: CLI_TIMEOUT_MS,
+      }),
     async [Symbol.asyncDispose]() {
       await removeProfile(name);
       await dir[Symbol.asyncDispose]();
@@ -75,14 +90,32 @@ async function sandbox(prefix: string) {
 }
 
 Deno.test({
-  name: "what an agent detaches with setsid, a double fork, nohup or a daemon runs during its run and is gone after it",
+  name:
+    "what an agent detaches with setsid, a double fork, nohup or a daemon runs during its run and is gone after it",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
-    await using llm = new HeldLlm([toolCall("execute", { command: escapes(1000) }), text("Started them")]);
-    await using fixture = await RunFixture.make({ prefix: "sec-left", llmUrl: llm.baseUrl, keyEnv: "SEC_LEFT_KEY", prompt: "Start the helpers\n" });
+    await using llm = new HeldLlm([
+      toolCall("execute", { command: escapes(1000) }),
+      text("Started them"),
+    ]);
+    await using fixture = await RunFixture.make({
+      prefix: "sec-left",
+      llmUrl: llm.baseUrl,
+      keyEnv: "SEC_LEFT_KEY",
+      prompt: "Start the helpers\n",
+    });
     const held = llm.hold(2);
-    const child = spawnCli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"], {
+    const child = spawnCli([
+      "run",
+      "agentic",
+      "--prompt-file",
+      fixture.promptFile,
+      "--profile",
+      fixture.profile,
+      "--format",
+      "ndjson",
+    ], {
       config: fixture.config,
       env: fixture.env,
       timeoutMs: CLI_TIMEOUT_MS,
@@ -90,7 +123,11 @@ Deno.test({
     const output = new Response(child.stdout).text();
     const toolResults = await Promise.race([
       held,
-      child.finished.then((ended) => Promise.reject(new Error(`the run ended before its second LLM request\n${ended.stderrTail}`))),
+      child.finished.then((ended) =>
+        Promise.reject(
+          new Error(`the run ended before its second LLM request\n${ended.stderrTail}`),
+        )
+      ),
     ]);
     assert.match(toolResults, /ESCAPES-STARTED/);
 
@@ -104,15 +141,29 @@ Deno.test({
     const [stdout, ended] = await Promise.all([output, child.finished]);
     assert.equal(ended.exitCode, 0, `${stdout}\n${ended.stderrTail}`);
 
-    await t.step("after the run, its container is gone with them, and none runs in any other container of the profile", async () => {
-      let inspected = 0;
-      for (; inspected < 300 && (await run(["docker", "container", "inspect", container])).exitCode === 0; inspected++) {
-        await new Promise((resolve) => setTimeout(resolve, 200));
-      }
-      assert.ok(inspected < 300, `the run's container ${container} is still there`);
-      const others = (await docker("ps", "--filter", `label=dev.sandbox.profile=${fixture.profile}`, "--format", "{{.Names}}")).split("\n").filter(Boolean);
-      for (const name of others) assert.deepEqual(await sleepers(name), [], name);
-    });
+    await t.step(
+      "after the run, its container is gone with them, and none runs in any other container of the profile",
+      async () => {
+        let inspected = 0;
+        for (
+          ;
+          inspected < 300 &&
+          (await run(["docker", "container", "inspect", container])).exitCode === 0;
+          inspected++
+        ) {
+          await new Promise((resolve) => setTimeout(resolve, 200));
+        }
+        assert.ok(inspected < 300, `the run's container ${container} is still there`);
+        const others = (await docker(
+          "ps",
+          "--filter",
+          `label=dev.sandbox.profile=${fixture.profile}`,
+          "--format",
+          "{{.Names}}",
+        )).split("\n").filter(Boolean);
+        for (const name of others) assert.deepEqual(await sleepers(name), [], name);
+      },
+    );
   },
 });
 
@@ -129,13 +180,25 @@ Deno.test({
       assert.deepEqual(await sleepers(box.containerName), []);
     });
 
-    await t.step("twin: the same command without the wrapper leaves them all running, until a sweep", async () => {
-      const plain = await run(["docker", "exec", "--user", "10001", box.containerName, "sh", "-c", escapes(2100)]);
-      assert.equal(plain.exitCode, 0, plain.stderr);
-      assert.deepEqual(await sleepers(box.containerName), sleeps(2100));
-      await box.sweep();
-      assert.deepEqual(await sleepers(box.containerName), []);
-    });
+    await t.step(
+      "twin: the same command without the wrapper leaves them all running, until a sweep",
+      async () => {
+        const plain = await run([
+          "docker",
+          "exec",
+          "--user",
+          "10001",
+          box.containerName,
+          "sh",
+          "-c",
+          escapes(2100),
+        ]);
+        assert.equal(plain.exitCode, 0, plain.stderr);
+        assert.deepEqual(await sleepers(box.containerName), sleeps(2100));
+        await box.sweep();
+        assert.deepEqual(await sleepers(box.containerName), []);
+      },
+    );
   },
 });
 
@@ -147,14 +210,18 @@ function killOwnWrapper(n: number): string {
 }
 
 Deno.test({
-  name: "a command that kills its own wrapper orphans its children only until the sweep that ends every exec",
+  name:
+    "a command that kills its own wrapper orphans its children only until the sweep that ends every exec",
   ...dockerTest(),
   async fn(t) {
     await using box = await sandbox("sec-wrap");
 
     await t.step("the escape works: the wrapper is killed, the orphan runs on", async () => {
       const result = await box.exec(["sh", "-c", killOwnWrapper(3001)]);
-      assert.match(result.stdout, /killing wrapper \d+: \/usr\/local\/libexec\/sandbox-perl \/usr\/local\/bin\/sandbox-exec /);
+      assert.match(
+        result.stdout,
+        /killing wrapper \d+: \/usr\/local\/libexec\/sandbox-perl \/usr\/local\/bin\/sandbox-exec /,
+      );
       assert.equal(result.exitCode, 137, result.stderr);
       assert.deepEqual(await sleepers(box.containerName), ["sleep 3001"]);
     });
@@ -164,30 +231,57 @@ Deno.test({
       assert.deepEqual(await sleepers(box.containerName), []);
     });
 
-    await t.step("nor does an orphan the agent made undumpable, or dressed as a wrapper: only what was started from outside is spared", async () => {
-      // Its own run of the wrappers' perl (undumpable as they are), and a wrapper it started itself.
-      const quiet = "</dev/null >/dev/null 2>&1";
-      const result = await box.exec(["sh", "-c", [
-        `setsid -f /usr/local/libexec/sandbox-perl -e '$0 = "sleep 3011"; sleep 300' ${quiet}`,
-        `setsid -f /usr/local/bin/sandbox-exec fake-3012 sleep 3012 ${quiet}`,
-        killOwnWrapper(3013),
-      ].join("; ")]);
-      assert.equal(result.exitCode, 137, result.stderr);
-      assert.deepEqual(await sleepers(box.containerName), ["sleep 3011", "sleep 3012", "sleep 3013"]);
-      const premise = await box.exec(["sh", "-c", "for p in $(pgrep -x -f 'sleep 3011'); do cat /proc/$p/environ >/dev/null 2>&1 && echo readable || echo undumpable; done"]);
-      assert.equal(premise.stdout, "undumpable\n", premise.stderr);
-      await box.sweep();
-      assert.deepEqual(await sleepers(box.containerName), []);
-    });
+    await t.step(
+      "nor does an orphan the agent made undumpable, or dressed as a wrapper: only what was started from outside is spared",
+      async () => {
+        // Its own run of the wrappers' perl (undumpable as they are), and a wrapper it started itself.
+        const quiet = "</dev/null >/dev/null 2>&1";
+        const result = await box.exec([
+          "sh",
+          "-c",
+          [
+            `setsid -f /usr/local/libexec/sandbox-perl -e '$0 = "sleep 3011"; sleep 300' ${quiet}`,
+            `setsid -f /usr/local/bin/sandbox-exec fake-3012 sleep 3012 ${quiet}`,
+            killOwnWrapper(3013),
+          ].join("; "),
+        ]);
+        assert.equal(result.exitCode, 137, result.stderr);
+        assert.deepEqual(await sleepers(box.containerName), [
+          "sleep 3011",
+          "sleep 3012",
+          "sleep 3013",
+        ]);
+        const premise = await box.exec([
+          "sh",
+          "-c",
+          "for p in $(pgrep -x -f 'sleep 3011'); do cat /proc/$p/environ >/dev/null 2>&1 && echo readable || echo undumpable; done",
+        ]);
+        assert.equal(premise.stdout, "undumpable\n", premise.stderr);
+        await box.sweep();
+        assert.deepEqual(await sleepers(box.containerName), []);
+      },
+    );
 
     await t.step("`sandbox exec` sweeps when it ends: nothing survives it", async () => {
-      const result = await box.cli(["exec", "-p", box.profile.name, "--", "sh", "-c", killOwnWrapper(3002)]);
+      const result = await box.cli([
+        "exec",
+        "-p",
+        box.profile.name,
+        "--",
+        "sh",
+        "-c",
+        killOwnWrapper(3002),
+      ]);
       assert.match(result.stdout, /killing wrapper/, explain(result));
       assert.deepEqual(await sleepers(box.containerName), []);
     });
 
     await t.step("the sweep keeps what live commands are running", async () => {
-      const live = box.execStream(["sh", "-c", "setsid -f sleep 3003 </dev/null >/dev/null 2>&1; echo up; sleep 3030"]);
+      const live = box.execStream([
+        "sh",
+        "-c",
+        "setsid -f sleep 3003 </dev/null >/dev/null 2>&1; echo up; sleep 3030",
+      ]);
       const iterator = live[Symbol.asyncIterator]();
       assert.equal((await iterator.next()).value, "up");
       await box.sweep();
@@ -197,28 +291,40 @@ Deno.test({
       assert.deepEqual(await sleepers(box.containerName), []);
     });
 
-    await t.step("a sweep keeps a command whose wrapper is only starting (sweeps and starts side by side)", async () => {
-      // Other commands' ends sweep while a command starts (two `sandbox exec` at once, say): a
-      // wrapper is live from its exec on, never taken for a leftover.
-      // Here, sweeps back to back inside the container, while commands start one after another.
-      const sweeping = box.execStream(["sh", "-c", "echo up; while :; do sandbox-exec --sweep >/dev/null; done"]);
-      const iterator = sweeping[Symbol.asyncIterator]();
-      assert.equal((await iterator.next()).value, "up");
-      try {
-        for (let i = 0; i < 20; i++) {
-          const result = await box.exec(["sh", "-c", "echo ran"]);
-          assert.deepEqual([result.exitCode, result.stdout], [0, "ran\n"], `start ${i}: ${result.stderr}`);
+    await t.step(
+      "a sweep keeps a command whose wrapper is only starting (sweeps and starts side by side)",
+      async () => {
+        // Other commands' ends sweep while a command starts (two `sandbox exec` at once, say): a
+        // wrapper is live from its exec on, never taken for a leftover.
+        // Here, sweeps back to back inside the container, while commands start one after another.
+        const sweeping = box.execStream([
+          "sh",
+          "-c",
+          "echo up; while :; do sandbox-exec --sweep >/dev/null; done",
+        ]);
+        const iterator = sweeping[Symbol.asyncIterator]();
+        assert.equal((await iterator.next()).value, "up");
+        try {
+          for (let i = 0; i < 20; i++) {
+            const result = await box.exec(["sh", "-c", "echo ran"]);
+            assert.deepEqual(
+              [result.exitCode, result.stdout],
+              [0, "ran\n"],
+              `start ${i}: ${result.stderr}`,
+            );
+          }
+        } finally {
+          await iterator.return?.(undefined);
+          await sweeping.outcome.catch(() => {});
         }
-      } finally {
-        await iterator.return?.(undefined);
-        await sweeping.outcome.catch(() => {});
-      }
-    });
+      },
+    );
   },
 });
 
 Deno.test({
-  name: "nothing in the sandbox can ptrace init or a wrapper (to run code in a protected tree), or read their environment",
+  name:
+    "nothing in the sandbox can ptrace init or a wrapper (to run code in a protected tree), or read their environment",
   ...dockerTest(),
   async fn(t) {
     await using box = await sandbox("sec-ptrace");
@@ -227,15 +333,24 @@ Deno.test({
     assert.equal((await iterator.next()).value, "up");
     try {
       const table = await box.exec(["ps", "-eo", "pid=,ppid=,args="]);
-      const rows = table.stdout.split("\n").map((l) => l.trim().split(/\s+/)).filter((r) => r.length > 2);
-      const wrapper = rows.find((r) => r[1] === "0" && r.join(" ").includes("sandbox-exec") && r.join(" ").endsWith("echo up; exec sleep 40"));
+      const rows = table.stdout.split("\n").map((l) => l.trim().split(/\s+/)).filter((r) =>
+        r.length > 2
+      );
+      const wrapper = rows.find((r) =>
+        r[1] === "0" && r.join(" ").includes("sandbox-exec") &&
+        r.join(" ").endsWith("echo up; exec sleep 40")
+      );
       const sleeper = rows.find((r) => r.slice(2).join(" ") === "sleep 40");
       assert.ok(wrapper && sleeper, table.stdout);
       // PTRACE_ATTACH (16) from the sandbox user; the syscall number by architecture.
       const attach = (pid: string) =>
-        box.exec(["perl", "-e", `my $n = (\`uname -m\` =~ /aarch64/) ? 117 : 101; my $pid = ${Number(pid)};
+        box.exec([
+          "perl",
+          "-e",
+          `my $n = (\`uname -m\` =~ /aarch64/) ? 117 : 101; my $pid = ${Number(pid)};
           if (syscall($n, 16, $pid, 0, 0) == 0) { waitpid($pid, 0); syscall($n, 17, $pid, 0, 0); print "attached\\n" }
-          else { print "refused: $!\\n" }`]);
+          else { print "refused: $!\\n" }`,
+        ]);
 
       await t.step("init and the wrapper refuse ptrace", async () => {
         assert.match((await attach("1")).stdout, /^refused: Operation not permitted/);
@@ -244,10 +359,15 @@ Deno.test({
       await t.step("twin: an ordinary process of the same user can be attached", async () => {
         assert.equal((await attach(sleeper[0])).stdout, "attached\n");
       });
-      await t.step("a wrapper is so from its exec on: the agent, watching for new ones, attaches to none and reads no environment", async () => {
-        // As the agent: every new process whose command is `sandbox-exec ... true` (the host's,
-        // below) is tried the moment it is seen, while perl is still compiling the wrapper.
-        const watcher = box.execStream(["perl", "-e", `
+      await t.step(
+        "a wrapper is so from its exec on: the agent, watching for new ones, attaches to none and reads no environment",
+        async () => {
+          // As the agent: every new process whose command is `sandbox-exec ... true` (the host's,
+          // below) is tried the moment it is seen, while perl is still compiling the wrapper.
+          const watcher = box.execStream([
+            "perl",
+            "-e",
+            `
           my $n = (\`uname -m\` =~ /aarch64/) ? 117 : 101;
           my %done = map { $_ => 1 } grep { /^\\d+$/ } do { opendir(my $d, "/proc"); readdir $d };
           my ($seen, $read, $attached) = (0, 0, 0);
@@ -271,22 +391,33 @@ Deno.test({
             }
           }
           print "seen $seen read $read attached $attached\\n";
-        `]);
-        const lines = watcher[Symbol.asyncIterator]();
-        assert.equal((await lines.next()).value, "watching");
-        for (let i = 0; i < 40; i++) assert.equal((await box.exec(["true"])).exitCode, 0);
-        await box.exec(["touch", "/tmp/.watched"]);
-        let verdict = "";
-        for (let line = await lines.next(); !line.done; line = await lines.next()) verdict += line.value;
-        assert.equal((await watcher.outcome).exitCode, 0, verdict);
-        const [seen, read, attached] = (verdict.match(/^seen (\d+) read (\d+) attached (\d+)$/) ?? []).slice(1).map(Number);
-        // It saw them start (else it proves nothing), and got nothing of any.
-        assert.ok(seen >= 20, `the watcher saw ${seen} of 40 wrappers: ${verdict}`);
-        assert.equal(read, 0, verdict);
-        assert.equal(attached, 0, verdict);
-      });
+        `,
+          ]);
+          const lines = watcher[Symbol.asyncIterator]();
+          assert.equal((await lines.next()).value, "watching");
+          for (let i = 0; i < 40; i++) assert.equal((await box.exec(["true"])).exitCode, 0);
+          await box.exec(["touch", "/tmp/.watched"]);
+          let verdict = "";
+          for (let line = await lines.next(); !line.done; line = await lines.next()) {
+            verdict += line.value;
+          }
+          assert.equal((await watcher.outcome).exitCode, 0, verdict);
+          const [seen, read, attached] =
+            (verdict.match(/^seen (\d+) read (\d+) attached (\d+)$/) ?? []).slice(1).map(Number);
+          // It saw them start (else it proves nothing), and got nothing of any.
+          assert.ok(seen >= 20, `the watcher saw ${seen} of 40 wrappers: ${verdict}`);
+          assert.equal(read, 0, verdict);
+          assert.equal(attached, 0, verdict);
+        },
+      );
       await t.step("their environment is unreadable; an ordinary one's is readable", async () => {
-        const read = await box.exec(["sh", "-c", `cat /proc/1/environ; cat /proc/${wrapper[0]}/environ; cat /proc/${sleeper[0]}/environ | tr '\\0' '\\n' | grep -c HOME=`]);
+        const read = await box.exec([
+          "sh",
+          "-c",
+          `cat /proc/1/environ; cat /proc/${wrapper[0]}/environ; cat /proc/${
+            sleeper[0]
+          }/environ | tr '\\0' '\\n' | grep -c HOME=`,
+        ]);
         assert.match(read.stderr, /\/proc\/1\/environ: Permission denied/);
         assert.match(read.stderr, new RegExp(`/proc/${wrapper[0]}/environ: Permission denied`));
         assert.equal(read.stdout, "1\n");

@@ -31,34 +31,81 @@ function decoded(output: string, name: string, context: string): string {
 
 Deno.test("mode none: the key is in neither the worker's environment nor its commands', the session token is", async () => {
   await using llm = new FakeLlm([toolCall("execute", { command: DUMP }), text("dumped")]);
-  await using fixture = await RunFixture.make({ prefix: "sec-none-env", llmUrl: llm.baseUrl, keyEnv: KEY_ENV, prompt: "Show me your environment", sandboxYaml: "{mode: none}" });
+  await using fixture = await RunFixture.make({
+    prefix: "sec-none-env",
+    llmUrl: llm.baseUrl,
+    keyEnv: KEY_ENV,
+    prompt: "Show me your environment",
+    sandboxYaml: "{mode: none}",
+  });
   await using work = await tempDir("sandbox-sec-none-cwd-");
   // The key also under the name a stock SDK would read, in the process that starts the run.
   const result = await fixture.cli(
-    ["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson", "--cwd", work.path],
+    [
+      "run",
+      "agentic",
+      "--prompt-file",
+      fixture.promptFile,
+      "--profile",
+      fixture.profile,
+      "--format",
+      "ndjson",
+      "--cwd",
+      work.path,
+    ],
     { OPENAI_API_KEY: FAKE_LLM_KEY },
   );
-  const messages = result.stdout.trim().split("\n").filter(Boolean).map((line, i) => decodeMessage(line, i + 1));
-  const output = messages.find((m) => m.type === "tool_result" && m.tool_name === "execute")?.tool_output ?? "";
+  const messages = result.stdout.trim().split("\n").filter(Boolean).map((line, i) =>
+    decodeMessage(line, i + 1)
+  );
+  const output =
+    messages.find((m) => m.type === "tool_result" && m.tool_name === "execute")?.tool_output ?? "";
   const context = `${explain(result)}\n--- agent output\n${output}`;
   assert.equal(result.exitCode, 0, context);
   assert.match(result.stderr, /UNSAFE/, context);
   // The run used the key: the fake LLM answers only to it, and it answered both turns.
   assert.equal(llm.completions, 2, context);
-  assert.ok(llm.requests.every((r) => r.headers.get("authorization") === `Bearer ${FAKE_LLM_KEY}`), context);
+  assert.ok(
+    llm.requests.every((r) => r.headers.get("authorization") === `Bearer ${FAKE_LLM_KEY}`),
+    context,
+  );
 
   const toolEnv = decoded(output, "tool", context);
   const workerEnv = decoded(output, "worker", context).replaceAll("\0", "\n");
   const workerCommand = decoded(output, "worker-cmd", context);
   // The dumped parent is the worker itself, running on this host (`worker serve`: its job, the
   // session variables included, arrives on its stdin, so its own environment is the host's minimum).
-  assert.match(workerCommand, /\bdeno run\b.*\bworker[^ ]*\.js (serve|agentic)\b/, `not the worker: ${workerCommand}\n${context}`);
-  assert.ok(!workerCommand.includes(FAKE_LLM_KEY), `the worker's command line holds the key\n${workerCommand}`);
+  assert.match(
+    workerCommand,
+    /\bdeno run\b.*\bworker[^ ]*\.js (serve|agentic)\b/,
+    `not the worker: ${workerCommand}\n${context}`,
+  );
+  assert.ok(
+    !workerCommand.includes(FAKE_LLM_KEY),
+    `the worker's command line holds the key\n${workerCommand}`,
+  );
   // Positive control: the agent's commands get the session token, in place of the key.
-  assert.match(toolEnv, /^SANDBOX_LLM_TOKEN=sbx_[A-Za-z0-9_-]{20,}$/m, `the command's environment lacks the session token\n${toolEnv}`);
-  assert.match(toolEnv, /^OPENAI_API_KEY=sbx_/m, `the command's environment: OPENAI_API_KEY is not the token\n${toolEnv}`);
-  for (const [what, env] of [["the command's environment", toolEnv], ["the worker's environment", workerEnv]]) {
+  assert.match(
+    toolEnv,
+    /^SANDBOX_LLM_TOKEN=sbx_[A-Za-z0-9_-]{20,}$/m,
+    `the command's environment lacks the session token\n${toolEnv}`,
+  );
+  assert.match(
+    toolEnv,
+    /^OPENAI_API_KEY=sbx_/m,
+    `the command's environment: OPENAI_API_KEY is not the token\n${toolEnv}`,
+  );
+  for (
+    const [what, env] of [["the command's environment", toolEnv], [
+      "the worker's environment",
+      workerEnv,
+    ]]
+  ) {
     assert.ok(!env.includes(FAKE_LLM_KEY), `${what} holds the key\n${env}`);
-    assert.doesNotMatch(env, new RegExp(`^${KEY_ENV}=`, "m"), `${what} has the key's variable\n${env}`);
+    assert.doesNotMatch(
+      env,
+      new RegExp(`^${KEY_ENV}=`, "m"),
+      `${what} has the key's variable\n${env}`,
+    );
   }
 });

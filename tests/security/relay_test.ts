@@ -13,15 +13,15 @@ import { run } from "../../lib/process.ts";
 import {
   assertDocker,
   DOCKER_AVAILABLE,
-  profileFrom,
-  upstreamProfile,
   dockerTest,
-  IN_CI,
   explain,
+  IN_CI,
+  profileFrom,
   removeProfile,
   runCli,
   tempDir,
   uniqueProfile,
+  upstreamProfile,
   writeConfig,
 } from "../_helpers.ts";
 import { FakeUpstream } from "../unit/_fake_upstream.ts";
@@ -105,14 +105,28 @@ Deno.test({
         env: { ...session.env, INJECT_TOKEN: session.token },
       });
       assert.notEqual(refused.exitCode, 0, refused.stdout);
-      assert.match(refused.stderr, /PermissionDenied: Permission denied \(os error 13\): open '\/proc\/\d+\/fd\/1'/);
+      assert.match(
+        refused.stderr,
+        /PermissionDenied: Permission denied \(os error 13\): open '\/proc\/\d+\/fd\/1'/,
+      );
       assert.equal(session.relay.starts, 1, "the relay carries on");
       // Whoever can (the relay's own uid; the token is passed by name, off the command line):
       const inject = async (token: string) => {
         const replaced = session.relay.nextReady();
         const result = await run([
-          "docker", "exec", "--user", RELAY_USER, "--env", "INJECT_TOKEN", "--env", "DENO_DIR=/opt/sandbox/deno-dir",
-          provider.containerName, "deno", "run", "-A", "/tmp/inject.js",
+          "docker",
+          "exec",
+          "--user",
+          RELAY_USER,
+          "--env",
+          "INJECT_TOKEN",
+          "--env",
+          "DENO_DIR=/opt/sandbox/deno-dir",
+          provider.containerName,
+          "deno",
+          "run",
+          "-A",
+          "/tmp/inject.js",
         ], { env: { INJECT_TOKEN: token } });
         assert.equal(result.exitCode, 0, result.stderr);
         assert.match(result.stdout, /^injected into \d+/);
@@ -208,7 +222,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "another user on the host cannot connect to a session's proxy sockets, in the container's mounted directory or kept to the stream; the session's own user can",
+  name:
+    "another user on the host cannot connect to a session's proxy sockets, in the container's mounted directory or kept to the stream; the session's own user can",
   // Acting as another user needs root: CI runs as root; elsewhere this runs only when it can.
   ignore: !IN_CI && (!DOCKER_AVAILABLE || Deno.uid() !== 0),
   async fn(t) {
@@ -221,17 +236,39 @@ Deno.test({
     // The state and runtime directories go into a directory every user can enter, so that the
     // tool's own modes are the only thing between another user and the sockets.
     await Deno.chmod(dir.path, 0o755);
-    const saved = { state: Deno.env.get("XDG_STATE_HOME"), runtime: Deno.env.get("XDG_RUNTIME_DIR") };
+    const saved = {
+      state: Deno.env.get("XDG_STATE_HOME"),
+      runtime: Deno.env.get("XDG_RUNTIME_DIR"),
+    };
     Deno.env.set("XDG_STATE_HOME", `${dir.path}/state`);
     Deno.env.set("XDG_RUNTIME_DIR", dir.path);
     const curl = (socket: string) => [
-      "curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code} %{exitcode}",
-      "--unix-socket", socket, "http://proxy/proxy/v1/models",
+      "curl",
+      "-s",
+      "-m",
+      "5",
+      "-o",
+      "/dev/null",
+      "-w",
+      "%{http_code} %{exitcode}",
+      "--unix-socket",
+      socket,
+      "http://proxy/proxy/v1/models",
     ];
     const attack = async (session: { socketDir: string }) => {
       // The attack: another local user (nobody) dials the credential proxy's socket directly.
-      const other = await run(["runuser", "-u", "nobody", "--", ...curl(`${session.socketDir}/llm.sock`)]);
-      assert.equal(other.stdout, "000 7", `another user reached the socket: ${other.stdout} ${other.stderr}`);
+      const other = await run([
+        "runuser",
+        "-u",
+        "nobody",
+        "--",
+        ...curl(`${session.socketDir}/llm.sock`),
+      ]);
+      assert.equal(
+        other.stdout,
+        "000 7",
+        `another user reached the socket: ${other.stdout} ${other.stderr}`,
+      );
       const listing = await run(["runuser", "-u", "nobody", "--", "ls", session.socketDir]);
       assert.match(listing.stderr, /Permission denied/);
       // Its twin: the session's own user, same request, reaches the proxy (401: no token).
@@ -241,7 +278,9 @@ Deno.test({
     try {
       await provider.ensureRunning();
       await t.step("in the container's mounted directory (the socket path)", async () => {
-        await using session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson` });
+        await using session = await openSession(profile, provider, {
+          accessLogPath: `${dir.path}/access.ndjson`,
+        });
         assert.equal(session.relay.transport, "socket");
         // The mounted directories are /tmp/sandbox-proxy-<hash>/<container's>/<session's>: the
         // sandbox user must reach the sockets, so below the 0700 top all may pass: it is what keeps
@@ -250,7 +289,11 @@ Deno.test({
         assert.match(top, /^\/tmp\/sandbox-proxy-[^/]+$/, session.socketDir);
         assert.equal((await Deno.stat(top)).mode! & 0o777, 0o700);
         const parent = await run(["runuser", "-u", "nobody", "--", "ls", "/tmp"]);
-        assert.equal(parent.exitCode, 0, `the other user must be able to enter the parent: ${parent.stderr}`);
+        assert.equal(
+          parent.exitCode,
+          0,
+          `the other user must be able to enter the parent: ${parent.stderr}`,
+        );
         await attack(session);
       });
       await t.step("kept to the stream: a 0700 directory of the session's own", async () => {
@@ -262,11 +305,20 @@ Deno.test({
         assert.ok(session.socketDir.startsWith(`${dir.path}/`), session.socketDir);
         assert.equal((await Deno.stat(session.socketDir)).mode! & 0o777, 0o700);
         const parent = await run(["runuser", "-u", "nobody", "--", "ls", dir.path]);
-        assert.equal(parent.exitCode, 0, `the other user must be able to enter the parent: ${parent.stderr}`);
+        assert.equal(
+          parent.exitCode,
+          0,
+          `the other user must be able to enter the parent: ${parent.stderr}`,
+        );
         await attack(session);
       });
     } finally {
-      for (const [variable, value] of [["XDG_STATE_HOME", saved.state], ["XDG_RUNTIME_DIR", saved.runtime]] as const) {
+      for (
+        const [variable, value] of [["XDG_STATE_HOME", saved.state], [
+          "XDG_RUNTIME_DIR",
+          saved.runtime,
+        ]] as const
+      ) {
         if (value === undefined) Deno.env.delete(variable);
         else Deno.env.set(variable, value);
       }

@@ -10,8 +10,21 @@
  */
 import assert from "node:assert/strict";
 import { openSession } from "../../lib/proxy/session.ts";
-import { DockerSandboxProvider, RELAY_UID, RELAY_USER, SANDBOX_UID } from "../../lib/sandbox/docker_provider.ts";
-import { assertDocker, docker, dockerTest, removeProfile, tempDir, uniqueProfile, upstreamProfile } from "../_helpers.ts";
+import {
+  DockerSandboxProvider,
+  RELAY_UID,
+  RELAY_USER,
+  SANDBOX_UID,
+} from "../../lib/sandbox/docker_provider.ts";
+import {
+  assertDocker,
+  docker,
+  dockerTest,
+  removeProfile,
+  tempDir,
+  uniqueProfile,
+  upstreamProfile,
+} from "../_helpers.ts";
 import { FakeUpstream } from "../unit/_fake_upstream.ts";
 
 console.error("security: relay uid tests starting");
@@ -57,7 +70,8 @@ for my $op (@ops) {
 
 /** The relay's deno process (not its wrapper), found as the agent would: by its command line. */
 async function relayPid(container: string): Promise<string> {
-  const pids = (await docker("exec", container, "pgrep", "-f", "^deno run .*/opt/sandbox/relay.js")).split("\n");
+  const pids = (await docker("exec", container, "pgrep", "-f", "^deno run .*/opt/sandbox/relay.js"))
+    .split("\n");
   assert.equal(pids.length, 1, `relay processes: ${pids}`);
   return pids[0];
 }
@@ -86,7 +100,14 @@ Deno.test({
           assert.equal(session.relay.transport, transport);
           const relay = await relayPid(provider.containerName);
           // The relay really is another uid's process (read as root: /proc/PID/status is public).
-          const status = await docker("exec", "--user", "0", provider.containerName, "cat", `/proc/${relay}/status`);
+          const status = await docker(
+            "exec",
+            "--user",
+            "0",
+            provider.containerName,
+            "cat",
+            `/proc/${relay}/status`,
+          );
           assert.match(status, new RegExp(`^Uid:\\s+${RELAY_UID}\\s`, "m"), status);
           // As the agent: two processes of its own uid (a leftover's daemons, dumpable as any
           // process it runs), then the relay. Each op on its own line.
@@ -152,23 +173,41 @@ Deno.test({
       // The agent empties /tmp of the tool's state (as in a fresh container, where the relay can
       // start first) and plants a directory of its own, open to all, under the names a wrapper of
       // another uid could pick, directly and through a symlink.
-      const plant = await provider.exec(["sh", "-c", [
-        "rm -rf /tmp/.sandbox-exec",
-        "mkdir -m 0777 /tmp/planted",
-        `ln -s /tmp/planted /tmp/.sandbox-exec-${RELAY_UID}`,
-        `mkdir -m 0777 /tmp/.sandbox-exec-relay /tmp/.sandbox-exec-${RELAY_UID}-state`,
-        "echo planted",
-      ].join("\n")]);
+      const plant = await provider.exec([
+        "sh",
+        "-c",
+        [
+          "rm -rf /tmp/.sandbox-exec",
+          "mkdir -m 0777 /tmp/planted",
+          `ln -s /tmp/planted /tmp/.sandbox-exec-${RELAY_UID}`,
+          `mkdir -m 0777 /tmp/.sandbox-exec-relay /tmp/.sandbox-exec-${RELAY_UID}-state`,
+          "echo planted",
+        ].join("\n"),
+      ]);
       assert.equal(plant.stdout.trim(), "planted", plant.stderr);
 
       // A run's session: its relay is named after the run (\`relay-RUN-…\`).
       const runId = `plant-${crypto.randomUUID().slice(0, 8)}`;
-      await using session = await openSession(profile, provider, { accessLogPath: `${dir.path}/access.ndjson`, runId });
+      await using session = await openSession(profile, provider, {
+        accessLogPath: `${dir.path}/access.ndjson`,
+        runId,
+      });
       const relay = await relayPid(provider.containerName);
       // What the relay runs with, read as its own uid (the only one that may).
-      const environ = await docker("exec", "--user", RELAY_USER, provider.containerName, "cat", `/proc/${relay}/environ`);
+      const environ = await docker(
+        "exec",
+        "--user",
+        RELAY_USER,
+        provider.containerName,
+        "cat",
+        `/proc/${relay}/environ`,
+      );
       const denoDir = environ.split("\0").find((entry) => entry.startsWith("DENO_DIR="));
-      assert.equal(denoDir, "DENO_DIR=/opt/sandbox/deno-dir", "the relay uses the image's read-only cache");
+      assert.equal(
+        denoDir,
+        "DENO_DIR=/opt/sandbox/deno-dir",
+        "the relay uses the image's read-only cache",
+      );
       // Nothing in /tmp is the relay's, nothing landed in the planted directories, and the
       // sandbox user's state directory was not made by the relay's wrapper.
       const listing = await docker(

@@ -26,7 +26,11 @@ const CAPTURE = [
 
 Deno.test("runAgent: once it returns, the proxy its agent used serves the agent's token no more", async () => {
   await using dir = await tempDir("sandbox-sec-library-");
-  await using llm = new FakeLlm([toolCall("execute", { command: CAPTURE }), text("the control's answer"), text("captured")]);
+  await using llm = new FakeLlm([
+    toolCall("execute", { command: CAPTURE }),
+    text("the control's answer"),
+    text("captured"),
+  ]);
   const result = parseConfig(
     `profiles:\n  lib:\n    llm: {provider: custom, base_url: "${llm.baseUrl}", key: {env: ${KEY_ENV}}}\n    sandbox: {mode: none}\n`,
     "test.yaml",
@@ -47,10 +51,18 @@ Deno.test("runAgent: once it returns, the proxy its agent used serves the agent'
       hostCwd: dir.path,
       onEvent: (message) => void messages.push(message),
     });
-    const output = messages.find((m) => m.type === "tool_result" && m.tool_name === "execute")?.tool_output ?? "";
-    const context = `exit ${outcome.exitCode} ${outcome.error?.message ?? ""}\n--- agent output\n${output}`;
+    const output = messages.find((m) =>
+      m.type === "tool_result" && m.tool_name === "execute"
+    )?.tool_output ?? "";
+    const context = `exit ${outcome.exitCode} ${
+      outcome.error?.message ?? ""
+    }\n--- agent output\n${output}`;
     assert.equal(outcome.exitCode, 0, context);
-    const said = new Map(output.split("\n").map((line) => /^([a-z]+)=(.*)$/.exec(line)).filter((m) => m !== null).map((m) => [m[1], m[2]]));
+    const said = new Map(
+      output.split("\n").map((line) => /^([a-z]+)=(.*)$/.exec(line)).filter((m) => m !== null).map((
+        m,
+      ) => [m[1], m[2]]),
+    );
     const url = said.get("url");
     const token = atob(said.get("captured") ?? "");
     assert.match(url ?? "", /^http:\/\/127\.0\.0\.1:\d+\//, context);
@@ -73,7 +85,10 @@ Deno.test("runAgent: once it returns, the proxy its agent used serves the agent'
       if (error instanceof DOMException && error.name === "TimeoutError") throw error;
       after = "no answer";
     }
-    assert.ok(after === "no answer" || after === 401, `the run's proxy still answered ${after} to its token`);
+    assert.ok(
+      after === "no answer" || after === 401,
+      `the run's proxy still answered ${after} to its token`,
+    );
     assert.equal(llm.completions, served, "a request with the dead token reached the LLM");
   } finally {
     if (saved.state === undefined) Deno.env.delete("XDG_STATE_HOME");

@@ -23,11 +23,11 @@ import { run } from "../../lib/process.ts";
 import {
   assertDocker,
   dockerTest,
-  upstreamProfile,
   removeProfile,
   runCli,
   tempDir,
   uniqueProfile,
+  upstreamProfile,
   withEnv,
   writeConfig,
 } from "../_helpers.ts";
@@ -219,11 +219,15 @@ Deno.test({
               // The agent opens a connection through the relay and holds it (a request begun,
               // never finished), hoping to carry it into the next session: it waits up to 30 s
               // for the connection to end.
-              holding = provider.exec(["bash", "-c", `
+              holding = provider.exec([
+                "bash",
+                "-c",
+                `
                 exec 3<>/dev/tcp/127.0.0.1/${third.relay.ports.llm} || exit 3
                 printf 'GET /proxy/v1/models HTTP/1.1\r\nHost: relay\r\n' >&3
                 echo open
-                if timeout 30 cat <&3 >/dev/null; then echo closed; else echo held; fi`], { timeoutMs: 60_000 });
+                if timeout 30 cat <&3 >/dev/null; then echo closed; else echo held; fi`,
+              ], { timeoutMs: 60_000 });
               await new Promise((resolve) => setTimeout(resolve, 1_000));
             });
             const held = await holding!;
@@ -235,7 +239,11 @@ Deno.test({
             assert.deepEqual(spare.ports, claimed.ports);
             assert.equal(spare.key, claimed.key);
             // Between sessions, the relay carries nothing: the directory holds no socket.
-            const between = await agent(provider, undefined, `curl -s -m 10 -o /dev/null http://127.0.0.1:${spare.ports.llm}/proxy/v1/models; echo "curl-exit $?"`);
+            const between = await agent(
+              provider,
+              undefined,
+              `curl -s -m 10 -o /dev/null http://127.0.0.1:${spare.ports.llm}/proxy/v1/models; echo "curl-exit $?"`,
+            );
             assert.match(between[0], /^curl-exit (52|56)$/);
             // And the next session gets it again.
             spare = await session(async (again) => {
@@ -337,7 +345,10 @@ Deno.test({
         "no spare relay waits after the exec",
       );
       // `down` removes the container, and with it what the host kept for its mount.
-      const source = await withEnv({ XDG_STATE_HOME: env.XDG_STATE_HOME }, () => proxyMountSource(`sandbox-${name}`));
+      const source = await withEnv(
+        { XDG_STATE_HOME: env.XDG_STATE_HOME },
+        () => proxyMountSource(`sandbox-${name}`),
+      );
       const down = await runCli(["down", "-p", name], { config, env, timeoutMs: 120_000 });
       assert.equal(down.exitCode, 0, down.stderr);
       await assert.rejects(() => Deno.lstat(source), Deno.errors.NotFound);

@@ -20,7 +20,10 @@ import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
 console.error("security: token command-line tests starting");
 
 /** `/proc/PID/FILE` of every host process whose FILE contains `needle`. */
-async function hostProcessesWith(file: "cmdline" | "environ", needle: string): Promise<{ pid: string; cmdline: string }[]> {
+async function hostProcessesWith(
+  file: "cmdline" | "environ",
+  needle: string,
+): Promise<{ pid: string; cmdline: string }[]> {
   const found: { pid: string; cmdline: string }[] = [];
   let read = 0;
   for await (const entry of Deno.readDir("/proc")) {
@@ -29,7 +32,8 @@ async function hostProcessesWith(file: "cmdline" | "environ", needle: string): P
     if (content === undefined) continue;
     read++;
     if (content.includes(needle)) {
-      const cmdline = (await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => "")).replaceAll("\0", " ");
+      const cmdline = (await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => ""))
+        .replaceAll("\0", " ");
       found.push({ pid: entry.name, cmdline });
     }
   }
@@ -38,30 +42,65 @@ async function hostProcessesWith(file: "cmdline" | "environ", needle: string): P
 }
 
 /** Sandbox `/proc/PID/FILE` paths holding `needle`, searched as `user` (grep reads it from stdin). */
-async function sandboxFilesWith(container: string, user: string, file: "cmdline" | "environ", needle: string): Promise<string[]> {
+async function sandboxFilesWith(
+  container: string,
+  user: string,
+  file: "cmdline" | "environ",
+  needle: string,
+): Promise<string[]> {
   const result = await run(
-    ["docker", "exec", "-i", "--user", user, container, "sh", "-c", `grep -lsF -f /dev/stdin /proc/[0-9]*/${file}; ls -d /proc/[0-9]* | wc -l`],
+    [
+      "docker",
+      "exec",
+      "-i",
+      "--user",
+      user,
+      container,
+      "sh",
+      "-c",
+      `grep -lsF -f /dev/stdin /proc/[0-9]*/${file}; ls -d /proc/[0-9]* | wc -l`,
+    ],
     { stdin: needle },
   );
   const lines = result.stdout.trim().split("\n");
   const count = Number(lines.pop());
-  assert.ok(count > 2, `the sandbox listed ${count} processes: the check would prove nothing\n${result.stderr}`);
+  assert.ok(
+    count > 2,
+    `the sandbox listed ${count} processes: the check would prove nothing\n${result.stderr}`,
+  );
   return lines.filter(Boolean);
 }
 
 Deno.test({
-  name: "a live run's session token is on no command line, host or sandbox, nor in a host process's environment, and its agent's commands have it",
+  name:
+    "a live run's session token is on no command line, host or sandbox, nor in a host process's environment, and its agent's commands have it",
   ...dockerTest(),
   async fn(t) {
     assertDocker();
     // The command leaves a process running while the run is held: its environment is the twin.
     await using llm = new HeldLlm([
-      toolCall("execute", { command: "echo OWN=$SANDBOX_LLM_TOKEN; (sleep 3600 </dev/null >/dev/null 2>&1 &)" }),
+      toolCall("execute", {
+        command: "echo OWN=$SANDBOX_LLM_TOKEN; (sleep 3600 </dev/null >/dev/null 2>&1 &)",
+      }),
       text("Done"),
     ]);
-    await using fixture = await RunFixture.make({ prefix: "sec-token", llmUrl: llm.baseUrl, keyEnv: "SEC_TOKEN_KEY", prompt: "Print it\n" });
+    await using fixture = await RunFixture.make({
+      prefix: "sec-token",
+      llmUrl: llm.baseUrl,
+      keyEnv: "SEC_TOKEN_KEY",
+      prompt: "Print it\n",
+    });
     const held = llm.hold(2);
-    const child = spawnCli(["run", "agentic", "--prompt-file", fixture.promptFile, "--profile", fixture.profile, "--format", "ndjson"], {
+    const child = spawnCli([
+      "run",
+      "agentic",
+      "--prompt-file",
+      fixture.promptFile,
+      "--profile",
+      fixture.profile,
+      "--format",
+      "ndjson",
+    ], {
       config: fixture.config,
       env: fixture.env,
       timeoutMs: CLI_TIMEOUT_MS,
@@ -70,7 +109,11 @@ Deno.test({
     try {
       const body = await Promise.race([
         held,
-        child.finished.then((ended) => Promise.reject(new Error(`the run ended before its second LLM request\n${ended.stderrTail}`))),
+        child.finished.then((ended) =>
+          Promise.reject(
+            new Error(`the run ended before its second LLM request\n${ended.stderrTail}`),
+          )
+        ),
       ]);
       const token = /OWN=(sbx_[A-Za-z0-9_-]+)/.exec(body)?.[1];
       assert.ok(token, `the agent did not print its token: ${body.slice(0, 400)}`);
@@ -86,21 +129,33 @@ Deno.test({
       await t.step("docker inspect of the sandbox does not show it", async () => {
         assert.ok(!(await docker("container", "inspect", container)).includes(token));
       });
-      await t.step("no host process has it in its environment (it went in on the worker's input)", async () => {
-        // The sandbox's own processes show in the host's /proc too: those in its pid namespace are
-        // the twin's business, not the host's.
-        const here = await Deno.readLink("/proc/self/ns/pid");
-        const holders = [];
-        for (const found of await hostProcessesWith("environ", token)) {
-          if (await Deno.readLink(`/proc/${found.pid}/ns/pid`).catch(() => here) === here) holders.push(found);
-        }
-        assert.deepEqual(holders, []);
-      });
+      await t.step(
+        "no host process has it in its environment (it went in on the worker's input)",
+        async () => {
+          // The sandbox's own processes show in the host's /proc too: those in its pid namespace are
+          // the twin's business, not the host's.
+          const here = await Deno.readLink("/proc/self/ns/pid");
+          const holders = [];
+          for (const found of await hostProcessesWith("environ", token)) {
+            if (
+              await Deno.readLink(`/proc/${found.pid}/ns/pid`).catch(() => here) === here
+            ) holders.push(found);
+          }
+          assert.deepEqual(holders, []);
+        },
+      );
       await t.step("twin: the agent's command has it in its environment", async () => {
         const holders = await sandboxFilesWith(container, "10001", "environ", token);
         const pids = holders.map((path) => path.split("/")[2]);
-        const cmdlines = await Promise.all(pids.map((pid) => run(["docker", "exec", "--user", "0", container, "cat", `/proc/${pid}/cmdline`])));
-        assert.ok(cmdlines.some((c) => c.stdout.startsWith("sleep\u00003600")), `holders: ${holders.join(", ")}`);
+        const cmdlines = await Promise.all(
+          pids.map((pid) =>
+            run(["docker", "exec", "--user", "0", container, "cat", `/proc/${pid}/cmdline`])
+          ),
+        );
+        assert.ok(
+          cmdlines.some((c) => c.stdout.startsWith("sleep\u00003600")),
+          `holders: ${holders.join(", ")}`,
+        );
       });
     } finally {
       llm.release();

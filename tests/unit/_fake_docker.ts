@@ -52,7 +52,9 @@ exit 0
       return await Promise.all(Array.from({ length: count }, async (_, i) => {
         const text = await Deno.readTextFile(`${calls}.env.${i + 1}`).catch(() => "");
         return Object.fromEntries(
-          text.split("\0").filter(Boolean).map((entry) => [entry.slice(0, entry.indexOf("=")), entry.slice(entry.indexOf("=") + 1)]),
+          text.split("\0").filter(Boolean).map((
+            entry,
+          ) => [entry.slice(0, entry.indexOf("=")), entry.slice(entry.indexOf("=") + 1)]),
         );
       }));
     },

@@ -173,7 +173,9 @@ export class FakeUpstream implements AsyncDisposable {
         const echoed = req.headers.get("authorization") ?? req.headers.get("x-api-key") ?? "";
         if (/"stream"\s*:\s*true/.test(recorded.body)) {
           // The echo as an SSE event, one byte per chunk: a secret split at every boundary.
-          const event = new TextEncoder().encode(`data: ${chatChunk(`I saw ${echoed}`)}\n\ndata: [DONE]\n\n`);
+          const event = new TextEncoder().encode(
+            `data: ${chatChunk(`I saw ${echoed}`)}\n\ndata: [DONE]\n\n`,
+          );
           return sse(ReadableStream.from([...event].map((byte) => new Uint8Array([byte]))));
         }
         return Response.json(

@@ -17,7 +17,9 @@ async function translate(
   const seen: { line: string; known: boolean }[] = [];
   const lines = events.map((e) => typeof e === "string" ? e : JSON.stringify(e));
   const messages = await Array.fromAsync(
-    translateAgentLines(ReadableStream.from(lines), translator, { onEvent: (line, known) => void seen.push({ line, known }) }),
+    translateAgentLines(ReadableStream.from(lines), translator, {
+      onEvent: (line, known) => void seen.push({ line, known }),
+    }),
   );
   return { messages, seen };
 }
@@ -53,7 +55,12 @@ const CLAUDE_RUN: Record<string, unknown>[] = [
       content: [
         { type: "thinking", thinking: "A script, then run it.", signature: "sig" },
         { type: "text", text: "I will write the script." },
-        { type: "tool_use", id: "toolu_1", name: "Write", input: { file_path: "greet.sh", content: "echo hello\n" } },
+        {
+          type: "tool_use",
+          id: "toolu_1",
+          name: "Write",
+          input: { file_path: "greet.sh", content: "echo hello\n" },
+        },
       ],
       stop_reason: null,
       usage: { input_tokens: 10, output_tokens: 1 },
@@ -63,7 +70,14 @@ const CLAUDE_RUN: Record<string, unknown>[] = [
   },
   {
     type: "user",
-    message: { role: "user", content: [{ tool_use_id: "toolu_1", type: "tool_result", content: "File created successfully at: greet.sh" }] },
+    message: {
+      role: "user",
+      content: [{
+        tool_use_id: "toolu_1",
+        type: "tool_result",
+        content: "File created successfully at: greet.sh",
+      }],
+    },
     parent_tool_use_id: null,
     session_id: SESSION,
     tool_use_result: { type: "create", filePath: "greet.sh" },
@@ -74,7 +88,12 @@ const CLAUDE_RUN: Record<string, unknown>[] = [
       id: "msg_2",
       role: "assistant",
       model: "claude-sonnet-4-5",
-      content: [{ type: "tool_use", id: "toolu_2", name: "Bash", input: { command: "sh greet.sh && false", description: "run" } }],
+      content: [{
+        type: "tool_use",
+        id: "toolu_2",
+        name: "Bash",
+        input: { command: "sh greet.sh && false", description: "run" },
+      }],
     },
     parent_tool_use_id: null,
     session_id: SESSION,
@@ -83,7 +102,12 @@ const CLAUDE_RUN: Record<string, unknown>[] = [
     type: "user",
     message: {
       role: "user",
-      content: [{ tool_use_id: "toolu_2", type: "tool_result", content: [{ type: "text", text: "hello\nExit code 1" }], is_error: true }],
+      content: [{
+        tool_use_id: "toolu_2",
+        type: "tool_result",
+        content: [{ type: "text", text: "hello\nExit code 1" }],
+        is_error: true,
+      }],
     },
     parent_tool_use_id: null,
     session_id: SESSION,
@@ -91,7 +115,12 @@ const CLAUDE_RUN: Record<string, unknown>[] = [
   { type: "rate_limit_event", rate_limit_info: { status: "allowed" }, session_id: SESSION },
   {
     type: "assistant",
-    message: { id: "msg_3", role: "assistant", model: "claude-sonnet-4-5", content: [{ type: "text", text: "Done." }] },
+    message: {
+      id: "msg_3",
+      role: "assistant",
+      model: "claude-sonnet-4-5",
+      content: [{ type: "text", text: "Done." }],
+    },
     parent_tool_use_id: null,
     session_id: SESSION,
   },
@@ -119,7 +148,10 @@ const CLAUDE_RUN: Record<string, unknown>[] = [
 ];
 
 Deno.test("Claude Code's stream-json becomes thinking, matching tool calls and results, one result, usage last", async () => {
-  const { messages } = await translate(new ClaudeCodeTranslator({ model: "asked-for" }), CLAUDE_RUN);
+  const { messages } = await translate(
+    new ClaudeCodeTranslator({ model: "asked-for" }),
+    CLAUDE_RUN,
+  );
   assert.deepEqual(shape(messages), [
     "thinking",
     "thinking",
@@ -139,11 +171,19 @@ Deno.test("Claude Code's stream-json becomes thinking, matching tool calls and r
   assert.equal(written.tool_call_id, "toolu_1");
   assert.equal(written.is_error, false);
   assert.equal(bash.tool_call_id, "toolu_2");
-  assert.equal(ran.tool_output, "hello\nExit code 1", "text blocks of a tool result are its output");
+  assert.equal(
+    ran.tool_output,
+    "hello\nExit code 1",
+    "text blocks of a tool result are its output",
+  );
   assert.equal(ran.is_error, true);
   for (const message of messages.slice(0, -1)) {
     assert.equal(message.session_id, SESSION);
-    assert.equal(message.model, "claude-sonnet-4-5", "the init event's model replaces the one asked for");
+    assert.equal(
+      message.model,
+      "claude-sonnet-4-5",
+      "the init event's model replaces the one asked for",
+    );
   }
   const result = messages.at(-2)!;
   assert.equal(result.content, "Done.");
@@ -191,10 +231,18 @@ Deno.test("Claude Code: an error result is an is_error result, and a second resu
     usage: { input_tokens: 1, output_tokens: 2 },
     errors: ["Reached maximum number of turns (5)"],
   };
-  const { messages, seen } = await translate(new ClaudeCodeTranslator(), [CLAUDE_RUN[0], error, { ...error, subtype: "success", is_error: false, result: "late" }]);
+  const { messages, seen } = await translate(new ClaudeCodeTranslator(), [CLAUDE_RUN[0], error, {
+    ...error,
+    subtype: "success",
+    is_error: false,
+    result: "late",
+  }]);
   assert.deepEqual(shape(messages), ["result", "usage"]);
   assert.equal(messages[0].is_error, true);
-  assert.equal(messages[0].content, "Claude Code ended with error_max_turns: Reached maximum number of turns (5)");
+  assert.equal(
+    messages[0].content,
+    "Claude Code ended with error_max_turns: Reached maximum number of turns (5)",
+  );
   assert.equal(seen.at(-1)!.known, false, "the second result stays in the run log only");
 });
 
@@ -204,11 +252,25 @@ Deno.test("Claude Code: an API error reads as the result's text, and nothing is 
       CLAUDE_RUN[0],
       {
         type: "assistant",
-        message: { model: "<synthetic>", role: "assistant", content: [{ type: "text", text: "API Error: 400 replay: the recording has only 2 responses" }] },
+        message: {
+          model: "<synthetic>",
+          role: "assistant",
+          content: [{
+            type: "text",
+            text: "API Error: 400 replay: the recording has only 2 responses",
+          }],
+        },
         error: "unknown",
         is_api_error_message: true,
       },
-      { type: "result", subtype: "success", is_error: true, result: "API Error: 400 replay: the recording has only 2 responses", num_turns: 1, usage: {} },
+      {
+        type: "result",
+        subtype: "success",
+        is_error: true,
+        result: "API Error: 400 replay: the recording has only 2 responses",
+        num_turns: 1,
+        usage: {},
+      },
     ]);
     assert.deepEqual(shape(messages), ["thinking", "result", "usage"]);
     assert.equal(messages[1].is_error, true);
@@ -217,13 +279,20 @@ Deno.test("Claude Code: an API error reads as the result's text, and nothing is 
   });
   await t.step("no result", async () => {
     const { messages } = await translate(new ClaudeCodeTranslator(), CLAUDE_RUN.slice(0, 3));
-    assert.deepEqual(shape(messages), ["thinking", "thinking", "tool_call:Write", "tool_result:Write"]);
+    assert.deepEqual(shape(messages), [
+      "thinking",
+      "thinking",
+      "tool_call:Write",
+      "tool_result:Write",
+    ]);
   });
 });
 
 Deno.test("Claude Code: tool names pass through the given normaliser, calls and results alike", async () => {
   const { messages } = await translate(
-    new ClaudeCodeTranslator({ toolName: (raw) => raw === "Bash" ? "run_shell_command" : raw.toLowerCase() }),
+    new ClaudeCodeTranslator({
+      toolName: (raw) => raw === "Bash" ? "run_shell_command" : raw.toLowerCase(),
+    }),
     CLAUDE_RUN,
   );
   assert.deepEqual(shape(messages).filter((s) => s.startsWith("tool")), [
@@ -239,7 +308,13 @@ Deno.test("A tool output longer than the wire's limit is cut, as the worker's is
   const { messages } = await translate(new ClaudeCodeTranslator(), [
     CLAUDE_RUN[0],
     CLAUDE_RUN[1],
-    { type: "user", message: { role: "user", content: [{ tool_use_id: "toolu_1", type: "tool_result", content: long }] } },
+    {
+      type: "user",
+      message: {
+        role: "user",
+        content: [{ tool_use_id: "toolu_1", type: "tool_result", content: long }],
+      },
+    },
   ]);
   assert.equal(messages.at(-1)!.tool_output!.length, MAX_TOOL_OUTPUT_CHARS);
 });
@@ -249,41 +324,110 @@ const THREAD = "01a2056c-7730-74d1-8056-6a6aeca75eed";
 /** Codex running two commands, changing a file, then answering (real shapes from 0.169.0). */
 const CODEX_RUN: Record<string, unknown>[] = [
   { type: "thread.started", thread_id: THREAD },
-  { type: "item.completed", item: { id: "item_0", type: "error", message: "Model metadata for `replay` not found. Defaulting to fallback metadata; this can degrade performance and cause issues." } },
+  {
+    type: "item.completed",
+    item: {
+      id: "item_0",
+      type: "error",
+      message:
+        "Model metadata for `replay` not found. Defaulting to fallback metadata; this can degrade performance and cause issues.",
+    },
+  },
   { type: "turn.started" },
   { type: "error", message: "Reconnecting... 2/5 (stream disconnected before completion)" },
-  { type: "item.completed", item: { id: "item_1", type: "reasoning", text: "**Writing the script**" } },
+  {
+    type: "item.completed",
+    item: { id: "item_1", type: "reasoning", text: "**Writing the script**" },
+  },
   {
     type: "item.started",
-    item: { id: "item_2", type: "command_execution", command: "/bin/bash -lc 'printf hi > out.txt'", aggregated_output: "", exit_code: null, status: "in_progress" },
+    item: {
+      id: "item_2",
+      type: "command_execution",
+      command: "/bin/bash -lc 'printf hi > out.txt'",
+      aggregated_output: "",
+      exit_code: null,
+      status: "in_progress",
+    },
   },
   {
     type: "item.completed",
-    item: { id: "item_2", type: "command_execution", command: "/bin/bash -lc 'printf hi > out.txt'", aggregated_output: "", exit_code: 0, status: "completed" },
+    item: {
+      id: "item_2",
+      type: "command_execution",
+      command: "/bin/bash -lc 'printf hi > out.txt'",
+      aggregated_output: "",
+      exit_code: 0,
+      status: "completed",
+    },
   },
-  { type: "item.started", item: { id: "item_3", type: "todo_list", items: [{ text: "write", completed: true }, { text: "run", completed: false }] } },
   {
     type: "item.started",
-    item: { id: "item_4", type: "file_change", changes: [{ path: "/workspace/worktrees/run-1/hello.txt", kind: "add" }], status: "in_progress" },
+    item: {
+      id: "item_3",
+      type: "todo_list",
+      items: [{ text: "write", completed: true }, { text: "run", completed: false }],
+    },
+  },
+  {
+    type: "item.started",
+    item: {
+      id: "item_4",
+      type: "file_change",
+      changes: [{ path: "/workspace/worktrees/run-1/hello.txt", kind: "add" }],
+      status: "in_progress",
+    },
   },
   {
     type: "item.completed",
-    item: { id: "item_4", type: "file_change", changes: [{ path: "/workspace/worktrees/run-1/hello.txt", kind: "add" }], status: "completed" },
+    item: {
+      id: "item_4",
+      type: "file_change",
+      changes: [{ path: "/workspace/worktrees/run-1/hello.txt", kind: "add" }],
+      status: "completed",
+    },
   },
   {
     type: "item.completed",
-    item: { id: "item_5", type: "command_execution", command: "/bin/bash -lc 'cat missing'", aggregated_output: "cat: missing: No such file or directory\n", exit_code: 1, status: "failed" },
+    item: {
+      id: "item_5",
+      type: "command_execution",
+      command: "/bin/bash -lc 'cat missing'",
+      aggregated_output: "cat: missing: No such file or directory\n",
+      exit_code: 1,
+      status: "failed",
+    },
   },
   { type: "item.completed", item: { id: "item_6", type: "agent_message", text: "Done." } },
-  { type: "item.completed", item: { id: "item_3", type: "todo_list", items: [{ text: "write", completed: true }, { text: "run", completed: true }] } },
-  { type: "turn.completed", usage: { input_tokens: 200, cached_input_tokens: 20, cache_write_input_tokens: 0, output_tokens: 40, reasoning_output_tokens: 10 } },
+  {
+    type: "item.completed",
+    item: {
+      id: "item_3",
+      type: "todo_list",
+      items: [{ text: "write", completed: true }, { text: "run", completed: true }],
+    },
+  },
+  {
+    type: "turn.completed",
+    usage: {
+      input_tokens: 200,
+      cached_input_tokens: 20,
+      cache_write_input_tokens: 0,
+      output_tokens: 40,
+      reasoning_output_tokens: 10,
+    },
+  },
 ];
 
 Deno.test("Codex's exec --json becomes thinking, matching tool calls and results, one result, usage last", async () => {
   const diagnostics: string[] = [];
   // The clock reads 1000 ms when the translator starts and 4500 ms at the end.
   const readings = [1_000, 4_500];
-  const translator = new CodexTranslator({ model: "gpt-5.5", onDiagnostic: (m) => diagnostics.push(m), now: () => readings.shift()! });
+  const translator = new CodexTranslator({
+    model: "gpt-5.5",
+    onDiagnostic: (m) => diagnostics.push(m),
+    now: () => readings.shift()!,
+  });
   const { messages, seen } = await translate(translator, CODEX_RUN);
   assert.deepEqual(shape(messages.slice(0, -2)), [
     "thinking",
@@ -302,9 +446,15 @@ Deno.test("Codex's exec --json becomes thinking, matching tool calls and results
   assert.equal(messages[2].tool_call_id, "item_2");
   assert.equal(messages[2].is_error, false);
   assert.equal(messages[3].content, "Plan:\n- [x] write\n- [ ] run");
-  assert.deepEqual(messages[4].tool_input, { changes: [{ path: "/workspace/worktrees/run-1/hello.txt", kind: "add" }] });
+  assert.deepEqual(messages[4].tool_input, {
+    changes: [{ path: "/workspace/worktrees/run-1/hello.txt", kind: "add" }],
+  });
   assert.equal(messages[5].tool_output, "Applied: add /workspace/worktrees/run-1/hello.txt");
-  assert.equal(messages[6].tool_call_id, "item_5", "a completion without a start still gets its call first");
+  assert.equal(
+    messages[6].tool_call_id,
+    "item_5",
+    "a completion without a start still gets its call first",
+  );
   assert.equal(messages[7].is_error, true);
   assert.equal(messages[7].tool_output, "cat: missing: No such file or directory\n");
   assert.equal(messages[8].content, "Done.");
@@ -333,7 +483,10 @@ Deno.test("Codex's exec --json becomes thinking, matching tool calls and results
 });
 
 Deno.test("Codex: the cost comes from the price table for the model it was told to use, and is null for a model the table does not know", async () => {
-  const run = [CODEX_RUN[0], { type: "turn.completed", usage: { input_tokens: 1_000_000, cached_input_tokens: 400_000, output_tokens: 100_000 } }];
+  const run = [CODEX_RUN[0], {
+    type: "turn.completed",
+    usage: { input_tokens: 1_000_000, cached_input_tokens: 400_000, output_tokens: 100_000 },
+  }];
   const priced = await translate(new CodexTranslator({ model: "gpt-5" }), run);
   // gpt-5: $1.25 per million fresh input tokens, $0.125 cached, $10 output.
   assert.equal(priced.messages.at(-1)!.usage!.cost_usd, 0.6 * 1.25 + 0.4 * 0.125 + 0.1 * 10);
@@ -362,18 +515,67 @@ Deno.test("Codex: a stream that ends mid-turn sends no result (the driver then r
 Deno.test("Codex: MCP tool calls, web searches and unknown item kinds", async () => {
   const { messages, seen } = await translate(new CodexTranslator(), [
     CODEX_RUN[0],
-    { type: "item.started", item: { id: "i1", type: "mcp_tool_call", server: "docs", tool: "search", arguments: { q: "x" }, result: null, error: null, status: "in_progress" } },
+    {
+      type: "item.started",
+      item: {
+        id: "i1",
+        type: "mcp_tool_call",
+        server: "docs",
+        tool: "search",
+        arguments: { q: "x" },
+        result: null,
+        error: null,
+        status: "in_progress",
+      },
+    },
     {
       type: "item.completed",
-      item: { id: "i1", type: "mcp_tool_call", server: "docs", tool: "search", arguments: { q: "x" }, result: { content: [{ type: "text", text: "found" }], structured_content: null }, error: null, status: "completed" },
+      item: {
+        id: "i1",
+        type: "mcp_tool_call",
+        server: "docs",
+        tool: "search",
+        arguments: { q: "x" },
+        result: { content: [{ type: "text", text: "found" }], structured_content: null },
+        error: null,
+        status: "completed",
+      },
     },
-    { type: "item.started", item: { id: "i2", type: "mcp_tool_call", server: "docs", tool: "fetch", arguments: {}, status: "in_progress" } },
-    { type: "item.completed", item: { id: "i2", type: "mcp_tool_call", server: "docs", tool: "fetch", arguments: {}, result: null, error: { message: "denied" }, status: "failed" } },
-    { type: "item.completed", item: { id: "i3", type: "web_search", query: "deno", action: { type: "search" } } },
+    {
+      type: "item.started",
+      item: {
+        id: "i2",
+        type: "mcp_tool_call",
+        server: "docs",
+        tool: "fetch",
+        arguments: {},
+        status: "in_progress",
+      },
+    },
+    {
+      type: "item.completed",
+      item: {
+        id: "i2",
+        type: "mcp_tool_call",
+        server: "docs",
+        tool: "fetch",
+        arguments: {},
+        result: null,
+        error: { message: "denied" },
+        status: "failed",
+      },
+    },
+    {
+      type: "item.completed",
+      item: { id: "i3", type: "web_search", query: "deno", action: { type: "search" } },
+    },
     { type: "item.completed", item: { id: "i4", type: "hologram", text: "?" } },
     { type: "thread.teleported", to: "mars" },
     { type: "item.completed", item: { id: "i5", type: "agent_message", text: "ok" } },
-    { type: "turn.completed", usage: { input_tokens: 1, cached_input_tokens: 0, output_tokens: 1 } },
+    {
+      type: "turn.completed",
+      usage: { input_tokens: 1, cached_input_tokens: 0, output_tokens: 1 },
+    },
   ]);
   assert.deepEqual(shape(messages), [
     "tool_call:mcp__docs__search",
@@ -391,5 +593,8 @@ Deno.test("Codex: MCP tool calls, web searches and unknown item kinds", async ()
   assert.equal(messages[3].tool_output, "denied");
   assert.equal(messages[3].is_error, true);
   assert.deepEqual(messages[4].tool_input, { query: "deno" });
-  assert.deepEqual(seen.filter((s) => !s.known).map((s) => JSON.parse(s.line).type), ["item.completed", "thread.teleported"]);
+  assert.deepEqual(seen.filter((s) => !s.known).map((s) => JSON.parse(s.line).type), [
+    "item.completed",
+    "thread.teleported",
+  ]);
 });

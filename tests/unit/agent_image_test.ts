@@ -7,8 +7,18 @@
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { agentImageTagFor, agentLayerContentHash, ensureAgentImage } from "../../lib/agents/agent_image.ts";
-import { cachedTarballName, displayRegistry, fetchTarball, npmRegistry, RegistryError } from "../../lib/agents/npm_tarball.ts";
+import {
+  agentImageTagFor,
+  agentLayerContentHash,
+  ensureAgentImage,
+} from "../../lib/agents/agent_image.ts";
+import {
+  cachedTarballName,
+  displayRegistry,
+  fetchTarball,
+  npmRegistry,
+  RegistryError,
+} from "../../lib/agents/npm_tarball.ts";
 import { AGENT_PACKAGES, type PlatformTarball } from "../../lib/agents/packages.ts";
 import { exitCodeFor, SandboxError } from "../../lib/errors.ts";
 import { run } from "../../lib/process.ts";
@@ -17,7 +27,9 @@ import { tempDir } from "../_helpers.ts";
 import { fakeDocker } from "./_fake_docker.ts";
 
 /** A gzipped npm-style tarball (`package/...`) made with tar, and its integrity. */
-async function makeTarball(dir: string): Promise<{ bytes: Uint8Array<ArrayBuffer>; integrity: string }> {
+async function makeTarball(
+  dir: string,
+): Promise<{ bytes: Uint8Array<ArrayBuffer>; integrity: string }> {
   await Deno.mkdir(`${dir}/src/package/bin`, { recursive: true });
   await Deno.writeTextFile(`${dir}/src/package/bin/agent`, "#!/bin/sh\necho agent\n");
   const made = await run(["tar", "-czf", `${dir}/pkg.tgz`, "-C", `${dir}/src`, "package"]);
@@ -32,7 +44,9 @@ function fakeRegistry(path: string, body: () => Uint8Array<ArrayBuffer> | null) 
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, (req) => {
     requests++;
     const bytes = body();
-    if (new URL(req.url).pathname !== `/${path}` || bytes === null) return new Response("not found", { status: 404 });
+    if (new URL(req.url).pathname !== `/${path}` || bytes === null) {
+      return new Response("not found", { status: 404 });
+    }
     return new Response(bytes);
   });
   return {
@@ -55,12 +69,21 @@ function deadRegistry(): string {
 Deno.test("fetchTarball() downloads a pinned tarball once, checks it, and serves it from the cache after", async () => {
   await using dir = await tempDir("sandbox-npm-");
   const { bytes, integrity } = await makeTarball(dir.path);
-  const tarball: PlatformTarball = { spec: "@x/agent-linux-x64@1.0.0", path: "@x/agent-linux-x64/-/agent-linux-x64-1.0.0.tgz", integrity, root: "package" };
+  const tarball: PlatformTarball = {
+    spec: "@x/agent-linux-x64@1.0.0",
+    path: "@x/agent-linux-x64/-/agent-linux-x64-1.0.0.tgz",
+    integrity,
+    root: "package",
+  };
   await using registry = fakeRegistry(tarball.path, () => bytes);
   const cacheDir = `${dir.path}/cache`;
   const path = await fetchTarball(tarball, { registry: registry.url, cacheDir });
   assert.equal(path, `${cacheDir}/${cachedTarballName(tarball)}`);
-  assert.equal(cachedTarballName(tarball), "x-agent-linux-x64-1.0.0.tgz", "the name npm pack gives it");
+  assert.equal(
+    cachedTarballName(tarball),
+    "x-agent-linux-x64-1.0.0.tgz",
+    "the name npm pack gives it",
+  );
   assert.deepEqual(await Deno.readFile(path), bytes);
   assert.equal(registry.requests, 1);
   assert.equal(await fetchTarball(tarball, { registry: registry.url, cacheDir }), path);
@@ -76,7 +99,12 @@ Deno.test("fetchTarball() downloads a pinned tarball once, checks it, and serves
 Deno.test("fetchTarball() refuses a tarball that does not match its pin, and keeps nothing of it", async () => {
   await using dir = await tempDir("sandbox-npm-");
   const { bytes, integrity } = await makeTarball(dir.path);
-  const tarball: PlatformTarball = { spec: "@x/agent@1.0.0", path: "@x/agent/-/agent-1.0.0.tgz", integrity, root: "package" };
+  const tarball: PlatformTarball = {
+    spec: "@x/agent@1.0.0",
+    path: "@x/agent/-/agent-1.0.0.tgz",
+    integrity,
+    root: "package",
+  };
   const altered = new Uint8Array(bytes);
   altered[altered.length - 1] ^= 0xff;
   await using registry = fakeRegistry(tarball.path, () => altered);
@@ -84,20 +112,32 @@ Deno.test("fetchTarball() refuses a tarball that does not match its pin, and kee
   await assert.rejects(
     fetchTarball(tarball, { registry: registry.url, cacheDir }),
     (error: unknown) =>
-      error instanceof SandboxError && !(error instanceof RegistryError) && error.code === "image_build_failed" &&
+      error instanceof SandboxError && !(error instanceof RegistryError) &&
+      error.code === "image_build_failed" &&
       /does not match its pinned integrity/.test(error.message),
   );
-  assert.deepEqual([...Deno.readDirSync(cacheDir)], [], "no file, partial or whole, is left in the cache");
+  assert.deepEqual(
+    [...Deno.readDirSync(cacheDir)],
+    [],
+    "no file, partial or whole, is left in the cache",
+  );
 });
 
 Deno.test("fetchTarball() says which registry could not serve which package", async (t) => {
   await using dir = await tempDir("sandbox-npm-");
-  const tarball: PlatformTarball = { spec: "@x/agent@1.0.0", path: "@x/agent/-/agent-1.0.0.tgz", integrity: "sha512-none", root: "package" };
+  const tarball: PlatformTarball = {
+    spec: "@x/agent@1.0.0",
+    path: "@x/agent/-/agent-1.0.0.tgz",
+    integrity: "sha512-none",
+    root: "package",
+  };
   await t.step("nothing listens", async () => {
     const registry = deadRegistry();
     await assert.rejects(
       fetchTarball(tarball, { registry, cacheDir: `${dir.path}/a` }),
-      (error: unknown) => error instanceof RegistryError && error.message.startsWith(`Cannot download @x/agent@1.0.0 from ${registry}: `),
+      (error: unknown) =>
+        error instanceof RegistryError &&
+        error.message.startsWith(`Cannot download @x/agent@1.0.0 from ${registry}: `),
     );
   });
   await t.step("the registry answers 404", async () => {
@@ -111,8 +151,14 @@ Deno.test("fetchTarball() says which registry could not serve which package", as
 
 Deno.test("npmRegistry() follows npm_config_registry, and messages never show a mirror's credentials", () => {
   assert.equal(npmRegistry(() => undefined), "https://registry.npmjs.org");
-  assert.equal(npmRegistry((n) => n === "npm_config_registry" ? "https://mirror.example/npm/" : undefined), "https://mirror.example/npm");
-  assert.equal(displayRegistry("https://user:s3cret@mirror.example/npm"), "https://mirror.example/npm");
+  assert.equal(
+    npmRegistry((n) => n === "npm_config_registry" ? "https://mirror.example/npm/" : undefined),
+    "https://mirror.example/npm",
+  );
+  assert.equal(
+    displayRegistry("https://user:s3cret@mirror.example/npm"),
+    "https://mirror.example/npm",
+  );
 });
 
 const BASE = "sandbox-runtime:0123456789abcdef";
@@ -125,11 +171,24 @@ if [ "$1 $2" = "image inspect" ] && [ "$5" = "${BASE}" ]; then echo "sha256:base
 if [ "$1 $2" = "image inspect" ] && [ "$5" = "${tag}" ]; then echo "${hash}"; exit 0; fi
 exit 1`);
   await using dir = await tempDir("sandbox-npm-");
-  const info = await ensureAgentImage(new DockerCli(docker.program), BASE, "claude-code", { registry: deadRegistry(), cacheDir: dir.path });
-  assert.deepEqual(info, { tag, agent: "claude-code", base: BASE, version: AGENT_PACKAGES["claude-code"].version, built: false });
+  const info = await ensureAgentImage(new DockerCli(docker.program), BASE, "claude-code", {
+    registry: deadRegistry(),
+    cacheDir: dir.path,
+  });
+  assert.deepEqual(info, {
+    tag,
+    agent: "claude-code",
+    base: BASE,
+    version: AGENT_PACKAGES["claude-code"].version,
+    built: false,
+  });
   assert.deepEqual(await docker.callsStartingWith("build"), []);
   assert.match(tag, /^sandbox-agent:claude-code-[0-9a-f]{16}$/);
-  assert.notEqual(tag, await agentImageTagFor("sandbox-runtime:fedcba9876543210", "claude-code"), "another sandbox image, another layer");
+  assert.notEqual(
+    tag,
+    await agentImageTagFor("sandbox-runtime:fedcba9876543210", "claude-code"),
+    "another sandbox image, another layer",
+  );
 });
 
 Deno.test("ensureAgentImage() without the layer and without the registry fails with 125, naming what is missing and how to get it", async () => {
@@ -139,7 +198,10 @@ if [ "$1 $2" = "image inspect" ] && [ "$5" = "${BASE}" ]; then echo "sha256:base
 echo "Error: No such image: $5" >&2; exit 1`);
   await using dir = await tempDir("sandbox-npm-");
   const registry = deadRegistry();
-  const error = await ensureAgentImage(new DockerCli(docker.program), BASE, "codex", { registry, cacheDir: dir.path }).then(
+  const error = await ensureAgentImage(new DockerCli(docker.program), BASE, "codex", {
+    registry,
+    cacheDir: dir.path,
+  }).then(
     () => assert.fail("the build should have failed"),
     (e: unknown) => e,
   );
@@ -148,7 +210,9 @@ echo "Error: No such image: $5" >&2; exit 1`);
   assert.equal(exitCodeFor(error), 125);
   assert.match(
     error.message,
-    new RegExp(`^Cannot build the missing codex image "${tag}": cannot download @openai/codex@0\\.169\\.0-linux-x64 from ${registry}: `),
+    new RegExp(
+      `^Cannot build the missing codex image "${tag}": cannot download @openai/codex@0\\.169\\.0-linux-x64 from ${registry}: `,
+    ),
   );
   const file = cachedTarballName(AGENT_PACKAGES.codex.tarballs.amd64);
   assert.equal(file, "openai-codex-0.169.0-linux-x64.tgz", "the file npm pack makes of it");
@@ -161,7 +225,12 @@ echo "Error: No such image: $5" >&2; exit 1`);
       `copy ${file} into ${dir.path}/`,
       "npm_config_registry",
     ]
-  ) assert.ok(error.detail?.includes(hint), `the help lacks ${JSON.stringify(hint)}:\n${error.detail}`);
+  ) {
+    assert.ok(
+      error.detail?.includes(hint),
+      `the help lacks ${JSON.stringify(hint)}:\n${error.detail}`,
+    );
+  }
   assert.deepEqual(await docker.callsStartingWith("build"), [], "nothing was built");
 });
 
@@ -169,6 +238,7 @@ Deno.test("ensureAgentImage() refuses a base of an architecture it has no binary
   await using docker = await fakeDocker(`echo "sha256:base s390x"; exit 0`);
   await assert.rejects(
     ensureAgentImage(new DockerCli(docker.program), BASE, "codex", { registry: deadRegistry() }),
-    (error: unknown) => error instanceof SandboxError && /has no build for architecture "s390x"/.test(error.message),
+    (error: unknown) =>
+      error instanceof SandboxError && /has no build for architecture "s390x"/.test(error.message),
   );
 });

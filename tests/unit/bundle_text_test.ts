@@ -15,9 +15,11 @@ async function evaluate(text: string): Promise<unknown> {
   return (await import(url)).out;
 }
 
-const MINIFIED = `var Zr=(t=>typeof require<"u"?require:typeof Proxy<"u"?new Proxy(t,{get:(e,r)=>(typeof require<"u"?require:e)[r]}):t)` +
+const MINIFIED =
+  `var Zr=(t=>typeof require<"u"?require:typeof Proxy<"u"?new Proxy(t,{get:(e,r)=>(typeof require<"u"?require:e)[r]}):t)` +
   `(function(t){if(typeof require<"u")return require.apply(this,arguments);throw Error('Dynamic require of "'+t+'" is not supported')});`;
-const UNMINIFIED = 'import { createRequire as __deno_internal_createRequire } from "node:module";\n' +
+const UNMINIFIED =
+  'import { createRequire as __deno_internal_createRequire } from "node:module";\n' +
   "var __require = __deno_internal_createRequire(import.meta.url);";
 
 Deno.test("the minified bundle's throwing require is replaced, under its minified name, by one that loads Node's built-ins", async () => {
@@ -35,9 +37,15 @@ Deno.test("the unminified bundle's static import of node:module becomes the same
 });
 
 Deno.test("a bundle that requires anything but a Node built-in, or holds two shims, does not build", () => {
-  assert.throws(() => finishBundle(`${MINIFIED}Zr("left-pad");`), (e: Error) => e instanceof BundleShapeError && /left-pad/.test(e.message));
+  assert.throws(
+    () => finishBundle(`${MINIFIED}Zr("left-pad");`),
+    (e: Error) => e instanceof BundleShapeError && /left-pad/.test(e.message),
+  );
   assert.throws(() => finishBundle(`${MINIFIED}Zr(name);`), BundleShapeError);
-  assert.throws(() => finishBundle(`${MINIFIED}${MINIFIED.replace("Zr", "Yq")}`), /at most once, found it 2 times/);
+  assert.throws(
+    () => finishBundle(`${MINIFIED}${MINIFIED.replace("Zr", "Yq")}`),
+    /at most once, found it 2 times/,
+  );
   // A name that merely ends like the shim's is not a call of it.
   assert.doesNotThrow(() => finishBundle(`${MINIFIED}aZr("left-pad");x.Zr("y");`));
 });
@@ -45,7 +53,8 @@ Deno.test("a bundle that requires anything but a Node built-in, or holds two shi
 Deno.test("characters outside ASCII become escapes that read the same in strings, templates, regular expressions and comments", async () => {
   // The template comes last: a character after a template's closing backtick is read
   // conservatively, as if it might be in a tagged one (the next test).
-  const text = 'export const out = ["caf\u00e9 \u2014", /\u00e9+/.test("\u00e9\u00e9"), "\u{1F600}".length, `a\u2192${1}b`];\n';
+  const text =
+    'export const out = ["caf\u00e9 \u2014", /\u00e9+/.test("\u00e9\u00e9"), "\u{1F600}".length, `a\u2192${1}b`];\n';
   const finished = finishBundle(text);
   assert.ok(isAscii(finished), finished);
   assert.deepEqual(await evaluate(finished), await evaluate(text));
@@ -65,7 +74,7 @@ const CONTEXT_TAG = [
 
 Deno.test("in a tagged template's text, a character outside ASCII becomes a substitution of itself: the tag's raw text and result are unchanged", async () => {
   const text = `${CONTEXT_TAG}\nconst name = "x";\n` +
-    'export const out = [context`\n  Be brief \u2014 ${name} \u2192 done\\n \u{1F44B}`, String.raw`a\u2014\\n${1}b`, `plain \u00e9`];\n';
+    "export const out = [context`\n  Be brief \u2014 ${name} \u2192 done\\n \u{1F44B}`, String.raw`a\u2014\\n${1}b`, `plain \u00e9`];\n";
   const finished = finishBundle(text);
   assert.ok(isAscii(finished), finished);
   assert.match(finished, /Be brief \$\{"\\u2014"\} \$\{name\}/);
@@ -86,7 +95,9 @@ Deno.test("the scan tells templates, strings, comments and regular expressions a
 });
 
 Deno.test("a text the scan cannot place whole (an escaped character outside ASCII, an unterminated literal) is left as it is", () => {
-  for (const text of ['const s = "\\\u00e9";', "const s = `\u00e9", 'const s = "\u00e9', "/* \u00e9"]) {
+  for (
+    const text of ['const s = "\\\u00e9";', "const s = `\u00e9", 'const s = "\u00e9', "/* \u00e9"]
+  ) {
     assert.equal(finishBundle(text), text);
   }
 });
@@ -102,11 +113,20 @@ Deno.test("an npm module is named from the Deno cache's npm directory on, wherev
   const here = finishBundle(module("../../root/.cache/deno"));
   assert.equal(finishBundle(module("../../../home/someone/.cache/deno")), here);
   assert.equal(finishBundle(module(".deno")), here);
-  assert.match(here, /^\/\/ <DENO_DIR>\/npm\/registry\.npmjs\.org\/@scope\/pkg\/1\.2\.3-rc\.1\/dist\/index\.js$/m);
+  assert.match(
+    here,
+    /^\/\/ <DENO_DIR>\/npm\/registry\.npmjs\.org\/@scope\/pkg\/1\.2\.3-rc\.1\/dist\/index\.js$/m,
+  );
   // A string in the code is the code's: it keeps what it said.
-  assert.match(here, /module\.exports = "\.\.\/\.\.\/root\/\.cache\/deno\/npm\/registry\.npmjs\.org\/x\/1\.0\.0\/kept\.js"/);
+  assert.match(
+    here,
+    /module\.exports = "\.\.\/\.\.\/root\/\.cache\/deno\/npm\/registry\.npmjs\.org\/x\/1\.0\.0\/kept\.js"/,
+  );
   assert.match(here, /^\/\/ worker\/main\.ts$/m);
-  assert.equal(await evaluate(here), "../../root/.cache/deno/npm/registry.npmjs.org/x/1.0.0/kept.js");
+  assert.equal(
+    await evaluate(here),
+    "../../root/.cache/deno/npm/registry.npmjs.org/x/1.0.0/kept.js",
+  );
 });
 
 // The real bundler: the worker's sources bundled from a copy one directory deeper (so the Deno
@@ -119,14 +139,29 @@ Deno.test("the worker bundled from a checkout at another depth finishes byte for
     const copied = await run(["cp", "-R", `${ROOT}/${dir}/.`, `${copy}/${dir}`]);
     assert.equal(copied.exitCode, 0, explain(copied));
   }
-  for (const file of ["deno.json", "deno.lock"]) await Deno.copyFile(`${ROOT}/${file}`, `${copy}/${file}`);
+  for (const file of ["deno.json", "deno.lock"]) {
+    await Deno.copyFile(`${ROOT}/${file}`, `${copy}/${file}`);
+  }
   const bundled: string[] = [];
   for (const cwd of [ROOT, copy]) {
     const out = `${deeper.path}/worker-${bundled.length}.js`;
-    const result = await run([Deno.execPath(), "bundle", "--quiet", "--platform", "deno", "-o", out, "worker/main.ts"], { cwd, timeoutMs: 120_000 });
+    const result = await run([
+      Deno.execPath(),
+      "bundle",
+      "--quiet",
+      "--platform",
+      "deno",
+      "-o",
+      out,
+      "worker/main.ts",
+    ], { cwd, timeoutMs: 120_000 });
     assert.equal(result.exitCode, 0, explain(result));
     bundled.push(await Deno.readTextFile(out));
   }
-  assert.notEqual(bundled[0], bundled[1], "the bundler no longer names the cache's location: this step may be unneeded");
+  assert.notEqual(
+    bundled[0],
+    bundled[1],
+    "the bundler no longer names the cache's location: this step may be unneeded",
+  );
   assert.ok(finishBundle(bundled[0]) === finishBundle(bundled[1]), "the finished bundles differ");
 });

@@ -20,7 +20,10 @@ async function bundleFile(dir: string, text: string): Promise<URL> {
 Deno.test("a bundle carried in a trailing comment reads back byte for byte, and the code around it still runs", async () => {
   await using dir = await tempDir();
   const code = "export const out = 6 * 7;\n";
-  const url = await bundleFile(dir.path, code + trailerComment("worker", WORKER) + trailerComment("relay", "cmVsYXk="));
+  const url = await bundleFile(
+    dir.path,
+    code + trailerComment("worker", WORKER) + trailerComment("relay", "cmVsYXk="),
+  );
   assert.equal(readTrailer(url, "worker"), WORKER);
   assert.equal(readTrailer(url, "relay"), "cmVsYXk=");
   assert.equal((await import(url.href)).out, 42);

@@ -170,10 +170,21 @@ Deno.test("a project file is used once trusted: the current directory first, the
     await trustContent(`${repo}/sandbox.yaml`, await Deno.readFile(`${repo}/sandbox.yaml`), store);
     assert.equal(await find(), `${repo}/sandbox.yaml`);
     await Deno.writeTextFile(`${repo}/sub/deeper/sandbox.yaml`, "profiles: {}");
-    assert.equal(await find(), `${repo}/sandbox.yaml`, "the untrusted file in the current directory was used");
-    await trustContent(`${repo}/sub/deeper/sandbox.yaml`, await Deno.readFile(`${repo}/sub/deeper/sandbox.yaml`), store);
+    assert.equal(
+      await find(),
+      `${repo}/sandbox.yaml`,
+      "the untrusted file in the current directory was used",
+    );
+    await trustContent(
+      `${repo}/sub/deeper/sandbox.yaml`,
+      await Deno.readFile(`${repo}/sub/deeper/sandbox.yaml`),
+      store,
+    );
     assert.equal(await find(), `${repo}/sub/deeper/sandbox.yaml`);
-    assert.equal(await findConfigFile({ cwd: repo, explicit: "/x.yaml", trustStore: store }), "/x.yaml");
+    assert.equal(
+      await findConfigFile({ cwd: repo, explicit: "/x.yaml", trustStore: store }),
+      "/x.yaml",
+    );
   });
 });
 
@@ -199,7 +210,16 @@ Deno.test("an untrusted project file is ignored as if absent, reported with what
     assert.equal(ignored.state, "untrusted");
     assert.equal(ignored.trustCommand, `sandbox trust ${project}/sandbox.yaml`);
     const summary = ignored.summary.join("\n");
-    for (const expected of [/base_url "http:\/\/attacker\.test\/v1"/, /key from environment variable "OPENAI_API_KEY"/, /sandbox\.mode "none" \(no isolation/, /network mode "full"/, /environment set NOTES/, /resources memory 1g/]) {
+    for (
+      const expected of [
+        /base_url "http:\/\/attacker\.test\/v1"/,
+        /key from environment variable "OPENAI_API_KEY"/,
+        /sandbox\.mode "none" \(no isolation/,
+        /network mode "full"/,
+        /environment set NOTES/,
+        /resources memory 1g/,
+      ]
+    ) {
       assert.match(summary, expected);
     }
 
@@ -230,10 +250,15 @@ Deno.test("a trusted project file may not use a key command; the same file named
   await using dir = await tempDir();
   const store = `${dir.path}/trusted.json`;
   await withEnv({ SANDBOX_CONFIG: undefined }, async () => {
-    for (const [section, path] of [
-      ["llm: {provider: custom, base_url: 'http://127.0.0.1:9/v1', key: {command: [touch, pwned]}}", "llm.key.command"],
-      ["git: {token: {command: [touch, pwned]}}", "git.token.command"],
-    ]) {
+    for (
+      const [section, path] of [
+        [
+          "llm: {provider: custom, base_url: 'http://127.0.0.1:9/v1', key: {command: [touch, pwned]}}",
+          "llm.key.command",
+        ],
+        ["git: {token: {command: [touch, pwned]}}", "git.token.command"],
+      ]
+    ) {
       const text = `profiles:\n  work:\n    ${section}\n`;
       await Deno.writeTextFile(`${dir.path}/sandbox.yaml`, text);
       await trustContent(`${dir.path}/sandbox.yaml`, new TextEncoder().encode(text), store);
@@ -255,12 +280,23 @@ Deno.test("a trusted project file may not use a key command; the same file named
 Deno.test("built-in providers refuse a base_url: their key goes only to their own endpoint", async (t) => {
   for (const provider of ["openai", "anthropic", "openrouter"]) {
     await t.step(provider, () => {
-      assert.deepEqual(issuesOf(`profiles: {w: {llm: {provider: ${provider}, base_url: "http://attacker.test/v1"}}}`), [
-        `profiles.w.llm.base_url: only provider custom takes a base_url (a ${provider} key is sent only to ${provider})`,
-      ]);
+      assert.deepEqual(
+        issuesOf(
+          `profiles: {w: {llm: {provider: ${provider}, base_url: "http://attacker.test/v1"}}}`,
+        ),
+        [
+          `profiles.w.llm.base_url: only provider custom takes a base_url (a ${provider} key is sent only to ${provider})`,
+        ],
+      );
       // Even a profile that bypassed validation cannot redirect a built-in provider's key.
-      const target = llmTarget({ provider, base_url: "http://attacker.test/v1", max_request_body: "10m" } as LlmConfig, new KeyStore());
-      assert.equal(target.upstream.baseUrl, BUILTIN_PROVIDERS[provider as keyof typeof BUILTIN_PROVIDERS].baseUrl);
+      const target = llmTarget(
+        { provider, base_url: "http://attacker.test/v1", max_request_body: "10m" } as LlmConfig,
+        new KeyStore(),
+      );
+      assert.equal(
+        target.upstream.baseUrl,
+        BUILTIN_PROVIDERS[provider as keyof typeof BUILTIN_PROVIDERS].baseUrl,
+      );
     });
   }
   await t.step("the twin: custom takes one", () => {
@@ -279,15 +315,24 @@ Deno.test("loading a named config that copies a secret into the sandbox under an
   const key = `sk-load-${crypto.randomUUID()}`;
   const file = `${dir.path}/mine.yaml`;
   await withEnv({ [variable]: key }, async () => {
-    await Deno.writeTextFile(file, `profiles: {w: {sandbox: {environment: {set: {NOTES: "\${${variable}}"}}}}}`);
+    await Deno.writeTextFile(
+      file,
+      `profiles: {w: {sandbox: {environment: {set: {NOTES: "\${${variable}}"}}}}}`,
+    );
     const refused = await loadConfig({ explicit: file });
     assert.equal(refused.kind, "invalid");
     const issues = refused.kind === "invalid" ? refused.issues : [];
     assert.deepEqual(issues.map((i) => i.path), ["profiles.w.sandbox.environment.set.NOTES"]);
-    assert.match(issues[0].message, new RegExp(`contains the value of environment variable "${variable}"`));
+    assert.match(
+      issues[0].message,
+      new RegExp(`contains the value of environment variable "${variable}"`),
+    );
     assert.ok(!JSON.stringify(issues).includes(key));
     // The twin: the same file with an innocent value loads.
-    await Deno.writeTextFile(file, "profiles: {w: {sandbox: {environment: {set: {NOTES: harmless-value}}}}}");
+    await Deno.writeTextFile(
+      file,
+      "profiles: {w: {sandbox: {environment: {set: {NOTES: harmless-value}}}}}",
+    );
     assert.equal((await loadConfig({ explicit: file })).kind, "ok");
   });
 });
@@ -299,7 +344,12 @@ Deno.test("a configured value carrying a known secret is refused under any name,
     if (result.kind !== "ok") throw new Error(`invalid: ${JSON.stringify(result.issues)}`);
     return result.config;
   };
-  const env = { OPENAI_API_KEY: key, INNOCENT: key.slice(3), NOTES: `x ${key}`, SHORT_TOKEN: "abc" };
+  const env = {
+    OPENAI_API_KEY: key,
+    INNOCENT: key.slice(3),
+    NOTES: `x ${key}`,
+    SHORT_TOKEN: "abc",
+  };
   const config = configOf(
     "profiles:\n  w:\n    llm: {model: 'm-${INNOCENT}'}\n    sandbox:\n      environment:\n" +
       "        set: {NOTES: '${OPENAI_API_KEY}', OK: harmless-value, TINY: abc}\n        passthrough: [NOTES]\n",
@@ -310,7 +360,10 @@ Deno.test("a configured value carrying a known secret is refused under any name,
     "profiles.w.sandbox.environment.set.NOTES",
     "profiles.w.sandbox.environment.passthrough[0]",
   ]);
-  assert.match(issues[0].message, /contains the value of environment variable "OPENAI_API_KEY"; secrets never enter the sandbox/);
+  assert.match(
+    issues[0].message,
+    /contains the value of environment variable "OPENAI_API_KEY"; secrets never enter the sandbox/,
+  );
   assert.ok(issues.every((i) => !i.message.includes(key)));
   // A key source with an innocent name makes that variable's value a secret too.
   const custom = configOf(
@@ -318,9 +371,17 @@ Deno.test("a configured value carrying a known secret is refused under any name,
       "    sandbox: {environment: {set: {COPY: '${INNOCENT}'}}}\n",
     env,
   );
-  assert.deepEqual(secretValueIssues(custom, env).map((i) => i.path), ["profiles.w.sandbox.environment.set.COPY"]);
+  assert.deepEqual(secretValueIssues(custom, env).map((i) => i.path), [
+    "profiles.w.sandbox.environment.set.COPY",
+  ]);
   // The twin: nothing secret, nothing refused.
-  assert.deepEqual(secretValueIssues(configOf("profiles: {w: {sandbox: {environment: {set: {OK: harmless-value}}}}}", env), env), []);
+  assert.deepEqual(
+    secretValueIssues(
+      configOf("profiles: {w: {sandbox: {environment: {set: {OK: harmless-value}}}}}", env),
+      env,
+    ),
+    [],
+  );
 });
 
 Deno.test("sizes and durations parse in the units people write", () => {
@@ -337,13 +398,16 @@ Deno.test("sizes and durations parse in the units people write", () => {
 Deno.test("network.hosts values must be IP addresses: the egress proxy never looks a mapped value up", () => {
   for (const value of ["abc", "cafe", "256.1.1.1", "1.2.3", "db.internal"]) {
     assert.deepEqual(
-      issuesOf(`profiles:\n  p:\n    sandbox:\n      network:\n        hosts: {a.test: "${value}"}\n`),
+      issuesOf(
+        `profiles:\n  p:\n    sandbox:\n      network:\n        hosts: {a.test: "${value}"}\n`,
+      ),
       ["profiles.p.sandbox.network.hosts.a.test: expected an IP address"],
       value,
     );
   }
   for (const value of ["10.1.2.3", "255.255.255.255", "::1", "fd00::1", "::ffff:127.0.0.1"]) {
-    const yaml = `profiles:\n  p:\n    sandbox:\n      network:\n        hosts: {a.test: "${value}"}\n`;
+    const yaml =
+      `profiles:\n  p:\n    sandbox:\n      network:\n        hosts: {a.test: "${value}"}\n`;
     assert.equal(parseConfig(yaml, "test.yaml", noEnv).kind, "ok", value);
   }
 });

@@ -97,11 +97,15 @@ class FakeProvider implements SandboxProvider {
     if (options.stdin instanceof ReadableStream) {
       const decoder = new TextDecoder();
       (async () => {
-        for await (const chunk of options.stdin as ReadableStream<Uint8Array>) call.input += decoder.decode(chunk, { stream: true });
+        for await (const chunk of options.stdin as ReadableStream<Uint8Array>) {
+          call.input += decoder.decode(chunk, { stream: true });
+        }
         call.inputClosed = true;
       })();
     } else if (options.stdin !== undefined) {
-      call.input = typeof options.stdin === "string" ? options.stdin : new TextDecoder().decode(options.stdin);
+      call.input = typeof options.stdin === "string"
+        ? options.stdin
+        : new TextDecoder().decode(options.stdin);
       call.inputClosed = true;
     }
     let settle!: (outcome: Promise<ExecStreamOutcome>) => void;
@@ -572,14 +576,34 @@ Deno.test("the prompt, instructions and session variables go in the job on the w
   await t.step("executeAgentic", async () => {
     const provider = new FakeProvider({ lines: [RESULT, USAGE] });
     await Array.fromAsync(
-      driverFor(provider).executeAgentic(prompt, { cwd: "/w", runId: "run-1", instructions, maxTurns: 4 }),
+      driverFor(provider).executeAgentic(prompt, {
+        cwd: "/w",
+        runId: "run-1",
+        instructions,
+        maxTurns: 4,
+      }),
     );
     const [job] = await assertJobsOnInput(provider);
-    assert.deepEqual(job, { mode: "agentic", prompt, env: SESSION_ENV, cwd: "/w", instructions, model: "fake-model", maxTurns: 4, schema: undefined });
+    assert.deepEqual(job, {
+      mode: "agentic",
+      prompt,
+      env: SESSION_ENV,
+      cwd: "/w",
+      instructions,
+      model: "fake-model",
+      maxTurns: 4,
+      schema: undefined,
+    });
     for (const value of provider.everything) {
       assert.ok(!value.includes(prompt), `the prompt appears in argv/env/a file: ${value}`);
-      assert.ok(!value.includes(instructions), `the instructions appear in argv/env/a file: ${value}`);
-      assert.ok(!value.includes(SESSION_ENV.SANDBOX_LLM_TOKEN), `the session token appears in argv/env/a file: ${value}`);
+      assert.ok(
+        !value.includes(instructions),
+        `the instructions appear in argv/env/a file: ${value}`,
+      );
+      assert.ok(
+        !value.includes(SESSION_ENV.SANDBOX_LLM_TOKEN),
+        `the session token appears in argv/env/a file: ${value}`,
+      );
     }
   });
   await t.step("generate", async () => {
@@ -608,7 +632,10 @@ Deno.test("two concurrent executeAgentic() calls each start their own worker wit
   assert.equal(a.length, 2);
   assert.equal(b.length, 2);
   const jobs = await assertJobsOnInput(provider);
-  assert.deepEqual(new Set(jobs.map((j) => `${j.prompt} ${j.cwd}`)), new Set(["first /w/a", "second /w/b"]));
+  assert.deepEqual(
+    new Set(jobs.map((j) => `${j.prompt} ${j.cwd}`)),
+    new Set(["first /w/a", "second /w/b"]),
+  );
 });
 
 Deno.test("a worker started ahead of the call gets the job, and no other worker is started", async () => {
@@ -616,7 +643,11 @@ Deno.test("a worker started ahead of the call gets the job, and no other worker 
   // As a run does: the worker starts while the session opens; the job comes once the call does.
   const early = startWorker(provider, [...WORKER_COMMAND, "serve"]);
   let asked = 0;
-  const driver = new ContainerDriver({ provider, env: SESSION_ENV, worker: () => (asked++, early) });
+  const driver = new ContainerDriver({
+    provider,
+    env: SESSION_ENV,
+    worker: () => (asked++, early),
+  });
   assert.equal(provider.streams.length, 1);
   const messages = await collect(driver, "from the start");
   assert.deepEqual(messages.map((m) => m.type), ["result"]);
@@ -630,8 +661,17 @@ Deno.test("a job that carries a known secret is refused before any worker starts
   registerSecret(secret, "the test's key");
   const cases: [string, (provider: FakeProvider) => Promise<unknown>][] = [
     ["in the prompt", (provider) => collect(driverFor(provider), `use ${secret}`)],
-    ["in the instructions", (provider) => Array.fromAsync(driverFor(provider).executeAgentic("hi", { cwd: "/w", instructions: secret }))],
-    ["in a session variable", (provider) => collect(new ContainerDriver({ provider, env: { NOTES: secret } }))],
+    [
+      "in the instructions",
+      (provider) =>
+        Array.fromAsync(
+          driverFor(provider).executeAgentic("hi", { cwd: "/w", instructions: secret }),
+        ),
+    ],
+    [
+      "in a session variable",
+      (provider) => collect(new ContainerDriver({ provider, env: { NOTES: secret } })),
+    ],
     ["in generate()'s prompt", (provider) => driverFor(provider).generate(`use ${secret}`)],
   ];
   for (const [what, call] of cases) {
@@ -645,7 +685,10 @@ Deno.test("a job that carries a known secret is refused before any worker starts
   }
   await t.step("the same job without the secret runs (positive twin)", async () => {
     const provider = new FakeProvider({ lines: [RESULT, USAGE] });
-    assert.deepEqual((await collect(driverFor(provider), "use nothing secret")).map((m) => m.type), ["result"]);
+    assert.deepEqual(
+      (await collect(driverFor(provider), "use nothing secret")).map((m) => m.type),
+      ["result"],
+    );
   });
 });
 
@@ -653,15 +696,25 @@ Deno.test("a worker cut short by its deadline or an interrupt is reported as the
   await t.step("timeout", async () => {
     const provider = new FakeProvider({
       lines: [TOOL_CALL],
-      outcome: { reject: new SandboxError("timeout", 'Command timed out after 5000 ms in sandbox "sandbox-x"') },
+      outcome: {
+        reject: new SandboxError(
+          "timeout",
+          'Command timed out after 5000 ms in sandbox "sandbox-x"',
+        ),
+      },
     });
-    const run = Array.fromAsync(driverFor(provider).executeAgentic("do it", { cwd: "/w", runId: "run-1", timeoutMs: 5_000 }));
+    const run = Array.fromAsync(
+      driverFor(provider).executeAgentic("do it", { cwd: "/w", runId: "run-1", timeoutMs: 5_000 }),
+    );
     const error = await rejectsWith(run, "timeout");
     assert.equal(error.message, "The run timed out after 5s");
     await assertJobsOnInput(provider);
   });
   await t.step("interrupt", async () => {
-    const provider = new FakeProvider({ lines: [TOOL_CALL], outcome: { reject: new SandboxError("interrupted", "Command interrupted") } });
+    const provider = new FakeProvider({
+      lines: [TOOL_CALL],
+      outcome: { reject: new SandboxError("interrupted", "Command interrupted") },
+    });
     const error = await rejectsWith(collect(driverFor(provider)), "interrupted");
     assert.equal(error.message, "The run was interrupted");
   });

@@ -156,7 +156,13 @@ Deno.test("TokenRegistry issues unguessable sbx_ tokens and looks them up exactl
 });
 
 /** Headers Deno's fetch adds to every request by itself (the proxy's own client). */
-const FETCH_OWN_HEADERS = ["accept-encoding", "accept-language", "content-length", "host", "user-agent"];
+const FETCH_OWN_HEADERS = [
+  "accept-encoding",
+  "accept-language",
+  "content-length",
+  "host",
+  "user-agent",
+];
 
 Deno.test("startCredentialProxy() forwards only the headers the API needs, with the real key", async () => {
   await using h = await Harness.start();
@@ -204,7 +210,10 @@ Deno.test("startCredentialProxy() never forwards a token sent as x-api-key to an
   await using h = await Harness.start();
   const cases: [string, Record<string, string>][] = [
     ["x-api-key alone", { "x-api-key": h.token }],
-    ["x-api-key beside Authorization", { "x-api-key": h.token, authorization: `Bearer ${h.token}` }],
+    ["x-api-key beside Authorization", {
+      "x-api-key": h.token,
+      authorization: `Bearer ${h.token}`,
+    }],
   ];
   for (const [name, headers] of cases) {
     await t.step(name, async () => {
@@ -737,9 +746,14 @@ Deno.test("startCredentialProxy() refuses Anthropic server-side tools with 403 a
     ["an MCP toolset", { tools: [{ type: "mcp_toolset", mcp_server_name: "x" }] }],
     ["the advisor", { tools: [{ type: "advisor_20260301", name: "advisor" }] }],
     ["tool search", { tools: [{ type: "tool_search_tool_regex_20251119", name: "ts" }] }],
-    ["a server tool of a type nobody knows yet", { tools: [{ type: "teleport_20990101", name: "t" }] }],
+    ["a server tool of a type nobody knows yet", {
+      tools: [{ type: "teleport_20990101", name: "t" }],
+    }],
     ["a server tool after a client one", {
-      tools: [{ name: "run", input_schema: { type: "object" } }, { type: "web_fetch_20250910", name: "f" }],
+      tools: [{ name: "run", input_schema: { type: "object" } }, {
+        type: "web_fetch_20250910",
+        name: "f",
+      }],
     }],
   ];
   for (const [name, extra] of serverSide) {
@@ -756,7 +770,11 @@ Deno.test("startCredentialProxy() refuses Anthropic server-side tools with 403 a
     ["the MCP connector", {
       mcp_servers: [{ type: "url", url: "https://mcp.attacker.test/sse", name: "x" }],
     }, /mcp_servers/],
-    ["a code execution container", { container: "container_011CPR5CNjB747bTd36fQLFk" }, /container/],
+    [
+      "a code execution container",
+      { container: "container_011CPR5CNjB747bTd36fQLFk" },
+      /container/,
+    ],
     ["an image the provider would fetch", {
       messages: [{
         role: "user",
@@ -769,7 +787,10 @@ Deno.test("startCredentialProxy() refuses Anthropic server-side tools with 403 a
         content: [{
           type: "tool_result",
           tool_use_id: "t1",
-          content: [{ type: "document", source: { type: "url", url: "https://attacker.test/a.pdf" } }],
+          content: [{
+            type: "document",
+            source: { type: "url", url: "https://attacker.test/a.pdf" },
+          }],
         }],
       }],
     }, /URL source/],
@@ -787,7 +808,12 @@ Deno.test("startCredentialProxy() refuses Anthropic server-side tools with 403 a
         { type: "custom", name: "mine", input_schema: { type: "object" } },
         { type: "bash_20250124", name: "bash" },
         { type: "text_editor_20250728", name: "str_replace_based_edit_tool" },
-        { type: "computer_20250124", name: "computer", display_width_px: 1024, display_height_px: 768 },
+        {
+          type: "computer_20250124",
+          name: "computer",
+          display_width_px: 1024,
+          display_height_px: 768,
+        },
         { type: "memory_20250818", name: "memory" },
       ],
       messages: [{
@@ -795,7 +821,12 @@ Deno.test("startCredentialProxy() refuses Anthropic server-side tools with 403 a
         content: [
           { type: "text", text: "see https://example.test/ (text, not fetched)" },
           { type: "image", source: { type: "base64", media_type: "image/png", data: "iVBORw0K" } },
-          { type: "tool_use", id: "t", name: "fetch", input: { source: { type: "url", url: "https://a.test" } } },
+          {
+            type: "tool_use",
+            id: "t",
+            name: "fetch",
+            input: { source: { type: "url", url: "https://a.test" } },
+          },
         ],
       }],
     }));
@@ -846,24 +877,48 @@ Deno.test("startCredentialProxy() drops server-side anthropic-beta flags and kee
 Deno.test("startCredentialProxy() refuses OpenAI-style provider-side tools, search models and URL inputs", async (t) => {
   await using h = await Harness.start();
   const refused: [string, Record<string, unknown>, RegExp][] = [
-    ...["web_search", "web_search_preview", "file_search", "code_interpreter", "mcp", "image_generation", "computer_use_preview", "openrouter:web_search"]
+    ...[
+      "web_search",
+      "web_search_preview",
+      "file_search",
+      "code_interpreter",
+      "mcp",
+      "image_generation",
+      "computer_use_preview",
+      "openrouter:web_search",
+    ]
       .map((type): [string, Record<string, unknown>, RegExp] => [
         `a ${type} tool`,
         { tools: [{ type, server_url: "https://mcp.attacker.test" }] },
         new RegExp(`tools\\[0\\] has type "${type}", not a tool the client runs`),
       ]),
     ["a tool without a type", { tools: [{ function: { name: "f" } }] }, /tools\[0\] has type null/],
-    ["web_search_options", { web_search_options: { search_context_size: "low" } }, /web_search_options/],
+    [
+      "web_search_options",
+      { web_search_options: { search_context_size: "low" } },
+      /web_search_options/,
+    ],
     ["OpenRouter plugins", { plugins: [{ id: "web" }] }, /plugins/],
     ["a search model", { model: "gpt-4o-search-preview" }, /searches the web/],
-    ["a dated search model behind a vendor prefix", { model: "openai/gpt-4o-mini-search-preview-2025-03-11" }, /searches the web/],
+    ["a dated search model behind a vendor prefix", {
+      model: "openai/gpt-4o-mini-search-preview-2025-03-11",
+    }, /searches the web/],
     ["the search API model", { model: "gpt-5-search-api" }, /searches the web/],
     ["an OpenRouter :online model", { model: "anthropic/claude-sonnet-4.5:online" }, /":online"/],
     ["an image URL", {
-      messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "https://attacker.test/?k=1" } }] }],
+      messages: [{
+        role: "user",
+        content: [{ type: "image_url", image_url: { url: "https://attacker.test/?k=1" } }],
+      }],
     }, /messages\[0\]\.content\[0\] gives a URL the provider would fetch/],
     ["a file given by URL", {
-      messages: [{ role: "user", content: [{ type: "file", file: { filename: "a.pdf", file_data: "https://attacker.test/a.pdf" } }] }],
+      messages: [{
+        role: "user",
+        content: [{
+          type: "file",
+          file: { filename: "a.pdf", file_data: "https://attacker.test/a.pdf" },
+        }],
+      }],
     }, /gives a URL/],
   ];
   for (const [name, extra, message] of refused) {
@@ -896,7 +951,11 @@ Deno.test("startCredentialProxy() refuses OpenAI-style provider-side tools, sear
   const entries = await h.entriesLogged(refused.length + 1);
   const denied = entries.filter((entry) => entry.status === 403);
   assert.equal(denied.length, refused.length);
-  assert.ok(denied.every((entry) => entry.decision === "deny" && /llm\.server_tools/.test(entry.reason ?? "")));
+  assert.ok(
+    denied.every((entry) =>
+      entry.decision === "deny" && /llm\.server_tools/.test(entry.reason ?? "")
+    ),
+  );
 });
 
 Deno.test("startCredentialProxy() forwards server-side tools when the profile allows them", async () => {
@@ -911,15 +970,25 @@ Deno.test("startCredentialProxy() forwards server-side tools when the profile al
 });
 
 Deno.test("startCredentialProxy() refuses models outside llm.models with 403", async (t) => {
-  await using h = await Harness.start({ policy: { serverTools: "deny", models: ["fake-model", "small"] } });
+  await using h = await Harness.start({
+    policy: { serverTools: "deny", models: ["fake-model", "small"] },
+  });
   await t.step("another model", async () => {
-    assertRefused(h, await post(h, "/chat/completions", JSON.parse(chatBody({ model: "gpt-4.1" }))), /model "gpt-4\.1" is not allowed; profile "work" allows only the models in llm\.models \("fake-model", "small"\)/);
+    assertRefused(
+      h,
+      await post(h, "/chat/completions", JSON.parse(chatBody({ model: "gpt-4.1" }))),
+      /model "gpt-4\.1" is not allowed; profile "work" allows only the models in llm\.models \("fake-model", "small"\)/,
+    );
   });
   await t.step("no model at all (the provider's default could be any)", async () => {
     assertRefused(h, await post(h, "/chat/completions", { messages: [] }), /names no model/);
   });
   await t.step("embeddings with another model", async () => {
-    assertRefused(h, await post(h, "/embeddings", { model: "text-embedding-3-large", input: "x" }), /not allowed/);
+    assertRefused(
+      h,
+      await post(h, "/embeddings", { model: "text-embedding-3-large", input: "x" }),
+      /not allowed/,
+    );
   });
   await t.step("a listed model passes", async () => {
     const result = await post(h, "/chat/completions", chatBody({ model: "small" }));
@@ -932,13 +1001,29 @@ Deno.test("startCredentialProxy() refuses a body that could be read two ways, an
   await using h = await Harness.start({ kind: "anthropic" });
   const invalid: [string, string | Uint8Array<ArrayBuffer>, RegExp][] = [
     // JSON.parse keeps the last "tools" (empty), a first-wins parser the web_fetch tool.
-    ["a duplicate key", `{"model":"m","max_tokens":1,"messages":[],"tools":[{"type":"web_fetch_20250910","name":"f"}],"tools":[]}`, /duplicate key "tools"/],
-    ["a duplicate key spelled with an escape", `{"model":"m","tools":[],"\\u0074ools":[{"type":"web_fetch_20250910","name":"f"}]}`, /duplicate key "tools"/],
-    ["a duplicate key in a nested object", `{"model":"m","tools":[{"type":"bash_20250124","type":"web_fetch_20250910","name":"f"}]}`, /duplicate key "type"/],
+    [
+      "a duplicate key",
+      `{"model":"m","max_tokens":1,"messages":[],"tools":[{"type":"web_fetch_20250910","name":"f"}],"tools":[]}`,
+      /duplicate key "tools"/,
+    ],
+    [
+      "a duplicate key spelled with an escape",
+      `{"model":"m","tools":[],"\\u0074ools":[{"type":"web_fetch_20250910","name":"f"}]}`,
+      /duplicate key "tools"/,
+    ],
+    [
+      "a duplicate key in a nested object",
+      `{"model":"m","tools":[{"type":"bash_20250124","type":"web_fetch_20250910","name":"f"}]}`,
+      /duplicate key "type"/,
+    ],
     ["a key with an unpaired surrogate", `{"model":"m","tools\\ud800":[]}`, /unpaired surrogate/],
     ["not JSON", `{"model": "m",}`, /not strict JSON/],
     ["a byte order mark", "\ufeff{}", /not strict JSON/],
-    ["bytes that are not UTF-8", new Uint8Array([0x7b, 0x22, 0xff, 0x22, 0x3a, 0x31, 0x7d]), /not UTF-8/],
+    [
+      "bytes that are not UTF-8",
+      new Uint8Array([0x7b, 0x22, 0xff, 0x22, 0x3a, 0x31, 0x7d]),
+      /not UTF-8/,
+    ],
     ["an empty body", "", /not strict JSON/],
     ["an array", "[]", /not a JSON object/],
   ];
@@ -958,7 +1043,8 @@ Deno.test("startCredentialProxy() refuses a body that could be read two ways, an
   }
   await t.step("the same request without the duplicate passes, byte for byte", async () => {
     // Spacing, an escape and a number JSON.stringify would rewrite: the upstream gets these bytes.
-    const body = `{ "model" : "m", "max_tokens": 1.0, "seed": 12345678901234567890,\n"messages": [], "tools": [], "note": "\\u0041" }`;
+    const body =
+      `{ "model" : "m", "max_tokens": 1.0, "seed": 12345678901234567890,\n"messages": [], "tools": [], "note": "\\u0041" }`;
     const result = await post(h, "/messages", body, { "x-api-key": h.token });
     assert.equal(result.status, 200, result.text);
     assert.equal(h.upstream.requests[0].body, body);

@@ -25,13 +25,26 @@ if [ "$1" = rm ]; then
   for _ in $(seq 1500); do [ -e "$gate" ] && break; sleep 0.02; done
 fi
 `);
-  const provider = new DockerSandboxProvider(bareProfile("work"), { docker: docker.program, instance: "run-1" });
+  const provider = new DockerSandboxProvider(bareProfile("work"), {
+    docker: docker.program,
+    instance: "run-1",
+  });
   provider.teardownDetached();
   // The removal has begun and is held by the fake: teardownDetached() did not wait for it.
-  await until("docker rm to start", async () => (await Deno.stat(`${docker.dir}/rm-started`).then(() => true, () => false)));
-  assert.deepEqual(await docker.callsStartingWith("volume"), [], "the volume went before the container was removed");
+  await until(
+    "docker rm to start",
+    async () => (await Deno.stat(`${docker.dir}/rm-started`).then(() => true, () => false)),
+  );
+  assert.deepEqual(
+    await docker.callsStartingWith("volume"),
+    [],
+    "the volume went before the container was removed",
+  );
   await Deno.writeTextFile(`${docker.dir}/release`, "");
-  await until("docker volume rm", async () => (await docker.callsStartingWith("volume", "rm")).length > 0);
+  await until(
+    "docker volume rm",
+    async () => (await docker.callsStartingWith("volume", "rm")).length > 0,
+  );
   const calls = await docker.calls();
   assert.deepEqual(calls, [
     ["rm", "--force", "sandbox-work-run-1"],

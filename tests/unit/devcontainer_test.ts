@@ -5,20 +5,47 @@
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
 import { ConfigError, type SandboxError } from "../../lib/errors.ts";
-import { type DevcontainerConfig, normalizeRelative, readDevcontainerConfig } from "../../lib/sandbox/devcontainer/config.ts";
+import {
+  type DevcontainerConfig,
+  normalizeRelative,
+  readDevcontainerConfig,
+} from "../../lib/sandbox/devcontainer/config.ts";
 import { resolveRuntime, userFor } from "../../lib/sandbox/devcontainer/runtime.ts";
-import { prepareWorkspace, runLifecycle, WORKSPACE_LINK } from "../../lib/sandbox/devcontainer/lifecycle.ts";
-import type { ExecOptions, ExecResult, ExecStream, SandboxProvider } from "../../lib/sandbox/provider.ts";
+import {
+  prepareWorkspace,
+  runLifecycle,
+  WORKSPACE_LINK,
+} from "../../lib/sandbox/devcontainer/lifecycle.ts";
+import type {
+  ExecOptions,
+  ExecResult,
+  ExecStream,
+  SandboxProvider,
+} from "../../lib/sandbox/provider.ts";
 import { tempDir } from "../_helpers.ts";
 
 async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, "-c", "user.name=t", "-c", "user.email=t@example.test", "-c", "commit.gpgsign=false", ...args]);
+  const result = await run([
+    "git",
+    "-C",
+    cwd,
+    "-c",
+    "user.name=t",
+    "-c",
+    "user.email=t@example.test",
+    "-c",
+    "commit.gpgsign=false",
+    ...args,
+  ]);
   assert.equal(result.exitCode, 0, result.stderr);
   return result.stdout.trim();
 }
 
 /** A repository with `files` committed (a value starting with "->" is a symbolic link to the rest). */
-async function repoWith(dir: string, files: Record<string, string>): Promise<{ path: string; head: string }> {
+async function repoWith(
+  dir: string,
+  files: Record<string, string>,
+): Promise<{ path: string; head: string }> {
   const path = `${dir}/proj`;
   await Deno.mkdir(path, { recursive: true });
   await git(path, "init", "-q", "-b", "main");
@@ -35,7 +62,10 @@ async function repoWith(dir: string, files: Record<string, string>): Promise<{ p
 
 const env = (vars: Record<string, string>) => (name: string) => vars[name];
 
-async function readWith(files: Record<string, string>, options: Parameters<typeof readDevcontainerConfig>[2] = {}) {
+async function readWith(
+  files: Record<string, string>,
+  options: Parameters<typeof readDevcontainerConfig>[2] = {},
+) {
   await using dir = await tempDir();
   const repo = await repoWith(dir.path, files);
   return await readDevcontainerConfig(repo.path, repo.head, { hostEnv: env({}), ...options });
@@ -62,11 +92,21 @@ Deno.test("a JSONC devcontainer.json with comments and trailing commas is read f
     }`,
   });
   // An uncommitted change is not what the sandbox uses.
-  await Deno.writeTextFile(`${repo.path}/.devcontainer/devcontainer.json`, `{"image": "uncommitted:1"}`);
-  const config = await readDevcontainerConfig(repo.path, repo.head, { hostEnv: env({ GREETING: "hi" }) });
+  await Deno.writeTextFile(
+    `${repo.path}/.devcontainer/devcontainer.json`,
+    `{"image": "uncommitted:1"}`,
+  );
+  const config = await readDevcontainerConfig(repo.path, repo.head, {
+    hostEnv: env({ GREETING: "hi" }),
+  });
   assert.deepEqual(config.source, { kind: "image", image: "debian:12" });
   assert.equal(config.file, ".devcontainer/devcontainer.json");
-  assert.deepEqual(config.entry.containerEnv, { A: "hi", B: "fallback", C: "proj", D: "/workspaces/proj" });
+  assert.deepEqual(config.entry.containerEnv, {
+    A: "hi",
+    B: "fallback",
+    C: "proj",
+    D: "/workspaces/proj",
+  });
   assert.deepEqual(config.entry.remoteEnv, { P: "${containerEnv:PATH}:/x" });
   assert.equal(config.workspaceFolder, "/workspaces/proj");
   assert.deepEqual(config.buildConfig, { image: "debian:12" });
@@ -74,7 +114,8 @@ Deno.test("a JSONC devcontainer.json with comments and trailing commas is read f
 
 Deno.test("a ${localEnv} naming a secret is refused with its path, and a harmless one is substituted", async () => {
   const issues = await issuesOf(readWith({
-    ".devcontainer.json": `{"image": "x", "containerEnv": {"K": "\${localEnv:OPENAI_API_KEY}"}, "build": {"args": {"T": "\${localEnv:GITHUB_TOKEN}"}}}`,
+    ".devcontainer.json":
+      `{"image": "x", "containerEnv": {"K": "\${localEnv:OPENAI_API_KEY}"}, "build": {"args": {"T": "\${localEnv:GITHUB_TOKEN}"}}}`,
   }, { hostEnv: env({ OPENAI_API_KEY: "sk-secret-value", GITHUB_TOKEN: "ghp_x" }) }));
   assert.equal(issues.length, 2, issues.join("\n"));
   assert.match(issues[0], /^containerEnv\.K: \$\{localEnv:OPENAI_API_KEY\} names a secret/);
@@ -107,25 +148,53 @@ Deno.test("every key that would undo the hardening is listed once with the reaso
   });
   const keys = config.warnings.map((w) => w.match(/"([^"]+)"/)![1]);
   assert.deepEqual(keys.sort(), [
-    "appPort", "build.cacheFrom", "build.options", "capAdd", "forwardPorts", "init", "initializeCommand", "mounts",
-    "postAttachCommand", "privileged", "runArgs", "securityOpt", "workspaceMount",
+    "appPort",
+    "build.cacheFrom",
+    "build.options",
+    "capAdd",
+    "forwardPorts",
+    "init",
+    "initializeCommand",
+    "mounts",
+    "postAttachCommand",
+    "privileged",
+    "runArgs",
+    "securityOpt",
+    "workspaceMount",
   ]);
-  assert.ok(config.warnings.some((w) => w.includes('"runArgs" (--network=host) is ignored: docker run arguments')), config.warnings.join("\n"));
+  assert.ok(
+    config.warnings.some((w) =>
+      w.includes('"runArgs" (--network=host) is ignored: docker run arguments')
+    ),
+    config.warnings.join("\n"),
+  );
   assert.ok(config.warnings.some((w) => w.includes("docker.sock")), config.warnings.join("\n"));
-  assert.ok(config.warnings.some((w) => w.includes('"initializeCommand" is ignored: it would run on the host')));
+  assert.ok(
+    config.warnings.some((w) =>
+      w.includes('"initializeCommand" is ignored: it would run on the host')
+    ),
+  );
   assert.deepEqual(config.buildConfig, { build: { dockerfile: "Dockerfile" } });
 });
 
 Deno.test("paths that leave the repository, symbolic links and uncommitted files are refused", async (t) => {
   await t.step("a build context above the repository", async () => {
     const issues = await issuesOf(readWith({
-      ".devcontainer/devcontainer.json": `{"build": {"dockerfile": "Dockerfile", "context": "../.."}}`,
+      ".devcontainer/devcontainer.json":
+        `{"build": {"dockerfile": "Dockerfile", "context": "../.."}}`,
       ".devcontainer/Dockerfile": "FROM x\n",
     }));
-    assert.ok(issues.some((i) => /^build\.context: "\.\.\/\.\." leaves the repository/.test(i)), issues.join("\n"));
+    assert.ok(
+      issues.some((i) => /^build\.context: "\.\.\/\.\." leaves the repository/.test(i)),
+      issues.join("\n"),
+    );
   });
   await t.step("a local feature above the repository", async () => {
-    const issues = await issuesOf(readWith({ ".devcontainer/devcontainer.json": `{"image": "x", "features": {"../../../etc": {}}}` }));
+    const issues = await issuesOf(
+      readWith({
+        ".devcontainer/devcontainer.json": `{"image": "x", "features": {"../../../etc": {}}}`,
+      }),
+    );
     assert.ok(issues.some((i) => /leaves the repository/.test(i)), issues.join("\n"));
   });
   await t.step("a Dockerfile that is a symbolic link to a host file", async () => {
@@ -141,7 +210,10 @@ Deno.test("paths that leave the repository, symbolic links and uncommitted files
       ".devcontainer/f/devcontainer-feature.json": `{"id": "f"}`,
       ".devcontainer/f/install.sh": "->/root/.ssh/id_rsa",
     }));
-    assert.ok(issues.some((i) => /holds a symbolic link \(".devcontainer\/f\/install.sh"\)/.test(i)), issues.join("\n"));
+    assert.ok(
+      issues.some((i) => /holds a symbolic link \(".devcontainer\/f\/install.sh"\)/.test(i)),
+      issues.join("\n"),
+    );
   });
   await t.step("a local feature without install.sh", async () => {
     const issues = await issuesOf(readWith({
@@ -157,7 +229,8 @@ Deno.test("paths that leave the repository, symbolic links and uncommitted files
     await Deno.writeTextFile(`${repo.path}/.devcontainer/devcontainer.json`, `{"image": "x"}`);
     await assert.rejects(
       readDevcontainerConfig(repo.path, repo.head),
-      (error: SandboxError) => error.code === "usage" && /No devcontainer configuration/.test(error.message) &&
+      (error: SandboxError) =>
+        error.code === "usage" && /No devcontainer configuration/.test(error.message) &&
         /\.devcontainer\/devcontainer\.json and \.devcontainer\.json/.test(error.detail ?? ""),
     );
   });
@@ -166,26 +239,46 @@ Deno.test("paths that leave the repository, symbolic links and uncommitted files
 Deno.test("the profile's config and workspace_folder pick the file; Compose and system workspace folders are refused", async (t) => {
   await t.step("config and workspace_folder", async () => {
     const config = await readWith({
-      "services/api/.devcontainer/devcontainer.json": `{"image": "api", "workspaceFolder": "/src/\${localWorkspaceFolderBasename}"}`,
+      "services/api/.devcontainer/devcontainer.json":
+        `{"image": "api", "workspaceFolder": "/src/\${localWorkspaceFolderBasename}"}`,
       "other/dc.json": `{"image": "other"}`,
     }, { workspaceFolder: "services/api" });
     assert.equal(config.file, "services/api/.devcontainer/devcontainer.json");
     assert.equal(config.workspaceSubdir, "services/api");
     assert.equal(config.workspaceFolder, "/src/api");
-    const other = await readWith({ "other/dc.json": `{"image": "other"}` }, { config: "other/dc.json" });
+    const other = await readWith({ "other/dc.json": `{"image": "other"}` }, {
+      config: "other/dc.json",
+    });
     assert.deepEqual(other.source, { kind: "image", image: "other" });
   });
   await t.step("dockerComposeFile", async () => {
-    const issues = await issuesOf(readWith({ ".devcontainer.json": `{"dockerComposeFile": "compose.yml", "service": "app"}` }));
-    assert.ok(issues.some((i) => /^dockerComposeFile: Docker Compose devcontainers are not supported/.test(i)), issues.join("\n"));
+    const issues = await issuesOf(
+      readWith({ ".devcontainer.json": `{"dockerComposeFile": "compose.yml", "service": "app"}` }),
+    );
+    assert.ok(
+      issues.some((i) =>
+        /^dockerComposeFile: Docker Compose devcontainers are not supported/.test(i)
+      ),
+      issues.join("\n"),
+    );
   });
   await t.step("a workspace folder on a system folder", async () => {
-    const issues = await issuesOf(readWith({ ".devcontainer.json": `{"image": "x", "workspaceFolder": "/usr"}` }));
-    assert.ok(issues.some((i) => /^workspaceFolder: "\/usr" is a system folder/.test(i)), issues.join("\n"));
+    const issues = await issuesOf(
+      readWith({ ".devcontainer.json": `{"image": "x", "workspaceFolder": "/usr"}` }),
+    );
+    assert.ok(
+      issues.some((i) => /^workspaceFolder: "\/usr" is a system folder/.test(i)),
+      issues.join("\n"),
+    );
   });
   await t.step("a malformed lifecycle command and JSON syntax errors", async () => {
-    const issues = await issuesOf(readWith({ ".devcontainer.json": `{"image": "x", "postCreateCommand": 42}` }));
-    assert.ok(issues.some((i) => /^postCreateCommand: expected a command string/.test(i)), issues.join("\n"));
+    const issues = await issuesOf(
+      readWith({ ".devcontainer.json": `{"image": "x", "postCreateCommand": 42}` }),
+    );
+    assert.ok(
+      issues.some((i) => /^postCreateCommand: expected a command string/.test(i)),
+      issues.join("\n"),
+    );
     const syntax = await issuesOf(readWith({ ".devcontainer.json": `{"image": }` }));
     assert.match(syntax[0], /JSONC syntax at line 1, column 11: ValueExpected/);
   });
@@ -220,18 +313,34 @@ Deno.test("root is refused unless the profile allows it, and then it runs as the
   for (const user of ["root", "0"]) {
     assert.throws(
       () => userFor(configOf({ remoteUser: user }), [], "", false),
-      (error: SandboxError) => error.code === "config_invalid" && /asks to run as root/.test(error.message) && /allow_root/.test(error.detail ?? ""),
+      (error: SandboxError) =>
+        error.code === "config_invalid" && /asks to run as root/.test(error.message) &&
+        /allow_root/.test(error.detail ?? ""),
     );
   }
-  assert.throws(() => userFor(configOf({}), [{ remoteUser: "root" }], "", false), /asks to run as root/);
+  assert.throws(
+    () => userFor(configOf({}), [{ remoteUser: "root" }], "", false),
+    /asks to run as root/,
+  );
   assert.equal(userFor(configOf({ remoteUser: "root" }), [], "", true), undefined);
-  const runtime = resolveRuntime(configOf({ remoteUser: "root" }), { metadata: [], env: {}, volumes: [] }, { allowRoot: true });
+  const runtime = resolveRuntime(configOf({ remoteUser: "root" }), {
+    metadata: [],
+    env: {},
+    volumes: [],
+  }, { allowRoot: true });
   assert.equal(runtime.user, undefined);
-  assert.ok(runtime.warnings.some((w) => /runs as the unprivileged sandbox user \(uid 10001, no capabilities\)/.test(w)));
+  assert.ok(
+    runtime.warnings.some((w) =>
+      /runs as the unprivileged sandbox user \(uid 10001, no capabilities\)/.test(w)
+    ),
+  );
 });
 
 Deno.test("the user is remoteUser, else containerUser, else the image's non-root USER, else the sandbox's own", () => {
-  assert.equal(userFor(configOf({ remoteUser: "dev", containerUser: "other" }), [], "", false), "dev");
+  assert.equal(
+    userFor(configOf({ remoteUser: "dev", containerUser: "other" }), [], "", false),
+    "dev",
+  );
   assert.equal(userFor(configOf({ containerUser: "other" }), [], "", false), "other");
   assert.equal(userFor(configOf({}), [{ remoteUser: "vscode" }], "", false), "vscode");
   assert.equal(userFor(configOf({}), [], "node:node", false), "node");
@@ -249,7 +358,13 @@ Deno.test("run-time settings merge the image's metadata with the configuration; 
     }),
     {
       metadata: [
-        { id: "ghcr.io/x/docker-in-docker:2", privileged: true, mounts: [{ source: "dind", target: "/var/lib/docker", type: "volume" }], onCreateCommand: "feature-setup", remoteEnv: { GONE: "x" } },
+        {
+          id: "ghcr.io/x/docker-in-docker:2",
+          privileged: true,
+          mounts: [{ source: "dind", target: "/var/lib/docker", type: "volume" }],
+          onCreateCommand: "feature-setup",
+          remoteEnv: { GONE: "x" },
+        },
         { remoteUser: "vscode" },
       ],
       env: { PATH: "/usr/bin" },
@@ -275,12 +390,23 @@ Deno.test("run-time settings merge the image's metadata with the configuration; 
 /** A provider that records commands and answers from a script. */
 class FakeProvider {
   readonly calls: { argv: readonly string[]; options: ExecOptions }[] = [];
-  constructor(readonly answer: (argv: readonly string[]) => { exitCode: number; stdout?: string; stderr?: string }) {}
+  constructor(
+    readonly answer: (
+      argv: readonly string[],
+    ) => { exitCode: number; stdout?: string; stderr?: string },
+  ) {}
 
   exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
     this.calls.push({ argv, options });
     const { exitCode, stdout = "", stderr = "" } = this.answer(argv);
-    return Promise.resolve({ exitCode, stdout, stderr, durationMs: 1, timedOut: false, oomKilled: false });
+    return Promise.resolve({
+      exitCode,
+      stdout,
+      stderr,
+      durationMs: 1,
+      timedOut: false,
+      oomKilled: false,
+    });
   }
 
   execStream(argv: readonly string[], options: ExecOptions = {}): ExecStream {
@@ -292,19 +418,38 @@ class FakeProvider {
       async *[Symbol.asyncIterator]() {
         yield* lines;
       },
-      outcome: Promise.resolve({ exitCode, durationMs: 1, timedOut: false, oomKilled: false, stderrTail: stderr }),
+      outcome: Promise.resolve({
+        exitCode,
+        durationMs: 1,
+        timedOut: false,
+        oomKilled: false,
+        stderrTail: stderr,
+      }),
     };
   }
 }
 
 Deno.test("lifecycle commands: a string runs in a shell, an array as argv, an object's commands all run; output goes to progress", async () => {
-  const provider = new FakeProvider((argv) => ({ exitCode: 0, stdout: `out of ${argv.at(-1)}`, stderr: "a warning" }));
+  const provider = new FakeProvider((argv) => ({
+    exitCode: 0,
+    stdout: `out of ${argv.at(-1)}`,
+    stderr: "a warning",
+  }));
   const progress: string[] = [];
   await runLifecycle(provider as unknown as SandboxProvider, [
     { hook: "onCreateCommand", source: "devcontainer.json", command: "make deps" },
     { hook: "postCreateCommand", source: 'feature "f"', command: ["npm", "ci"] },
-    { hook: "postStartCommand", source: "devcontainer.json", command: { a: "echo a", b: ["echo", "b"] } },
-  ], { cwd: "/workspaces/proj", env: { HTTP_PROXY: "http://p" }, timeoutMs: 1000, onProgress: (l) => progress.push(l) });
+    {
+      hook: "postStartCommand",
+      source: "devcontainer.json",
+      command: { a: "echo a", b: ["echo", "b"] },
+    },
+  ], {
+    cwd: "/workspaces/proj",
+    env: { HTTP_PROXY: "http://p" },
+    timeoutMs: 1000,
+    onProgress: (l) => progress.push(l),
+  });
   assert.deepEqual(provider.calls.map((c) => c.argv), [
     ["/bin/sh", "-c", "make deps"],
     ["npm", "ci"],
@@ -314,7 +459,10 @@ Deno.test("lifecycle commands: a string runs in a shell, an array as argv, an ob
   assert.ok(provider.calls.every((c) => c.options.cwd === "/workspaces/proj"));
   assert.ok(progress.includes("onCreateCommand: out of make deps"), progress.join("\n"));
   assert.ok(progress.includes("onCreateCommand: a warning"), progress.join("\n"));
-  assert.ok(progress.includes('postCreateCommand: running "[\\"npm\\",\\"ci\\"]" (from feature "f")'), progress.join("\n"));
+  assert.ok(
+    progress.includes('postCreateCommand: running "[\\"npm\\",\\"ci\\"]" (from feature "f")'),
+    progress.join("\n"),
+  );
   assert.ok(progress.includes("postStartCommand.b: out of b"), progress.join("\n"));
 });
 
@@ -325,23 +473,41 @@ Deno.test("a failing lifecycle command is an error naming the command, and later
       { hook: "onCreateCommand", source: "devcontainer.json", command: "exit 3" },
       { hook: "postCreateCommand", source: "devcontainer.json", command: "never" },
     ], { cwd: "/w", env: {}, timeoutMs: 1000 }),
-    (error: SandboxError) => error.code === "exec_failed" && error.message === 'Devcontainer onCreateCommand failed: "exit 3" exited with code 3',
+    (error: SandboxError) =>
+      error.code === "exec_failed" &&
+      error.message === 'Devcontainer onCreateCommand failed: "exit 3" exited with code 3',
   );
   assert.equal(provider.calls.length, 1);
 });
 
 Deno.test("prepareWorkspace() links the workspace folder to the run's folder and gives lifecycle commands only the egress proxy", async () => {
-  const provider = new FakeProvider((argv) => argv[0] === "sh" ? { exitCode: 0, stdout: `${argv.at(-1)}\n` } : { exitCode: 0 });
+  const provider = new FakeProvider((argv) =>
+    argv[0] === "sh" ? { exitCode: 0, stdout: `${argv.at(-1)}\n` } : { exitCode: 0 }
+  );
   const cwd = await prepareWorkspace(provider as unknown as SandboxProvider, {
     worktree: "/workspace/worktrees/r1",
     subdir: "services/api",
     workspaceFolder: "/workspaces/api",
     lifecycle: [{ hook: "postCreateCommand", source: "devcontainer.json", command: "env" }],
-    env: { HTTP_PROXY: "http://gw:1", https_proxy: "http://gw:1", NO_PROXY: "gw", SANDBOX_LLM_TOKEN: "tok", OPENAI_API_KEY: "tok" },
+    env: {
+      HTTP_PROXY: "http://gw:1",
+      https_proxy: "http://gw:1",
+      NO_PROXY: "gw",
+      SANDBOX_LLM_TOKEN: "tok",
+      OPENAI_API_KEY: "tok",
+    },
     timeoutMs: 1000,
   });
   assert.equal(cwd, "/workspaces/api");
-  assert.deepEqual(provider.calls[0].argv.slice(-3), ["/workspace/worktrees/r1/services/api", WORKSPACE_LINK, "/workspaces/api"]);
-  assert.deepEqual(provider.calls[1].options.env, { HTTP_PROXY: "http://gw:1", https_proxy: "http://gw:1", NO_PROXY: "gw" });
+  assert.deepEqual(provider.calls[0].argv.slice(-3), [
+    "/workspace/worktrees/r1/services/api",
+    WORKSPACE_LINK,
+    "/workspaces/api",
+  ]);
+  assert.deepEqual(provider.calls[1].options.env, {
+    HTTP_PROXY: "http://gw:1",
+    https_proxy: "http://gw:1",
+    NO_PROXY: "gw",
+  });
   assert.equal(provider.calls[1].options.cwd, "/workspaces/api");
 });

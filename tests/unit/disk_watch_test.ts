@@ -20,7 +20,10 @@ const OPTIONS = { limitBytes: 10 * MIB, sandbox: "sandbox-w", profile: "w" };
 /** The watch's abort reason; fails (instead of hanging) when it does not abort within 10 s. */
 function aborted(watch: { signal: AbortSignal }): Promise<SandboxError> {
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error("the watch did not abort within 10 s")), 10_000);
+    const timer = setTimeout(
+      () => reject(new Error("the watch did not abort within 10 s")),
+      10_000,
+    );
     watch.signal.addEventListener("abort", () => {
       clearTimeout(timer);
       resolve(watch.signal.reason);
@@ -30,10 +33,16 @@ function aborted(watch: { signal: AbortSignal }): Promise<SandboxError> {
 
 Deno.test("the watch fires when the workspace grows past the limit, naming resources.disk and the size", async () => {
   const reasons: SandboxError[] = [];
-  await using watch = startDiskWatch(printer([1024, 4096, 9216, 12288, 20480]), { ...OPTIONS, onAbort: (r) => reasons.push(r) });
+  await using watch = startDiskWatch(printer([1024, 4096, 9216, 12288, 20480]), {
+    ...OPTIONS,
+    onAbort: (r) => reasons.push(r),
+  });
   const reason = await aborted(watch);
   assert.equal(reason.code, "disk_limit");
-  assert.match(reason.message, /exceeded resources\.disk: \/workspace holds 12(\.0)? MiB, the limit is 10(\.0)? MiB/);
+  assert.match(
+    reason.message,
+    /exceeded resources\.disk: \/workspace holds 12(\.0)? MiB, the limit is 10(\.0)? MiB/,
+  );
   assert.match(reason.detail ?? "", /sandbox down -p w --volumes/);
   assert.deepEqual(reasons, [reason]);
   assert.equal(watch.usedBytes, 12288 * 1024);
@@ -68,8 +77,14 @@ Deno.test("the watch fails closed: a watcher that dies or cannot start aborts it
     assert.match(reason.detail ?? "", /killed/);
   });
   await t.step("the watcher cannot start", async () => {
-    await using watch = startDiskWatch(() => Promise.reject(new Error("OCI runtime exec failed")), OPTIONS);
-    assert.match((await aborted(watch)).message, /Cannot watch the disk use of sandbox "sandbox-w": OCI runtime exec failed/);
+    await using watch = startDiskWatch(
+      () => Promise.reject(new Error("OCI runtime exec failed")),
+      OPTIONS,
+    );
+    assert.match(
+      (await aborted(watch)).message,
+      /Cannot watch the disk use of sandbox "sandbox-w": OCI runtime exec failed/,
+    );
   });
 });
 
@@ -101,7 +116,10 @@ Deno.test("the watcher starts only after the delay: a watch closed before never 
       return printer([1024, 4096, 12288, 20480])();
     }, { ...OPTIONS, delayMs: 100 });
     assert.equal((await aborted(watch)).code, "disk_limit");
-    assert.ok(startedAt !== undefined && startedAt - opened >= 95, `started ${startedAt! - opened} ms after the watch`);
+    assert.ok(
+      startedAt !== undefined && startedAt - opened >= 95,
+      `started ${startedAt! - opened} ms after the watch`,
+    );
   });
 });
 
@@ -113,7 +131,11 @@ Deno.test("the watch fails closed when the watcher falls silent (stopped, it say
     assert.match(reason.message, /stopped reporting/);
   });
   await t.step("twin: reports closer together than silenceMs: no abort", async () => {
-    const watch = startDiskWatch(printer(Array.from({ length: 40 }, () => 1024)), { ...OPTIONS, delayMs: 0, silenceMs: 300 });
+    const watch = startDiskWatch(printer(Array.from({ length: 40 }, () => 1024)), {
+      ...OPTIONS,
+      delayMs: 0,
+      silenceMs: 300,
+    });
     await new Promise((resolve) => setTimeout(resolve, 700));
     assert.equal(watch.signal.aborted, false);
     await watch.close();
@@ -123,13 +145,24 @@ Deno.test("the watch fails closed when the watcher falls silent (stopped, it say
 Deno.test("sizes from before the watch began are its baseline: a workspace that grew past the limit before the follower attached is caught; one already over that stays is not", async (t) => {
   /** A watcher printing these lines, one every 20 ms, then waiting until it is stopped. */
   const lines = (...reports: string[]) => () =>
-    Promise.resolve(spawn(["sh", "-c", `for r in ${reports.map((r) => `'${r}'`).join(" ")}; do echo "$r"; sleep 0.02; done; exec sleep 3600`]));
+    Promise.resolve(
+      spawn([
+        "sh",
+        "-c",
+        `for r in ${
+          reports.map((r) => `'${r}'`).join(" ")
+        }; do echo "$r"; sleep 0.02; done; exec sleep 3600`,
+      ]),
+    );
   await t.step("base 1 MiB, then (the command's) 20 MiB: abort", async () => {
     await using watch = startDiskWatch(lines("base 1024", "du 20480"), { ...OPTIONS, delayMs: 0 });
     assert.equal((await aborted(watch)).code, "disk_limit");
   });
   await t.step("twin: base 20 MiB (over before the command), then 20 MiB: no abort", async () => {
-    const watch = startDiskWatch(lines("base 20480", "du 20480", "du 20480"), { ...OPTIONS, delayMs: 0 });
+    const watch = startDiskWatch(lines("base 20480", "du 20480", "du 20480"), {
+      ...OPTIONS,
+      delayMs: 0,
+    });
     for (let waited = 0; watch.usedBytes !== 20480 * 1024; waited += 10) {
       assert.ok(waited < 10_000, "no report arrived");
       await new Promise((resolve) => setTimeout(resolve, 10));

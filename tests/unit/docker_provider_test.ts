@@ -1,7 +1,15 @@
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { DockerCli } from "../../lib/sandbox/docker.ts";
-import { DockerSandboxProvider, parseDockerSize, RELAY_USER, SANDBOX_USER, sandboxRepo, teardownAll, teardownProfile } from "../../lib/sandbox/docker_provider.ts";
+import {
+  DockerSandboxProvider,
+  parseDockerSize,
+  RELAY_USER,
+  SANDBOX_USER,
+  sandboxRepo,
+  teardownAll,
+  teardownProfile,
+} from "../../lib/sandbox/docker_provider.ts";
 import type { SandboxError } from "../../lib/errors.ts";
 import { imageTagFor } from "../../lib/sandbox/image.ts";
 import { proxyMountSource } from "../../lib/sandbox/proxy_mount.ts";
@@ -46,124 +54,140 @@ async function runningJsonFor(provider: DockerSandboxProvider): Promise<string> 
 
 Deno.test("ensureRunning() starts the container with exactly the hardening flags and limits", async () => {
   await using state = await tempDir();
-  await withEnv({ XDG_STATE_HOME: state.path, DOCKER_HOST: undefined, DOCKER_CONTEXT: undefined, DOCKER_CONFIG: state.path }, async () => {
-  const hostEnv = (
-    name: string,
-  ) => (name === "TERM" ? "xterm" : name === "HOME" ? "/root" : undefined);
-  const probe = new DockerSandboxProvider(WORK, { hostEnv });
-  await using docker = await fakeDocker(freshEngine(await runningJsonFor(probe)));
-  const provider = new DockerSandboxProvider(WORK, { docker: docker.program, hostEnv });
-  const { configHash } = await provider.runArgs();
-  const mountSource = await proxyMountSource("sandbox-work");
-  assert.match(mountSource, /^\/tmp\/sandbox-proxy-[0-9a-f]{16}\/[0-9a-f]{12}$/);
-  const status = await provider.ensureRunning();
-  assert.equal(status.state, "running");
-  assert.equal(status.current, true);
+  await withEnv({
+    XDG_STATE_HOME: state.path,
+    DOCKER_HOST: undefined,
+    DOCKER_CONTEXT: undefined,
+    DOCKER_CONFIG: state.path,
+  }, async () => {
+    const hostEnv = (
+      name: string,
+    ) => (name === "TERM" ? "xterm" : name === "HOME" ? "/root" : undefined);
+    const probe = new DockerSandboxProvider(WORK, { hostEnv });
+    await using docker = await fakeDocker(freshEngine(await runningJsonFor(probe)));
+    const provider = new DockerSandboxProvider(WORK, { docker: docker.program, hostEnv });
+    const { configHash } = await provider.runArgs();
+    const mountSource = await proxyMountSource("sandbox-work");
+    assert.match(mountSource, /^\/tmp\/sandbox-proxy-[0-9a-f]{16}\/[0-9a-f]{12}$/);
+    const status = await provider.ensureRunning();
+    assert.equal(status.state, "running");
+    assert.equal(status.current, true);
 
-  const runs = await docker.callsStartingWith("run");
-  assert.equal(runs.length, 1);
-  const tag = await imageTagFor("sandbox-base:bookworm");
-  assert.deepEqual(runs[0], [
-    "run",
-    "--detach",
-    "--name",
-    "sandbox-work",
-    "--label",
-    "dev.sandbox.owner=sandbox",
-    "--label",
-    "dev.sandbox.profile=work",
-    "--label",
-    "dev.sandbox.kind=shared",
-    "--label",
-    `dev.sandbox.config-hash=${configHash}`,
-    "--hostname",
-    "sandbox-work",
-    "--user",
-    "10001:10001",
-    "--cap-drop",
-    "ALL",
-    "--security-opt",
-    "no-new-privileges",
-    "--read-only",
-    // Each tmpfs a quarter of the memory limit: together they leave half of it for processes.
-    "--tmpfs",
-    "/tmp:rw,nosuid,nodev,size=536870912",
-    "--tmpfs",
-    "/home/sandbox:rw,nosuid,nodev,size=536870912,uid=10001,gid=10001,mode=0700",
-    "--mount",
-    "type=volume,src=sandbox-work-workspace,dst=/workspace",
-    "--memory",
-    "2147483648",
-    "--memory-swap",
-    "2147483648",
-    "--cpus",
-    "1.5",
-    "--pids-limit",
-    "256",
-    "--network",
-    "none",
-    "--restart",
-    "no",
-    "--env",
-    "TERM",
-    "--env",
-    "FOO",
-    // The one host directory: the proxies' sockets of this container's sessions, read-only
-    // (a local engine; not in the configuration hash: it changes no rule).
-    "--mount",
-    `type=bind,src=${mountSource},dst=/run/sandbox-proxy,readonly`,
-    tag,
-  ]);
-  // Its parent keeps every other host user out; the sandbox user may only pass through it.
-  const mountParent = mountSource.slice(0, mountSource.lastIndexOf("/"));
-  assert.equal((await Deno.stat(mountParent)).mode! & 0o777, 0o700);
-  assert.equal((await Deno.stat(mountSource)).mode! & 0o777, 0o711);
-  await Deno.remove(mountParent, { recursive: true });
-  // Nothing else of the host is mounted or inherited, and no variable's value is on the command
-  // line: the docker client takes them from its own environment.
-  const argv = runs[0].filter((a) => !a.startsWith(`type=bind,src=${mountSource},`)).join(" ");
-  assert.doesNotMatch(argv, /--volume|-v |type=bind|docker\.sock|--privileged|--cap-add|HOME=|--init|xterm|bar/);
-  const calls = await docker.calls();
-  const env = (await docker.environments())[calls.findIndex((c) => c[0] === "run")];
-  assert.equal(env.TERM, "xterm");
-  assert.equal(env.FOO, "bar");
+    const runs = await docker.callsStartingWith("run");
+    assert.equal(runs.length, 1);
+    const tag = await imageTagFor("sandbox-base:bookworm");
+    assert.deepEqual(runs[0], [
+      "run",
+      "--detach",
+      "--name",
+      "sandbox-work",
+      "--label",
+      "dev.sandbox.owner=sandbox",
+      "--label",
+      "dev.sandbox.profile=work",
+      "--label",
+      "dev.sandbox.kind=shared",
+      "--label",
+      `dev.sandbox.config-hash=${configHash}`,
+      "--hostname",
+      "sandbox-work",
+      "--user",
+      "10001:10001",
+      "--cap-drop",
+      "ALL",
+      "--security-opt",
+      "no-new-privileges",
+      "--read-only",
+      // Each tmpfs a quarter of the memory limit: together they leave half of it for processes.
+      "--tmpfs",
+      "/tmp:rw,nosuid,nodev,size=536870912",
+      "--tmpfs",
+      "/home/sandbox:rw,nosuid,nodev,size=536870912,uid=10001,gid=10001,mode=0700",
+      "--mount",
+      "type=volume,src=sandbox-work-workspace,dst=/workspace",
+      "--memory",
+      "2147483648",
+      "--memory-swap",
+      "2147483648",
+      "--cpus",
+      "1.5",
+      "--pids-limit",
+      "256",
+      "--network",
+      "none",
+      "--restart",
+      "no",
+      "--env",
+      "TERM",
+      "--env",
+      "FOO",
+      // The one host directory: the proxies' sockets of this container's sessions, read-only
+      // (a local engine; not in the configuration hash: it changes no rule).
+      "--mount",
+      `type=bind,src=${mountSource},dst=/run/sandbox-proxy,readonly`,
+      tag,
+    ]);
+    // Its parent keeps every other host user out; the sandbox user may only pass through it.
+    const mountParent = mountSource.slice(0, mountSource.lastIndexOf("/"));
+    assert.equal((await Deno.stat(mountParent)).mode! & 0o777, 0o700);
+    assert.equal((await Deno.stat(mountSource)).mode! & 0o777, 0o711);
+    await Deno.remove(mountParent, { recursive: true });
+    // Nothing else of the host is mounted or inherited, and no variable's value is on the command
+    // line: the docker client takes them from its own environment.
+    const argv = runs[0].filter((a) => !a.startsWith(`type=bind,src=${mountSource},`)).join(" ");
+    assert.doesNotMatch(
+      argv,
+      /--volume|-v |type=bind|docker\.sock|--privileged|--cap-add|HOME=|--init|xterm|bar/,
+    );
+    const calls = await docker.calls();
+    const env = (await docker.environments())[calls.findIndex((c) => c[0] === "run")];
+    assert.equal(env.TERM, "xterm");
+    assert.equal(env.FOO, "bar");
 
-  // No network of its own: the sandbox has only `lo`, and no network is created.
-  assert.deepEqual(await docker.callsStartingWith("network"), []);
-  // The workspace asks for a kernel quota of resources.disk first (this engine grants it).
-  const volumes = await docker.callsStartingWith("volume", "create");
-  assert.deepEqual(volumes, [[
-    "volume",
-    "create",
-    "--label",
-    "dev.sandbox.owner=sandbox",
-    "--label",
-    "dev.sandbox.profile=work",
-    "--label",
-    "dev.sandbox.kind=shared",
-    "--opt",
-    "size=1073741824",
-    "sandbox-work-workspace",
-  ]]);
-  const [build] = await docker.callsStartingWith("build");
-  assert.equal(build[1], "--build-arg");
-  assert.equal(build[2], "BASE_IMAGE=sandbox-base:bookworm");
-  // Ownership is set on what the tool creates (container, network, volume above), not on the
-  // image, whose labels every container started from it would inherit.
-  assert.ok(!build.some((a) => a.startsWith("dev.sandbox.owner=")), build.join(" "));
-  assert.ok(build.some((a) => a.startsWith("dev.sandbox.content-hash=")));
-  assert.equal(build[build.indexOf("--tag") + 1], tag);
+    // No network of its own: the sandbox has only `lo`, and no network is created.
+    assert.deepEqual(await docker.callsStartingWith("network"), []);
+    // The workspace asks for a kernel quota of resources.disk first (this engine grants it).
+    const volumes = await docker.callsStartingWith("volume", "create");
+    assert.deepEqual(volumes, [[
+      "volume",
+      "create",
+      "--label",
+      "dev.sandbox.owner=sandbox",
+      "--label",
+      "dev.sandbox.profile=work",
+      "--label",
+      "dev.sandbox.kind=shared",
+      "--opt",
+      "size=1073741824",
+      "sandbox-work-workspace",
+    ]]);
+    const [build] = await docker.callsStartingWith("build");
+    assert.equal(build[1], "--build-arg");
+    assert.equal(build[2], "BASE_IMAGE=sandbox-base:bookworm");
+    // Ownership is set on what the tool creates (container, network, volume above), not on the
+    // image, whose labels every container started from it would inherit.
+    assert.ok(!build.some((a) => a.startsWith("dev.sandbox.owner=")), build.join(" "));
+    assert.ok(build.some((a) => a.startsWith("dev.sandbox.content-hash=")));
+    assert.equal(build[build.indexOf("--tag") + 1], tag);
   });
 });
 
 Deno.test("the proxies' socket directory is mounted only where the engine may share this machine's filesystem", async (t) => {
   await using state = await tempDir();
   const mounts = async (vars: Record<string, string | undefined>, respond = "", options = {}) =>
-    await withEnv({ XDG_STATE_HOME: state.path, DOCKER_CONFIG: state.path, DOCKER_HOST: undefined, DOCKER_CONTEXT: undefined, ...vars }, async () => {
+    await withEnv({
+      XDG_STATE_HOME: state.path,
+      DOCKER_CONFIG: state.path,
+      DOCKER_HOST: undefined,
+      DOCKER_CONTEXT: undefined,
+      ...vars,
+    }, async () => {
       const probe = new DockerSandboxProvider(WORK);
       await using docker = await fakeDocker(freshEngine(await runningJsonFor(probe), respond));
       await new DockerSandboxProvider(WORK, { docker: docker.program, ...options }).ensureRunning();
-      return (await docker.callsStartingWith("run")).map((run) => run.filter((a) => a.includes("dst=/run/sandbox-proxy")).length);
+      return (await docker.callsStartingWith("run")).map((run) =>
+        run.filter((a) => a.includes("dst=/run/sandbox-proxy")).length
+      );
     });
   await t.step("the default engine, or one on a Unix socket: mounted", async () => {
     assert.deepEqual(await mounts({}), [1]);
@@ -174,10 +198,20 @@ Deno.test("the proxies' socket directory is mounted only where the engine may sh
     assert.deepEqual(await mounts({ DOCKER_HOST: "ssh://user@build-host" }), [0]);
   });
   await t.step("a context: as its endpoint says", async () => {
-    const endpoint = (url: string) => `if [ "$1 $2" = "context inspect" ]; then echo '${url}'; exit 0; fi`;
-    assert.deepEqual(await mounts({ DOCKER_CONTEXT: "rootless" }, endpoint("unix:///run/user/1000/docker.sock")), [1]);
-    assert.deepEqual(await mounts({ DOCKER_CONTEXT: "remote" }, endpoint("ssh://user@build-host")), [0]);
-    await Deno.writeTextFile(`${state.path}/config.json`, JSON.stringify({ currentContext: "remote" }));
+    const endpoint = (url: string) =>
+      `if [ "$1 $2" = "context inspect" ]; then echo '${url}'; exit 0; fi`;
+    assert.deepEqual(
+      await mounts({ DOCKER_CONTEXT: "rootless" }, endpoint("unix:///run/user/1000/docker.sock")),
+      [1],
+    );
+    assert.deepEqual(
+      await mounts({ DOCKER_CONTEXT: "remote" }, endpoint("ssh://user@build-host")),
+      [0],
+    );
+    await Deno.writeTextFile(
+      `${state.path}/config.json`,
+      JSON.stringify({ currentContext: "remote" }),
+    );
     assert.deepEqual(await mounts({}, endpoint("tcp://10.0.0.5:2376")), [0]);
     await Deno.remove(`${state.path}/config.json`);
   });
@@ -202,7 +236,11 @@ Deno.test("network modes none and allowlist run the sandbox with no network; ful
     assert.equal(run[run.indexOf("--network") + 1], expected, mode);
     assert.equal(run.filter((a) => a === "--network").length, 1);
     assert.ok(!run.includes("--dns"), "a sandbox with no network needs no resolver setting");
-    assert.deepEqual(await docker.callsStartingWith("network"), [], `mode ${mode} created a network`);
+    assert.deepEqual(
+      await docker.callsStartingWith("network"),
+      [],
+      `mode ${mode} created a network`,
+    );
   }
 });
 
@@ -213,10 +251,22 @@ case "$1 $2" in
 esac`);
   const provider = new DockerSandboxProvider(WORK, { docker: docker.program });
   const report = await provider.teardown();
-  assert.deepEqual(report, { containers: ["sandbox-work"], networks: ["sandbox-work-internal"], volumes: [] });
+  assert.deepEqual(report, {
+    containers: ["sandbox-work"],
+    networks: ["sandbox-work-internal"],
+    volumes: [],
+  });
   const [list] = await docker.callsStartingWith("network", "ls");
-  assert.ok(list.includes("label=dev.sandbox.owner=sandbox") && list.includes("label=dev.sandbox.profile=work"), list.join(" "));
-  assert.deepEqual(await docker.callsStartingWith("network", "rm"), [["network", "rm", "sandbox-work-internal"]]);
+  assert.ok(
+    list.includes("label=dev.sandbox.owner=sandbox") &&
+      list.includes("label=dev.sandbox.profile=work"),
+    list.join(" "),
+  );
+  assert.deepEqual(await docker.callsStartingWith("network", "rm"), [[
+    "network",
+    "rm",
+    "sandbox-work-internal",
+  ]]);
   assert.deepEqual(await docker.callsStartingWith("volume", "rm"), []);
   const withVolumes = await provider.teardown({ volumes: true });
   assert.deepEqual(withVolumes.volumes, ["sandbox-work-workspace"]);
@@ -399,7 +449,12 @@ Deno.test("exec never puts a variable's value on the docker command line, whatev
   const token = `sbx_${crypto.randomUUID()}`;
   // Names the docker client obeys itself get the same treatment: under the prefix, they cannot
   // redirect or reconfigure the client.
-  const env = { SANDBOX_LLM_TOKEN: token, OPENAI_API_KEY: token, HTTP_PROXY: `http://${token}@proxy:1`, DOCKER_HOST: "tcp://elsewhere:1" };
+  const env = {
+    SANDBOX_LLM_TOKEN: token,
+    OPENAI_API_KEY: token,
+    HTTP_PROXY: `http://${token}@proxy:1`,
+    DOCKER_HOST: "tcp://elsewhere:1",
+  };
   const result = await provider.exec(["true"], { env });
   assert.equal(result.stdout, "ok\n");
   const [call] = await docker.callsStartingWith("exec");
@@ -429,10 +484,18 @@ Deno.test("on storage without project quotas the workspace falls back to a plain
 });
 
 Deno.test("workspaceQuota() reads the volume's size option, and nothing when it has none", async () => {
-  await using quota = await fakeDocker(`[ "$1 $2" = "volume inspect" ] && echo '{"size":"1073741824"}'`);
-  assert.equal(await new DockerSandboxProvider(WORK, { docker: quota.program }).workspaceQuota(), 1024 ** 3);
+  await using quota = await fakeDocker(
+    `[ "$1 $2" = "volume inspect" ] && echo '{"size":"1073741824"}'`,
+  );
+  assert.equal(
+    await new DockerSandboxProvider(WORK, { docker: quota.program }).workspaceQuota(),
+    1024 ** 3,
+  );
   await using plain = await fakeDocker(`[ "$1 $2" = "volume inspect" ] && echo 'null'`);
-  assert.equal(await new DockerSandboxProvider(WORK, { docker: plain.program }).workspaceQuota(), undefined);
+  assert.equal(
+    await new DockerSandboxProvider(WORK, { docker: plain.program }).workspaceQuota(),
+    undefined,
+  );
 });
 
 Deno.test("each repository gets a development sandbox and volume of its own, labelled with it, and so do its runs' pooled and cold containers; down removes them all, a run's volume with its container", async () => {
@@ -443,16 +506,26 @@ Deno.test("each repository gets a development sandbox and volume of its own, lab
   const probe = new DockerSandboxProvider(WORK, { repository: repo });
   assert.equal(probe.containerName, `sandbox-work-repo-${repo.id}`);
   assert.equal(probe.names.volume, `sandbox-work-repo-${repo.id}-workspace`);
-  assert.notEqual(new DockerSandboxProvider(WORK, { repository: other }).containerName, probe.containerName);
+  assert.notEqual(
+    new DockerSandboxProvider(WORK, { repository: other }).containerName,
+    probe.containerName,
+  );
   assert.equal(new DockerSandboxProvider(WORK).containerName, "sandbox-work");
   assert.equal(probe.labels()["dev.sandbox.repo"], "app-0123456789ab");
   assert.equal(probe.labels()["dev.sandbox.kind"], "shared");
   // A run's container: pooled (`p` and 8 hex digits) or cold (the run's id), named after the repository.
-  const pooled = new DockerSandboxProvider(WORK, { repository: repo, instance: "p0123abcd", pooled: true });
+  const pooled = new DockerSandboxProvider(WORK, {
+    repository: repo,
+    instance: "p0123abcd",
+    pooled: true,
+  });
   assert.equal(pooled.containerName, `sandbox-work-repo-${repo.id}-p0123abcd`);
   assert.equal(pooled.labels()["dev.sandbox.kind"], "pool");
   assert.equal(pooled.labels()["dev.sandbox.repo"], "app-0123456789ab");
-  const cold = new DockerSandboxProvider(WORK, { repository: repo, instance: "20990101-000000-abcdef" });
+  const cold = new DockerSandboxProvider(WORK, {
+    repository: repo,
+    instance: "20990101-000000-abcdef",
+  });
   assert.equal(cold.containerName, `sandbox-work-repo-${repo.id}-20990101-000000-abcdef`);
   assert.equal(cold.labels()["dev.sandbox.kind"], "run");
 
@@ -462,14 +535,21 @@ case "$1" in
   volume) [ "$2" = ls ] && { echo sandbox-work-workspace; echo "sandbox-work-repo-${repo.id}-workspace"; } ;;
 esac`);
   const report = await teardownProfile(new DockerCli(docker.program), "work", { volumes: true });
-  assert.deepEqual(report.containers, ["sandbox-work", `sandbox-work-repo-${repo.id}`, `sandbox-work-repo-${repo.id}-p0123abcd`]);
+  assert.deepEqual(report.containers, [
+    "sandbox-work",
+    `sandbox-work-repo-${repo.id}`,
+    `sandbox-work-repo-${repo.id}-p0123abcd`,
+  ]);
   assert.deepEqual(report.volumes, [
     `sandbox-work-repo-${repo.id}-p0123abcd-workspace`,
     "sandbox-work-workspace",
     `sandbox-work-repo-${repo.id}-workspace`,
   ]);
   const [ps] = await docker.callsStartingWith("ps");
-  assert.ok(ps.includes("label=dev.sandbox.owner=sandbox") && ps.includes("label=dev.sandbox.profile=work"), ps.join(" "));
+  assert.ok(
+    ps.includes("label=dev.sandbox.owner=sandbox") && ps.includes("label=dev.sandbox.profile=work"),
+    ps.join(" "),
+  );
   const [volumeLs] = await docker.callsStartingWith("volume", "ls");
   assert.ok(volumeLs.includes("label=dev.sandbox.profile=work"), volumeLs.join(" "));
 });

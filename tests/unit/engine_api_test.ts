@@ -37,7 +37,9 @@ function frame(stream: number, text: string): Uint8Array {
   return out;
 }
 
-async function readRequest(conn: Deno.Conn): Promise<{ method: string; path: string; body: string; rest: Uint8Array } | undefined> {
+async function readRequest(
+  conn: Deno.Conn,
+): Promise<{ method: string; path: string; body: string; rest: Uint8Array } | undefined> {
   let buffered = new Uint8Array(0);
   const chunk = new Uint8Array(65536);
   while (true) {
@@ -56,7 +58,12 @@ async function readRequest(conn: Deno.Conn): Promise<{ method: string; path: str
         joined.set(chunk.subarray(0, n), body.byteLength);
         body = joined;
       }
-      return { method, path, body: decoder.decode(body.subarray(0, length)), rest: body.subarray(length) };
+      return {
+        method,
+        path,
+        body: decoder.decode(body.subarray(0, length)),
+        rest: body.subarray(length),
+      };
     }
     const n = await conn.read(chunk);
     if (n === null) return undefined;
@@ -67,12 +74,21 @@ async function readRequest(conn: Deno.Conn): Promise<{ method: string; path: str
   }
 }
 
-async function respond(conn: Deno.Conn, status: number, body: string, chunked = false): Promise<void> {
+async function respond(
+  conn: Deno.Conn,
+  status: number,
+  body: string,
+  chunked = false,
+): Promise<void> {
   const head = chunked
     ? `HTTP/1.1 ${status} X\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`
-    : `HTTP/1.1 ${status} X\r\nContent-Type: application/json\r\nContent-Length: ${encoder.encode(body).byteLength}\r\n\r\n`;
+    : `HTTP/1.1 ${status} X\r\nContent-Type: application/json\r\nContent-Length: ${
+      encoder.encode(body).byteLength
+    }\r\n\r\n`;
   const payload = chunked
-    ? body.match(/[\s\S]{1,7}/g)!.map((part) => `${encoder.encode(part).byteLength.toString(16)}\r\n${part}\r\n`).join("") + "0\r\n\r\n"
+    ? body.match(/[\s\S]{1,7}/g)!.map((part) =>
+      `${encoder.encode(part).byteLength.toString(16)}\r\n${part}\r\n`
+    ).join("") + "0\r\n\r\n"
     : body;
   await conn.write(encoder.encode(head + payload));
 }
@@ -105,15 +121,29 @@ async function fakeEngine() {
     requests.push(`${request.method} ${request.path}`);
     let match: RegExpExecArray | null;
     if ((match = /^\/containers\/([^/]+)\/exec$/.exec(request.path)) && request.method === "POST") {
-      if (match[1] === "missing") return await respond(conn, 404, `{"message":"No such container: missing"}`);
-      if (match[1] === "stopped") return await respond(conn, 409, `{"message":"Container 0123abcd is not running"}`);
+      if (match[1] === "missing") {
+        return await respond(conn, 404, `{"message":"No such container: missing"}`);
+      }
+      if (match[1] === "stopped") {
+        return await respond(conn, 409, `{"message":"Container 0123abcd is not running"}`);
+      }
       const id = `exec${execs.size + 1}`;
-      execs.set(id, { container: match[1], body: JSON.parse(request.body), inputEnded: false, clientGone: false, exitCode: 0 });
+      execs.set(id, {
+        container: match[1],
+        body: JSON.parse(request.body),
+        inputEnded: false,
+        clientGone: false,
+        exitCode: 0,
+      });
       return await respond(conn, 201, JSON.stringify({ Id: id }));
     }
     if ((match = /^\/exec\/([^/]+)\/start$/.exec(request.path))) {
       const exec = execs.get(match[1])!;
-      await conn.write(encoder.encode("HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n"));
+      await conn.write(
+        encoder.encode(
+          "HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n",
+        ),
+      );
       const [command, arg] = exec.body.Cmd;
       if (command === "echo-stdin") {
         const chunks: Uint8Array[] = [request.rest];
@@ -126,7 +156,11 @@ async function fakeEngine() {
         exec.inputEnded = true;
         await conn.write(frame(1, chunks.map((c) => decoder.decode(c)).join("")));
       } else if (command === "split") {
-        const bytes = new Uint8Array([...frame(1, "out one\nout "), ...frame(2, "err line\n"), ...frame(1, "two\n")]);
+        const bytes = new Uint8Array([
+          ...frame(1, "out one\nout "),
+          ...frame(2, "err line\n"),
+          ...frame(1, "two\n"),
+        ]);
         for (let at = 0; at < bytes.byteLength; at += 3) {
           await conn.write(bytes.subarray(at, at + 3));
           await new Promise((resolve) => setTimeout(resolve, 1));
@@ -149,15 +183,32 @@ async function fakeEngine() {
       return await respond(conn, 200, JSON.stringify({ Running: false, ExitCode: exec.exitCode }));
     }
     if ((match = /^\/containers\/([^/]+)\/json$/.exec(request.path))) {
-      if (match[1] === "missing") return await respond(conn, 404, `{"message":"No such container: missing"}`);
-      return await respond(conn, 200, JSON.stringify({ Id: "c0ffee", Name: `/${match[1]}`, State: { Running: true } }), true);
+      if (match[1] === "missing") {
+        return await respond(conn, 404, `{"message":"No such container: missing"}`);
+      }
+      return await respond(
+        conn,
+        200,
+        JSON.stringify({ Id: "c0ffee", Name: `/${match[1]}`, State: { Running: true } }),
+        true,
+      );
     }
     if ((match = /^\/volumes\/([^/]+)$/.exec(request.path))) {
-      return await respond(conn, 200, JSON.stringify({ Name: match[1], Options: { size: "1024" } }));
+      return await respond(
+        conn,
+        200,
+        JSON.stringify({ Name: match[1], Options: { size: "1024" } }),
+      );
     }
     if ((match = /^\/images\/(.+)\/json$/.exec(request.path))) {
-      if (match[1].startsWith("missing")) return await respond(conn, 404, `{"message":"No such image: missing:1"}`);
-      return await respond(conn, 200, JSON.stringify({ Id: "sha256:abc", Config: { Labels: { a: "b" } } }));
+      if (match[1].startsWith("missing")) {
+        return await respond(conn, 404, `{"message":"No such image: missing:1"}`);
+      }
+      return await respond(
+        conn,
+        200,
+        JSON.stringify({ Id: "sha256:abc", Config: { Labels: { a: "b" } } }),
+      );
     }
     await respond(conn, 404, `{"message":"page not found"}`);
   }
@@ -173,7 +224,11 @@ async function fakeEngine() {
   };
 }
 
-function apiExec(socket: string, args: string[], options: ConstructorParameters<typeof EngineExec>[3] = {}) {
+function apiExec(
+  socket: string,
+  args: string[],
+  options: ConstructorParameters<typeof EngineExec>[3] = {},
+) {
   const request = execRequestOf(args, options.env);
   assert.ok(request, `not an API form: ${args.join(" ")}`);
   return new EngineExec(socket, ["docker", ...args], request, options, () => {
@@ -183,7 +238,24 @@ function apiExec(socket: string, args: string[], options: ConstructorParameters<
 
 Deno.test("execRequestOf() reads the exec forms the tool uses, and leaves every other form to the CLI", () => {
   const request = execRequestOf(
-    ["exec", "--interactive", "--user", "10001:10001", "--workdir", "/w", "--env", "A", "--env", "B=literal", "--env", "UNSET_ANYWHERE", "box", "sandbox-exec", "id", "cat"],
+    [
+      "exec",
+      "--interactive",
+      "--user",
+      "10001:10001",
+      "--workdir",
+      "/w",
+      "--env",
+      "A",
+      "--env",
+      "B=literal",
+      "--env",
+      "UNSET_ANYWHERE",
+      "box",
+      "sandbox-exec",
+      "id",
+      "cat",
+    ],
     { A: "from the client" },
   );
   assert.deepEqual(request, {
@@ -213,9 +285,19 @@ Deno.test("execRequestOf() reads the exec forms the tool uses, and leaves every 
 
 Deno.test("inspectRequestOf() answers only the inspect forms whose output it can make exactly", () => {
   assert.equal(inspectRequestOf(["container", "inspect", "box"])?.path, "/containers/box/json");
-  assert.equal(inspectRequestOf(["volume", "inspect", "--format", "{{json .Options}}", "v"])?.path, "/volumes/v");
-  assert.equal(inspectRequestOf(["image", "inspect", "--format", "{{.Id}}", "sandbox-runtime:1"])?.path, "/images/sandbox-runtime%3A1/json");
-  assert.equal(inspectRequestOf(["image", "inspect", "--format", "{{.Id}}", "registry.local/team/img:2"])?.path, "/images/registry.local/team/img%3A2/json");
+  assert.equal(
+    inspectRequestOf(["volume", "inspect", "--format", "{{json .Options}}", "v"])?.path,
+    "/volumes/v",
+  );
+  assert.equal(
+    inspectRequestOf(["image", "inspect", "--format", "{{.Id}}", "sandbox-runtime:1"])?.path,
+    "/images/sandbox-runtime%3A1/json",
+  );
+  assert.equal(
+    inspectRequestOf(["image", "inspect", "--format", "{{.Id}}", "registry.local/team/img:2"])
+      ?.path,
+    "/images/registry.local/team/img%3A2/json",
+  );
   for (
     const args of [
       ["container", "inspect", "a", "b"],
@@ -233,7 +315,9 @@ Deno.test("inspectRequestOf() answers only the inspect forms whose output it can
 Deno.test("an exec through the engine streams stdout, passes stderr lines on, and reports the command's exit code", async () => {
   await using engine = await fakeEngine();
   const lines: string[] = [];
-  const child = apiExec(engine.socket, ["exec", "box", "split"], { onStderrLine: (line) => lines.push(line) });
+  const child = apiExec(engine.socket, ["exec", "box", "split"], {
+    onStderrLine: (line) => lines.push(line),
+  });
   const out: string[] = [];
   for await (const line of child.lines()) out.push(line);
   const outcome = await child.finished;
@@ -266,7 +350,16 @@ Deno.test("an exec's input reaches the command, and its end reaches it too (the 
 
 Deno.test("an exec's variables travel in the request, taken by name from the client's environment", async () => {
   await using engine = await fakeEngine();
-  const child = apiExec(engine.socket, ["exec", "--user", "10001:10001", "--env", "SANDBOX_EXEC_ENV_TOKEN", "box", "exit", "0"], {
+  const child = apiExec(engine.socket, [
+    "exec",
+    "--user",
+    "10001:10001",
+    "--env",
+    "SANDBOX_EXEC_ENV_TOKEN",
+    "box",
+    "exit",
+    "0",
+  ], {
     env: { SANDBOX_EXEC_ENV_TOKEN: "secret-token-value" },
   });
   await new Response(child.stdout).text();
@@ -308,23 +401,34 @@ Deno.test("kill() ends the client's side at once (exit 143, as the CLI stopped b
   assert.equal(late.timedOut, true);
   assert.equal(late.exitCode, 143);
   // The fake saw its client go in both cases.
-  for (let i = 0; i < 100 && [...engine.execs.values()].some((e) => !e.clientGone); i++) await new Promise((r) => setTimeout(r, 10));
+  for (let i = 0; i < 100 && [...engine.execs.values()].some((e) => !e.clientGone); i++) {
+    await new Promise((r) => setTimeout(r, 10));
+  }
   assert.ok([...engine.execs.values()].every((e) => e.clientGone));
 });
 
 Deno.test("an exec whose engine socket cannot be reached runs the CLI instead, with the same input", async () => {
   await using dir = await tempDir();
   const request = execRequestOf(["exec", "--interactive", "box", "cat"])!;
-  const child = new EngineExec(`${dir.path}/no-engine.sock`, ["docker", "exec", "--interactive", "box", "cat"], request, { stdin: "from the caller" }, () =>
-    // The CLI stand-in: reads its input as the real client would.
-    spawn(["sh", "-c", "printf 'cli: '; cat"], { stdin: "from the caller" }));
+  const child = new EngineExec(
+    `${dir.path}/no-engine.sock`,
+    ["docker", "exec", "--interactive", "box", "cat"],
+    request,
+    { stdin: "from the caller" },
+    () =>
+      // The CLI stand-in: reads its input as the real client would.
+      spawn(["sh", "-c", "printf 'cli: '; cat"], { stdin: "from the caller" }),
+  );
   const [text, outcome] = await Promise.all([new Response(child.stdout).text(), child.finished]);
   assert.equal(text, "cli: from the caller");
   assert.equal(outcome.exitCode, 0);
 });
 
 /** Run `fn` with the environment changed (and the engine decision made again), then restore both. */
-async function withEngineEnv(changes: Record<string, string | undefined>, fn: () => Promise<void> | void): Promise<void> {
+async function withEngineEnv(
+  changes: Record<string, string | undefined>,
+  fn: () => Promise<void> | void,
+): Promise<void> {
   try {
     await withEnv(changes, async () => {
       resetEngineSocket();
@@ -339,7 +443,7 @@ async function withEngineEnv(changes: Record<string, string | undefined>, fn: ()
 async function dockerOnPath(kind: "program" | "script") {
   const dir = await tempDir("docker-bin-");
   if (kind === "program") await Deno.copyFile("/bin/true", `${dir.path}/docker`);
-  else await Deno.writeTextFile(`${dir.path}/docker`, "#!/bin/sh\nexec podman \"$@\"\n");
+  else await Deno.writeTextFile(`${dir.path}/docker`, '#!/bin/sh\nexec podman "$@"\n');
   await Deno.chmod(`${dir.path}/docker`, 0o755);
   return dir;
 }
@@ -349,21 +453,61 @@ Deno.test("the engine's socket is used only where the CLI would reach that same 
   await using script = await dockerOnPath("script");
   await using config = await tempDir("docker-config-");
   const path = `${program.path}:${Deno.env.get("PATH")}`;
-  const base = { PATH: path, DOCKER_HOST: undefined, DOCKER_CONTEXT: undefined, DOCKER_CONFIG: config.path, DOCKER_API_VERSION: undefined, SANDBOX_DOCKER_API: undefined };
+  const base = {
+    PATH: path,
+    DOCKER_HOST: undefined,
+    DOCKER_CONTEXT: undefined,
+    DOCKER_CONFIG: config.path,
+    DOCKER_API_VERSION: undefined,
+    SANDBOX_DOCKER_API: undefined,
+  };
   await withEngineEnv(base, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
-  await withEngineEnv({ ...base, DOCKER_HOST: "unix:///run/user/1000/docker.sock" }, () => assert.equal(engineSocket(), "/run/user/1000/docker.sock"));
+  await withEngineEnv(
+    { ...base, DOCKER_HOST: "unix:///run/user/1000/docker.sock" },
+    () => assert.equal(engineSocket(), "/run/user/1000/docker.sock"),
+  );
   // Other transports, contexts, a pinned API version, a wrapper script, or told not to: the CLI.
-  await withEngineEnv({ ...base, DOCKER_HOST: "tcp://10.0.0.1:2376" }, () => assert.equal(engineSocket(), undefined));
-  await withEngineEnv({ ...base, DOCKER_HOST: "ssh://me@box" }, () => assert.equal(engineSocket(), undefined));
-  await withEngineEnv({ ...base, DOCKER_HOST: "npipe:////./pipe/docker_engine" }, () => assert.equal(engineSocket(), undefined));
-  await withEngineEnv({ ...base, DOCKER_CONTEXT: "remote" }, () => assert.equal(engineSocket(), undefined));
-  await withEngineEnv({ ...base, DOCKER_CONTEXT: "default" }, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
-  await withEngineEnv({ ...base, DOCKER_API_VERSION: "1.40" }, () => assert.equal(engineSocket(), undefined));
-  await withEngineEnv({ ...base, SANDBOX_DOCKER_API: "0" }, () => assert.equal(engineSocket(), undefined));
-  await withEngineEnv({ ...base, PATH: `${script.path}:${path}` }, () => assert.equal(engineSocket(), undefined));
-  await Deno.writeTextFile(`${config.path}/config.json`, JSON.stringify({ currentContext: "colima" }));
+  await withEngineEnv(
+    { ...base, DOCKER_HOST: "tcp://10.0.0.1:2376" },
+    () => assert.equal(engineSocket(), undefined),
+  );
+  await withEngineEnv(
+    { ...base, DOCKER_HOST: "ssh://me@box" },
+    () => assert.equal(engineSocket(), undefined),
+  );
+  await withEngineEnv(
+    { ...base, DOCKER_HOST: "npipe:////./pipe/docker_engine" },
+    () => assert.equal(engineSocket(), undefined),
+  );
+  await withEngineEnv(
+    { ...base, DOCKER_CONTEXT: "remote" },
+    () => assert.equal(engineSocket(), undefined),
+  );
+  await withEngineEnv(
+    { ...base, DOCKER_CONTEXT: "default" },
+    () => assert.equal(engineSocket(), "/var/run/docker.sock"),
+  );
+  await withEngineEnv(
+    { ...base, DOCKER_API_VERSION: "1.40" },
+    () => assert.equal(engineSocket(), undefined),
+  );
+  await withEngineEnv(
+    { ...base, SANDBOX_DOCKER_API: "0" },
+    () => assert.equal(engineSocket(), undefined),
+  );
+  await withEngineEnv(
+    { ...base, PATH: `${script.path}:${path}` },
+    () => assert.equal(engineSocket(), undefined),
+  );
+  await Deno.writeTextFile(
+    `${config.path}/config.json`,
+    JSON.stringify({ currentContext: "colima" }),
+  );
   await withEngineEnv(base, () => assert.equal(engineSocket(), undefined));
-  await Deno.writeTextFile(`${config.path}/config.json`, JSON.stringify({ currentContext: "default", auths: {} }));
+  await Deno.writeTextFile(
+    `${config.path}/config.json`,
+    JSON.stringify({ currentContext: "default", auths: {} }),
+  );
   await withEngineEnv(base, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
 });
 
@@ -372,7 +516,13 @@ Deno.test("DockerCli answers inspects and execs through the engine when it may, 
   // `docker` is `true` here: a call that went to the CLI would print nothing.
   await using program = await dockerOnPath("program");
   await using config = await tempDir("docker-config-");
-  await withEngineEnv({ PATH: `${program.path}:${Deno.env.get("PATH")}`, DOCKER_HOST: `unix://${engine.socket}`, DOCKER_CONTEXT: undefined, DOCKER_CONFIG: config.path, SANDBOX_DOCKER_API: undefined }, async () => {
+  await withEngineEnv({
+    PATH: `${program.path}:${Deno.env.get("PATH")}`,
+    DOCKER_HOST: `unix://${engine.socket}`,
+    DOCKER_CONTEXT: undefined,
+    DOCKER_CONFIG: config.path,
+    SANDBOX_DOCKER_API: undefined,
+  }, async () => {
     const docker = new DockerCli();
     const container = await docker.run(["container", "inspect", "box"]);
     assert.equal(container.exitCode, 0);
@@ -382,18 +532,35 @@ Deno.test("DockerCli answers inspects and execs through the engine when it may, 
     assert.ok(isNoSuchObject(missing.stderr), missing.stderr);
     const quota = await docker.run(["volume", "inspect", "--format", "{{json .Options}}", "v"]);
     assert.deepEqual(JSON.parse(quota.stdout), { size: "1024" });
-    const image = await docker.run(["image", "inspect", "--format", "{{.Id}}", "sandbox-runtime:1"]);
+    const image = await docker.run([
+      "image",
+      "inspect",
+      "--format",
+      "{{.Id}}",
+      "sandbox-runtime:1",
+    ]);
     assert.equal(image.stdout, "sha256:abc\n");
     const absent = await docker.run(["image", "inspect", "--format", "{{.Id}}", "missing:1"]);
     assert.equal(absent.exitCode, 1);
     assert.match(absent.stderr, /No such image/);
-    const echoed = await docker.run(["exec", "--interactive", "box", "echo-stdin"], { stdin: "piped\n" });
+    const echoed = await docker.run(["exec", "--interactive", "box", "echo-stdin"], {
+      stdin: "piped\n",
+    });
     assert.equal(echoed.stdout, "piped\n");
     // A call that names another program, or changes what the client reads, goes to the CLI.
-    const named = await new DockerCli(`${program.path}/docker`).run(["container", "inspect", "box"]);
+    const named = await new DockerCli(`${program.path}/docker`).run([
+      "container",
+      "inspect",
+      "box",
+    ]);
     assert.equal(named.stdout, "");
-    const own = await docker.run(["container", "inspect", "box"], { env: { DOCKER_HOST: "tcp://elsewhere:2375" } });
+    const own = await docker.run(["container", "inspect", "box"], {
+      env: { DOCKER_HOST: "tcp://elsewhere:2375" },
+    });
     assert.equal(own.stdout, "");
   });
-  assert.deepEqual(engine.requests.filter((r) => r.startsWith("GET /containers")), ["GET /containers/box/json", "GET /containers/missing/json"]);
+  assert.deepEqual(engine.requests.filter((r) => r.startsWith("GET /containers")), [
+    "GET /containers/box/json",
+    "GET /containers/missing/json",
+  ]);
 });

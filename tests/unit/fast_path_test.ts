@@ -36,8 +36,14 @@ async function commanderParse(args: string[]): Promise<Parsed> {
   };
   program.hook("preAction", capture);
   program.exitOverride().configureOutput({ writeErr: () => {}, writeOut: () => {} });
-  for (const command of program.commands) command.exitOverride().configureOutput({ writeErr: () => {}, writeOut: () => {} });
-  await assert.rejects(program.parseAsync(args, { from: "user" }), Stop, `commander ran ${JSON.stringify(args)}`);
+  for (const command of program.commands) {
+    command.exitOverride().configureOutput({ writeErr: () => {}, writeOut: () => {} });
+  }
+  await assert.rejects(
+    program.parseAsync(args, { from: "user" }),
+    Stop,
+    `commander ran ${JSON.stringify(args)}`,
+  );
   return parsed!;
 }
 
@@ -51,20 +57,74 @@ Deno.test("the fast path reads run and exec command lines exactly as commander d
   const samples: string[][] = [
     ["run", "agentic", "--prompt-file", "p.txt"],
     ["run", "agentic", "--prompt-file", "-"],
-    ["-c", cfg, "run", "agentic", "--prompt-file=p.txt", "-p", "work", "-m", "replay:r.json", "--format", "ndjson"],
+    [
+      "-c",
+      cfg,
+      "run",
+      "agentic",
+      "--prompt-file=p.txt",
+      "-p",
+      "work",
+      "-m",
+      "replay:r.json",
+      "--format",
+      "ndjson",
+    ],
     ["run", "generate", "--prompt-file", "p", "--schema", "s.json", "--config", cfg],
     ["--config", cfg, "run", "agentic", "--prompt-file", "p", "-c", cfgB],
-    ["--config=" + cfg, "run", "generate", "--prompt-file", "p", "--format=pretty", "--timeout", "90s"],
     [
-      "run", "agentic", "--prompt-file", "p", "--repo", ".", "--base", "HEAD~1", "--branch", "b", "--keep-worktree",
-      "--lifecycle-events", "--timeout", "5s", "--record", "r.json", "--instructions-file", "i.txt", "--cwd", "/x",
+      "--config=" + cfg,
+      "run",
+      "generate",
+      "--prompt-file",
+      "p",
+      "--format=pretty",
+      "--timeout",
+      "90s",
+    ],
+    [
+      "run",
+      "agentic",
+      "--prompt-file",
+      "p",
+      "--repo",
+      ".",
+      "--base",
+      "HEAD~1",
+      "--branch",
+      "b",
+      "--keep-worktree",
+      "--lifecycle-events",
+      "--timeout",
+      "5s",
+      "--record",
+      "r.json",
+      "--instructions-file",
+      "i.txt",
+      "--cwd",
+      "/x",
     ],
     ["run", "agentic", "--push", "--repo", "https://example.test/x.git", "--prompt-file", "p"],
     ["run", "agentic", "--prompt-file", "p", "--agent", "claude-code"],
     ["exec", "--", "true"],
     ["exec", "true"],
     ["exec", "ls", "-la", "--", "x"],
-    ["exec", "-p", "work", "--cwd", "/tmp", "-e", "A=1", "--env=B=2", "--timeout", "5s", "--", "sh", "-c", "echo hi"],
+    [
+      "exec",
+      "-p",
+      "work",
+      "--cwd",
+      "/tmp",
+      "-e",
+      "A=1",
+      "--env=B=2",
+      "--timeout",
+      "5s",
+      "--",
+      "sh",
+      "-c",
+      "echo hi",
+    ],
     ["exec", "-c", cfg, "--repo", ".", "--", "git", "status"],
     ["-c", cfg, "exec", "--", "-x"],
     ["exec", "--cwd", "-x", "--", "true"],

@@ -8,7 +8,13 @@ import assert from "node:assert/strict";
 import { AccessLog, type AccessLogEntry } from "../../lib/proxy/access_log.ts";
 import { parseGitRoute, requestTarget, scanPushCommands } from "../../lib/proxy/git_protocol.ts";
 import { Redactor } from "../../lib/redact.ts";
-import { type GitRemote, MAX_COMMAND_BYTES, parseRefUpdates, pushViolation, startGitProxy } from "../../lib/proxy/git_proxy.ts";
+import {
+  type GitRemote,
+  MAX_COMMAND_BYTES,
+  parseRefUpdates,
+  pushViolation,
+  startGitProxy,
+} from "../../lib/proxy/git_proxy.ts";
 
 const enc = new TextEncoder();
 const OLD = "1".repeat(40);
@@ -40,7 +46,9 @@ function concat(...parts: Uint8Array[]): Uint8Array<ArrayBuffer> {
 }
 
 async function gzip(bytes: Uint8Array): Promise<Uint8Array> {
-  return await new Response(new Blob([bytes as BlobPart]).stream().pipeThrough(new CompressionStream("gzip"))).bytes();
+  return await new Response(
+    new Blob([bytes as BlobPart]).stream().pipeThrough(new CompressionStream("gzip")),
+  ).bytes();
 }
 
 /** Reject after `ms` unless `promise` settles first (a regression fails by name, never hangs). */
@@ -49,7 +57,9 @@ async function within<T>(promise: Promise<T>, what: string, ms = DEADLINE_MS): P
   try {
     return await Promise.race([
       promise,
-      new Promise<never>((_, reject) => timer = setTimeout(() => reject(new Error(`timed out: ${what}`)), ms)),
+      new Promise<never>((_, reject) =>
+        timer = setTimeout(() => reject(new Error(`timed out: ${what}`)), ms)
+      ),
     ]);
   } finally {
     clearTimeout(timer);
@@ -58,8 +68,18 @@ async function within<T>(promise: Promise<T>, what: string, ms = DEADLINE_MS): P
 
 Deno.test("parseGitRoute() accepts exactly the three smart-HTTP endpoints, service from the path", async (t) => {
   const ok: [string, string, string, string][] = [
-    ["GET", "/git/info/refs?service=git-upload-pack", "git-upload-pack", "/info/refs?service=git-upload-pack"],
-    ["GET", "/git/info/refs?service=git-receive-pack", "git-receive-pack", "/info/refs?service=git-receive-pack"],
+    [
+      "GET",
+      "/git/info/refs?service=git-upload-pack",
+      "git-upload-pack",
+      "/info/refs?service=git-upload-pack",
+    ],
+    [
+      "GET",
+      "/git/info/refs?service=git-receive-pack",
+      "git-receive-pack",
+      "/info/refs?service=git-receive-pack",
+    ],
     ["POST", "/git/git-upload-pack", "git-upload-pack", "/git-upload-pack"],
     ["POST", "/git/git-receive-pack", "git-receive-pack", "/git-receive-pack"],
   ];
@@ -129,13 +149,19 @@ Deno.test("parseGitRoute() accepts exactly the three smart-HTTP endpoints, servi
     });
   }
   await t.step("requestTarget() keeps the sandbox's own text of path and query", () => {
-    assert.equal(requestTarget("http://10.0.0.1:8080/git/x/../y?service=a"), "/git/x/../y?service=a");
+    assert.equal(
+      requestTarget("http://10.0.0.1:8080/git/x/../y?service=a"),
+      "/git/x/../y?service=a",
+    );
     assert.equal(requestTarget("http://[::1]:80/git/info/refs"), "/git/info/refs");
   });
 });
 
 Deno.test("scanPushCommands() reads every ref update before the flush, capabilities stripped", () => {
-  const body = pushBody(`${OLD} ${NEW} refs/heads/run\0report-status side-band-64k\n`, `${ZERO} ${NEW} refs/tags/v1\n`);
+  const body = pushBody(
+    `${OLD} ${NEW} refs/heads/run\0report-status side-band-64k\n`,
+    `${ZERO} ${NEW} refs/tags/v1\n`,
+  );
   const commands = scanPushCommands(body)!;
   assert.deepEqual(commands.updates, [
     { old: OLD, new: NEW, ref: "refs/heads/run" },
@@ -149,7 +175,9 @@ Deno.test("scanPushCommands() reads every ref update before the flush, capabilit
 Deno.test("scanPushCommands() asks for more bytes until the flush, wherever the chunk boundary falls", () => {
   const body = pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status\n`, `shallow ${OLD}\n`);
   const end = scanPushCommands(body)!.end;
-  for (let cut = 0; cut < end; cut++) assert.equal(scanPushCommands(body.subarray(0, cut)), undefined, `cut at ${cut}`);
+  for (let cut = 0; cut < end; cut++) {
+    assert.equal(scanPushCommands(body.subarray(0, cut)), undefined, `cut at ${cut}`);
+  }
   assert.equal(scanPushCommands(body.subarray(0, end))?.end, end);
   assert.throws(() => parseRefUpdates(body.subarray(0, end - 1)), /truncated/);
 });
@@ -158,35 +186,106 @@ Deno.test("scanPushCommands() reads as receive-pack does, refusing what git woul
   const sha256Old = "a".repeat(64);
   const sha256New = "b".repeat(64);
   await t.step("SHA-256 object ids", () => {
-    assert.deepEqual(parseRefUpdates(pushBody(`${sha256Old} ${sha256New} ${RUN_REF}\n`)), [{ old: sha256Old, new: sha256New, ref: RUN_REF }]);
+    assert.deepEqual(parseRefUpdates(pushBody(`${sha256Old} ${sha256New} ${RUN_REF}\n`)), [{
+      old: sha256Old,
+      new: sha256New,
+      ref: RUN_REF,
+    }]);
   });
-  await t.step("shallow lines are skipped; agent, object-format and session-id capabilities pass", () => {
-    const body = pushBody(`shallow ${OLD}\n`, `${OLD} ${NEW} ${RUN_REF}\0report-status-v2 quiet atomic agent=git/2.39 object-format=sha1 session-id=x\n`);
-    assert.deepEqual(parseRefUpdates(body), [{ old: OLD, new: NEW, ref: RUN_REF }]);
-  });
-  await t.step("the ref name is the rest of the line, spaces included (as queue_command reads it)", () => {
-    assert.deepEqual(parseRefUpdates(pushBody(`${OLD} ${NEW} ${RUN_REF} refs/heads/main\n`)), [{ old: OLD, new: NEW, ref: `${RUN_REF} refs/heads/main` }]);
-  });
+  await t.step(
+    "shallow lines are skipped; agent, object-format and session-id capabilities pass",
+    () => {
+      const body = pushBody(
+        `shallow ${OLD}\n`,
+        `${OLD} ${NEW} ${RUN_REF}\0report-status-v2 quiet atomic agent=git/2.39 object-format=sha1 session-id=x\n`,
+      );
+      assert.deepEqual(parseRefUpdates(body), [{ old: OLD, new: NEW, ref: RUN_REF }]);
+    },
+  );
+  await t.step(
+    "the ref name is the rest of the line, spaces included (as queue_command reads it)",
+    () => {
+      assert.deepEqual(parseRefUpdates(pushBody(`${OLD} ${NEW} ${RUN_REF} refs/heads/main\n`)), [{
+        old: OLD,
+        new: NEW,
+        ref: `${RUN_REF} refs/heads/main`,
+      }]);
+    },
+  );
   await t.step("only one trailing LF is chomped from the packet, before the NUL", () => {
-    assert.deepEqual(parseRefUpdates(pushBody(`${OLD} ${NEW} ${RUN_REF}\n\0report-status`)), [{ old: OLD, new: NEW, ref: `${RUN_REF}\n` }]);
+    assert.deepEqual(parseRefUpdates(pushBody(`${OLD} ${NEW} ${RUN_REF}\n\0report-status`)), [{
+      old: OLD,
+      new: NEW,
+      ref: `${RUN_REF}\n`,
+    }]);
   });
   const malformed: [string, Uint8Array, RegExp][] = [
     ["a non-hex length", enc.encode("zzzz"), /length/],
     ["a length parseInt would half-read", enc.encode(`00a\n${"x".repeat(20)}`), /length/],
     ["a signed length", enc.encode(`+0a1${"x".repeat(200)}`), /length/],
-    ["a delimiter packet, which ends git's list like a flush", enc.encode(`0001${pkt(`${OLD} ${NEW} refs/heads/main\n`)}0000`), /special packet/],
-    ["a response-end packet", enc.encode(`0002${pkt(`${OLD} ${NEW} refs/heads/main\n`)}0000`), /special packet/],
-    ["an empty packet, which git also reads as the end", enc.encode(`0004${pkt(`${OLD} ${NEW} refs/heads/main\n`)}0000`), /special packet/],
+    [
+      "a delimiter packet, which ends git's list like a flush",
+      enc.encode(`0001${pkt(`${OLD} ${NEW} refs/heads/main\n`)}0000`),
+      /special packet/,
+    ],
+    [
+      "a response-end packet",
+      enc.encode(`0002${pkt(`${OLD} ${NEW} refs/heads/main\n`)}0000`),
+      /special packet/,
+    ],
+    [
+      "an empty packet, which git also reads as the end",
+      enc.encode(`0004${pkt(`${OLD} ${NEW} refs/heads/main\n`)}0000`),
+      /special packet/,
+    ],
     ["a missing ref", pushBody(`${OLD} ${NEW}\n`), /malformed ref update/],
-    ["ids of two lengths", pushBody(`${OLD} ${"b".repeat(64)} ${RUN_REF}\n`), /malformed ref update/],
-    ["upper-case ids", pushBody(`${OLD.toUpperCase()} ${"A".repeat(40)} ${RUN_REF}\n`), /malformed ref update/],
-    ["a push certificate", pushBody(`push-cert\0report-status\n`, "certificate version 0.1\n"), /push-cert/],
-    ["push options", pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status push-options\n`), /push options/],
-    ["push options named on a later line", pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status\n`, `${OLD} ${NEW} ${RUN_REF}\0push-options\n`), /push options/],
-    ["an unknown capability", pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status x-unknown\n`), /capability "x-unknown"/],
+    [
+      "ids of two lengths",
+      pushBody(`${OLD} ${"b".repeat(64)} ${RUN_REF}\n`),
+      /malformed ref update/,
+    ],
+    [
+      "upper-case ids",
+      pushBody(`${OLD.toUpperCase()} ${"A".repeat(40)} ${RUN_REF}\n`),
+      /malformed ref update/,
+    ],
+    [
+      "a push certificate",
+      pushBody(`push-cert\0report-status\n`, "certificate version 0.1\n"),
+      /push-cert/,
+    ],
+    [
+      "push options",
+      pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status push-options\n`),
+      /push options/,
+    ],
+    [
+      "push options named on a later line",
+      pushBody(
+        `${OLD} ${NEW} ${RUN_REF}\0report-status\n`,
+        `${OLD} ${NEW} ${RUN_REF}\0push-options\n`,
+      ),
+      /push options/,
+    ],
+    [
+      "an unknown capability",
+      pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status x-unknown\n`),
+      /capability "x-unknown"/,
+    ],
     ["a malformed shallow line", pushBody(`shallow xyz\n`), /malformed "shallow xyz"/],
-    ["a ref that is not UTF-8", concat(rawPkt(concat(enc.encode(`${OLD} ${NEW} refs/heads/`), new Uint8Array([0xff, 0xfe, 0x0a]))), enc.encode("0000")), /UTF-8/],
-    ["a pkt-line longer than git reads", enc.encode(`fff1${"x".repeat(0xfff1)}0000`), /pkt-line of/],
+    [
+      "a ref that is not UTF-8",
+      concat(
+        rawPkt(concat(enc.encode(`${OLD} ${NEW} refs/heads/`), new Uint8Array([0xff, 0xfe, 0x0a]))),
+        enc.encode("0000"),
+      ),
+      /UTF-8/,
+    ],
+    [
+      "a pkt-line longer than git reads",
+      enc.encode(`fff1${"x".repeat(0xfff1)}0000`),
+      /pkt-line of/,
+    ],
   ];
   for (const [what, body, message] of malformed) {
     await t.step(`refuses ${what}`, () => assert.throws(() => scanPushCommands(body), message));
@@ -195,18 +294,44 @@ Deno.test("scanPushCommands() reads as receive-pack does, refusing what git woul
 
 Deno.test("pushViolation() allows exactly one update of the granted branch, and nothing without a grant", () => {
   assert.equal(pushViolation([{ old: OLD, new: NEW, ref: RUN_REF }], RUN_REF), undefined);
-  assert.equal(pushViolation([{ old: ZERO, new: NEW, ref: RUN_REF }], RUN_REF), undefined, "creating the run branch");
+  assert.equal(
+    pushViolation([{ old: ZERO, new: NEW, ref: RUN_REF }], RUN_REF),
+    undefined,
+    "creating the run branch",
+  );
   assert.match(pushViolation([{ old: OLD, new: NEW, ref: RUN_REF }], false) ?? "", /no push grant/);
-  assert.match(pushViolation([{ old: OLD, new: NEW, ref: "refs/heads/main" }], RUN_REF) ?? "", /refs\/heads\/main/);
-  assert.match(pushViolation([{ old: OLD, new: NEW, ref: "refs/for/main" }], RUN_REF) ?? "", /refs\/for\/main/);
-  assert.match(pushViolation([{ old: OLD, new: NEW, ref: `${RUN_REF}\n` }], RUN_REF) ?? "", /\\x0a/);
   assert.match(
-    pushViolation([{ old: OLD, new: NEW, ref: RUN_REF }, { old: ZERO, new: NEW, ref: "refs/tags/x" }], RUN_REF) ?? "",
+    pushViolation([{ old: OLD, new: NEW, ref: "refs/heads/main" }], RUN_REF) ?? "",
+    /refs\/heads\/main/,
+  );
+  assert.match(
+    pushViolation([{ old: OLD, new: NEW, ref: "refs/for/main" }], RUN_REF) ?? "",
+    /refs\/for\/main/,
+  );
+  assert.match(
+    pushViolation([{ old: OLD, new: NEW, ref: `${RUN_REF}\n` }], RUN_REF) ?? "",
+    /\\x0a/,
+  );
+  assert.match(
+    pushViolation([{ old: OLD, new: NEW, ref: RUN_REF }, {
+      old: ZERO,
+      new: NEW,
+      ref: "refs/tags/x",
+    }], RUN_REF) ?? "",
     /refs\/tags\/x/,
   );
   assert.match(pushViolation([{ old: OLD, new: ZERO, ref: RUN_REF }], RUN_REF) ?? "", /deleting/);
-  assert.match(pushViolation([{ old: OLD, new: "0".repeat(64), ref: RUN_REF }], RUN_REF) ?? "", /deleting/);
-  assert.match(pushViolation([{ old: OLD, new: NEW, ref: RUN_REF }, { old: NEW, new: OLD, ref: RUN_REF }], RUN_REF) ?? "", /2 updates/);
+  assert.match(
+    pushViolation([{ old: OLD, new: "0".repeat(64), ref: RUN_REF }], RUN_REF) ?? "",
+    /deleting/,
+  );
+  assert.match(
+    pushViolation(
+      [{ old: OLD, new: NEW, ref: RUN_REF }, { old: NEW, new: OLD, ref: RUN_REF }],
+      RUN_REF,
+    ) ?? "",
+    /2 updates/,
+  );
   assert.match(pushViolation([], RUN_REF) ?? "", /no ref updates/);
 });
 
@@ -225,12 +350,22 @@ class FakeRemote implements AsyncDisposable {
   readonly #server: Deno.HttpServer<Deno.NetAddr>;
 
   constructor() {
-    this.#server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
-      if (this.handler) return await this.handler(req);
-      const body = new Uint8Array(await req.arrayBuffer());
-      this.seen.push({ method: req.method, target: requestTarget(req.url), headers: req.headers, body });
-      return new Response("remote answer", { headers: { "content-type": "application/x-git-result" } });
-    });
+    this.#server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      async (req) => {
+        if (this.handler) return await this.handler(req);
+        const body = new Uint8Array(await req.arrayBuffer());
+        this.seen.push({
+          method: req.method,
+          target: requestTarget(req.url),
+          headers: req.headers,
+          body,
+        });
+        return new Response("remote answer", {
+          headers: { "content-type": "application/x-git-result" },
+        });
+      },
+    );
   }
 
   get url(): string {
@@ -242,8 +377,17 @@ class FakeRemote implements AsyncDisposable {
   }
 }
 
-async function proxyFor(remote: FakeRemote, push: string | false, entries: AccessLogEntry[] = [], commandTimeoutMs = 5_000) {
-  const grant: GitRemote = { url: remote.url, authorization: () => Promise.resolve("Basic c2VjcmV0"), push };
+async function proxyFor(
+  remote: FakeRemote,
+  push: string | false,
+  entries: AccessLogEntry[] = [],
+  commandTimeoutMs = 5_000,
+) {
+  const grant: GitRemote = {
+    url: remote.url,
+    authorization: () => Promise.resolve("Basic c2VjcmV0"),
+    push,
+  };
   const proxy = await startGitProxy({
     hostnames: ["127.0.0.1"],
     grants: new Map([["sbx_token", grant]]),
@@ -259,11 +403,22 @@ const AUTH = { authorization: "Bearer sbx_token" };
 const RECEIVE = { ...AUTH, "content-type": "application/x-git-receive-pack-request" };
 
 /** One raw HTTP/1.1 request (the target exactly as given); the status and body of the answer. */
-async function raw(port: number, method: string, target: string, headers: Record<string, string>, body = new Uint8Array()) {
+async function raw(
+  port: number,
+  method: string,
+  target: string,
+  headers: Record<string, string>,
+  body = new Uint8Array(),
+) {
   const conn = await Deno.connect({ hostname: "127.0.0.1", port });
   const timer = setTimeout(() => conn.close(), DEADLINE_MS);
   try {
-    const head = [`${method} ${target} HTTP/1.1`, "host: sandbox", "connection: close", `content-length: ${body.byteLength}`]
+    const head = [
+      `${method} ${target} HTTP/1.1`,
+      "host: sandbox",
+      "connection: close",
+      `content-length: ${body.byteLength}`,
+    ]
       .concat(Object.entries(headers).map(([k, v]) => `${k}: ${v}`)).join("\r\n") + "\r\n\r\n";
     await conn.write(concat(enc.encode(head), body));
     const text = new TextDecoder().decode(await new Response(conn.readable).bytes());
@@ -287,7 +442,11 @@ Deno.test("the git proxy refuses requests without the session token and pushes t
   assert.equal(anonymous.status, 401);
 
   const push = (ref: string) =>
-    fetch(`${base}/git-receive-pack`, { method: "POST", headers: RECEIVE, body: pushBody(`${OLD} ${NEW} ${ref}\0report-status\n`) as BodyInit });
+    fetch(`${base}/git-receive-pack`, {
+      method: "POST",
+      headers: RECEIVE,
+      body: pushBody(`${OLD} ${NEW} ${ref}\0report-status\n`) as BodyInit,
+    });
   const refused = await push("refs/heads/main");
   assert.equal(refused.status, 403);
   assert.match(await refused.text(), /may push only "refs\/heads\/sandbox\/run-1"/);
@@ -305,8 +464,17 @@ Deno.test("the git proxy never forwards a POST whose query names a service, and 
   const entries: AccessLogEntry[] = [];
   await using proxy = await proxyFor(remote, RUN_REF, entries);
   // A push that rewrites main, deletes a branch and creates a tag, presented as a fetch.
-  const attack = pushBody(`${OLD} ${NEW} refs/heads/main\0report-status\n`, `${OLD} ${ZERO} refs/heads/dev\n`, `${ZERO} ${NEW} refs/tags/v9\n`);
-  for (const target of ["/git/git-receive-pack?service=git-upload-pack", "/git/git-upload-pack?service=git-receive-pack"]) {
+  const attack = pushBody(
+    `${OLD} ${NEW} refs/heads/main\0report-status\n`,
+    `${OLD} ${ZERO} refs/heads/dev\n`,
+    `${ZERO} ${NEW} refs/tags/v9\n`,
+  );
+  for (
+    const target of [
+      "/git/git-receive-pack?service=git-upload-pack",
+      "/git/git-upload-pack?service=git-receive-pack",
+    ]
+  ) {
     const answer = await raw(proxy.port, "POST", target, RECEIVE, attack);
     assert.equal(answer.status, 400, answer.body);
     assert.match(answer.body, /a query on POST git-(receive|upload)-pack/);
@@ -357,12 +525,18 @@ Deno.test("without a push grant, receive-pack is refused (advertisement and push
   const advert = await fetch(`${base}/info/refs?service=git-receive-pack`, { headers: AUTH });
   assert.equal(advert.status, 403);
   assert.match(await advert.text(), /no push grant/);
-  const push = await fetch(`${base}/git-receive-pack`, { method: "POST", headers: RECEIVE, body: pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status\n`) as BodyInit });
+  const push = await fetch(`${base}/git-receive-pack`, {
+    method: "POST",
+    headers: RECEIVE,
+    body: pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status\n`) as BodyInit,
+  });
   assert.equal(push.status, 403);
   assert.match(await push.text(), /no push grant/);
   assert.equal(remote.seen.length, 0);
 
-  const fetchAdvert = await fetch(`${base}/info/refs?service=git-upload-pack`, { headers: { ...AUTH, "git-protocol": "version=2" } });
+  const fetchAdvert = await fetch(`${base}/info/refs?service=git-upload-pack`, {
+    headers: { ...AUTH, "git-protocol": "version=2" },
+  });
   assert.equal(fetchAdvert.status, 200);
   await fetchAdvert.body?.cancel();
   assert.equal(remote.seen.length, 1);
@@ -375,7 +549,11 @@ Deno.test("a gzip-encoded push is checked on its decoded commands, and the remot
   await using proxy = await proxyFor(remote, RUN_REF);
   const base = proxy.url("127.0.0.1");
   const send = async (body: Uint8Array, encoding = "gzip") =>
-    await fetch(`${base}/git-receive-pack`, { method: "POST", headers: { ...RECEIVE, "content-encoding": encoding }, body: await gzip(body) as BodyInit });
+    await fetch(`${base}/git-receive-pack`, {
+      method: "POST",
+      headers: { ...RECEIVE, "content-encoding": encoding },
+      body: await gzip(body) as BodyInit,
+    });
 
   const refused = await send(pushBody(`${OLD} ${NEW} refs/heads/main\0report-status\n`));
   assert.equal(refused.status, 403);
@@ -383,7 +561,11 @@ Deno.test("a gzip-encoded push is checked on its decoded commands, and the remot
   const deflate = await send(pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status\n`), "deflate");
   assert.equal(deflate.status, 415);
   await deflate.body?.cancel();
-  const garbage = await fetch(`${base}/git-receive-pack`, { method: "POST", headers: { ...RECEIVE, "content-encoding": "gzip" }, body: "not gzip at all" });
+  const garbage = await fetch(`${base}/git-receive-pack`, {
+    method: "POST",
+    headers: { ...RECEIVE, "content-encoding": "gzip" },
+    body: "not gzip at all",
+  });
   assert.ok(garbage.status === 400 || garbage.status === 403, String(garbage.status));
   await garbage.body?.cancel();
   assert.equal(remote.seen.length, 0);
@@ -410,14 +592,25 @@ Deno.test("receive-pack requests with the wrong content type, a v2 header or ove
   assert.equal(wrongType.status, 415);
   await wrongType.body?.cancel();
 
-  const huge = pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status\n`, ...Array.from({ length: MAX_COMMAND_BYTES / 50 }, () => `shallow ${OLD}\n`));
-  const tooLong = await fetch(`${base}/git-receive-pack`, { method: "POST", headers: RECEIVE, body: huge as BodyInit });
+  const huge = pushBody(
+    `${OLD} ${NEW} ${RUN_REF}\0report-status\n`,
+    ...Array.from({ length: MAX_COMMAND_BYTES / 50 }, () => `shallow ${OLD}\n`),
+  );
+  const tooLong = await fetch(`${base}/git-receive-pack`, {
+    method: "POST",
+    headers: RECEIVE,
+    body: huge as BodyInit,
+  });
   assert.equal(tooLong.status, 413);
   assert.match(await tooLong.text(), /exceeds/);
   assert.equal(remote.seen.length, 0);
 
   // Receive-pack has no protocol v2: the header is not forwarded, so the remote speaks v0, the format checked.
-  const v2 = await fetch(`${base}/git-receive-pack`, { method: "POST", headers: { ...RECEIVE, "git-protocol": "version=2" }, body: body as BodyInit });
+  const v2 = await fetch(`${base}/git-receive-pack`, {
+    method: "POST",
+    headers: { ...RECEIVE, "git-protocol": "version=2" },
+    body: body as BodyInit,
+  });
   assert.equal(v2.status, 200);
   await v2.body?.cancel();
   assert.equal(remote.seen.length, 1);
@@ -494,9 +687,17 @@ Deno.test("the git proxy streams a push's pack and the remote's answer instead o
       sent++;
     },
   });
-  const response = within(fetch(`${proxy.url("127.0.0.1")}/git-receive-pack`, { method: "POST", headers: RECEIVE, body }), "the proxy's response");
-  const seenHead = await within(headSeen.promise, "the remote receiving the command section before the pack was sent");
-  assert.ok(new TextDecoder().decode(seenHead).startsWith(new TextDecoder().decode(head.subarray(0, 20))));
+  const response = within(
+    fetch(`${proxy.url("127.0.0.1")}/git-receive-pack`, { method: "POST", headers: RECEIVE, body }),
+    "the proxy's response",
+  );
+  const seenHead = await within(
+    headSeen.promise,
+    "the remote receiving the command section before the pack was sent",
+  );
+  assert.ok(
+    new TextDecoder().decode(seenHead).startsWith(new TextDecoder().decode(head.subarray(0, 20))),
+  );
   released.resolve();
   const answer = await response;
   const reader = answer.body!.getReader();
@@ -510,7 +711,10 @@ Deno.test("the git proxy streams a push's pack and the remote's answer instead o
     rest += new TextDecoder().decode(value);
   }
   assert.equal(rest, "second");
-  assert.equal(await within(packEnded.promise, "the end of the pack"), head.byteLength + 32 * chunk.byteLength);
+  assert.equal(
+    await within(packEnded.promise, "the end of the pack"),
+    head.byteLength + 32 * chunk.byteLength,
+  );
 });
 
 Deno.test("a failing credential source is a 502 that names no secret, and nothing reaches the remote", async () => {
@@ -521,13 +725,19 @@ Deno.test("a failing credential source is a 502 that names no secret, and nothin
   const entries: AccessLogEntry[] = [];
   await using proxy = await startGitProxy({
     hostnames: ["127.0.0.1"],
-    grants: new Map([["sbx_token", { url: remote.url, authorization: () => Promise.reject(new Error(`helper printed ${secret}`)), push: false }]]),
+    grants: new Map([["sbx_token", {
+      url: remote.url,
+      authorization: () => Promise.reject(new Error(`helper printed ${secret}`)),
+      push: false,
+    }]]),
     log: new AccessLog({ onEntry: (entry) => entries.push(entry), redactor }),
     redactor,
     profile: "p",
     runId: null,
   });
-  const answer = await fetch(`${proxy.url("127.0.0.1")}/info/refs?service=git-upload-pack`, { headers: AUTH });
+  const answer = await fetch(`${proxy.url("127.0.0.1")}/info/refs?service=git-upload-pack`, {
+    headers: AUTH,
+  });
   assert.equal(answer.status, 502);
   assert.ok(!(await answer.text()).includes(secret));
   assert.equal(remote.seen.length, 0);

@@ -16,7 +16,9 @@ Deno.test("a digest of files is computed once while they are unchanged, and agai
   const digest = (paths: string[]) =>
     cachedByIdentity(paths, cache, async () => {
       computed++;
-      return await sha256Hex((await Promise.all(paths.map((p) => Deno.readTextFile(p)))).join("\0"));
+      return await sha256Hex(
+        (await Promise.all(paths.map((p) => Deno.readTextFile(p)))).join("\0"),
+      );
     });
   const first = await digest([a, b]);
   assert.equal(await digest([a, b]), first);

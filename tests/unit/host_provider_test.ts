@@ -30,7 +30,10 @@ Deno.test("HostProvider: a host variable holding a key is absent from the comman
       const vars = parseEnv(result.stdout);
       assert.equal(vars.get("SANDBOX_LLM_TOKEN"), "sbx_session_token_for_the_test", result.stdout);
       assert.equal(vars.get("PATH"), Deno.env.get("PATH"));
-      assert.ok(!result.stdout.includes(value), `the host's key reached the command:\n${result.stdout}`);
+      assert.ok(
+        !result.stdout.includes(value),
+        `the host's key reached the command:\n${result.stdout}`,
+      );
     });
 
     await t.step("execStream()", async () => {
@@ -40,7 +43,10 @@ Deno.test("HostProvider: a host variable holding a key is absent from the comman
       assert.equal((await stream.outcome).exitCode, 0);
       const vars = parseEnv(lines.join("\n"));
       assert.equal(vars.get("SANDBOX_LLM_TOKEN"), "sbx_session_token_for_the_test");
-      assert.ok(!lines.join("\n").includes(value), `the host's key reached the command:\n${lines.join("\n")}`);
+      assert.ok(
+        !lines.join("\n").includes(value),
+        `the host's key reached the command:\n${lines.join("\n")}`,
+      );
     });
   } finally {
     Deno.env.delete("SANDBOX_UNIT_HOST_API_KEY");

@@ -32,22 +32,34 @@ Deno.test("readBounded() returns a file of at most the limit, and refuses one pa
   await t.step("a character device that never ends (/dev/zero)", async () => {
     assert.deepEqual(await readBounded("/dev/zero", 1024 * 1024), { kind: "too_large" });
   });
-  await t.step("a FIFO: a small prompt through it is read; an endless writer is cut off at the limit", async () => {
-    const fifo = `${dir.path}/fifo`;
-    const made = await new Deno.Command("mkfifo", { args: [fifo] }).output();
-    assert.equal(made.code, 0);
-    const small = new Deno.Command("sh", { args: ["-c", `printf 'say hi' > '${fifo}'`] }).spawn();
-    const read = await readBounded(fifo, 1000);
-    assert.equal((await small.status).code, 0);
-    assert.equal(read.kind === "ok" && new TextDecoder().decode(read.bytes), "say hi");
-    // `yes` writes until its reader goes away: it ends on SIGPIPE once the read stopped.
-    const endless = new Deno.Command("sh", { args: ["-c", `exec yes > '${fifo}'`], stderr: "null" }).spawn();
-    assert.deepEqual(await readBounded(fifo, 1024 * 1024), { kind: "too_large" });
-    assert.notEqual((await endless.status).code, 0);
-  });
+  await t.step(
+    "a FIFO: a small prompt through it is read; an endless writer is cut off at the limit",
+    async () => {
+      const fifo = `${dir.path}/fifo`;
+      const made = await new Deno.Command("mkfifo", { args: [fifo] }).output();
+      assert.equal(made.code, 0);
+      const small = new Deno.Command("sh", { args: ["-c", `printf 'say hi' > '${fifo}'`] }).spawn();
+      const read = await readBounded(fifo, 1000);
+      assert.equal((await small.status).code, 0);
+      assert.equal(read.kind === "ok" && new TextDecoder().decode(read.bytes), "say hi");
+      // `yes` writes until its reader goes away: it ends on SIGPIPE once the read stopped.
+      const endless = new Deno.Command("sh", {
+        args: ["-c", `exec yes > '${fifo}'`],
+        stderr: "null",
+      }).spawn();
+      assert.deepEqual(await readBounded(fifo, 1024 * 1024), { kind: "too_large" });
+      assert.notEqual((await endless.status).code, 0);
+    },
+  );
   await t.step("a directory and a missing file are unreadable, with the reason", async () => {
-    assert.deepEqual(await readBounded(dir.path, 1000), { kind: "unreadable", reason: "it is a directory" });
-    assert.deepEqual(await readBounded(`${dir.path}/missing`, 1000), { kind: "unreadable", reason: "file not found" });
+    assert.deepEqual(await readBounded(dir.path, 1000), {
+      kind: "unreadable",
+      reason: "it is a directory",
+    });
+    assert.deepEqual(await readBounded(`${dir.path}/missing`, 1000), {
+      kind: "unreadable",
+      reason: "file not found",
+    });
   });
 });
 
@@ -57,13 +69,19 @@ Deno.test("readInputText() names the file and the problem: the limit, or the off
   await Deno.writeFile(`${dir.path}/latin1.txt`, bytes(0x68, 0xe9, 0x6c, 0x6c, 0x6f)); // "héllo" in Latin-1
   await assert.rejects(readInputText(`${dir.path}/latin1.txt`, 100, name), (error: unknown) => {
     assert.ok(error instanceof SandboxError && error.code === "usage");
-    assert.equal(error.message, `Prompt file "${dir.path}/latin1.txt" is not UTF-8 text: invalid byte at offset 1`);
+    assert.equal(
+      error.message,
+      `Prompt file "${dir.path}/latin1.txt" is not UTF-8 text: invalid byte at offset 1`,
+    );
     return true;
   });
   await Deno.writeTextFile(`${dir.path}/big.txt`, "x".repeat(101));
   await assert.rejects(readInputText(`${dir.path}/big.txt`, 100, name), (error: unknown) => {
     assert.ok(error instanceof SandboxError && error.code === "usage");
-    assert.equal(error.message, `Prompt file "${dir.path}/big.txt" is larger than 100 B, the limit for a prompt`);
+    assert.equal(
+      error.message,
+      `Prompt file "${dir.path}/big.txt" is larger than 100 B, the limit for a prompt`,
+    );
     return true;
   });
   // The twin: UTF-8 text within the limit, multi-byte characters and all.
@@ -91,17 +109,27 @@ Deno.test("invalidUtf8Offset() finds the first byte that is not well-formed UTF-
 });
 
 Deno.test("checkPromptFits() refuses a prompt an LLM request could not carry, before the run, naming the limit", () => {
-  const profile = (maxRequestBody: string) => ({ name: "work", llm: { max_request_body: maxRequestBody } }) as Parameters<typeof checkPromptFits>[1]["profile"];
-  const usage = (pattern: RegExp) => (error: unknown) => error instanceof SandboxError && error.code === "usage" && pattern.test(error.message);
+  const profile = (maxRequestBody: string) =>
+    ({ name: "work", llm: { max_request_body: maxRequestBody } }) as Parameters<
+      typeof checkPromptFits
+    >[1]["profile"];
+  const usage = (pattern: RegExp) => (error: unknown) =>
+    error instanceof SandboxError && error.code === "usage" && pattern.test(error.message);
   // At the limit: fits.
   checkPromptFits("x".repeat(MAX_PROMPT_BYTES), { profile: profile("10m") });
   assert.throws(
     () => checkPromptFits("x".repeat(MAX_PROMPT_BYTES + 1), { profile: profile("10m") }),
-    usage(/^The prompt \(4\.0 MiB\) is too large for an LLM request: at most 4 MiB, the limit for a prompt$/),
+    usage(
+      /^The prompt \(4\.0 MiB\) is too large for an LLM request: at most 4 MiB, the limit for a prompt$/,
+    ),
   );
   // The instructions travel in the same request.
   assert.throws(
-    () => checkPromptFits("x".repeat(MAX_PROMPT_BYTES / 2), { instructions: "y".repeat(MAX_PROMPT_BYTES / 2 + 1), profile: profile("10m") }),
+    () =>
+      checkPromptFits("x".repeat(MAX_PROMPT_BYTES / 2), {
+        instructions: "y".repeat(MAX_PROMPT_BYTES / 2 + 1),
+        profile: profile("10m"),
+      }),
     usage(/^The prompt with its instructions /),
   );
   // A profile with a smaller request limit: half of it.
@@ -111,11 +139,17 @@ Deno.test("checkPromptFits() refuses a prompt an LLM request could not carry, be
     usage(/at most 512 KiB, half of profiles\.work\.llm\.max_request_body \(1 MiB\)$/),
   );
   // Bytes, not characters: a multi-byte prompt counts what it sends.
-  assert.throws(() => checkPromptFits("é".repeat(300 * 1024), { profile: profile("1m") }), usage(/half of/));
+  assert.throws(
+    () => checkPromptFits("é".repeat(300 * 1024), { profile: profile("1m") }),
+    usage(/half of/),
+  );
 });
 
 Deno.test("parseYamlDocument() turns alias problems into the document's issues, and still resolves aliases that are fine", () => {
-  assert.deepEqual(parseYamlDocument("a: &x {k: 1}\nb: *x\n"), { kind: "ok", value: { a: { k: 1 }, b: { k: 1 } } });
+  assert.deepEqual(parseYamlDocument("a: &x {k: 1}\nb: *x\n"), {
+    kind: "ok",
+    value: { a: { k: 1 }, b: { k: 1 } },
+  });
   assert.deepEqual(parseYamlDocument("profiles:\n  work: *nope\n"), {
     kind: "invalid",
     errors: ["YAML alias: *nope at line 2, column 9 names no anchor (&nope) set before it"],
@@ -123,10 +157,15 @@ Deno.test("parseYamlDocument() turns alias problems into the document's issues, 
   // An alias used before its anchor is no alias of it.
   assert.equal(parseYamlDocument("a: *x\nb: &x 1\n").kind, "invalid");
   const bomb = ["a: &a [x, x, x, x, x, x, x, x, x]"];
-  for (const [name, prev] of [["b", "a"], ["c", "b"], ["d", "c"], ["e", "d"]]) bomb.push(`${name}: &${name} [${Array(9).fill(`*${prev}`).join(", ")}]`);
+  for (const [name, prev] of [["b", "a"], ["c", "b"], ["d", "c"], ["e", "d"]]) {
+    bomb.push(`${name}: &${name} [${Array(9).fill(`*${prev}`).join(", ")}]`);
+  }
   const parsed = parseYamlDocument(bomb.join("\n") + "\n");
   assert.equal(parsed.kind, "invalid");
-  assert.match(parsed.kind === "invalid" ? parsed.errors[0] : "", /^YAML alias: Excessive alias count .*\(at most 100 alias expansions\)$/);
+  assert.match(
+    parsed.kind === "invalid" ? parsed.errors[0] : "",
+    /^YAML alias: Excessive alias count .*\(at most 100 alias expansions\)$/,
+  );
 });
 
 Deno.test("a configuration file past 1 MiB is refused unread, and one at the limit is read", async () => {
@@ -137,7 +176,10 @@ Deno.test("a configuration file past 1 MiB is refused unread, and one at the lim
   await Deno.writeTextFile(big, `# ${"x".repeat(1024 * 1024)}\nprofiles: {}\n`);
   const refused = await loadConfig({ explicit: big });
   assert.equal(refused.kind, "invalid");
-  assert.deepEqual(refused.kind === "invalid" && refused.issues, [{ path: "", message: "cannot read: larger than 1 MiB, the limit for a configuration file" }]);
+  assert.deepEqual(refused.kind === "invalid" && refused.issues, [{
+    path: "",
+    message: "cannot read: larger than 1 MiB, the limit for a configuration file",
+  }]);
   const atLimit = `${dir.path}/limit.yaml`;
   const body = "profiles: {work: {}}\n";
   await Deno.writeTextFile(atLimit, `#${"x".repeat(1024 * 1024 - body.length - 2)}\n${body}`);

@@ -10,11 +10,17 @@ import { tempDir, withEnv } from "../_helpers.ts";
 /** A process that takes `name`'s lock in `dir`, says "held", and holds it until killed. */
 function holder(dir: string, name: string): Deno.ChildProcess {
   const script = `
-    const file = await Deno.open(${JSON.stringify(`${dir}/${name}.lock`)}, { create: true, write: true });
+    const file = await Deno.open(${
+    JSON.stringify(`${dir}/${name}.lock`)
+  }, { create: true, write: true });
     await file.lock(true);
     console.log("held");
     setInterval(() => {}, 60_000);`;
-  return new Deno.Command(Deno.execPath(), { args: ["eval", script], stdout: "piped", stderr: "null" }).spawn();
+  return new Deno.Command(Deno.execPath(), {
+    args: ["eval", script],
+    stdout: "piped",
+    stderr: "null",
+  }).spawn();
 }
 
 async function firstLine(child: Deno.ChildProcess): Promise<string> {
@@ -34,7 +40,11 @@ Deno.test("tryHostLock: only one holder at a time, in this process or another; r
   await withEnv({ SANDBOX_LOCK_DIR: dir.path }, async () => {
     const first = await tryHostLock("lease-x");
     assert.ok(first, "a free lock was not taken");
-    assert.equal(await tryHostLock("lease-x"), undefined, "a held lock was taken again in the same process");
+    assert.equal(
+      await tryHostLock("lease-x"),
+      undefined,
+      "a held lock was taken again in the same process",
+    );
     // Another name is another lock.
     const other = await tryHostLock("lease-y");
     assert.ok(other);
@@ -99,7 +109,8 @@ async function waitedFor(path: string): Promise<boolean> {
   // "14: -> FLOCK  ADVISORY  WRITE 9053 fe:00:2146899 0 EOF": a waiter, its pid, device:inode.
   return (await Deno.readTextFile("/proc/locks")).split("\n").some((line) => {
     const fields = line.trim().split(/\s+/);
-    return fields[1] === "->" && fields[2] === "FLOCK" && fields[5] === String(Deno.pid) && fields[6]?.split(":")[2] === ino;
+    return fields[1] === "->" && fields[2] === "FLOCK" && fields[5] === String(Deno.pid) &&
+      fields[6]?.split(":")[2] === ino;
   });
 }
 

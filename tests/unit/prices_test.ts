@@ -23,9 +23,17 @@ Deno.test("costOf() prices fresh, cached and cache-written input and output at t
   // 1M fresh input + 1M output of gpt-4.1-mini: $0.40 + $1.60.
   assert.equal(costOf("gpt-4.1-mini", { input: 1_000_000, output: 1_000_000 }), 2);
   // Input counts the cached tokens too: 1M input of which 600k cached.
-  assert.equal(roundUsd(costOf("gpt-4.1-mini", { input: 1_000_000, output: 0, cacheRead: 600_000 })!), roundUsd(0.4 * 0.4 + 0.1 * 0.6));
+  assert.equal(
+    roundUsd(costOf("gpt-4.1-mini", { input: 1_000_000, output: 0, cacheRead: 600_000 })!),
+    roundUsd(0.4 * 0.4 + 0.1 * 0.6),
+  );
   // Anthropic: 5-minute cache writes at 1.25x, hits at 0.1x.
-  const sonnet = costOf("claude-sonnet-4-5", { input: 3_000_000, output: 1_000_000, cacheRead: 1_000_000, cacheWrite: 1_000_000 });
+  const sonnet = costOf("claude-sonnet-4-5", {
+    input: 3_000_000,
+    output: 1_000_000,
+    cacheRead: 1_000_000,
+    cacheWrite: 1_000_000,
+  });
   assert.equal(roundUsd(sonnet!), roundUsd(3 + 0.3 + 3.75 + 15));
   assert.equal(costOf("mystery-model", { input: 10, output: 10 }), null);
 });
@@ -44,13 +52,29 @@ Deno.test("normalizeToolName() maps Claude Code's tool names to the standard one
   assert.equal(normalizeToolName("Write"), "write_file");
   assert.equal(normalizeToolName("Edit"), "edit_file");
   assert.equal(normalizeToolName("WebFetch"), "web_fetch");
-  for (const own of ["read_file", "write_file", "execute", "ls", "task", "unknown", "constructor", "toString"]) {
+  for (
+    const own of [
+      "read_file",
+      "write_file",
+      "execute",
+      "ls",
+      "task",
+      "unknown",
+      "constructor",
+      "toString",
+    ]
+  ) {
     assert.equal(normalizeToolName(own), own);
   }
 });
 
 Deno.test("formatDuration() writes a duration as a user would, the inverse of parseDuration()", () => {
-  for (const [ms, text] of [[5_000, "5s"], [90_000, "1m30s"], [1_800_000, "30m"], [3_600_000, "1h"], [5_430_000, "1h30m30s"], [500, "500ms"]] as const) {
+  for (
+    const [ms, text] of [[5_000, "5s"], [90_000, "1m30s"], [1_800_000, "30m"], [3_600_000, "1h"], [
+      5_430_000,
+      "1h30m30s",
+    ], [500, "500ms"]] as const
+  ) {
     assert.equal(formatDuration(ms), text);
     assert.equal(parseDuration(text), ms);
   }

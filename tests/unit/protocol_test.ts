@@ -11,7 +11,6 @@ import {
   ProtocolError,
 } from "../../lib/run/protocol.ts";
 
-
 /** Lines that count how many of them were pulled. */
 function countingLines(lines: string[]): { lines: AsyncIterable<string>; pulled: () => number } {
   let pulled = 0;

@@ -17,7 +17,10 @@ const mode = async (path: string) => (await Deno.stat(path)).mode! & 0o777;
 /** The parent of a mount source (in /tmp), removed with what is in it when the test ends. */
 function parentOf(source: string): AsyncDisposable & { path: string } {
   const path = source.slice(0, source.lastIndexOf("/"));
-  return { path, [Symbol.asyncDispose]: () => Deno.remove(path, { recursive: true }).catch(() => {}) };
+  return {
+    path,
+    [Symbol.asyncDispose]: () => Deno.remove(path, { recursive: true }).catch(() => {}),
+  };
 }
 
 Deno.test("each container of each engine has a directory of its own, under a 0700 directory this user owns, at a path that says nothing of the user", async () => {
@@ -33,9 +36,14 @@ Deno.test("each container of each engine has a directory of its own, under a 070
     await using parent = parentOf(a);
     assert.match(a, /^\/tmp\/sandbox-proxy-[0-9a-f]{16}\/[0-9a-f]{12}$/);
     const home = Deno.env.get("HOME");
-    for (const revealing of [dir.path, ...(home && home !== "/" ? [home] : [])]) assert.ok(!a.includes(revealing), `${a} shows ${revealing}`);
+    for (const revealing of [dir.path, ...(home && home !== "/" ? [home] : [])]) {
+      assert.ok(!a.includes(revealing), `${a} shows ${revealing}`);
+    }
     // Another state directory (another user, or this one elsewhere) has another parent.
-    assert.notEqual(await withEnv({ XDG_STATE_HOME: `${dir.path}/other` }, () => proxyMountSource("sandbox-a")), a);
+    assert.notEqual(
+      await withEnv({ XDG_STATE_HOME: `${dir.path}/other` }, () => proxyMountSource("sandbox-a")),
+      a,
+    );
     assert.notEqual(await proxyMountSource("sandbox-b"), a);
     assert.notEqual(
       await withEnv({ DOCKER_HOST: "unix:///other.sock" }, () => proxyMountSource("sandbox-a")),
@@ -72,40 +80,60 @@ Deno.test("no directory where it would be unsafe: a parent in /tmp that is a lin
     await withEnv({ XDG_STATE_HOME: dir.path, ...clean }, async () => {
       await using parent = parentOf(await proxyMountSource("sandbox-a"));
       await Deno.symlink(elsewhere.path, parent.path);
-      await assert.rejects(() => prepareProxyMountSource("sandbox-a"), Deno.errors.PermissionDenied);
+      await assert.rejects(
+        () => prepareProxyMountSource("sandbox-a"),
+        Deno.errors.PermissionDenied,
+      );
       assert.ok((await Deno.lstat(parent.path)).isSymlink, "the link was replaced");
     });
-    assert.deepEqual([...Deno.readDirSync(elsewhere.path)], [], "something was made through the link");
+    assert.deepEqual(
+      [...Deno.readDirSync(elsewhere.path)],
+      [],
+      "something was made through the link",
+    );
   });
-  await t.step("the parent is a directory another user made first (when this test runs as root)", async () => {
-    await using dir = await tempDir();
-    await withEnv({ XDG_STATE_HOME: dir.path, ...clean }, async () => {
-      await using parent = parentOf(await proxyMountSource("sandbox-a"));
-      await Deno.mkdir(parent.path);
-      await Deno.chmod(parent.path, 0o777);
-      if (Deno.uid() === 0) {
-        await Deno.chown(parent.path, 65534, 65534);
-        await assert.rejects(() => prepareProxyMountSource("sandbox-a"), Deno.errors.PermissionDenied);
-        assert.equal(await mode(parent.path), 0o777, "the other user's directory was changed");
-        assert.deepEqual([...Deno.readDirSync(parent.path)], [], "something was made in the other user's directory");
-      } else {
-        // Not root: no other user's directory can be made here; this user's own one is closed (twin).
-        assert.ok(await prepareProxyMountSource("sandbox-a"));
-        assert.equal(await mode(parent.path), 0o700);
-      }
-    });
-  });
-  await t.step("a long state directory, or one with a comma, changes nothing of the mounted path", async () => {
-    await using dir = await tempDir();
-    for (const state of [`${dir.path}/${"s".repeat(200)}`, `${dir.path}/a,b`]) {
-      await withEnv({ XDG_STATE_HOME: state, ...clean }, async () => {
-        const source = await prepareProxyMountSource("sandbox-a");
-        assert.ok(source, "no directory");
-        await using _parent = parentOf(source);
-        assert.match(source, /^\/tmp\/sandbox-proxy-[0-9a-f]{16}\/[0-9a-f]{12}$/);
+  await t.step(
+    "the parent is a directory another user made first (when this test runs as root)",
+    async () => {
+      await using dir = await tempDir();
+      await withEnv({ XDG_STATE_HOME: dir.path, ...clean }, async () => {
+        await using parent = parentOf(await proxyMountSource("sandbox-a"));
+        await Deno.mkdir(parent.path);
+        await Deno.chmod(parent.path, 0o777);
+        if (Deno.uid() === 0) {
+          await Deno.chown(parent.path, 65534, 65534);
+          await assert.rejects(
+            () => prepareProxyMountSource("sandbox-a"),
+            Deno.errors.PermissionDenied,
+          );
+          assert.equal(await mode(parent.path), 0o777, "the other user's directory was changed");
+          assert.deepEqual(
+            [...Deno.readDirSync(parent.path)],
+            [],
+            "something was made in the other user's directory",
+          );
+        } else {
+          // Not root: no other user's directory can be made here; this user's own one is closed (twin).
+          assert.ok(await prepareProxyMountSource("sandbox-a"));
+          assert.equal(await mode(parent.path), 0o700);
+        }
       });
-    }
-  });
+    },
+  );
+  await t.step(
+    "a long state directory, or one with a comma, changes nothing of the mounted path",
+    async () => {
+      await using dir = await tempDir();
+      for (const state of [`${dir.path}/${"s".repeat(200)}`, `${dir.path}/a,b`]) {
+        await withEnv({ XDG_STATE_HOME: state, ...clean }, async () => {
+          const source = await prepareProxyMountSource("sandbox-a");
+          assert.ok(source, "no directory");
+          await using _parent = parentOf(source);
+          assert.match(source, /^\/tmp\/sandbox-proxy-[0-9a-f]{16}\/[0-9a-f]{12}$/);
+        });
+      }
+    },
+  );
 });
 
 Deno.test("the sweep removes what crashed sessions left (old, nothing listening) and keeps live and new sessions' directories", async () => {

@@ -64,7 +64,10 @@ Deno.test("Redactor.redactJson() catches secrets in their JSON-escaped spelling 
 });
 
 /** Feed `chunks` through a stream redactor; the whole output, decoded. */
-function streamThrough(redactor: Redactor, chunks: Uint8Array[]): { text: string; outputs: Uint8Array[] } {
+function streamThrough(
+  redactor: Redactor,
+  chunks: Uint8Array[],
+): { text: string; outputs: Uint8Array[] } {
   const stream = redactor.stream();
   const outputs = chunks.map((chunk) => stream.push(chunk));
   outputs.push(stream.end());
@@ -80,21 +83,36 @@ function streamThrough(redactor: Redactor, chunks: Uint8Array[]): { text: string
 Deno.test("Redactor.stream() gives the same answer as redact() for a secret split at every byte boundary", () => {
   const redactor = new Redactor();
   // Overlapping and nested secrets, so that a wrong hold-back or match choice would show.
-  for (const secret of ["sk-live-1234567890", "sk-live-12345678901234", "1234567890abcdef", "sbx_tok\"en-quoted"]) {
+  for (
+    const secret of [
+      "sk-live-1234567890",
+      "sk-live-12345678901234",
+      "1234567890abcdef",
+      'sbx_tok"en-quoted',
+    ]
+  ) {
     redactor.add(secret);
   }
-  const text = 'data: {"a":"sk-live-1234567890"} sk-live-12345678901234 x sk-live-1234567890abcdef ' +
+  const text =
+    'data: {"a":"sk-live-1234567890"} sk-live-12345678901234 x sk-live-1234567890abcdef ' +
     'sk-live-123 {"t":"sbx_tok\\"en-quoted"} sbx_tok"en-quoted end';
   const expected = redactor.redact(text);
   assert.ok(!expected.includes("sk-live-1234567890"), expected);
   const bytes = new TextEncoder().encode(text);
   for (let split = 0; split <= bytes.length; split++) {
-    const { text: out } = streamThrough(redactor, [bytes.subarray(0, split), bytes.subarray(split)]);
+    const { text: out } = streamThrough(redactor, [
+      bytes.subarray(0, split),
+      bytes.subarray(split),
+    ]);
     assert.equal(out, expected, `split at ${split}`);
   }
   for (let a = 0; a <= bytes.length; a += 3) {
     for (let b = a; b <= bytes.length; b += 5) {
-      const { text: out } = streamThrough(redactor, [bytes.subarray(0, a), bytes.subarray(a, b), bytes.subarray(b)]);
+      const { text: out } = streamThrough(redactor, [
+        bytes.subarray(0, a),
+        bytes.subarray(a, b),
+        bytes.subarray(b),
+      ]);
       assert.equal(out, expected, `splits at ${a} and ${b}`);
     }
   }
@@ -140,5 +158,8 @@ Deno.test("Redactor.stream() covers a secret registered after the stream started
   const encode = (text: string) => new TextEncoder().encode(text);
   assert.equal(new TextDecoder().decode(stream.push(encode("before "))), "before ");
   redactor.add("sk-late-1234567890");
-  assert.equal(new TextDecoder().decode(stream.push(encode("sk-late-1234567890 after"))), `${REDACTED} after`);
+  assert.equal(
+    new TextDecoder().decode(stream.push(encode("sk-late-1234567890 after"))),
+    `${REDACTED} after`,
+  );
 });

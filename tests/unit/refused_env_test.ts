@@ -12,13 +12,54 @@ import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
 
 const REFUSED = [
-  "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GCONV_PATH", "GLIBC_TUNABLES", "MALLOC_CHECK_", "LOCPATH",
-  "PERL5OPT", "PERL5DB", "PERL5LIB", "PERLLIB", "PERLIO", "NODE_OPTIONS", "NODE_PATH", "NODE_EXTRA_CA_CERTS",
-  "BUN_OPTIONS", "DENO_DIR", "DENO_CERT", "BASH_ENV", "ENV", "SHELLOPTS", "PS4", "CDPATH", "GIT_CONFIG_COUNT",
-  "GIT_CONFIG_KEY_0", "GIT_EXEC_PATH", "GIT_SSH_COMMAND", "GIT_DIR", "XDG_CONFIG_HOME", "PYTHONSTARTUP",
-  "RUBYOPT", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS",
+  "LD_PRELOAD",
+  "LD_LIBRARY_PATH",
+  "LD_AUDIT",
+  "GCONV_PATH",
+  "GLIBC_TUNABLES",
+  "MALLOC_CHECK_",
+  "LOCPATH",
+  "PERL5OPT",
+  "PERL5DB",
+  "PERL5LIB",
+  "PERLLIB",
+  "PERLIO",
+  "NODE_OPTIONS",
+  "NODE_PATH",
+  "NODE_EXTRA_CA_CERTS",
+  "BUN_OPTIONS",
+  "DENO_DIR",
+  "DENO_CERT",
+  "BASH_ENV",
+  "ENV",
+  "SHELLOPTS",
+  "PS4",
+  "CDPATH",
+  "GIT_CONFIG_COUNT",
+  "GIT_CONFIG_KEY_0",
+  "GIT_EXEC_PATH",
+  "GIT_SSH_COMMAND",
+  "GIT_DIR",
+  "XDG_CONFIG_HOME",
+  "PYTHONSTARTUP",
+  "RUBYOPT",
+  "JAVA_TOOL_OPTIONS",
+  "_JAVA_OPTIONS",
+  "JDK_JAVA_OPTIONS",
 ];
-const KEPT = ["PATH", "GREETING", "NODE_ENV", "PYTHONPATH", "RUBYLIB", "CLASSPATH", "LANG", "EDITOR", "GOPATH", "ENVIRONMENT", "LD"];
+const KEPT = [
+  "PATH",
+  "GREETING",
+  "NODE_ENV",
+  "PYTHONPATH",
+  "RUBYLIB",
+  "CLASSPATH",
+  "LANG",
+  "EDITOR",
+  "GOPATH",
+  "ENVIRONMENT",
+  "LD",
+];
 
 Deno.test("names that change how the loader, a shell, git or an interpreter starts are refused; ordinary ones are not", () => {
   for (const name of REFUSED) assert.ok(refusedEnvReason(name), `${name} is not refused`);
@@ -30,7 +71,11 @@ Deno.test("names that change how the loader, a shell, git or an interpreter star
 });
 
 Deno.test("withoutRefusedEnv() keeps the ordinary variables and names each refused one where it was set", () => {
-  const { env, warnings } = withoutRefusedEnv({ GREETING: "hi", LD_PRELOAD: "/x.so", PERL5OPT: "-d" }, (n) => `here "${n}"`);
+  const { env, warnings } = withoutRefusedEnv({
+    GREETING: "hi",
+    LD_PRELOAD: "/x.so",
+    PERL5OPT: "-d",
+  }, (n) => `here "${n}"`);
   assert.deepEqual(env, { GREETING: "hi" });
   assert.deepEqual(warnings, [
     'here "LD_PRELOAD" is refused and not set: it changes the dynamic loader (libraries loaded into every process)',
@@ -57,8 +102,17 @@ function configOf(entry: DevcontainerConfig["entry"]): DevcontainerConfig {
 Deno.test("a devcontainer's containerEnv and remoteEnv lose the refused names, each named once in a warning; the rest is set", () => {
   const runtime = resolveRuntime(
     configOf({
-      containerEnv: { PERL5OPT: "-d", PERL5DB: "BEGIN { system 'id' }", LD_PRELOAD: "/workspace/x.so", GREETING: "hello" },
-      remoteEnv: { NODE_OPTIONS: "--require /workspace/x.js", BASH_ENV: null, FROM: "${containerEnv:GREETING}" },
+      containerEnv: {
+        PERL5OPT: "-d",
+        PERL5DB: "BEGIN { system 'id' }",
+        LD_PRELOAD: "/workspace/x.so",
+        GREETING: "hello",
+      },
+      remoteEnv: {
+        NODE_OPTIONS: "--require /workspace/x.js",
+        BASH_ENV: null,
+        FROM: "${containerEnv:GREETING}",
+      },
     }),
     { metadata: [{ id: "feature", remoteEnv: { GIT_CONFIG_COUNT: "1" } }], env: {}, volumes: [] },
     { allowRoot: false },
@@ -91,8 +145,19 @@ Deno.test("a profile's environment.set and passthrough lose the refused names, n
     'profiles.work.sandbox.environment.passthrough "PERL5LIB" is refused and not passed: it changes how perl starts (options, modules, debugger, I/O layers)',
   ]);
   // A profile made another way (a library caller's) loses them where the container is made.
-  const raw = { ...profile, sandbox: { ...profile.sandbox, environment: { set: { LD_PRELOAD: "/x.so", GREETING: "hi" }, passthrough: ["PERL5LIB", "TERM"] } } };
-  const provider = new DockerSandboxProvider(raw, { hostEnv: (name) => ({ PERL5LIB: "/evil", TERM: "xterm" })[name] });
+  const raw = {
+    ...profile,
+    sandbox: {
+      ...profile.sandbox,
+      environment: {
+        set: { LD_PRELOAD: "/x.so", GREETING: "hi" },
+        passthrough: ["PERL5LIB", "TERM"],
+      },
+    },
+  };
+  const provider = new DockerSandboxProvider(raw, {
+    hostEnv: (name) => ({ PERL5LIB: "/evil", TERM: "xterm" })[name],
+  });
   assert.deepEqual(provider.containerEnv(), { TERM: "xterm", GREETING: "hi" });
   // A profile without refused names has no warnings.
   assert.equal(resolveProfile(parsed.config, "default").warnings, undefined);

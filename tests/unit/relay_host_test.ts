@@ -279,25 +279,35 @@ Deno.test("a base port in use moves the relay to the next range; a relay that ca
     );
     assert.match(error.detail ?? "", /module not found/);
   });
-  await t.step("is not the relay at all: the engine's words on its stdout are the reason, not frames", async () => {
-    // As Docker's API answers an exec into a container that stopped meanwhile: text on the stream.
-    const engine: RelayLauncher = () => {
-      const child = new Deno.Command(Deno.execPath(), {
-        args: ["eval", "await Deno.stdout.write(new TextEncoder().encode('cannot exec in a stopped state: unknown\\n')); Deno.exit(126)"],
-        stdin: "piped",
-        stdout: "piped",
-        stderr: "piped",
-      }).spawn();
-      return processOf(child);
-    };
-    const error = await startRelay({ sockets: { llm: `${dir.path}/llm.sock` }, launch: engine, sandboxName: "sandbox-x" })
-      .then(() => undefined, (e) => e);
-    assert.ok(error instanceof SandboxError, String(error));
-    assert.equal(
-      error.message,
-      'Cannot start the relay in sandbox "sandbox-x": it did not start: cannot exec in a stopped state: unknown',
-    );
-  });
+  await t.step(
+    "is not the relay at all: the engine's words on its stdout are the reason, not frames",
+    async () => {
+      // As Docker's API answers an exec into a container that stopped meanwhile: text on the stream.
+      const engine: RelayLauncher = () => {
+        const child = new Deno.Command(Deno.execPath(), {
+          args: [
+            "eval",
+            "await Deno.stdout.write(new TextEncoder().encode('cannot exec in a stopped state: unknown\\n')); Deno.exit(126)",
+          ],
+          stdin: "piped",
+          stdout: "piped",
+          stderr: "piped",
+        }).spawn();
+        return processOf(child);
+      };
+      const error = await startRelay({
+        sockets: { llm: `${dir.path}/llm.sock` },
+        launch: engine,
+        sandboxName: "sandbox-x",
+      })
+        .then(() => undefined, (e) => e);
+      assert.ok(error instanceof SandboxError, String(error));
+      assert.equal(
+        error.message,
+        'Cannot start the relay in sandbox "sandbox-x": it did not start: cannot exec in a stopped state: unknown',
+      );
+    },
+  );
 });
 
 Deno.test("close() ends the relay process and frees its ports", async () => {

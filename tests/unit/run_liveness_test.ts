@@ -9,7 +9,23 @@ import { tempDir, withEnv } from "../_helpers.ts";
 
 async function recordRunning(id: string, pid: number, pidStartTicks?: number): Promise<void> {
   await Deno.mkdir(`${runsDir()}/${id}`, { recursive: true });
-  const meta = { id, mode: "agentic", profile: "p", model: "m", sandbox: "container", status: "running", startedAt: new Date().toISOString(), endedAt: null, durationMs: null, exitCode: null, usage: null, error: null, pid, pidStartTicks, storeError: null };
+  const meta = {
+    id,
+    mode: "agentic",
+    profile: "p",
+    model: "m",
+    sandbox: "container",
+    status: "running",
+    startedAt: new Date().toISOString(),
+    endedAt: null,
+    durationMs: null,
+    exitCode: null,
+    usage: null,
+    error: null,
+    pid,
+    pidStartTicks,
+    storeError: null,
+  };
   await Deno.writeTextFile(`${runsDir()}/${id}/meta.json`, JSON.stringify(meta));
 }
 

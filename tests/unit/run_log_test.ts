@@ -386,22 +386,39 @@ Deno.test("a full disk: appends keep whole lines and stop, meta.json still recor
   await Deno.remove(`${disk.path}/filler`);
   await log.append(result); // space again, but nothing after a gap
   await fillDisk(disk.path);
-  await log.finish({ status: "succeeded", exitCode: 0, usage: null, error: null, extra: { branch: "b", big: "y".repeat(50_000) } });
+  await log.finish({
+    status: "succeeded",
+    exitCode: 0,
+    usage: null,
+    error: null,
+    extra: { branch: "b", big: "y".repeat(50_000) },
+  });
 
   const text = await Deno.readTextFile(`${log.dir}/events.ndjson`);
-  assert.equal(text, JSON.stringify(toolCall) + "\n", "the log is not cut back to its last whole line");
+  assert.equal(
+    text,
+    JSON.stringify(toolCall) + "\n",
+    "the log is not cut back to its last whole line",
+  );
   const meta = await readMetaFile(id);
   assert.equal(meta.status, "succeeded");
   assert.equal(meta.exitCode, EXIT.storeFailed);
   assert.match(meta.storeError ?? "", /events\.ndjson: No space left on device/);
   assert.equal(meta.extra?.branch, "b");
   assert.equal(meta.extra?.big, undefined, "a long extra value does not fit the reserve");
-  assert.deepEqual(await filesOf(log.dir), ["events.ndjson", "meta.json"], "no temporary file is left");
+  assert.deepEqual(
+    await filesOf(log.dir),
+    ["events.ndjson", "meta.json"],
+    "no temporary file is left",
+  );
   assert.equal(log.storeFailure()?.code, "store_failed");
 
   const read = await readUntilError(id);
   assert.deepEqual(read.lines.map((l) => JSON.parse(l)), [toolCall]);
-  assert.ok(read.error instanceof SandboxError && read.error.code === "store_failed", String(read.error));
+  assert.ok(
+    read.error instanceof SandboxError && read.error.code === "store_failed",
+    String(read.error),
+  );
   assert.match(read.error.message, /is incomplete: cannot write .*events\.ndjson/);
 });
 
@@ -434,7 +451,7 @@ Deno.test("with room to spare, finish() leaves no reserve and readers raise noth
   assert.equal(log.storeError, undefined);
   assert.equal((await readMetaFile(id)).storeError, null);
   assert.deepEqual(await filesOf(log.dir), ["events.ndjson", "meta.json"]);
-  assert.deepEqual((await readUntilError(id)), { lines: [JSON.stringify(result)], error: undefined });
+  assert.deepEqual(await readUntilError(id), { lines: [JSON.stringify(result)], error: undefined });
 });
 
 Deno.test("RunLog.create() on a full disk raises store_failed and leaves nothing of the run", async () => {
@@ -459,7 +476,10 @@ Deno.test("readEvents() reports an ended run's torn last line instead of droppin
     using file = await Deno.open(`${log.dir}/events.ndjson`, { append: true });
     await file.write(new TextEncoder().encode(torn));
   }
-  assert.deepEqual(await readUntilError(id), { lines: [JSON.stringify(toolCall)], error: undefined });
+  assert.deepEqual(await readUntilError(id), {
+    lines: [JSON.stringify(toolCall)],
+    error: undefined,
+  });
   await log.finish({ status: "succeeded", exitCode: 0, usage: null, error: null });
   for (const follow of [false, true]) {
     const lines: string[] = [];
@@ -470,7 +490,15 @@ Deno.test("readEvents() reports an ended run's torn last line instead of droppin
       error = e;
     }
     assert.deepEqual(lines, [JSON.stringify(toolCall)]);
-    assert.ok(error instanceof SandboxError && error.code === "store_failed", `follow ${follow}: ${error}`);
-    assert.match(error.message, new RegExp(`^The log of run "${id}" ends in a torn line \\(25 characters without their newline\\)`));
+    assert.ok(
+      error instanceof SandboxError && error.code === "store_failed",
+      `follow ${follow}: ${error}`,
+    );
+    assert.match(
+      error.message,
+      new RegExp(
+        `^The log of run "${id}" ends in a torn line \\(25 characters without their newline\\)`,
+      ),
+    );
   }
 });

@@ -7,7 +7,13 @@ import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { SandboxError } from "../../lib/errors.ts";
 import { KeyStore } from "../../lib/keys.ts";
-import { assertNoSecrets, isSecretName, knownSecrets, registerSecret, secretNameRules } from "../../lib/secret_guard.ts";
+import {
+  assertNoSecrets,
+  isSecretName,
+  knownSecrets,
+  registerSecret,
+  secretNameRules,
+} from "../../lib/secret_guard.ts";
 import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
 import { HostProvider } from "../../lib/sandbox/host_provider.ts";
 import { tempDir } from "../_helpers.ts";
@@ -24,7 +30,10 @@ function refusedNaming(where: RegExp, secret: string) {
     assert.ok(error instanceof SandboxError, `not a SandboxError: ${error}`);
     assert.equal(error.code, "config_invalid");
     assert.match(error.message, where);
-    assert.ok(!error.message.includes(secret) && !(error.detail ?? "").includes(secret), "the secret is in the error");
+    assert.ok(
+      !error.message.includes(secret) && !(error.detail ?? "").includes(secret),
+      "the secret is in the error",
+    );
     return true;
   };
 }
@@ -67,7 +76,18 @@ for (const [name, rules] of ONE_RULE_NAMES) {
 }
 
 Deno.test("the secret-name pattern lets ordinary names through", () => {
-  for (const name of ["TERM", "LANG", "NODE_ENV", "PATH", "NOTES", "MY_DOCKER", "HOST", "DOCKER_HOSTNAME_X"]) {
+  for (
+    const name of [
+      "TERM",
+      "LANG",
+      "NODE_ENV",
+      "PATH",
+      "NOTES",
+      "MY_DOCKER",
+      "HOST",
+      "DOCKER_HOSTNAME_X",
+    ]
+  ) {
     assert.deepEqual(secretNameRules(name), [], name);
   }
 });
@@ -76,19 +96,34 @@ Deno.test("a value holding a host variable's secret is refused under an innocent
   const secret = freshSecret();
   const secrets = knownSecrets({ OPENAI_API_KEY: secret, NOTES_SOURCE: "harmless-value" });
   assert.throws(
-    () => assertNoSecrets('sandbox "s"', { env: { NOTES: `prefix ${secret} suffix` }, envKind: "exec environment" }, secrets),
-    refusedNaming(/exec environment variable "NOTES" contains the value of environment variable "OPENAI_API_KEY"/, secret),
+    () =>
+      assertNoSecrets('sandbox "s"', {
+        env: { NOTES: `prefix ${secret} suffix` },
+        envKind: "exec environment",
+      }, secrets),
+    refusedNaming(
+      /exec environment variable "NOTES" contains the value of environment variable "OPENAI_API_KEY"/,
+      secret,
+    ),
   );
   assert.throws(
-    () => assertNoSecrets('sandbox "s"', { argv: ["curl", "-H", `Authorization: ${secret}`] }, secrets),
+    () =>
+      assertNoSecrets('sandbox "s"', { argv: ["curl", "-H", `Authorization: ${secret}`] }, secrets),
     refusedNaming(/argv\[2\] of the command/, secret),
   );
   assert.throws(
-    () => assertNoSecrets('sandbox "s"', { file: { path: "/tmp/p", data: new TextEncoder().encode(secret) } }, secrets),
+    () =>
+      assertNoSecrets('sandbox "s"', {
+        file: { path: "/tmp/p", data: new TextEncoder().encode(secret) },
+      }, secrets),
     refusedNaming(/file "\/tmp\/p"/, secret),
   );
   // The twin: the same places with an innocent value pass.
-  assertNoSecrets('sandbox "s"', { env: { NOTES: "harmless-value" }, argv: ["echo", "hello world"], file: { path: "/p", data: "text" } }, secrets);
+  assertNoSecrets('sandbox "s"', {
+    env: { NOTES: "harmless-value" },
+    argv: ["echo", "hello world"],
+    file: { path: "/p", data: "text" },
+  }, secrets);
 });
 
 Deno.test("values shorter than 8 characters are not treated as secrets", () => {
@@ -107,7 +142,10 @@ Deno.test("a key resolved by KeyStore is refused at the boundary even from a var
   // …and refused everywhere once it is.
   assert.throws(
     () => assertNoSecrets("x", { env: { NOTES: secret } }, knownSecrets({})),
-    refusedNaming(/contains the value of the key from environment variable "INNOCENT_NAME"/, secret),
+    refusedNaming(
+      /contains the value of the key from environment variable "INNOCENT_NAME"/,
+      secret,
+    ),
   );
 });
 
@@ -118,7 +156,10 @@ Deno.test("docker exec with a secret in its environment or argv is refused befor
   const provider = new DockerSandboxProvider(profile(), { docker: docker.program });
   await assert.rejects(
     provider.exec(["true"], { env: { NOTES: secret } }),
-    refusedNaming(/sandbox "sandbox-work": exec environment variable "NOTES" contains the value of the test key/, secret),
+    refusedNaming(
+      /sandbox "sandbox-work": exec environment variable "NOTES" contains the value of the test key/,
+      secret,
+    ),
   );
   assert.throws(
     () => provider.execStream(["echo", secret]),
@@ -143,13 +184,19 @@ Deno.test("a container whose passthrough variable holds a secret is refused befo
   const work = profile("profiles: {work: {sandbox: {environment: {passthrough: [NOTES]}}}}");
   await using docker = await fakeDocker("");
   const hostEnv = (value: string) => (name: string) => name === "NOTES" ? value : undefined;
-  const provider = new DockerSandboxProvider(work, { docker: docker.program, hostEnv: hostEnv(`x${secret}`) });
+  const provider = new DockerSandboxProvider(work, {
+    docker: docker.program,
+    hostEnv: hostEnv(`x${secret}`),
+  });
   await assert.rejects(
     provider.ensureRunning(),
     refusedNaming(/container environment variable "NOTES"/, secret),
   );
   assert.deepEqual(await docker.calls(), []);
-  const innocent = new DockerSandboxProvider(work, { docker: docker.program, hostEnv: hostEnv("harmless-value") });
+  const innocent = new DockerSandboxProvider(work, {
+    docker: docker.program,
+    hostEnv: hostEnv("harmless-value"),
+  });
   const innocentRun = await innocent.runArgs();
   assert.ok(innocentRun.args.includes("NOTES"), innocentRun.args.join(" "));
   assert.equal(innocentRun.env.NOTES, "harmless-value");

@@ -19,14 +19,17 @@ const DEADLINE_MS = 10_000;
 /** A git remote that answers every request with an empty advertisement and counts them. */
 class FakeGitRemote implements AsyncDisposable {
   readonly paths: string[] = [];
-  readonly #server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
-    await req.body?.cancel();
-    const url = new URL(req.url);
-    this.paths.push(url.pathname + url.search);
-    return new Response("001e# service=git-upload-pack\n0000", {
-      headers: { "content-type": "application/x-git-upload-pack-advertisement" },
-    });
-  });
+  readonly #server = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+    async (req) => {
+      await req.body?.cancel();
+      const url = new URL(req.url);
+      this.paths.push(url.pathname + url.search);
+      return new Response("001e# service=git-upload-pack\n0000", {
+        headers: { "content-type": "application/x-git-upload-pack-advertisement" },
+      });
+    },
+  );
 
   get url(): string {
     return `http://127.0.0.1:${this.#server.addr.port}/org/repo.git`;
@@ -37,7 +40,11 @@ class FakeGitRemote implements AsyncDisposable {
   }
 }
 
-async function openProxies(upstream: FakeUpstream, remote: FakeGitRemote, dir: string): Promise<HostProxies> {
+async function openProxies(
+  upstream: FakeUpstream,
+  remote: FakeGitRemote,
+  dir: string,
+): Promise<HostProxies> {
   const result = parseConfig(
     `profiles:\n  work:\n    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}\n`,
     "test.yaml",
@@ -45,7 +52,11 @@ async function openProxies(upstream: FakeUpstream, remote: FakeGitRemote, dir: s
   );
   assert.equal(result.kind, "ok", JSON.stringify(result));
   if (result.kind !== "ok") throw new Error("unreachable");
-  const gitRemote: GitRemote = { url: remote.url, authorization: () => Promise.resolve(undefined), push: false };
+  const gitRemote: GitRemote = {
+    url: remote.url,
+    authorization: () => Promise.resolve(undefined),
+    push: false,
+  };
   return await startHostProxies(resolveProfile(result.config, "work"), ["127.0.0.1"], {
     keys: new KeyStore({ env: (name) => (name === KEY_ENV ? upstream.key : undefined) }),
     accessLogPath: `${dir}/access.ndjson`,
@@ -104,25 +115,37 @@ Deno.test("a session's token works while the session is open and nowhere once it
 
   await first.close();
 
-  await t.step("once closed: the same requests to the same proxies are served no more", async () => {
-    const llm = await llmCall(llmUrl, token);
-    const git = await gitCall(gitUrl, token);
-    // Either the proxy is gone or it refuses the token; it never forwards it.
-    assert.ok(llm === "no answer" || llm === 401, `the closed session's credential proxy answered ${llm}`);
-    assert.ok(git === "no answer" || git === 401, `the closed session's git proxy answered ${git}`);
-    assert.equal(upstream.requests.length, 1, "the LLM upstream got a request with a dead token");
-    assert.equal(remote.paths.length, 1, "the git remote got a request with a dead token");
-  });
+  await t.step(
+    "once closed: the same requests to the same proxies are served no more",
+    async () => {
+      const llm = await llmCall(llmUrl, token);
+      const git = await gitCall(gitUrl, token);
+      // Either the proxy is gone or it refuses the token; it never forwards it.
+      assert.ok(
+        llm === "no answer" || llm === 401,
+        `the closed session's credential proxy answered ${llm}`,
+      );
+      assert.ok(
+        git === "no answer" || git === 401,
+        `the closed session's git proxy answered ${git}`,
+      );
+      assert.equal(upstream.requests.length, 1, "the LLM upstream got a request with a dead token");
+      assert.equal(remote.paths.length, 1, "the git remote got a request with a dead token");
+    },
+  );
 
   await using second = await openProxies(upstream, remote, dir.path);
   assert.notEqual(second.token, token, "a later session was given the same token");
 
-  await t.step("a later session's proxies refuse the old token with 401 and forward nothing", async () => {
-    assert.equal(await llmCall(second.llmUrl("127.0.0.1"), token), 401);
-    assert.equal(await gitCall(second.gitUrl("127.0.0.1")!, token), 401);
-    assert.equal(upstream.requests.length, 1, "the LLM upstream got the old token's request");
-    assert.equal(remote.paths.length, 1, "the git remote got the old token's request");
-  });
+  await t.step(
+    "a later session's proxies refuse the old token with 401 and forward nothing",
+    async () => {
+      assert.equal(await llmCall(second.llmUrl("127.0.0.1"), token), 401);
+      assert.equal(await gitCall(second.gitUrl("127.0.0.1")!, token), 401);
+      assert.equal(upstream.requests.length, 1, "the LLM upstream got the old token's request");
+      assert.equal(remote.paths.length, 1, "the git remote got the old token's request");
+    },
+  );
 
   await t.step("the twin: the later session's own token passes on the same paths", async () => {
     assert.equal(await llmCall(second.llmUrl("127.0.0.1"), second.token), 200);

@@ -72,7 +72,10 @@ Deno.test("a claimed spare that never says its key (only an agent's connections 
   const stand = provider();
   const waiting = awaitSpareRelay(stand, claimedIn(dir.path), 300);
   const path = `${dir.path}/control.sock`;
-  const agent = [await connectAndSay(path, `${"00".repeat(32)}\n`), await connectAndSay(path, undefined)];
+  const agent = [
+    await connectAndSay(path, `${"00".repeat(32)}\n`),
+    await connectAndSay(path, undefined),
+  ];
   assert.equal(await waiting, undefined);
   assert.deepEqual(stand.stopped, ["relay-spare-test"]);
   for (const conn of agent) conn.close();
@@ -107,7 +110,9 @@ function echoService(path: string): { close(): void } {
       conns.push(conn);
       (async () => {
         const buffer = new Uint8Array(1024);
-        for (let n; (n = await conn.read(buffer)) !== null;) await conn.write(buffer.subarray(0, n));
+        for (let n; (n = await conn.read(buffer)) !== null;) {
+          await conn.write(buffer.subarray(0, n));
+        }
       })().catch(() => {});
     }
   })().catch(() => {});
@@ -170,7 +175,17 @@ Deno.test("the relay passed on (relay/main.ts --spare): `again` cuts what it car
   await using dir = await tempDir();
   const port = freePort();
   const relay = new Deno.Command(Deno.execPath(), {
-    args: ["run", "--quiet", "--no-config", "-A", new URL("../../relay/main.ts", import.meta.url).pathname, "--spare", "--sockets", dir.path, `llm=${port}`],
+    args: [
+      "run",
+      "--quiet",
+      "--no-config",
+      "-A",
+      new URL("../../relay/main.ts", import.meta.url).pathname,
+      "--spare",
+      "--sockets",
+      dir.path,
+      `llm=${port}`,
+    ],
     env: { SANDBOX_RELAY_KEY: KEY },
     stdin: "null",
     stdout: "null",

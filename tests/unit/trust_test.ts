@@ -2,7 +2,13 @@
 import assert from "node:assert/strict";
 import { quoteForTerminal, shellQuote, summarizeConfig } from "../../lib/config_summary.ts";
 import { SandboxError } from "../../lib/errors.ts";
-import { listTrust, revokeTrust, sha256OfBytes, trustContent, trustStateOf } from "../../lib/trust.ts";
+import {
+  listTrust,
+  revokeTrust,
+  sha256OfBytes,
+  trustContent,
+  trustStateOf,
+} from "../../lib/trust.ts";
 import { tempDir } from "../_helpers.ts";
 
 const encode = (text: string) => new TextEncoder().encode(text);
@@ -24,7 +30,10 @@ Deno.test("trust is for exact content at a path: other content, or another path,
   // A symlink is trusted under its target's real path, so it cannot borrow another file's trust
   // once the target changes.
   await Deno.symlink(file, `${dir.path}/link.yaml`);
-  assert.equal(await trustStateOf(`${dir.path}/link.yaml`, encode("profiles: {}\n"), store), "trusted");
+  assert.equal(
+    await trustStateOf(`${dir.path}/link.yaml`, encode("profiles: {}\n"), store),
+    "trusted",
+  );
 });
 
 Deno.test("the store is private to the user and replaced whole: no temporary files left, entries kept", async () => {
@@ -36,9 +45,14 @@ Deno.test("the store is private to the user and replaced whole: no temporary fil
     return file;
   }));
   // Concurrent trusts must not lose each other's entries (the store is updated under a lock).
-  await Promise.all(files.map(async (file) => await trustContent(file, await Deno.readFile(file), store)));
+  await Promise.all(
+    files.map(async (file) => await trustContent(file, await Deno.readFile(file), store)),
+  );
   const listed = await listTrust(store);
-  assert.deepEqual(listed.map((e) => e.file).sort(), (await Promise.all(files.map((f) => Deno.realPath(f)))).sort());
+  assert.deepEqual(
+    listed.map((e) => e.file).sort(),
+    (await Promise.all(files.map((f) => Deno.realPath(f)))).sort(),
+  );
   assert.ok(listed.every((e) => e.state === "trusted"));
   assert.equal((await Deno.stat(store)).mode! & 0o777, 0o600);
   const leftovers = [];
@@ -47,7 +61,9 @@ Deno.test("the store is private to the user and replaced whole: no temporary fil
 
   await Deno.writeTextFile(files[0], "# changed\n");
   await Deno.remove(files[1]);
-  const states = Object.fromEntries((await listTrust(store)).map((e) => [e.file.split("/").pop(), e.state]));
+  const states = Object.fromEntries(
+    (await listTrust(store)).map((e) => [e.file.split("/").pop(), e.state]),
+  );
   assert.equal(states["f0.yaml"], "changed");
   assert.equal(states["f1.yaml"], "missing");
   assert.equal(states["f2.yaml"], "trusted");

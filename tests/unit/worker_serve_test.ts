@@ -66,21 +66,37 @@ function decodeAll(stdout: string): AgenticMessage[] {
 Deno.test("parseJob() accepts a job line and refuses every malformed one, saying what is wrong", async (t) => {
   const job: WorkerJob = { mode: "agentic", prompt: "hi", env: { A: "1" }, cwd: "/w", maxTurns: 3 };
   await t.step("a round trip through encodeJob()", () => {
-    assert.deepEqual(parseJob(encodeJob(job).trim()), { ...job, instructions: undefined, model: undefined, schema: undefined });
+    assert.deepEqual(parseJob(encodeJob(job).trim()), {
+      ...job,
+      instructions: undefined,
+      model: undefined,
+      schema: undefined,
+    });
   });
   const bad: [string, unknown, RegExp][] = [
     ["not JSON", "{nope", /not JSON/],
     ["an array", [], /not a JSON object/],
     ["an unknown mode", { ...job, mode: "shell" }, /mode is "shell"/],
     ["no prompt", { ...job, prompt: undefined }, /no prompt/],
-    ["env values that are not strings", { ...job, env: { A: 1 } }, /env is not an object of strings/],
+    [
+      "env values that are not strings",
+      { ...job, env: { A: 1 } },
+      /env is not an object of strings/,
+    ],
     ["a cwd that is not a string", { ...job, cwd: ["/"] }, /cwd is not a string/],
     ["maxTurns below one", { ...job, maxTurns: 0 }, /maxTurns is 0/],
-    ["a schema without its parts", { ...job, mode: "generate", schema: { name: "x" } }, /schema is not/],
+    [
+      "a schema without its parts",
+      { ...job, mode: "generate", schema: { name: "x" } },
+      /schema is not/,
+    ],
   ];
   for (const [what, value, message] of bad) {
     await t.step(what, () => {
-      assert.throws(() => parseJob(typeof value === "string" ? value : JSON.stringify(value)), (e: Error) => e instanceof TypeError && message.test(e.message));
+      assert.throws(
+        () => parseJob(typeof value === "string" ? value : JSON.stringify(value)),
+        (e: Error) => e instanceof TypeError && message.test(e.message),
+      );
     });
   }
 });
@@ -89,7 +105,9 @@ Deno.test("worker serve runs the job it reads from stdin: the prompt reaches the
   await using dir = await tempDir("sandbox-serve-");
   const work = `${dir.path}/work`;
   const marker = `PROMPT-MARKER-${crypto.randomUUID()}`;
-  await using fake = new FakeLlm(writeThenExecute("hello.txt", "hi\n", 'cat hello.txt; echo "env=[$PROJECT_VAR]"'));
+  await using fake = new FakeLlm(
+    writeThenExecute("hello.txt", "hi\n", 'cat hello.txt; echo "env=[$PROJECT_VAR]"'),
+  );
   const input = hostInput();
   // The run's variables come in the job; the process environment has none of them.
   const argv = workerArgv(fake.port, "serve");
@@ -111,14 +129,34 @@ Deno.test("worker serve runs the job it reads from stdin: the prompt reaches the
   input.close();
   const messages = decodeAll(await stdout);
   assert.equal(outcome.exitCode, 0, outcome.stderrTail);
-  assert.deepEqual(messages.map((m) => m.type), ["tool_call", "tool_result", "tool_call", "tool_result", "thinking", "result", "usage"]);
+  assert.deepEqual(messages.map((m) => m.type), [
+    "tool_call",
+    "tool_result",
+    "tool_call",
+    "tool_result",
+    "thinking",
+    "result",
+    "usage",
+  ]);
   assert.equal(await Deno.readTextFile(`${work}/hello.txt`), "hi\n");
   assert.match(messages[3].tool_output ?? "", /env=\[42\]/, "commands get the job's variables");
-  assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker), "the prompt reached the LLM");
-  assert.equal(fake.requests[0].headers.get("authorization"), `Bearer ${FAKE_LLM_KEY}`, "the job's token is the key");
+  assert.ok(
+    JSON.stringify(fake.requests[0].body.messages).includes(marker),
+    "the prompt reached the LLM",
+  );
+  assert.equal(
+    fake.requests[0].headers.get("authorization"),
+    `Bearer ${FAKE_LLM_KEY}`,
+    "the job's token is the key",
+  );
   assert.ok(!argv.join(" ").includes(marker), "the prompt is not in argv");
   for await (const entry of Deno.readDir(dir.path)) {
-    if (entry.isFile) assert.ok(!(await Deno.readTextFile(`${dir.path}/${entry.name}`)).includes(marker), `no file holds the prompt: ${entry.name}`);
+    if (entry.isFile) {
+      assert.ok(
+        !(await Deno.readTextFile(`${dir.path}/${entry.name}`)).includes(marker),
+        `no file holds the prompt: ${entry.name}`,
+      );
+    }
   }
 });
 
@@ -139,7 +177,9 @@ Deno.test("worker serve stops at once when the host's input ends before the run 
     stdin: input.stream,
     timeoutMs: 60_000,
   });
-  input.send(encodeJob({ mode: "agentic", prompt: "Count", env: llmEnv(fake.proxyBaseUrl), cwd: work }));
+  input.send(
+    encodeJob({ mode: "agentic", prompt: "Count", env: llmEnv(fake.proxyBaseUrl), cwd: work }),
+  );
   const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
   const first = await reader.read();
   assert.match(first.value ?? "", /"type":"tool_call"/);
@@ -152,11 +192,17 @@ Deno.test("worker serve stops at once when the host's input ends before the run 
 });
 
 Deno.test("worker serve turns a job it cannot read into an is_error result", async (t) => {
-  for (const [what, line, message] of [
-    ["not JSON", "{nope\n", /Cannot read the job: The job is not JSON/],
-    ["an empty prompt", encodeJob({ mode: "generate", prompt: "  ", env: {} }), /prompt is empty/],
-    ["input that ends without a line", "", /ended before a whole job line/],
-  ] as const) {
+  for (
+    const [what, line, message] of [
+      ["not JSON", "{nope\n", /Cannot read the job: The job is not JSON/],
+      [
+        "an empty prompt",
+        encodeJob({ mode: "generate", prompt: "  ", env: {} }),
+        /prompt is empty/,
+      ],
+      ["input that ends without a line", "", /ended before a whole job line/],
+    ] as const
+  ) {
     await t.step(what, async () => {
       const input = hostInput();
       const child = spawn(workerArgv(1, "serve"), {
@@ -220,23 +266,47 @@ Deno.test("a spare worker waits on its socket holding no secret, runs the one jo
   assert.equal((await Deno.stat(socket)).mode! & 0o777, 0o600, "only its owner may connect");
   const environ = await Deno.readTextFile(`/proc/${child.pid}/environ`);
   const cmdline = await Deno.readTextFile(`/proc/${child.pid}/cmdline`);
-  assert.ok(environ.includes("SANDBOX_LLM_MODEL=fake-model"), "the environment was read (positive control)");
+  assert.ok(
+    environ.includes("SANDBOX_LLM_MODEL=fake-model"),
+    "the environment was read (positive control)",
+  );
   for (const secret of [FAKE_LLM_KEY, "SANDBOX_LLM_TOKEN", "OPENAI_API_KEY"]) {
-    assert.ok(!environ.includes(secret) && !cmdline.includes(secret), `the waiting worker holds no ${secret}`);
+    assert.ok(
+      !environ.includes(secret) && !cmdline.includes(secret),
+      `the waiting worker holds no ${secret}`,
+    );
   }
   const marker = `PROMPT-${crypto.randomUUID()}`;
-  const { frames } = await attach(socket, { mode: "generate", prompt: marker, env: llmEnv(fake.proxyBaseUrl) });
+  const { frames } = await attach(socket, {
+    mode: "generate",
+    prompt: marker,
+    env: llmEnv(fake.proxyBaseUrl),
+  });
   const outcome = await finished;
   assert.equal(outcome.code, 0, new TextDecoder().decode(outcome.stderr));
-  assert.equal(outcome.stdout.byteLength, 0, "nothing on the spare's own stdout: its output went to the connection");
-  const events = frames.filter((f) => f.startsWith("o")).map((f, i) => decodeMessage(f.slice(1), i + 1));
+  assert.equal(
+    outcome.stdout.byteLength,
+    0,
+    "nothing on the spare's own stdout: its output went to the connection",
+  );
+  const events = frames.filter((f) => f.startsWith("o")).map((f, i) =>
+    decodeMessage(f.slice(1), i + 1)
+  );
   assert.deepEqual(events.map((m) => m.type), ["result", "usage"]);
   assert.equal(events[0].content, "hello from the spare");
   assert.equal(frames.at(-1), "x0", "the last frame is the exit code");
   assert.ok(frames.every((f) => /^[oexp]/.test(f)), `every line is framed: ${frames.join(" | ")}`);
-  assert.equal(frames[0], `p${Deno.pid}`, "the first frame names the worker's parent (here, this test)");
+  assert.equal(
+    frames[0],
+    `p${Deno.pid}`,
+    "the first frame names the worker's parent (here, this test)",
+  );
   assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker));
-  await assert.rejects(Deno.stat(socket), Deno.errors.NotFound, "the socket is gone: one job per worker");
+  await assert.rejects(
+    Deno.stat(socket),
+    Deno.errors.NotFound,
+    "the socket is gone: one job per worker",
+  );
 });
 
 Deno.test("frame() tags every line of a multi-line diagnostic", () => {

@@ -11,9 +11,9 @@ import { run, type RunResult, spawn } from "../../lib/process.ts";
 import { explain, ROOT, tempDir } from "../_helpers.ts";
 import { workerBundlePath } from "../../lib/sandbox/worker_bundle.ts";
 import {
+  FAKE_LLM_KEY,
   FakeLlm,
   type FakeStep,
-  FAKE_LLM_KEY,
   httpError,
   text,
   toolCall,
@@ -210,7 +210,10 @@ Deno.test("worker agentic (source) speaks the Anthropic Messages API when SANDBO
 Deno.test("worker agentic (bundle) runs from an empty directory with no npm cache and no config", async () => {
   // The bundle as the image gets it: minified, its require made lazy (lib/sandbox/bundle_text.ts).
   const bundled = await workerBundlePath();
-  assert.ok(!(await Deno.readTextFile(bundled)).includes("Dynamic require of"), "the minified require shim was left in");
+  assert.ok(
+    !(await Deno.readTextFile(bundled)).includes("Dynamic require of"),
+    "the minified require shim was left in",
+  );
   await using empty = await tempDir("sandbox-worker-empty-");
   await Deno.copyFile(bundled, `${empty.path}/worker.js`);
   await checkAgenticRun(() => ({
@@ -563,7 +566,11 @@ Deno.test("the fake LLM streams tool calls, text and usage over SSE that a real 
 });
 
 Deno.test("worker usage prices the calls of a known model, for OpenAI and Anthropic alike, and leaves an unknown model's cost null", async (t) => {
-  const cases: { api: "openai" | "anthropic"; model: string; price: { input: number; output: number } | null }[] = [
+  const cases: {
+    api: "openai" | "anthropic";
+    model: string;
+    price: { input: number; output: number } | null;
+  }[] = [
     { api: "openai", model: "gpt-4.1-mini", price: { input: 0.4, output: 1.6 } },
     { api: "anthropic", model: "claude-haiku-4-5", price: { input: 1, output: 5 } },
     { api: "openai", model: "fake-model", price: null },
@@ -576,7 +583,13 @@ Deno.test("worker usage prices the calls of a known model, for OpenAI and Anthro
         toolCall("write_file", { file_path: "a.txt", content: "a\n" }, undefined),
         text("Done", { promptTokens: 2000, completionTokens: 300 }),
       ]);
-      const outcome = await runWorker(sourceEntry(fake.port), ["agentic", "--prompt-file", promptFile, "--cwd", work], {
+      const outcome = await runWorker(sourceEntry(fake.port), [
+        "agentic",
+        "--prompt-file",
+        promptFile,
+        "--cwd",
+        work,
+      ], {
         ...llmEnv(fake.proxyBaseUrl, api),
         SANDBOX_LLM_MODEL: model,
       });
@@ -588,8 +601,12 @@ Deno.test("worker usage prices the calls of a known model, for OpenAI and Anthro
         return;
       }
       // The fake reports no cached tokens: every input token at the input price.
-      const expected = (fake.usage.promptTokens * price.input + fake.usage.completionTokens * price.output) / 1e6;
-      assert.ok(Math.abs((usage.usage?.cost_usd ?? -1) - expected) < 1e-9, `cost ${usage.usage?.cost_usd}, expected ${expected}\n${context}`);
+      const expected =
+        (fake.usage.promptTokens * price.input + fake.usage.completionTokens * price.output) / 1e6;
+      assert.ok(
+        Math.abs((usage.usage?.cost_usd ?? -1) - expected) < 1e-9,
+        `cost ${usage.usage?.cost_usd}, expected ${expected}\n${context}`,
+      );
     });
   }
 });
@@ -600,7 +617,13 @@ Deno.test("worker names a Claude Code style tool by its standard name, as the se
   // deepagents has no "Bash" tool: the call is still reported, under the standard name, and so
   // is deepagents' answer that the tool does not exist.
   await using fake = new FakeLlm([toolCall("Bash", { command: "true" }), text("Gave up")]);
-  const outcome = await runWorker(sourceEntry(fake.port), ["agentic", "--prompt-file", promptFile, "--cwd", work], llmEnv(fake.proxyBaseUrl));
+  const outcome = await runWorker(sourceEntry(fake.port), [
+    "agentic",
+    "--prompt-file",
+    promptFile,
+    "--cwd",
+    work,
+  ], llmEnv(fake.proxyBaseUrl));
   assertRunShape(outcome);
   const call = outcome.messages.find((m) => m.type === "tool_call");
   assert.equal(call?.tool_name, "run_shell_command", explain(outcome.result));

@@ -10,13 +10,18 @@
  */
 import { parse, type ParseError, printParseErrorCode } from "jsonc-parser";
 import { isSecretName } from "../../config.ts";
-import { type ConfigIssue, ConfigError, SandboxError } from "../../errors.ts";
+import { ConfigError, type ConfigIssue, SandboxError } from "../../errors.ts";
 import { run } from "../../process.ts";
 
 /** Looked for in the workspace folder, in order, when the profile names no file. */
 export const CONFIG_CANDIDATES = [".devcontainer/devcontainer.json", ".devcontainer.json"] as const;
 
-export const LIFECYCLE_HOOKS = ["onCreateCommand", "updateContentCommand", "postCreateCommand", "postStartCommand"] as const;
+export const LIFECYCLE_HOOKS = [
+  "onCreateCommand",
+  "updateContentCommand",
+  "postCreateCommand",
+  "postStartCommand",
+] as const;
 export type LifecycleHook = typeof LIFECYCLE_HOOKS[number];
 /** A lifecycle command: a shell string, an argv, or named commands that run in parallel. */
 export type LifecycleCommand = string | string[] | Record<string, string | string[]>;
@@ -98,7 +103,8 @@ const NEVER_APPLIED: Record<string, string> = {
   capAdd: "the sandbox keeps every capability dropped",
   securityOpt: "security options could turn off seccomp, AppArmor or no-new-privileges",
   runArgs: "docker run arguments could add host mounts, devices, the host network or capabilities",
-  mounts: "mounts could expose host paths or the Docker socket; the repository comes in as git objects",
+  mounts:
+    "mounts could expose host paths or the Docker socket; the repository comes in as git objects",
   workspaceMount: "nothing of the host is mounted; the repository comes in as git objects",
   forwardPorts: "the sandbox takes no inbound connections",
   appPort: "the sandbox takes no inbound connections",
@@ -112,7 +118,8 @@ const BUILD_NEVER_APPLIED: Record<string, string> = {
   cacheFrom: "build caches come from this engine's local layers only",
 };
 /** Values in runArgs or mounts worth naming in the warning: they show what the repository asked for. */
-const NOTABLE = /(^--?(privileged|net|network|pid|ipc|uts|userns|cap-add|security-opt|device|gpus|volume|mount|v)\b)|docker\.sock/;
+const NOTABLE =
+  /(^--?(privileged|net|network|pid|ipc|uts|userns|cap-add|security-opt|device|gpus|volume|mount|v)\b)|docker\.sock/;
 
 /** Read, check and resolve the devcontainer configuration of `repoPath` at commit `base`. */
 export async function readDevcontainerConfig(
@@ -121,11 +128,22 @@ export async function readDevcontainerConfig(
   options: ReadOptions = {},
 ): Promise<DevcontainerConfig> {
   const hostEnv = options.hostEnv ?? ((name: string) => Deno.env.get(name));
-  const workspaceSubdir = repoRelative("", options.workspaceFolder ?? ".", "sandbox.devcontainer.workspace_folder");
+  const workspaceSubdir = repoRelative(
+    "",
+    options.workspaceFolder ?? ".",
+    "sandbox.devcontainer.workspace_folder",
+  );
   if (workspaceSubdir && (await treeEntry(repoPath, base, workspaceSubdir))?.type !== "tree") {
-    throw new SandboxError("usage", `Workspace folder "${workspaceSubdir}" is not a directory of "${repoPath}" at ${base.slice(0, 12)}`, {
-      detail: "sandbox.devcontainer.workspace_folder names a folder of the repository, relative to its root",
-    });
+    throw new SandboxError(
+      "usage",
+      `Workspace folder "${workspaceSubdir}" is not a directory of "${repoPath}" at ${
+        base.slice(0, 12)
+      }`,
+      {
+        detail:
+          "sandbox.devcontainer.workspace_folder names a folder of the repository, relative to its root",
+      },
+    );
   }
   const file = await findConfigFile(repoPath, base, workspaceSubdir, options.config);
   const where = `${repoPath}/${file}`;
@@ -133,7 +151,13 @@ export async function readDevcontainerConfig(
   const errors: ParseError[] = [];
   const doc = parse(text, errors, { allowTrailingComma: true, disallowComments: false });
   if (errors.length > 0) {
-    throw new ConfigError(where, errors.map((e) => ({ path: "", message: `JSONC syntax at ${position(text, e.offset)}: ${printParseErrorCode(e.error)}` })));
+    throw new ConfigError(
+      where,
+      errors.map((e) => ({
+        path: "",
+        message: `JSONC syntax at ${position(text, e.offset)}: ${printParseErrorCode(e.error)}`,
+      })),
+    );
   }
   if (doc === null || typeof doc !== "object" || Array.isArray(doc)) {
     throw new ConfigError(where, [{ path: "", message: "expected an object" }]);
@@ -144,12 +168,19 @@ export async function readDevcontainerConfig(
     localWorkspaceFolder: localFolder,
     localWorkspaceFolderBasename: basename(localFolder),
   };
-  const local = (value: unknown, path: string) => substituteLocal(value, vars, hostEnv, issues, path);
+  const local = (value: unknown, path: string) =>
+    substituteLocal(value, vars, hostEnv, issues, path);
   const raw = doc as Record<string, unknown>;
   const workspaceFolder = normalizeAbsolute(
-    typeof raw.workspaceFolder === "string" ? local(raw.workspaceFolder, "workspaceFolder") as string : `/workspaces/${vars.localWorkspaceFolderBasename}`,
+    typeof raw.workspaceFolder === "string"
+      ? local(raw.workspaceFolder, "workspaceFolder") as string
+      : `/workspaces/${vars.localWorkspaceFolderBasename}`,
   );
-  const allVars = { ...vars, containerWorkspaceFolder: workspaceFolder, containerWorkspaceFolderBasename: basename(workspaceFolder) };
+  const allVars = {
+    ...vars,
+    containerWorkspaceFolder: workspaceFolder,
+    containerWorkspaceFolderBasename: basename(workspaceFolder),
+  };
   const config = substituteLocal(raw, allVars, hostEnv, issues, "") as Record<string, unknown>;
   if (issues.length > 0) throw new ConfigError(where, issues);
 
@@ -157,7 +188,10 @@ export async function readDevcontainerConfig(
   const checked = checkShape(config, issues);
   const warnings = neverApplied(config, "devcontainer.json");
   if ("dockerComposeFile" in config) {
-    issues.push({ path: "dockerComposeFile", message: "Docker Compose devcontainers are not supported: use image or build" });
+    issues.push({
+      path: "dockerComposeFile",
+      message: "Docker Compose devcontainers are not supported: use image or build",
+    });
   }
   const source = imageSource(config, configDir, issues);
   const { localFeatures, remoteFeatures } = featureSources(config, configDir, issues);
@@ -183,14 +217,24 @@ export async function readDevcontainerConfig(
 }
 
 /** The configuration file: the profile's, else the first candidate the commit has. */
-async function findConfigFile(repoPath: string, base: string, subdir: string, explicit?: string): Promise<string> {
+async function findConfigFile(
+  repoPath: string,
+  base: string,
+  subdir: string,
+  explicit?: string,
+): Promise<string> {
   if (explicit) {
     const file = repoRelative("", explicit, "sandbox.devcontainer.config");
     const entry = await treeEntry(repoPath, base, file);
     if (entry?.type !== "blob" || entry.mode === "120000") {
-      throw new SandboxError("usage", `No devcontainer configuration "${file}" in "${repoPath}" at ${base.slice(0, 12)}`, {
-        detail: "sandbox.devcontainer.config names a committed file, relative to the repository's root (uncommitted files are not used)",
-      });
+      throw new SandboxError(
+        "usage",
+        `No devcontainer configuration "${file}" in "${repoPath}" at ${base.slice(0, 12)}`,
+        {
+          detail:
+            "sandbox.devcontainer.config names a committed file, relative to the repository's root (uncommitted files are not used)",
+        },
+      );
     }
     return file;
   }
@@ -201,9 +245,15 @@ async function findConfigFile(repoPath: string, base: string, subdir: string, ex
     const entry = await treeEntry(repoPath, base, file);
     if (entry?.type === "blob" && entry.mode !== "120000") return file;
   }
-  throw new SandboxError("usage", `No devcontainer configuration in "${repoPath}" at ${base.slice(0, 12)}`, {
-    detail: `Looked for ${tried.join(" and ")} in the committed tree (uncommitted files are not used). Commit one, or set sandbox.devcontainer.config`,
-  });
+  throw new SandboxError(
+    "usage",
+    `No devcontainer configuration in "${repoPath}" at ${base.slice(0, 12)}`,
+    {
+      detail: `Looked for ${
+        tried.join(" and ")
+      } in the committed tree (uncommitted files are not used). Commit one, or set sandbox.devcontainer.config`,
+    },
+  );
 }
 
 /** Type checks of the keys the sandbox uses; returns the run-time metadata entry. */
@@ -211,7 +261,10 @@ function checkShape(config: Record<string, unknown>, issues: ConfigIssue[]): Met
   const entry: MetadataEntry = {};
   for (const key of ["remoteUser", "containerUser"] as const) {
     if (config[key] === undefined) continue;
-    if (typeof config[key] !== "string" || !/^[A-Za-z0-9_][A-Za-z0-9_.-]*$|^\d+$/.test(config[key] as string)) {
+    if (
+      typeof config[key] !== "string" ||
+      !/^[A-Za-z0-9_][A-Za-z0-9_.-]*$|^\d+$/.test(config[key] as string)
+    ) {
       issues.push({ path: key, message: "expected a user name" });
     } else entry[key] = config[key] as string;
   }
@@ -223,8 +276,11 @@ function checkShape(config: Record<string, unknown>, issues: ConfigIssue[]): Met
       continue;
     }
     for (const [name, v] of Object.entries(value)) {
-      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) issues.push({ path: `${key}.${name}`, message: "expected an environment variable name" });
-      else if (typeof v !== "string" && !(key === "remoteEnv" && v === null)) issues.push({ path: `${key}.${name}`, message: "expected a string" });
+      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
+        issues.push({ path: `${key}.${name}`, message: "expected an environment variable name" });
+      } else if (typeof v !== "string" && !(key === "remoteEnv" && v === null)) {
+        issues.push({ path: `${key}.${name}`, message: "expected a string" });
+      }
     }
     entry[key] = value as Record<string, string>;
   }
@@ -238,7 +294,10 @@ function checkShape(config: Record<string, unknown>, issues: ConfigIssue[]): Met
   if (config.workspaceFolder !== undefined && typeof config.workspaceFolder !== "string") {
     issues.push({ path: "workspaceFolder", message: "expected an absolute path" });
   }
-  if (config.overrideFeatureInstallOrder !== undefined && !isStringArray(config.overrideFeatureInstallOrder)) {
+  if (
+    config.overrideFeatureInstallOrder !== undefined &&
+    !isStringArray(config.overrideFeatureInstallOrder)
+  ) {
     issues.push({ path: "overrideFeatureInstallOrder", message: "expected a list of feature ids" });
   }
   return entry;
@@ -253,21 +312,46 @@ export function lifecycleProblem(value: unknown): string | undefined {
   return "expected a command string, a list of arguments, or an object of named commands";
 }
 
-function imageSource(config: Record<string, unknown>, configDir: string, issues: ConfigIssue[]): ImageSource {
-  const build = config.build ?? (config.dockerFile !== undefined ? { dockerfile: config.dockerFile, context: config.context } : undefined);
+function imageSource(
+  config: Record<string, unknown>,
+  configDir: string,
+  issues: ConfigIssue[],
+): ImageSource {
+  const build = config.build ??
+    (config.dockerFile !== undefined
+      ? { dockerfile: config.dockerFile, context: config.context }
+      : undefined);
   if (build !== undefined) {
     if (!isRecord(build) || typeof build.dockerfile !== "string" || build.dockerfile === "") {
-      issues.push({ path: "build.dockerfile", message: "expected the path of a Dockerfile, relative to devcontainer.json" });
+      issues.push({
+        path: "build.dockerfile",
+        message: "expected the path of a Dockerfile, relative to devcontainer.json",
+      });
       return { kind: "image", image: "" };
     }
     const args = build.args ?? {};
     if (!isRecord(args) || !Object.values(args).every((v) => typeof v === "string")) {
-      issues.push({ path: "build.args", message: "expected an object of build argument names to strings" });
+      issues.push({
+        path: "build.args",
+        message: "expected an object of build argument names to strings",
+      });
     }
-    if (build.target !== undefined && typeof build.target !== "string") issues.push({ path: "build.target", message: "expected a stage name" });
-    if (build.context !== undefined && typeof build.context !== "string") issues.push({ path: "build.context", message: "expected a folder, relative to devcontainer.json" });
+    if (build.target !== undefined && typeof build.target !== "string") {
+      issues.push({ path: "build.target", message: "expected a stage name" });
+    }
+    if (build.context !== undefined && typeof build.context !== "string") {
+      issues.push({
+        path: "build.context",
+        message: "expected a folder, relative to devcontainer.json",
+      });
+    }
     const dockerfile = safeRepoRelative(configDir, build.dockerfile, "build.dockerfile", issues);
-    const context = safeRepoRelative(configDir, typeof build.context === "string" ? build.context : ".", "build.context", issues);
+    const context = safeRepoRelative(
+      configDir,
+      typeof build.context === "string" ? build.context : ".",
+      "build.context",
+      issues,
+    );
     return {
       kind: "build",
       dockerfile,
@@ -276,7 +360,9 @@ function imageSource(config: Record<string, unknown>, configDir: string, issues:
       target: typeof build.target === "string" ? build.target : undefined,
     };
   }
-  if (typeof config.image === "string" && config.image.trim() !== "") return { kind: "image", image: config.image };
+  if (typeof config.image === "string" && config.image.trim() !== "") {
+    return { kind: "image", image: config.image };
+  }
   issues.push({ path: "", message: 'expected "image" or "build" (with "dockerfile")' });
   return { kind: "image", image: "" };
 }
@@ -291,7 +377,10 @@ function featureSources(config: Record<string, unknown>, configDir: string, issu
   }
   for (const [id, options] of Object.entries(config.features)) {
     if (!(isRecord(options) || typeof options === "string" || typeof options === "boolean")) {
-      issues.push({ path: `features.${id}`, message: "expected an object of options, a version string or true" });
+      issues.push({
+        path: `features.${id}`,
+        message: "expected an object of options, a version string or true",
+      });
     }
     if (id.startsWith("./") || id.startsWith("../")) {
       localFeatures.push(safeRepoRelative(configDir, id, `features.${id}`, issues));
@@ -303,10 +392,15 @@ function featureSources(config: Record<string, unknown>, configDir: string, issu
 /** What the image build receives: nothing that runs or mounts anything, only what builds. */
 function buildConfigOf(config: Record<string, unknown>): Record<string, unknown> {
   const out: Record<string, unknown> = {};
-  const build = config.build ?? (config.dockerFile !== undefined ? { dockerfile: config.dockerFile, context: config.context } : undefined);
+  const build = config.build ??
+    (config.dockerFile !== undefined
+      ? { dockerfile: config.dockerFile, context: config.context }
+      : undefined);
   if (isRecord(build)) {
     out.build = Object.fromEntries(
-      Object.entries(build).filter(([key]) => ["dockerfile", "context", "args", "target"].includes(key)),
+      Object.entries(build).filter(([key]) =>
+        ["dockerfile", "context", "args", "target"].includes(key)
+      ),
     );
   } else out.image = config.image;
   for (const key of ["features", "overrideFeatureInstallOrder", "remoteUser", "containerUser"]) {
@@ -320,11 +414,17 @@ export function neverApplied(entry: Record<string, unknown>, source: string): st
   const warnings: string[] = [];
   for (const [key, reason] of Object.entries(NEVER_APPLIED)) {
     const value = entry[key];
-    if (value === undefined || value === false || (Array.isArray(value) && value.length === 0)) continue;
+    if (value === undefined || value === false || (Array.isArray(value) && value.length === 0)) {
+      continue;
+    }
     if (key === "hostRequirements" && !isRecord(value)) continue;
     warnings.push(`${source}: "${key}"${notable(value)} is ignored: ${reason}`);
   }
-  if (entry.init === false) warnings.push(`${source}: "init": false is ignored: the sandbox always runs under Docker's init`);
+  if (entry.init === false) {
+    warnings.push(
+      `${source}: "init": false is ignored: the sandbox always runs under Docker's init`,
+    );
+  }
   if (isRecord(entry.build)) {
     for (const [key, reason] of Object.entries(BUILD_NEVER_APPLIED)) {
       const value = entry.build[key];
@@ -338,8 +438,12 @@ export function neverApplied(entry: Record<string, unknown>, source: string): st
 /** The dangerous values of a list, shown in the warning: ` (--network=host, /var/run/docker.sock…)`. */
 function notable(value: unknown): string {
   if (!Array.isArray(value)) return "";
-  const shown = value.map((v) => typeof v === "string" ? v : JSON.stringify(v)).filter((v) => NOTABLE.test(v));
-  return shown.length > 0 ? ` (${shown.slice(0, 4).join(", ")}${shown.length > 4 ? ", …" : ""})` : "";
+  const shown = value.map((v) => typeof v === "string" ? v : JSON.stringify(v)).filter((v) =>
+    NOTABLE.test(v)
+  );
+  return shown.length > 0
+    ? ` (${shown.slice(0, 4).join(", ")}${shown.length > 4 ? ", …" : ""})`
+    : "";
 }
 
 /**
@@ -354,26 +458,34 @@ function substituteLocal(
   path: string,
 ): unknown {
   if (typeof value === "string") {
-    return value.replace(/\$\{([A-Za-z]+)(?::([^}:]*))?(?::([^}]*))?\}/g, (match, kind, name, fallback) => {
-      if (kind === "localEnv" || kind === "env") {
-        if (!name) return match;
-        if (isSecretName(name)) {
-          issues.push({
-            path,
-            message: `\${localEnv:${name}} names a secret; secrets never enter the sandbox (the credential proxy attaches keys on the host)`,
-          });
-          return "";
+    return value.replace(
+      /\$\{([A-Za-z]+)(?::([^}:]*))?(?::([^}]*))?\}/g,
+      (match, kind, name, fallback) => {
+        if (kind === "localEnv" || kind === "env") {
+          if (!name) return match;
+          if (isSecretName(name)) {
+            issues.push({
+              path,
+              message:
+                `\${localEnv:${name}} names a secret; secrets never enter the sandbox (the credential proxy attaches keys on the host)`,
+            });
+            return "";
+          }
+          return hostEnv(name) ?? fallback ?? "";
         }
-        return hostEnv(name) ?? fallback ?? "";
-      }
-      if (name === undefined && kind in vars) return vars[kind];
-      return match;
-    });
+        if (name === undefined && kind in vars) return vars[kind];
+        return match;
+      },
+    );
   }
-  if (Array.isArray(value)) return value.map((v, i) => substituteLocal(v, vars, hostEnv, issues, `${path}[${i}]`));
+  if (Array.isArray(value)) {
+    return value.map((v, i) => substituteLocal(v, vars, hostEnv, issues, `${path}[${i}]`));
+  }
   if (isRecord(value)) {
     return Object.fromEntries(
-      Object.entries(value).map(([k, v]) => [k, substituteLocal(v, vars, hostEnv, issues, path ? `${path}.${k}` : k)]),
+      Object.entries(value).map((
+        [k, v],
+      ) => [k, substituteLocal(v, vars, hostEnv, issues, path ? `${path}.${k}` : k)]),
     );
   }
   return value;
@@ -382,11 +494,16 @@ function substituteLocal(
 /** Substitute `${containerEnv:NAME}` and `${containerEnv:NAME:default}` from the container's environment. */
 export function substituteContainerEnv<T>(value: T, env: Record<string, string>): T {
   if (typeof value === "string") {
-    return value.replace(/\$\{containerEnv:([^}:]+)(?::([^}]*))?\}/g, (_m, name, fallback) => env[name] ?? fallback ?? "") as T;
+    return value.replace(
+      /\$\{containerEnv:([^}:]+)(?::([^}]*))?\}/g,
+      (_m, name, fallback) => env[name] ?? fallback ?? "",
+    ) as T;
   }
   if (Array.isArray(value)) return value.map((v) => substituteContainerEnv(v, env)) as T;
   if (isRecord(value)) {
-    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, substituteContainerEnv(v, env)])) as T;
+    return Object.fromEntries(
+      Object.entries(value).map(([k, v]) => [k, substituteContainerEnv(v, env)]),
+    ) as T;
   }
   return value;
 }
@@ -394,40 +511,115 @@ export function substituteContainerEnv<T>(value: T, env: Record<string, string>)
 /** Where the workspace may not appear: system folders, and the sandbox's own. */
 function workspaceFolderProblem(folder: string): string | undefined {
   if (!folder.startsWith("/")) return "expected an absolute path";
-  const reserved = ["/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run", "/sbin", "/sys", "/tmp", "/usr", "/var", "/home", "/workspace", "/opt/sandbox", "/home/sandbox"];
-  if (reserved.includes(folder)) return `"${folder}" is a system folder: use a folder of its own, like /workspaces/name`;
-  const inside = ["/proc/", "/sys/", "/dev/", "/tmp/", "/workspace/", "/home/sandbox/", "/opt/sandbox/", "/usr/", "/etc/", "/bin/", "/sbin/", "/lib/", "/lib64/"];
-  if (inside.some((prefix) => folder.startsWith(prefix))) return `"${folder}" is inside a folder the sandbox or the system owns: use one like /workspaces/name`;
+  const reserved = [
+    "/",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/opt",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/var",
+    "/home",
+    "/workspace",
+    "/opt/sandbox",
+    "/home/sandbox",
+  ];
+  if (reserved.includes(folder)) {
+    return `"${folder}" is a system folder: use a folder of its own, like /workspaces/name`;
+  }
+  const inside = [
+    "/proc/",
+    "/sys/",
+    "/dev/",
+    "/tmp/",
+    "/workspace/",
+    "/home/sandbox/",
+    "/opt/sandbox/",
+    "/usr/",
+    "/etc/",
+    "/bin/",
+    "/sbin/",
+    "/lib/",
+    "/lib64/",
+  ];
+  if (inside.some((prefix) => folder.startsWith(prefix))) {
+    return `"${folder}" is inside a folder the sandbox or the system owns: use one like /workspaces/name`;
+  }
   return undefined;
 }
 
 /** The committed files the build reads must be what they claim: no symlink can point the host at its own files. */
-async function checkCommittedFiles(repoPath: string, base: string, source: ImageSource, features: string[], where: string): Promise<void> {
+async function checkCommittedFiles(
+  repoPath: string,
+  base: string,
+  source: ImageSource,
+  features: string[],
+  where: string,
+): Promise<void> {
   const issues: ConfigIssue[] = [];
   if (source.kind === "build") {
     const dockerfile = await treeEntry(repoPath, base, source.dockerfile);
-    if (dockerfile?.type !== "blob") issues.push({ path: "build.dockerfile", message: `"${source.dockerfile}" is not a committed file` });
-    else if (dockerfile.mode === "120000") issues.push({ path: "build.dockerfile", message: `"${source.dockerfile}" is a symbolic link; name the file itself` });
-    const context = source.context ? await treeEntry(repoPath, base, source.context) : { type: "tree" };
-    if (context?.type !== "tree") issues.push({ path: "build.context", message: `"${source.context}" is not a committed folder` });
+    if (dockerfile?.type !== "blob") {
+      issues.push({
+        path: "build.dockerfile",
+        message: `"${source.dockerfile}" is not a committed file`,
+      });
+    } else if (dockerfile.mode === "120000") {
+      issues.push({
+        path: "build.dockerfile",
+        message: `"${source.dockerfile}" is a symbolic link; name the file itself`,
+      });
+    }
+    const context = source.context
+      ? await treeEntry(repoPath, base, source.context)
+      : { type: "tree" };
+    if (context?.type !== "tree") {
+      issues.push({
+        path: "build.context",
+        message: `"${source.context}" is not a committed folder`,
+      });
+    }
   }
   for (const feature of features) {
     const entry = await treeEntry(repoPath, base, feature);
     if (entry?.type !== "tree") {
-      issues.push({ path: "features", message: `local feature "${feature}" is not a committed folder` });
+      issues.push({
+        path: "features",
+        message: `local feature "${feature}" is not a committed folder`,
+      });
       continue;
     }
-    const files = await git(repoPath, ["ls-tree", "-r", "-z", base, "--", `${feature}/`], `list feature ${feature}`);
+    const files = await git(
+      repoPath,
+      ["ls-tree", "-r", "-z", base, "--", `${feature}/`],
+      `list feature ${feature}`,
+    );
     const names = new Set<string>();
     for (const line of files.split("\0").filter(Boolean)) {
       const [meta, name] = line.split("\t");
       names.add(name.slice(feature.length + 1));
       if (meta.startsWith("120000")) {
-        issues.push({ path: "features", message: `local feature "${feature}" holds a symbolic link ("${name}"): features are copied on the host, so links are refused` });
+        issues.push({
+          path: "features",
+          message:
+            `local feature "${feature}" holds a symbolic link ("${name}"): features are copied on the host, so links are refused`,
+        });
       }
     }
     for (const required of ["devcontainer-feature.json", "install.sh"]) {
-      if (!names.has(required)) issues.push({ path: "features", message: `local feature "${feature}" has no ${required}` });
+      if (!names.has(required)) {
+        issues.push({ path: "features", message: `local feature "${feature}" has no ${required}` });
+      }
     }
   }
   if (issues.length > 0) throw new ConfigError(where, issues);
@@ -440,12 +632,21 @@ interface TreeEntry {
 }
 
 /** The entry `path` in commit `base`, or undefined when it has none. */
-export async function treeEntry(repoPath: string, base: string, path: string): Promise<TreeEntry | undefined> {
+export async function treeEntry(
+  repoPath: string,
+  base: string,
+  path: string,
+): Promise<TreeEntry | undefined> {
   if (path === "") {
-    const oid = (await git(repoPath, ["rev-parse", `${base}^{tree}`], "read the commit's tree")).trim();
+    const oid = (await git(repoPath, ["rev-parse", `${base}^{tree}`], "read the commit's tree"))
+      .trim();
     return { mode: "040000", type: "tree", oid };
   }
-  const out = await git(repoPath, ["ls-tree", "-z", "--full-tree", base, "--", path], `look up ${path}`);
+  const out = await git(
+    repoPath,
+    ["ls-tree", "-z", "--full-tree", base, "--", path],
+    `look up ${path}`,
+  );
   const line = out.split("\0").find((l) => l.endsWith(`\t${path}`));
   if (!line) return undefined;
   const [mode, type, oid] = line.split("\t")[0].split(" ");
@@ -455,7 +656,10 @@ export async function treeEntry(repoPath: string, base: string, path: string): P
 async function git(repoPath: string, args: string[], what: string): Promise<string> {
   const result = await run(["git", "-C", repoPath, ...args], { env: { GIT_TERMINAL_PROMPT: "0" } });
   if (result.exitCode !== 0) {
-    throw new SandboxError("exec_failed", `Cannot ${what} in "${repoPath}": ${result.stderr.trim().split("\n")[0]}`);
+    throw new SandboxError(
+      "exec_failed",
+      `Cannot ${what} in "${repoPath}": ${result.stderr.trim().split("\n")[0]}`,
+    );
   }
   return result.stdout;
 }
@@ -472,7 +676,10 @@ function repoRelative(dir: string, rel: string, what: string): string {
 function safeRepoRelative(dir: string, rel: string, path: string, issues: ConfigIssue[]): string {
   const resolved = normalizeRelative(dir, rel);
   if (resolved === undefined) {
-    issues.push({ path, message: `"${rel}" leaves the repository; only its own committed files can be used` });
+    issues.push({
+      path,
+      message: `"${rel}" leaves the repository; only its own committed files can be used`,
+    });
     return "";
   }
   return resolved;

@@ -33,23 +33,43 @@ export interface WorkspaceOptions {
 }
 
 /** Point the workspace folder at the run's worktree and run the lifecycle commands; returns the agent's cwd. */
-export async function prepareWorkspace(provider: SandboxProvider, options: WorkspaceOptions): Promise<string> {
+export async function prepareWorkspace(
+  provider: SandboxProvider,
+  options: WorkspaceOptions,
+): Promise<string> {
   const folder = options.subdir ? `${options.worktree}/${options.subdir}` : options.worktree;
-  const script = 'ln -sfn "$1" "$2" && if [ -L "$3" ] && [ "$(readlink "$3")" = "$2" ]; then echo "$3"; else echo "$1"; fi';
-  const linked = await provider.exec(["sh", "-c", script, "sh", folder, WORKSPACE_LINK, options.workspaceFolder], {
+  const script =
+    'ln -sfn "$1" "$2" && if [ -L "$3" ] && [ "$(readlink "$3")" = "$2" ]; then echo "$3"; else echo "$1"; fi';
+  const linked = await provider.exec([
+    "sh",
+    "-c",
+    script,
+    "sh",
+    folder,
+    WORKSPACE_LINK,
+    options.workspaceFolder,
+  ], {
     signal: options.signal,
     timeoutMs: 30_000,
   });
   if (linked.exitCode !== 0) {
-    throw new SandboxError("exec_failed", `Cannot link the devcontainer's workspace folder to "${folder}"`, {
-      detail: tail(linked.stderr),
-    });
+    throw new SandboxError(
+      "exec_failed",
+      `Cannot link the devcontainer's workspace folder to "${folder}"`,
+      {
+        detail: tail(linked.stderr),
+      },
+    );
   }
   const cwd = linked.stdout.trim();
   if (cwd !== options.workspaceFolder) {
-    options.onProgress?.(`note: the image already has files at ${options.workspaceFolder}; the agent works in ${folder}`);
+    options.onProgress?.(
+      `note: the image already has files at ${options.workspaceFolder}; the agent works in ${folder}`,
+    );
   }
-  const env = Object.fromEntries(Object.entries(options.env).filter(([name]) => LIFECYCLE_ENV.test(name)));
+  const env = Object.fromEntries(
+    Object.entries(options.env).filter(([name]) => LIFECYCLE_ENV.test(name)),
+  );
   await runLifecycle(provider, options.lifecycle, { ...options, cwd, env });
   return cwd;
 }
@@ -58,13 +78,23 @@ export async function prepareWorkspace(provider: SandboxProvider, options: Works
 export async function runLifecycle(
   provider: SandboxProvider,
   steps: LifecycleStep[],
-  options: { cwd: string; env: Record<string, string>; timeoutMs: number; signal?: AbortSignal; onProgress?: (line: string) => void },
+  options: {
+    cwd: string;
+    env: Record<string, string>;
+    timeoutMs: number;
+    signal?: AbortSignal;
+    onProgress?: (line: string) => void;
+  },
 ): Promise<void> {
   for (const step of steps) {
     const commands = typeof step.command === "string" || Array.isArray(step.command)
       ? [[step.hook, step.command] as const]
-      : Object.entries(step.command).map(([name, command]) => [`${step.hook}.${name}`, command] as const);
-    await Promise.all(commands.map(([label, command]) => runOne(provider, label, step.source, command, options)));
+      : Object.entries(step.command).map(([name, command]) =>
+        [`${step.hook}.${name}`, command] as const
+      );
+    await Promise.all(
+      commands.map(([label, command]) => runOne(provider, label, step.source, command, options)),
+    );
   }
 }
 
@@ -73,7 +103,13 @@ async function runOne(
   label: string,
   source: string,
   command: string | string[],
-  options: { cwd: string; env: Record<string, string>; timeoutMs: number; signal?: AbortSignal; onProgress?: (line: string) => void },
+  options: {
+    cwd: string;
+    env: Record<string, string>;
+    timeoutMs: number;
+    signal?: AbortSignal;
+    onProgress?: (line: string) => void;
+  },
 ): Promise<void> {
   const argv = typeof command === "string" ? ["/bin/sh", "-c", command] : command;
   const shown = typeof command === "string" ? command : JSON.stringify(command);
@@ -95,18 +131,34 @@ async function runOne(
     throw failure(label, source, shown, error);
   });
   if (outcome.exitCode !== 0) {
-    throw new SandboxError("exec_failed", `Devcontainer ${label} failed: ${clip(shown)} exited with code ${outcome.exitCode}`, {
-      detail: `${source === "devcontainer.json" ? "" : `It comes from ${source}. `}Its output is above; fix the command, or remove it from the configuration`,
-    });
+    throw new SandboxError(
+      "exec_failed",
+      `Devcontainer ${label} failed: ${clip(shown)} exited with code ${outcome.exitCode}`,
+      {
+        detail: `${
+          source === "devcontainer.json" ? "" : `It comes from ${source}. `
+        }Its output is above; fix the command, or remove it from the configuration`,
+      },
+    );
   }
 }
 
 function failure(label: string, source: string, shown: string, error: unknown): SandboxError {
   if (error instanceof SandboxError && (error.code === "interrupted" || error.code === "timeout")) {
-    return new SandboxError(error.code, `Devcontainer ${label} (${clip(shown)}${source === "devcontainer.json" ? "" : `, from ${source}`}): ${error.message}`, { cause: error });
+    return new SandboxError(
+      error.code,
+      `Devcontainer ${label} (${clip(shown)}${
+        source === "devcontainer.json" ? "" : `, from ${source}`
+      }): ${error.message}`,
+      { cause: error },
+    );
   }
   if (error instanceof SandboxError) return error;
-  return new SandboxError("exec_failed", `Devcontainer ${label} failed: ${(error as Error).message}`, { cause: error });
+  return new SandboxError(
+    "exec_failed",
+    `Devcontainer ${label} failed: ${(error as Error).message}`,
+    { cause: error },
+  );
 }
 
 function clip(text: string): string {

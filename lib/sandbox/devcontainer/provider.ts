@@ -9,11 +9,11 @@
  */
 import type { Profile } from "../../config.ts";
 import { DockerCli } from "../docker.ts";
-import { DockerSandboxProvider, type DockerProviderOptions } from "../docker_provider.ts";
+import { type DockerProviderOptions, DockerSandboxProvider } from "../docker_provider.ts";
 import type { SandboxProvider } from "../provider.ts";
 import { SandboxError } from "../../errors.ts";
 import { resolveLocalRepo } from "../../repo/local.ts";
-import { readDevcontainerConfig, type DevcontainerConfig } from "./config.ts";
+import { type DevcontainerConfig, readDevcontainerConfig } from "./config.ts";
 import { type DevcontainerImage, ensureDevcontainerImage } from "./image.ts";
 import { prepareWorkspace } from "./lifecycle.ts";
 import { type DevcontainerRuntime, resolveRuntime, userFor } from "./runtime.ts";
@@ -45,14 +45,23 @@ export interface Devcontainer {
  * Read the repository's devcontainer configuration (committed, at `base`), build its image when it
  * changed, and warn once on stderr about every key that is never applied.
  */
-export async function openDevcontainer(profile: Profile, options: OpenDevcontainerOptions): Promise<Devcontainer> {
+export async function openDevcontainer(
+  profile: Profile,
+  options: OpenDevcontainerOptions,
+): Promise<Devcontainer> {
   if (profile.sandbox.mode !== "devcontainer") {
-    throw new TypeError(`openDevcontainer needs sandbox mode "devcontainer", not "${profile.sandbox.mode}"`);
+    throw new TypeError(
+      `openDevcontainer needs sandbox mode "devcontainer", not "${profile.sandbox.mode}"`,
+    );
   }
   const settings = profile.sandbox.devcontainer;
   const repo = await resolveLocalRepo(options.repo, options.base);
   if (repo.uncommitted > 0) {
-    options.onProgress?.(`note: the devcontainer is built from ${repo.baseName} (${repo.base.slice(0, 12)}) as committed; uncommitted changes are not used`);
+    options.onProgress?.(
+      `note: the devcontainer is built from ${repo.baseName} (${
+        repo.base.slice(0, 12)
+      }) as committed; uncommitted changes are not used`,
+    );
   }
   const config = await readDevcontainerConfig(repo.path, repo.base, {
     config: settings.config,
@@ -69,7 +78,10 @@ export async function openDevcontainer(profile: Profile, options: OpenDevcontain
     force: options.force,
     userFor: (metadata, imageUser) => userFor(config, metadata, imageUser, settings.allow_root),
   });
-  const runtime = resolveRuntime(config, image, { allowRoot: settings.allow_root, imageUser: image.imageUser });
+  const runtime = resolveRuntime(config, image, {
+    allowRoot: settings.allow_root,
+    imageUser: image.imageUser,
+  });
   for (const warning of runtime.warnings) options.onProgress?.(`warning: ${warning}`);
   const sandbox = profile.sandbox;
   return {
@@ -83,14 +95,20 @@ export async function openDevcontainer(profile: Profile, options: OpenDevcontain
         mode: "container",
         image: image.tag,
         // The profile's own settings win over what the repository asks for.
-        environment: { ...sandbox.environment, set: { ...runtime.env, ...sandbox.environment.set } },
+        environment: {
+          ...sandbox.environment,
+          set: { ...runtime.env, ...sandbox.environment.set },
+        },
       },
     },
   };
 }
 
 /** The Docker provider for an opened devcontainer. */
-export function devcontainerProvider(devcontainer: Devcontainer, options: DockerProviderOptions = {}): DockerSandboxProvider {
+export function devcontainerProvider(
+  devcontainer: Devcontainer,
+  options: DockerProviderOptions = {},
+): DockerSandboxProvider {
   return new DockerSandboxProvider(devcontainer.profile, options);
 }
 
@@ -101,7 +119,13 @@ export function devcontainerProvider(devcontainer: Devcontainer, options: Docker
 export async function prepareDevcontainerWorkspace(
   provider: SandboxProvider,
   devcontainer: Devcontainer,
-  options: { worktree: string; env: Record<string, string>; timeoutMs: number; signal?: AbortSignal; onProgress?: (line: string) => void },
+  options: {
+    worktree: string;
+    env: Record<string, string>;
+    timeoutMs: number;
+    signal?: AbortSignal;
+    onProgress?: (line: string) => void;
+  },
 ): Promise<string> {
   return await prepareWorkspace(provider, {
     ...options,
@@ -114,12 +138,13 @@ export async function prepareDevcontainerWorkspace(
 /** Mode devcontainer takes a local repository; say so clearly for anything else. */
 export function requireLocalRepo(repo: string | undefined, isRemote: boolean): void {
   if (isRemote) {
-    throw new SandboxError("usage", "Sandbox mode \"devcontainer\" works on a local repository", {
-      detail: "Its image is built from the repository's committed devcontainer configuration on this machine: clone it and pass --repo PATH",
+    throw new SandboxError("usage", 'Sandbox mode "devcontainer" works on a local repository', {
+      detail:
+        "Its image is built from the repository's committed devcontainer configuration on this machine: clone it and pass --repo PATH",
     });
   }
   if (repo === undefined) {
-    throw new SandboxError("usage", "Sandbox mode \"devcontainer\" needs --repo", {
+    throw new SandboxError("usage", 'Sandbox mode "devcontainer" needs --repo', {
       detail: "The sandbox image is built from that repository's devcontainer configuration",
     });
   }

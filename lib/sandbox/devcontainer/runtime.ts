@@ -34,7 +34,8 @@ export interface DevcontainerRuntime {
 }
 
 /** Variables the sandbox itself sets: a devcontainer may not override them. */
-const RESERVED_ENV = /^(HOME|USER|IS_SANDBOX|DENO_DIR|SANDBOX_.*|OPENAI_.*|ANTHROPIC_.*|(HTTPS?|NO|ALL)_PROXY|(https?|no|all)_proxy)$/;
+const RESERVED_ENV =
+  /^(HOME|USER|IS_SANDBOX|DENO_DIR|SANDBOX_.*|OPENAI_.*|ANTHROPIC_.*|(HTTPS?|NO|ALL)_PROXY|(https?|no|all)_proxy)$/;
 
 /** The user the devcontainer runs as: `remoteUser`, else `containerUser`, else the image's own non-root user. */
 export function userFor(
@@ -49,10 +50,14 @@ export function userFor(
   if (named === undefined) return fromImage && !isRoot(fromImage) ? fromImage : undefined;
   if (!isRoot(named)) return named;
   if (allowRoot) return undefined;
-  throw new SandboxError("config_invalid", `The devcontainer of "${config.repoPath}" asks to run as root (user "${named}")`, {
-    detail: "A sandbox never runs as root. Set remoteUser to a non-root user in " + config.file +
-      ", or set sandbox.devcontainer.allow_root: true in the profile to run it as the unprivileged sandbox user (uid 10001, no capabilities)",
-  });
+  throw new SandboxError(
+    "config_invalid",
+    `The devcontainer of "${config.repoPath}" asks to run as root (user "${named}")`,
+    {
+      detail: "A sandbox never runs as root. Set remoteUser to a non-root user in " + config.file +
+        ", or set sandbox.devcontainer.allow_root: true in the profile to run it as the unprivileged sandbox user (uid 10001, no capabilities)",
+    },
+  );
 }
 
 /** Merge and resolve the run-time settings. */
@@ -72,25 +77,41 @@ export function resolveRuntime(
     }
   }
   for (const volume of image.volumes) {
-    warnings.push(`image: VOLUME ${volume} gets an anonymous Docker volume (not a host path), removed with the container only by docker rm --volumes`);
+    warnings.push(
+      `image: VOLUME ${volume} gets an anonymous Docker volume (not a host path), removed with the container only by docker rm --volumes`,
+    );
   }
   const named = last(entries, "remoteUser") ?? last(entries, "containerUser");
   if (named !== undefined && isRoot(named) && options.allowRoot) {
-    warnings.push(`user "${named}" runs as the unprivileged sandbox user (uid 10001, no capabilities): allow_root never gives root`);
+    warnings.push(
+      `user "${named}" runs as the unprivileged sandbox user (uid 10001, no capabilities): allow_root never gives root`,
+    );
   }
   const containerEnv = config.entry.containerEnv ?? {};
-  const remoteEnv: Record<string, string | null> = Object.assign({}, ...entries.map((e) => e.remoteEnv ?? {}));
+  const remoteEnv: Record<string, string | null> = Object.assign(
+    {},
+    ...entries.map((e) => e.remoteEnv ?? {}),
+  );
   const imageEnv = { ...image.env, ...containerEnv };
   const env: Record<string, string> = {};
-  const merged: Record<string, string | null> = { ...containerEnv, ...substituteContainerEnv(remoteEnv, imageEnv) };
+  const merged: Record<string, string | null> = {
+    ...containerEnv,
+    ...substituteContainerEnv(remoteEnv, imageEnv),
+  };
   for (const [name, value] of Object.entries(merged)) {
     if (RESERVED_ENV.test(name)) {
-      warnings.push(`devcontainer.json: environment variable "${name}" is ignored: the sandbox sets it`);
+      warnings.push(
+        `devcontainer.json: environment variable "${name}" is ignored: the sandbox sets it`,
+      );
       continue;
     }
     const refused = value === null ? undefined : refusedEnvReason(name);
     if (refused) {
-      warnings.push(`devcontainer.json: "${name in remoteEnv ? "remoteEnv" : "containerEnv"}.${name}" is refused and not set: ${refused}`);
+      warnings.push(
+        `devcontainer.json: "${
+          name in remoteEnv ? "remoteEnv" : "containerEnv"
+        }.${name}" is refused and not set: ${refused}`,
+      );
       continue;
     }
     if (value !== null) env[name] = value;
@@ -100,8 +121,16 @@ export function resolveRuntime(
     for (const entry of entries) {
       const command = entry[hook];
       if (command === undefined) continue;
-      const source = entry === config.entry ? "devcontainer.json" : entry.id ? `feature "${entry.id}"` : "image metadata";
-      lifecycle.push({ hook, source, command: substituteContainerEnv(command, { ...imageEnv, ...env }) });
+      const source = entry === config.entry
+        ? "devcontainer.json"
+        : entry.id
+        ? `feature "${entry.id}"`
+        : "image metadata";
+      lifecycle.push({
+        hook,
+        source,
+        command: substituteContainerEnv(command, { ...imageEnv, ...env }),
+      });
     }
   }
   return {
@@ -112,7 +141,10 @@ export function resolveRuntime(
   };
 }
 
-function last<K extends "remoteUser" | "containerUser">(entries: MetadataEntry[], key: K): string | undefined {
+function last<K extends "remoteUser" | "containerUser">(
+  entries: MetadataEntry[],
+  key: K,
+): string | undefined {
   for (let i = entries.length - 1; i >= 0; i--) {
     const value = entries[i][key];
     if (typeof value === "string" && value !== "") return value;
