@@ -39,8 +39,8 @@ function label(value: unknown): string {
  */
 export function shellQuote(path: string): string {
   if (/^[A-Za-z0-9_\/.,:@%+=-]+$/.test(path)) return path;
-  // deno-lint-ignore no-control-regex -- finding control characters is the point
   if (
+    // deno-lint-ignore no-control-regex -- finding control characters is the point
     !/[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/.test(
       path,
     )

@@ -8,6 +8,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/provision.sh
 
+# House rules the tools check: formatting (deno fmt) and lint (deno lint), before any test runs.
+if [ "$#" -eq 0 ]; then
+  deno fmt --check || { echo "tests: files are not formatted (run: deno fmt)" >&2; exit 1; }
+  deno lint || { echo "tests: lint failed (run: deno lint)" >&2; exit 1; }
+fi
+
 log="$(mktemp /tmp/sandbox-test.XXXXXX.log)"
 trap 'rm -f "$log"' EXIT
 set +e

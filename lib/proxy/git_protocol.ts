@@ -229,8 +229,8 @@ export function pushViolation(updates: RefUpdate[], allowed: string | false): st
 /** Text from the sandbox, safe to quote in a message or log: controls escaped, length bounded. */
 function printable(text: string): string {
   const shown = text.length > 200 ? `${text.slice(0, 200)}…` : text;
-  // deno-lint-ignore no-control-regex
   return shown.replace(
+    // deno-lint-ignore no-control-regex -- finding control characters is the point
     /[\x00-\x1f\x7f-\x9f]/g,
     (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`,
   );

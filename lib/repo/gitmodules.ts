@@ -17,6 +17,7 @@ import { run, spawn } from "../process.ts";
 
 /** The largest tree or commit read whole (a directory of a million files takes ~40 MB). */
 const MAX_OBJECT_BYTES = 256 * 1024 ** 2;
+// deno-lint-ignore no-control-regex -- finding control characters is the point
 const CONTROL = /[\u0000-\u001f\u007f]/;
 
 /** Whether a tree entry's name is one git reads as `.gitmodules` (fsck's own test, in short). */

@@ -38,8 +38,8 @@ const NAMED: Record<string, string> = {
  * become plain newlines.
  */
 export function escapeControls(text: string): string {
-  // deno-lint-ignore no-control-regex
   return text.replace(/\r\n/g, "\n").replace(
+    // deno-lint-ignore no-control-regex -- finding control characters is the point
     /[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]/g,
     (c) => {
       const code = c.charCodeAt(0);

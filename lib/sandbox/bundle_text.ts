@@ -258,5 +258,6 @@ function asciiWhereSafe(text: string): string {
 
 /** Whether the text is ASCII only: the bundled CLI must be (scripts/bundle_post.ts checks it). */
 export function isAscii(text: string): boolean {
+  // deno-lint-ignore no-control-regex -- the whole ASCII range, NUL included
   return !/[^\x00-\x7f]/.test(text);
 }

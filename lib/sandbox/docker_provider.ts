@@ -28,9 +28,8 @@ import { forget } from "./pool_records.ts";
 import { readSnapshot, SNAPSHOT_REPOSITORY } from "./snapshot.ts";
 import { CACHE_DIR } from "../repo/cache_layout.ts";
 import { execStreamOf } from "./exec_stream.ts";
-import { trace } from "../trace.ts";
 import { execEnvByName, runEnvByName } from "./docker_env.ts";
-import { type DiskWatch, type DiskWatcher, startDiskWatch } from "./disk_watch.ts";
+import { type DiskWatch, startDiskWatch } from "./disk_watch.ts";
 import { type Child, spawn, spawnDetached } from "../process.ts";
 import {
   engineMayShareFilesystem,
@@ -57,7 +56,7 @@ import type {
 } from "./provider.ts";
 
 export { RELAY_UID, RELAY_USER, SANDBOX_UID, SANDBOX_USER } from "./users.ts";
-import { RELAY_UID, RELAY_USER, SANDBOX_UID, SANDBOX_USER } from "./users.ts";
+import { RELAY_USER, SANDBOX_UID, SANDBOX_USER } from "./users.ts";
 /** Exec ids of relays start with this (lib/proxy/session.ts): they are stopped as the relay's uid. */
 export const RELAY_EXEC_PREFIX = "relay-";
 export const WORKSPACE_DIR = "/workspace";

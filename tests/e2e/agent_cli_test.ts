@@ -13,7 +13,7 @@
  * branches come back.
  */
 import assert from "node:assert/strict";
-import { CLI_TIMEOUT_MS, repoContainerOf, RunFixture } from "../_run_fixture.ts";
+import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
 import { type AgentStep, FakeAgentLlm } from "../_fake_agent_llm.ts";
 import { MESSAGE_KEYS, USAGE_KEYS } from "../_seed_schema.ts";
 import {

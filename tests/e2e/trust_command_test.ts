@@ -126,7 +126,7 @@ Deno.test("sandbox trust takes an agent configuration directory file by file, sh
   );
   assert.match(
     trusted.stdout,
-    /\.claude\/settings\.json \(sha256 [0-9a-f]{12}\); it sets:\n  hooks "Stop" .*\n  apiKeyHelper "echo k" \(a command the agent runs\)/,
+    /\.claude\/settings\.json \(sha256 [0-9a-f]{12}\); it sets:\n {2}hooks "Stop" .*\n {2}apiKeyHelper "echo k" \(a command the agent runs\)/,
   );
   assert.match(trusted.stderr, /not trusted: .*\/\.claude\/link is not a regular file/);
   const listed = JSON.parse((await t.cli(["trust", "--list", "--json"])).stdout);

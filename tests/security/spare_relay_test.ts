@@ -136,7 +136,10 @@ Deno.test({
     await withEnv({ [KEY_ENV]: KEY }, async () => {
       try {
         await provider.ensureRunning();
-        let spare = await session(async (first) => assert.equal(first.relay.transport, "socket"));
+        let spare = await session((first) => {
+          assert.equal(first.relay.transport, "socket");
+          return Promise.resolve();
+        });
 
         await t.step(
           "the agent cannot read the spare's key: not in its environment (its own process's is readable), nowhere in the sandbox's files",

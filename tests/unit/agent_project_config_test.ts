@@ -152,6 +152,7 @@ Deno.test("the summary of an agent file says what it would change and cannot wri
     'apiKeyHelper "echo \\u009b31m" (a command the agent runs)',
     'also "permissions"',
   ]);
+  // deno-lint-ignore no-control-regex -- finding control characters is the point
   for (const line of settings) assert.ok(!/[\u0000-\u001f\u007f-\u009f]/.test(line), line);
   assert.deepEqual(
     summarizeAgentFile(".mcp.json", bytes('{"mcpServers": {"a": {"url": "http://h"}}}')),

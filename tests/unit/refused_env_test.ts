@@ -130,7 +130,7 @@ Deno.test("a devcontainer's containerEnv and remoteEnv lose the refused names, e
   assert.ok(!runtime.warnings.some((w) => w.includes("BASH_ENV")));
 });
 
-Deno.test("a profile's environment.set and passthrough lose the refused names, named by their key; the container never gets them", async () => {
+Deno.test("a profile's environment.set and passthrough lose the refused names, named by their key; the container never gets them", () => {
   const parsed = parseConfig(
     "profiles:\n  work:\n    sandbox:\n      environment:\n        set: {LD_PRELOAD: /x.so, GREETING: hello, NODE_OPTIONS: --inspect}\n        passthrough: [PERL5LIB, TERM]\n",
   );
