@@ -939,4 +939,15 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/lock_test.ts"],
   },
   ...SECRET_NAME_RULES,
+  {
+    name: "the host's fetch of a remote carries the credential on git's command line",
+    file: "lib/repo/remote_mirror.ts",
+    find: `"fetch",
+      "-q",`,
+    replace:
+      `...(env.GIT_CONFIG_VALUE_1 ? ["-c", \`http.extraHeader=\${env.GIT_CONFIG_VALUE_1}\`] : []),
+      "fetch",
+      "-q",`,
+    tests: ["tests/unit/remote_mirror_test.ts"],
+  },
 ];

@@ -2,9 +2,9 @@
  * A local repository in and out of a sandbox, as git objects only.
  *
  * In: the committed state of the base commit is sent as a pack (`git pack-objects`, thin, against
- * what the sandbox's bare repository already has) into `/workspace/repos/<key>.git`, and the run
- * gets its own worktree and branch there. Nothing of the user's working tree, index, hooks or
- * config goes in, and no host path is mounted.
+ * what the repository's cache already has) into the cache (lib/repo/cache.ts), and the run gets a
+ * checkout of its own that borrows the cache's objects. Nothing of the user's working tree, index,
+ * hooks or config goes in, and no host path is mounted.
  *
  * Out: the sandbox's pack for `base..result` lands in a quarantine repository on the host (which
  * borrows the user's objects read-only as alternates), is checked object by object (`--strict`),
@@ -20,7 +20,6 @@ import { type ProcessOutcome, run, spawn } from "../process.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
 import { CACHE_OBJECTS } from "./cache_layout.ts";
 
-export const REPOS_DIR = "/workspace/repos";
 export const WORKTREES_DIR = "/workspace/worktrees";
 /** A sandbox may send back at most this much (a hostile one could try to fill the host's disk). */
 export const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
@@ -29,12 +28,6 @@ export const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
  * hooks path or an fsmonitor command in the shared repository, and none of them may run for us.
  */
 export const SAFE_GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false";
-/**
- * Sandbox script: make the bare repository `$1` if missing, and reset what an earlier run's agent
- * could have changed in it to run code for the next (config, hooks).
- */
-export const RESET_BARE = '[ -d "$1" ] || git init -q --bare "$1"; rm -rf "$1/hooks"; ' +
-  "printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfilemode = true\\n\\tbare = true\\n' >\"$1/config\"";
 /** Identity of the commit the tool makes of changes the agent left uncommitted. */
 export const TOOL_IDENTITY = { name: "sandbox", email: "sandbox@localhost" } as const;
 

@@ -42,11 +42,11 @@ import {
   finishRemoteRun,
   gitRemoteFor,
   isRemoteUrl,
-  prepareRemoteWorktree,
   remoteAuthorization,
   type RemoteRepo,
   resolveRemoteRepo,
 } from "../repo/remote.ts";
+import { fetchRemote } from "../repo/remote_mirror.ts";
 import { run } from "../process.ts";
 import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
 import { openSession, type SandboxSession, startHostProxies } from "../proxy/session.ts";
@@ -659,7 +659,7 @@ async function prepare(
   const poolOptions = {
     agent: context.agent,
     repository,
-    cacheVolume: local && repository ? cacheVolumeName(repository) : undefined,
+    cacheVolume: repository ? cacheVolumeName(repository) : undefined,
     onProgress: request.onProgress,
   };
   const workerOptions = {
@@ -685,18 +685,22 @@ async function prepare(
     refill();
     await refilling;
   });
+  // The user's credential for a remote: used on the host, by its fetch and by the git proxy.
+  const authorization = remote
+    ? remoteAuthorization(remote.remote, {
+      token: profile.git.token,
+      keys: context.keys,
+      redactor: context.redactor,
+    })
+    : undefined;
   const openFor = (provider: DockerSandboxProvider) =>
     openSession(profile, provider, {
       ...sessionOptions,
-      gitRemote: remote
+      gitRemote: remote && authorization
         ? gitRemoteFor(remote.remote, {
           branch: remote.branch,
           push: request.repo?.push === true,
-          authorization: remoteAuthorization(remote.remote, {
-            token: profile.git.token,
-            keys: context.keys,
-            redactor: context.redactor,
-          }),
+          authorization,
         })
         : undefined,
     });
@@ -711,14 +715,21 @@ async function prepare(
   starting.catch(() => {});
   // A run that fails before its job was sent ends the worker's input: it stops.
   context.cleanups.push(async () => (await starting.catch(() => undefined))?.close());
-  const sending = local
-    ? prepareWorktree(sandbox, local.local, {
-      runId: context.id,
-      branch: local.branch,
-      signal,
-      updateCache: () => updateCache(sandbox, poolOptions.cacheVolume!, local.local, signal),
-    })
+  // The repository's base, from the user's repository or from the host's mirror of a remote
+  // (fetched now), checked out from the repository's cache (updated first when it lacks it).
+  const source = local
+    ? Promise.resolve(local.local)
+    : remote && authorization
+    ? fetchRemote(remote.remote, { authorization, signal })
     : undefined;
+  const sending = source?.then((repo) =>
+    prepareWorktree(sandbox, repo, {
+      runId: context.id,
+      branch: (local ?? remote)!.branch,
+      signal,
+      updateCache: () => updateCache(sandbox, poolOptions.cacheVolume!, repo, signal),
+    })
+  );
   sending?.catch(() => {});
   const watch = sandbox.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
   context.cleanups.push(() => watch.close());
@@ -726,25 +737,14 @@ async function prepare(
   context.cleanups.push(() => session.close());
   trace("run: session open");
   let worktree: RunWorktree | undefined;
-  if (remote) {
-    worktree = await prepareRemoteWorktree(sandbox, remote.remote, {
-      runId: context.id,
-      branch: remote.branch,
-      gitUrl: session.gitUrl!,
-      env: session.env,
-      signal,
-    });
-    request.onProgress?.(
-      `fetched ${remote.remote.url} into the sandbox; base ${worktree.base.slice(0, 12)}`,
-    );
-  } else if (local && sending) {
+  if (sending) {
     worktree = await sending;
     const sent = worktree.sentBytes > 0
       ? `; ${worktree.sentBytes} bytes of objects added to its cache`
       : "";
-    request.onProgress?.(
-      `checked out ${local.local.baseName} (${local.local.base.slice(0, 12)})${sent}`,
-    );
+    const from = remote ? `fetched ${remote.remote.url} on the host; ` : "";
+    const baseName = (local?.local ?? remote!.remote).baseName;
+    request.onProgress?.(`${from}checked out ${baseName} (${worktree.base.slice(0, 12)})${sent}`);
   }
   // Kept: the run's container stays (with its checkout) instead of going with the run.
   if (worktree && request.repo?.keepWorktree) keep.worktree = true;
