@@ -26,9 +26,9 @@ import { EXIT, SandboxError } from "../errors.ts";
 import {
   deleteRun,
   indexedIds,
-  indexRun,
   type IndexQuery,
   type IndexRebuild,
+  indexRun,
   openOrReplaceIndex,
   putRun,
   queryRuns,

@@ -106,7 +106,11 @@ Deno.test("an unreadable index is moved aside, never deleted, and rebuilt", asyn
   const rebuilds: IndexRebuild[] = [];
   const runs = await listRuns({ onRebuild: (r) => rebuilds.push(r) });
   assert.deepEqual(runs.map((r) => r.id), [id]);
-  assert.deepEqual(rebuilds, [{ reason: "unreadable", movedTo: `${storePath()}.corrupt`, runs: 1 }]);
+  assert.deepEqual(rebuilds, [{
+    reason: "unreadable",
+    movedTo: `${storePath()}.corrupt`,
+    runs: 1,
+  }]);
   assert.equal(await Deno.readTextFile(`${storePath()}.corrupt`), garbage);
 });
 
