@@ -48,6 +48,22 @@ export interface IndexRebuild {
   runs: number;
 }
 
+/** The database holds something this code cannot read: it is rebuilt. */
+class DamagedIndex extends Error {
+  override name = "DamagedIndex";
+}
+
+/**
+ * A damaged database, as opposed to one that cannot be written now (a full disk, a lock held
+ * too long), which is left alone. `node:sqlite` gives every error the one code
+ * "ERR_SQLITE_ERROR", so SQLite's own messages for SQLITE_NOTADB and SQLITE_CORRUPT are what tell.
+ */
+function isDamaged(error: unknown): boolean {
+  return error instanceof DamagedIndex ||
+    (error instanceof Error &&
+      /file is not a database|database disk image is malformed/.test(error.message));
+}
+
 /** Open (creating if needed) the index; raises when the file is not a usable database. */
 export function openIndex(path = storePath()): DatabaseSync {
   const db = new DatabaseSync(path);
@@ -57,7 +73,7 @@ export function openIndex(path = storePath()): DatabaseSync {
     const version = (db.prepare("PRAGMA user_version").get() as { user_version: number })
       .user_version;
     if (version !== 0 && version !== SCHEMA_VERSION) {
-      throw new Error(`schema version ${version}, expected ${SCHEMA_VERSION}`);
+      throw new DamagedIndex(`schema version ${version}, expected ${SCHEMA_VERSION}`);
     }
     db.exec(SCHEMA);
     db.exec(`PRAGMA user_version = ${SCHEMA_VERSION}`);
@@ -159,7 +175,7 @@ export async function openOrReplaceIndex(): Promise<
     const db = openIndex(path);
     return existed ? { db } : { db, rebuild: { reason: "missing" } };
   } catch (error) {
-    if (!existed) throw error;
+    if (!existed || !isDamaged(error)) throw error;
     const movedTo = `${path}.corrupt`;
     await Deno.rename(path, movedTo);
     for (const suffix of ["-wal", "-shm"]) {
