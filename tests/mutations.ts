@@ -109,6 +109,21 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/egress_keep_alive_test.ts"],
   },
   {
+    name: "a project sandbox.yaml may set state.retention (and remove every project's runs)",
+    file: CONFIG,
+    find:
+      `if (result.kind !== "ok" || result.config.state?.retention === undefined) return result;`,
+    replace: `return result;`,
+    tests: ["tests/unit/retention_test.ts"],
+  },
+  {
+    name: "sandbox prune removes a running run",
+    file: "lib/run/retention.ts",
+    find: `const finished = runs.filter((run) => run.status !== "running");`,
+    replace: `const finished = runs.filter(() => true);`,
+    tests: ["tests/unit/retention_test.ts"],
+  },
+  {
     name: "egress proxy connects by name after checking the address (DNS rebinding)",
     file: EGRESS_PROXY,
     find: `return { conn: await dial(address, target.port, one), address };`,
