@@ -273,6 +273,7 @@ class ProxySession {
 
   async #handle(clientConn: Deno.Conn): Promise<void> {
     this.#track(clientConn);
+    noDelay(clientConn);
     const client = new BufferedConn(clientConn, { bytesIn: 0, bytesOut: 0 });
     let upstream: Upstream | undefined;
     try {
@@ -381,6 +382,7 @@ class ProxySession {
     this.#untrack(open?.conn);
     const connected = await this.#reach(target);
     const conn = this.#track(connected.conn);
+    noDelay(conn);
     return {
       conn,
       reader: new BufferedConn(conn, { bytesIn: 0, bytesOut: 0 }),
@@ -1108,6 +1110,15 @@ function isPortNumber(text: string): boolean {
 
 function errorName(error: unknown): string {
   return error instanceof Error ? error.name : "unknown error";
+}
+
+/**
+ * Small writes (a response head, then its body) go out at once: with Nagle's algorithm, a kept-alive
+ * connection would wait for the peer's delayed ACK (40 ms) on each request.
+ */
+function noDelay(conn: Deno.Conn): void {
+  // Unix socket connections have no such option.
+  if ("setNoDelay" in conn && typeof conn.setNoDelay === "function") conn.setNoDelay(true);
 }
 
 function closeQuietly(resource: { close(): void }): void {
