@@ -119,6 +119,8 @@ export async function runAction(
 async function applyRetention(command: Invocation): Promise<void> {
   const setting = (await configFor(command)).config.state?.retention;
   if (setting === undefined) return;
+  // The run's output is complete before any time goes to pruning.
+  await stdout.flush();
   try {
     const { pruneRuns, retentionPolicy } = await import("../lib/run/retention.ts");
     const report = await pruneRuns(retentionPolicy(setting));
