@@ -6,7 +6,15 @@ import { SandboxError } from "../lib/errors.ts";
 import { MAX_PROMPT_BYTES, MAX_SCHEMA_BYTES, readInputText } from "../lib/input_file.ts";
 import { cliName } from "../lib/cli_name.ts";
 import type { JsonSchema } from "../worker/json_schema.ts";
-import { type Invocation, note, parseTimeout, profileFor, signal, stdout } from "./context.ts";
+import {
+  configFor,
+  type Invocation,
+  note,
+  parseTimeout,
+  profileFor,
+  signal,
+  stdout,
+} from "./context.ts";
 import { progress } from "./progress.ts";
 import { reportError } from "./report.ts";
 import type { AgentName } from "../lib/agents/packages.ts";
@@ -103,5 +111,25 @@ export async function runAction(
   });
   if (outcome.error) reportError(outcome.error);
   if (outcome.storeError) reportError(outcome.storeError);
+  await applyRetention(command);
   return outcome.exitCode;
+}
+
+/** `state.retention`, when configured: finished runs past it go once this run has ended. */
+async function applyRetention(command: Invocation): Promise<void> {
+  const setting = (await configFor(command)).config.state?.retention;
+  if (setting === undefined) return;
+  // The run's output is complete before any time goes to pruning.
+  await stdout.flush();
+  try {
+    const { pruneRuns, retentionPolicy } = await import("../lib/run/retention.ts");
+    const report = await pruneRuns(retentionPolicy(setting));
+    if (report.runs > 0) {
+      const { formatBytes } = await import("../lib/units.ts");
+      note(`state.retention removed ${report.runs} finished runs (${formatBytes(report.bytes)})`);
+    }
+  } catch (error) {
+    // The run's own outcome stands; the records stay for the next run or `sandbox prune`.
+    note(`warning: state.retention could not prune: ${(error as Error).message}`);
+  }
 }

@@ -16,6 +16,7 @@ import { findSecret, isSecretName, knownSecrets } from "./secret_guard.ts";
 import { shellQuote, summarizeConfig } from "./config_summary.ts";
 import { trustStateOf } from "./trust.ts";
 import { refusedEnvReason, withoutRefusedEnv } from "./refused_env.ts";
+import { parseAge } from "./run/retention.ts";
 
 // `parseConfig()` is synchronous: YAML is ready when this module is, unless the CLI deferred it.
 if (!yamlDeferred()) await loadYaml();
@@ -203,7 +204,28 @@ const ProfileSchema = z.object({
   sandbox: SandboxSchema.default({}),
 }).strict();
 
+/**
+ * What happens to the user's run records (the state directory): `retention` prunes finished runs
+ * at the end of each run, as `sandbox prune` does (lib/run/retention.ts). Absent: kept forever.
+ */
+const StateSchema = z.object({
+  retention: z.object({
+    /** Finished runs that ended longer ago than this go. */
+    older_than: z.string({ invalid_type_error: 'expected an age like "30d"' }).refine(
+      (v) => parseAge(v) !== undefined,
+      { message: 'expected an age like "30d", "12h" or "2w"' },
+    ).optional(),
+    /** The newest this many finished runs stay, whatever their age. */
+    keep: z.number({ invalid_type_error: "expected a whole number of runs like 100" })
+      .int({ message: "expected a whole number of runs like 100" })
+      .min(0, { message: "expected a whole number of runs like 100" }).optional(),
+  }).strict().refine((r) => r.older_than !== undefined || r.keep !== undefined, {
+    message: "expected older_than, keep or both",
+  }).optional(),
+}).strict();
+
 const ConfigSchema = z.object({
+  state: StateSchema.optional(),
   default_profile: z.string().regex(PROFILE_NAME, { message: "expected a profile name" })
     .optional(),
   profiles: z.record(z.string(), ProfileSchema).superRefine((profiles, ctx) => {
@@ -547,7 +569,7 @@ export function validateConfigText(
   parsed?: YamlDocument,
 ): ConfigLoadResult {
   let result = parsed ? checkDocument(parsed, file) : parseConfig(text, file);
-  if (source === "project") result = rejectHostCommands(result);
+  if (source === "project") result = rejectUserSettings(rejectHostCommands(result));
   return rejectSecretValues(result);
 }
 
@@ -573,6 +595,23 @@ function rejectHostCommands(result: ConfigLoadResult): ConfigLoadResult {
         "a key command runs on the host, so it is only honoured from ~/.config/sandbox/config.yaml or a file named with --config, not from a project's sandbox.yaml",
     }));
   return issues.length > 0 ? { kind: "invalid", file: result.file, issues } : result;
+}
+
+/**
+ * The state directory is the user's, shared by every project: only the user's own configuration
+ * or a file named with --config says what is removed from it, never a project's sandbox.yaml.
+ */
+function rejectUserSettings(result: ConfigLoadResult): ConfigLoadResult {
+  if (result.kind !== "ok" || result.config.state?.retention === undefined) return result;
+  return {
+    kind: "invalid",
+    file: result.file,
+    issues: [{
+      path: "state.retention",
+      message:
+        "removes run records of every project, so it is only honoured from ~/.config/sandbox/config.yaml or a file named with --config, not from a project's sandbox.yaml",
+    }],
+  };
 }
 
 /**

@@ -91,6 +91,39 @@ export const MUTATIONS: Mutation[] = [
     tests: EGRESS_TESTS,
   },
   {
+    name:
+      "egress proxy: a second request on a kept-alive connection skips the policy and rides the open upstream connection",
+    file: EGRESS_PROXY,
+    find: `if (open?.key === key) {
+      this.#checkPolicy(target);`,
+    replace: `if (open !== undefined) {`,
+    tests: ["tests/security/egress_keep_alive_test.ts"],
+  },
+  {
+    name: "egress proxy: only the first request of a kept-alive connection is logged",
+    file: EGRESS_PROXY,
+    find: `if (tally.bytesOut > 0) {
+        this.#options.log?.write({`,
+    replace: `if (tally.bytesOut > 0 && open === undefined) {
+        this.#options.log?.write({`,
+    tests: ["tests/security/egress_keep_alive_test.ts"],
+  },
+  {
+    name: "a project sandbox.yaml may set state.retention (and remove every project's runs)",
+    file: CONFIG,
+    find:
+      `if (result.kind !== "ok" || result.config.state?.retention === undefined) return result;`,
+    replace: `return result;`,
+    tests: ["tests/unit/retention_test.ts"],
+  },
+  {
+    name: "sandbox prune removes a running run",
+    file: "lib/run/retention.ts",
+    find: `const finished = runs.filter((run) => run.status !== "running");`,
+    replace: `const finished = runs.filter(() => true);`,
+    tests: ["tests/unit/retention_test.ts"],
+  },
+  {
     name: "egress proxy connects by name after checking the address (DNS rebinding)",
     file: EGRESS_PROXY,
     find: `return { conn: await dial(address, target.port, one), address };`,
