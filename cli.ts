@@ -145,6 +145,8 @@ async function outcomeOf(command: () => Promise<void>): Promise<number> {
     await stdout.flush();
     return cliState.endedBySignal ? EXIT.ok : signal.aborted ? EXIT.interrupted : cliState.exitCode;
   } catch (error) {
+    // A stdout already broken (a closed pipe) cannot take the rest; the error reported below is
+    // what the user needs, and it goes to stderr.
     await stdout.flush().catch(() => {});
     if (error instanceof CommanderExit) {
       // Help and version are successes; anything else commander rejects is a usage error.

@@ -80,6 +80,7 @@ export async function fetchTarball(
   try {
     integrity = await writeHashed(body, partial, hash);
   } catch (error) {
+    // The download failed: the error below says so; a partial file left behind is never read.
     await Deno.remove(partial).catch(() => {});
     if (options.signal?.aborted) {
       throw new SandboxError("interrupted", `Downloading ${tarball.spec} was interrupted`);
@@ -91,6 +92,7 @@ export async function fetchTarball(
     );
   }
   if (integrity !== tarball.integrity) {
+    // Refused below; a partial file left behind is never read.
     await Deno.remove(partial).catch(() => {});
     throw new SandboxError(
       "image_build_failed",

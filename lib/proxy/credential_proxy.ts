@@ -583,6 +583,7 @@ async function readBodyCapped(
       if (done) break;
       total += value.byteLength;
       if (total > maxBytes) {
+        // The rest is not wanted; a body that already failed cannot be cancelled, harmlessly.
         await reader.cancel().catch(() => {});
         return "too_large";
       }
@@ -652,6 +653,7 @@ function relayBody(
     },
     async cancel(reason) {
       report("the client went away before the response ended");
+      // Cancelling fails only for an upstream body that already ended or failed: nothing to stop.
       await reader.cancel(reason).catch(() => {});
     },
   }, { highWaterMark: 0 });

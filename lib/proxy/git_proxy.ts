@@ -140,6 +140,7 @@ function chain(
     },
     async cancel(reason) {
       end();
+      // Cancelling fails only for a source that already ended or failed: nothing to stop.
       await reader.cancel(reason).catch(() => {});
     },
   }, { highWaterMark: 4 });

@@ -348,7 +348,13 @@ export async function collectResult(
   provider: SandboxProvider,
   repo: LocalRepo,
   worktree: RunWorktree,
-  options: { runId: string; signal?: AbortSignal; maxBytes?: number },
+  options: {
+    runId: string;
+    signal?: AbortSignal;
+    maxBytes?: number;
+    /** Warnings (a temporary repository that could not be removed). */
+    onProgress?: (line: string) => void;
+  },
 ): Promise<RepoResult> {
   const { committed, head, refs } = await commitLeftovers(provider, worktree, options);
   const ignoredRefs = refsAddedBy(worktree, refs);
@@ -411,7 +417,12 @@ export async function collectResult(
       receivedBytes,
     };
   } finally {
-    await Deno.remove(quarantine, { recursive: true }).catch(() => {});
+    // It holds every object the sandbox sent: one left behind is named, not kept quietly.
+    await Deno.remove(quarantine, { recursive: true }).catch((error) =>
+      options.onProgress?.(
+        `warning: cannot remove the quarantine repository "${quarantine}": ${error.message}`,
+      )
+    );
   }
 }
 
@@ -514,32 +525,4 @@ async function importPack(
     });
   }
   return received;
-}
-
-/** Remove the run's worktree and (unless `keepBranch`) its branch from the sandbox. */
-export async function removeWorktree(
-  provider: SandboxProvider,
-  worktree: RunWorktree,
-  options: { keepBranch?: boolean } = {},
-): Promise<void> {
-  await provider.exec(removeWorktreeArgv(worktree, options), { timeoutMs: 120_000 }).catch(
-    () => {},
-  );
-}
-
-/** The command, run in the sandbox, that removes the run's worktree (and unless `keepBranch` its branch). */
-export function removeWorktreeArgv(
-  worktree: Pick<RunWorktree, "bare" | "path" | "branch">,
-  options: { keepBranch?: boolean } = {},
-): string[] {
-  return [
-    "sh",
-    "-c",
-    `${SAFE_GIT} -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; ${SAFE_GIT} -C "$1" worktree prune; ` +
-    `[ -z "$3" ] || ${SAFE_GIT} -C "$1" branch -D -q "$3" 2>/dev/null; true`,
-    "sh",
-    worktree.bare,
-    worktree.path,
-    options.keepBranch ? "" : worktree.branch,
-  ];
 }
