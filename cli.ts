@@ -16,6 +16,7 @@ import {
   cliState,
   type Invocation,
   note,
+  onSecondInterrupt,
   signal,
   stdout,
 } from "./cli/context.ts";
@@ -174,5 +175,7 @@ export function exitSoon(code: number): void {
 }
 
 if (import.meta.main) {
+  // A second Ctrl-C or SIGTERM ends the process at once, whatever the command is still doing.
+  onSecondInterrupt(() => Deno.exit(EXIT.interrupted));
   exitSoon(await main(Deno.args));
 }
