@@ -340,6 +340,14 @@ async function commitsKnownToHost(repo: LocalRepo, commits: string[]): Promise<s
   );
 }
 
+export interface CollectResultOptions {
+  runId: string;
+  signal?: AbortSignal;
+  maxBytes?: number;
+  /** Warnings (a temporary repository that could not be removed). */
+  onProgress?: (line: string) => void;
+}
+
 /**
  * Commit what the agent left uncommitted, then bring the run branch back into the user's
  * repository as `refs/heads/<branch>` — that one ref, and only objects reachable from it.
@@ -348,13 +356,7 @@ export async function collectResult(
   provider: SandboxProvider,
   repo: LocalRepo,
   worktree: RunWorktree,
-  options: {
-    runId: string;
-    signal?: AbortSignal;
-    maxBytes?: number;
-    /** Warnings (a temporary repository that could not be removed). */
-    onProgress?: (line: string) => void;
-  },
+  options: CollectResultOptions,
 ): Promise<RepoResult> {
   const { committed, head, refs } = await commitLeftovers(provider, worktree, options);
   const ignoredRefs = refsAddedBy(worktree, refs);
@@ -401,19 +403,10 @@ export async function collectResult(
       quarantine,
       `refs/heads/result:refs/heads/${worktree.targetBranch}`,
     ], `bring branch "${worktree.targetBranch}" into ${repo.path}`);
-    const log = await git(
-      ["-C", repo.path, "log", "--format=%h %s", `${worktree.base}..${head}`],
-      "list the run's commits",
-    );
-    const diffstat = await git(
-      ["-C", repo.path, "diff", "--stat", worktree.base, head],
-      "summarise the run's changes",
-    );
     return {
       ...empty,
       commit: head,
-      commits: log.split("\n").filter(Boolean),
-      diffstat: diffstat.trimEnd(),
+      ...await changesSince(repo, worktree.base, head),
       receivedBytes,
     };
   } finally {
@@ -424,6 +417,23 @@ export async function collectResult(
       )
     );
   }
+}
+
+/** The commits from `base` to `head` (`git log --oneline`, newest first) and their diffstat. */
+async function changesSince(
+  repo: LocalRepo,
+  base: string,
+  head: string,
+): Promise<{ commits: string[]; diffstat: string }> {
+  const log = await git(
+    ["-C", repo.path, "log", "--format=%h %s", `${base}..${head}`],
+    "list the run's commits",
+  );
+  const diffstat = await git(
+    ["-C", repo.path, "diff", "--stat", base, head],
+    "summarise the run's changes",
+  );
+  return { commits: log.split("\n").filter(Boolean), diffstat: diffstat.trimEnd() };
 }
 
 /**
