@@ -16,6 +16,7 @@ import {
   cliState,
   type Invocation,
   note,
+  onSecondInterrupt,
   signal,
   stdout,
 } from "./cli/context.ts";
@@ -145,6 +146,8 @@ async function outcomeOf(command: () => Promise<void>): Promise<number> {
     await stdout.flush();
     return cliState.endedBySignal ? EXIT.ok : signal.aborted ? EXIT.interrupted : cliState.exitCode;
   } catch (error) {
+    // A stdout already broken (a closed pipe) cannot take the rest; the error reported below is
+    // what the user needs, and it goes to stderr.
     await stdout.flush().catch(() => {});
     if (error instanceof CommanderExit) {
       // Help and version are successes; anything else commander rejects is a usage error.
@@ -172,5 +175,7 @@ export function exitSoon(code: number): void {
 }
 
 if (import.meta.main) {
+  // A second Ctrl-C or SIGTERM ends the process at once, whatever the command is still doing.
+  onSecondInterrupt(() => Deno.exit(EXIT.interrupted));
   exitSoon(await main(Deno.args));
 }

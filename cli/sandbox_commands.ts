@@ -33,6 +33,20 @@ const repoOption = (devcontainerOnly = false) =>
   );
 
 export function registerSandboxCommands(program: Command): void {
+  registerUp(program);
+  registerDown(program);
+  registerSnapshot(program);
+  registerStop(program);
+  registerStart(program);
+  registerStatus(program);
+  registerExec(program);
+  registerStats(program);
+  registerTeardown(program);
+  registerImageBuild(program);
+}
+
+/** `up`: fills the profile's warm pool. */
+function registerUp(program: Command): void {
   program.command("up")
     .description(
       "fill the profile's warm pool: sandbox.pool fresh sandboxes started ahead, one per run",
@@ -69,7 +83,10 @@ export function registerSandboxCommands(program: Command): void {
         }
       },
     );
+}
 
+/** `down`: removes the profile's containers (and with --volumes its workspace volume). */
+function registerDown(program: Command): void {
   program.command("down")
     .description(
       "stop and remove the profile's sandbox containers (development sandboxes, the warm pool, kept runs)",
@@ -94,7 +111,10 @@ export function registerSandboxCommands(program: Command): void {
           );}
       },
     );
+}
 
+/** `snapshot`: saves (or with --drop forgets) the image the profile's runs start from. */
+function registerSnapshot(program: Command): void {
   program.command("snapshot")
     .description(
       "save the profile's development sandbox (its /workspace and home) as the image its runs start from",
@@ -125,7 +145,10 @@ export function registerSandboxCommands(program: Command): void {
           );}
       },
     );
+}
 
+/** `stop`: stops the development sandbox, keeping its workspace. */
+function registerStop(program: Command): void {
   program.command("stop")
     .description(
       "stop the profile's sandbox without removing it (its workspace stays; start resumes it)",
@@ -139,7 +162,10 @@ export function registerSandboxCommands(program: Command): void {
           `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}; its workspace is kept)`,
         );}
     });
+}
 
+/** `start`: starts the development sandbox, making it when missing. */
+function registerStart(program: Command): void {
   program.command("start")
     .description(
       "start the profile's development sandbox (exec, cp; runs never use it), making it if missing",
@@ -156,7 +182,10 @@ export function registerSandboxCommands(program: Command): void {
           `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}, image ${status.image})`,
         );}
     });
+}
 
+/** `status` and its alias `ls`: the table of every sandbox this tool owns. */
+function registerStatus(program: Command): void {
   const listAction = async (opts: { json?: boolean }) => {
     const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
     const sandboxes = await listSandboxes(new DockerCli(), signal);
@@ -184,7 +213,10 @@ export function registerSandboxCommands(program: Command): void {
   program.command("status").description("list every sandbox this tool owns").addOption(jsonOption())
     .action(listAction);
   program.command("ls").description("same as status").addOption(jsonOption()).action(listAction);
+}
 
+/** `exec`: one command inside the sandbox (the work is in exec_action.ts). */
+function registerExec(program: Command): void {
   program.command("exec")
     .description("run a command inside the sandbox, streaming its output; exits with its exit code")
     .addOption(profileOption()).addOption(repoOption())
@@ -200,7 +232,10 @@ export function registerSandboxCommands(program: Command): void {
       const { execAction } = await import("./exec_action.ts");
       await execAction(argv, opts, command);
     });
+}
 
+/** `stats`: memory, CPU and processes of the running sandboxes. */
+function registerStats(program: Command): void {
   program.command("stats")
     .description("memory, CPU and processes of each running sandbox")
     .addOption(jsonOption())
@@ -223,7 +258,10 @@ export function registerSandboxCommands(program: Command): void {
         ]),
       ));
     });
+}
 
+/** `teardown --all`: removes everything this tool created, by label. */
+function registerTeardown(program: Command): void {
   program.command("teardown")
     .description(
       "remove every container, network and volume this tool created (by label), and nothing else",
@@ -247,7 +285,10 @@ export function registerSandboxCommands(program: Command): void {
         }
       }
     });
+}
 
+/** `image build`: builds the sandbox image, a devcontainer's, or an agent CLI's layer. */
+function registerImageBuild(program: Command): void {
   const image = program.command("image").description("manage the sandbox image");
   image.command("build")
     .description("build (or rebuild) the sandbox image for a profile")
@@ -259,55 +300,63 @@ export function registerSandboxCommands(program: Command): void {
       )
         .choices([...AGENT_CLIS]),
     )
-    .action(
-      async (
-        opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName },
-        command: Command,
-      ) => {
-        const [{ ensureImage }, { ensureAgentImage }] = await Promise.all([
-          import("../lib/sandbox/image.ts"),
-          import("../lib/agents/agent_image.ts"),
-        ]);
-        const profile = await profileFor(command, opts.profile);
-        const docker = new DockerCli();
-        // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
-        const layer = async (base: string) => {
-          const built = await ensureAgentImage(docker, base, opts.agent!, {
-            force: true,
-            onProgress: progress,
-            signal,
-          });
-          if (opts.json) await stdout.json(built);
-          else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
-        };
-        if (profile.sandbox.mode === "devcontainer") {
-          const { openDevcontainer } = await import("../lib/sandbox/devcontainer/provider.ts");
-          const devcontainer = await openDevcontainer(profile, {
-            repo: opts.repo ?? Deno.cwd(),
-            force: !opts.agent,
-            onProgress: progress,
-            signal,
-          });
-          const info = await ensureImage(docker, devcontainer.profile.sandbox.image, {
-            force: !opts.agent,
-            onProgress: progress,
-            signal,
-          });
-          if (opts.agent) return await layer(info.tag);
-          if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
-          else {note(
-              `built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`,
-            );}
-          return;
-        }
-        const info = await ensureImage(docker, profile.sandbox.image, {
-          force: !opts.agent,
-          onProgress: progress,
-          signal,
-        });
-        if (opts.agent) return await layer(info.tag);
-        if (opts.json) await stdout.json(info);
-        else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
-      },
-    );
+    .action(imageBuildAction);
+}
+
+interface ImageBuildFlags {
+  profile?: string;
+  json?: boolean;
+  repo?: string;
+  agent?: AgentCliName;
+}
+
+/**
+ * Builds the profile's image (in mode devcontainer, the devcontainer's first), or with --agent only
+ * the agent CLI's layer on it.
+ */
+async function imageBuildAction(opts: ImageBuildFlags, command: Command): Promise<void> {
+  const [{ ensureImage }, { ensureAgentImage }] = await Promise.all([
+    import("../lib/sandbox/image.ts"),
+    import("../lib/agents/agent_image.ts"),
+  ]);
+  const profile = await profileFor(command, opts.profile);
+  const docker = new DockerCli();
+  // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
+  const layer = async (base: string) => {
+    const built = await ensureAgentImage(docker, base, opts.agent!, {
+      force: true,
+      onProgress: progress,
+      signal,
+    });
+    if (opts.json) await stdout.json(built);
+    else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
+  };
+  if (profile.sandbox.mode === "devcontainer") {
+    const { openDevcontainer } = await import("../lib/sandbox/devcontainer/provider.ts");
+    const devcontainer = await openDevcontainer(profile, {
+      repo: opts.repo ?? Deno.cwd(),
+      force: !opts.agent,
+      onProgress: progress,
+      signal,
+    });
+    const info = await ensureImage(docker, devcontainer.profile.sandbox.image, {
+      force: !opts.agent,
+      onProgress: progress,
+      signal,
+    });
+    if (opts.agent) return await layer(info.tag);
+    if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
+    else {note(
+        `built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`,
+      );}
+    return;
+  }
+  const info = await ensureImage(docker, profile.sandbox.image, {
+    force: !opts.agent,
+    onProgress: progress,
+    signal,
+  });
+  if (opts.agent) return await layer(info.tag);
+  if (opts.json) await stdout.json(info);
+  else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
 }

@@ -586,7 +586,7 @@ export const MUTATIONS: Mutation[] = [
     name: "the disk watch never stops a workspace growing past resources.disk",
     file: "lib/sandbox/disk_watch.ts",
     find: `report[1] === "du" && bytes > options.limitBytes && previous !== undefined &&
-            bytes > previous`,
+        bytes > previous`,
     replace: "false",
     tests: ["tests/unit/disk_watch_test.ts"],
   },

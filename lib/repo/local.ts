@@ -333,6 +333,14 @@ async function commitsKnownToHost(repo: LocalRepo, commits: string[]): Promise<s
   );
 }
 
+export interface CollectResultOptions {
+  runId: string;
+  signal?: AbortSignal;
+  maxBytes?: number;
+  /** Warnings (a temporary repository that could not be removed). */
+  onProgress?: (line: string) => void;
+}
+
 /**
  * Commit what the agent left uncommitted, then bring the run branch back into the user's
  * repository as `refs/heads/<branch>` — that one ref, and only objects reachable from it.
@@ -341,7 +349,7 @@ export async function collectResult(
   provider: SandboxProvider,
   repo: LocalRepo,
   worktree: RunWorktree,
-  options: { runId: string; signal?: AbortSignal; maxBytes?: number },
+  options: CollectResultOptions,
 ): Promise<RepoResult> {
   const { committed, head, refs } = await commitLeftovers(provider, worktree, options);
   const ignoredRefs = refsAddedBy(worktree, refs);
@@ -388,24 +396,37 @@ export async function collectResult(
       quarantine,
       `refs/heads/result:refs/heads/${worktree.targetBranch}`,
     ], `bring branch "${worktree.targetBranch}" into ${repo.path}`);
-    const log = await git(
-      ["-C", repo.path, "log", "--format=%h %s", `${worktree.base}..${head}`],
-      "list the run's commits",
-    );
-    const diffstat = await git(
-      ["-C", repo.path, "diff", "--stat", worktree.base, head],
-      "summarise the run's changes",
-    );
     return {
       ...empty,
       commit: head,
-      commits: log.split("\n").filter(Boolean),
-      diffstat: diffstat.trimEnd(),
+      ...await changesSince(repo, worktree.base, head),
       receivedBytes,
     };
   } finally {
-    await Deno.remove(quarantine, { recursive: true }).catch(() => {});
+    // It holds every object the sandbox sent: one left behind is named, not kept quietly.
+    await Deno.remove(quarantine, { recursive: true }).catch((error) =>
+      options.onProgress?.(
+        `warning: cannot remove the quarantine repository "${quarantine}": ${error.message}`,
+      )
+    );
   }
+}
+
+/** The commits from `base` to `head` (`git log --oneline`, newest first) and their diffstat. */
+async function changesSince(
+  repo: LocalRepo,
+  base: string,
+  head: string,
+): Promise<{ commits: string[]; diffstat: string }> {
+  const log = await git(
+    ["-C", repo.path, "log", "--format=%h %s", `${base}..${head}`],
+    "list the run's commits",
+  );
+  const diffstat = await git(
+    ["-C", repo.path, "diff", "--stat", base, head],
+    "summarise the run's changes",
+  );
+  return { commits: log.split("\n").filter(Boolean), diffstat: diffstat.trimEnd() };
 }
 
 /**
@@ -507,32 +528,4 @@ async function importPack(
     });
   }
   return received;
-}
-
-/** Remove the run's worktree and (unless `keepBranch`) its branch from the sandbox. */
-export async function removeWorktree(
-  provider: SandboxProvider,
-  worktree: RunWorktree,
-  options: { keepBranch?: boolean } = {},
-): Promise<void> {
-  await provider.exec(removeWorktreeArgv(worktree, options), { timeoutMs: 120_000 }).catch(
-    () => {},
-  );
-}
-
-/** The command, run in the sandbox, that removes the run's worktree (and unless `keepBranch` its branch). */
-export function removeWorktreeArgv(
-  worktree: Pick<RunWorktree, "bare" | "path" | "branch">,
-  options: { keepBranch?: boolean } = {},
-): string[] {
-  return [
-    "sh",
-    "-c",
-    `${SAFE_GIT} -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; ${SAFE_GIT} -C "$1" worktree prune; ` +
-    `[ -z "$3" ] || ${SAFE_GIT} -C "$1" branch -D -q "$3" 2>/dev/null; true`,
-    "sh",
-    worktree.bare,
-    worktree.path,
-    options.keepBranch ? "" : worktree.branch,
-  ];
 }
