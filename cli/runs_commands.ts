@@ -11,7 +11,10 @@ export function registerRunsCommands(program: Command): void {
     .description("past and live runs: id, profile, status, started, duration, tokens, exit, branch")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
-      const { listRuns } = await import("../lib/run/run_log.ts");
+      const [{ listRuns }, { describeRecovery }] = await Promise.all([
+        import("../lib/run/run_log.ts"),
+        import("../lib/run/recovery.ts"),
+      ]);
       const runs = await listRuns();
       if (opts.json) return void await stdout.json(runs);
       if (runs.length === 0) {
@@ -25,7 +28,11 @@ export function registerRunsCommands(program: Command): void {
           r.id,
           r.profile,
           r.mode,
-          r.storeError ? `${r.status} (log incomplete)` : r.status,
+          r.storeError
+            ? `${r.status} (log incomplete)`
+            : describeRecovery(r.extra?.recovery)
+            ? `${r.status} (${describeRecovery(r.extra?.recovery)})`
+            : r.status,
           r.startedAt.replace("T", " ").slice(0, 19),
           r.durationMs === null ? "-" : `${(r.durationMs / 1000).toFixed(1)}s`,
           r.usage ? `${r.usage.input_tokens ?? 0}/${r.usage.output_tokens ?? 0}` : "-",

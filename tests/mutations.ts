@@ -829,9 +829,9 @@ export const MUTATIONS: Mutation[] = [
   {
     name:
       "a run's liveness is judged by its pid alone (a reused pid makes a crashed run read as running)",
-    file: "lib/run/run_log.ts",
-    find: "!await isSameProcessAlive(meta.pid, meta.pidStartTicks)",
-    replace: "!await isSameProcessAlive(meta.pid)",
+    file: "lib/run/liveness.ts",
+    find: "return await isSameProcessAlive(meta.pid, meta.pidStartTicks);",
+    replace: "return await isSameProcessAlive(meta.pid);",
     tests: ["tests/unit/run_liveness_test.ts"],
   },
   {

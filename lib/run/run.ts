@@ -55,6 +55,7 @@ import { type AgentCliName, type AgentName, isAgentCli } from "../agents/package
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
 import { checkAgentProjectConfig, describeIgnored } from "../agents/project_config.ts";
 import { checkPromptFits } from "../input_file.ts";
+import { branchReturnNote } from "./recover.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
@@ -246,6 +247,8 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       },
     );
     underWay = prepared;
+    // What the branch return needs, should this process die before it (lib/run/recover.ts).
+    if (repo && worktree) await log.note(branchReturnNote(repo, worktree));
     place = { container: provider?.containerName ?? null, workdir: cwd };
     kept = keep;
     if (request.mode === "agentic") {

@@ -19,7 +19,8 @@
  */
 import { userStateDir } from "../config.ts";
 import type { AgenticMessage, DriverUsage } from "./protocol.ts";
-import { isSameProcessAlive, processStartTicks } from "../process.ts";
+import { processStartTicks } from "../process.ts";
+import { isRunProcessAlive } from "./liveness.ts";
 import type { Redactor } from "../redact.ts";
 import { EXIT, SandboxError } from "../errors.ts";
 
@@ -320,13 +321,35 @@ export async function readRun(id: string): Promise<RunMeta | undefined> {
   try {
     const meta = JSON.parse(await Deno.readTextFile(`${runsDir()}/${id}/meta.json`)) as RunMeta;
     meta.storeError ??= null; // (records from before the field)
-    if (meta.status === "running" && !await isSameProcessAlive(meta.pid, meta.pidStartTicks)) {
+    if (meta.status === "running" && !await isRunProcessAlive(meta)) {
       meta.status = "crashed";
     }
     return meta;
   } catch {
     return undefined;
   }
+}
+
+/**
+ * Record what became of run `id`, whose process died before it could record its end: `crashed`,
+ * with `error` and the facts in `extra` (lib/run/recover.ts). Written by the process that found it.
+ */
+export async function recordCrashed(
+  id: string,
+  outcome: { error: string; extra: Record<string, unknown> },
+): Promise<void> {
+  const dir = `${runsDir()}/${id}`;
+  const meta = JSON.parse(await Deno.readTextFile(`${dir}/meta.json`)) as RunMeta;
+  const updated: RunMeta = {
+    ...meta,
+    status: "crashed",
+    error: outcome.error,
+    extra: { ...meta.extra, ...outcome.extra },
+  };
+  const partial = `${dir}/meta.json.${Deno.pid}.tmp`;
+  await Deno.writeTextFile(partial, JSON.stringify(updated, null, 2) + "\n", { mode: 0o600 });
+  await Deno.rename(partial, `${dir}/meta.json`);
+  await Deno.remove(`${dir}/${META_RESERVE_FILE}`).catch(() => {}); // the dead run's; gone is fine
 }
 
 /** Every recorded run, newest first. */
