@@ -153,11 +153,11 @@ function kept(
     worktree,
     branch: sandboxBranch(meta.id),
     reason,
-    how: `${cliName()} cp ${meta.id}:. DIR copies its files; ${cliName()} down -p ${meta.profile} removes it`,
+    how:
+      `${cliName()} cp ${meta.id}:. DIR copies its files; ${cliName()} down -p ${meta.profile} removes it`,
   };
 }
 
 function describe(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
-

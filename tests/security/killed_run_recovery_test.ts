@@ -39,7 +39,7 @@ function agentScript(planted: string, hostileGitmodules: boolean): string {
     "echo work > work.txt && git add work.txt && git commit -qm 'agent work'",
     `blob=$(printf '%s\\n' '${planted.trimEnd()}' | git hash-object -w --stdin)`,
     `tree=$(printf '100644 blob %s\\tplanted.txt\\n' "$blob" | git mktree)`,
-    "c=$(git commit-tree \"$tree\" -m planted)",
+    'c=$(git commit-tree "$tree" -m planted)',
     'git update-ref refs/heads/planted "$c" && git tag planted-tag "$c"',
     ...(hostileGitmodules
       ? [
@@ -151,10 +151,13 @@ Deno.test({
     const log = await git(killed.repo, "log", "--format=%s", `main..${branch}`);
     assert.equal(log, "agent work");
     assert.equal(await git(killed.repo, "show", `${branch}:work.txt`), "work");
-    assert.equal(await git(killed.repo, "for-each-ref", "--format=%(refname)"), [
-      "refs/heads/main",
-      `refs/heads/${branch}`,
-    ].sort().join("\n"));
+    assert.equal(
+      await git(killed.repo, "for-each-ref", "--format=%(refname)"),
+      [
+        "refs/heads/main",
+        `refs/heads/${branch}`,
+      ].sort().join("\n"),
+    );
     assert.ok(!await hasObject(killed.repo, planted), "the planted blob reached the repository");
     const meta = await runsJson(killed);
     assert.equal(meta.status, "crashed");
