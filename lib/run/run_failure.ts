@@ -80,7 +80,8 @@ async function stoppedContainer(
     `The run's sandbox "${container}" stopped during the run: ${how}`,
     {
       cause: symptom,
-      detail: `Killed or removed from outside the run (docker kill, docker rm, an engine restart); what noticed it: ${symptom.message}`,
+      detail:
+        `Killed or removed from outside the run (docker kill, docker rm, an engine restart); what noticed it: ${symptom.message}`,
     },
   );
 }

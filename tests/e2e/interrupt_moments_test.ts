@@ -141,14 +141,29 @@ Deno.test({
       for (
         const args of [
           ["init", "-q", "-b", "main"],
-          ["-c", "user.name=O", "-c", "user.email=o@e.test", "commit", "-q", "--allow-empty", "-m", "b"],
+          [
+            "-c",
+            "user.name=O",
+            "-c",
+            "user.email=o@e.test",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "b",
+          ],
         ]
       ) assert.equal((await run(["git", "-C", repo, ...args])).exitCode, 0);
       // A large, incompressible result: its pack takes a while to come back.
-      await using live = await start("e2e-int-return", [
-        toolCall("execute", { command: "head -c 40000000 /dev/urandom > big.bin && echo made" }),
-        text("done"),
-      ], ["--repo", repo], { SANDBOX_TRACE: "1" });
+      await using live = await start(
+        "e2e-int-return",
+        [
+          toolCall("execute", { command: "head -c 40000000 /dev/urandom > big.bin && echo made" }),
+          text("done"),
+        ],
+        ["--repo", repo],
+        { SANDBOX_TRACE: "1" },
+      );
       const id = await runIdOf(live.cli);
       await stderrWhere(live.cli, /run: branch return/);
       Deno.kill(live.cli.pid, "SIGINT");
