@@ -40,7 +40,10 @@ export function registerRunsCommands(program: Command): void {
     .option("-n, --limit <n>", "only the newest N runs", count("--limit", 1))
     .option("-p, --profile <name>", "only runs of this profile")
     .action(async (opts: { json?: boolean; limit?: number; profile?: string }) => {
-      const { listRuns } = await import("../lib/run/run_log.ts");
+      const [{ listRuns }, { describeRecovery }] = await Promise.all([
+        import("../lib/run/run_log.ts"),
+        import("../lib/run/recovery.ts"),
+      ]);
       const runs = await listRuns({
         limit: opts.limit,
         profile: opts.profile,
@@ -58,7 +61,11 @@ export function registerRunsCommands(program: Command): void {
           r.id,
           r.profile,
           r.mode,
-          r.storeError ? `${r.status} (log incomplete)` : r.status,
+          r.storeError
+            ? `${r.status} (log incomplete)`
+            : describeRecovery(r.extra?.recovery)
+            ? `${r.status} (${describeRecovery(r.extra?.recovery)})`
+            : r.status,
           r.startedAt.replace("T", " ").slice(0, 19),
           r.durationMs === null ? "-" : `${(r.durationMs / 1000).toFixed(1)}s`,
           r.usage ? `${r.usage.input_tokens ?? 0}/${r.usage.output_tokens ?? 0}` : "-",

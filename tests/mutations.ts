@@ -862,10 +862,42 @@ export const MUTATIONS: Mutation[] = [
   {
     name:
       "a run's liveness is judged by its pid alone (a reused pid makes a crashed run read as running)",
-    file: "lib/run/run_log.ts",
-    find: "!await isSameProcessAlive(meta.pid, meta.pidStartTicks)",
-    replace: "!await isSameProcessAlive(meta.pid)",
-    tests: ["tests/unit/run_liveness_test.ts"],
+    file: "lib/run/liveness.ts",
+    find: "return await isSameProcessAlive(meta.pid, meta.pidStartTicks);",
+    replace: "return await isSameProcessAlive(meta.pid);",
+    tests: ["tests/unit/run_liveness_test.ts", "tests/e2e/dead_run_liveness_test.ts"],
+  },
+  {
+    name:
+      "a run record without its process's start time is judged by the pid alone (a reused pid keeps a dead run running and logs -f hanging)",
+    file: "lib/run/liveness.ts",
+    find: "return started <= Date.parse(meta.startedAt) + BOOT_TIME_SLACK_MS;",
+    replace: "return true;",
+    tests: ["tests/e2e/dead_run_liveness_test.ts"],
+  },
+  {
+    name:
+      "the reaper removes a killed run's container with its work (the agent's commits are lost)",
+    file: "lib/sandbox/pool.ts",
+    find: '    if (await recoverOrphan(profile, held) !== "remove") continue;',
+    replace: "",
+    tests: ["tests/security/killed_run_recovery_test.ts"],
+  },
+  {
+    name:
+      "a killed run's branch is brought back over a branch of that name the user made meanwhile (fast-forwarding it)",
+    file: "lib/run/recover.ts",
+    find: "    await checkRunBranch(local, note.branch);",
+    replace: "",
+    tests: ["tests/security/killed_run_recovery_test.ts"],
+  },
+  {
+    name:
+      "a killed run's branch skips the quarantine's .gitmodules check (a submodule path ending in a CR comes in)",
+    file: "lib/repo/local.ts",
+    find: "    await assertPlainGitmodules(quarantine, head, worktree.base, options.signal);",
+    replace: "",
+    tests: ["tests/security/killed_run_recovery_test.ts"],
   },
   {
     name:

@@ -55,6 +55,8 @@ import { type AgentCliName, type AgentName, isAgentCli } from "../agents/package
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
 import { checkAgentProjectConfig, describeIgnored } from "../agents/project_config.ts";
 import { checkPromptFits } from "../input_file.ts";
+import { branchReturnNote } from "./recover.ts";
+import { runFailure } from "./run_failure.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
@@ -147,6 +149,7 @@ async function chooseUpstream(
 
 export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const { profile } = request;
+  const interrupt = request.signal;
   // Limits enforced while the run is live (resources.disk) stop it through this signal.
   const limits = new AbortController();
   request = {
@@ -246,6 +249,8 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       },
     );
     underWay = prepared;
+    // What the branch return needs, should this process die before it (lib/run/recover.ts).
+    if (repo && worktree) await log.note(branchReturnNote(repo, worktree));
     place = { container: provider?.containerName ?? null, workdir: cwd };
     kept = keep;
     if (request.mode === "agentic") {
@@ -285,6 +290,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     }
     let extra: Record<string, unknown> | undefined;
     if (repo?.kind === "local" && worktree && provider && result) {
+      trace("run: branch return");
       const back = await collectResult(provider, repo.local, worktree, {
         runId: id,
         signal: request.signal,
@@ -381,15 +387,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     });
     return outcomeOf(log, failed ? 1 : 0, generationError);
   } catch (error) {
-    const failure = limits.signal.aborted
-      ? limits.signal.reason as SandboxError
-      : !(error instanceof SandboxError)
-      ? new SandboxError("worker_failed", (error as Error).message ?? String(error), {
-        cause: error,
-      })
-      : error.code === "interrupted" && error.message !== "The run was interrupted"
-      ? new SandboxError("interrupted", "The run was interrupted", { cause: error })
-      : error;
+    const failure = await runFailure(error, {
+      interrupt,
+      limits: limits.signal,
+      container: log.meta.extra?.container as string | undefined,
+    });
     // Close the stream as promised: an error result saying what happened, then the usage so far.
     const usage = driverUsage({
       duration_ms: Math.round(performance.now() - started),
@@ -402,9 +404,10 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       ).catch(() => {});
     }
     if (!sent.usage) {
-      await emitUsage(log, request, agenticMessage({ type: "usage", usage, model })).catch(
-        () => {},
-      );
+      // A result already sent (the run failed after it: its branch return) did not say this.
+      const content = sent.result ? failure.message : null;
+      await emitUsage(log, request, agenticMessage({ type: "usage", usage, model, content }))
+        .catch(() => {});
     }
     await log.finish({
       status: statusFor(failure),

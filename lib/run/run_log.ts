@@ -20,7 +20,8 @@
 import type { DatabaseSync } from "node:sqlite";
 import { userStateDir } from "../config.ts";
 import type { AgenticMessage, DriverUsage } from "./protocol.ts";
-import { isSameProcessAlive, processStartTicks } from "../process.ts";
+import { processStartTicks } from "../process.ts";
+import { isRunProcessAlive } from "./liveness.ts";
 import type { Redactor } from "../redact.ts";
 import { EXIT, SandboxError } from "../errors.ts";
 import {
@@ -340,9 +341,32 @@ async function readMetaFile(id: string): Promise<RunMeta | undefined> {
   }
 }
 
+/**
+ * Record what became of run `id`, whose process died before it could record its end: `crashed`,
+ * with `error` and the facts in `extra` (lib/run/recover.ts). Written by the process that found it.
+ */
+export async function recordCrashed(
+  id: string,
+  outcome: { error: string; extra: Record<string, unknown> },
+): Promise<void> {
+  const dir = `${runsDir()}/${id}`;
+  const meta = JSON.parse(await Deno.readTextFile(`${dir}/meta.json`)) as RunMeta;
+  const updated: RunMeta = {
+    ...meta,
+    status: "crashed",
+    error: outcome.error,
+    extra: { ...meta.extra, ...outcome.extra },
+  };
+  const partial = `${dir}/meta.json.${Deno.pid}.tmp`;
+  await Deno.writeTextFile(partial, JSON.stringify(updated, null, 2) + "\n", { mode: 0o600 });
+  await Deno.rename(partial, `${dir}/meta.json`);
+  indexRun(updated);
+  await Deno.remove(`${dir}/${META_RESERVE_FILE}`).catch(() => {}); // the dead run's; gone is fine
+}
+
 /** `meta` with a "running" run whose recording process is gone reported as crashed. */
 async function withLiveness(meta: RunMeta): Promise<RunMeta> {
-  if (meta.status === "running" && !await isSameProcessAlive(meta.pid, meta.pidStartTicks)) {
+  if (meta.status === "running" && !await isRunProcessAlive(meta)) {
     return { ...meta, status: "crashed" };
   }
   return meta;

@@ -40,6 +40,7 @@ import { randomHex, sha256Hex } from "../hash.ts";
 import { tryHostLock, withHostLock } from "../lock.ts";
 import { userStateDir } from "../paths.ts";
 import { trace } from "../trace.ts";
+import { recoverOrphan } from "../run/recover.ts";
 
 /** Where a pooled container's worker listens (its /tmp: a tmpfs of its own). */
 export const POOL_WORKER_SOCKET = "/tmp/.sandbox-worker.sock";
@@ -270,6 +271,8 @@ async function startWaitingWorker(provider: DockerSandboxProvider): Promise<void
 export async function reapOrphans(profile: Profile): Promise<string[]> {
   const reaped: string[] = [];
   for (const held of await orphaned()) {
+    // A dead run's work is brought back or kept first (lib/run/recover.ts); never removed with it.
+    if (await recoverOrphan(profile, held) !== "remove") continue;
     const provider = new DockerSandboxProvider(profile);
     await provider.docker.run(["rm", "--force", "--volumes", held.name], { timeoutMs: 60_000 });
     await provider.docker.run(["volume", "rm", "--force", `${held.name}-workspace`], {
