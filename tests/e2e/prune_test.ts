@@ -4,6 +4,7 @@
  * ages. The retention test makes one real run (Docker, the fake LLM).
  */
 import assert from "node:assert/strict";
+import { processStartTicks } from "../../lib/process.ts";
 import { RunFixture } from "../_run_fixture.ts";
 import { FakeLlm, text } from "../_fake_llm.ts";
 import type { RunMeta, RunStatus } from "../../lib/run/run_log.ts";
@@ -46,6 +47,8 @@ class StateDir implements AsyncDisposable {
       usage: null,
       error: null,
       pid: Deno.pid,
+      // This process's start: a running record is this live process's whatever its start date.
+      pidStartTicks: await processStartTicks(Deno.pid),
       storeError: null,
     };
     await Deno.mkdir(`${this.runs}/${id}`, { recursive: true });
