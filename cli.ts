@@ -38,6 +38,8 @@ export async function buildProgram(): Promise<Command> {
     { Command },
     { registerConfigCommands },
     { registerCpCommand },
+    { registerDoctorCommand },
+    { registerEgressCommands },
     { registerProxyCommand },
     { registerRunCommand },
     { registerRunsCommands },
@@ -47,6 +49,8 @@ export async function buildProgram(): Promise<Command> {
     import("commander"),
     import("./cli/config_commands.ts"),
     import("./cli/cp_command.ts"),
+    import("./cli/doctor_command.ts"),
+    import("./cli/egress_command.ts"),
     import("./cli/proxy_command.ts"),
     import("./cli/run_command.ts"),
     import("./cli/runs_commands.ts"),
@@ -70,6 +74,8 @@ export async function buildProgram(): Promise<Command> {
   registerSandboxCommands(program);
   registerCpCommand(program);
   registerProxyCommand(program);
+  registerEgressCommands(program);
+  registerDoctorCommand(program);
   registerRunCommand(program);
   registerRunsCommands(program);
   registerConfigCommands(program);

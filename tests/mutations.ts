@@ -34,6 +34,75 @@ const DOCKER_PROVIDER = "lib/sandbox/docker_provider.ts";
 const HOST_PROVIDER = "lib/sandbox/host_provider.ts";
 const AGENT_ROUTE_TESTS = ["tests/unit/agent_api_routes_test.ts"];
 
+const DOCTOR_VERDICTS = "lib/doctor/verdicts.ts";
+const DOCTOR_TESTS = ["tests/unit/doctor_verdicts_test.ts"];
+/** `sandbox doctor` must never call HELD what its attack got through. */
+const DOCTOR_MUTATIONS: Mutation[] = [
+  {
+    name: "doctor: the key check calls HELD an attack that found the canary",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.canaryFound.length > 0) {`,
+    replace: `if (seen.canaryFound.length > 1e9) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a network check calls HELD an attack that reached the service",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.reached.length > 0) {`,
+    replace: `if (seen.reached.length > 1e9) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a missing egress proxy (network mode full) is not BROKEN",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.absent !== undefined) {`,
+    replace: `if (seen.absent === "never") {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: HELD without a twin that got through",
+    file: DOCTOR_VERDICTS,
+    find: `if (!seen.twinReached) {`,
+    replace: `if (seen.twinReached && !seen.twinReached) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a user namespace the sandbox user made is not an escalation",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.unshare === "succeeded") gained.push`,
+    replace: `if (seen.unshare === "never") gained.push`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: effective capabilities are not an escalation",
+    file: DOCTOR_VERDICTS,
+    find: `if (!/^0+$/.test(seen.capEff) || !/^0+$/.test(seen.capPrm))`,
+    replace: `if (!/^0+$/.test(seen.capPrm))`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a setsid child alive after the sandbox was destroyed is not BROKEN",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.aliveAfterCommand || seen.aliveAfterDestroy) {`,
+    replace: `if (seen.aliveAfterCommand) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a write past resources.disk that ran to its end is HELD",
+    file: DOCTOR_VERDICTS,
+    find: `  if (seen.attackCompleted) {`,
+    replace: `  if (seen.attackCompleted && !seen.attackCompleted) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: the egress proxy's 403 to a name off the allowlist is read as let through",
+    file: "lib/doctor/doctor.ts",
+    find: `!["403", "000", "none"].includes(denied.code)`,
+    replace: `!["000", "none"].includes(denied.code)`,
+    tests: ["tests/security/doctor_test.ts"],
+  },
+];
+
 /** Every rule of the secret-name pattern, each dropped on its own. */
 const SECRET_NAME_RULES: Mutation[] = [
   ...[
@@ -1004,6 +1073,7 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/lock_test.ts"],
   },
   ...SECRET_NAME_RULES,
+  ...DOCTOR_MUTATIONS,
   {
     name: "the host's fetch of a remote carries the credential on git's command line",
     file: "lib/repo/remote_mirror.ts",
