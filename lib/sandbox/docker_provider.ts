@@ -475,7 +475,8 @@ export class DockerSandboxProvider implements SandboxProvider {
       const exists = await this.#inspect(options.signal) !== undefined;
       return { exitCode: created.exitCode, stderr: created.stderr, exists };
     }
-    const id = created.stdout.trim();
+    // `docker create` prints the new container's id; by name if it printed nothing else.
+    const id = created.stdout.trim().split("\n").at(-1) || this.names.container;
     try {
       await this.engine.startContainer(id, options.signal);
       return { exitCode: 0, stderr: "", exists: false };
@@ -495,14 +496,8 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   /** The id of the image containers are created from now, or undefined when it is missing. */
   async imageId(signal?: AbortSignal): Promise<string | undefined> {
-    const result = await this.docker.run([
-      "image",
-      "inspect",
-      "--format",
-      "{{.Id}}",
-      await this.#imageTag(),
-    ], { signal });
-    return result.exitCode === 0 ? result.stdout.trim() : undefined;
+    const tag = await this.#imageTag();
+    return (await unless(["image-missing"], () => this.engine.inspectImage(tag, signal)))?.Id;
   }
 
   /** The image a run's container starts from before any snapshot (what a snapshot is built on). */

@@ -176,9 +176,10 @@ export function sandboxErrorOf(error: unknown, code: SandboxErrorCode, message: 
 export type ObjectKind = "container" | "volume" | "image";
 
 /**
- * Why a CLI call about `name` failed, asked in forms whose answers are structured: the engine
- * unreachable (`docker version` fails), the object absent (a listing filtered by its name does not
- * show it), or refused for another reason (the CLI's first line as the engine's message).
+ * Why a CLI call about `name` failed, asked in a form whose answer is structured: the object
+ * absent (a listing filtered by its name does not show it), or refused for another reason (the
+ * CLI's first line as the engine's message). An unreachable engine was raised by `cli.run` already
+ * (`daemon_down`, found out with `docker version`).
  */
 export async function failureOf(
   cli: DockerCli,
@@ -188,7 +189,6 @@ export async function failureOf(
   stderr: string,
 ): Promise<EngineError> {
   const message = firstLine(stderr) || `${operation} failed`;
-  if (!await cli.reachable()) return new EngineError("engine-unreachable", operation, message);
   if (what && !await cli.exists(what, name)) {
     return new EngineError(what === "image" ? "image-missing" : "not-found", operation, message);
   }
@@ -232,12 +232,7 @@ export class CliEngine implements DockerEngine {
   }
 
   async inspectImage(ref: string, signal?: AbortSignal): Promise<ImageInspect> {
-    return await this.#json<ImageInspect>(
-      ["image", "inspect", "--format", "{{json .}}", ref],
-      "image",
-      ref,
-      signal,
-    );
+    return (await this.#json<ImageInspect[]>(["image", "inspect", ref], "image", ref, signal))[0];
   }
 
   async #ok(
