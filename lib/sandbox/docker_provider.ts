@@ -320,7 +320,8 @@ export class DockerSandboxProvider implements SandboxProvider {
     const { signal } = options;
     // The container is asked about while its expected configuration is worked out.
     const first = this.#inspect(signal);
-    first.catch(() => {}); // awaited in the first pass; a failure of runArgs first must not leave it unhandled
+    // Awaited in the first pass; should runArgs fail first, its failure is the one raised.
+    first.catch(() => {});
     const run = await this.runArgs();
     const deadline = Date.now() + CONCURRENT_START_WAIT_MS;
     // Each pass moves one step (create, start, replace); a bounded number of passes turns an
@@ -525,6 +526,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   async #proxyMountArgs(): Promise<string[]> {
     if (this.#options.proxyMount === false || this.#mountRefused) return [];
     if (!await engineMayShareFilesystem(this.docker)) return [];
+    // No source directory (the state directory not writable, say): no mount, the stream carries all.
     const source = await prepareProxyMountSource(this.names.container).catch(() => undefined);
     return source ? ["--mount", `type=bind,src=${source},dst=${PROXY_MOUNT_PATH},readonly`] : [];
   }
@@ -801,13 +803,14 @@ export class DockerSandboxProvider implements SandboxProvider {
         stderrTail: ended.stderrTail,
       };
     })();
-    outcome.catch(() => {});
+    outcome.catch(() => {}); // the caller awaits `outcome`; this only keeps an unread one handled
     return {
       stdout: child.stdout,
       outcome,
       stop: async () => {
         stopped = true;
         child.kill();
+        // Stopped on purpose: how it ended is of no interest to the one who stopped it.
         await outcome.catch(() => {});
       },
     };
@@ -1120,6 +1123,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       if (failure) throw failure;
       await Deno.rename(`${staging}/${base}`, `${targetDir}/${targetBase}`);
     } finally {
+      // A temporary directory left behind costs disk space only; the copy's outcome stands.
       await Deno.remove(staging, { recursive: true }).catch(() => {});
     }
   }
@@ -1194,6 +1198,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   async healthCheck(options: { signal?: AbortSignal } = {}): Promise<boolean> {
+    // A probe that cannot even be made is a failed health check, which is the answer asked for.
     return await this.#probe(options.signal).catch(() => false);
   }
 
@@ -1512,15 +1517,20 @@ export async function teardownProfile(
   return report;
 }
 
-/** Remove every container, network and volume this tool owns (by label), and nothing else. */
+/**
+ * Remove every container, network and volume this tool owns (by label), and nothing else; with
+ * `scope` (`KEY=VALUE`), only those that also carry that label.
+ */
 export async function teardownAll(
   docker: DockerCli,
   signal?: AbortSignal,
+  scope?: string,
 ): Promise<TeardownReport> {
+  const filters = ["--filter", OWNER_FILTER, ...(scope ? ["--filter", `label=${scope}`] : [])];
   const list = async (kind: "container" | "network" | "volume") => {
     const args = kind === "container"
-      ? ["ps", "--all", "--filter", OWNER_FILTER, "--format", "{{.Names}}"]
-      : [kind, "ls", "--filter", OWNER_FILTER, "--format", "{{.Name}}"];
+      ? ["ps", "--all", ...filters, "--format", "{{.Names}}"]
+      : [kind, "ls", ...filters, "--format", "{{.Name}}"];
     return (await docker.ok(args, "docker_failed", `Cannot list ${kind}s`, { signal })).split("\n")
       .filter(Boolean);
   };

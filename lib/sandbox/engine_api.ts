@@ -71,6 +71,7 @@ export async function execRunning(id: string | undefined): Promise<boolean> {
     if (response.status !== 200) return true;
     return (JSON.parse(response.body) as { Running?: boolean }).Running === true;
   } catch {
+    // Cannot be asked: "running", so that the caller's own wait decides (never a false "gone").
     return true;
   }
 }
@@ -117,6 +118,7 @@ function dockerIsAProgram(): boolean {
     try {
       info = Deno.statSync(path);
     } catch {
+      // Not in this directory of PATH: the next one.
       continue;
     }
     if (!info.isFile || info.mode === null || (info.mode & 0o111) === 0) continue;
@@ -139,6 +141,7 @@ function otherContextConfigured(): boolean {
   try {
     text = Deno.readTextFileSync(`${dir}/config.json`);
   } catch {
+    // No config.json: the CLI uses its default context too.
     return false;
   }
   try {
@@ -449,18 +452,8 @@ export class EngineExec implements Child {
         id = await this.#create(socket, request);
       } catch (error) {
         if (!(error instanceof Unreachable) || this.#killed) throw error;
-        // No engine here after all: the CLI, with everything still unread.
         stop.release();
-        const child = this.#fallback = fallback();
-        void child.stdout.pipeTo(
-          new WritableStream({
-            write: (chunk) => this.#push(chunk),
-            close: () => this.#stdout.close(),
-            abort: (reason) => this.#stdout.error(reason),
-          }),
-        ).catch(() => {});
-        if (this.#killed) child.kill();
-        return await child.finished;
+        return await this.#runFallback(fallback);
       }
       stderr = stderrSink(options);
       if (typeof id !== "string") {
@@ -497,6 +490,7 @@ export class EngineExec implements Child {
       this.#ended = true;
       stderr?.close();
       this.#closeStdout();
+      // The tail is only the report's detail: a failure to read it leaves it empty.
       const tail = stderr ? await stderr.tail.catch(() => "") : "";
       const stopped = this.#killed;
       return {
@@ -516,6 +510,20 @@ export class EngineExec implements Child {
     } finally {
       stop.release();
     }
+  }
+
+  /** No engine here after all: the CLI, with everything still unread. */
+  async #runFallback(fallback: () => Child): Promise<ExecOutcome> {
+    const child = this.#fallback = fallback();
+    void child.stdout.pipeTo(
+      new WritableStream({
+        write: (chunk) => this.#push(chunk),
+        close: () => this.#stdout.close(),
+        abort: (reason) => this.#stdout.error(reason),
+      }),
+    ).catch(() => {}); // its end or failure shows in `finished`, awaited below
+    if (this.#killed) child.kill();
+    return await child.finished;
   }
 
   #makeRoom(): void {
@@ -604,6 +612,7 @@ export class EngineExec implements Child {
     await this.#demux(conn, head.rest, stderr);
     // The command has ended: its input is no longer read (as the CLI exits, whatever is left).
     this.#ended = true;
+    // The input stream may have ended or failed already: either way nothing more is read from it.
     await this.#input?.cancel().catch(() => {});
     await feeding;
     try {
@@ -647,7 +656,7 @@ export class EngineExec implements Child {
       await reader.cancel();
     } catch {
       // The command stopped reading (it ended): as a broken pipe to the CLI, not an error.
-      await reader.cancel().catch(() => {});
+      await reader.cancel().catch(() => {}); // cancelling an errored stream may throw: nothing to do
     }
   }
 
@@ -664,6 +673,7 @@ export class EngineExec implements Child {
       try {
         n = await conn.read(chunk);
       } catch {
+        // Closed by a kill or reset by the engine: the stream's end; the exit code says the rest.
         n = null;
       }
       if (n === null) return false;
@@ -690,6 +700,7 @@ export class EngineExec implements Child {
     try {
       this.#stdout.enqueue(bytes);
     } catch {
+      // The reader cancelled: its bytes are dropped, as on a closed pipe.
       return;
     }
     while ((this.#stdout.desiredSize ?? 1) <= 0 && !this.#killed && !this.#cancelled) {

@@ -146,6 +146,7 @@ async function openBuildLog(
  * usually is) when they are not among them: the two streams reach the log in arrival order.
  */
 async function logTail(path: string, stderrTail = ""): Promise<string> {
+  // A log that cannot be read leaves the error's detail shorter, nothing else.
   const last = tail(await Deno.readTextFile(path).catch(() => ""), 12);
   const shown = new Set(last.split("\n"));
   const missing = tail(stderrTail, 5).split("\n").filter((line) => line.trim() && !shown.has(line));

@@ -107,6 +107,7 @@ export async function claimPooled(
       continue;
     }
     // Gone or stopped since it was made (removed by hand, the engine restarted): never used.
+    // An engine that cannot say counts as "not running": the container is never used unchecked.
     if (!await provider.isRunning(options.signal).catch(() => false)) {
       await destroy(provider);
       continue;
