@@ -3,7 +3,8 @@
  * and typed failures (`EngineError` and its `kind`). Nothing above it reads docker's stderr to
  * decide what happened.
  *
- * Two implementations, chosen per process (`dockerEngine`):
+ * Two implementations (`dockerEngine` gives the first, which hands a call to the second where it
+ * must):
  * - `ApiEngine` (engine_api.ts): the Engine HTTP API on the engine's Unix socket, when it is the
  *   very engine the `docker` CLI would reach (engine_api.ts says when). Failures come from the
  *   HTTP status (404 not found, 409 conflict / not running) with the engine's own message.
@@ -12,11 +13,14 @@
  *   classified by asking again in a form with a structured answer: `docker version` (reachable?)
  *   and a listing filtered by name (does the object exist?).
  *
- * What the port does not cover goes through `cli` (a `DockerCli`) on both: creating a container
- * (`docker run` with the hardening flags, whose translation to the API's HostConfig is not built:
- * it runs once per container, not per command), building, pulling and tagging images, `stats`,
- * listings by label, networks. Their failures are typed by `failureOf` below, with the same
- * structured follow-up questions.
+ * What the port does not cover goes through `cli` (a `DockerCli`) on both, because its API form is
+ * not built: creating a container (`docker create` with the hardening flags: their translation to
+ * the API's HostConfig would be a second, unchecked copy of the security-relevant argv, and it
+ * runs once per container, not per command; the start goes through the port), building, pulling
+ * and removing images, `stop`/`restart`, `stats`, `logs`, listings by label, networks. Those
+ * callers decide on the exit code and structured stdout only; where they need to know why a call
+ * failed, they ask the port (does the container exist now?). Execs are made through the API (the
+ * CLI only where the API cannot be reached), the outcome's `failure` typed as above.
  */
 import { SandboxError, type SandboxErrorCode } from "../errors.ts";
 import type { Child, ProcessOutcome, RunResult, SpawnOptions } from "../process.ts";
@@ -150,12 +154,13 @@ export async function unless<T>(
   }
 }
 
-/** The engine for `program` (default: `docker` on PATH): the API where it may, else the CLI. */
+/**
+ * The engine for `program` (default: `docker` on PATH): the API where it may, else the CLI,
+ * decided at each call.
+ */
 export function dockerEngine(program?: string): DockerEngine {
   const cli = new DockerCli(program);
-  const socket = cli.engineSocket();
-  const viaCli = new CliEngine(cli);
-  return socket ? new ApiEngine(socket, cli, viaCli) : viaCli;
+  return new ApiEngine(cli, new CliEngine(cli));
 }
 
 /**

@@ -758,16 +758,13 @@ function label(cmd: readonly string[]): string {
 }
 
 /**
- * The `DockerEngine` port over the Engine API on `socket`. A call whose connection is refused (the
- * engine went away, the socket's permissions changed) goes to `fallback` (the CLI), which reports
- * the engine as the user knows it; every later call too.
+ * The `DockerEngine` port over the Engine API, on the socket of the engine the CLI would reach,
+ * decided at each call (`DockerCli.engineSocket`). Where there is none (see the module comment),
+ * and for a call whose connection is refused (the engine went away, the socket's permissions
+ * changed), `fallback` (the CLI) answers instead, reporting the engine as the user knows it.
  */
 export class ApiEngine implements DockerEngine {
-  constructor(
-    readonly socket: string,
-    readonly cli: DockerCli,
-    readonly fallback: DockerEngine,
-  ) {}
+  constructor(readonly cli: DockerCli, readonly fallback: DockerEngine) {}
 
   async #request(
     method: string,
@@ -781,9 +778,11 @@ export class ApiEngine implements DockerEngine {
         ...(options.signal ? [options.signal] : []),
         AbortSignal.timeout(options.timeoutMs),
       ]);
+    const socket = this.cli.engineSocket();
+    if (!socket) return undefined;
     const started = performance.now();
     try {
-      const response = await engineRequest(this.socket, method, path, body, signal);
+      const response = await engineRequest(socket, method, path, body, signal);
       if (tracing()) {
         trace(
           `docker api: ${method} ${path.split("?")[0]} ${response.status} (${
@@ -905,12 +904,6 @@ export class ApiEngine implements DockerEngine {
   }
 
   exec(request: ExecRequest, options: SpawnOptions = {}): ExecChild {
-    return new EngineExec(
-      this.socket,
-      ["docker", "exec", request.container, ...request.cmd],
-      request,
-      options,
-      () => this.fallback.exec(request, options),
-    );
+    return this.cli.execChild(request, options);
   }
 }
