@@ -123,9 +123,12 @@ export class DockerCli {
   #execCli(request: ExecRequest, options: SpawnOptions): ExecChild {
     const names = request.env.map((entry) => entry.slice(0, entry.indexOf("=")));
     const values = Object.fromEntries(
-      request.env.map((entry) => [entry.slice(0, entry.indexOf("=")), entry.slice(
-        entry.indexOf("=") + 1,
-      )]),
+      request.env.map((entry) => [
+        entry.slice(0, entry.indexOf("=")),
+        entry.slice(
+          entry.indexOf("=") + 1,
+        ),
+      ]),
     );
     const child = this.#spawnCli([
       "exec",
@@ -204,7 +207,8 @@ export class DockerCli {
     const words = listed.stdout.split(/\s+/).filter(Boolean);
     if (kind === "image") return words.length > 0 || name.startsWith("sha256:");
     return words.some((word) =>
-      word === name || (kind === "container" && /^[0-9a-f]{64}$/.test(word) && word.startsWith(name))
+      word === name ||
+      (kind === "container" && /^[0-9a-f]{64}$/.test(word) && word.startsWith(name))
     );
   }
 

@@ -8,11 +8,7 @@
  */
 import { withoutRefusedEnv } from "../refused_env.ts";
 import type { Profile } from "../config.ts";
-import { daemonDown, type DockerCli, LABEL,
-  labelArgs,
-  OWNER,
-  OWNER_FILTER,
-} from "./docker.ts";
+import { daemonDown, type DockerCli, LABEL, labelArgs, OWNER, OWNER_FILTER } from "./docker.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
 import {
   type ContainerInspect,
@@ -139,7 +135,6 @@ export function sandboxNames(profile: string, instance?: string) {
     volume: `${base}-workspace`,
   };
 }
-
 
 export class DockerSandboxProvider implements SandboxProvider {
   readonly profile: Profile;
@@ -305,9 +300,16 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   async #inspect(signal?: AbortSignal): Promise<ContainerInspect | undefined> {
     try {
-      return await unless(["not-found"], () => this.engine.inspectContainer(this.names.container, signal));
+      return await unless(
+        ["not-found"],
+        () => this.engine.inspectContainer(this.names.container, signal),
+      );
     } catch (error) {
-      throw sandboxErrorOf(error, "docker_failed", `Cannot inspect sandbox "${this.names.container}"`);
+      throw sandboxErrorOf(
+        error,
+        "docker_failed",
+        `Cannot inspect sandbox "${this.names.container}"`,
+      );
     }
   }
 
@@ -401,7 +403,9 @@ export class DockerSandboxProvider implements SandboxProvider {
       await this.engine.startContainer(found.Id, signal);
       return true;
     } catch (error) {
-      if (isEngineError(error, "engine-unreachable")) throw sandboxErrorOf(error, "docker_failed", "");
+      if (isEngineError(error, "engine-unreachable")) {
+        throw sandboxErrorOf(error, "docker_failed", "");
+      }
       if (isEngineError(error)) return false;
       throw error;
     }
@@ -483,7 +487,11 @@ export class DockerSandboxProvider implements SandboxProvider {
       return { exitCode: 0, stderr: "", exists: false };
     } catch (error) {
       if (!isEngineError(error) || error.kind === "engine-unreachable") {
-        throw sandboxErrorOf(error, "docker_failed", `Cannot start sandbox "${this.names.container}"`);
+        throw sandboxErrorOf(
+          error,
+          "docker_failed",
+          `Cannot start sandbox "${this.names.container}"`,
+        );
       }
       await this.#removeById(id, options.signal);
       return { exitCode: 125, stderr: error.engineMessage, exists: false };
@@ -1191,7 +1199,11 @@ export class DockerSandboxProvider implements SandboxProvider {
       try {
         await this.engine.startContainer(found.Id, options.signal);
       } catch (error) {
-        throw sandboxErrorOf(error, "docker_failed", `Cannot start sandbox "${this.names.container}"`);
+        throw sandboxErrorOf(
+          error,
+          "docker_failed",
+          `Cannot start sandbox "${this.names.container}"`,
+        );
       }
     }
     return await this.status(options);
@@ -1239,7 +1251,11 @@ export class DockerSandboxProvider implements SandboxProvider {
       report.containers.push(this.names.container);
     } catch (error) {
       if (!isEngineError(error, "not-found")) {
-        throw sandboxErrorOf(error, "docker_failed", `Cannot remove sandbox "${this.names.container}"`);
+        throw sandboxErrorOf(
+          error,
+          "docker_failed",
+          `Cannot remove sandbox "${this.names.container}"`,
+        );
       }
     }
     // The container is gone: so is what the host kept for its mount (sockets, a spare relay's record).
@@ -1488,7 +1504,11 @@ export async function teardownProfile(
       return true;
     } catch (error) {
       if (isEngineError(error, "not-found")) return false;
-      throw sandboxErrorOf(error, "docker_failed", `Cannot remove "${name}" of profile "${profile}"`);
+      throw sandboxErrorOf(
+        error,
+        "docker_failed",
+        `Cannot remove "${name}" of profile "${profile}"`,
+      );
     }
   };
   const format = `{{.Names}} {{.Label "${LABEL.kind}"}}`;

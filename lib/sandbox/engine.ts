@@ -172,9 +172,13 @@ export function sandboxErrorOf(error: unknown, code: SandboxErrorCode, message: 
   if (!(error instanceof EngineError)) return error;
   if (error.kind === "engine-unreachable") return daemonDown(error.engineMessage);
   const kindCode: SandboxErrorCode = error.kind === "not-found" ? "container_not_found" : code;
-  return new SandboxError(kindCode, message ? `${message}: ${error.engineMessage}` : error.engineMessage, {
-    cause: error,
-  });
+  return new SandboxError(
+    kindCode,
+    message ? `${message}: ${error.engineMessage}` : error.engineMessage,
+    {
+      cause: error,
+    },
+  );
 }
 
 /** What kind of object a failed CLI call was about, for `failureOf`. */

@@ -772,12 +772,10 @@ export class ApiEngine implements DockerEngine {
     body: unknown,
     options: { signal?: AbortSignal; timeoutMs?: number },
   ): Promise<Response | undefined> {
-    const signal = options.timeoutMs === undefined
-      ? options.signal
-      : AbortSignal.any([
-        ...(options.signal ? [options.signal] : []),
-        AbortSignal.timeout(options.timeoutMs),
-      ]);
+    const signal = options.timeoutMs === undefined ? options.signal : AbortSignal.any([
+      ...(options.signal ? [options.signal] : []),
+      AbortSignal.timeout(options.timeoutMs),
+    ]);
     const socket = this.cli.engineSocket();
     if (!socket) return undefined;
     const started = performance.now();

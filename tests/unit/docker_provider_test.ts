@@ -498,7 +498,9 @@ Deno.test("workspaceQuota() reads the volume's size option, and nothing when it 
     await new DockerSandboxProvider(WORK, { docker: quota.program }).workspaceQuota(),
     1024 ** 3,
   );
-  await using plain = await fakeDocker(`[ "$1 $2" = "volume inspect" ] && echo '[{"Name":"v","Options":null}]'`);
+  await using plain = await fakeDocker(
+    `[ "$1 $2" = "volume inspect" ] && echo '[{"Name":"v","Options":null}]'`,
+  );
   assert.equal(
     await new DockerSandboxProvider(WORK, { docker: plain.program }).workspaceQuota(),
     undefined,

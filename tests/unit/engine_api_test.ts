@@ -600,7 +600,10 @@ Deno.test("a sandbox exec the engine cannot start is exec_failed; in a missing c
       (e: SandboxError) => e.code === "exec_failed",
     );
     const gone = new DockerSandboxProvider(profile, { existing: "missing" });
-    await assert.rejects(gone.exec(["true"]), (e: SandboxError) => e.code === "container_not_found");
+    await assert.rejects(
+      gone.exec(["true"]),
+      (e: SandboxError) => e.code === "container_not_found",
+    );
   });
 });
 
