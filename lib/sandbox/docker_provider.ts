@@ -320,6 +320,8 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   async ensureRunning(options: EnsureRunningOptions = {}): Promise<SandboxStatus> {
     const { signal } = options;
+    // No docker call at all for a configuration that would put a secret in the container.
+    this.containerEnv();
     // The container is asked about while its expected configuration is worked out.
     const first = this.#inspect(signal);
     // Awaited in the first pass; should runArgs fail first, its failure is the one raised.

@@ -268,7 +268,7 @@ export class CliEngine implements DockerEngine {
     options: { volumes?: boolean; signal?: AbortSignal; timeoutMs?: number } = {},
   ): Promise<void> {
     const result = await this.#ok(
-      ["rm", "--force", `--volumes=${options.volumes === true}`, name],
+      ["rm", "--force", ...(options.volumes ? ["--volumes"] : []), name],
       "container",
       name,
       options,
