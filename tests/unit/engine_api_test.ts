@@ -15,6 +15,7 @@ import { dockerEngine, EngineError, type EngineErrorKind } from "../../lib/sandb
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
 import type { SandboxError } from "../../lib/errors.ts";
+import { fakeDocker } from "./_fake_docker.ts";
 import { spawn } from "../../lib/process.ts";
 import { tempDir, withEnv } from "../_helpers.ts";
 
@@ -623,4 +624,32 @@ Deno.test("DockerCli makes an exec through the engine when it may, and leaves it
     assert.equal(own.stdout, "");
   });
   assert.equal(engine.requests.filter((r) => r.startsWith("POST /containers")).length, 1);
+});
+
+Deno.test("the engine port over the CLI types a failure by asking again in a structured form, never by reading stderr", async () => {
+  // An engine with container `box` and volume `v`; every failure says only "failed" on stderr.
+  await using docker = await fakeDocker(`
+case "$1 $2" in
+  "version --format") echo 20.10 ;;
+  "ps --all") echo "0123abcd box" ;;
+  "volume ls") echo v ;;
+  "container inspect"|"volume inspect"|"image inspect") echo failed >&2; exit 1 ;;
+  "rm --force") [ "\${@: -1}" = box ] && echo box ;;
+  "start box") echo failed >&2; exit 1 ;;
+esac`);
+  const port = dockerEngine(docker.program);
+  await rejectsWith(port.inspectContainer("gone"), "not-found");
+  await rejectsWith(port.inspectContainer("box"), "refused");
+  await rejectsWith(port.inspectVolume("gone"), "not-found");
+  await rejectsWith(port.inspectImage("img:1"), "image-missing");
+  await port.removeContainer("box");
+  // docker 20.10: `rm --force` of a missing container exits 0 and prints no name.
+  await rejectsWith(port.removeContainer("gone"), "not-found");
+  await rejectsWith(port.startContainer("box"), "refused");
+
+  await using down = await fakeDocker(`echo "failed" >&2; exit 1`);
+  await assert.rejects(
+    dockerEngine(down.program).inspectContainer("box"),
+    (e: SandboxError) => e.code === "daemon_down",
+  );
 });
