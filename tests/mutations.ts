@@ -647,8 +647,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "the workspace volume is created without asking for a kernel quota",
     file: DOCKER_PROVIDER,
-    find: '[...create, "--opt", `size=${this.profile.resources.diskBytes}`, this.names.volume]',
-    replace: "[...create, this.names.volume]",
+    find: "{ size: String(this.profile.resources.diskBytes) },",
+    replace: "{},",
     tests: ["tests/unit/docker_provider_test.ts"],
   },
   {

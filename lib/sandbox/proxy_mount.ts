@@ -152,6 +152,7 @@ export async function claimLiveRecord<T extends { id: string; dir: string; exec?
   if (!record) return undefined;
   if (await execRunning(record.exec)) return record;
   trace(`${what} found dead`);
+  // Best effort on what is dead already: a leftover directory or process goes with the container.
   await Deno.remove(`${mountSource}/${record.dir}`, { recursive: true }).catch(() => {});
   await stop(record.id).catch(() => {});
   return undefined;
@@ -166,14 +167,16 @@ async function takeRecord<T>(path: string, parse: (text: string) => T): Promise<
   try {
     await Deno.rename(path, taken);
   } catch {
+    // No record, or another process took it first: nothing to claim.
     return undefined;
   }
   try {
     return parse(await Deno.readTextFile(taken));
   } catch {
+    // Unreadable or malformed: not a record to use.
     return undefined;
   } finally {
-    await Deno.remove(taken).catch(() => {});
+    await Deno.remove(taken).catch(() => {}); // ours alone after the rename; gone is as good
   }
 }
 
@@ -183,6 +186,7 @@ async function takeRecord<T>(path: string, parse: (text: string) => T): Promise<
  */
 export async function removeProxyMountSource(containerName: string): Promise<void> {
   const dir = await proxyMountSource(containerName);
+  // Absent already is the usual case (never made, or removed by another process).
   await Deno.remove(dir, { recursive: true }).catch(() => {});
   await Deno.remove(spareRelayRecordPath(dir)).catch(() => {});
 }
@@ -233,6 +237,7 @@ export async function sweepStaleSessionDirs(mountSource: string): Promise<void> 
       (await Deno.connect({ transport: "unix", path: `${dir}/llm.sock` })).close();
     } catch (error) {
       if (error instanceof Deno.errors.ConnectionRefused || error instanceof Deno.errors.NotFound) {
+        // Removed meanwhile by another process's sweep: as good as removed here.
         await Deno.remove(dir, { recursive: true }).catch(() => {});
       }
     }
