@@ -119,11 +119,19 @@ export async function prepareProxyMountSource(containerName: string): Promise<st
   // Synchronous: six calls through the runtime's thread pool cost every exec and run ~4 ms of its
   // start (three callers each), against well under one so. Not recursive: /tmp is there, and a
   // name another user made in it is refused below, never followed.
-  mkdirOnce(parent, 0o700);
-  assertOwnDirectory(parent);
-  // Whatever made it (an older version, a umask), only this user may enter it.
-  Deno.chmodSync(parent, 0o700);
-  mkdirOnce(dir, 0o711);
+  for (let attempt = 1;; attempt++) {
+    mkdirOnce(parent, 0o700);
+    assertOwnDirectory(parent);
+    // Whatever made it (an older version, a umask), only this user may enter it.
+    Deno.chmodSync(parent, 0o700);
+    try {
+      mkdirOnce(dir, 0o711);
+      break;
+    } catch (error) {
+      // The parent went in between: the last container's removal took it, empty (below).
+      if (!(error instanceof Deno.errors.NotFound) || attempt === 3) throw error;
+    }
+  }
   assertOwnDirectory(dir);
   Deno.chmodSync(dir, 0o711);
   return dir;
@@ -189,6 +197,9 @@ export async function removeProxyMountSource(containerName: string): Promise<voi
   // Absent already is the usual case (never made, or removed by another process).
   await Deno.remove(dir, { recursive: true }).catch(() => {});
   await Deno.remove(spareRelayRecordPath(dir)).catch(() => {});
+  // The user's directory goes with its last container; while another is in it, it stays
+  // (NotEmpty), and one being made meanwhile makes it again (prepareProxyMountSource).
+  await Deno.remove(dir.slice(0, dir.lastIndexOf("/"))).catch(() => {});
 }
 
 /** A session's socket directory in a container's mounted one, as the host and the sandbox see it. */
