@@ -37,6 +37,7 @@ export async function buildProgram(): Promise<Command> {
     { Command },
     { registerConfigCommands },
     { registerCpCommand },
+    { registerMcpCommand },
     { registerProxyCommand },
     { registerRunCommand },
     { registerRunsCommands },
@@ -46,6 +47,7 @@ export async function buildProgram(): Promise<Command> {
     import("commander"),
     import("./cli/config_commands.ts"),
     import("./cli/cp_command.ts"),
+    import("./cli/mcp_command.ts"),
     import("./cli/proxy_command.ts"),
     import("./cli/run_command.ts"),
     import("./cli/runs_commands.ts"),
@@ -69,6 +71,7 @@ export async function buildProgram(): Promise<Command> {
   registerSandboxCommands(program);
   registerCpCommand(program);
   registerProxyCommand(program);
+  registerMcpCommand(program);
   registerRunCommand(program);
   registerRunsCommands(program);
   registerConfigCommands(program);
