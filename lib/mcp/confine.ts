@@ -48,7 +48,7 @@ export const OPERATIONS = {
    * Lines `PATH:LINE:TEXT`, PATH relative to the checkout; no match is not an error.
    */
   search: 'cd "$root" || exit 90; case "$r" in "$root") t=. ;; *) t=${r#"$root"/} ;; esac; ' +
-    'grep -rnI --exclude-dir=.git $5 -e "$3" -- "$t" | head -n "$4"; true',
+    'grep -rnI --exclude-dir=.git $5 -e "$3" -- "$t" | sed "s|^\\./||" | head -n "$4"; true',
   /** A directory to run a command in: prints it. */
   dir: '[ -d "$r" ] || exit 94; printf "%s\\n" "$r"',
 } as const;
