@@ -157,3 +157,84 @@ export class McpClient implements AsyncDisposable {
     await this.client.close();
   }
 }
+
+/**
+ * The server on a raw pipe: JSON-RPC lines written by hand, so that the test can end the server's
+ * input (a client that vanished) or signal it while a call is under way.
+ */
+export class RawMcpServer implements AsyncDisposable {
+  readonly child: Deno.ChildProcess;
+  readonly #writer: WritableStreamDefaultWriter<Uint8Array>;
+  readonly #answers = new Map<number, (message: Json) => void>();
+  readonly #reading: Promise<void>;
+  #nextId = 1;
+
+  constructor(fixture: McpFixture) {
+    const [command, ...args] = fixture.serverArgv();
+    const child = new Deno.Command(command, {
+      args,
+      env: fixture.serverEnv(),
+      stdin: "piped",
+      stdout: "piped",
+      stderr: "inherit",
+    }).spawn();
+    this.child = child;
+    this.#writer = child.stdin.getWriter();
+    this.#reading = (async () => {
+      let buffered = "";
+      for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
+        buffered += chunk;
+        let newline;
+        while ((newline = buffered.indexOf("\n")) !== -1) {
+          const message = JSON.parse(buffered.slice(0, newline)) as Json;
+          buffered = buffered.slice(newline + 1);
+          if (typeof message.id === "number") this.#answers.get(message.id)?.(message);
+        }
+      }
+    })();
+  }
+
+  async #send(message: Json): Promise<void> {
+    await this.#writer.write(new TextEncoder().encode(JSON.stringify(message) + "\n"));
+  }
+
+  /** Send a request; `answer` settles when its answer comes, if ever. */
+  async request(method: string, params: Json): Promise<{ answer: Promise<Json> }> {
+    const id = this.#nextId++;
+    const answer = new Promise<Json>((resolve) => this.#answers.set(id, resolve));
+    await this.#send({ jsonrpc: "2.0", id, method, params });
+    return { answer };
+  }
+
+  async initialize(): Promise<void> {
+    await (await this.request("initialize", {
+      protocolVersion: "2025-06-18",
+      capabilities: {},
+      clientInfo: { name: "raw", version: "1" },
+    })).answer;
+    await this.#send({ jsonrpc: "2.0", method: "notifications/initialized" });
+  }
+
+  /** A tool call; its parsed JSON answer (the call's result must be one). */
+  async tool(name: string, args: Json): Promise<Json> {
+    const answer = await (await this.request("tools/call", { name, arguments: args })).answer;
+    assert.ok(answer.result && !answer.result.isError, JSON.stringify(answer));
+    return JSON.parse(answer.result.content[0].text);
+  }
+
+  /** The client vanishes: the server's input ends. */
+  async closeInput(): Promise<void> {
+    await this.#writer.close();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.#writer.close().catch(() => {}); // closed already by a test that vanished
+    try {
+      this.child.kill("SIGKILL");
+    } catch {
+      // Exited already: nothing to kill.
+    }
+    await this.child.status;
+    await this.#reading.catch(() => {}); // the pipe ends with the process
+  }
+}
