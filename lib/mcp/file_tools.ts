@@ -21,6 +21,12 @@ const CONFINED =
   "checkout, through `..` or a symlink, is refused.";
 
 export function registerFileTools(server: McpServer, environments: Environments): void {
+  registerReadWriteTools(server, environments);
+  registerFindTools(server, environments);
+}
+
+/** environment_read_file, environment_write_file. */
+function registerReadWriteTools(server: McpServer, environments: Environments): void {
   const id = z.string().min(1).describe("from environment_open");
   addTool(server, "environment_read_file", {
     description:
@@ -66,6 +72,11 @@ export function registerFileTools(server: McpServer, environments: Environments)
         bytes: new TextEncoder().encode(input.content).byteLength,
       });
     }));
+}
+
+/** environment_list_files, environment_search. */
+function registerFindTools(server: McpServer, environments: Environments): void {
+  const id = z.string().min(1).describe("from environment_open");
   addTool(server, "environment_list_files", {
     description:
       `List the files and directories under a directory of the checkout (.git left out), depth levels deep (default 2). ${CONFINED}`,

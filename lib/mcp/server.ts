@@ -195,7 +195,7 @@ export async function serveMcp(options: ServeMcpOptions): Promise<void> {
   await server.close().catch(() => {}); // the client is gone: nothing to tell it
 }
 
-/** environment_open, environment_run, environment_diff, environment_egress_log, finish, discard. */
+/** Every tool but the file tools (file_tools.ts). */
 function registerLifecycleTools(
   server: McpServer,
   environments: Environments,
@@ -245,12 +245,20 @@ function registerLifecycleTools(
     }
   });
   registerRunTool(server, environments);
-  const idOnly = { environment_id: z.string().min(1).describe("from environment_open") };
+  registerInspectTools(server, environments);
+  registerEndTools(server, environments);
+}
+
+/** Tools taking only an environment id. */
+const ID_ONLY = { environment_id: z.string().min(1).describe("from environment_open") };
+
+/** environment_diff, environment_egress_log. */
+function registerInspectTools(server: McpServer, environments: Environments): void {
   addTool(server, "environment_diff", {
     description: "The environment's changes against its base commit, new files included, as " +
       "`git diff` (with a --stat summary). Large diffs are cut at max_bytes.",
     inputSchema: {
-      ...idOnly,
+      ...ID_ONLY,
       max_bytes: z.number().int().positive().max(LIMITS.maxOutputBytes).optional(),
     },
   }, (input, extra) =>
@@ -274,20 +282,24 @@ function registerLifecycleTools(
       "What the environment's sandbox tried to reach through the proxies (egress, LLM, " +
       "git): one entry per request or connection, allowed or denied, with the reason for a denial. " +
       "Use it to see why a download failed: only hosts the user's profile allows are reachable.",
-    inputSchema: idOnly,
+    inputSchema: ID_ONLY,
   }, (input) =>
     onEnvironment(environments, {
       tool: "environment_egress_log",
       id: input.environment_id,
       input,
     }, (env) => Promise.resolve(jsonResult({ entries: env.egressLog() }))));
+}
+
+/** environment_finish, environment_discard. */
+function registerEndTools(server: McpServer, environments: Environments): void {
   addTool(server, "environment_finish", {
     description: "Finish the environment: what is uncommitted in the checkout is committed (as " +
       "'sandbox'), the branch's commits are checked and brought into the user's repository as the " +
       "environment's branch (only that branch; the user's working tree is not touched), and the " +
       "sandbox is destroyed. If the work cannot be brought back, the environment stays open and the " +
       "error says why.",
-    inputSchema: idOnly,
+    inputSchema: ID_ONLY,
   }, (input, extra) =>
     onEnvironment(
       environments,
@@ -309,7 +321,7 @@ function registerLifecycleTools(
     ));
   addTool(server, "environment_discard", {
     description: "Discard the environment: its sandbox is destroyed and nothing comes back.",
-    inputSchema: idOnly,
+    inputSchema: ID_ONLY,
   }, (input) =>
     onEnvironment(
       environments,
