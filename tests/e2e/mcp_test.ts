@@ -5,7 +5,7 @@
  * the environment recorded as a run (`sandbox runs`, `sandbox logs`).
  */
 import assert from "node:assert/strict";
-import { assertDocker, dockerTest, explain } from "../_helpers.ts";
+import { assertDocker, dockerTest, explain, writeConfig } from "../_helpers.ts";
 import { git, McpFixture } from "../_mcp_fixture.ts";
 
 console.error("e2e: sandbox mcp tests starting");
@@ -158,5 +158,41 @@ Deno.test({
     const back = await mcp.ok("environment_finish", { environment_id: two.environment_id });
     assert.equal(back.branch, "feature/two");
     assert.equal(await git(fixture.repo, "show", "feature/two:two.txt"), "2");
+  },
+});
+
+Deno.test({
+  name:
+    "with a warm pool, an environment claims a ready sandbox, and the pool is refilled behind it",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using fixture = await McpFixture.open("mcppool");
+    fixture.config = await writeConfig(
+      fixture.dir.path,
+      `profiles:\n  ${fixture.profile}:\n` +
+        `    llm: {provider: custom, base_url: "http://127.0.0.1:9/v1", key: {env: UNUSED}}\n` +
+        "    sandbox: {pool: 1}\n",
+    );
+    const up = await fixture.cli(["up", "-p", fixture.profile, "--repo", fixture.repo]);
+    assert.equal(up.exitCode, 0, explain(up));
+    const [ready, ...more] = await fixture.containers();
+    assert.ok(ready && more.length === 0, `one ready sandbox: ${ready} ${more}`);
+    {
+      await using mcp = await fixture.client();
+      const opened = await mcp.ok("environment_open", {});
+      assert.equal(opened.container, ready);
+      await mcp.ok("environment_write_file", {
+        environment_id: opened.environment_id,
+        path: "p.txt",
+        content: "pool\n",
+      });
+      const back = await mcp.ok("environment_finish", { environment_id: opened.environment_id });
+      assert.equal(await git(fixture.repo, "show", `${back.branch}:p.txt`), "pool");
+    }
+    assert.ok(await fixture.containerGone(ready), `${ready} was not destroyed`);
+    const refilled = await fixture.containers();
+    assert.equal(refilled.length, 1, `the pool holds one ready sandbox again: ${refilled}`);
+    assert.notEqual(refilled[0], ready);
   },
 });
