@@ -177,7 +177,9 @@ export async function serveMcp(options: ServeMcpOptions): Promise<void> {
   });
   registerFileTools(server, environments);
   const transport = new StdioServerTransport(options.input, options.output);
+  let ended!: (reason: string) => void;
   const disconnected = new Promise<string>((resolve) => {
+    ended = resolve;
     const gone = () => resolve("the MCP client disconnected");
     options.input.once("end", gone);
     options.input.once("close", gone);
@@ -188,7 +190,8 @@ export async function serveMcp(options: ServeMcpOptions): Promise<void> {
     });
   });
   await server.connect(transport);
-  server.server.onclose = () => environments.closeAll("the MCP client disconnected");
+  // The connection closed from our side (a message that could not be read): that ends it too.
+  server.server.onclose = () => ended("the MCP connection closed");
   const reason = await disconnected;
   options.onProgress?.(`${reason}: ending ${environments.byId.size} environment(s)`);
   await environments.closeAll(reason);
