@@ -40,6 +40,7 @@ export async function buildProgram(): Promise<Command> {
     { registerCpCommand },
     { registerDoctorCommand },
     { registerEgressCommands },
+    { registerMcpCommand },
     { registerProxyCommand },
     { registerRunCommand },
     { registerRunsCommands },
@@ -51,6 +52,7 @@ export async function buildProgram(): Promise<Command> {
     import("./cli/cp_command.ts"),
     import("./cli/doctor_command.ts"),
     import("./cli/egress_command.ts"),
+    import("./cli/mcp_command.ts"),
     import("./cli/proxy_command.ts"),
     import("./cli/run_command.ts"),
     import("./cli/runs_commands.ts"),
@@ -76,6 +78,7 @@ export async function buildProgram(): Promise<Command> {
   registerProxyCommand(program);
   registerEgressCommands(program);
   registerDoctorCommand(program);
+  registerMcpCommand(program);
   registerRunCommand(program);
   registerRunsCommands(program);
   registerConfigCommands(program);

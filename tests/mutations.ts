@@ -33,6 +33,8 @@ const SECRET_GUARD_TESTS = ["tests/unit/secret_guard_test.ts"];
 const DOCKER_PROVIDER = "lib/sandbox/docker_provider.ts";
 const HOST_PROVIDER = "lib/sandbox/host_provider.ts";
 const AGENT_ROUTE_TESTS = ["tests/unit/agent_api_routes_test.ts"];
+const MCP_CONFINE = "lib/mcp/confine.ts";
+const MCP_TESTS = ["tests/security/mcp_test.ts"];
 
 const DOCTOR_VERDICTS = "lib/doctor/verdicts.ts";
 const DOCTOR_TESTS = ["tests/unit/doctor_verdicts_test.ts"];
@@ -1071,6 +1073,35 @@ export const MUTATIONS: Mutation[] = [
     find: `      if (await isAtPath(file, lockPath(name))) return file;`,
     replace: `      return file;`,
     tests: ["tests/unit/lock_test.ts"],
+  },
+  {
+    name: "MCP file tools use any path the client names (no check that it stays in the checkout)",
+    file: MCP_CONFINE,
+    find: `'case "$r" in "$root"|"$root"/*) ;; *) exit 92 ;; esac; '`,
+    replace: `''`,
+    tests: MCP_TESTS,
+  },
+  {
+    name:
+      "MCP file tools check the path without following symlinks (a symlink made in the checkout leads out)",
+    file: MCP_CONFINE,
+    find: `'r=$(realpath -m -- "$p") || exit 91; '`,
+    replace: `'r=$(realpath -m -s -- "$p") || exit 91; '`,
+    tests: MCP_TESTS,
+  },
+  {
+    name: "sandbox mcp does not notice the client vanish (its sandboxes stay while it waits)",
+    file: "lib/mcp/server.ts",
+    find: `const gone = () => resolve("the MCP client disconnected");`,
+    replace: `const gone = () => {};`,
+    tests: MCP_TESTS,
+  },
+  {
+    name: "sandbox mcp ends without destroying its environments' sandboxes",
+    file: "lib/mcp/server.ts",
+    find: `environment.close({ status: "interrupted", content: reason })`,
+    replace: `Promise.resolve()`,
+    tests: MCP_TESTS,
   },
   ...SECRET_NAME_RULES,
   ...DOCTOR_MUTATIONS,

@@ -53,7 +53,8 @@ export type RunStatus =
 
 export interface RunMeta {
   id: string;
-  mode: "agentic" | "generate";
+  /** `mcp`: an environment an MCP client worked in (lib/mcp). */
+  mode: "agentic" | "generate" | "mcp";
   profile: string;
   model: string;
   /** "container" or "none" (unsafe: on the host). */
