@@ -101,12 +101,14 @@ export class HostProvider implements SandboxProvider {
         stderrTail: ended.stderrTail,
       };
     });
+    // Read by the caller (`outcome`); this only keeps an unread failure from being unhandled.
     outcome.catch(() => {});
     return {
       stdout: child.stdout,
       outcome,
       stop: async () => {
         child.kill();
+        // Stopped on purpose: how it then ended (killed) is no error of the caller's.
         await outcome.catch(() => {});
       },
     };
