@@ -322,7 +322,12 @@ async function drive(prepared: Prepared, plan: RunPlan, stream: RunStream): Prom
     // run's result, an error one, as for an agent — not a sandbox failure.
     if (!(error instanceof GenerationError)) throw error;
     stream.generationError = error;
-    stream.result = agenticMessage({ type: "result", content: error.message, is_error: true, model });
+    stream.result = agenticMessage({
+      type: "result",
+      content: error.message,
+      is_error: true,
+      model,
+    });
   }
   await stream.emit(stream.result);
 }

@@ -21,12 +21,7 @@ import {
   reapOrphans,
 } from "./pool.ts";
 import { keepSandbox, listReady, poolKey } from "./pool_records.ts";
-import type {
-  RunSandbox,
-  SandboxKind,
-  SandboxLifecycle,
-  SandboxRequest,
-} from "./provider.ts";
+import type { RunSandbox, SandboxKind, SandboxLifecycle, SandboxRequest } from "./provider.ts";
 import type { SandboxError } from "../errors.ts";
 
 /** One run's Docker container, from the pool or started for it. */
@@ -100,9 +95,7 @@ export class DockerLifecycle implements SandboxLifecycle {
   async ready(kind: SandboxKind): Promise<string[]> {
     const repository = kind.repo ? await sandboxRepo(kind.repo.key) : undefined;
     const key = poolKey(this.profile.name, kind.agent, repository?.key);
-    return (await listReady()).filter((record) => record.key === key).map((record) =>
-      record.name
-    );
+    return (await listReady()).filter((record) => record.key === key).map((record) => record.name);
   }
 
   reapOrphans(): Promise<string[]> {

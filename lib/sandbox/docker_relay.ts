@@ -3,10 +3,10 @@
  * `docker exec` under the exec wrapper, as the relay's own uid, and the container's mounted
  * socket directory (proxy_mount.ts) where it has one. Chosen by providers.ts.
  */
-import { type RelayProcess, relayArgv, spawnRelayProcess } from "../proxy/relay_host.ts";
+import { relayArgv, type RelayProcess, spawnRelayProcess } from "../proxy/relay_host.ts";
 import { execEnvByName } from "./docker_env.ts";
 import { type DockerSandboxProvider, RELAY_USER } from "./docker_provider.ts";
-import { PROXY_MOUNT_PATH, prepareProxyMountSource } from "./proxy_mount.ts";
+import { prepareProxyMountSource, PROXY_MOUNT_PATH } from "./proxy_mount.ts";
 import type { SandboxRelayTransport } from "./provider.ts";
 
 /** The relay transport of `provider`'s container. */
@@ -79,4 +79,3 @@ export class DockerRelayTransport implements SandboxRelayTransport {
     return host === undefined ? undefined : { host, sandbox: PROXY_MOUNT_PATH };
   }
 }
-

@@ -71,10 +71,13 @@ export function providerContract(target: ConformanceTarget): void {
 /** exec, its streams, stdin, cwd, env and timeout; execStream and execBytes. */
 async function operations(t: Deno.TestContext, sandbox: RunSandbox, scratch: string) {
   const { provider } = sandbox;
-  await t.step("exec returns the command's exit code; non-zero is a result, not an error", async () => {
-    assert.equal((await provider.exec(["true"])).exitCode, 0);
-    assert.equal((await provider.exec(["sh", "-c", "exit 3"])).exitCode, 3);
-  });
+  await t.step(
+    "exec returns the command's exit code; non-zero is a result, not an error",
+    async () => {
+      assert.equal((await provider.exec(["true"])).exitCode, 0);
+      assert.equal((await provider.exec(["sh", "-c", "exit 3"])).exitCode, 3);
+    },
+  );
   await t.step("exec keeps stdout and stderr apart", async () => {
     const result = await provider.exec(["sh", "-c", "echo out; echo err >&2"]);
     assert.equal(result.stdout, "out\n");
@@ -135,22 +138,25 @@ async function files(t: Deno.TestContext, sandbox: RunSandbox, scratch: string) 
     await provider.writeFile(`${scratch}/run.sh`, "echo ran\n", { mode: 0o755 });
     assert.equal((await provider.exec(["sh", "-c", `"${scratch}/run.sh"`])).stdout, "ran\n");
   });
-  await t.step("copyIn copies a host directory in; copyOut copies it back out the same", async () => {
-    const host = await Deno.makeTempDir({ prefix: "sandbox-conformance-" });
-    try {
-      await Deno.mkdir(`${host}/in/sub`, { recursive: true });
-      await Deno.writeTextFile(`${host}/in/top.txt`, "top\n");
-      await Deno.writeTextFile(`${host}/in/sub/deep.txt`, "deep\n");
-      await provider.copyIn(`${host}/in`, `${scratch}/copied`);
-      const inside = await provider.exec(["cat", `${scratch}/copied/top.txt`]);
-      assert.equal(inside.stdout, "top\n");
-      await provider.copyOut(`${scratch}/copied`, `${host}/out`);
-      assert.equal(await Deno.readTextFile(`${host}/out/top.txt`), "top\n");
-      assert.equal(await Deno.readTextFile(`${host}/out/sub/deep.txt`), "deep\n");
-    } finally {
-      await Deno.remove(host, { recursive: true });
-    }
-  });
+  await t.step(
+    "copyIn copies a host directory in; copyOut copies it back out the same",
+    async () => {
+      const host = await Deno.makeTempDir({ prefix: "sandbox-conformance-" });
+      try {
+        await Deno.mkdir(`${host}/in/sub`, { recursive: true });
+        await Deno.writeTextFile(`${host}/in/top.txt`, "top\n");
+        await Deno.writeTextFile(`${host}/in/sub/deep.txt`, "deep\n");
+        await provider.copyIn(`${host}/in`, `${scratch}/copied`);
+        const inside = await provider.exec(["cat", `${scratch}/copied/top.txt`]);
+        assert.equal(inside.stdout, "top\n");
+        await provider.copyOut(`${scratch}/copied`, `${host}/out`);
+        assert.equal(await Deno.readTextFile(`${host}/out/top.txt`), "top\n");
+        assert.equal(await Deno.readTextFile(`${host}/out/sub/deep.txt`), "deep\n");
+      } finally {
+        await Deno.remove(host, { recursive: true });
+      }
+    },
+  );
 }
 
 /** What a path is, resolved inside the sandbox (a temporary directory may be reached by a link). */
