@@ -290,6 +290,7 @@ export async function hasSpareRelay(mountSource: string): Promise<boolean> {
     await Deno.lstat(spareRelayRecordPath(mountSource));
     return true;
   } catch {
+    // No record (or none this user can see): no spare waits.
     return false;
   }
 }
