@@ -47,7 +47,12 @@ export {
 } from "./lib/sandbox/docker_provider.ts";
 export type { DockerProviderOptions } from "./lib/sandbox/docker_provider.ts";
 export { DockerCli, LABEL } from "./lib/sandbox/docker.ts";
-export { createProvider, openProvider } from "./lib/sandbox/providers.ts";
+export {
+  createProvider,
+  openProvider,
+  relayTransportFor,
+  sandboxLifecycle,
+} from "./lib/sandbox/providers.ts";
 export type { OpenProviderOptions } from "./lib/sandbox/providers.ts";
 export {
   openDevcontainer,
@@ -63,8 +68,13 @@ export type {
   ExecResult,
   ExecStream,
   ExecStreamOutcome,
+  RunSandbox,
   SandboxHealth,
+  SandboxKind,
+  SandboxLifecycle,
   SandboxProvider,
+  SandboxRelayTransport,
+  SandboxRequest,
   SandboxState,
   SandboxStats,
   SandboxStatus,
@@ -86,7 +96,7 @@ export { agentCli } from "./lib/agents/agent_cli.ts";
 export type { AgentCli } from "./lib/agents/agent_cli.ts";
 export { agentImageTagFor, ensureAgentImage } from "./lib/agents/agent_image.ts";
 export type { AgentImageInfo, AgentImageOptions } from "./lib/agents/agent_image.ts";
-export { HostProvider } from "./lib/sandbox/host_provider.ts";
+export { HostLifecycle, HostProvider } from "./lib/sandbox/host_provider.ts";
 export { openSession, startHostProxies } from "./lib/proxy/session.ts";
 export type { HostProxies, SandboxSession, SessionOptions } from "./lib/proxy/session.ts";
 export { startCredentialProxy, TokenRegistry } from "./lib/proxy/credential_proxy.ts";

@@ -589,8 +589,7 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "closing a session leaves its token working (not revoked, its proxies still serving)",
     file: "lib/proxy/session.ts",
-    find: `tokens.revoke(token);
-    for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});`,
+    find: `context.tokens.revoke(context.token);`,
     replace: `return;`,
     tests: ["tests/unit/session_token_test.ts"],
   },
@@ -612,7 +611,7 @@ export const MUTATIONS: Mutation[] = [
     name:
       "a run in sandbox mode none leaves its proxies serving its token after it ends (library use)",
     file: "lib/run/run.ts",
-    find: `    context.cleanups.push(() => proxies.close());`,
+    find: `  context.cleanups.push(() => proxies.close());`,
     replace: ``,
     // No Docker: mode none runs the worker on this host (a few seconds).
     tests: ["tests/security/run_token_library_test.ts"],
@@ -796,9 +795,9 @@ export const MUTATIONS: Mutation[] = [
   {
     name:
       "the relay runs as the sandbox user (a leftover of the agent's uid can ptrace it, read its memory and token, kill it)",
-    file: "lib/proxy/session.ts",
-    find: "      RELAY_USER,\n",
-    replace: '      "10001:10001",\n',
+    file: "lib/sandbox/docker_relay.ts",
+    find: '"--interactive",\n      "--user",\n      RELAY_USER,\n',
+    replace: '"--interactive",\n      "--user",\n      "10001:10001",\n',
     tests: ["tests/security/relay_uid_test.ts"],
   },
   {
@@ -888,9 +887,17 @@ export const MUTATIONS: Mutation[] = [
     name:
       "a run's container is kept after the run: what its agent left (a spy, a squatter) lives on",
     file: "lib/run/run.ts",
-    find: "  if (!keep.worktree && !keep.branch) return await destroy(sandbox);",
+    find: "  if (!keep.worktree && !keep.branch) return await sandbox.release();",
     replace: "  if (!keep.worktree && !keep.branch) return;",
     tests: ["tests/security/cross_run_test.ts"],
+  },
+  {
+    name:
+      "releasing a Docker run sandbox leaves it running (its container, volume and host records stay for the next acquire to meet)",
+    file: "lib/sandbox/docker_lifecycle.ts",
+    find: "    return destroy(this.provider);",
+    replace: "    return Promise.resolve();",
+    tests: ["tests/conformance/docker_test.ts"],
   },
   {
     name: "the repository's object cache is mounted writable into a run's container",

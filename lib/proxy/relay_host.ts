@@ -323,6 +323,7 @@ class FirstBytes implements AsyncIterable<Uint8Array> {
 
 /** Close the relay's stdin, give it a moment to exit, then kill it. */
 async function stop(process: RelayProcess): Promise<void> {
+  // An input that cannot be closed belongs to a relay that is gone already: `finished` says so.
   await process.closeInput().catch(() => {});
   let timer: ReturnType<typeof setTimeout> | undefined;
   const late = new Promise<"late">((
@@ -330,6 +331,7 @@ async function stop(process: RelayProcess): Promise<void> {
   ) => (timer = setTimeout(() => resolve("late"), CLOSE_GRACE_MS)));
   const outcome = await Promise.race([process.finished.then(() => "exited" as const), late]);
   clearTimeout(timer);
+  // A kill that fails found the process gone: awaiting `finished` below is what counts.
   if (outcome === "late") await process.kill().catch(() => {});
   await process.finished;
 }
@@ -376,6 +378,8 @@ async function carry(stream: MuxStream, socketPath: string): Promise<void> {
     stream.resetStream("the service is not available");
     return;
   }
+  // A failure ends this one connection only: pipeStream has reset the stream and closed the
+  // socket by then, so the client in the sandbox sees a reset and nothing else is affected.
   await pipeStream(stream, conn).catch(() => {});
 }
 

@@ -5,12 +5,13 @@
  * the egress proxy (allowlisted outbound traffic) and, for a remote repository, the git proxy —
  * each on a Unix socket in a directory only this user can enter, so the host opens no port — and
  * issues a per-session token. The sandbox reaches them through a relay inside it (relay_host.ts):
- * loopback ports there, carried over the stdio of one `docker exec`. That works with no network
- * in the sandbox and with any engine the docker CLI reaches. On a local engine the sockets are in
- * the container's own directory, bind-mounted read-only into it (lib/sandbox/proxy_mount.ts), and
- * the relay connects to them directly when it can (`relay.transport`); `SANDBOX_RELAY_TRANSPORT=
- * stream` (or `relayTransport: "stream"`) keeps to the exec stream. Closing the session stops the
- * relay, revokes the token, stops the proxies and removes the sockets.
+ * loopback ports there, carried over the stdio of one exec the sandbox's relay transport starts
+ * (`SandboxRelayTransport`, lib/sandbox/provider.ts). That works with no network in the sandbox.
+ * Where the transport has a socket directory bound into the sandbox (a local Docker engine:
+ * lib/sandbox/proxy_mount.ts), the sockets go there and the relay connects to them directly when
+ * it can (`relay.transport`); `SANDBOX_RELAY_TRANSPORT=stream` (or `relayTransport: "stream"`)
+ * keeps to the exec stream. Closing the session stops the relay, revokes the token, stops the
+ * proxies and removes the sockets.
  */
 import { AccessLog } from "./access_log.ts";
 import { type Profile, userStateDir } from "../config.ts";
@@ -20,7 +21,6 @@ import {
   TokenRegistry,
   type UpstreamProvider,
 } from "./credential_proxy.ts";
-import { type DockerSandboxProvider, RELAY_USER } from "../sandbox/docker_provider.ts";
 import { startEgressProxy } from "./egress_proxy.ts";
 import type { GitRemote } from "./git_proxy.ts";
 import { KeyStore } from "../keys.ts";
@@ -32,11 +32,8 @@ import {
   BASE_PORT_STEP,
   DEFAULT_RELAY_BASE_PORT,
   portsFor,
-  relayArgv,
   type RelayHost,
-  type RelayLauncher,
   type RelayService,
-  spawnRelayProcess,
   startRelay,
 } from "./relay_host.ts";
 import {
@@ -46,15 +43,17 @@ import {
   hasSpareRelay,
   passOnSpareRelay,
   type ServingSpare,
+  type SocketMount,
   startSpareRelay,
 } from "./spare_relay.ts";
 import {
   makeSessionSocketDir,
   MAX_SOCKET_PATH,
-  prepareProxyMountSource,
   type SessionSocketDir,
   sweepStaleSessionDirs,
 } from "../sandbox/proxy_mount.ts";
+import type { SandboxProvider, SandboxRelayTransport } from "../sandbox/provider.ts";
+import { relayTransportFor } from "../sandbox/providers.ts";
 import { SandboxError } from "../errors.ts";
 import { trace } from "../trace.ts";
 
@@ -196,34 +195,36 @@ export function sessionServices(profile: Profile, options: { git?: boolean } = {
 }
 
 /**
- * A spare relay for the first session of `provider`'s container, which `up` has just made or
+ * A spare relay for the first session of `provider`'s sandbox, which `up` has just made or
  * started (a session leaves one only as it ends): on the first ports, serving what a session
- * without a remote serves. Only where the container has the mounted socket directory; best
+ * without a remote serves. Only where the sandbox has its socket directory bound in; best
  * effort, as every spare.
  */
 export async function readySpareRelay(
-  provider: DockerSandboxProvider,
+  provider: SandboxProvider & { readonly profile: Profile },
   signal?: AbortSignal,
 ): Promise<void> {
-  if (!await provider.hasProxyMount(signal).catch(() => false)) return;
-  const source = await prepareProxyMountSource(provider.containerName).catch(() => undefined);
-  if (!source) return;
+  const transport = relayTransportFor(provider);
+  const mount = await transport.socketMount({ confirm: true, signal });
+  if (!mount) return;
   await startSpareRelay(
-    provider,
-    source,
+    transport,
+    mount,
     portsFor(sessionServices(provider.profile), DEFAULT_RELAY_BASE_PORT),
   );
 }
 
-/**
- * Start the credential proxy, the egress proxy (unless the network mode is full) and the git
- * proxy (with a remote) for `profile`, and issue a token for them.
- */
-async function startProxies(
-  profile: Profile,
-  listen: Listen,
-  options: SessionOptions,
-): Promise<StartedProxies> {
+/** What every proxy of one session shares: the access log, the token registry, the upstream. */
+interface ProxyContext {
+  redactor: Redactor;
+  log: AccessLog;
+  tokens: TokenRegistry;
+  token: string;
+  target: { upstream: UpstreamProvider; model: string };
+}
+
+/** Open the access log and issue the session's token for `profile`'s upstream (or the given one). */
+async function proxyContext(profile: Profile, options: SessionOptions): Promise<ProxyContext> {
   const redactor = options.redactor ?? new Redactor();
   const keys = options.keys ?? new KeyStore({ redactor });
   const logPath = options.accessLogPath ?? defaultAccessLogPath();
@@ -242,68 +243,96 @@ async function startProxies(
     // The profile's rules hold whatever serves the requests (a replay or recorder included).
     policy: configured.policy,
   });
+  return { redactor, log, tokens, token, target };
+}
+
+/**
+ * Start the session's services, each at `at(service)`, pushing each one's close onto
+ * `cleanups` as soon as it listens (so that a later failure closes what was started).
+ */
+async function startServices(
+  profile: Profile,
+  context: ProxyContext,
+  at: (service: RelayService) => { hostnames: string[]; path?: string },
+  options: SessionOptions,
+  cleanups: (() => Promise<void>)[],
+): Promise<Pick<StartedProxies, "credentials" | "egress" | "git">> {
+  const { log, redactor, tokens, token } = context;
+  const runId = options.runId ?? null;
+  const credentials = await startCredentialProxy({
+    ...at("llm"),
+    tokens,
+    maxBodyBytes: parseSize(profile.llm.max_request_body),
+    log,
+    redactor,
+    signal: options.signal,
+  });
+  cleanups.push(() => credentials.close());
+  const { mode, allow, hosts } = profile.sandbox.network;
+  const egress = !sessionServices(profile).includes("egress") ? undefined : await startEgressProxy({
+    ...at("egress"),
+    mode,
+    allow,
+    hosts,
+    log,
+    profile: profile.name,
+    runId,
+    signal: options.signal,
+  });
+  if (egress) cleanups.push(() => egress.close());
+  // The git proxy's modules are loaded only for a session with a remote (~4 ms of every other).
+  const git = options.gitRemote
+    ? await (await import("./git_proxy.ts")).startGitProxy({
+      ...at("git"),
+      grants: new Map([[token, options.gitRemote]]),
+      log,
+      redactor,
+      profile: profile.name,
+      runId,
+      signal: options.signal,
+    })
+    : undefined;
+  if (git) cleanups.push(() => git.close());
+  return { credentials, egress, git };
+}
+
+/**
+ * Start the credential proxy, the egress proxy (unless the network mode is full) and the git
+ * proxy (with a remote) for `profile`, and issue a token for them. Closing revokes the token
+ * first, so that nothing is served with it while the proxies stop.
+ */
+async function startProxies(
+  profile: Profile,
+  listen: Listen,
+  options: SessionOptions,
+): Promise<StartedProxies> {
+  const context = await proxyContext(profile, options);
   const at = (service: RelayService) =>
     "socketDir" in listen
       ? { hostnames: [], path: `${listen.socketDir}/${service}.sock` }
       : { hostnames: listen.hostnames };
-
-  const cleanups: (() => Promise<void>)[] = [() => log.close()];
+  const cleanups: (() => Promise<void>)[] = [() => context.log.close()];
   const close = async () => {
-    tokens.revoke(token);
+    context.tokens.revoke(context.token);
+    // Each close is independent: one that fails (a listener already gone) must not keep the
+    // others from closing; the token is revoked above whatever happens here.
     for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
     cleanups.length = 0;
   };
   try {
-    const credentials = await startCredentialProxy({
-      ...at("llm"),
-      tokens,
-      maxBodyBytes: parseSize(profile.llm.max_request_body),
-      log,
-      redactor,
-      signal: options.signal,
-    });
-    cleanups.push(() => credentials.close());
-    const { mode, allow, hosts } = profile.sandbox.network;
-    const egress = !sessionServices(profile).includes("egress")
-      ? undefined
-      : await startEgressProxy({
-        ...at("egress"),
-        mode,
-        allow,
-        hosts,
-        log,
-        profile: profile.name,
-        runId: options.runId ?? null,
-        signal: options.signal,
-      });
-    if (egress) cleanups.push(() => egress.close());
-    // The git proxy's modules are loaded only for a session with a remote (~4 ms of every other).
-    const git = options.gitRemote
-      ? await (await import("./git_proxy.ts")).startGitProxy({
-        ...at("git"),
-        grants: new Map([[token, options.gitRemote]]),
-        log,
-        redactor,
-        profile: profile.name,
-        runId: options.runId ?? null,
-        signal: options.signal,
-      })
-      : undefined;
-    if (git) cleanups.push(() => git.close());
+    const started = await startServices(profile, context, at, options, cleanups);
     const sockets: Partial<Record<RelayService, string>> = {};
     if ("socketDir" in listen) {
-      sockets.llm = at("llm").path;
-      if (egress) sockets.egress = at("egress").path;
-      if (git) sockets.git = at("git").path;
+      for (const service of ["llm", "egress", "git"] as const) {
+        if (service === "llm" || started[service]) sockets[service] = at(service).path;
+      }
     }
     return {
-      token,
-      model: target.model,
-      redactor,
-      upstreamKind: target.upstream.kind,
-      credentials,
-      egress,
-      git,
+      token: context.token,
+      model: context.target.model,
+      redactor: context.redactor,
+      upstreamKind: context.target.upstream.kind,
+      ...started,
       sockets,
       close,
     };
@@ -371,22 +400,22 @@ async function sessionSocketDir(): Promise<string> {
 }
 
 /**
- * The container's mounted directory, where a session's sockets go, unless the session keeps to
- * the stream or a socket path there would not fit. Where the container has no such mount (an
- * older one, a remote engine), the relay finds nothing there and uses the stream.
+ * The sandbox's socket directory bound in, where a session's sockets go, unless the session keeps
+ * to the stream or a socket path there would not fit. Where the sandbox has no such binding (an
+ * older container, a remote engine), the relay finds nothing there and uses the stream.
  */
-async function mountSourceFor(
-  containerName: string,
-  transport = Deno.env.get(RELAY_TRANSPORT_ENV) || "auto",
-): Promise<string | undefined> {
-  if (transport !== "auto" && transport !== "stream") {
+async function mountFor(
+  transport: SandboxRelayTransport,
+  choice = Deno.env.get(RELAY_TRANSPORT_ENV) || "auto",
+): Promise<SocketMount | undefined> {
+  if (choice !== "auto" && choice !== "stream") {
     throw new SandboxError(
       "config_invalid",
-      `Invalid ${RELAY_TRANSPORT_ENV} "${transport}": use "auto" or "stream"`,
+      `Invalid ${RELAY_TRANSPORT_ENV} "${choice}": use "auto" or "stream"`,
     );
   }
-  if (transport === "stream") return undefined;
-  return await prepareProxyMountSource(containerName).catch(() => undefined);
+  if (choice === "stream") return undefined;
+  return await transport.socketMount();
 }
 
 /**
@@ -394,11 +423,12 @@ async function mountSourceFor(
  * (none when it cannot be made: removed under us, say; the stream needs no such directory).
  */
 async function mountedSocketDir(
-  source: string | undefined,
+  mount: SocketMount | undefined,
   claimed: ClaimedSpare | undefined,
 ): Promise<SessionSocketDir | undefined> {
   if (claimed) return { host: claimed.hostDir, sandbox: claimed.sandboxDir };
-  return source ? await makeSessionSocketDir(source).catch(() => undefined) : undefined;
+  // A directory that cannot be made leaves the session on the stream, which needs none.
+  return mount ? await makeSessionSocketDir(mount.host).catch(() => undefined) : undefined;
 }
 
 /**
@@ -424,143 +454,184 @@ function sameServices(
   return a === Object.keys(sockets).sort().join(",");
 }
 
+/** Where a session's relay is reached and its sockets are, decided before its proxies start. */
+interface SessionPlace {
+  transport: SandboxRelayTransport;
+  /** The sandbox's socket directory bound in; none when the session keeps to the stream. */
+  mount?: SocketMount;
+  /** The spare relay claimed for the session, and its answer (heard while the proxies start). */
+  claimed?: ClaimedSpare;
+  answering?: Promise<ServingSpare | undefined>;
+  /** The session's socket directory in the mount, as host and sandbox see it. */
+  mounted?: SessionSocketDir;
+  /** The session's socket directory on the host: `mounted.host`, or a private 0700 one. */
+  dir: string;
+  /** Stale session directories being swept from the mount (awaited at close). */
+  sweeping: Promise<void>;
+}
+
+async function placeSession(
+  transport: SandboxRelayTransport,
+  choice: SessionOptions["relayTransport"],
+): Promise<SessionPlace> {
+  const mount = await mountFor(transport, choice);
+  // What sessions killed before closing left there goes while this one opens. Best effort: a
+  // directory that stays is swept by a later session, or removed with the sandbox.
+  const sweeping = mount ? sweepStaleSessionDirs(mount.host).catch(() => {}) : Promise.resolve();
+  const claimed = mount ? await claimSpareRelay(transport, mount) : undefined;
+  // The claimed spare is heard while the proxies start: it carries nothing before a command runs.
+  const answering = claimed ? awaitSpareRelay(transport, claimed) : undefined;
+  // Its failure is an answer: no spare (read where it is awaited).
+  answering?.catch(() => {});
+  const mounted = await mountedSocketDir(mount, claimed);
+  const dir = mounted?.host ?? await sessionSocketDir();
+  return { transport, mount, claimed, answering, mounted, dir, sweeping };
+}
+
 /**
- * Runs the relay in `provider`'s container: `docker exec -i` under the exec wrapper, as the relay's
- * own uid (not the sandbox user's: nothing the agent runs can ptrace, read or kill it).
+ * A session's end: what it set up, undone in reverse order. Invariant: the spare relay serving
+ * the session since its start is passed on to the sandbox's next session (unless the sandbox has
+ * a spare already); any other claimed spare is stopped; the socket directory goes otherwise.
  */
-export function dockerRelayLauncher(
-  provider: DockerSandboxProvider,
-  runId?: string | null,
-): RelayLauncher {
-  return (args) => {
-    // A run's relay is named after the run (its exec id, in traces and `ps`).
-    const id = runId ? `relay-${runId}-${crypto.randomUUID()}` : `relay-${crypto.randomUUID()}`;
-    return spawnRelayProcess([
-      provider.docker.program,
-      "exec",
-      "--interactive",
-      "--user",
-      RELAY_USER,
-      // (Its Deno cache is the image's, read-only: scripts/sandbox-exec.)
-      provider.containerName,
-      "sandbox-exec",
-      id,
-      ...relayArgv(args),
-    ], {
-      kill: () => provider.stopExec(id),
-      // As every docker call: through the engine's API where it may (lib/sandbox/docker.ts).
-      spawn: (argv, options) => provider.docker.spawn(argv.slice(1), options),
-    });
+class SessionEnd {
+  readonly cleanups: (() => Promise<void>)[];
+  /** The claimed spare, while it is the relay serving this session. */
+  serving?: { spare: ServingSpare; relay: RelayHost };
+  /** A spare relay being started for the sandbox's next session (`leaveSpareRelay`). */
+  leavingSpare?: Promise<void>;
+  #passing = false;
+
+  constructor(readonly place: SessionPlace) {
+    const { transport, mount, claimed, answering, dir, sweeping } = place;
+    this.cleanups = [
+      () =>
+        this.#passing
+          ? passOnSpareRelay(transport, mount!, claimed!).then(() => {})
+          : Deno.remove(dir, { recursive: true }),
+      () => sweeping,
+      // A spare that answered but does not serve (the session failed to open, or serves other
+      // services): closing its control ends it.
+      async () => {
+        // A spare that failed to answer was stopped by awaitSpareRelay: nothing to end here.
+        const spare = await answering?.catch(() => undefined);
+        if (spare && spare !== this.serving?.spare) await spare.stop();
+      },
+    ];
+  }
+
+  /** The spare still serves, as it has since the start (no relay was launched in its place). */
+  spareServes(): boolean {
+    return this.serving !== undefined && this.serving.relay.starts === 1;
+  }
+
+  async close(): Promise<void> {
+    if (this.cleanups.length === 0) return;
+    // Passed on unless the sandbox has a spare already (a concurrent session's).
+    this.#passing = this.spareServes() && !await hasSpareRelay(this.place.mount!.host);
+    if (this.#passing) this.serving!.spare.passOn();
+    // Each step is independent and best effort: one that fails must not keep the others (the
+    // proxies' close, which revokes the token) from running. What a failed one leaves (a
+    // directory, a relay's exec) is swept by a later session or removed with the sandbox.
+    for (const cleanup of this.cleanups.splice(0).reverse()) await cleanup().catch(() => {});
+  }
+}
+
+/** The session's relay: the claimed spare when it answered and serves these services, else a new one. */
+async function sessionRelay(
+  end: SessionEnd,
+  proxies: StartedProxies,
+  options: SessionOptions,
+): Promise<RelayHost> {
+  const { transport, claimed, answering, mounted } = end.place;
+  const relayOptions = {
+    sockets: proxies.sockets,
+    sandboxSocketDir: mounted?.sandbox,
+    launch: (args: string[]) => transport.launchRelay(args, options.runId),
+    sandboxName: transport.sandboxName,
+    onEvent: (message: string) =>
+      options.onProgress?.(`sandbox ${transport.sandboxName}: ${message}`),
+  };
+  // A spare that failed to answer is no spare (awaitSpareRelay stopped it).
+  const spare = await answering?.catch(() => undefined);
+  if (spare && sameServices(claimed!.record.ports, proxies.sockets)) {
+    const relay = adoptRelay(relayOptions, claimed!.record.ports, spare);
+    end.serving = { spare, relay };
+    trace("session: spare relay claimed");
+    return relay;
+  }
+  if (spare) await spare.stop();
+  return await startRelay(relayOptions);
+}
+
+/** The session as its user sees it, once its relay listens. */
+async function sessionOf(
+  end: SessionEnd,
+  proxies: StartedProxies,
+  relay: RelayHost,
+): Promise<SandboxSession> {
+  const { transport, mount, mounted, dir } = end.place;
+  const local = (port: number | undefined) =>
+    port === undefined ? undefined : `http://127.0.0.1:${port}`;
+  const gitUrl = relay.ports.git === undefined
+    ? undefined
+    : `${local(relay.ports.git)}${(await import("./git_proxy.ts")).GIT_PATH_PREFIX}`;
+  const close = () => end.close();
+  return {
+    env: sandboxEnv(proxies, {
+      llm: `${local(relay.ports.llm)}${PROXY_PATH_PREFIX}`,
+      egress: local(relay.ports.egress),
+      git: gitUrl,
+      noProxy: [],
+    }),
+    gitUrl,
+    token: proxies.token,
+    model: proxies.model,
+    redactor: proxies.redactor,
+    relay,
+    socketDir: dir,
+    sandboxSocketDir: mounted?.sandbox,
+    leaveSpareRelay: () => {
+      // A spare that serves this session is passed on when it closes: nothing to start.
+      if (end.leavingSpare || !mount || relay.transport !== "socket" || end.spareServes()) return;
+      // Best effort: without a spare, the next session starts its own relay.
+      end.leavingSpare = startSpareRelay(transport, mount, otherPorts(relay.ports)).catch(
+        () => {},
+      );
+    },
+    close,
+    [Symbol.asyncDispose]: close,
   };
 }
 
 /**
- * Open a session for a running sandbox: its proxies on Unix sockets, a relay inside the sandbox
- * that listens on loopback there and carries connections to them, and the variables that point
- * the sandbox's tools at the relay. Returns once the relay listens.
+ * Open a session for a running sandbox (`sandbox`, or how its relay is reached): its proxies on
+ * Unix sockets, a relay inside the sandbox that listens on loopback there and carries
+ * connections to them, and the variables that point the sandbox's tools at the relay. Returns
+ * once the relay listens.
  */
 export async function openSession(
   profile: Profile,
-  provider: DockerSandboxProvider,
+  sandbox: SandboxProvider | SandboxRelayTransport,
   options: SessionOptions = {},
 ): Promise<SandboxSession> {
-  const source = await mountSourceFor(provider.containerName, options.relayTransport);
-  // What sessions killed before closing left there goes while this one opens (awaited at close).
-  const sweeping = source ? sweepStaleSessionDirs(source).catch(() => {}) : Promise.resolve();
-  const claimed = source ? await claimSpareRelay(provider, source) : undefined;
-  // The claimed spare is heard while the proxies start: it carries nothing before a command runs.
-  const answering = claimed ? awaitSpareRelay(provider, claimed) : undefined;
-  answering?.catch(() => {});
-  const mounted = await mountedSocketDir(source, claimed);
-  const dir = mounted?.host ?? await sessionSocketDir();
-  /** The claimed spare, while it is the relay serving this session (it is passed on at the end). */
-  let serving: { spare: ServingSpare; relay: RelayHost } | undefined;
-  let passing = false;
-  const cleanups: (() => Promise<void>)[] = [
-    () =>
-      passing
-        ? passOnSpareRelay(provider, source!, claimed!).then(() => {})
-        : Deno.remove(dir, { recursive: true }),
-    () => sweeping,
-    // A spare that answered but does not serve (the session failed to open, or serves other
-    // services): closing its control ends it.
-    async () => {
-      const spare = await answering?.catch(() => undefined);
-      if (spare && spare !== serving?.spare) await spare.stop();
-    },
-  ];
-  let leavingSpare: Promise<void> | undefined;
-  /** The spare still serves, as it has since the start (no relay was launched in its place). */
-  const spareServes = () => serving !== undefined && serving.relay.starts === 1;
-  const close = async () => {
-    if (cleanups.length === 0) return;
-    // Passed on unless the container has a spare already (a concurrent session's).
-    passing = spareServes() && !await hasSpareRelay(source!);
-    if (passing) serving!.spare.passOn();
-    for (const cleanup of cleanups.splice(0).reverse()) await cleanup().catch(() => {});
-  };
+  const transport = "launchRelay" in sandbox ? sandbox : relayTransportFor(sandbox);
+  const end = new SessionEnd(await placeSession(transport, options.relayTransport));
   try {
-    const proxies = await startProxies(profile, { socketDir: dir }, options);
-    cleanups.push(() => proxies.close());
+    const proxies = await startProxies(profile, { socketDir: end.place.dir }, options);
+    end.cleanups.push(() => proxies.close());
     // The sandbox user is another uid: it may connect (the 0700 parent keeps everyone else out).
-    if (mounted) {
+    if (end.place.mounted) {
       for (const socket of Object.values(proxies.sockets)) await Deno.chmod(socket, 0o666);
     }
-    const relayOptions = {
-      sockets: proxies.sockets,
-      sandboxSocketDir: mounted?.sandbox,
-      launch: dockerRelayLauncher(provider, options.runId),
-      sandboxName: provider.containerName,
-      onEvent: (message: string) =>
-        options.onProgress?.(`sandbox ${provider.containerName}: ${message}`),
-    };
-    let relay: RelayHost | undefined;
-    const spare = await answering?.catch(() => undefined);
-    if (spare && sameServices(claimed!.record.ports, proxies.sockets)) {
-      relay = adoptRelay(relayOptions, claimed!.record.ports, spare);
-      serving = { spare, relay };
-      trace("session: spare relay claimed");
-    } else if (spare) {
-      await spare.stop();
-    }
-    relay ??= await startRelay(relayOptions);
-    const carrying = relay;
-    cleanups.push(() => carrying.close());
+    const relay = await sessionRelay(end, proxies, options);
+    end.cleanups.push(() => relay.close());
     // The next session's relay, if one was asked for: this process must not end before the
-    // engine has started it.
-    cleanups.push(async () => await leavingSpare);
+    // sandbox has started it.
+    end.cleanups.push(async () => await end.leavingSpare);
     trace(`session: relay ready (${relay.transport} path)`);
-    const local = (port: number | undefined) =>
-      port === undefined ? undefined : `http://127.0.0.1:${port}`;
-    const gitUrl = relay.ports.git === undefined
-      ? undefined
-      : `${local(relay.ports.git)}${(await import("./git_proxy.ts")).GIT_PATH_PREFIX}`;
-    return {
-      env: sandboxEnv(proxies, {
-        llm: `${local(relay.ports.llm)}${PROXY_PATH_PREFIX}`,
-        egress: local(relay.ports.egress),
-        git: gitUrl,
-        noProxy: [],
-      }),
-      gitUrl,
-      token: proxies.token,
-      model: proxies.model,
-      redactor: proxies.redactor,
-      relay,
-      socketDir: dir,
-      sandboxSocketDir: mounted?.sandbox,
-      leaveSpareRelay: () => {
-        // A spare that serves this session is passed on when it closes: nothing to start.
-        if (leavingSpare || !source || carrying.transport !== "socket" || spareServes()) return;
-        leavingSpare = startSpareRelay(provider, source, otherPorts(carrying.ports)).catch(
-          () => {},
-        );
-      },
-      close,
-      [Symbol.asyncDispose]: close,
-    };
+    return await sessionOf(end, proxies, relay);
   } catch (error) {
-    await close();
+    await end.close();
     throw error;
   }
 }

@@ -32,14 +32,18 @@
  * stale (its container restarted, or it could not bind its ports) is found dead and dropped, and
  * the session starts a relay as before.
  */
-import { RELAY_USER } from "../sandbox/docker_provider.ts";
-import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { closeQuietly, readLine } from "../conn.ts";
 import { randomHex } from "../hash.ts";
-import { claimLiveRecord, PROXY_MOUNT_PATH, spareRelayRecordPath } from "../sandbox/proxy_mount.ts";
-import { relayArgv, type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
+import { claimLiveRecord, spareRelayRecordPath } from "../sandbox/proxy_mount.ts";
+import type { SandboxRelayTransport } from "../sandbox/provider.ts";
+import { type RelayService, type RunningRelay, SPARE_KEY_ENV } from "./relay_host.ts";
 import { trace } from "../trace.ts";
-import { execEnvByName } from "../sandbox/docker_env.ts";
+
+/** A sandbox's socket directory bound in: where the host and the sandbox see it. */
+export interface SocketMount {
+  host: string;
+  sandbox: string;
+}
 
 /** The socket a claiming session makes last, which the spare connects to (relay/main.ts). */
 const CONTROL_SOCKET = "control.sock";
@@ -75,19 +79,19 @@ export interface ClaimedSpare {
 }
 
 /**
- * Start a spare relay in `provider`'s container on `ports`, its socket directory in
- * `mountSource`, and record it there; nothing when the container already has one. Best effort:
- * a spare that cannot be started is only a slower next start.
+ * Start a spare relay in `transport`'s sandbox on `ports`, its socket directory in `mount`, and
+ * record it beside `mount`; nothing when the sandbox already has one. Best effort: a spare that
+ * cannot be started is only a slower next start.
  */
 export async function startSpareRelay(
-  provider: DockerSandboxProvider,
-  mountSource: string,
+  transport: SandboxRelayTransport,
+  mount: SocketMount,
   ports: Partial<Record<RelayService, number>>,
 ): Promise<void> {
-  const record = spareRelayRecordPath(mountSource);
-  if (await hasSpareRelay(mountSource)) return;
+  const record = spareRelayRecordPath(mount.host);
+  if (await hasSpareRelay(mount.host)) return;
   const dir = `s${randomHex(4).slice(0, 7)}`;
-  const hostDir = `${mountSource}/${dir}`;
+  const hostDir = `${mount.host}/${dir}`;
   // Readable (0755), unlike a session's (0711): the relay watches it for the control socket. Its
   // names are the fixed ones a session makes in any directory: nothing to hide by listing.
   await Deno.mkdir(hostDir, { mode: 0o755 });
@@ -97,66 +101,52 @@ export async function startSpareRelay(
   const args = [
     "--spare",
     "--sockets",
-    `${PROXY_MOUNT_PATH}/${dir}`,
+    `${mount.sandbox}/${dir}`,
     ...Object.entries(ports).map(([service, port]) => `${service}=${port}`),
   ];
-  // The value comes from the environment given below, never from an argument (`ps`).
-  const keyEnv = execEnvByName({ [SPARE_KEY_ENV]: key });
-  const started = await provider.docker.run([
-    "exec",
-    "--detach",
-    "--user",
-    RELAY_USER,
-    ...keyEnv.args,
-    provider.containerName,
-    "sandbox-exec",
-    id,
-    ...relayArgv(args),
-  ], { env: keyEnv.clientEnv, timeoutMs: 30_000 }).catch(() => undefined);
-  if (!started || started.exitCode !== 0) {
+  // The key goes in the relay's environment, never in an argument (`ps`).
+  const started = await transport.startDetachedRelay(id, args, { [SPARE_KEY_ENV]: key });
+  if (!started) {
+    // Nothing waits in it: the directory goes; a failed removal leaves only an empty directory,
+    // which goes with the sandbox's mount.
     await Deno.remove(hostDir, { recursive: true }).catch(() => {});
     return;
   }
-  const exec = started.stdout.trim();
-  const spare: SpareRecord = {
-    id,
-    dir,
-    ports,
-    key,
-    ...(/^[0-9a-f]{64}$/.test(exec) ? { exec } : {}),
-  };
+  const spare: SpareRecord = { id, dir, ports, key, ...started };
   try {
     // Only this user reads it (the state directory is 0700 as well); `createNew`: a spare another
     // session started meanwhile stays the one, and ours goes.
     await Deno.writeTextFile(record, JSON.stringify(spare), { createNew: true, mode: 0o600 });
     trace("session: spare relay started");
   } catch {
-    await provider.stopExec(id).catch(() => {});
+    // Best effort, as the spare itself: a relay left running here listens on ports no session
+    // was told and carries nothing (no control socket is ever made for it); it ends with the
+    // sandbox. The same holds for the directory.
+    await transport.stopRelay(id).catch(() => {});
     await Deno.remove(hostDir, { recursive: true }).catch(() => {});
   }
 }
 
 /**
- * Take `mountSource`'s spare relay for a session, if it has one that is alive. The record is
- * claimed by renaming it (two sessions cannot both get it); a dead spare's directory is removed.
+ * Take the spare relay waiting in `mount`, if there is one that is alive. The record is claimed
+ * by renaming it (two sessions cannot both get it); a dead spare's directory is removed.
  */
 export async function claimSpareRelay(
-  provider: DockerSandboxProvider,
-  mountSource: string,
+  transport: Pick<SandboxRelayTransport, "stopRelay">,
+  mount: SocketMount,
 ): Promise<ClaimedSpare | undefined> {
-  const stop = (id: string) => provider.stopExec(id);
   const spare = await claimLiveRecord(
-    spareRelayRecordPath(mountSource),
+    spareRelayRecordPath(mount.host),
     parseRecord,
-    mountSource,
-    stop,
+    mount.host,
+    (id) => transport.stopRelay(id),
     "session: spare relay",
   );
   return spare &&
     {
       record: spare,
-      hostDir: `${mountSource}/${spare.dir}`,
-      sandboxDir: `${PROXY_MOUNT_PATH}/${spare.dir}`,
+      hostDir: `${mount.host}/${spare.dir}`,
+      sandboxDir: `${mount.sandbox}/${spare.dir}`,
     };
 }
 
@@ -188,7 +178,7 @@ export interface ServingSpare extends RunningRelay {
  * lifetime), or undefined when it did not come in time (it is then stopped).
  */
 export async function awaitSpareRelay(
-  provider: Pick<DockerSandboxProvider, "stopExec">,
+  transport: Pick<SandboxRelayTransport, "stopRelay">,
   claimed: ClaimedSpare,
   waitMs = CONTROL_WAIT_MS,
 ): Promise<ServingSpare | undefined> {
@@ -196,7 +186,9 @@ export async function awaitSpareRelay(
   const listener = Deno.listen({ transport: "unix", path });
   await Deno.chmod(path, 0o666);
   const expected = new TextEncoder().encode(`${claimed.record.key}\n`);
-  const stopSpare = () => provider.stopExec(claimed.record.id).catch(() => {});
+  // A spare that did not answer and cannot be stopped carries nothing: its control socket is
+  // gone, and without one it serves no session; it ends with the sandbox.
+  const stopSpare = () => transport.stopRelay(claimed.record.id).catch(() => {});
   let timer: ReturnType<typeof setTimeout> | undefined;
   const timedOut = new Promise<undefined>((resolve) =>
     timer = setTimeout(() => resolve(undefined), waitMs)
@@ -216,11 +208,14 @@ export async function awaitSpareRelay(
           } else closeQuietly(conn);
         });
       }
+      // The listener closed (the wait is over) or failed: either way no relay came.
     })().catch(() => {}).finally(() => resolve(undefined));
   });
   const control = await Promise.race([accepting, timedOut]);
   clearTimeout(timer);
   listener.close();
+  // A socket file left behind is harmless: nothing listens on it any more, and the directory is
+  // emptied when the spare is passed on, or removed with the session or the sandbox.
   await Deno.remove(path).catch(() => {});
   for (const conn of pending) closeQuietly(conn);
   if (!control) {
@@ -250,6 +245,7 @@ export async function awaitSpareRelay(
       // its stdin): no exec to stop it, which would cost a run's end ~60 ms. Told `again` first,
       // it closes what it carried and waits for the next session instead.
       if (again) {
+        // A relay that cannot be told is gone already: closing below is all that is left to do.
         await control.write(new TextEncoder().encode(AGAIN)).catch(() => 0);
       }
       closeQuietly(control);
@@ -265,33 +261,36 @@ export async function awaitSpareRelay(
  * (another session left one meanwhile): this one is then stopped.
  */
 export async function passOnSpareRelay(
-  provider: Pick<DockerSandboxProvider, "stopExec">,
-  mountSource: string,
+  transport: Pick<SandboxRelayTransport, "stopRelay">,
+  mount: SocketMount,
   claimed: ClaimedSpare,
 ): Promise<boolean> {
   try {
     for await (const entry of Deno.readDir(claimed.hostDir)) {
       await Deno.remove(`${claimed.hostDir}/${entry.name}`, { recursive: true });
     }
-    await Deno.writeTextFile(spareRelayRecordPath(mountSource), JSON.stringify(claimed.record), {
+    await Deno.writeTextFile(spareRelayRecordPath(mount.host), JSON.stringify(claimed.record), {
       createNew: true,
       mode: 0o600,
     });
     trace("session: spare relay passed on");
     return true;
   } catch {
-    await provider.stopExec(claimed.record.id).catch(() => {});
+    // Not passed on: stopped, best effort (a relay left running has no record, so no session
+    // ever makes its control socket: it carries nothing and ends with the sandbox).
+    await transport.stopRelay(claimed.record.id).catch(() => {});
     await Deno.remove(claimed.hostDir, { recursive: true }).catch(() => {});
     return false;
   }
 }
 
-/** Whether `mountSource`'s container has a spare relay waiting (a record). */
+/** Whether the sandbox whose socket directory is `mountSource` has a spare relay waiting (a record). */
 export async function hasSpareRelay(mountSource: string): Promise<boolean> {
   try {
     await Deno.lstat(spareRelayRecordPath(mountSource));
     return true;
   } catch {
+    // No record (or none this user can see): no spare waits.
     return false;
   }
 }

@@ -250,6 +250,8 @@ export class ContainerDriver {
     } finally {
       const paths = launch.files.map((file) => file.path);
       if (paths.length > 0) {
+        // Best effort: the files are the agent's own private inputs in the sandbox's /tmp (a
+        // tmpfs), which goes with the sandbox; a failed removal must not hide the run's outcome.
         await this.#options.provider.exec(["rm", "-f", "--", ...paths], { timeoutMs: 30_000 })
           .catch(() => {});
       }

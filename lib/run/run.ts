@@ -9,21 +9,12 @@ import type { JsonSchema } from "../../worker/json_schema.ts";
 import type { Profile } from "../config.ts";
 import { ContainerDriver, GenerationError, WORKER_COMMAND } from "./container_driver.ts";
 import { startWorker, type WorkerProcess } from "./worker_process.ts";
-import {
-  attachPooledWorker,
-  claimPooled,
-  coldSandbox,
-  destroy,
-  fillPool,
-} from "../sandbox/pool.ts";
-import { keepSandbox } from "../sandbox/pool_records.ts";
-import { cacheVolumeName, updateCache } from "../repo/cache.ts";
 import { cliName } from "../cli_name.ts";
 import { trace } from "../trace.ts";
 import type { UpstreamProvider } from "../proxy/credential_proxy.ts";
-import { type DockerSandboxProvider, sandboxRepo } from "../sandbox/docker_provider.ts";
 import { EXIT, exitCodeFor, SandboxError } from "../errors.ts";
-import { HostProvider } from "../sandbox/host_provider.ts";
+import type { RunSandbox, SandboxKind, SandboxLifecycle } from "../sandbox/provider.ts";
+import { sandboxLifecycle } from "../sandbox/providers.ts";
 import { describeKeySource, type KeySource, KeyStore } from "../keys.ts";
 import { BUILTIN_PROVIDERS, llmTarget } from "../proxy/llm_providers.ts";
 import { type AgenticMessage, agenticMessage, driverUsage } from "./protocol.ts";
@@ -147,10 +138,33 @@ async function chooseUpstream(
   return { model: request.model };
 }
 
-export async function runAgent(request: RunRequest): Promise<RunOutcome> {
+/** What a run settles before it touches any sandbox: its id, repository, key, upstream and agent. */
+interface RunPlan {
+  /** The request, its signal also aborted by `limits`. */
+  request: RunRequest;
+  /** The user's interrupt, apart from the limits (a failure is recorded as what came first). */
+  interrupt?: AbortSignal;
+  /** Limits enforced while the run is live (resources.disk) stop it through this signal. */
+  limits: AbortController;
+  repo?: ResolvedRepo;
+  redactor: Redactor;
+  keys: KeyStore;
+  chosen: { upstream?: UpstreamProvider; model?: string; local?: LocalUpstream };
+  id: string;
+  model: string;
+  /** The agent CLI of `run agentic`, when it is not the built-in worker. */
+  agent?: AgentCliName;
+}
+
+/**
+ * Check the request and settle what the run needs before any sandbox, image or container is
+ * touched: user mistakes and a missing key stop it here, with nothing to clean up but a started
+ * replay or recorder upstream (closed when the agent check fails).
+ */
+async function planRun(request: RunRequest): Promise<RunPlan> {
   const { profile } = request;
+  // The user's interrupt alone (request.signal below also carries the limits).
   const interrupt = request.signal;
-  // Limits enforced while the run is live (resources.disk) stop it through this signal.
   const limits = new AbortController();
   request = {
     ...request,
@@ -168,8 +182,6 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   // any sandbox, image or container is touched, not as an error answer from the proxy later.
   if (!request.model?.startsWith(REPLAY_PREFIX)) await requireKey(profile, keys, request.signal);
   const chosen = await chooseUpstream(request, keys, redactor);
-  const id = repo?.id ?? newRunId();
-  const sandboxKind = profile.sandbox.mode === "container" ? "container" : profile.sandbox.mode;
   const model = chosen.model ?? llmTarget(profile.llm, keys).model;
   const agentName = request.mode === "agentic" ? request.agent ?? profile.llm.agent : undefined;
   const agent = isAgentCli(agentName) ? agentName : undefined;
@@ -187,241 +199,317 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       throw error;
     }
   }
-  await using log = await RunLog.create({
-    id,
-    mode: request.mode,
-    profile: profile.name,
-    model,
-    sandbox: sandboxKind,
-  }, redactor);
-  request.onStart?.(log.meta);
-  trace("run: id");
+  const id = repo?.id ?? newRunId();
+  return { request, interrupt, limits, repo, redactor, keys, chosen, id, model, agent };
+}
 
-  const cleanups: (() => Promise<unknown>)[] = [];
-  if (chosen.local) cleanups.push(() => chosen.local!.close());
-  let result: AgenticMessage | undefined;
-  let generationError: GenerationError | undefined;
-  // The protocol promises one result and the usage last, whatever happens: what was sent decides
-  // what a failure still owes the reader.
-  const sent = { result: false, usage: false };
-  let events = 0;
-  /** As the run's cleanup begins: what it leaves for the next run (see prepare). */
-  let underWay: (() => void) | undefined;
-  const emit = async (message: AgenticMessage) => {
-    await log.append(message);
-    await request.onEvent(message);
-    if (events++ === 0) {
-      trace("run: first event");
-      underWay?.();
-    }
-    if (message.type === "result") sent.result = true;
-    if (message.type === "usage") sent.usage = true;
-  };
-  const started = performance.now();
+/**
+ * What a run has said, and where it ran. Invariant: the protocol promises one result and the
+ * usage last, whatever happens; `sent` records what was said, so that a failure knows what it
+ * still owes the reader.
+ */
+class RunStream {
+  result?: AgenticMessage;
+  generationError?: GenerationError;
+  readonly sent = { result: false, usage: false };
+  readonly started = performance.now();
   /** LLM calls the credential proxy completed: the usage known so far when the worker cannot say. */
-  let llmCalls = 0;
-  const countLlmCall = (entry: { kind: string; decision: string; path?: string }) => {
+  llmCalls = 0;
+  /** Called once, at the first event: the run is under way (see prepare). */
+  underWay?: () => void;
+  /** Where the agent worked, and whether its sandbox stays (`kept`). */
+  place: Record<string, unknown> = {};
+  kept?: { worktree: boolean; branch: boolean };
+  #events = 0;
+
+  constructor(readonly log: RunLog, readonly request: RunRequest) {}
+
+  /** Append `message` to the run's log, then hand it on. */
+  async emit(message: AgenticMessage): Promise<void> {
+    await this.log.append(message);
+    await this.request.onEvent(message);
+    if (this.#events++ === 0) {
+      trace("run: first event");
+      this.underWay?.();
+    }
+    if (message.type === "result") this.sent.result = true;
+    if (message.type === "usage") this.sent.usage = true;
+  }
+
+  readonly countLlmCall = (entry: { kind: string; decision: string; path?: string }) => {
     if (
       entry.kind === "llm" && entry.decision === "allow" &&
       /\/(chat\/completions|messages|responses)$/.test(entry.path ?? "")
-    ) llmCalls++;
+    ) this.llmCalls++;
   };
-  /** Where the agent worked, and whether its container stays (`kept`). */
-  let place: Record<string, unknown> = {};
-  let kept: { worktree: boolean; branch: boolean } | undefined;
-  const placed = () => ({ ...place, kept: kept !== undefined && (kept.worktree || kept.branch) });
+
+  placed(): Record<string, unknown> {
+    const kept = this.kept !== undefined && (this.kept.worktree || this.kept.branch);
+    return { ...this.place, kept };
+  }
+}
+
+export async function runAgent(request: RunRequest): Promise<RunOutcome> {
+  const plan = await planRun(request);
+  request = plan.request;
+  const { profile } = request;
+  await using log = await RunLog.create({
+    id: plan.id,
+    mode: request.mode,
+    profile: profile.name,
+    model: plan.model,
+    sandbox: profile.sandbox.mode,
+  }, plan.redactor);
+  request.onStart?.(log.meta);
+  trace("run: id");
+  // Undone in reverse order whatever happens: each step of setup pushes its own.
+  const cleanups: (() => Promise<unknown>)[] = [];
+  if (plan.chosen.local) cleanups.push(() => plan.chosen.local!.close());
+  const stream = new RunStream(log, request);
   try {
-    const onAgentEvent = (line: string) => log.appendAgentEvent(line);
-    const { driver, cwd, provider, worktree, session, keep, underWay: prepared } = await prepare(
-      request,
-      {
-        id,
-        redactor,
-        keys,
-        chosen,
-        cleanups,
-        repo,
-        onAccess: countLlmCall,
-        agent,
-        onAgentEvent,
-        limits,
-        onSandbox: (container) => log.note({ container }),
-      },
-    );
-    underWay = prepared;
+    const prepared = await prepare(request, {
+      ...plan,
+      cleanups,
+      onAccess: stream.countLlmCall,
+      onAgentEvent: (line) => log.appendAgentEvent(line),
+      onSandbox: (container) => log.note({ container }),
+    });
+    stream.underWay = prepared.underWay;
+    stream.place = { container: prepared.sandbox?.name ?? null, workdir: prepared.cwd };
+    stream.kept = prepared.keep;
     // What the branch return needs, should this process die before it (lib/run/recover.ts).
-    if (repo && worktree) await log.note(branchReturnNote(repo, worktree));
-    place = { container: provider?.containerName ?? null, workdir: cwd };
-    kept = keep;
-    if (request.mode === "agentic") {
-      for await (
-        const message of driver.executeAgentic(request.prompt, {
-          cwd,
-          instructions: request.instructions,
-          runId: id,
-          timeoutMs: request.timeoutMs,
-          signal: request.signal,
-        })
-      ) {
-        if (message.type === "result") result = message;
-        await emit(message);
-      }
-    } else {
-      try {
-        const { value } = await driver.generate(request.prompt, {
-          schema: request.schema,
-          runId: id,
-          timeoutMs: request.timeoutMs,
-          signal: request.signal,
-        });
-        result = agenticMessage({
-          type: "result",
-          content: typeof value === "string" ? value : JSON.stringify(value),
-          model,
-        });
-      } catch (error) {
-        // The model failed (an error answer, or one that does not fit the schema): that is the
-        // run's result, an error one, as for an agent — not a sandbox failure.
-        if (!(error instanceof GenerationError)) throw error;
-        generationError = error;
-        result = agenticMessage({ type: "result", content: error.message, is_error: true, model });
-      }
-      await emit(result);
+    if (plan.repo && prepared.worktree) {
+      await log.note(branchReturnNote(plan.repo, prepared.worktree));
     }
-    let extra: Record<string, unknown> | undefined;
-    if (repo?.kind === "local" && worktree && provider && result) {
-      trace("run: branch return");
-      const back = await collectResult(provider, repo.local, worktree, {
-        runId: id,
-        signal: request.signal,
-        maxBytes: profile.resources.diskBytes,
-      })
-        .catch((error) => {
-          keep.worktree = true;
-          request.onProgress?.(
-            `the run's work is kept in ${provider.containerName}: ${worktree.path} (branch ${worktree.branch} of ${worktree.bare})`,
-          );
-          throw error;
-        });
-      extra = {
-        repo: repo.local.path,
-        branch: back.commit ? back.branch : null,
-        base: back.base,
-        commit: back.commit,
-        diffstat: back.diffstat,
-        commits: back.commits,
-      };
-      reportResult(request, back, repo.local.path);
-      await request.onLifecycle?.({
-        type: "sandbox.branch",
-        run_id: id,
-        repository: repo.local.path,
-        ...snake(back),
-      });
-    } else if (repo?.kind === "remote" && worktree && provider && session?.gitUrl && result) {
-      const back = await finishRemoteRun(provider, worktree, {
-        runId: id,
-        push: request.repo?.push === true,
-        gitUrl: session.gitUrl,
-        env: session.env,
-        signal: request.signal,
-      });
-      extra = {
-        repo: repo.remote.url,
-        branch: back.commit ? back.branch : null,
-        base: back.base,
-        commit: back.commit,
-        diffstat: back.diffstat,
-        commits: back.commits,
-        pushed: back.pushed,
-      };
-      const say = request.onProgress ?? (() => {});
-      if (!back.commit) say("the agent changed nothing: nothing to push");
-      else if (back.pushed) {
-        say(
-          `branch ${back.branch}: ${back.commits.length} commit(s) on ${
-            back.base.slice(0, 12)
-          }, pushed to ${repo.remote.url}`,
-        );
-      } else {
-        // Not pushed: the commits must not vanish with the worktree.
-        keep.branch = true;
-        say(
-          `branch ${back.branch}: ${back.commits.length} commit(s) on ${
-            back.base.slice(0, 12)
-          }, not pushed: kept in ${provider.containerName} as ${worktree.branch} of ${worktree.bare}`,
-        );
-      }
-      for (const ref of back.ignoredRefs) {
-        say(
-          `warning: the agent created ${ref} in the sandbox: not pushed (only the run branch is)`,
-        );
-      }
-      await request.onLifecycle?.({
-        type: "sandbox.branch",
-        run_id: id,
-        repository: repo.remote.url,
-        ignored_refs: back.ignoredRefs,
-        branch: back.commit ? back.branch : null,
-        base: back.base,
-        commit: back.commit,
-        commits: back.commits,
-        diffstat: back.diffstat,
-        pushed: back.pushed,
-        committed_leftovers: back.committedLeftovers,
-      });
-    }
-    await emitUsage(
-      log,
-      request,
-      agenticMessage({ type: "usage", usage: driver.getUsage(), model }),
-    );
-    sent.usage = true;
-    const failed = result?.is_error === true;
-    await log.finish({
-      status: failed ? "failed" : "succeeded",
-      exitCode: failed ? 1 : 0,
-      usage: driver.getUsage(),
-      error: failed ? result?.content ?? "the agent reported an error" : null,
-      extra: { ...placed(), ...extra, ...(agent ? { agent } : {}) },
-    });
-    return outcomeOf(log, failed ? 1 : 0, generationError);
+    await drive(prepared, plan, stream);
+    const extra = await bringBack(prepared, plan, stream);
+    return await finishSucceeded(prepared.driver, plan, stream, extra);
   } catch (error) {
-    const failure = await runFailure(error, {
-      interrupt,
-      limits: limits.signal,
-      container: log.meta.extra?.container as string | undefined,
-    });
-    // Close the stream as promised: an error result saying what happened, then the usage so far.
-    const usage = driverUsage({
-      duration_ms: Math.round(performance.now() - started),
-      num_turns: llmCalls,
-      model,
-    });
-    if (!sent.result) {
-      await emit(
-        agenticMessage({ type: "result", content: failure.message, is_error: true, model }),
-      ).catch(() => {});
-    }
-    if (!sent.usage) {
-      // A result already sent (the run failed after it: its branch return) did not say this.
-      const content = sent.result ? failure.message : null;
-      await emitUsage(log, request, agenticMessage({ type: "usage", usage, model, content }))
-        .catch(() => {});
-    }
-    await log.finish({
-      status: statusFor(failure),
-      exitCode: exitCodeFor(failure),
-      usage,
-      error: failure.message,
-      extra: placed(),
-    });
-    return outcomeOf(log, exitCodeFor(failure), failure);
+    return await finishFailed(error, plan, stream);
   } finally {
     trace("run: cleaning up");
+    // Each cleanup is independent: one that fails (a container already gone, a closed proxy)
+    // must not keep the rest from running. Whatever a failed one leaves is found later by
+    // label or by the pool's book (`up`, `teardown --all`).
     for (const cleanup of cleanups.reverse()) await cleanup().catch(() => {});
     trace("run: cleaned up");
   }
+}
+
+/** The run's job: the agent's events, or the one generation, each appended and handed on. */
+async function drive(prepared: Prepared, plan: RunPlan, stream: RunStream): Promise<void> {
+  const { request, id, model } = plan;
+  const { driver, cwd } = prepared;
+  if (request.mode === "agentic") {
+    for await (
+      const message of driver.executeAgentic(request.prompt, {
+        cwd,
+        instructions: request.instructions,
+        runId: id,
+        timeoutMs: request.timeoutMs,
+        signal: request.signal,
+      })
+    ) {
+      if (message.type === "result") stream.result = message;
+      await stream.emit(message);
+    }
+    return;
+  }
+  try {
+    const { value } = await driver.generate(request.prompt, {
+      schema: request.schema,
+      runId: id,
+      timeoutMs: request.timeoutMs,
+      signal: request.signal,
+    });
+    stream.result = agenticMessage({
+      type: "result",
+      content: typeof value === "string" ? value : JSON.stringify(value),
+      model,
+    });
+  } catch (error) {
+    // The model failed (an error answer, or one that does not fit the schema): that is the
+    // run's result, an error one, as for an agent — not a sandbox failure.
+    if (!(error instanceof GenerationError)) throw error;
+    stream.generationError = error;
+    stream.result = agenticMessage({
+      type: "result",
+      content: error.message,
+      is_error: true,
+      model,
+    });
+  }
+  await stream.emit(stream.result);
+}
+
+/** The run's work brought back from the sandbox (a repository run with a result): what to record. */
+async function bringBack(
+  prepared: Prepared,
+  plan: RunPlan,
+  stream: RunStream,
+): Promise<Record<string, unknown> | undefined> {
+  const { repo } = plan;
+  const { worktree, sandbox, session } = prepared;
+  if (!worktree || !sandbox || !stream.result) return undefined;
+  if (repo?.kind === "local") return await bringBackLocal(repo, worktree, sandbox, prepared, plan);
+  if (repo?.kind === "remote" && session?.gitUrl) {
+    return await bringBackRemote(repo, worktree, sandbox, prepared, plan);
+  }
+  return undefined;
+}
+
+/** A local repository's run branch, imported through the quarantine; kept in the sandbox on failure. */
+async function bringBackLocal(
+  repo: Extract<ResolvedRepo, { kind: "local" }>,
+  worktree: RunWorktree,
+  sandbox: RunSandbox,
+  prepared: Prepared,
+  { request, id }: RunPlan,
+): Promise<Record<string, unknown>> {
+  trace("run: branch return");
+  const back = await collectResult(sandbox.provider, repo.local, worktree, {
+    runId: id,
+    signal: request.signal,
+    maxBytes: request.profile.resources.diskBytes,
+    onProgress: request.onProgress,
+  })
+    .catch((error) => {
+      prepared.keep.worktree = true;
+      request.onProgress?.(
+        `the run's work is kept in ${sandbox.name}: ${worktree.path} (branch ${worktree.branch} of ${worktree.bare})`,
+      );
+      throw error;
+    });
+  reportResult(request, back, repo.local.path);
+  await request.onLifecycle?.({
+    type: "sandbox.branch",
+    run_id: id,
+    repository: repo.local.path,
+    ...snake(back),
+  });
+  return {
+    repo: repo.local.path,
+    branch: back.commit ? back.branch : null,
+    base: back.base,
+    commit: back.commit,
+    diffstat: back.diffstat,
+    commits: back.commits,
+  };
+}
+
+/** A remote repository's run branch, pushed when asked; kept in the sandbox when not pushed. */
+async function bringBackRemote(
+  repo: Extract<ResolvedRepo, { kind: "remote" }>,
+  worktree: RunWorktree,
+  sandbox: RunSandbox,
+  prepared: Prepared,
+  { request, id }: RunPlan,
+): Promise<Record<string, unknown>> {
+  const session = prepared.session!;
+  const back = await finishRemoteRun(sandbox.provider, worktree, {
+    runId: id,
+    push: request.repo?.push === true,
+    gitUrl: session.gitUrl!,
+    env: session.env,
+    signal: request.signal,
+  });
+  const say = request.onProgress ?? (() => {});
+  const commits = `${back.commits.length} commit(s) on ${back.base.slice(0, 12)}`;
+  if (!back.commit) say("the agent changed nothing: nothing to push");
+  else if (back.pushed) say(`branch ${back.branch}: ${commits}, pushed to ${repo.remote.url}`);
+  else {
+    // Not pushed: the commits must not vanish with the worktree.
+    prepared.keep.branch = true;
+    say(
+      `branch ${back.branch}: ${commits}, not pushed: kept in ${sandbox.name} as ${worktree.branch} of ${worktree.bare}`,
+    );
+  }
+  for (const ref of back.ignoredRefs) {
+    say(`warning: the agent created ${ref} in the sandbox: not pushed (only the run branch is)`);
+  }
+  await request.onLifecycle?.({
+    type: "sandbox.branch",
+    run_id: id,
+    repository: repo.remote.url,
+    ignored_refs: back.ignoredRefs,
+    branch: back.commit ? back.branch : null,
+    base: back.base,
+    commit: back.commit,
+    commits: back.commits,
+    diffstat: back.diffstat,
+    pushed: back.pushed,
+    committed_leftovers: back.committedLeftovers,
+  });
+  return {
+    repo: repo.remote.url,
+    branch: back.commit ? back.branch : null,
+    base: back.base,
+    commit: back.commit,
+    diffstat: back.diffstat,
+    commits: back.commits,
+    pushed: back.pushed,
+  };
+}
+
+/** A run that got through: the usage last, the record finished, exit 1 for an `is_error` result. */
+async function finishSucceeded(
+  driver: ContainerDriver,
+  { request, model, agent }: RunPlan,
+  stream: RunStream,
+  extra: Record<string, unknown> | undefined,
+): Promise<RunOutcome> {
+  const { log, result } = stream;
+  await emitUsage(log, request, agenticMessage({ type: "usage", usage: driver.getUsage(), model }));
+  stream.sent.usage = true;
+  const failed = result?.is_error === true;
+  await log.finish({
+    status: failed ? "failed" : "succeeded",
+    exitCode: failed ? 1 : 0,
+    usage: driver.getUsage(),
+    error: failed ? result?.content ?? "the agent reported an error" : null,
+    extra: { ...stream.placed(), ...extra, ...(agent ? { agent } : {}) },
+  });
+  return outcomeOf(log, failed ? 1 : 0, stream.generationError);
+}
+
+/**
+ * A run that failed: the stream closed as promised (an error result saying what happened, then
+ * the usage so far, each only if not sent yet) and the record finished with the failure's code.
+ */
+async function finishFailed(error: unknown, plan: RunPlan, stream: RunStream): Promise<RunOutcome> {
+  const { interrupt, limits, model, request } = plan;
+  const { log } = stream;
+  const failure = await runFailure(error, {
+    interrupt,
+    limits: limits.signal,
+    container: log.meta.extra?.container as string | undefined,
+  });
+  const usage = driverUsage({
+    duration_ms: Math.round(performance.now() - stream.started),
+    num_turns: stream.llmCalls,
+    model,
+  });
+  // A reader that went away (a broken pipe) cannot be told: the record below still is, and a
+  // write to it that fails is reported through `log.storeFailure()` in the outcome.
+  if (!stream.sent.result) {
+    await stream.emit(
+      agenticMessage({ type: "result", content: failure.message, is_error: true, model }),
+    ).catch(() => {});
+  }
+  if (!stream.sent.usage) {
+    // A result already sent (the run failed after it: its branch return) did not say this.
+    const content = stream.sent.result ? failure.message : null;
+    await emitUsage(log, request, agenticMessage({ type: "usage", usage, model, content }))
+      .catch(() => {}); // a reader gone away: the record still says it (above)
+  }
+  await log.finish({
+    status: statusFor(failure),
+    exitCode: exitCodeFor(failure),
+    usage,
+    error: failure.message,
+    extra: stream.placed(),
+  });
+  return outcomeOf(log, exitCodeFor(failure), failure);
 }
 
 /**
@@ -548,217 +636,319 @@ function snake(back: RepoResult): Record<string, unknown> {
   };
 }
 
-/**
- * The end of a run's container: destroyed, unless the run's work stays in it (it could not be
- * brought back, or the user asked to keep it): then it is kept, and where to find it is said.
- */
-async function finishSandbox(
-  sandbox: DockerSandboxProvider,
-  keep: { worktree: boolean; branch: boolean },
-  onProgress?: (line: string) => void,
-): Promise<void> {
-  if (!keep.worktree && !keep.branch) return await destroy(sandbox);
-  await keepSandbox(sandbox.containerName);
-  onProgress?.(
-    `the run's container ${sandbox.containerName} is kept with its work; remove it with: ${cliName()} down -p ${sandbox.profile.name}`,
-  );
-}
-
-/** The sandbox side of a run: provider, session and driver, with their cleanups registered. */
-async function prepare(
-  request: RunRequest,
-  context: {
-    id: string;
-    redactor: Redactor;
-    keys: KeyStore;
-    chosen: { upstream?: UpstreamProvider; model?: string };
-    cleanups: (() => Promise<unknown>)[];
-    repo?: ResolvedRepo;
-    onAccess?: (entry: { kind: string; decision: string; path?: string }) => void;
-    /** An agent CLI instead of the worker. */
-    agent?: AgentCliName;
-    onAgentEvent?: (line: string) => void;
-    /** Aborted (with the reason) when the run passes a limit watched while it is live. */
-    limits: AbortController;
-    /** Told the run's container as soon as it has one (recorded in the run's metadata). */
-    onSandbox?: (container: string) => Promise<void>;
-  },
-): Promise<{
+/** What the run's setup gives the rest of the run. */
+interface Prepared {
   driver: ContainerDriver;
   cwd: string;
-  provider?: DockerSandboxProvider;
+  /** The run's own sandbox; none in mode none (the host). */
+  sandbox?: RunSandbox;
   worktree?: RunWorktree;
   session?: SandboxSession;
+  /** Set when the work must stay in the sandbox (it is then kept instead of released). */
   keep: { worktree: boolean; branch: boolean };
   /** Called once the run is under way (its first event). */
   underWay?: () => void;
-}> {
+}
+
+/** What `prepare` is given: the plan, and where to register each cleanup and observation. */
+interface PrepareContext extends RunPlan {
+  cleanups: (() => Promise<unknown>)[];
+  onAccess?: (entry: { kind: string; decision: string; path?: string }) => void;
+  onAgentEvent?: (line: string) => void;
+  /** Told the run's sandbox as soon as it has one (recorded in the run's metadata). */
+  onSandbox?: (container: string) => Promise<void>;
+}
+
+type Devcontainer = Awaited<
+  ReturnType<Awaited<ReturnType<typeof devcontainerModule>>["openDevcontainer"]>
+>;
+
+/**
+ * The end of a run's sandbox: released, unless the run's work stays in it (it could not be
+ * brought back, or the user asked to keep it): then it is kept, and where to find it is said.
+ */
+async function finishSandbox(
+  sandbox: RunSandbox,
+  profile: Profile,
+  keep: { worktree: boolean; branch: boolean },
+  onProgress?: (line: string) => void,
+): Promise<void> {
+  if (!keep.worktree && !keep.branch) return await sandbox.release();
+  await sandbox.keep();
+  onProgress?.(
+    `the run's container ${sandbox.name} is kept with its work; remove it with: ${cliName()} down -p ${profile.name}`,
+  );
+}
+
+/**
+ * The sandbox side of a run: sandbox, session, checkout and driver, each cleanup registered as
+ * soon as its step has begun (so that a failure at any point undoes exactly what was done).
+ */
+async function prepare(request: RunRequest, context: PrepareContext): Promise<Prepared> {
   /** Set when the result could not be brought back: the work then stays in the sandbox. */
   const keep = { worktree: false, branch: false };
-  const { signal } = request;
-  // Mode devcontainer: the repository's devcontainer image, run by the Docker provider from here on.
-  const devcontainer =
-    request.profile.sandbox.mode === "devcontainer" && context.repo?.kind === "local"
-      ? await (await devcontainerModule()).openDevcontainer(request.profile, {
-        repo: context.repo.local.path,
-        base: context.repo.local.base,
-        onProgress: request.onProgress,
-        signal,
-      })
-      : undefined;
+  // Mode devcontainer: the repository's devcontainer image, run as mode container from here on.
+  const devcontainer = await openDevcontainerFor(request, context.repo);
   const profile = devcontainer?.profile ?? request.profile;
-  // What an agent CLI may read of the repository's configuration for it: only what the user trusts.
+  const checkingConfig = checkAgentConfig(context, devcontainer);
+  const sandboxes = await sandboxLifecycle(profile);
+  if (!sandboxes.isolated) return await prepareHost(request, profile, sandboxes, context, keep);
+  const local = context.repo?.kind === "local" ? context.repo : undefined;
+  const remote = context.repo?.kind === "remote" ? context.repo : undefined;
+  const kind: SandboxKind = {
+    agent: context.agent,
+    repo: context.repo && { key: local ? local.local.key : remote!.remote.key },
+    onProgress: request.onProgress,
+  };
+  // A sandbox no other run has touched: one started ahead for the pool and claimed by this run
+  // alone, or one made now. It is released (or kept) when the run ends.
+  const sandbox = await sandboxes.acquire({ ...kind, runId: context.id, signal: request.signal });
+  context.cleanups.push(() => finishSandbox(sandbox, profile, keep, request.onProgress));
+  await context.onSandbox?.(sandbox.name);
+  trace(sandbox.fromPool ? "run: sandbox claimed from the pool" : "run: sandbox started");
+  const underWay = refillBehind(sandboxes, profile, kind, context.cleanups);
+  // The worker, the session and the checkout go at once: they are independent.
+  const starting = startRunWorker(sandbox, request, context);
+  // The user's credential for a remote: used on the host, by its fetch and by the git proxy.
+  const authorization = remote && remoteAuthorization(remote.remote, {
+    token: profile.git.token,
+    keys: context.keys,
+    redactor: context.redactor,
+  });
+  const sending = context.repo && checkout(sandbox, context.repo, authorization, request, context);
+  const watch = sandbox.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
+  context.cleanups.push(() => watch.close());
+  const session = await openRunSession(profile, sandbox, remote, authorization, request, context);
+  context.cleanups.push(() => session.close());
+  trace("run: session open");
+  const worktree = sending && await checkedOut(context.repo!, sending, request);
+  // Kept: the run's sandbox stays (with its checkout) instead of going with the run.
+  if (worktree && request.repo?.keepWorktree) keep.worktree = true;
+  const driver = await sandboxDriver(sandbox, session, worktree, await starting, {
+    context,
+    request,
+    agentConfig: await checkingConfig,
+  });
+  const cwd = devcontainer && worktree
+    ? await (await devcontainerModule()).prepareDevcontainerWorkspace(
+      sandbox.provider,
+      devcontainer,
+      {
+        worktree: worktree.path,
+        env: session.env,
+        timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs,
+        signal: request.signal,
+        onProgress: request.onProgress,
+      },
+    )
+    : worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`;
+  return { driver, cwd, sandbox, worktree, session, keep, underWay };
+}
+
+/** Mode devcontainer on a local repository: its devcontainer, built (or found current) now. */
+async function openDevcontainerFor(
+  request: RunRequest,
+  repo: ResolvedRepo | undefined,
+): Promise<Devcontainer | undefined> {
+  if (request.profile.sandbox.mode !== "devcontainer" || repo?.kind !== "local") return undefined;
+  return await (await devcontainerModule()).openDevcontainer(request.profile, {
+    repo: repo.local.path,
+    base: repo.local.base,
+    onProgress: request.onProgress,
+    signal: request.signal,
+  });
+}
+
+/**
+ * What an agent CLI may read of the repository's configuration for it: only what the user
+ * trusts. Read while the sandbox gets ready; awaited before the agent's driver is made.
+ */
+function checkAgentConfig(context: PrepareContext, devcontainer: Devcontainer | undefined) {
   const ownConfig = context.repo?.kind === "local" && !devcontainer?.config.workspaceSubdir
     ? context.repo.local
     : undefined;
-  // (Read while the sandbox gets ready; awaited before the agent's driver is made.)
-  const checkingConfig = context.agent
-    ? checkAgentProjectConfig(context.agent, ownConfig)
-    : undefined;
-  checkingConfig?.catch(() => {}); // awaited below, where its error counts
-  const sessionOptions = {
+  const checking = context.agent ? checkAgentProjectConfig(context.agent, ownConfig) : undefined;
+  checking?.catch(() => {}); // awaited in prepare, where its error counts
+  return checking;
+}
+
+/** What every session of a run is opened with. */
+function sessionOptions(request: RunRequest, context: PrepareContext) {
+  return {
     runId: context.id,
     redactor: context.redactor,
     keys: context.keys,
     upstream: context.chosen.upstream,
     model: context.chosen.model,
-    signal,
+    signal: request.signal,
     onAccess: context.onAccess,
     onProgress: request.onProgress,
   };
-  if (profile.sandbox.mode === "none") {
-    request.onProgress?.(
-      'UNSAFE: sandbox mode "none" runs the agent on this machine with no isolation',
-    );
-    const proxies = await startHostProxies(profile, ["127.0.0.1"], sessionOptions);
-    context.cleanups.push(() => proxies.close());
-    const bundle = await workerBundlePath(request.onProgress);
-    const promptRoot = await Deno.makeTempDir({ prefix: "sandbox-prompts-" });
-    context.cleanups.push(() => Deno.remove(promptRoot, { recursive: true }));
-    const driver = new ContainerDriver({
-      provider: new HostProvider(profile.name),
-      env: proxies.envFor("127.0.0.1"),
-      model: context.chosen.model,
-      workerCommand: [Deno.execPath(), "run", "--allow-all", "--no-config", bundle],
-      promptRoot,
-      onStderrLine: request.onWorkerStderr,
-    });
-    return { driver, cwd: request.hostCwd ?? Deno.cwd(), keep };
-  }
-  if (profile.sandbox.mode !== "container") {
-    throw new SandboxError(
-      "unsupported",
-      `Sandbox mode "${profile.sandbox.mode}" is not implemented yet`,
-    );
-  }
-  // A sandbox no other run has touched: one started ahead for the pool and claimed by this run
-  // alone, or one made now. It is destroyed when the run ends (lib/sandbox/pool.ts).
-  const repoKey = context.repo?.kind === "local"
-    ? context.repo.local.key
-    : context.repo?.remote.key;
-  const repository = repoKey ? await sandboxRepo(repoKey) : undefined;
-  const local = context.repo?.kind === "local" ? context.repo : undefined;
-  const remote = context.repo?.kind === "remote" ? context.repo : undefined;
-  const poolOptions = {
-    agent: context.agent,
-    repository,
-    cacheVolume: repository ? cacheVolumeName(repository) : undefined,
-    onProgress: request.onProgress,
-  };
-  const workerOptions = {
-    timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs,
-    signal,
+}
+
+/**
+ * Mode none: the worker on this machine, with NO isolation (said on stderr), its proxies on
+ * loopback TCP. Nothing is acquired: the host is the "sandbox".
+ */
+async function prepareHost(
+  request: RunRequest,
+  profile: Profile,
+  sandboxes: SandboxLifecycle,
+  context: PrepareContext,
+  keep: Prepared["keep"],
+): Promise<Prepared> {
+  request.onProgress?.(
+    'UNSAFE: sandbox mode "none" runs the agent on this machine with no isolation',
+  );
+  const proxies = await startHostProxies(profile, ["127.0.0.1"], sessionOptions(request, context));
+  context.cleanups.push(() => proxies.close());
+  const bundle = await workerBundlePath(request.onProgress);
+  const promptRoot = await Deno.makeTempDir({ prefix: "sandbox-prompts-" });
+  context.cleanups.push(() => Deno.remove(promptRoot, { recursive: true }));
+  const host = await sandboxes.acquire({ runId: context.id, signal: request.signal });
+  const driver = new ContainerDriver({
+    provider: host.provider,
+    env: proxies.envFor("127.0.0.1"),
+    model: context.chosen.model,
+    workerCommand: [Deno.execPath(), "run", "--allow-all", "--no-config", bundle],
+    promptRoot,
     onStderrLine: request.onWorkerStderr,
-    runId: context.id,
-  };
-  const claimed = profile.sandbox.pool > 0
-    ? await claimPooled(profile, { ...poolOptions, signal })
-    : undefined;
-  const sandbox = claimed ?? await coldSandbox(profile, context.id, { ...poolOptions, signal });
-  context.cleanups.push(() => finishSandbox(sandbox, keep, request.onProgress));
-  await context.onSandbox?.(sandbox.containerName);
-  trace(claimed ? "run: sandbox claimed from the pool" : "run: sandbox started");
-  // The pool is refilled behind the run once it is under way (`underWay`), not while it starts.
+  });
+  return { driver, cwd: request.hostCwd ?? Deno.cwd(), keep };
+}
+
+/**
+ * The pool is refilled behind the run once it is under way (the returned function, called at
+ * its first event), not while it starts; the run's cleanup starts it if the run never got there,
+ * and waits for it.
+ */
+function refillBehind(
+  sandboxes: SandboxLifecycle,
+  profile: Profile,
+  kind: SandboxKind,
+  cleanups: PrepareContext["cleanups"],
+): () => void {
   let refilling: Promise<unknown> | undefined;
   const refill = () => {
-    // A refill that fails costs only a colder next run, which starts its own container.
-    if (profile.sandbox.pool > 0) refilling ??= fillPool(profile, poolOptions).catch(() => {});
+    // A refill that fails costs only a colder next run, which starts its own sandbox.
+    if (profile.sandbox.pool > 0) refilling ??= sandboxes.fill(kind).catch(() => {});
   };
-  context.cleanups.push(async () => {
+  cleanups.push(async () => {
     refill();
     await refilling;
   });
-  // The user's credential for a remote: used on the host, by its fetch and by the git proxy.
-  const authorization = remote
-    ? remoteAuthorization(remote.remote, {
-      token: profile.git.token,
-      keys: context.keys,
-      redactor: context.redactor,
-    })
-    : undefined;
-  const openFor = (provider: DockerSandboxProvider) =>
-    openSession(profile, provider, {
-      ...sessionOptions,
-      gitRemote: remote && authorization
-        ? gitRemoteFor(remote.remote, {
-          branch: remote.branch,
-          push: request.repo?.push === true,
-          authorization,
-        })
-        : undefined,
-    });
-  // The worker (the one waiting in the pooled container, or one started now, which loads while
-  // the session opens), the session and the checkout go at once: they are independent.
-  const starting: Promise<WorkerProcess | undefined> = context.agent
-    ? Promise.resolve(undefined)
-    : (async () => {
-      const waiting = claimed ? await attachPooledWorker(claimed, workerOptions) : undefined;
-      return waiting ?? startWorker(sandbox, [...WORKER_COMMAND, "serve"], workerOptions);
-    })();
+  return refill;
+}
+
+/**
+ * The run's worker: the one waiting in a pooled sandbox, attached, or one started now (it loads
+ * while the session opens); none for an agent CLI. A run that fails before its job was sent ends
+ * the worker's input: it stops.
+ */
+function startRunWorker(
+  sandbox: RunSandbox,
+  request: RunRequest,
+  context: PrepareContext,
+): Promise<WorkerProcess | undefined> {
+  if (context.agent) return Promise.resolve(undefined);
+  const workerOptions = {
+    timeoutMs: request.timeoutMs ?? request.profile.resources.timeoutMs,
+    signal: request.signal,
+    onStderrLine: request.onWorkerStderr,
+    runId: context.id,
+  };
+  const starting = (async () =>
+    await sandbox.attachWorker(workerOptions) ??
+      startWorker(sandbox.provider, [...WORKER_COMMAND, "serve"], workerOptions))();
+  // Awaited in prepare, where its error counts; the cleanup below only needs what started.
   starting.catch(() => {});
-  // A run that fails before its job was sent ends the worker's input: it stops.
+  // (A worker that failed to start has nothing to close.)
   context.cleanups.push(async () => (await starting.catch(() => undefined))?.close());
-  // The repository's base, from the user's repository or from the host's mirror of a remote
-  // (fetched now), checked out from the repository's cache (updated first when it lacks it).
-  const source = local
-    ? Promise.resolve(local.local)
-    : remote && authorization
-    ? fetchRemote(remote.remote, { authorization, signal })
-    : undefined;
-  const sending = source?.then((repo) =>
-    prepareWorktree(sandbox, repo, {
+  return starting;
+}
+
+/**
+ * The repository's checkout in the sandbox, started now (it goes on while the session opens): the
+ * base from the user's repository, or from the host's mirror of a remote (fetched first), checked
+ * out from the repository's cache (updated first when it lacks the base).
+ */
+function checkout(
+  sandbox: RunSandbox,
+  repo: ResolvedRepo,
+  authorization: (() => Promise<string | undefined>) | undefined,
+  request: RunRequest,
+  context: PrepareContext,
+): Promise<RunWorktree> {
+  const source = repo.kind === "local"
+    ? Promise.resolve(repo.local)
+    : fetchRemote(repo.remote, { authorization: authorization!, signal: request.signal });
+  const sending = source.then((base) =>
+    prepareWorktree(sandbox.provider, base, {
       runId: context.id,
-      branch: (local ?? remote)!.branch,
-      signal,
-      updateCache: () => updateCache(sandbox, poolOptions.cacheVolume!, repo, signal),
+      branch: repo.branch,
+      signal: request.signal,
+      updateCache: () => sandbox.updateCache(base, request.signal),
     })
   );
-  sending?.catch(() => {});
-  const watch = sandbox.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
-  context.cleanups.push(() => watch.close());
-  const session: SandboxSession = await openFor(sandbox);
-  context.cleanups.push(() => session.close());
-  trace("run: session open");
-  let worktree: RunWorktree | undefined;
-  if (sending) {
-    worktree = await sending;
-    const sent = worktree.sentBytes > 0
-      ? `; ${worktree.sentBytes} bytes of objects added to its cache`
-      : "";
-    const from = remote ? `fetched ${remote.remote.url} on the host; ` : "";
-    const baseName = (local?.local ?? remote!.remote).baseName;
-    request.onProgress?.(`${from}checked out ${baseName} (${worktree.base.slice(0, 12)})${sent}`);
-  }
-  // Kept: the run's container stays (with its checkout) instead of going with the run.
-  if (worktree && request.repo?.keepWorktree) keep.worktree = true;
-  let early = await starting;
-  const provider = sandbox;
-  const agentConfig = await checkingConfig;
+  // Awaited in prepare (checkedOut), where its error counts.
+  sending.catch(() => {});
+  return sending;
+}
+
+async function checkedOut(
+  repo: ResolvedRepo,
+  sending: Promise<RunWorktree>,
+  request: RunRequest,
+): Promise<RunWorktree> {
+  const worktree = await sending;
+  const sent = worktree.sentBytes > 0
+    ? `; ${worktree.sentBytes} bytes of objects added to its cache`
+    : "";
+  const from = repo.kind === "remote" ? `fetched ${repo.remote.url} on the host; ` : "";
+  const baseName = repo.kind === "local" ? repo.local.baseName : repo.remote.baseName;
+  request.onProgress?.(`${from}checked out ${baseName} (${worktree.base.slice(0, 12)})${sent}`);
+  return worktree;
+}
+
+/** The run's session, with the git proxy for a remote repository (allowing only the run branch). */
+function openRunSession(
+  profile: Profile,
+  sandbox: RunSandbox,
+  remote: Extract<ResolvedRepo, { kind: "remote" }> | undefined,
+  authorization: (() => Promise<string | undefined>) | undefined,
+  request: RunRequest,
+  context: PrepareContext,
+): Promise<SandboxSession> {
+  return openSession(profile, sandbox.relay!, {
+    ...sessionOptions(request, context),
+    gitRemote: remote && authorization
+      ? gitRemoteFor(remote.remote, {
+        branch: remote.branch,
+        push: request.repo?.push === true,
+        authorization,
+      })
+      : undefined,
+  });
+}
+
+/** The driver of the run's job: the worker (handed over once), or the agent CLI. */
+function sandboxDriver(
+  sandbox: RunSandbox,
+  session: SandboxSession,
+  worktree: RunWorktree | undefined,
+  worker: WorkerProcess | undefined,
+  { context, request, agentConfig }: {
+    context: PrepareContext;
+    request: RunRequest;
+    agentConfig: Awaited<ReturnType<typeof checkAgentProjectConfig>> | undefined;
+  },
+): ContainerDriver {
   for (const line of agentConfig ? describeIgnored(context.agent!, agentConfig) : []) {
     request.onProgress?.(line);
   }
-  const driver = new ContainerDriver({
-    provider,
+  let early = worker;
+  return new ContainerDriver({
+    provider: sandbox.provider,
     env: { ...session.env, ...(worktree ? AGENT_GIT_IDENTITY : {}) },
     model: context.chosen.model,
     onStderrLine: request.onWorkerStderr,
@@ -772,14 +962,4 @@ async function prepare(
       return started;
     },
   });
-  const cwd = devcontainer && worktree
-    ? await (await devcontainerModule()).prepareDevcontainerWorkspace(provider, devcontainer, {
-      worktree: worktree.path,
-      env: session.env,
-      timeoutMs: request.timeoutMs ?? profile.resources.timeoutMs,
-      signal,
-      onProgress: request.onProgress,
-    })
-    : worktree?.path ?? `${RUNS_WORKSPACE}/${context.id}`;
-  return { driver, cwd, provider, worktree, session, keep, underWay: refill };
 }

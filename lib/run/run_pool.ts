@@ -5,10 +5,7 @@
  */
 import type { Profile } from "../config.ts";
 import type { AgentCliName } from "../agents/packages.ts";
-import { fillPool, reapOrphans } from "../sandbox/pool.ts";
-import { listReady, poolKey } from "../sandbox/pool_records.ts";
-import { sandboxRepo } from "../sandbox/docker_provider.ts";
-import { cacheVolumeName } from "../repo/cache.ts";
+import { sandboxLifecycle } from "../sandbox/providers.ts";
 
 export interface PoolReport {
   /** Containers removed because the process that held them is gone. */
@@ -47,19 +44,13 @@ export async function poolFor(
       signal: options.signal,
     })).profile;
   }
-  const repository = repoKey ? await sandboxRepo(repoKey) : undefined;
-  const reaped = await reapOrphans(runProfile);
-  await fillPool(runProfile, {
+  const sandboxes = await sandboxLifecycle(runProfile);
+  const kind = {
     agent: options.agent,
-    repository,
-    cacheVolume: local && repository ? cacheVolumeName(repository) : undefined,
+    repo: repoKey === undefined ? undefined : { key: repoKey, local },
     onProgress: options.onProgress,
-    signal: options.signal,
-    wait: true,
-  });
-  const key = poolKey(runProfile.name, options.agent, repository?.key);
-  return {
-    reaped,
-    ready: (await listReady()).filter((record) => record.key === key).map((record) => record.name),
   };
+  const reaped = await sandboxes.reapOrphans();
+  await sandboxes.fill({ ...kind, signal: options.signal, wait: true });
+  return { reaped, ready: await sandboxes.ready(kind) };
 }

@@ -16,6 +16,8 @@ import type {
   ExecOptions,
   ExecResult,
   ExecStream,
+  RunSandbox,
+  SandboxLifecycle,
   SandboxProvider,
   SandboxStats,
   SandboxStatus,
@@ -99,12 +101,14 @@ export class HostProvider implements SandboxProvider {
         stderrTail: ended.stderrTail,
       };
     });
+    // Read by the caller (`outcome`); this only keeps an unread failure from being unhandled.
     outcome.catch(() => {});
     return {
       stdout: child.stdout,
       outcome,
       stop: async () => {
         child.kill();
+        // Stopped on purpose: how it then ended (killed) is no error of the caller's.
         await outcome.catch(() => {});
       },
     };
@@ -193,5 +197,44 @@ export class HostProvider implements SandboxProvider {
 
   teardown(): Promise<TeardownReport> {
     return Promise.resolve({ containers: [], networks: [], volumes: [] });
+  }
+}
+
+/**
+ * Mode none's lifecycle: every run "acquires" this machine itself. It is NOT isolated (`isolated`
+ * is false, and runs say so): nothing separates one run from the next or from the user's files,
+ * there is no pool to fill and nothing to reap, release or keep.
+ */
+export class HostLifecycle implements SandboxLifecycle {
+  readonly isolated = false;
+  constructor(readonly profile: string) {}
+
+  acquire(): Promise<RunSandbox> {
+    return Promise.resolve({
+      provider: new HostProvider(this.profile),
+      name: "host",
+      fromPool: false,
+      relay: undefined,
+      attachWorker: () => Promise.resolve(undefined),
+      watchDisk: () => ({ close: () => Promise.resolve() }),
+      updateCache: () =>
+        Promise.reject(
+          new SandboxError("unsupported", 'Sandbox mode "none" has no object cache to update'),
+        ),
+      release: () => Promise.resolve(),
+      keep: () => Promise.resolve(),
+    });
+  }
+
+  fill(): Promise<string[]> {
+    return Promise.resolve([]);
+  }
+
+  ready(): Promise<string[]> {
+    return Promise.resolve([]);
+  }
+
+  reapOrphans(): Promise<string[]> {
+    return Promise.resolve([]);
   }
 }

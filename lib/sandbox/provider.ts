@@ -1,7 +1,23 @@
 /**
- * The `SandboxProvider` interface: what the engine needs from any isolation backend.
- * Docker is the first implementation; devcontainer, host (`none`) and remote engines are more.
+ * The seam between runs, sessions and the sandboxes they use. Three interfaces, each implemented
+ * once per kind of sandbox (Docker: lib/sandbox/docker_lifecycle.ts; mode none: host_provider.ts)
+ * and chosen in one place (providers.ts):
+ *
+ * - `SandboxProvider`: one sandbox's operations (exec, files, status, teardown).
+ * - `SandboxLifecycle`: the sandboxes runs use: a virgin one per run (`acquire`), its end
+ *   (`RunSandbox.release` / `keep`), the warm pool (`fill`, `ready`) and orphans (`reapOrphans`).
+ * - `SandboxRelayTransport`: how the host reaches the relay inside a sandbox (an attached exec
+ *   stream always; a socket directory bound in where the sandbox has one).
+ *
+ * A new kind of sandbox implements these and passes tests/conformance/ (docs/architecture.md,
+ * "Adding a provider").
  */
+import type { AgentCliName } from "../agents/packages.ts";
+import type { RelayProcess } from "../proxy/relay_host.ts";
+import type { LocalRepo } from "../repo/local.ts";
+import type { WorkerProcess } from "../run/worker_process.ts";
+import type { AttachOptions } from "./attach.ts";
+import type { SandboxError } from "../errors.ts";
 
 export interface ExecOptions {
   /** Working directory inside the sandbox. */
@@ -150,4 +166,96 @@ export interface SandboxProvider {
   healthCheck(options?: { signal?: AbortSignal }): Promise<boolean>;
   /** Remove the sandbox's container (and with `volumes`, its workspace volume). */
   teardown(options?: { volumes?: boolean; signal?: AbortSignal }): Promise<TeardownReport>;
+}
+
+/**
+ * How the host reaches the relay (relay/main.ts) inside one sandbox. The relay always runs as a
+ * uid of its own, not the sandbox user's, so that nothing the agent runs can ptrace, read or kill it.
+ */
+export interface SandboxRelayTransport {
+  /** The sandbox's name, for messages and exec ids. */
+  readonly sandboxName: string;
+  /**
+   * Start a relay with `relayArgs` (relay_host.ts `relayArgv`'s input) whose stdio carries the
+   * mux stream; `runId` names its exec after the run.
+   */
+  launchRelay(relayArgs: readonly string[], runId?: string | null): RelayProcess;
+  /**
+   * Start relay `id` detached (a spare relay, lib/proxy/spare_relay.ts) with `env` in its
+   * environment only, never on argv. Its handle for liveness checks (the engine's exec id, when
+   * there is one), or undefined when it could not be started.
+   */
+  startDetachedRelay(
+    id: string,
+    relayArgs: readonly string[],
+    env: Record<string, string>,
+  ): Promise<{ exec?: string } | undefined>;
+  /** Stop relay `id` and its whole process tree. */
+  stopRelay(id: string): Promise<void>;
+  /**
+   * The host directory bound into the sandbox for the proxies' sockets (made when missing), and
+   * where the sandbox sees it; undefined when the sandbox has none (the relay then uses the
+   * stream). With `confirm`, the sandbox is asked whether it really has the binding.
+   */
+  socketMount(
+    options?: { confirm?: boolean; signal?: AbortSignal },
+  ): Promise<{ host: string; sandbox: string } | undefined>;
+}
+
+/** The kind of sandbox a run needs (the pool is kept per kind). */
+export interface SandboxKind {
+  /** The agent CLI whose layer the sandbox has; none for the built-in worker. */
+  agent?: AgentCliName;
+  /** The repository the sandbox serves (`name-hash`); its object cache is mounted. */
+  repo?: { key: string };
+  onProgress?: (line: string) => void;
+  signal?: AbortSignal;
+}
+
+/** What `acquire` is asked for: one run's sandbox. */
+export interface SandboxRequest extends SandboxKind {
+  /** The run's id: it names a sandbox started for the run alone. */
+  runId: string;
+}
+
+/** A sandbox one run holds alone, from `acquire` until `release` or `keep`. */
+export interface RunSandbox {
+  readonly provider: SandboxProvider;
+  /** Its name (the container's), recorded in the run's metadata. */
+  readonly name: string;
+  /** It was started ahead and claimed from the pool (else started for this run). */
+  readonly fromPool: boolean;
+  /** How the session's relay reaches it; undefined for a sandbox that is the host itself. */
+  readonly relay: SandboxRelayTransport | undefined;
+  /** The worker waiting in it (started ahead), connected, its job not sent; undefined when none. */
+  attachWorker(options: AttachOptions): Promise<WorkerProcess | undefined>;
+  /** Enforce `resources.disk` while the run is live: `onAbort` is told when it is passed. */
+  watchDisk(options: { onAbort?: (reason: SandboxError) => void }): { close(): Promise<void> };
+  /** Add `repo`'s base commit to the object cache the sandbox mounts; the bytes sent. */
+  updateCache(repo: LocalRepo, signal?: AbortSignal): Promise<number>;
+  /** Remove it and everything of it (workspace, host records); returns without waiting for all. */
+  release(): Promise<void>;
+  /** Keep it, with its work, until the user removes it (`sandbox down`). */
+  keep(): Promise<void>;
+}
+
+/**
+ * The sandboxes of one profile's runs. Invariant: `acquire` never returns a sandbox that anything
+ * but our own code has run in — no earlier run, no `sandbox exec` — and `release` leaves nothing
+ * of it behind.
+ */
+export interface SandboxLifecycle {
+  /** False for mode none: "sandboxes" are this machine, with no isolation at all. */
+  readonly isolated: boolean;
+  /** A virgin sandbox for one run: claimed from the pool, else started now. */
+  acquire(request: SandboxRequest): Promise<RunSandbox>;
+  /**
+   * Bring the pool for runs of `kind` up to `sandbox.pool` ready sandboxes; the names started.
+   * Without `wait`, a pool another process is filling is left to it.
+   */
+  fill(kind: SandboxKind & { wait?: boolean }): Promise<string[]>;
+  /** The names of the pool's ready sandboxes for runs of `kind`. */
+  ready(kind: SandboxKind): Promise<string[]>;
+  /** Remove the sandboxes of runs whose process is gone; their names. */
+  reapOrphans(): Promise<string[]>;
 }

@@ -1,4 +1,8 @@
-/** Choosing the `SandboxProvider` implementation for a profile's sandbox mode. */
+/**
+ * The one place where a profile's sandbox mode chooses its implementations of the seam
+ * (provider.ts): the `SandboxProvider` of a profile's own sandbox, the `SandboxLifecycle` of its
+ * runs' sandboxes, and the `SandboxRelayTransport` of a sandbox a session serves.
+ */
 import type { Profile } from "../config.ts";
 import { DockerCli } from "./docker.ts";
 import {
@@ -8,7 +12,9 @@ import {
   sandboxRepo,
 } from "./docker_provider.ts";
 import { SandboxError } from "../errors.ts";
-import type { SandboxProvider } from "./provider.ts";
+import type { SandboxLifecycle, SandboxProvider, SandboxRelayTransport } from "./provider.ts";
+import { DockerRelayTransport } from "./docker_relay.ts";
+import { HostLifecycle } from "./host_provider.ts";
 
 /** The provider for `profile`, or a usage error for modes that have no container to manage. */
 export function createProvider(
@@ -91,4 +97,35 @@ async function repositoryOf(repo: string): Promise<SandboxRepo> {
   return await sandboxRepo(
     isRemoteUrl(repo) ? (await resolveRemoteRepo(repo)).key : (await resolveLocalRepo(repo)).key,
   );
+}
+
+/**
+ * The sandboxes of `profile`'s runs. Mode devcontainer's profile is the one its opened
+ * devcontainer gives (`openDevcontainer(...).profile`, mode container): asked for the
+ * devcontainer profile itself, this is a usage error, as in `createProvider`.
+ */
+export async function sandboxLifecycle(profile: Profile): Promise<SandboxLifecycle> {
+  switch (profile.sandbox.mode) {
+    case "container": {
+      // Loaded only here: the pool's modules cost commands that use no run's sandbox time.
+      const { DockerLifecycle } = await import("./docker_lifecycle.ts");
+      return new DockerLifecycle(profile);
+    }
+    case "none":
+      return new HostLifecycle(profile.name);
+    case "devcontainer":
+      throw new SandboxError(
+        "usage",
+        `Profile "${profile.name}" uses sandbox mode "devcontainer": its runs' sandboxes come from its opened devcontainer`,
+        { detail: "Use sandboxLifecycle(openDevcontainer(profile, {repo}).profile)" },
+      );
+  }
+}
+
+/** How a session reaches the relay in `provider`'s sandbox; only an isolated sandbox has one. */
+export function relayTransportFor(provider: SandboxProvider): SandboxRelayTransport {
+  if (provider instanceof DockerSandboxProvider) return new DockerRelayTransport(provider);
+  throw new SandboxError("unsupported", "This sandbox has no relay: it is not isolated", {
+    detail: 'Sandbox mode "none" reaches the proxies on loopback TCP (startHostProxies)',
+  });
 }

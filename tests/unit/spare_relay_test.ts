@@ -21,7 +21,7 @@ function claimedIn(dir: string): ClaimedSpare {
 /** A stand-in provider that records which execs it was asked to stop. */
 function provider() {
   const stopped: string[] = [];
-  return { stopped, stopExec: (id: string) => Promise.resolve(void stopped.push(id)) };
+  return { stopped, stopRelay: (id: string) => Promise.resolve(void stopped.push(id)) };
 }
 
 /** Connect to the control socket once it is there, and say `line` (or nothing). */

@@ -1,0 +1,104 @@
+/**
+ * The Docker implementation of the seam's lifecycle (provider.ts; its relay transport is
+ * docker_relay.ts): adapters
+ * over the warm pool (pool.ts), the book of held containers (pool_records.ts) and the hardened
+ * container (docker_provider.ts). Nothing above lib/sandbox imports those directly; providers.ts
+ * chooses this implementation for modes container and devcontainer.
+ */
+import type { Profile } from "../config.ts";
+import type { LocalRepo } from "../repo/local.ts";
+import { cacheVolumeName, updateCache } from "../repo/cache.ts";
+import type { AttachOptions } from "./attach.ts";
+import { type DockerSandboxProvider, sandboxRepo } from "./docker_provider.ts";
+import { DockerRelayTransport } from "./docker_relay.ts";
+import {
+  attachPooledWorker,
+  claimPooled,
+  coldSandbox,
+  destroy,
+  fillPool,
+  type PoolOptions,
+  reapOrphans,
+} from "./pool.ts";
+import { keepSandbox, listReady, poolKey } from "./pool_records.ts";
+import type { RunSandbox, SandboxKind, SandboxLifecycle, SandboxRequest } from "./provider.ts";
+import type { SandboxError } from "../errors.ts";
+
+/** One run's Docker container, from the pool or started for it. */
+class DockerRunSandbox implements RunSandbox {
+  readonly relay: DockerRelayTransport;
+  constructor(
+    readonly provider: DockerSandboxProvider,
+    readonly fromPool: boolean,
+    readonly cacheVolume: string | undefined,
+  ) {
+    this.relay = new DockerRelayTransport(provider);
+  }
+
+  get name(): string {
+    return this.provider.containerName;
+  }
+
+  async attachWorker(options: AttachOptions) {
+    // Only a pooled container has a worker waiting; one started for the run has none.
+    return this.fromPool ? await attachPooledWorker(this.provider, options) : undefined;
+  }
+
+  watchDisk(options: { onAbort?: (reason: SandboxError) => void }) {
+    return this.provider.watchDisk(options);
+  }
+
+  async updateCache(repo: LocalRepo, signal?: AbortSignal): Promise<number> {
+    if (!this.cacheVolume) throw new TypeError(`Sandbox "${this.name}" mounts no object cache`);
+    return await updateCache(this.provider, this.cacheVolume, repo, signal);
+  }
+
+  release(): Promise<void> {
+    return destroy(this.provider);
+  }
+
+  keep(): Promise<void> {
+    return keepSandbox(this.provider.containerName);
+  }
+}
+
+/** Docker sandboxes for runs of one profile (mode container; devcontainer once its image is built). */
+export class DockerLifecycle implements SandboxLifecycle {
+  readonly isolated = true;
+  constructor(readonly profile: Profile) {}
+
+  /** What pool.ts needs to know of a kind of run. */
+  async #poolOptions(kind: SandboxKind): Promise<PoolOptions> {
+    const repository = kind.repo ? await sandboxRepo(kind.repo.key) : undefined;
+    return {
+      agent: kind.agent,
+      repository,
+      cacheVolume: repository ? cacheVolumeName(repository) : undefined,
+      onProgress: kind.onProgress,
+      signal: kind.signal,
+    };
+  }
+
+  async acquire(request: SandboxRequest): Promise<RunSandbox> {
+    const options = await this.#poolOptions(request);
+    const claimed = this.profile.sandbox.pool > 0
+      ? await claimPooled(this.profile, options)
+      : undefined;
+    const provider = claimed ?? await coldSandbox(this.profile, request.runId, options);
+    return new DockerRunSandbox(provider, claimed !== undefined, options.cacheVolume);
+  }
+
+  async fill(kind: SandboxKind & { wait?: boolean }): Promise<string[]> {
+    return await fillPool(this.profile, { ...await this.#poolOptions(kind), wait: kind.wait });
+  }
+
+  async ready(kind: SandboxKind): Promise<string[]> {
+    const repository = kind.repo ? await sandboxRepo(kind.repo.key) : undefined;
+    const key = poolKey(this.profile.name, kind.agent, repository?.key);
+    return (await listReady()).filter((record) => record.key === key).map((record) => record.name);
+  }
+
+  reapOrphans(): Promise<string[]> {
+    return reapOrphans(this.profile);
+  }
+}
