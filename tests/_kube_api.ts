@@ -313,8 +313,10 @@ export class KubeApiServer implements AsyncDisposable {
       const size = volume?.emptyDir?.sizeLimit
         ? `,size=${quantity(volume.emptyDir.sizeLimit)}`
         : "";
-      // An emptyDir is world-writable (0777), as the kubelet makes it.
-      args.push("--tmpfs", `${mount.mountPath}:rw,nosuid,nodev,mode=1777${size}`);
+      // An emptyDir is writable by the pod's fsGroup, as the kubelet makes it (Docker's tmpfs
+      // ignores a mode on this image's directories: owned by the container's user instead).
+      const owner = `uid=${security.runAsUser ?? 0},gid=${spec.securityContext?.fsGroup ?? 0}`;
+      args.push("--tmpfs", `${mount.mountPath}:rw,exec,nosuid,nodev,${owner}${size}`);
     }
     const limits = container.resources?.limits ?? {};
     if (limits.memory) {

@@ -166,7 +166,10 @@ export function clusterError(cluster: Cluster, what: string, error: unknown): Sa
     return new SandboxError(
       "cluster_failed",
       `The Kubernetes API server ${cluster.server} did not accept the credentials of context "${cluster.context}"`,
-      { cause: error, detail: "Refresh the kubeconfig's credentials (log in to the cluster again)" },
+      {
+        cause: error,
+        detail: "Refresh the kubeconfig's credentials (log in to the cluster again)",
+      },
     );
   }
   if (status.code === 403 && /exceeded quota/i.test(status.message ?? "")) {

@@ -347,7 +347,9 @@ export async function ensureNetworkPolicy(cluster: Cluster): Promise<void> {
       },
     );
   } catch (error) {
-    if (!isNotFound(error)) throw clusterError(cluster, `read NetworkPolicy "${POLICY_NAME}"`, error);
+    if (!isNotFound(error)) {
+      throw clusterError(cluster, `read NetworkPolicy "${POLICY_NAME}"`, error);
+    }
   }
   try {
     await cluster.networking.createNamespacedNetworkPolicy({
@@ -356,6 +358,8 @@ export async function ensureNetworkPolicy(cluster: Cluster): Promise<void> {
     });
   } catch (error) {
     // Created meanwhile by another process: checked on the next open.
-    if (!isConflict(error)) throw clusterError(cluster, `create NetworkPolicy "${POLICY_NAME}"`, error);
+    if (!isConflict(error)) {
+      throw clusterError(cluster, `create NetworkPolicy "${POLICY_NAME}"`, error);
+    }
   }
 }

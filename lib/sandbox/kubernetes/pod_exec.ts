@@ -70,7 +70,11 @@ export interface PodExecOptions extends SpawnOptions {
 const STDERR_TAIL_CHARS = 8_192;
 
 /** `argv` in `options.container` of pod `options.pod`, started now. */
-export function podSpawn(cluster: Cluster, argv: readonly string[], options: PodExecOptions): Child {
+export function podSpawn(
+  cluster: Cluster,
+  argv: readonly string[],
+  options: PodExecOptions,
+): Child {
   const started = performance.now();
   let out!: ReadableStreamDefaultController<Uint8Array>;
   const stdout = new ReadableStream<Uint8Array>({ start: (c) => void (out = c) });

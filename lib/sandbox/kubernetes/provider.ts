@@ -211,7 +211,14 @@ export class KubernetesSandboxProvider implements SandboxProvider {
       return;
     }
     await Deno.mkdir(hostPath, { recursive: true });
-    const child = this.spawn(["tar", "-c", "-C", sandboxPath, "."], options);
+    // Its entries by name (no "./", which names the destination itself).
+    const child = this.spawn([
+      "sh",
+      "-c",
+      `find "$1" -mindepth 1 -maxdepth 1 -printf '%P\\0' | tar -c -C "$1" --null -T -`,
+      "sh",
+      sandboxPath,
+    ], options);
     // What comes out of a sandbox is the agent's: extracted by the strict extractor only.
     await extractTar(child.stdout, hostPath, {
       what: `Cannot copy "${sandboxPath}" out of pod "${this.podName}"`,
