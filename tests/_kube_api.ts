@@ -349,6 +349,7 @@ export class KubeApiServer implements AsyncDisposable {
     }
     const found = name ? this.policies.get(name) : undefined;
     if (!found) return status(404, "NotFound", `networkpolicies "${name}" not found`);
+    if (request.method === "DELETE") this.policies.delete(name!);
     return Response.json(found);
   }
 

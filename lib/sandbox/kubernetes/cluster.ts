@@ -31,7 +31,7 @@ rules:
     verbs: ["list"]
   - apiGroups: ["networking.k8s.io"]
     resources: ["networkpolicies"]
-    verbs: ["get", "create"]`;
+    verbs: ["get", "create", "delete"]`;
 
 /** One opened cluster: its API clients and where the sandboxes go. */
 export interface Cluster {
