@@ -15,7 +15,7 @@ import {
 } from "../../lib/sandbox/kubernetes/pod_spec.ts";
 import { ensureNetworkPolicy } from "../../lib/sandbox/kubernetes/lifecycle.ts";
 import { openCluster } from "../../lib/sandbox/kubernetes/cluster.ts";
-import { SandboxError } from "../../lib/errors.ts";
+import type { SandboxError } from "../../lib/errors.ts";
 import { RELAY_UID, SANDBOX_UID } from "../../lib/sandbox/users.ts";
 import { profileFrom, tempDir, withEnv } from "../_helpers.ts";
 import { KubeApiServer } from "../_kube_api.ts";
