@@ -3,12 +3,16 @@
 // starting the CLI loads only what the command it runs uses.
 import { type Command, Option } from "commander";
 import { DockerCli } from "../lib/sandbox/docker.ts";
+import type { Profile } from "../lib/config.ts";
+import { ConfigError, SandboxError } from "../lib/errors.ts";
+import type { SandboxStatus, TeardownReport } from "../lib/sandbox/provider.ts";
 import { cliName } from "../lib/cli_name.ts";
 import { AGENT_CLIS, type AgentCliName } from "../lib/agents/packages.ts";
 import { table } from "../lib/output.ts";
 import { formatAge, formatBytes } from "../lib/units.ts";
 import {
   collect,
+  type Invocation,
   note,
   profileFor,
   sandboxByName,
@@ -95,6 +99,8 @@ function registerDown(program: Command): void {
     .option("--volumes", "also remove its workspace volume (the sandbox's copy of your repos)")
     .action(
       async (opts: { profile?: string; json?: boolean; volumes?: boolean }, command: Command) => {
+        const onCluster = await kubernetesProfile(command, opts.profile, true);
+        if (onCluster) return await downOnCluster(onCluster, opts.json);
         const provider = await sandboxToRemove(command, opts.profile);
         // Every container of the profile: its shared one, one per repository, per-run ones, and
         // its agent CLIs' (sandbox-PROFILE-AGENT…): all carry the profile's label.
@@ -186,9 +192,9 @@ function registerStart(program: Command): void {
 
 /** `status` and its alias `ls`: the table of every sandbox this tool owns. */
 function registerStatus(program: Command): void {
-  const listAction = async (opts: { json?: boolean }) => {
-    const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
-    const sandboxes = await listSandboxes(new DockerCli(), signal);
+  const listAction = async (opts: { json?: boolean; profile?: string }, command: Command) => {
+    const onCluster = opts.profile ? await kubernetesProfile(command, opts.profile) : undefined;
+    const sandboxes = onCluster ? await clusterList(onCluster) : await dockerList();
     if (opts.json) return void await stdout.json(sandboxes);
     if (sandboxes.length === 0) {
       return void await stdout.line(
@@ -210,10 +216,21 @@ function registerStatus(program: Command): void {
       ]),
     ));
   };
-  program.command("status").description("list every sandbox this tool owns").addOption(jsonOption())
-    .action(listAction);
-  program.command("ls").description("same as status").addOption(jsonOption()).action(listAction);
+  program.command("status")
+    .description(
+      "list every sandbox this tool owns (with -p of a profile in mode kubernetes: the pods in its namespace)",
+    )
+    .addOption(jsonOption()).addOption(clusterOption()).action(listAction);
+  program.command("ls").description("same as status").addOption(jsonOption())
+    .addOption(clusterOption()).action(listAction);
 }
+
+/** `-p` of `status` and `teardown`: a profile in mode kubernetes. */
+const clusterOption = () =>
+  new Option(
+    "-p, --profile <name>",
+    "a profile in mode kubernetes: its cluster's namespace instead of this machine's Docker",
+  );
 
 /** `exec`: one command inside the sandbox (the work is in exec_action.ts). */
 function registerExec(program: Command): void {
@@ -267,8 +284,14 @@ function registerTeardown(program: Command): void {
       "remove every container, network and volume this tool created (by label), and nothing else",
     )
     .requiredOption("--all", "confirm: remove all of them, including orphans of crashed runs")
-    .addOption(jsonOption())
-    .action(async (opts: { json?: boolean }) => {
+    .addOption(jsonOption()).addOption(clusterOption())
+    .action(async (opts: { json?: boolean; profile?: string }, command: Command) => {
+      const onCluster = opts.profile ? await kubernetesProfile(command, opts.profile) : undefined;
+      if (onCluster) {
+        const { teardownCluster } = await import("../lib/sandbox/kubernetes/manage.ts");
+        const report = await teardownCluster(onCluster, { all: true });
+        return void await (opts.json ? stdout.json(report) : printRemoved(report));
+      }
       const [{ teardownAll }, { removeLegacyFirewall }] = await Promise.all([
         import("../lib/sandbox/docker_provider.ts"),
         import("../lib/sandbox/legacy_cleanup.ts"),
@@ -277,13 +300,7 @@ function registerTeardown(program: Command): void {
       // Chains older versions made (root only; nothing to do for anyone else).
       await removeLegacyFirewall();
       if (opts.json) return void await stdout.json(report);
-      const total = report.containers.length + report.networks.length + report.volumes.length;
-      if (total === 0) return void await stdout.line("nothing to remove");
-      for (const [kind, names] of Object.entries(report)) {
-        if ((names as string[]).length > 0) {
-          await stdout.line(`removed ${kind}: ${(names as string[]).join(", ")}`);
-        }
-      }
+      await printRemoved(report);
     });
 }
 
@@ -359,4 +376,57 @@ async function imageBuildAction(opts: ImageBuildFlags, command: Command): Promis
   if (opts.agent) return await layer(info.tag);
   if (opts.json) await stdout.json(info);
   else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
+}
+
+/**
+ * The profile `down`, `status -p` and `teardown --all -p` act on when it is in mode kubernetes
+ * (its sandboxes are pods on its cluster); undefined for every other mode. For `down` without a
+ * usable configuration (`lenient`), undefined as well: its Docker containers are removed by name.
+ */
+async function kubernetesProfile(
+  command: Invocation,
+  name: string | undefined,
+  lenient = false,
+): Promise<Profile | undefined> {
+  try {
+    const profile = await profileFor(command, name);
+    return profile.sandbox.mode === "kubernetes" ? profile : undefined;
+  } catch (error) {
+    // `down` removes a profile's containers whatever its configuration says (sandboxToRemove).
+    if (lenient && (error instanceof ConfigError || error instanceof SandboxError)) {
+      return undefined;
+    }
+    throw error;
+  }
+}
+
+/** A teardown's report as lines: what was removed, by kind. */
+async function printRemoved(report: TeardownReport): Promise<void> {
+  const total = report.containers.length + report.networks.length + report.volumes.length;
+  if (total === 0) return void await stdout.line("nothing to remove");
+  for (const [kind, names] of Object.entries(report)) {
+    if ((names as string[]).length > 0) {
+      await stdout.line(`removed ${kind}: ${(names as string[]).join(", ")}`);
+    }
+  }
+}
+
+/** `down` of a profile in mode kubernetes: its pods, by label, from its cluster. */
+async function downOnCluster(profile: Profile, json?: boolean): Promise<void> {
+  const { teardownCluster } = await import("../lib/sandbox/kubernetes/manage.ts");
+  const report = await teardownCluster(profile);
+  if (json) await stdout.json(report);
+  else if (report.containers.length === 0) {
+    await stdout.line(`no sandbox for profile ${profile.name}`);
+  } else await stdout.line(`removed ${report.containers.join(", ")}`);
+}
+
+async function dockerList(): Promise<SandboxStatus[]> {
+  const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
+  return await listSandboxes(new DockerCli(), signal);
+}
+
+async function clusterList(profile: Profile): Promise<SandboxStatus[]> {
+  const { clusterSandboxes } = await import("../lib/sandbox/kubernetes/manage.ts");
+  return await clusterSandboxes(profile);
 }

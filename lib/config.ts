@@ -121,9 +121,30 @@ const DevcontainerSchema = z.object({
   allow_root: z.boolean().default(false),
 }).strict();
 
+/** A DNS-1123 label: a Kubernetes namespace or runtime class name. */
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+
+/** Mode kubernetes: which cluster, where, and which image its pods run (docs/kubernetes.md). */
+const KubernetesSchema = z.object({
+  /** The kubeconfig context (default: its current context); ignored with `in_cluster`. */
+  context: z.string().min(1).optional(),
+  /** Use the service account of the pod `sandbox` itself runs in instead of a kubeconfig. */
+  in_cluster: z.boolean().default(false),
+  namespace: z.string().regex(DNS_LABEL, { message: "expected a namespace name (DNS-1123 label)" })
+    .default("default"),
+  /** The image reference the cluster pulls (`sandbox image push`); default: the local image's tag. */
+  image: z.string().min(1).optional(),
+  /** A RuntimeClass for the pods (gVisor `runsc`, Kata), when the cluster has one. */
+  runtime_class_name: z.string().regex(DNS_LABEL, { message: "expected a RuntimeClass name" })
+    .optional(),
+  /** How long a pod may stay pending (scheduling, pulling its image) before the run fails. */
+  start_timeout_s: z.number().int().min(1).max(3600).default(120),
+}).strict();
+
 const SandboxSchema = z.object({
-  mode: z.enum(["none", "container", "devcontainer"]).default("container"),
+  mode: z.enum(["none", "container", "devcontainer", "kubernetes"]).default("container"),
   devcontainer: DevcontainerSchema.default({}),
+  kubernetes: KubernetesSchema.default({}),
   /** The base image the sandbox image is layered on. */
   image: z.string().min(1).default(DEFAULT_BASE_IMAGE),
   /**

@@ -22,6 +22,8 @@ export type SandboxErrorCode =
   | "exec_failed"
   /** Any other failed docker operation (run, network, volume, inspect). */
   | "docker_failed"
+  /** The Kubernetes API server is unreachable, refused a request, or a pod cannot run. */
+  | "cluster_failed"
   /** An operation ran past its deadline. */
   | "timeout"
   /** An operation was cancelled by its AbortSignal (Ctrl-C, SIGTERM). */

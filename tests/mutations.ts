@@ -105,6 +105,58 @@ const DOCTOR_MUTATIONS: Mutation[] = [
   },
 ];
 
+const POD_SPEC = "lib/sandbox/kubernetes/pod_spec.ts";
+const POD_SPEC_TESTS = ["tests/unit/kubernetes_pod_spec_test.ts"];
+
+/** The Kubernetes pod's hardening and its NetworkPolicy, each weakened on its own. */
+const KUBERNETES_POD_RULES: Mutation[] = [
+  [
+    "a pod container may gain privileges (setuid)",
+    "    allowPrivilegeEscalation: false,\n",
+    "    allowPrivilegeEscalation: true,\n",
+  ],
+  [
+    "the service-account token is mounted into the sandbox pod",
+    "      automountServiceAccountToken: false,\n",
+    "      automountServiceAccountToken: true,\n",
+  ],
+  [
+    "a pod container keeps its capabilities",
+    '    capabilities: { drop: ["ALL"] },\n',
+    "    capabilities: { drop: [] },\n",
+  ],
+  [
+    "a pod container's root filesystem is writable",
+    "    readOnlyRootFilesystem: true,\n",
+    "    readOnlyRootFilesystem: false,\n",
+  ],
+  [
+    "the sandbox pod shares the node's network namespace",
+    "      hostNetwork: false,\n",
+    "      hostNetwork: true,\n",
+  ],
+  [
+    "the sandbox pod shares the node's process namespace",
+    "      hostPID: false,\n",
+    "      hostPID: true,\n",
+  ],
+  [
+    "the pod's containers share one process namespace (the agent sees the relay)",
+    "      shareProcessNamespace: false,\n",
+    "      shareProcessNamespace: true,\n",
+  ],
+  [
+    "a NetworkPolicy that allows egress counts as deny-all",
+    "(spec.ingress ?? []).length === 0 && (spec.egress ?? []).length === 0",
+    "(spec.ingress ?? []).length === 0",
+  ],
+  [
+    "the NetworkPolicy the tool writes allows all egress",
+    "      egress: [],\n",
+    "      egress: [{}],\n",
+  ],
+].map(([name, find, replace]) => ({ name, file: POD_SPEC, find, replace, tests: POD_SPEC_TESTS }));
+
 /** Every rule of the secret-name pattern, each dropped on its own. */
 const SECRET_NAME_RULES: Mutation[] = [
   ...[
@@ -1110,6 +1162,14 @@ export const MUTATIONS: Mutation[] = [
     replace: `Promise.resolve()`,
     tests: MCP_TESTS,
   },
+  {
+    name: "a run goes on in a namespace whose sandbox NetworkPolicy is weaker than deny-all",
+    file: "lib/sandbox/kubernetes/lifecycle.ts",
+    find: "    if (deniesAll(found)) return;\n",
+    replace: "    return;\n",
+    tests: ["tests/unit/kubernetes_pod_spec_test.ts"],
+  },
+  ...KUBERNETES_POD_RULES,
   ...SECRET_NAME_RULES,
   ...DOCTOR_MUTATIONS,
   {

@@ -20,14 +20,14 @@ export function cacheVolumeName(repo: SandboxRepo): string {
   return `sandbox-cache-${repo.id}`;
 }
 
-const REFS_END = "sandbox: refs listed";
-const HAS_BASE = "sandbox: base present";
+export const REFS_END = "sandbox: refs listed";
+export const HAS_BASE = "sandbox: base present";
 /**
  * In the updating container (as root, no capabilities): make the bare repository if missing,
  * list its refs, then index the pack the host sends (unless it has the base already), and keep
  * the base reachable with a ref of its own.
  */
-const UPDATE = '[ -d "$4" ] || git init -q --bare "$4"; ' +
+export const UPDATE = '[ -d "$4" ] || git init -q --bare "$4"; ' +
   'git -C "$4" for-each-ref --format="%(objectname) %(refname)" || exit 1; ' +
   'if git -C "$4" cat-file -e "$1^{commit}" 2>/dev/null; then echo "$3"; ' +
   'else echo "$2" && git -C "$4" index-pack --stdin --fix-thin >/dev/null || exit 1; fi; ' +

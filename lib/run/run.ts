@@ -573,11 +573,15 @@ async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
   const repo = request.repo!;
   if (request.profile.sandbox.mode === "devcontainer") {
     (await devcontainerModule()).requireLocalRepo(repo.path, isRemoteUrl(repo.path));
-  } else if (request.profile.sandbox.mode !== "container") {
-    throw new SandboxError("usage", '--repo needs sandbox mode "container"', {
-      detail:
-        "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
-    });
+  } else if (request.profile.sandbox.mode === "none") {
+    throw new SandboxError(
+      "usage",
+      "--repo needs an isolated sandbox mode (container, kubernetes)",
+      {
+        detail:
+          "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
+      },
+    );
   }
   if (request.mode !== "agentic") throw new SandboxError("usage", "--repo is for run agentic");
   const id = newRunId();

@@ -31,7 +31,14 @@ const IMPORT_SHIM = [
   'import { createRequire as __deno_internal_createRequire } from "node:module";',
   "var __require = __deno_internal_createRequire(import.meta.url);",
 ].join("\n");
-const IMPORT_SHIM_LAZY = "var __require = (id) => globalThis.process.getBuiltinModule(id);";
+const IMPORT_SHIM_LAZY = "var __require = (id) => globalThis.process.getBuiltinModule(id) ?? " +
+  '(() => { throw new Error(`Cannot find module "${id}"`); })();';
+/**
+ * Modules a bundle may require although they are not built-ins: `ws`'s optional native helpers,
+ * which it requires inside `try` and does without (the shims above throw for them, as Node does
+ * for a missing module).
+ */
+const OPTIONAL_MODULES = new Set(['"bufferutil"', '"utf-8-validate"']);
 
 /** The minified bundler's shim (esbuild's `__require`), whatever its names were minified to. */
 const MINIFIED_SHIM = new RegExp(
@@ -81,13 +88,16 @@ function lazyRequire(text: string): string {
   if (imports === 1) text = text.replace(IMPORT_SHIM, IMPORT_SHIM_LAZY);
   else if (minified.length === 1) {
     name = minified[0][1];
-    text = text.replace(MINIFIED_SHIM, `${name}=(id)=>globalThis.process.getBuiltinModule(id)`);
+    text = text.replace(
+      MINIFIED_SHIM,
+      `${name}=(id)=>globalThis.process.getBuiltinModule(id)??(()=>{throw Error("Cannot find module "+id)})()`,
+    );
   }
   // process.getBuiltinModule knows only Node's built-ins: a bundle that requires anything else
   // at run time would break on that path, so it must not build.
   const calls = new RegExp(String.raw`(?<![\w$.])${name.replaceAll("$", "\\$")}\(([^)]*)\)`, "g");
   const notBuiltin = [...text.matchAll(calls)].map((m) => m[1]).filter((arg) =>
-    !/^"node:[a-z_/]+"$/.test(arg)
+    !/^"node:[a-z_/]+"$/.test(arg) && !OPTIONAL_MODULES.has(arg)
   );
   if (notBuiltin.length > 0) {
     throw new BundleShapeError(
