@@ -12,6 +12,7 @@ import type { DockerSandboxProvider, SandboxRepo } from "../sandbox/docker_provi
 import { LABEL, labelArgs, OWNER } from "../sandbox/docker.ts";
 import { CommandExitError } from "../errors.ts";
 import { readLines } from "../lines.ts";
+import { withHostLock } from "../lock.ts";
 import { type LocalRepo, sendBase } from "./local.ts";
 import { CACHE_DIR, CACHE_REPO } from "./cache_layout.ts";
 
@@ -35,9 +36,22 @@ export const UPDATE = '[ -d "$4" ] || git init -q --bare "$4"; ' +
 
 /**
  * Add `repo`'s base commit to the cache that `provider`'s container mounts (`provider` names the
- * volume and the image, which has git). Returns the bytes of the pack sent.
+ * volume and the image, which has git). Returns the bytes of the pack sent. One update of a cache
+ * at a time on this host: two at once on a new volume would both make its repository.
  */
 export async function updateCache(
+  provider: DockerSandboxProvider,
+  volume: string,
+  repo: LocalRepo,
+  signal?: AbortSignal,
+): Promise<number> {
+  return await withHostLock(
+    `cache-${volume}`,
+    () => updateUnlocked(provider, volume, repo, signal),
+  );
+}
+
+async function updateUnlocked(
   provider: DockerSandboxProvider,
   volume: string,
   repo: LocalRepo,

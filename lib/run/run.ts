@@ -245,7 +245,8 @@ class RunStream {
 
   placed(): Record<string, unknown> {
     const kept = this.kept !== undefined && (this.kept.worktree || this.kept.branch);
-    return { ...this.place, kept };
+    // What only a dead run's recovery needs (lib/run/recover.ts) goes once the run has ended.
+    return { ...this.place, kept, branchReturn: undefined };
   }
 }
 
