@@ -35,7 +35,9 @@ export type SandboxErrorCode =
   /** The agent worker broke its contract: bad output, no result, a result not matching the schema. */
   | "worker_failed"
   /** The run store (the state directory) could not be written, or holds a torn record: a full or failing disk. */
-  | "store_failed";
+  | "store_failed"
+  /** A run passed one of its budgets (tokens, cost, requests, egress), or its profile's budget for the period is used up. */
+  | "budget_exceeded";
 
 export interface SandboxErrorOptions extends ErrorOptions {
   /** Extra lines for a human: a hint on how to fix it, a log tail. */
@@ -107,6 +109,8 @@ export const EXIT = {
   interrupted: 130,
   /** The run's record could not be written in full (EX_IOERR of sysexits.h). */
   storeFailed: 74,
+  /** A run passed a budget, or would start over its profile's budget for the period. */
+  budget: 3,
 } as const;
 
 /** The process exit code for an error that reached the CLI. */
@@ -124,6 +128,8 @@ export function exitCodeFor(error: unknown): number {
       return 137;
     case "store_failed":
       return EXIT.storeFailed;
+    case "budget_exceeded":
+      return EXIT.budget;
     default:
       return EXIT.infrastructure;
   }
