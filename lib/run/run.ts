@@ -55,6 +55,8 @@ import { type AgentCliName, type AgentName, isAgentCli } from "../agents/package
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
 import { checkAgentProjectConfig, describeIgnored } from "../agents/project_config.ts";
 import { checkPromptFits } from "../input_file.ts";
+import type { BudgetLimits, RunBudget } from "../proxy/budget.ts";
+import { startRunSpending } from "./period_budget.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
@@ -97,6 +99,8 @@ export interface RunRequest {
   onLifecycle?: (event: Record<string, unknown>) => Promise<void> | void;
   /** The agent of `run agentic` (default: the profile's `llm.agent`). */
   agent?: AgentName;
+  /** Per-run budgets (the `--max-*` flags), each replacing the profile's of the same name. */
+  budget?: BudgetLimits;
 }
 
 export interface RepoRequest {
@@ -164,6 +168,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   // A replay needs no key; anything else does, and a missing one must stop the run here, before
   // any sandbox, image or container is touched, not as an error answer from the proxy later.
   if (!request.model?.startsWith(REPLAY_PREFIX)) await requireKey(profile, keys, request.signal);
+  // Before anything starts: a run over its profile's budget for the day does not start.
+  const spending = startRunSpending(profile, {
+    flags: request.budget,
+    onExceeded: (error) => limits.abort(error),
+  });
   const chosen = await chooseUpstream(request, keys, redactor);
   const id = repo?.id ?? newRunId();
   const sandboxKind = profile.sandbox.mode === "container" ? "container" : profile.sandbox.mode;
@@ -196,6 +205,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
 
   const cleanups: (() => Promise<unknown>)[] = [];
   if (chosen.local) cleanups.push(() => chosen.local!.close());
+  cleanups.push(async () => spending.record(id));
   let result: AgenticMessage | undefined;
   let generationError: GenerationError | undefined;
   // The protocol promises one result and the usage last, whatever happens: what was sent decides
@@ -226,7 +236,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   /** Where the agent worked, and whether its container stays (`kept`). */
   let place: Record<string, unknown> = {};
   let kept: { worktree: boolean; branch: boolean } | undefined;
-  const placed = () => ({ ...place, kept: kept !== undefined && (kept.worktree || kept.branch) });
+  const placed = () => ({
+    ...place,
+    kept: kept !== undefined && (kept.worktree || kept.branch),
+    budget: spending.budget.record(),
+  });
   try {
     const onAgentEvent = (line: string) => log.appendAgentEvent(line);
     const { driver, cwd, provider, worktree, session, keep, underWay: prepared } = await prepare(
@@ -239,6 +253,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
         cleanups,
         repo,
         onAccess: countLlmCall,
+        budget: spending.budget,
         agent,
         onAgentEvent,
         limits,
@@ -258,6 +273,8 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
           signal: request.signal,
         })
       ) {
+        // A budget passed by the last response ends the run as one passed earlier would.
+        if (message.type === "result") limits.signal.throwIfAborted();
         if (message.type === "result") result = message;
         await emit(message);
       }
@@ -281,6 +298,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
         generationError = error;
         result = agenticMessage({ type: "result", content: error.message, is_error: true, model });
       }
+      limits.signal.throwIfAborted();
       await emit(result);
     }
     let extra: Record<string, unknown> | undefined;
@@ -392,6 +410,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       : error;
     // Close the stream as promised: an error result saying what happened, then the usage so far.
     const usage = driverUsage({
+      ...spending.budget.driverUsage(),
       duration_ms: Math.round(performance.now() - started),
       num_turns: llmCalls,
       model,
@@ -572,6 +591,7 @@ async function prepare(
     cleanups: (() => Promise<unknown>)[];
     repo?: ResolvedRepo;
     onAccess?: (entry: { kind: string; decision: string; path?: string }) => void;
+    budget?: RunBudget;
     /** An agent CLI instead of the worker. */
     agent?: AgentCliName;
     onAgentEvent?: (line: string) => void;
@@ -622,6 +642,7 @@ async function prepare(
     signal,
     onAccess: context.onAccess,
     onProgress: request.onProgress,
+    budget: context.budget,
   };
   if (profile.sandbox.mode === "none") {
     request.onProgress?.(
