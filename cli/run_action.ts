@@ -18,7 +18,7 @@ import {
 import { progress } from "./progress.ts";
 import { reportError } from "./report.ts";
 import type { AgentName } from "../lib/agents/packages.ts";
-import { budgetFromFlags, type BudgetFlags } from "./budget_flags.ts";
+import { type BudgetFlags, budgetFromFlags } from "./budget_flags.ts";
 
 export interface RunFlags extends BudgetFlags {
   promptFile: string;

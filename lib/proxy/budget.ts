@@ -127,7 +127,8 @@ export class RunBudget {
         budget: "cost_usd",
         limit: this.limits.cost_usd,
         used: this.used.cost_usd,
-        reason: `the price of model "${model}" is unknown, so its cost cannot be held to the budget`,
+        reason:
+          `the price of model "${model}" is unknown, so its cost cannot be held to the budget`,
       });
     }
     this.#used.requests++;
@@ -404,9 +405,7 @@ export function reportedUsage(value: unknown): Reported | undefined {
     v.type === "message_start" || v.type === "message_delta";
   return {
     model,
-    input: anthropic && input !== undefined
-      ? input + (cacheRead ?? 0) + (cacheWrite ?? 0)
-      : input,
+    input: anthropic && input !== undefined ? input + (cacheRead ?? 0) + (cacheWrite ?? 0) : input,
     output: n(usage.output_tokens),
     cacheRead: anthropic ? cacheRead : n(details?.cached_tokens),
     cacheWrite: anthropic ? cacheWrite : undefined,

@@ -76,7 +76,9 @@ export function startRunSpending(profile: Profile, options: RunSpendingOptions =
     throw new SandboxError(
       "usage",
       `Cannot hold an egress budget for profile "${profile.name}": network mode "full" has no egress proxy`,
-      { detail: 'Use network mode "allowlist" (the default), or drop egress_bytes/egress_requests' },
+      {
+        detail: 'Use network mode "allowlist" (the default), or drop egress_bytes/egress_requests',
+      },
     );
   }
   return {
