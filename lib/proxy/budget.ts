@@ -3,7 +3,8 @@
  * (LLM tokens, estimated cost, requests) and the egress proxy (bytes both ways, requests). The
  * sandbox holds no handle on any of it.
  *
- * - A request that would start with a budget already used up is refused, and counted nowhere.
+ * - A request that would start with a budget already used up (or once any budget was passed) is
+ *   refused, and counted nowhere.
  *   LLM and egress requests are counted when they start, so many small requests (or many at once)
  *   never pass `requests` / `egress_requests`.
  * - Tokens and cost are charged from the usage the upstream reports in each response: the JSON
@@ -16,7 +17,7 @@
  *   `budget_exceeded` error the run ends with.
  */
 import { SandboxError } from "../errors.ts";
-import { type CallTokens, costOf, priceOf, roundUsd } from "../run/prices.ts";
+import { type CallTokens, costOf, roundUsd } from "../run/prices.ts";
 import type { DriverUsage } from "../run/protocol.ts";
 
 /** The budgets, as the profile and the flags name them. */
@@ -115,29 +116,18 @@ export class RunBudget {
     return this.limits.egress_bytes !== undefined || this.limits.egress_requests !== undefined;
   }
 
-  /**
-   * Why an LLM request for `model` may not start (a message for the agent), or undefined: then it
-   * is counted. A cost budget refuses a model whose price is unknown: its cost could not be held.
-   */
-  admitLlm(model: string | null): string | undefined {
-    const passed = this.#firstAtLimit(["tokens", "cost_usd", "requests"]);
+  /** Why an LLM request may not start (a message for the agent), or undefined: then it is counted. */
+  admitLlm(): string | undefined {
+    const passed = this.#overrun ?? this.#firstAtLimit(["tokens", "cost_usd", "requests"]);
     if (passed) return this.#refuse(passed);
-    if (this.limits.cost_usd !== undefined && model !== null && !priceOf(model)) {
-      return this.#refuse({
-        budget: "cost_usd",
-        limit: this.limits.cost_usd,
-        used: this.used.cost_usd,
-        reason:
-          `the price of model "${model}" is unknown, so its cost cannot be held to the budget`,
-      });
-    }
     this.#used.requests++;
     return undefined;
   }
 
   /**
-   * Charge what one call reported (its new total less what was charged for it before): false when
-   * this takes a budget past its limit.
+   * Charge what one call of `model` (as the upstream names it) reported: its new total less what
+   * was charged for it before. False when this takes a budget past its limit; under a cost budget,
+   * a model with no price passes it (its cost cannot be held).
    */
   chargeLlm(model: string | null, delta: CallTokens): boolean {
     this.#input += delta.input;
@@ -146,6 +136,15 @@ export class RunBudget {
     const cost = costOf(model, delta);
     if (cost === null) this.#costKnown = false;
     else this.#used.cost_usd += cost;
+    if (cost === null && this.limits.cost_usd !== undefined) {
+      this.#exceed({
+        budget: "cost_usd",
+        limit: this.limits.cost_usd,
+        used: this.used.cost_usd,
+        reason: `the price of model "${model}" is unknown, so its cost cannot be held`,
+      });
+      return false;
+    }
     const passed = this.#firstPast(["tokens", "cost_usd"]);
     if (!passed) return true;
     this.#exceed(passed);
@@ -154,7 +153,7 @@ export class RunBudget {
 
   /** Why an egress request may not start, or undefined: then it is counted. */
   admitEgress(): string | undefined {
-    const passed = this.#firstAtLimit(["egress_bytes", "egress_requests"]);
+    const passed = this.#overrun ?? this.#firstAtLimit(["egress_bytes", "egress_requests"]);
     if (passed) return this.#refuse(passed);
     this.#used.egress_requests++;
     return undefined;

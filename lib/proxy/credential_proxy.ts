@@ -429,7 +429,7 @@ function meterFor(
 ): ((response: Response) => ResponseMeter) | undefined | Refusal {
   if (budget === undefined || !isMetered(target)) return undefined;
   const model = typeof body?.model === "string" ? body.model : null;
-  const refused = budget.admitLlm(model);
+  const refused = budget.admitLlm();
   if (refused !== undefined) return new Refusal(403, "permission_error", refused);
   return (response) =>
     new ResponseMeter(budget, { model, bodyBytes }, {

@@ -30,9 +30,9 @@ Deno.test("RunBudget", async (t) => {
   await t.step("admits requests up to the limit and refuses the next, naming it", () => {
     const errors: SandboxError[] = [];
     const budget = new RunBudget({ requests: 2 }, { onExceeded: (e) => errors.push(e) });
-    assert.equal(budget.admitLlm("gpt-4.1-mini"), undefined);
-    assert.equal(budget.admitLlm("gpt-4.1-mini"), undefined);
-    assert.match(budget.admitLlm("gpt-4.1-mini") ?? "", /requests limit 2, used 2/);
+    assert.equal(budget.admitLlm(), undefined);
+    assert.equal(budget.admitLlm(), undefined);
+    assert.match(budget.admitLlm() ?? "", /requests limit 2, used 2/);
     assert.equal(errors.length, 1);
     assert.equal(errors[0].code, "budget_exceeded");
     assert.match(
@@ -56,14 +56,17 @@ Deno.test("RunBudget", async (t) => {
     });
   });
 
-  await t.step("a cost budget refuses a model with no price: its cost could not be held", () => {
-    const budget = new RunBudget({ cost_usd: 1 });
-    assert.match(
-      budget.admitLlm("made-up-model") ?? "",
-      /price of model "made-up-model" is unknown/,
-    );
-    assert.equal(new RunBudget({ cost_usd: 1 }).admitLlm("gpt-4.1-mini"), undefined);
-  });
+  await t.step(
+    "under a cost budget, a model with no price passes it: its cost could not be held",
+    () => {
+      const budget = new RunBudget({ cost_usd: 1 });
+      assert.equal(budget.chargeLlm("made-up-model", { input: 1, output: 1 }), false);
+      assert.match(budget.admitLlm() ?? "", /price of model "made-up-model" is unknown/);
+      const priced = new RunBudget({ cost_usd: 1 });
+      assert.equal(priced.chargeLlm("gpt-4.1-mini", { input: 1, output: 1 }), true);
+      assert.equal(priced.admitLlm(), undefined);
+    },
+  );
 
   await t.step("egress bytes past the limit are refused further requests", () => {
     const budget = new RunBudget({ egress_bytes: 10, egress_requests: 5 });
