@@ -18,7 +18,8 @@ Deno.test({
     const config = `${dir.path}/sandbox.yaml`;
     await Deno.writeTextFile(
       config,
-      `profiles:\n  ${profile}:\n    sandbox: {mode: none}\n    budget: {requests: 2}\n` +
+      `profiles:\n  ${profile}:\n    sandbox: {mode: none}\n` +
+        `  ${profile}-req:\n    sandbox: {mode: none}\n    budget: {requests: 2}\n` +
         `  ${profile}-day:\n    sandbox: {mode: none}\n    budget: {per_day: {tokens: 400}}\n`,
     );
     await Deno.copyFile(`${ROOT}/examples/hello/prompt.txt`, `${dir.path}/prompt.txt`);
@@ -47,21 +48,34 @@ Deno.test({
       return { result: messages.at(-2)!, usage: messages.at(-1)! };
     };
 
-    const cases: [string, string[], string[], RegExp][] = [
-      ["tokens", ["--max-tokens", "200"], ["--max-tokens", "400"], /tokens limit 200, used 236/],
-      ["cost", ["--max-cost", "0.0001"], ["--max-cost", "0.001"], /cost_usd limit \$0.0001, used/],
+    const cases: [string, string, string[], string[], RegExp][] = [
+      [
+        "tokens",
+        profile,
+        ["--max-tokens", "200"],
+        ["--max-tokens", "400"],
+        /tokens limit 200, used 236/,
+      ],
+      [
+        "cost",
+        profile,
+        ["--max-cost", "0.0001"],
+        ["--max-cost", "0.001"],
+        /cost_usd limit \$0.0001, used/,
+      ],
       [
         "requests (profile; the flag replaces it)",
+        `${profile}-req`,
         [],
         ["--max-requests", "3"],
         /requests limit 2, used 2/,
       ],
     ];
-    for (const [what, small, large, named] of cases) {
+    for (const [what, name, small, large, named] of cases) {
       await t.step(
         `${what}: stopped at the limit with exit 3, and the twin completes`,
         async () => {
-          const stopped = await run(profile, ...small);
+          const stopped = await run(name, ...small);
           const context = explain(stopped);
           assert.equal(stopped.exitCode, EXIT.budget, context);
           const { result, usage } = closing(stopped.stdout);
@@ -72,7 +86,7 @@ Deno.test({
           assert.ok((usage.usage?.input_tokens ?? 0) >= 101, context);
           assert.match(stopped.stderr, /sandbox: error: Budget exceeded/, context);
 
-          const completed = await run(profile, ...large);
+          const completed = await run(name, ...large);
           assert.equal(completed.exitCode, 0, explain(completed));
           assert.equal(closing(completed.stdout).result.is_error, false, explain(completed));
         },
@@ -80,7 +94,10 @@ Deno.test({
     }
 
     await t.step("sandbox runs --json shows what each run used against which limits", async () => {
-      const listed = await runCli(["runs", "--json", "-p", profile, "-n", "1"], { config, env });
+      const listed = await runCli(["runs", "--json", "-p", `${profile}-req`, "-n", "1"], {
+        config,
+        env,
+      });
       assert.equal(listed.exitCode, 0, explain(listed));
       const [last] = JSON.parse(listed.stdout);
       assert.deepEqual(last.extra.budget.limits, { requests: 3 });
