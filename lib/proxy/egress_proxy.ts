@@ -412,7 +412,8 @@ class ProxySession {
     if (refused !== undefined) throw new ProxyRefusal(403, "deny", refused);
     const metered = meteredTally(tally, (bytes) => {
       // Past the budget nothing more crosses: every connection of the run's proxy ends.
-      if (!budget.chargeEgress(bytes)) { for (const conn of this.#liveConns) closeQuietly(conn); }
+      if (budget.chargeEgress(bytes)) return;
+      for (const conn of this.#liveConns) closeQuietly(conn);
     });
     client.tally = metered;
     return metered;
