@@ -3,6 +3,7 @@ import { ResponseMeter, RunBudget } from "../../lib/proxy/budget.ts";
 import { spentOn, startRunSpending } from "../../lib/run/period_budget.ts";
 import { SandboxError } from "../../lib/errors.ts";
 import { profileFrom, tempDir } from "../_helpers.ts";
+import { budgetFromFlags } from "../../cli/budget_flags.ts";
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -218,4 +219,40 @@ Deno.test("startRunSpending", async (t) => {
       );
     },
   );
+});
+
+Deno.test("budget settings and flags are checked at the boundary", async (t) => {
+  await t.step("a budget that is not a positive number is a configuration issue naming it", () => {
+    assert.throws(
+      () => profileFrom(`profiles:\n  work:\n    budget: {tokens: -1}\n`, "work"),
+      /budget.*tokens.*whole number above 0/,
+    );
+    assert.throws(
+      () =>
+        profileFrom(`profiles:\n  work:\n    budget: {per_day: {egress_bytes: lots}}\n`, "work"),
+      /per_day.*egress_bytes.*size like/,
+    );
+  });
+
+  await t.step("--max-* flags give limits; a bad one is a usage error naming the flag", () => {
+    assert.deepEqual(
+      budgetFromFlags({ maxTokens: "1000", maxCost: "0.5", maxRequests: "3", maxEgress: "1k" }),
+      { tokens: 1000, cost_usd: 0.5, requests: 3, egress_bytes: 1024 },
+    );
+    assert.equal(budgetFromFlags({}), undefined);
+    for (
+      const [flags, message] of [
+        [{ maxTokens: "1e3" }, /^Invalid --max-tokens "1e3": expected a whole number above 0/],
+        [{ maxCost: "-1" }, /^Invalid --max-cost "-1"/],
+        [{ maxRequests: "0" }, /^Invalid --max-requests "0"/],
+        [{ maxEgress: "much" }, /^Invalid --max-egress "much"/],
+      ] as const
+    ) {
+      assert.throws(() => budgetFromFlags(flags), (error: SandboxError) => {
+        assert.equal(error.code, "usage");
+        assert.match(error.message, message);
+        return true;
+      });
+    }
+  });
 });
