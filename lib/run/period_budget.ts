@@ -42,8 +42,11 @@ const DAY_MS = 24 * 60 * 60 * 1000;
 /** A run's budget and how its spending is kept for the day's budget. */
 export interface RunSpending {
   budget: RunBudget;
-  /** Keep what the run spent against the day's budget (when the profile has one). */
-  record(runId: string): void;
+  /**
+   * Keep what the run spent against the day's budget (when the profile has one); a store that
+   * cannot be written is said through `onProgress`, never raised: the run is over.
+   */
+  record(runId: string): Promise<void>;
 }
 
 export interface RunSpendingOptions {
@@ -51,6 +54,8 @@ export interface RunSpendingOptions {
   flags?: BudgetLimits;
   /** Called once, with the error the run ends with, when the run passes a budget. */
   onExceeded?: (error: SandboxError) => void;
+  /** Diagnostics for stderr: spending that could not be kept. */
+  onProgress?: (line: string) => void;
   /** The state store (default: `<state dir>/store.db`). */
   storePath?: string;
   now?: Date;
@@ -84,7 +89,17 @@ export function startRunSpending(profile: Profile, options: RunSpendingOptions =
   return {
     budget,
     record: (runId) => {
-      if (perDay) recordSpend(path, { runId, profile: profile.name, day, used: budget.used });
+      if (!perDay) return Promise.resolve();
+      try {
+        recordSpend(path, { runId, profile: profile.name, day, used: budget.used });
+      } catch (error) {
+        options.onProgress?.(
+          `warning: run ${runId}'s spending is not counted against profile "${profile.name}"'s budget per day: ${
+            (error as Error).message
+          }`,
+        );
+      }
+      return Promise.resolve();
     },
   };
 }

@@ -172,6 +172,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   const spending = startRunSpending(profile, {
     flags: request.budget,
     onExceeded: (error) => limits.abort(error),
+    onProgress: request.onProgress,
   });
   const chosen = await chooseUpstream(request, keys, redactor);
   const id = repo?.id ?? newRunId();
@@ -205,7 +206,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
 
   const cleanups: (() => Promise<unknown>)[] = [];
   if (chosen.local) cleanups.push(() => chosen.local!.close());
-  cleanups.push(async () => spending.record(id));
+  cleanups.push(() => spending.record(id));
   let result: AgenticMessage | undefined;
   let generationError: GenerationError | undefined;
   // The protocol promises one result and the usage last, whatever happens: what was sent decides

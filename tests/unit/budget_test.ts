@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { ResponseMeter, RunBudget } from "../../lib/proxy/budget.ts";
 import { spentOn, startRunSpending } from "../../lib/run/period_budget.ts";
-import { SandboxError } from "../../lib/errors.ts";
+import type { SandboxError } from "../../lib/errors.ts";
 import { profileFrom, tempDir } from "../_helpers.ts";
 import { budgetFromFlags } from "../../cli/budget_flags.ts";
 
@@ -171,16 +171,16 @@ Deno.test("startRunSpending", async (t) => {
 
   await t.step(
     "a run's spending counts against the day, and caps the next run to what is left",
-    () => {
+    async () => {
       const first = startRunSpending(profile, { storePath, now });
       first.budget.chargeLlm("gpt-4.1-mini", { input: 700, output: 0 });
-      first.record("run-1");
+      await first.record("run-1");
       assert.equal(spentOn(storePath, "work", "2026-11-27").tokens, 700);
       const second = startRunSpending(profile, { storePath, now });
       assert.equal(second.budget.limits.tokens, 300);
       second.budget.chargeLlm("gpt-4.1-mini", { input: 301, output: 0 });
       assert.equal(second.budget.overrun?.budget, "tokens");
-      second.record("run-2");
+      await second.record("run-2");
     },
   );
 
