@@ -18,8 +18,9 @@ import {
 import { progress } from "./progress.ts";
 import { reportError } from "./report.ts";
 import type { AgentName } from "../lib/agents/packages.ts";
+import { type BudgetFlags, budgetFromFlags } from "./budget_flags.ts";
 
-export interface RunFlags {
+export interface RunFlags extends BudgetFlags {
   promptFile: string;
   profile?: string;
   model?: string;
@@ -55,6 +56,7 @@ export async function runAction(
   ]);
   modules.catch(() => {}); // awaited below; a usage error first must not leave it unhandled
   const timeoutMs = parseTimeout(opts.timeout);
+  const budget = budgetFromFlags(opts);
   if (!opts.repo && (opts.base || opts.branch || opts.keepWorktree || opts.push)) {
     throw new SandboxError("usage", "--base, --branch, --keep-worktree and --push need --repo");
   }
@@ -84,6 +86,7 @@ export async function runAction(
     schema,
     timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
     record: opts.record,
+    budget,
     hostCwd: opts.cwd,
     agent: opts.agent,
     repo: opts.repo

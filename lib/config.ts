@@ -218,11 +218,37 @@ const GitSchema = z.object({
   token: KeySourceSchema.optional(),
 }).strict();
 
+const wholeNumber = (example: string) =>
+  z.number({ invalid_type_error: `expected a whole number like ${example}` })
+    .int({ message: `expected a whole number like ${example}` })
+    .positive({ message: `expected a whole number above 0, like ${example}` });
+
+/** Limits on what a run may spend (lib/proxy/budget.ts); an absent one is no limit. */
+const BudgetLimitsSchema = z.object({
+  /** LLM input + output tokens, as the upstream reports them. */
+  tokens: wholeNumber("2000000").optional(),
+  /** Estimated USD, from the price table (lib/run/prices.ts). */
+  cost_usd: z.number({ invalid_type_error: "expected an amount in USD like 5 or 0.5" })
+    .positive({ message: "expected an amount in USD above 0, like 5 or 0.5" }).optional(),
+  /** LLM calls. */
+  requests: wholeNumber("200").optional(),
+  /** Bytes through the egress proxy, both ways. */
+  egress_bytes: size("1g").optional(),
+  /** Requests through the egress proxy (each CONNECT, each plain HTTP request). */
+  egress_requests: wholeNumber("1000").optional(),
+}).strict();
+
+const BudgetSchema = BudgetLimitsSchema.extend({
+  /** The same limits for all the profile's runs of one UTC day, kept in the state store. */
+  per_day: BudgetLimitsSchema.optional(),
+}).strict();
+
 const ProfileSchema = z.object({
   description: z.string().optional(),
   llm: LlmSchema.default({}),
   git: GitSchema.default({}),
   sandbox: SandboxSchema.default({}),
+  budget: BudgetSchema.optional(),
 }).strict();
 
 /**
@@ -267,6 +293,7 @@ export type ProfileConfig = z.infer<typeof ProfileSchema>;
 export type SandboxConfig = z.infer<typeof SandboxSchema>;
 export type NetworkMode = SandboxConfig["network"]["mode"];
 export type LlmConfig = ProfileConfig["llm"];
+export type BudgetConfig = z.infer<typeof BudgetSchema>;
 
 /** A profile with its name, ready for the engine: units parsed, defaults applied. */
 export interface Profile {
@@ -275,6 +302,8 @@ export interface Profile {
   llm: LlmConfig;
   git: ProfileConfig["git"];
   sandbox: SandboxConfig;
+  /** What each run, and all runs of a day, may spend (`egress_bytes` still a size string). */
+  budget?: BudgetConfig;
   /**
    * What of the profile is not applied, one line each: environment variables no configuration may
    * set in a sandbox (lib/refused_env.ts), named by their key.
@@ -726,6 +755,7 @@ export function resolveProfile(config: Config, name?: string): Profile {
     llm: profile.llm,
     git: profile.git,
     sandbox: { ...profile.sandbox, environment: environment.environment },
+    ...(profile.budget ? { budget: profile.budget } : {}),
     ...(environment.warnings.length > 0 ? { warnings: environment.warnings } : {}),
     resources: {
       memoryBytes: parseSize(r.memory)!,

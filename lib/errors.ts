@@ -39,7 +39,9 @@ export type SandboxErrorCode =
   /** The run store (the state directory) could not be written, or holds a torn record: a full or failing disk. */
   | "store_failed"
   /** `sandbox doctor` found a defence that should hold broken. */
-  | "defence_broken";
+  | "defence_broken"
+  /** A run passed one of its budgets (tokens, cost, requests, egress), or its profile's budget for the period is used up. */
+  | "budget_exceeded";
 
 export interface SandboxErrorOptions extends ErrorOptions {
   /** Extra lines for a human: a hint on how to fix it, a log tail. */
@@ -113,6 +115,8 @@ export const EXIT = {
   storeFailed: 74,
   /** `sandbox doctor`: a defence that should hold is broken. */
   defenceBroken: 3,
+  /** A run passed a budget, or would start over its profile's budget for the period. */
+  budget: 4,
 } as const;
 
 /** The process exit code for an error that reached the CLI. */
@@ -132,6 +136,8 @@ export function exitCodeFor(error: unknown): number {
       return EXIT.storeFailed;
     case "defence_broken":
       return EXIT.defenceBroken;
+    case "budget_exceeded":
+      return EXIT.budget;
     default:
       return EXIT.infrastructure;
   }

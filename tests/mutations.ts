@@ -157,6 +157,84 @@ const KUBERNETES_POD_RULES: Mutation[] = [
   ],
 ].map(([name, find, replace]) => ({ name, file: POD_SPEC, find, replace, tests: POD_SPEC_TESTS }));
 
+const BUDGET = "lib/proxy/budget.ts";
+const BUDGET_TESTS = ["tests/unit/budget_test.ts", "tests/security/budget_attack_test.ts"];
+
+/** Each point where a run's budget is enforced, broken on its own. */
+const BUDGET_MUTATIONS: Mutation[] = [
+  {
+    name: "credential proxy: a request past the run's budget goes to the upstream all the same",
+    file: CREDENTIAL_PROXY,
+    find: `if (refused !== undefined) return new Refusal(403, "permission_error", refused);`,
+    replace: `void refused;`,
+    tests: ["tests/security/budget_attack_test.ts"],
+  },
+  {
+    name: "LLM requests are not counted when admitted (many at once all start)",
+    file: BUDGET,
+    find: `    this.#used.requests++;\n`,
+    replace: ``,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a streaming response is never cut: usage events are not charged as they pass",
+    file: BUDGET,
+    find: `if (!this.#account(sseUsage(this.#decoder.decode(event)))) {`,
+    replace: `if (!this.#account(undefined)) {`,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a JSON response's usage is never charged",
+    file: BUDGET,
+    find: `this.#account(reportedUsage(JSON.parse(this.#decoder.decode(concat(...this.#body)))));`,
+    replace: `this.#account(undefined);`,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a response that reports no usage costs nothing",
+    file: BUDGET,
+    find: `if (!this.#reported && this.#ok) {`,
+    replace: `if (false) {`,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a model with no price passes a cost budget for free",
+    file: BUDGET,
+    find: `if (cost === null && this.limits.cost_usd !== undefined) {`,
+    replace: `if (false) {`,
+    tests: ["tests/unit/budget_test.ts"],
+  },
+  {
+    name: "egress proxy: a request past the run's budget is let through",
+    file: EGRESS_PROXY,
+    find: `if (refused !== undefined) throw new ProxyRefusal(403, "deny", refused);`,
+    replace: `void refused;`,
+    tests: ["tests/security/budget_attack_test.ts"],
+  },
+  {
+    name: "egress proxy: bytes past the run's budget keep flowing (no cut)",
+    file: EGRESS_PROXY,
+    find:
+      `if (budget.chargeEgress(bytes)) return;\n      for (const conn of this.#liveConns) closeQuietly(conn);`,
+    replace: `budget.chargeEgress(bytes);`,
+    tests: ["tests/security/budget_attack_test.ts"],
+  },
+  {
+    name: "egress requests are not counted when admitted",
+    file: BUDGET,
+    find: `    this.#used.egress_requests++;\n`,
+    replace: ``,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a run starts over its profile's budget for the day",
+    file: "lib/run/period_budget.ts",
+    find: `if (left <= 0) {`,
+    replace: `if (left < -Infinity) {`,
+    tests: ["tests/unit/budget_test.ts"],
+  },
+];
+
 /** Every rule of the secret-name pattern, each dropped on its own. */
 const SECRET_NAME_RULES: Mutation[] = [
   ...[
@@ -557,8 +635,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "response bodies to the sandbox not redacted",
     file: CREDENTIAL_PROXY,
-    find: `const out = redacting.push(result.value);`,
-    replace: `const out = result.value;`,
+    find: `const out = redacting.push(metered.pass);`,
+    replace: `const out = metered.pass;`,
     tests: CREDENTIAL_TESTS,
   },
   {
@@ -1170,6 +1248,7 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/kubernetes_pod_spec_test.ts"],
   },
   ...KUBERNETES_POD_RULES,
+  ...BUDGET_MUTATIONS,
   ...SECRET_NAME_RULES,
   ...DOCTOR_MUTATIONS,
   {

@@ -28,6 +28,7 @@ import {
   ROUTES,
 } from "./llm_policy.ts";
 import { parseStrictJson } from "./strict_json.ts";
+import { ResponseMeter, type RunBudget } from "./budget.ts";
 
 export const PROXY_PATH_PREFIX = "/proxy/v1";
 export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
@@ -53,6 +54,8 @@ export interface ProxyGrant {
   provider: UpstreamProvider;
   /** What the holder may ask of the provider; default: no server-side tools, any model. */
   policy?: LlmPolicy;
+  /** What the holder may spend (lib/proxy/budget.ts); default: no limit. */
+  budget?: RunBudget;
 }
 
 export interface TokenRegistryOptions {
@@ -315,10 +318,14 @@ function createHandler(
     entry.bytesOut = body.length;
 
     // 4. What it asks for, decided on one strict reading of the body; those same bytes go out.
-    const refusal = target.rule.method === "POST"
+    const checked = target.rule.method === "POST"
       ? checkBody(body, target.rule, target.policy, grant.profile)
       : undefined;
-    if (refusal !== undefined) return exchange.refuse(refusal);
+    if (checked instanceof Refusal) return exchange.refuse(checked);
+
+    // 4b. What the run may still spend: a call that would start past its budget never starts.
+    const meter = meterFor(grant.budget, target, checked, body.length);
+    if (meter instanceof Refusal) return exchange.refuse(meter);
 
     // 5. The real key, attached on the way out. From here on the request was allowed: a failure
     // is the host's, not a refusal of what the sandbox asked.
@@ -334,8 +341,8 @@ function createHandler(
     });
     if (upstream instanceof Refusal) return exchange.refuse(upstream);
 
-    // 7. Back to the sandbox with every known secret redacted.
-    return respond(upstream, redactor, exchange);
+    // 7. Back to the sandbox with every known secret redacted, metered against the budget.
+    return respond(upstream, redactor, exchange, meter);
   };
 }
 
@@ -378,13 +385,13 @@ async function requestBody(
   return body;
 }
 
-/** Why a POST body is refused (not strict JSON, not an object, or against the policy), if it is. */
+/** Why a POST body is refused (not strict JSON, not an object, or against the policy), or its value. */
 function checkBody(
   body: Uint8Array,
   rule: RouteRule,
   policy: LlmPolicy,
   profile: string,
-): Refusal | undefined {
+): Refusal | Record<string, unknown> {
   const parsed = parseStrictJson(body);
   if (parsed.kind === "invalid") {
     const message = `the request body is not strict JSON: ${parsed.reason}`;
@@ -395,7 +402,7 @@ function checkBody(
     return new Refusal(400, "invalid_request_error", "the request body is not a JSON object");
   }
   const refusal = rule.check?.(value, policy);
-  if (refusal === undefined) return undefined;
+  if (refusal === undefined) return value as Record<string, unknown>;
   const why = refusal.rule === "models"
     ? `profile "${profile}" allows only the models in llm.models (${
       (policy.models ?? []).map((model) => JSON.stringify(model)).join(", ")
@@ -403,6 +410,32 @@ function checkBody(
     : `profile "${profile}" does not let the provider reach the network or run code ` +
       `for the sandbox (llm.server_tools: allow would)`;
   return new Refusal(403, "permission_error", `${refusal.message}; ${why}`);
+}
+
+/** Calls that cost tokens: every POST route but counting them. */
+function isMetered(target: Target): boolean {
+  return target.rule.method === "POST" && target.suffix !== "/messages/count_tokens";
+}
+
+/**
+ * A meter for the response of a metered call that its run's budget admits (counted from here), or
+ * the refusal the agent sees: 403, which SDKs do not retry.
+ */
+function meterFor(
+  budget: RunBudget | undefined,
+  target: Target,
+  body: Record<string, unknown> | undefined,
+  bodyBytes: number,
+): ((response: Response) => ResponseMeter) | undefined | Refusal {
+  if (budget === undefined || !isMetered(target)) return undefined;
+  const model = typeof body?.model === "string" ? body.model : null;
+  const refused = budget.admitLlm();
+  if (refused !== undefined) return new Refusal(403, "permission_error", refused);
+  return (response) =>
+    new ResponseMeter(budget, { model, bodyBytes }, {
+      status: response.status,
+      contentType: response.headers.get("content-type"),
+    });
 }
 
 /** The upstream headers with the real key (registered with the redactor first), or why not. */
@@ -481,7 +514,13 @@ async function forward(
  * status text and body (an upstream, a malicious one or an error page, may echo the key anywhere),
  * and the exchange logged when the body ends.
  */
-function respond(upstream: Response, redactor: Redactor, exchange: Exchange): Response {
+function respond(
+  upstream: Response,
+  redactor: Redactor,
+  exchange: Exchange,
+  meterFor?: (response: Response) => ResponseMeter,
+): Response {
+  const meter = meterFor?.(upstream);
   const responseHeaders = new Headers();
   for (const [name, value] of upstream.headers) {
     if (STRIPPED_RESPONSE_HEADERS.has(name)) continue;
@@ -489,13 +528,14 @@ function respond(upstream: Response, redactor: Redactor, exchange: Exchange): Re
   }
   const statusText = redactor.redact(upstream.statusText);
   if (upstream.body === null) {
+    meter?.end();
     exchange.finish(upstream.status);
     return new Response(null, { status: upstream.status, statusText, headers: responseHeaders });
   }
   const streamed = relayBody(upstream.body, redactor, (bytes, reason) => {
     exchange.entry.bytesIn = bytes;
     exchange.finish(upstream.status, reason);
-  });
+  }, meter);
   return new Response(streamed, {
     status: upstream.status,
     statusText,
@@ -613,6 +653,7 @@ function relayBody(
   body: ReadableStream<Uint8Array>,
   redactor: Redactor,
   onDone: (bytes: number, reason?: string) => void,
+  meter?: ResponseMeter,
 ): ReadableStream<Uint8Array> {
   const reader = body.getReader();
   const redacting = redactor.stream();
@@ -637,6 +678,8 @@ function relayBody(
           return;
         }
         if (result.done) {
+          const held = meter?.end();
+          if (held && held.byteLength > 0) controller.enqueue(redacting.push(held));
           const rest = redacting.end();
           if (rest.byteLength > 0) controller.enqueue(rest);
           report();
@@ -644,7 +687,20 @@ function relayBody(
           return;
         }
         bytes += result.value.byteLength;
-        const out = redacting.push(result.value);
+        // Metered before redaction: the budget is charged from what the upstream reported.
+        const metered = meter ? meter.push(result.value) : { pass: result.value, cut: false };
+        const out = redacting.push(metered.pass);
+        if (metered.cut) {
+          // Cut at the budget: what passed, then an error event in place of the rest.
+          controller.enqueue(out);
+          controller.enqueue(redacting.end());
+          controller.enqueue(meter!.cutEvent());
+          report("cut at the run's budget");
+          controller.close();
+          // The upstream's rest is not wanted; a body that already ended cannot be cancelled.
+          await reader.cancel().catch(() => {});
+          return;
+        }
         if (out.byteLength > 0) {
           controller.enqueue(out);
           return;

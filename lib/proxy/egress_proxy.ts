@@ -25,6 +25,7 @@
  * address actually connected to; a connection that sent nothing is not logged.
  */
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
+import type { RunBudget } from "./budget.ts";
 import { closeOnAbort } from "../process.ts";
 import {
   canonicalHost,
@@ -90,6 +91,12 @@ export interface EgressProxyOptions {
   localAddresses?: () => readonly string[];
   /** Opens the upstream connection to a checked IP address (default: `Deno.connect`). */
   dial?: Dialer;
+  /**
+   * What the run may spend (lib/proxy/budget.ts): each request is admitted (and counted) before
+   * any connection is made, and its bytes both ways are charged; past the budget, every live
+   * connection is cut.
+   */
+  budget?: RunBudget;
 }
 
 /** Connect to `address` (an IP literal, never a name) on `port`. */
@@ -200,6 +207,31 @@ interface Tally {
   bytesOut: number;
 }
 
+/** A tally that reports every byte added to it to `charge`, starting with those `from` holds. */
+function meteredTally(from: Tally, charge: (bytes: number) => void): Tally {
+  let bytesIn = from.bytesIn;
+  let bytesOut = from.bytesOut;
+  if (bytesIn + bytesOut > 0) charge(bytesIn + bytesOut);
+  return {
+    get bytesIn() {
+      return bytesIn;
+    },
+    set bytesIn(value: number) {
+      const added = value - bytesIn;
+      bytesIn = value;
+      if (added > 0) charge(added);
+    },
+    get bytesOut() {
+      return bytesOut;
+    },
+    set bytesOut(value: number) {
+      const added = value - bytesOut;
+      bytesOut = value;
+      if (added > 0) charge(added);
+    },
+  };
+}
+
 /** Thrown inside a handler to answer the client with an error response and log a deny/failure. */
 class ProxyRefusal extends Error {
   constructor(
@@ -298,7 +330,7 @@ class ProxySession {
     open: Upstream | undefined,
   ): Promise<{ upstream: Upstream | undefined; keepAlive: boolean }> {
     const started = performance.now();
-    const tally: Tally = { bytesIn: 0, bytesOut: 0 };
+    let tally: Tally = { bytesIn: 0, bytesOut: 0 };
     client.tally = tally;
     const clientConn = client.conn;
     const entry: Omit<AccessLogEntry, "durationMs" | "bytesIn" | "bytesOut"> = {
@@ -321,6 +353,7 @@ class ProxySession {
       entry.method = head.method;
       const target = this.#parseTarget(head);
       Object.assign(entry, { host: target.host, port: target.port, path: target.path });
+      tally = this.#admit(client, tally);
       const framing = head.method === "CONNECT" ? undefined : bodyFraming(head.headers);
       // On a refusal `open` is returned as it is, and closed with the client's connection.
       upstream = await this.#upstreamFor(target, open);
@@ -366,6 +399,24 @@ class ProxySession {
         });
       }
     }
+  }
+
+  /**
+   * The request admitted by the run's budget (counted, before any connection is made), and the
+   * tally that charges its bytes from here on (those of its head included); or a refusal.
+   */
+  #admit(client: BufferedConn, tally: Tally): Tally {
+    const budget = this.#options.budget;
+    if (budget === undefined) return tally;
+    const refused = budget.admitEgress();
+    if (refused !== undefined) throw new ProxyRefusal(403, "deny", refused);
+    const metered = meteredTally(tally, (bytes) => {
+      // Past the budget nothing more crosses: every connection of the run's proxy ends.
+      if (budget.chargeEgress(bytes)) return;
+      for (const conn of this.#liveConns) closeQuietly(conn);
+    });
+    client.tally = metered;
+    return metered;
   }
 
   /**

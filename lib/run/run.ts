@@ -48,6 +48,8 @@ import { checkAgentProjectConfig, describeIgnored } from "../agents/project_conf
 import { checkPromptFits } from "../input_file.ts";
 import { branchReturnNote } from "./recover.ts";
 import { runFailure } from "./run_failure.ts";
+import type { BudgetLimits, RunBudget } from "../proxy/budget.ts";
+import { type RunSpending, startRunSpending } from "./period_budget.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
@@ -90,6 +92,8 @@ export interface RunRequest {
   onLifecycle?: (event: Record<string, unknown>) => Promise<void> | void;
   /** The agent of `run agentic` (default: the profile's `llm.agent`). */
   agent?: AgentName;
+  /** Per-run budgets (the `--max-*` flags), each replacing the profile's of the same name. */
+  budget?: BudgetLimits;
 }
 
 export interface RepoRequest {
@@ -144,8 +148,12 @@ interface RunPlan {
   request: RunRequest;
   /** The user's interrupt, apart from the limits (a failure is recorded as what came first). */
   interrupt?: AbortSignal;
-  /** Limits enforced while the run is live (resources.disk) stop it through this signal. */
+  /** Limits enforced while the run is live (resources.disk, budgets) stop it through this signal. */
   limits: AbortController;
+  /** What the run may spend and has spent (lib/run/period_budget.ts), recorded at its end. */
+  spending: RunSpending;
+  /** The budget its credential and egress proxies hold. */
+  budget: RunBudget;
   repo?: ResolvedRepo;
   redactor: Redactor;
   keys: KeyStore;
@@ -181,6 +189,12 @@ async function planRun(request: RunRequest): Promise<RunPlan> {
   // A replay needs no key; anything else does, and a missing one must stop the run here, before
   // any sandbox, image or container is touched, not as an error answer from the proxy later.
   if (!request.model?.startsWith(REPLAY_PREFIX)) await requireKey(profile, keys, request.signal);
+  // Before anything starts: a run over its profile's budget for the day does not start.
+  const spending = startRunSpending(profile, {
+    flags: request.budget,
+    onExceeded: (error) => limits.abort(error),
+    onProgress: request.onProgress,
+  });
   const chosen = await chooseUpstream(request, keys, redactor);
   const model = chosen.model ?? llmTarget(profile.llm, keys).model;
   const agentName = request.mode === "agentic" ? request.agent ?? profile.llm.agent : undefined;
@@ -200,7 +214,20 @@ async function planRun(request: RunRequest): Promise<RunPlan> {
     }
   }
   const id = repo?.id ?? newRunId();
-  return { request, interrupt, limits, repo, redactor, keys, chosen, id, model, agent };
+  return {
+    request,
+    interrupt,
+    limits,
+    repo,
+    redactor,
+    keys,
+    chosen,
+    id,
+    model,
+    agent,
+    spending,
+    budget: spending.budget,
+  };
 }
 
 /**
@@ -222,7 +249,11 @@ class RunStream {
   kept?: { worktree: boolean; branch: boolean };
   #events = 0;
 
-  constructor(readonly log: RunLog, readonly request: RunRequest) {}
+  constructor(
+    readonly log: RunLog,
+    readonly request: RunRequest,
+    readonly budget: RunBudget,
+  ) {}
 
   /** Append `message` to the run's log, then hand it on. */
   async emit(message: AgenticMessage): Promise<void> {
@@ -246,7 +277,7 @@ class RunStream {
   placed(): Record<string, unknown> {
     const kept = this.kept !== undefined && (this.kept.worktree || this.kept.branch);
     // What only a dead run's recovery needs (lib/run/recover.ts) goes once the run has ended.
-    return { ...this.place, kept, branchReturn: undefined };
+    return { ...this.place, kept, branchReturn: undefined, budget: this.budget.record() };
   }
 }
 
@@ -266,7 +297,8 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   // Undone in reverse order whatever happens: each step of setup pushes its own.
   const cleanups: (() => Promise<unknown>)[] = [];
   if (plan.chosen.local) cleanups.push(() => plan.chosen.local!.close());
-  const stream = new RunStream(log, request);
+  cleanups.push(() => plan.spending.record(plan.id));
+  const stream = new RunStream(log, request, plan.budget);
   try {
     const prepared = await prepare(request, {
       ...plan,
@@ -311,6 +343,8 @@ async function drive(prepared: Prepared, plan: RunPlan, stream: RunStream): Prom
         signal: request.signal,
       })
     ) {
+      // A budget passed by the last response ends the run as one passed earlier would.
+      if (message.type === "result") plan.limits.signal.throwIfAborted();
       if (message.type === "result") stream.result = message;
       await stream.emit(message);
     }
@@ -340,6 +374,7 @@ async function drive(prepared: Prepared, plan: RunPlan, stream: RunStream): Prom
       model,
     });
   }
+  plan.limits.signal.throwIfAborted();
   await stream.emit(stream.result);
 }
 
@@ -486,6 +521,7 @@ async function finishFailed(error: unknown, plan: RunPlan, stream: RunStream): P
     container: log.meta.extra?.container as string | undefined,
   });
   const usage = driverUsage({
+    ...plan.budget.driverUsage(),
     duration_ms: Math.round(performance.now() - stream.started),
     num_turns: stream.llmCalls,
     model,
@@ -788,6 +824,7 @@ function sessionOptions(request: RunRequest, context: PrepareContext) {
     signal: request.signal,
     onAccess: context.onAccess,
     onProgress: request.onProgress,
+    budget: context.budget,
   };
 }
 
