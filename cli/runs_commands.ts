@@ -79,11 +79,22 @@ export function registerRunsCommands(program: Command): void {
     .description("replay a run's events; --follow tails a live run")
     .argument("<run-id>", "as listed by sandbox runs")
     .option("-f, --follow", "keep reading until the run ends")
+    .option(
+      "--from <seq|time>",
+      "from the event store: from event number SEQ, or the first at or after TIME",
+    )
     .addOption(
       new Option("--format <format>", "output format (default: pretty on a terminal, else ndjson)")
         .choices(["ndjson", "pretty"]),
     )
-    .action(async (id: string, opts: { follow?: boolean; format?: string }) => {
+    .action(async (id: string, opts: { follow?: boolean; format?: string; from?: string }) => {
+      if (
+        opts.from !== undefined ||
+        (await import("../lib/run/run_log.ts").then((m) => m.readRun(id)))?.mode === "shell"
+      ) {
+        const { logsFromStore } = await import("./store_logs.ts");
+        return await logsFromStore(id, opts);
+      }
       const [{ readEventBatches, readRun }, { decodeMessage }, { renderMessage }] = await Promise
         .all([
           import("../lib/run/run_log.ts"),

@@ -66,13 +66,13 @@ export async function superviseSession(
   let exitCode = 125;
   let error: string | null = null;
   const hub = new ViewerHub(events);
+  let serving: Promise<void> | undefined;
   try {
     sandbox = await (await sandboxLifecycle(profile)).acquire({ runId: spec.id });
     await record.note({ sandbox: sandbox.name });
     session = sandbox.relay
       ? await openSession(profile, sandbox.relay, { runId: spec.id, onProgress: options.log })
       : undefined;
-    const listener = listenForViewers(spec.id);
     const tty = await startTtyExec({
       container: sandbox.name,
       argv: spec.argv,
@@ -80,18 +80,19 @@ export async function superviseSession(
       size: { rows: spec.rows, cols: spec.cols },
     });
     hub.attach(tty);
-    const serving = hub.serve(listener);
+    const listener = listenForViewers(spec.id);
+    serving = hub.serve(listener);
     const timer = setTimeout(() => hub.stop("timeout"), profile.resources.timeoutMs);
     exitCode = await hub.pump(tty.output, tty.exitCode);
     clearTimeout(timer);
     listener.close();
-    await serving;
   } catch (e) {
     error = e instanceof Error ? e.message : String(e);
     options.log(`session ${spec.id} failed: ${error}`);
   }
   const durationMs = Date.now() - started;
   hub.end(exitCode, durationMs);
+  await serving;
   await session?.close().catch((e) => options.log(`closing the proxies: ${e}`));
   await sandbox?.release().catch((e) => options.log(`releasing the sandbox: ${e}`));
   await record.finish({
