@@ -8,6 +8,9 @@
  * or the session's supervisor), which numbers its events. An event is committed before anyone is
  * shown it, so that what a viewer saw can always be replayed, from any `seq` or time.
  *
+ * There is no index on `time`: a stream's times grow with its `seq` (one writer), and a replay
+ * from a time reads that one stream's rows, keyed by it; an index would halve the write rate.
+ *
  * Writes go in transactions of many events where the writer has them (`appendMany`); with
  * `synchronous = NORMAL` a commit in WAL mode is not an fsync, so a power cut can lose the last
  * moments, as with the run logs' files; a killed process loses nothing it committed.
@@ -45,7 +48,6 @@ CREATE TABLE IF NOT EXISTS events (
   data TEXT NOT NULL,
   PRIMARY KEY (stream, seq)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS events_by_time ON events (stream, time);
 `;
 
 /** The store's database, opened with the events table (made when missing). */
