@@ -8,7 +8,7 @@ import type { Command } from "commander";
 import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
 import type { SessionSpec } from "../lib/session/protocol.ts";
-import { cliState, globals, type Invocation, note, profileFor, stdout } from "./context.ts";
+import { cliState, globals, type Invocation, note, profileFor, signal, stdout } from "./context.ts";
 import { attachAction, attachTerminal, connectSession } from "./attach_command.ts";
 import { progress, stopSpinner } from "./progress.ts";
 
@@ -165,7 +165,7 @@ async function superviseAction(id: string, command: Invocation): Promise<number>
     const spec = JSON.parse(await Deno.readTextFile(`${dir}/spec.json`)) as SessionSpec;
     const profile = await profileFor(command, spec.profile);
     write(`session ${id}: supervisor ${Deno.pid} for profile ${profile.name}`);
-    const code = await superviseSession(spec, profile, { log: write });
+    const code = await superviseSession(spec, profile, { log: write, signal });
     write(`session ${id}: ended with ${code}`);
     return code;
   } catch (error) {

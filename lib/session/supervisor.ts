@@ -44,6 +44,8 @@ const encoder = new TextEncoder();
 export interface SuperviseOptions {
   /** Diagnostics, for the supervisor's own log. */
   log: (line: string) => void;
+  /** Stops the session (SIGTERM to the supervisor), as `sandbox stop ID` does. */
+  signal?: AbortSignal;
 }
 
 /** Run session `spec` to its end; the program's exit code. */
@@ -83,6 +85,7 @@ export async function superviseSession(
     const listener = listenForViewers(spec.id);
     serving = hub.serve(listener);
     const timer = setTimeout(() => hub.stop("timeout"), profile.resources.timeoutMs);
+    options.signal?.addEventListener("abort", () => hub.stop("stopped"), { once: true });
     exitCode = await hub.pump(tty.output, tty.exitCode);
     clearTimeout(timer);
     listener.close();
@@ -112,7 +115,7 @@ export async function superviseSession(
 }
 
 /** The viewers' socket, in the session's directory: both only the user's. */
-function listenForViewers(id: string): Deno.Listener<Deno.UnixConn> {
+export function listenForViewers(id: string): Deno.Listener<Deno.UnixConn> {
   Deno.mkdirSync(sessionDir(id), { recursive: true, mode: SESSION_DIR_MODE });
   Deno.chmodSync(sessionDir(id), SESSION_DIR_MODE);
   const path = viewersSocket(id);

@@ -49,9 +49,10 @@ Deno.test({
       await tmux.waitFor(/^40 120$/m);
     });
     await t.step("Ctrl-C interrupts a sleep inside", async () => {
-      await tmux.send("sleep 600; echo AFTER-SLEEP-$?", "Enter");
-      await tmux.waitFor(/sleep 600; echo AFTER-SLEEP/);
+      await tmux.send("sleep 600", "Enter");
+      await tmux.waitFor(/\$ sleep 600\n/);
       await tmux.send("C-c");
+      await tmux.send("echo AFTER-SLEEP-$?", "Enter");
       await tmux.waitFor(/AFTER-SLEEP-130/);
     });
     const id = await liveSession(cli, env);
