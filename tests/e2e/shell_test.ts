@@ -100,11 +100,11 @@ Deno.test({
           "--view",
           id,
         );
-        await tmux.send("echo TWO-VIEWERS-$((1+1))", "Enter");
-        await tmux.waitFor(/TWO-VIEWERS-2/);
+        await tmux.tmux("send-keys", "-t", "t:0", "echo TWO-VIEWERS-$((1+1))", "Enter");
+        await waitForWindow(tmux, "t:0", /TWO-VIEWERS-2/);
         const viewer = await waitForWindow(tmux, "t:1", /TWO-VIEWERS-2/);
         assert.match(viewer, /TWO-VIEWERS-2/);
-        await tmux.send("-t", "t:0", "exit 3", "Enter");
+        await tmux.tmux("send-keys", "-t", "t:0", "exit 3", "Enter");
         await waitForWindow(tmux, "t:0", /CLI-EXITED-3/);
         await waitForWindow(tmux, "t:1", /VIEWER-EXITED-3/);
       },
