@@ -88,13 +88,8 @@ export function registerRunsCommands(program: Command): void {
         .choices(["ndjson", "pretty"]),
     )
     .action(async (id: string, opts: { follow?: boolean; format?: string; from?: string }) => {
-      if (
-        opts.from !== undefined ||
-        (await import("../lib/run/run_log.ts").then((m) => m.readRun(id)))?.mode === "shell"
-      ) {
-        const { logsFromStore } = await import("./store_logs.ts");
-        return await logsFromStore(id, opts);
-      }
+      const { logsFromStore } = await import("./store_logs.ts");
+      if (await logsFromStore(id, opts)) return;
       const [{ readEventBatches, readRun }, { decodeMessage }, { renderMessage }] = await Promise
         .all([
           import("../lib/run/run_log.ts"),

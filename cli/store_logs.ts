@@ -17,11 +17,13 @@ import {
 } from "../lib/session/event_store.ts";
 import { cliState, signal, stdout } from "./context.ts";
 
+/** `logs` from the store when it is asked for (`--from`) or a session's; false: not this case. */
 export async function logsFromStore(
   id: string,
   opts: { follow?: boolean; format?: string; from?: string },
-): Promise<void> {
+): Promise<boolean> {
   const meta = await readRun(id);
+  if (opts.from === undefined && meta?.mode !== "shell") return false;
   if (!meta) {
     throw new SandboxError("usage", `No run "${id}"`, {
       detail: `List runs with: ${cliName()} runs`,
@@ -42,6 +44,7 @@ export async function logsFromStore(
     if (stdout.closed) break;
   }
   if (signal.aborted) cliState.endedBySignal = true;
+  return true;
 }
 
 function shown(event: SessionEvent, meta: RunMeta, pretty: boolean): string {
