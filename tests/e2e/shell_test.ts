@@ -154,7 +154,7 @@ Deno.test("sandbox shell and attach refuse what they cannot do: no terminal, unk
   const env = { XDG_STATE_HOME: `${dir.path}/state` };
   const shell = await runCli(["shell"], { env, stdin: "" });
   assert.equal(shell.exitCode, 2, explain(shell));
-  assert.match(shell.stderr, /^sandbox: sandbox shell needs a terminal: stdin is not one/m);
+  assert.match(shell.stderr, /^sandbox: error: sandbox shell needs a terminal: stdin is not one/m);
   const attach = await runCli(["attach", "20990101-000000-abcdef"], { env, stdin: "" });
   assert.equal(attach.exitCode, 2, explain(attach));
   assert.match(attach.stderr, /No session "20990101-000000-abcdef"/);
