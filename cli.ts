@@ -45,6 +45,7 @@ export async function buildProgram(): Promise<Command> {
     { registerRunCommand },
     { registerRunsCommands },
     { registerSandboxCommands },
+    { registerShellCommands },
     { registerTrustCommand },
   ] = await Promise.all([
     import("commander"),
@@ -57,6 +58,7 @@ export async function buildProgram(): Promise<Command> {
     import("./cli/run_command.ts"),
     import("./cli/runs_commands.ts"),
     import("./cli/sandbox_commands.ts"),
+    import("./cli/shell_command.ts"),
     import("./cli/trust_command.ts"),
   ]);
   // Named as the user runs it (`./sandbox` from a checkout), so that the usage lines are true.
@@ -81,6 +83,7 @@ export async function buildProgram(): Promise<Command> {
   registerMcpCommand(program);
   registerRunCommand(program);
   registerRunsCommands(program);
+  registerShellCommands(program);
   registerConfigCommands(program);
   registerTrustCommand(program);
   acceptGlobalOptionsAnywhere(program);

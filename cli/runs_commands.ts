@@ -79,11 +79,17 @@ export function registerRunsCommands(program: Command): void {
     .description("replay a run's events; --follow tails a live run")
     .argument("<run-id>", "as listed by sandbox runs")
     .option("-f, --follow", "keep reading until the run ends")
+    .option(
+      "--from <seq|time>",
+      "from the event store: from event number SEQ, or the first at or after TIME",
+    )
     .addOption(
       new Option("--format <format>", "output format (default: pretty on a terminal, else ndjson)")
         .choices(["ndjson", "pretty"]),
     )
-    .action(async (id: string, opts: { follow?: boolean; format?: string }) => {
+    .action(async (id: string, opts: { follow?: boolean; format?: string; from?: string }) => {
+      const { logsFromStore } = await import("./store_logs.ts");
+      if (await logsFromStore(id, opts)) return;
       const [{ readEventBatches, readRun }, { decodeMessage }, { renderMessage }] = await Promise
         .all([
           import("../lib/run/run_log.ts"),

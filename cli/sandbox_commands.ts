@@ -159,15 +159,29 @@ function registerStop(program: Command): void {
     .description(
       "stop the profile's sandbox without removing it (its workspace stays; start resumes it)",
     )
+    .argument(
+      "[session-id]",
+      "stop this session (sandbox shell) instead: its program and sandbox end",
+    )
     .addOption(profileOption()).addOption(jsonOption())
-    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
-      const provider = await sandboxByName(command, opts.profile);
-      const status = await provider.stop({ signal });
-      if (opts.json) await stdout.json(status);
-      else {await stdout.line(
-          `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}; its workspace is kept)`,
-        );}
-    });
+    .action(
+      async (
+        session: string | undefined,
+        opts: { profile?: string; json?: boolean },
+        command: Command,
+      ) => {
+        if (session !== undefined) {
+          const { stopSession } = await import("./attach_command.ts");
+          return void await stopSession(session);
+        }
+        const provider = await sandboxByName(command, opts.profile);
+        const status = await provider.stop({ signal });
+        if (opts.json) await stdout.json(status);
+        else {await stdout.line(
+            `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}; its workspace is kept)`,
+          );}
+      },
+    );
 }
 
 /** `start`: starts the development sandbox, making it when missing. */
@@ -176,18 +190,32 @@ function registerStart(program: Command): void {
     .description(
       "start the profile's development sandbox (exec, cp; runs never use it), making it if missing",
     )
+    .argument(
+      "[session-id]",
+      "stop this session (sandbox shell) instead: its program and sandbox end",
+    )
     .addOption(profileOption()).addOption(jsonOption())
-    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
-      const provider = await sandboxByName(command, opts.profile);
-      const missing = (await provider.status({ signal })).state === "missing";
-      const status = missing
-        ? await provider.ensureRunning({ signal })
-        : await provider.start({ signal });
-      if (opts.json) await stdout.json(status);
-      else {await stdout.line(
-          `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}, image ${status.image})`,
-        );}
-    });
+    .action(
+      async (
+        session: string | undefined,
+        opts: { profile?: string; json?: boolean },
+        command: Command,
+      ) => {
+        if (session !== undefined) {
+          const { stopSession } = await import("./attach_command.ts");
+          return void await stopSession(session);
+        }
+        const provider = await sandboxByName(command, opts.profile);
+        const missing = (await provider.status({ signal })).state === "missing";
+        const status = missing
+          ? await provider.ensureRunning({ signal })
+          : await provider.start({ signal });
+        if (opts.json) await stdout.json(status);
+        else {await stdout.line(
+            `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}, image ${status.image})`,
+          );}
+      },
+    );
 }
 
 /** `status` and its alias `ls`: the table of every sandbox this tool owns. */

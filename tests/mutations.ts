@@ -1262,4 +1262,18 @@ export const MUTATIONS: Mutation[] = [
       "-q",`,
     tests: ["tests/unit/remote_mirror_test.ts"],
   },
+  {
+    name: "a session's directory is open to every user (its viewers' socket takes keystrokes)",
+    file: "lib/session/protocol.ts",
+    find: "export const SESSION_DIR_MODE = 0o700;",
+    replace: "export const SESSION_DIR_MODE = 0o755;",
+    tests: ["tests/security/session_socket_test.ts"],
+  },
+  {
+    name: "a session's viewers' socket is writable by every user",
+    file: "lib/session/protocol.ts",
+    find: "export const VIEWERS_SOCKET_MODE = 0o600;",
+    replace: "export const VIEWERS_SOCKET_MODE = 0o666;",
+    tests: ["tests/security/session_socket_test.ts"],
+  },
 ];

@@ -24,6 +24,7 @@ import { processStartTicks } from "../process.ts";
 import { isRunProcessAlive } from "./liveness.ts";
 import type { Redactor } from "../redact.ts";
 import { EXIT, SandboxError } from "../errors.ts";
+import { EventWriter } from "../session/event_store.ts";
 import {
   deleteRun,
   indexedIds,
@@ -54,7 +55,7 @@ export type RunStatus =
 export interface RunMeta {
   id: string;
   /** `mcp`: an environment an MCP client worked in (lib/mcp). */
-  mode: "agentic" | "generate" | "mcp";
+  mode: "agentic" | "generate" | "mcp" | "shell";
   profile: string;
   model: string;
   /** "container" or "none" (unsafe: on the host). */
@@ -103,6 +104,8 @@ export class RunLog implements AsyncDisposable {
   readonly #encoder = new TextEncoder();
   readonly #redactor?: Redactor;
   #agentEvents: RecordFile | undefined;
+  /** The run's stream in the event store (lib/session/event_store.ts); null once it failed. */
+  #store: EventWriter | null | undefined;
   /** The first failed write to the record: nothing is appended after it. */
   #lost: string | undefined;
 
@@ -182,7 +185,21 @@ export class RunLog implements AsyncDisposable {
     let line = JSON.stringify(message);
     if (this.#redactor) line = this.#redactor.redact(line);
     this.#appendLine(this.#events, line);
+    this.#storeLine(line);
     return Promise.resolve();
+  }
+
+  /** The event into the store too, best effort: `events.ndjson` is the run's record. */
+  #storeLine(line: string): void {
+    if (this.#store === null) return;
+    try {
+      this.#store ??= new EventWriter(this.meta.id);
+      this.#store.append({ channel: "agent", type: "output", source: "agent", data: line });
+    } catch {
+      // A store that cannot be written: `sandbox logs --from` imports events.ndjson instead.
+      this.#store?.[Symbol.dispose]();
+      this.#store = null;
+    }
   }
 
   /** Append one line an agent CLI printed (secrets redacted), to `agent-events.ndjson`. */
@@ -313,6 +330,7 @@ export class RunLog implements AsyncDisposable {
   [Symbol.asyncDispose](): Promise<void> {
     this.#events.file.close();
     this.#agentEvents?.file.close();
+    this.#store?.[Symbol.dispose]();
     return Promise.resolve();
   }
 }

@@ -218,7 +218,7 @@ async function connect(socket: string): Promise<Deno.UnixConn> {
   }
 }
 
-function requestHead(method: string, path: string, body: string, extra = ""): Uint8Array {
+export function requestHead(method: string, path: string, body: string, extra = ""): Uint8Array {
   return encoder.encode(
     `${method} ${path} HTTP/1.1\r\nHost: docker\r\nUser-Agent: sandbox\r\n${extra}` +
       (body
@@ -232,7 +232,7 @@ function requestHead(method: string, path: string, body: string, extra = ""): Ui
  * Reads a response's head from `conn`: the status, the headers (lower-case names), and the bytes
  * already read past the head.
  */
-async function readHead(
+export async function readHead(
   conn: Deno.Conn,
 ): Promise<{ status: number; headers: Map<string, string>; rest: Uint8Array }> {
   let buffered: Uint8Array = new Uint8Array(0);
