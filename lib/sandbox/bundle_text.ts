@@ -34,11 +34,11 @@ const IMPORT_SHIM = [
 const IMPORT_SHIM_LAZY = "var __require = (id) => globalThis.process.getBuiltinModule(id) ?? " +
   '(() => { throw new Error(`Cannot find module "${id}"`); })();';
 /**
- * Modules a bundle may require although they are not built-ins: `ws`'s optional native helpers,
- * which it requires inside `try` and does without (the shims above throw for them, as Node does
- * for a missing module).
+ * Modules a bundle may require although they are not built-ins: `ws`'s optional native helpers
+ * and `debug`'s `supports-color`, each required inside `try` and done without (the shims above
+ * throw for them, as Node does for a missing module).
  */
-const OPTIONAL_MODULES = new Set(['"bufferutil"', '"utf-8-validate"']);
+const OPTIONAL_MODULES = new Set(['"bufferutil"', '"utf-8-validate"', '"supports-color"']);
 
 /** The minified bundler's shim (esbuild's `__require`), whatever its names were minified to. */
 const MINIFIED_SHIM = new RegExp(
@@ -97,7 +97,7 @@ function lazyRequire(text: string): string {
   // at run time would break on that path, so it must not build.
   const calls = new RegExp(String.raw`(?<![\w$.])${name.replaceAll("$", "\\$")}\(([^)]*)\)`, "g");
   const notBuiltin = [...text.matchAll(calls)].map((m) => m[1]).filter((arg) =>
-    !/^"node:[a-z_/]+"$/.test(arg) && !OPTIONAL_MODULES.has(arg)
+    !/^"node:[a-z0-9_/]+"$/.test(arg) && !OPTIONAL_MODULES.has(arg)
   );
   if (notBuiltin.length > 0) {
     throw new BundleShapeError(
