@@ -16,6 +16,23 @@ export class Tmux implements AsyncDisposable {
   /** A window of `cols`×`rows` running `argv` (then a marker with its exit code, and a pause). */
   async start(argv: string[], env: Record<string, string>, size = { cols: 100, rows: 30 }) {
     const assignments = Object.entries(env).map(([name, value]) => `${name}=${value}`);
+    // A server just killed (kill-server) may still be going on this socket: a new one started
+    // meanwhile exits at once ("server exited unexpectedly"). Try again until the old one is gone.
+    for (let attempt = 1;; attempt++) {
+      try {
+        return await this.#newSession(size, assignments, argv);
+      } catch (error) {
+        if (attempt === 25 || !/server exited unexpectedly/.test(String(error))) throw error;
+        await new Promise((resolve) => setTimeout(resolve, 200));
+      }
+    }
+  }
+
+  async #newSession(
+    size: { cols: number; rows: number },
+    assignments: string[],
+    argv: string[],
+  ): Promise<void> {
     await this.tmux(
       "new-session",
       "-d",
