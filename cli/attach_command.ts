@@ -118,7 +118,10 @@ async function showOutput(conn: Deno.UnixConn, id: string, asked: Role): Promise
 }
 
 /** `sandbox attach ID [--view]`. */
-export async function attachAction(id: string, opts: { view?: boolean }): Promise<void> {
+export async function attachAction(
+  id: string,
+  opts: { view?: boolean; from?: string },
+): Promise<void> {
   const [{ readRun }] = await Promise.all([import("../lib/run/run_log.ts")]);
   const meta = await readRun(id);
   if (!meta) {
@@ -127,13 +130,11 @@ export async function attachAction(id: string, opts: { view?: boolean }): Promis
     });
   }
   if (meta.mode !== "shell") {
-    throw new SandboxError(
-      "usage",
-      `Run "${id}" is not a session: it has no terminal to attach to`,
-      {
-        detail: `Replay its events with: ${cliName()} logs ${id}`,
-      },
-    );
+    // An NDJSON session (a run, an MCP environment): its events from where the viewer asks,
+    // then followed while it lives; there is nothing to type into.
+    const { logsFromStore } = await import("./store_logs.ts");
+    await logsFromStore(id, { follow: true, format: "ndjson", from: opts.from ?? "1" });
+    return;
   }
   if (meta.status !== "running") return await replayEnded(id, meta.status, meta.exitCode);
   if (!opts.view && !Deno.stdin.isTerminal()) {

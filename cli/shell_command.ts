@@ -24,10 +24,15 @@ export function registerShellCommands(program: Command): void {
       await shellAction(opts, command);
     });
   program.command("attach")
-    .description("join a session from this terminal (a finished one is replayed)")
+    .description(
+      "join a session from this terminal (a finished one is replayed); a run's (or an MCP environment's) events are replayed, then followed while it lives",
+    )
     .argument("<session-id>", "as printed by shell --detach, or listed by sandbox runs")
     .option("--view", "watch without typing")
-    .action(async (id: string, opts: { view?: boolean }) => await attachAction(id, opts));
+    .option("--from <seq|time>", "a run's events from this event number or time (default: 1)")
+    .action(async (id: string, opts: { view?: boolean; from?: string }) =>
+      await attachAction(id, opts)
+    );
   program.command("session-supervise", { hidden: true })
     .argument("<session-id>")
     .action(async (id: string, _opts: unknown, command: Command) => {

@@ -5,7 +5,7 @@
  * the environment recorded as a run (`sandbox runs`, `sandbox logs`).
  */
 import assert from "node:assert/strict";
-import { assertDocker, dockerTest, explain, writeConfig } from "../_helpers.ts";
+import { assertDocker, dockerTest, explain, spawnCli, writeConfig } from "../_helpers.ts";
 import { git, McpFixture } from "../_mcp_fixture.ts";
 
 console.error("e2e: sandbox mcp tests starting");
@@ -194,5 +194,34 @@ Deno.test({
     const refilled = await fixture.containers();
     assert.equal(refilled.length, 1, `the pool holds one ready sandbox again: ${refilled}`);
     assert.notEqual(refilled[0], ready);
+  },
+});
+
+Deno.test({
+  name:
+    "a person attached to an MCP environment sees what the client does as it happens, and the attach ends with the environment",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using fixture = await McpFixture.open("mcp-watch");
+    await using mcp = await fixture.client();
+    const opened = await mcp.ok("environment_open", {});
+    const id: string = opened.environment_id;
+    const watcher = spawnCli(["attach", id], { config: fixture.config, env: fixture.env });
+    const seen: string[] = [];
+    const reading = (async () => {
+      for await (const line of watcher.lines()) seen.push(line);
+    })();
+    await mcp.ok("environment_run", { environment_id: id, command: "echo watched-$((6*7))" });
+    // The command and its output reach the attached viewer while the environment lives.
+    while (!seen.some((line) => line.includes("watched-42"))) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    await mcp.ok("environment_discard", { environment_id: id });
+    await reading;
+    const outcome = await watcher.finished;
+    assert.equal(outcome.exitCode, 0, outcome.stderrTail);
+    for (const line of seen) JSON.parse(line); // NDJSON, one event per line
+    assert.ok(seen.some((line) => line.includes('"type":"tool_call"')), seen.join("\n"));
   },
 });
