@@ -1276,4 +1276,11 @@ export const MUTATIONS: Mutation[] = [
     replace: "export const VIEWERS_SOCKET_MODE = 0o666;",
     tests: ["tests/security/session_socket_test.ts"],
   },
+  {
+    name: "up keeps offering a pooled container that runs no command (a run that claims it waits)",
+    file: "lib/sandbox/pool.ts",
+    find: `options.probe && await isWedged(provider, options.signal)`,
+    replace: `false`,
+    tests: ["tests/e2e/pool_test.ts"],
+  },
 ];
