@@ -73,13 +73,19 @@ export async function pushImage(
 ): Promise<PushedImage> {
   const reference = pushedReference(registry, image);
   const started = performance.now();
+  const existed = (await docker.run(["image", "inspect", "--format", "{{.Id}}", reference]))
+    .exitCode === 0;
   await docker.ok(["tag", image, reference], "docker_failed", `Cannot tag ${image}`, {
     signal: options.signal,
   });
   options.onProgress?.(`Pushing ${image} to ${reference}`, "begin");
   const result = await docker.run(["push", reference], { signal: options.signal });
   if (result.aborted) throw new SandboxError("interrupted", `Pushing ${reference} was interrupted`);
-  if (result.exitCode !== 0) throw pushFailure(registry, reference, result);
+  if (result.exitCode !== 0) {
+    // The tag made for this push goes with it (the image keeps its own tag: `rmi` only untags).
+    if (!existed) await docker.run(["rmi", reference]);
+    throw pushFailure(registry, reference, result);
+  }
   const digest = /digest: (sha256:[0-9a-f]{64})/.exec(result.stdout)?.[1];
   if (!digest) {
     throw new SandboxError("docker_failed", `Pushed ${reference}, but docker named no digest`, {

@@ -121,6 +121,12 @@ Deno.test({
   },
 });
 
+/** The local tags under `address/`. */
+async function tagsUnder(address: string): Promise<string[]> {
+  return (await docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}"))
+    .split("\n").filter((tag) => tag.startsWith(`${address}/`));
+}
+
 Deno.test({
   name: "image push to a registry nobody listens on exits 125 with one line naming it",
   ...dockerTest(),
@@ -139,11 +145,10 @@ Deno.test({
       assert.match(errors[0], new RegExp(`Registry ${address} is unreachable`));
       assert.doesNotMatch(result.stderr, /^\s+at /m, "no stack trace");
       assert.equal(result.stdout, "");
+      assert.deepEqual(await tagsUnder(address), [], "the failed push removes the tag it made");
     } finally {
-      // The tag the attempt made, exactly: `ADDRESS/sandbox-runtime:<hash>`.
-      const made = (await docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}"))
-        .split("\n").filter((tag) => tag.startsWith(`${address}/`));
-      for (const tag of made) await docker("rmi", tag);
+      // Should the tool have left it: the tag the attempt made, `ADDRESS/sandbox-runtime:<hash>`.
+      for (const tag of await tagsUnder(address)) await docker("rmi", tag);
     }
   },
 });
