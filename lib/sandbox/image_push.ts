@@ -7,7 +7,7 @@
  * the image to Docker Hub, so it is refused. A push that fails says whether the registry could not be
  * reached or refused the push, in one line.
  */
-import { type DockerCli } from "./docker.ts";
+import type { DockerCli } from "./docker.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { ensureImage, type ProgressPhase } from "./image.ts";
 import { agentImageTagFor } from "../agents/agent_image.ts";
