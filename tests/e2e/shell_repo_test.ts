@@ -51,8 +51,10 @@ Deno.test({
   await using tmux = new Tmux();
   try {
     await tmux.start([...cli, "shell", "-p", profile, "--repo", repo], env);
-    await tmux.send("git log --format=LOG-%s | cat; cat README", "Enter");
-    await tmux.waitFor(/LOG-initial commit\nhello/);
+    await tmux.waitFor(/\/workspace\/worktrees\/\S+\$ $/m);
+    await tmux.send("git log --format=LOG-%s | cat; echo README-$(cat README)", "Enter");
+    await tmux.waitFor(/^README-hello$/m);
+    await tmux.waitFor(/^LOG-initial commit$/m);
     await tmux.send("echo x > f && git add f && git commit -qm m && echo COMMITTED", "Enter");
     await tmux.waitFor(/^COMMITTED$/m);
     await tmux.send("echo y > left-over; exit", "Enter");
