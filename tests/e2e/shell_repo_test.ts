@@ -51,7 +51,7 @@ Deno.test({
   await using tmux = new Tmux();
   try {
     await tmux.start([...cli, "shell", "-p", profile, "--repo", repo], env);
-    await tmux.waitFor(/\/workspace\/worktrees\/\S+\$ $/m);
+    await tmux.waitFor(/\/workspace\/worktrees\/\S+\$\s*$/m);
     await tmux.send("git log --format=LOG-%s | cat; echo README-$(cat README)", "Enter");
     await tmux.waitFor(/^README-hello$/m);
     await tmux.waitFor(/^LOG-initial commit$/m);
