@@ -172,6 +172,7 @@ function registerStop(program: Command): void {
       ) => {
         if (session !== undefined) {
           const { stopSession } = await import("./attach_command.ts");
+          // Stopped: its program's own exit code is the session's record, not this command's.
           return void await stopSession(session);
         }
         const provider = await sandboxByName(command, opts.profile);
@@ -190,21 +191,9 @@ function registerStart(program: Command): void {
     .description(
       "start the profile's development sandbox (exec, cp; runs never use it), making it if missing",
     )
-    .argument(
-      "[session-id]",
-      "stop this session (sandbox shell) instead: its program and sandbox end",
-    )
     .addOption(profileOption()).addOption(jsonOption())
     .action(
-      async (
-        session: string | undefined,
-        opts: { profile?: string; json?: boolean },
-        command: Command,
-      ) => {
-        if (session !== undefined) {
-          const { stopSession } = await import("./attach_command.ts");
-          return void await stopSession(session);
-        }
+      async (opts: { profile?: string; json?: boolean }, command: Command) => {
         const provider = await sandboxByName(command, opts.profile);
         const missing = (await provider.status({ signal })).state === "missing";
         const status = missing
