@@ -1257,7 +1257,7 @@ export const MUTATIONS: Mutation[] = [
     find: `"fetch",
       "-q",`,
     replace:
-      `...(env.GIT_CONFIG_VALUE_1 ? ["-c", \`http.extraHeader=\${env.GIT_CONFIG_VALUE_1}\`] : []),
+      `...(env.GIT_CONFIG_VALUE_2 ? ["-c", \`http.extraHeader=\${env.GIT_CONFIG_VALUE_2}\`] : []),
       "fetch",
       "-q",`,
     tests: ["tests/unit/remote_mirror_test.ts"],
