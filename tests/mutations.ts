@@ -1263,6 +1263,13 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/remote_mirror_test.ts"],
   },
   {
+    name: "the host's fetch of a remote follows redirects (its credential header with them)",
+    file: "lib/repo/remote_mirror.ts",
+    find: `["http.followRedirects", "false"],`,
+    replace: `["http.followRedirects", "true"],`,
+    tests: ["tests/security/remote_redirect_test.ts"],
+  },
+  {
     name: "a session's directory is open to every user (its viewers' socket takes keystrokes)",
     file: "lib/session/protocol.ts",
     find: "export const SESSION_DIR_MODE = 0o700;",

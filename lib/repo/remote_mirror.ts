@@ -105,6 +105,12 @@ async function git(args: string[], env: Record<string, string>, message: string)
 }
 
 function fetchError(repo: RemoteRepo, stderr: string): SandboxError {
+  if (/returned error: 30[1278]\b/.test(stderr)) {
+    return new SandboxError("exec_failed", `The remote answered with a redirect: ${repo.url}`, {
+      detail:
+        "Redirects are not followed (the credential would go with them): give the URL it redirects to",
+    });
+  }
   const auth = /401|403|Authentication|could not read Username/i.test(stderr);
   return new SandboxError(
     "exec_failed",
