@@ -21,7 +21,7 @@ RUN if ! getent passwd 10001 >/dev/null; then \
 RUN install -D -o root -g root -m 0711 "$(readlink -f /usr/bin/perl)" /usr/local/libexec/sandbox-perl
 # The programs come with their mode (0755) set in the build context (lib/sandbox/image.ts): a
 # `RUN chmod` after the COPY would store the 96 MB deno binary a second time, in its own layer.
-COPY sandbox-exec sandbox-attach deno /usr/local/bin/
+COPY sandbox-exec deno /usr/local/bin/
 COPY worker.js relay.js /opt/sandbox/
 RUN mkdir -p /opt/sandbox/deno-dir && chown 10001:10001 /opt/sandbox/deno-dir
 

@@ -2,11 +2,10 @@
  * What the bench sees of the warm pool from the host, without touching a pooled container (no
  * `docker exec` into it: a pooled container must have run nothing but our own code until a run
  * claims it, lib/sandbox/pool.ts): the ready records in the state directory, whether a pooled
- * container's worker listens yet (its socket in the container's network namespace, read from
- * /proc on this host), whether a run's container is gone, and a container's memory.
+ * container's worker waits for its job yet (its inotify watch, read from /proc on this host),
+ * whether a run's container is gone, and a container's memory.
  */
 import { run } from "../lib/process.ts";
-import { POOL_WORKER_SOCKET } from "../lib/sandbox/pool.ts";
 import { poolKey } from "../lib/sandbox/pool_records.ts";
 import { proxyMountSource } from "../lib/sandbox/proxy_mount.ts";
 
@@ -62,31 +61,30 @@ export async function readyPooled(
 }
 
 /**
- * Whether the worker waiting in pooled `container` listens on its socket (it binds it only once
- * its code is loaded, worker/serve.ts): a listening Unix socket at that path in
- * /proc/PID/net/unix of the container's init. Undefined where this host cannot read it (an engine
- * in a VM, or not allowed).
+ * Whether the worker in pooled `container` waits for its job: it watches its directory (inotify)
+ * only once its code is loaded (worker/serve.ts). Its process is found by `docker top` and its
+ * descriptors read in /proc. Undefined where this host cannot read them (an engine in a VM).
  */
 export async function workerListening(container: string): Promise<boolean | undefined> {
-  // A container that cannot be inspected is gone (claimed and removed): its worker listens nowhere.
-  const pid = Number(
-    await docker(["container", "inspect", "--format", "{{.State.Pid}}", container]).catch(() =>
-      "0"
-    ),
-  );
-  if (!pid) return false;
-  let table: string;
-  try {
-    table = await Deno.readTextFile(`/proc/${pid}/net/unix`);
-  } catch {
-    // Not this host's process (an engine in a VM) or not ours to read: unknown, not "no".
-    return undefined;
+  // A container that cannot be listed is gone (claimed and removed): its worker waits nowhere.
+  const top = await docker(["top", container, "-eo", "pid,args"]).catch(() => "");
+  const pids = top.split("\n").filter((line) => line.includes("worker.js serve --await-job"))
+    .map((line) => Number(line.trim().split(/\s+/)[0]));
+  if (pids.length === 0) return false;
+  for (const pid of pids) {
+    let fds: string[];
+    try {
+      fds = (await Array.fromAsync(Deno.readDir(`/proc/${pid}/fd`))).map((entry) => entry.name);
+    } catch {
+      // Not this host's process (an engine in a VM) or not ours to read: unknown, not "no".
+      return undefined;
+    }
+    for (const fd of fds) {
+      const target = await Deno.readLink(`/proc/${pid}/fd/${fd}`).catch(() => "");
+      if (target === "anon_inode:inotify") return true;
+    }
   }
-  // Columns: Num RefCount Protocol Flags Type St Inode Path; Flags 00010000 = listening.
-  return table.split("\n").some((line) => {
-    const fields = line.trim().split(/\s+/);
-    return fields[3] === "00010000" && fields[7] === POOL_WORKER_SOCKET;
-  });
+  return false;
 }
 
 /** Whether no container named `name` exists any more (a run's is removed behind it, detached). */

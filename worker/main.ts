@@ -2,12 +2,12 @@
  * The agent worker: runs inside the sandbox (or on the host in mode "none") and speaks the wire
  * protocol of `lib/protocol.ts` on stdout, nothing else; diagnostics go to stderr.
  *
- *   worker serve [--socket PATH]
+ *   worker serve [--await-job DIR]
  *   worker agentic  --prompt-file F [--instructions-file F] [--model M] [--cwd D] [--max-turns N]
  *   worker generate --prompt-file F [--schema F.json] [--model M]
  *
  * `serve` takes its job — prompt, run variables, options — as one JSON line on stdin (or, with
- * `--socket`, from the one connection a worker started ahead of its run waits for): see
+ * `--await-job`, from the host that claims the pooled container it waits in): see
  * worker/serve.ts and worker/job.ts. The argv forms read the prompt from a file, which they only
  * read (its owner, the host, deletes it). The LLM connection comes from the environment (see
  * `llm.ts`), the job's variables added to it. Exit codes: 0 once a result was emitted, even an
@@ -24,25 +24,25 @@ import {
   type Channel,
   EXIT_HOST_GONE,
   inputEnded,
+  jobChannel,
   readJob,
-  socketChannel,
   stdioChannel,
 } from "./serve.ts";
 import { StdoutWriter } from "../lib/output.ts";
 
 export const USAGE = `Usage:
-  worker serve [--socket PATH]
+  worker serve [--await-job DIR]
   worker agentic  --prompt-file F [--instructions-file F] [--model M] [--cwd D] [--max-turns N]
   worker generate --prompt-file F [--schema F.json] [--model M]
 
 serve reads its job (one JSON line: mode, prompt, env, cwd, instructions, model, maxTurns,
-schema) from stdin, or with --socket from the first connection to that Unix socket.
+schema) from stdin, or with --await-job from DIR/job.sock once the host makes it.
 Environment: SANDBOX_LLM_BASE_URL, SANDBOX_LLM_TOKEN, SANDBOX_LLM_MODEL, SANDBOX_LLM_API,
 SANDBOX_LLM_MAX_RETRIES. Output: one AgenticMessage JSON object per line on stdout.`;
 
 export type WorkerCommand =
   | { kind: "help" }
-  | { kind: "serve"; socket?: string }
+  | { kind: "serve"; awaitJob?: string }
   | {
     kind: "agentic";
     promptFile: string;
@@ -54,7 +54,7 @@ export type WorkerCommand =
   | { kind: "generate"; promptFile: string; schemaFile?: string; model?: string };
 
 const FLAGS = {
-  serve: ["socket"],
+  serve: ["await-job"],
   agentic: ["prompt-file", "instructions-file", "model", "cwd", "max-turns"],
   generate: ["prompt-file", "schema", "model"],
 } as const;
@@ -78,7 +78,7 @@ export function parseWorkerArgs(args: readonly string[]): WorkerCommand {
     throw new TypeError(`Invalid arguments for "${mode}": ${(error as Error).message}`);
   }
   const value = (name: string) => values[name] as string | undefined;
-  if (mode === "serve") return { kind: "serve", socket: value("socket") };
+  if (mode === "serve") return { kind: "serve", awaitJob: value("await-job") };
   const promptFile = value("prompt-file");
   if (!promptFile) throw new TypeError(`Missing --prompt-file for "${mode}"`);
   if (mode === "generate") {
@@ -112,7 +112,7 @@ export async function main(args: readonly string[]): Promise<number> {
     console.log(USAGE);
     return 0;
   }
-  if (command.kind === "serve") return await serve(command.socket);
+  if (command.kind === "serve") return await serve(command.awaitJob);
   divertConsole();
   const fallbackModel = command.model || Deno.env.get("SANDBOX_LLM_MODEL") || null;
   return await runTask(
@@ -142,13 +142,14 @@ export async function main(args: readonly string[]): Promise<number> {
 }
 
 /**
- * `worker serve`: the job from stdin, or (with `socket`) from the first connection after the
- * code is loaded. Exits as soon as the input ends after the job: the host is gone.
+ * `worker serve`: the job from stdin, or (with `awaitJob`, a directory) from the host that claims
+ * the pooled container, once the code is loaded. Exits as soon as the input ends after the job:
+ * the host is gone.
  */
-async function serve(socket: string | undefined): Promise<number> {
+async function serve(awaitJob: string | undefined): Promise<number> {
   // A pooled worker loads its code, and runs it once, while it waits: its job then starts warm. It
-  // listens as soon as its code is loaded (a run that claims its container need not wait for the
-  // warm-up to reach it), and a job that comes meanwhile starts once the warm-up is over.
+  // takes its job as soon as its code is loaded (a run that claims its container need not wait for
+  // the warm-up to reach it), and a job that comes meanwhile starts once the warm-up is over.
   let warming: Promise<void> = Promise.resolve();
   const preload = async () => {
     const [{ warmUpAgentic }] = await Promise.all([
@@ -159,9 +160,9 @@ async function serve(socket: string | undefined): Promise<number> {
   };
   let channel: Channel;
   try {
-    channel = socket === undefined ? stdioChannel() : await socketChannel(socket, preload);
+    channel = awaitJob === undefined ? stdioChannel() : await jobChannel(awaitJob, preload);
   } catch (error) {
-    console.error(`worker: cannot listen on "${socket}": ${describeError(error)}`);
+    console.error(`worker: cannot take a job from "${awaitJob}": ${describeError(error)}`);
     return 1;
   }
   divertConsole(channel.diagnostic);

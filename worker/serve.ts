@@ -4,14 +4,14 @@
  *
  * - `worker serve`: the job is the first line of stdin; events go to stdout, diagnostics to
  *   stderr, as in the argv form.
- * - `worker serve --socket PATH`: a worker started ahead of its run, in a pooled container that no
- *   run has touched (lib/sandbox/pool.ts): it listens on the
- *   Unix socket PATH, loads its code (the agent's libraries, what makes a worker slow to start),
- *   and waits, holding no secret, for one connection that brings the job. It then stops listening
- *   and runs the job, writing framed lines back on that connection: `p` + its parent's pid (its
- *   exec wrapper), `o` + an event (its stdout), `e` + a diagnostic line (its stderr), and last
- *   `x` + its exit code. The connector inside the
- *   sandbox (scripts/sandbox-attach) turns them back into stdout, stderr and an exit code.
+ * - `worker serve --await-job DIR`: a worker started ahead of its run, in a pooled container that
+ *   no run has touched (lib/sandbox/pool.ts). It loads its code (the agent's libraries, what makes
+ *   a worker slow to start), then waits, holding no secret, for `DIR/job.sock`: DIR is in the
+ *   container's socket directory, which the host bind-mounts read-only (proxy_mount.ts), so only
+ *   the host can make that socket — the host of the run that claimed the container. The worker
+ *   connects, reads its job there and writes framed lines back: `o` + an event (its stdout),
+ *   `e` + a diagnostic line (its stderr), and last `x` + its exit code
+ *   (lib/sandbox/pooled_worker.ts reads them).
  *
  * Either way, the input staying open is the host's presence: when it ends after the job (the host
  * stopped, was killed, or the run was cut short), the worker exits at once instead of working on
@@ -83,34 +83,37 @@ export function stdioChannel(): Channel {
   };
 }
 
+/** The socket the host of the claiming run makes in a pooled worker's directory. */
+export const JOB_SOCKET = "job.sock";
+
 /**
- * Run `ready` (the worker loads its code), then listen on the Unix socket `path` and resolve with
- * the channel of the first connection; the listener is closed then (one job per worker). The
- * socket appears only once the worker is ready: that is what the connector (scripts/sandbox-attach)
- * waits for.
+ * Run `ready` (the worker loads its code), then wait for `dir/job.sock` (inotify: an idle worker
+ * costs nothing) and connect to it: the channel of that connection. Raises when `dir` goes first.
  */
-export async function socketChannel(path: string, ready: () => Promise<void>): Promise<Channel> {
+export async function jobChannel(dir: string, ready: () => Promise<void>): Promise<Channel> {
   await ready();
-  // A socket file left by a worker that was killed would stop this one from listening.
-  await Deno.remove(path).catch(() => {});
-  // 0600 from its making (umask): never, for a moment, what the default would make it.
-  const umask = Deno.umask(0o177);
-  let listener: Deno.Listener<Deno.UnixConn>;
+  const path = `${dir}/${JOB_SOCKET}`;
+  const connect = () =>
+    Deno.connect({ transport: "unix", path }).catch((error: Error) => {
+      // Not made yet (or made and not listening yet): the watch below says when to try again.
+      if (error instanceof Deno.errors.NotFound || error instanceof Deno.errors.ConnectionRefused) {
+        return undefined;
+      }
+      throw error;
+    });
+  const watcher = Deno.watchFs(dir, { recursive: false });
   try {
-    listener = Deno.listen({ transport: "unix", path });
+    // Made before the watch began: no event will say so.
+    let conn = await connect();
+    for await (const event of conn ? [] : watcher) {
+      if (event.kind === "remove" && event.paths.includes(dir)) break;
+      if (event.paths.some((p) => p.endsWith(`/${JOB_SOCKET}`)) && (conn = await connect())) break;
+    }
+    if (!conn) throw new Error(`${dir} went away before a job came`);
+    return framedChannel(conn);
   } finally {
-    Deno.umask(umask);
+    watcher.close();
   }
-  let conn: Deno.UnixConn;
-  try {
-    conn = await listener.accept();
-  } finally {
-    listener.close();
-    // Only the one connection was wanted. A socket file left behind is removed by the next worker
-    // before it listens, and goes with the container.
-    await Deno.remove(path).catch(() => {});
-  }
-  return framedChannel(conn);
 }
 
 /** Framed lines on one connection: `o` events, `e` diagnostics, `x` the exit code. */
@@ -133,11 +136,6 @@ export function framedChannel(conn: Deno.Conn): Channel {
     queue = sent.catch(() => {});
     return sent;
   };
-  // The connector waits, after the last frame, for this process's parent (its exec wrapper) to
-  // end: the wrapper ends the worker's whole process tree first, so a run's leftovers are gone by
-  // the time its host sees the end.
-  // A host already gone has nobody to wait for the parent: nothing is lost when this fails.
-  void send("p", String(Deno.ppid)).catch(() => {});
   let pending = "";
   return {
     readable: conn.readable,

@@ -4,7 +4,6 @@
  */
 import dockerfile from "../../Dockerfile" with { type: "text" };
 import sandboxExec from "../../scripts/sandbox-exec" with { type: "text" };
-import sandboxAttach from "../../scripts/sandbox-attach" with { type: "text" };
 import buildBaseImage from "../../scripts/build-base-image.sh" with { type: "text" };
 import devcontainerPrelude from "../../scripts/devcontainer-prelude.sh" with { type: "text" };
 
@@ -12,7 +11,6 @@ import devcontainerPrelude from "../../scripts/devcontainer-prelude.sh" with { t
 export const IMAGE_CONTEXT: Readonly<Record<string, string>> = {
   "Dockerfile": dockerfile,
   "sandbox-exec": sandboxExec,
-  "sandbox-attach": sandboxAttach,
 };
 
 /** scripts/build-base-image.sh: builds the base image from Debian packages. */

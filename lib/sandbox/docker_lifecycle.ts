@@ -8,7 +8,6 @@
 import type { Profile } from "../config.ts";
 import type { LocalRepo } from "../repo/local.ts";
 import { cacheVolumeName, updateCache } from "../repo/cache.ts";
-import type { AttachOptions } from "./attach.ts";
 import { type DockerSandboxProvider, sandboxRepo } from "./docker_provider.ts";
 import { DockerRelayTransport } from "./docker_relay.ts";
 import {
@@ -21,7 +20,13 @@ import {
   reapOrphans,
 } from "./pool.ts";
 import { keepSandbox, listReady, poolKey } from "./pool_records.ts";
-import type { RunSandbox, SandboxKind, SandboxLifecycle, SandboxRequest } from "./provider.ts";
+import type {
+  RunSandbox,
+  SandboxKind,
+  SandboxLifecycle,
+  SandboxRequest,
+  WorkerOptions,
+} from "./provider.ts";
 import type { SandboxError } from "../errors.ts";
 
 /** One run's Docker container, from the pool or started for it. */
@@ -39,7 +44,7 @@ class DockerRunSandbox implements RunSandbox {
     return this.provider.containerName;
   }
 
-  async attachWorker(options: AttachOptions) {
+  async attachWorker(options: WorkerOptions) {
     // Only a pooled container has a worker waiting; one started for the run has none.
     return this.fromPool ? await attachPooledWorker(this.provider, options) : undefined;
   }

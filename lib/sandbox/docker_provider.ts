@@ -937,6 +937,11 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   /** Did the memory cgroup's oom_kill count rise while exec `id` ran? */
+  /** Whether the memory limit killed a process since exec `id` began (its wrapper noted the count). */
+  execOomKilled(id: string): Promise<boolean> {
+    return this.#wasOomKilled(id);
+  }
+
   async #wasOomKilled(id: string): Promise<boolean> {
     const result = await this.docker.run(
       ["exec", "--user", SANDBOX_USER, this.names.container, SANDBOX_EXEC, "--oom", id],

@@ -749,7 +749,7 @@ function stderrSink(
   };
 }
 
-/** A short name for an exec in traces (`relay.js`, `sandbox-attach`), no values. */
+/** A short name for an exec in traces (`relay.js`, `worker.js`), no values. */
 function label(cmd: readonly string[]): string {
   if (cmd[0] === "sandbox-exec" && cmd[1]?.startsWith("--")) return cmd[1];
   const command = cmd[0] === "sandbox-exec" ? cmd.slice(2) : cmd;

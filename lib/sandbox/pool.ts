@@ -3,19 +3,21 @@
  *
  * How it works:
  * 1. `fillPool` starts `sandbox.pool` fresh containers for a profile (per agent and repository):
- *    hardened as every sandbox, a workspace volume of their own, the worker loaded and waiting on
- *    a socket in the container's /tmp (`worker serve --socket`), and the relay waiting for the
+ *    hardened as every sandbox, a workspace volume of their own, and — on a local engine, where
+ *    the container has a socket directory mounted from the host (proxy_mount.ts) — the worker
+ *    loaded and waiting for its job (lib/sandbox/pooled_worker.ts) and the relay waiting for the
  *    session that claims it (lib/proxy/spare_relay.ts). Then it records each as ready.
  * 2. A run claims one (`claimPooled`: a rename in the host's book, pool_records.ts: one winner),
- *    attaches to its worker with one `docker exec` of the connector (`attachPooledWorker`) and
- *    hands it the job from the host, and its session claims the waiting relay.
+ *    hands its worker the job on a socket only the host can make (`attachPooledWorker`), and its
+ *    session claims the waiting relay.
  * 3. When the run ends, `destroy` removes the container and its volume, and the run refills the
  *    pool behind it.
  *
  * Why the waiting worker is safe to hand a job to: until a run claims it, a pooled container has
  * run nothing but our own code as our own uids (init, the worker, the relay); no command of any
- * run or `sandbox exec` has ever been in it, so nothing can have bound the worker's socket first
- * or be waiting to read what goes through it. The agent of the claiming run starts only once the
+ * run or `sandbox exec` has ever been in it, so nothing can be waiting to take the job in the
+ * worker's place, and the socket the job goes through is made by the claiming host in a directory
+ * the sandbox cannot write. The agent of the claiming run starts only once the
  * job has arrived, and the container goes with the run. Nothing of one run meets another.
  */
 import type { Profile } from "../config.ts";
@@ -29,8 +31,10 @@ import {
 } from "./engine.ts";
 import type { AgentCliName } from "../agents/packages.ts";
 import { WORKER_COMMAND } from "../run/container_driver.ts";
-import { type AttachOptions, attachWorker } from "./attach.ts";
 import type { WorkerProcess } from "../run/worker_process.ts";
+import type { WorkerOptions } from "./provider.ts";
+import { claimPooledWorker, POOL_WORKER_DIR, POOL_WORKER_EXEC_ID } from "./pooled_worker.ts";
+import { DockerRelayTransport } from "./docker_relay.ts";
 import { DockerSandboxProvider, SANDBOX_USER, type SandboxRepo } from "./docker_provider.ts";
 import { removeProxyMountSource } from "./proxy_mount.ts";
 import {
@@ -48,9 +52,6 @@ import { tryHostLock, withHostLock } from "../lock.ts";
 import { userStateDir } from "../paths.ts";
 import { trace } from "../trace.ts";
 import { recoverOrphan } from "../run/recover.ts";
-
-/** Where a pooled container's worker listens (its /tmp: a tmpfs of its own). */
-export const POOL_WORKER_SOCKET = "/tmp/.sandbox-worker.sock";
 
 export interface PoolOptions {
   agent?: AgentCliName;
@@ -199,14 +200,23 @@ export async function coldSandbox(
 }
 
 /**
- * The worker waiting in a claimed container, with the connector attached (its job not sent yet),
- * or undefined when it has none (an agent CLI's pool, or a container that is gone).
+ * The worker waiting in a claimed container, connected (its job not sent yet), or undefined when
+ * it has none (an agent CLI's pool, an engine without the socket directory, a worker that never
+ * came).
  */
 export async function attachPooledWorker(
   provider: DockerSandboxProvider,
-  options: AttachOptions,
+  options: WorkerOptions,
 ): Promise<WorkerProcess | undefined> {
-  return await attachWorker(provider, POOL_WORKER_SOCKET, options);
+  const mount = await new DockerRelayTransport(provider).socketMount();
+  const dir = mount && `${mount.host}/${POOL_WORKER_DIR}`;
+  if (!dir || !(await Deno.lstat(dir).catch(() => undefined))?.isDirectory) return undefined;
+  return await claimPooledWorker(dir, {
+    ...options,
+    sandboxName: provider.containerName,
+    stop: () => provider.stopExec(POOL_WORKER_EXEC_ID),
+    oomKilled: () => provider.execOomKilled(POOL_WORKER_EXEC_ID),
+  });
 }
 
 /** Remove a run's container, its workspace volume and the host's records of it, without waiting. */
@@ -290,17 +300,27 @@ async function startPooled(profile: Profile, key: string, options: PoolOptions):
   }
 }
 
-/** Start the worker that waits, loaded, for the job of the run that claims `provider`. */
+/**
+ * Start the worker that waits, loaded, for the job of the run that claims `provider`: in a
+ * directory of the container's socket directory, where only the host can make its job's socket
+ * (pooled_worker.ts). Without that directory (an engine that does not share this machine's
+ * files) none waits: the run starts its worker itself.
+ */
 async function startWaitingWorker(provider: DockerSandboxProvider): Promise<void> {
+  const mount = await new DockerRelayTransport(provider).socketMount({ confirm: true });
+  if (!mount) return;
+  // Readable (0755): the worker watches it for the job's socket. Nothing in it is secret.
+  await Deno.mkdir(`${mount.host}/${POOL_WORKER_DIR}`, { mode: 0o755 });
+  await Deno.chmod(`${mount.host}/${POOL_WORKER_DIR}`, 0o755);
   const child = provider.engine.exec({
     container: provider.containerName,
     cmd: [
       "sandbox-exec",
-      `worker-pool-${randomHex(8)}`,
+      POOL_WORKER_EXEC_ID,
       ...WORKER_COMMAND,
       "serve",
-      "--socket",
-      POOL_WORKER_SOCKET,
+      "--await-job",
+      `${mount.sandbox}/${POOL_WORKER_DIR}`,
     ],
     user: SANDBOX_USER,
     env: [],

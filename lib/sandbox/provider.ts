@@ -16,7 +16,6 @@ import type { AgentCliName } from "../agents/packages.ts";
 import type { RelayProcess } from "../proxy/relay_host.ts";
 import type { LocalRepo } from "../repo/local.ts";
 import type { WorkerProcess } from "../run/worker_process.ts";
-import type { AttachOptions } from "./attach.ts";
 import type { SandboxError } from "../errors.ts";
 
 export interface ExecOptions {
@@ -46,6 +45,13 @@ export interface ExecResult {
 }
 
 /** How `execStream` ended, available after the iteration finishes. */
+/** What a run's worker is started with: its deadline, its interrupt, where its diagnostics go. */
+export interface WorkerOptions {
+  timeoutMs?: number;
+  signal?: AbortSignal;
+  onStderrLine?: (line: string) => void;
+}
+
 export interface ExecStreamOutcome {
   exitCode: number;
   durationMs: number;
@@ -228,7 +234,7 @@ export interface RunSandbox {
   /** How the session's relay reaches it; undefined for a sandbox that is the host itself. */
   readonly relay: SandboxRelayTransport | undefined;
   /** The worker waiting in it (started ahead), connected, its job not sent; undefined when none. */
-  attachWorker(options: AttachOptions): Promise<WorkerProcess | undefined>;
+  attachWorker(options: WorkerOptions): Promise<WorkerProcess | undefined>;
   /** Enforce `resources.disk` while the run is live: `onAbort` is told when it is passed. */
   watchDisk(options: { onAbort?: (reason: SandboxError) => void }): { close(): Promise<void> };
   /** Add `repo`'s base commit to the object cache the sandbox mounts; the bytes sent. */

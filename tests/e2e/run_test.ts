@@ -167,7 +167,7 @@ async function assertGone(name: string, context: string): Promise<void> {
 /**
  * Nothing of the run is left: its container (`container`, with its worker, the agent's commands
  * and the prompt file) is gone, and no other container of the profile runs an agent worker or the
- * agent's command. A pooled container's worker waiting on its socket for the next run is no
+ * agent's command. A pooled container's worker waiting for the next run's job is no
  * leftover: it never met this run.
  */
 async function assertNoLeftovers(
@@ -179,7 +179,7 @@ async function assertNoLeftovers(
   for (const other of await fixture.containers()) {
     const processes = await fixture.processes(other);
     assert.ok(processes.length > 0, "ps printed nothing: the check would prove nothing");
-    const waiting = processes.filter((p) => /worker\.js serve --socket/.test(p));
+    const waiting = processes.filter((p) => /worker\.js serve --await-job/.test(p));
     const left = processes.filter((p) => /worker\.js|sleep 600/.test(p) && !waiting.includes(p));
     assert.deepEqual(left, [], `processes left in ${other}:\n${processes.join("\n")}\n${context}`);
   }

@@ -27,6 +27,8 @@ const SOCKETS = [
   "/tmp/.sandbox-worker.sock",
   "/tmp/.sandbox-exec/x.sock",
   "/workspace/.sandbox-worker.sock",
+  // Where a pooled worker takes its job: only the host can make it (a read-only mount).
+  "/run/sandbox-proxy/worker/job.sock",
 ];
 
 const ATTACK = [
@@ -37,9 +39,9 @@ const ATTACK = [
   `setsid -f sh -c 'while :; do for f in /proc/[0-9]*/environ; do tr "\\0" "\\n" <"$f" 2>/dev/null | grep "^SANDBOX_LLM_TOKEN=" >>/workspace/spy.log; done; sleep 0.2; done' </dev/null >/dev/null 2>&1`,
   `setsid -f sh -c 'sleep 3; kill -STOP -1' </dev/null >/dev/null 2>&1`,
   "sleep 1",
-  // Every process of this uid but this command's chain and the connector carrying the output.
+  // Every process of this uid but this command's chain (the worker carrying the output among it).
   `chain=" $$ $PPID "; p=$PPID; while [ "$p" -gt 1 ]; do p=$(awk '{print $4}' /proc/$p/stat); chain="$chain$p "; done`,
-  `for d in /proc/[0-9]*; do pid=\${d#/proc/}; case "$chain" in *" $pid "*) continue;; esac; grep -q sandbox-attach $d/cmdline 2>/dev/null && continue; kill -STOP $pid 2>/dev/null && echo STOPPED $pid; done`,
+  `for d in /proc/[0-9]*; do pid=\${d#/proc/}; case "$chain" in *" $pid "*) continue;; esac; kill -STOP $pid 2>/dev/null && echo STOPPED $pid; done`,
   "sleep 1",
   "echo OWN=$SANDBOX_LLM_TOKEN",
   "echo HOST=$(hostname)",

@@ -1,21 +1,24 @@
 /**
  * `worker serve`: the job (prompt, run variables, options) on the worker's input, never in argv
- * or a file; a spare worker (`--socket`) that loads its code and waits, holding no secret, for one
- * connection; and a worker that stops when the host's input ends.
+ * or a file; a pooled worker (`--await-job`) that loads its code and waits, holding no secret, for
+ * the socket its host makes (lib/sandbox/pooled_worker.ts, the host's side, is used as the host);
+ * and a worker that stops when the host's input ends.
  */
 import assert from "node:assert/strict";
 import { type AgenticMessage, decodeMessage } from "../../lib/run/protocol.ts";
 import { spawn } from "../../lib/process.ts";
 import { encodeJob, parseJob, type WorkerJob } from "../../worker/job.ts";
 import { frame } from "../../worker/serve.ts";
+import { claimPooledWorker } from "../../lib/sandbox/pooled_worker.ts";
 import { ROOT, tempDir } from "../_helpers.ts";
 import { FAKE_LLM_KEY, FakeLlm, text, toolCall, writeThenExecute } from "../_fake_llm.ts";
 
 const WORKER = `${ROOT}/worker/main.ts`;
 
-/** With only the permissions it needs: no network but the LLM's port (and a spare's socket). */
+/** With only the permissions it needs: no network but the LLM's port (and a pooled one's socket). */
 function workerArgv(llmPort: number, ...args: string[]): string[] {
-  const socket = args.includes("--socket") ? `,unix:${args[args.indexOf("--socket") + 1]}` : "";
+  const dir = args.indexOf("--await-job");
+  const socket = dir === -1 ? "" : `,unix:${args[dir + 1]}/job.sock`;
   return [
     Deno.execPath(),
     "run",
@@ -226,33 +229,10 @@ Deno.test("worker serve turns a job it cannot read into an is_error result", asy
 });
 
 /** Connect to a spare's socket: send the job, read the framed lines back until it closes. */
-async function attach(path: string, job: WorkerJob): Promise<{ frames: string[] }> {
-  const conn = await Deno.connect({ transport: "unix", path });
-  await conn.write(new TextEncoder().encode(encodeJob(job)));
-  const text = await new Response(conn.readable).text();
-  return { frames: text.split("\n").filter(Boolean) };
-}
-
-async function waitForSocket(path: string, child: { finished: Promise<unknown> }): Promise<void> {
-  let exited = false;
-  child.finished.then(() => exited = true);
-  for (const deadline = Date.now() + 60_000; Date.now() < deadline && !exited;) {
-    try {
-      if ((await Deno.stat(path)).isSocket) return;
-    } catch {
-      // Not there yet.
-    }
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-  throw new Error(`no socket at ${path}`);
-}
-
-Deno.test("a spare worker waits on its socket holding no secret, runs the one job it is given, frames its output and exits", async () => {
-  await using dir = await tempDir("sandbox-spare-");
-  const socket = `${dir.path}/spare.sock`;
-  await using fake = new FakeLlm([text("hello from the spare")]);
-  const [program, ...args] = workerArgv(fake.port, "serve", "--socket", socket);
-  const process = new Deno.Command(program, {
+/** A pooled worker (`serve --await-job DIR`) as a child of this test, with no secret given. */
+function pooledWorker(llmPort: number, dir: string) {
+  const [program, ...args] = workerArgv(llmPort, "serve", "--await-job", dir);
+  const child = new Deno.Command(program, {
     args,
     clearEnv: true,
     env: { HOME: Deno.env.get("HOME") ?? "/tmp", SANDBOX_LLM_MODEL: "fake-model" },
@@ -260,52 +240,115 @@ Deno.test("a spare worker waits on its socket holding no secret, runs the one jo
     stdout: "piped",
     stderr: "piped",
   }).spawn();
-  const finished = process.output();
-  const child = { pid: process.pid, finished };
-  await waitForSocket(socket, child);
-  assert.equal((await Deno.stat(socket)).mode! & 0o777, 0o600, "only its owner may connect");
-  const environ = await Deno.readTextFile(`/proc/${child.pid}/environ`);
-  const cmdline = await Deno.readTextFile(`/proc/${child.pid}/cmdline`);
-  assert.ok(
-    environ.includes("SANDBOX_LLM_MODEL=fake-model"),
-    "the environment was read (positive control)",
-  );
+  return { pid: child.pid, finished: child.output() };
+}
+
+/** The host's side of a claim, as lib/sandbox/pool.ts makes it, with the kills it would do noted. */
+function claim(dir: string, stops: string[], connectWaitMs?: number) {
+  return claimPooledWorker(dir, {
+    sandboxName: "unit",
+    stop: () => Promise.resolve(void stops.push("stopped")),
+    oomKilled: () => Promise.resolve(false),
+    connectWaitMs,
+  });
+}
+
+Deno.test("a pooled worker waits holding no secret, takes its job from the socket the host makes, and exits", async () => {
+  await using dir = await tempDir("sandbox-pooled-");
+  await using fake = new FakeLlm([text("hello from the pool")]);
+  const worker = pooledWorker(fake.port, dir.path);
+  const stops: string[] = [];
+  const claimed = await claim(dir.path, stops);
+  assert.ok(claimed, "the worker connected to the host's socket");
+  const environ = await Deno.readTextFile(`/proc/${worker.pid}/environ`);
+  const cmdline = await Deno.readTextFile(`/proc/${worker.pid}/cmdline`);
+  assert.ok(environ.includes("SANDBOX_LLM_MODEL=fake-model"), "environ read (positive control)");
   for (const secret of [FAKE_LLM_KEY, "SANDBOX_LLM_TOKEN", "OPENAI_API_KEY"]) {
     assert.ok(
       !environ.includes(secret) && !cmdline.includes(secret),
       `the waiting worker holds no ${secret}`,
     );
   }
-  const marker = `PROMPT-${crypto.randomUUID()}`;
-  const { frames } = await attach(socket, {
-    mode: "generate",
-    prompt: marker,
-    env: llmEnv(fake.proxyBaseUrl),
-  });
-  const outcome = await finished;
-  assert.equal(outcome.code, 0, new TextDecoder().decode(outcome.stderr));
-  assert.equal(
-    outcome.stdout.byteLength,
-    0,
-    "nothing on the spare's own stdout: its output went to the connection",
-  );
-  const events = frames.filter((f) => f.startsWith("o")).map((f, i) =>
-    decodeMessage(f.slice(1), i + 1)
-  );
-  assert.deepEqual(events.map((m) => m.type), ["result", "usage"]);
-  assert.equal(events[0].content, "hello from the spare");
-  assert.equal(frames.at(-1), "x0", "the last frame is the exit code");
-  assert.ok(frames.every((f) => /^[oexp]/.test(f)), `every line is framed: ${frames.join(" | ")}`);
-  assert.equal(
-    frames[0],
-    `p${Deno.pid}`,
-    "the first frame names the worker's parent (here, this test)",
-  );
-  assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker));
   await assert.rejects(
-    Deno.stat(socket),
+    Deno.lstat(`${dir.path}/job.sock`),
     Deno.errors.NotFound,
-    "the socket is gone: one job per worker",
+    "the socket is gone once the worker connected: one job per worker",
+  );
+  const marker = `PROMPT-${crypto.randomUUID()}`;
+  claimed.send({ mode: "generate", prompt: marker, env: llmEnv(fake.proxyBaseUrl) });
+  const events = (await Array.fromAsync(claimed.stream)).map((line, i) =>
+    decodeMessage(line, i + 1)
+  );
+  claimed.close();
+  assert.deepEqual(events.map((m) => m.type), ["result", "usage"]);
+  assert.equal(events[0].content, "hello from the pool");
+  assert.equal((await claimed.stream.outcome).exitCode, 0);
+  assert.deepEqual(stops, [], "a worker that ended by itself is not killed");
+  const outcome = await worker.finished;
+  assert.equal(outcome.code, 0, new TextDecoder().decode(outcome.stderr));
+  assert.equal(outcome.stdout.byteLength, 0, "its output went to the connection, not its stdout");
+  assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker));
+});
+
+Deno.test("a pooled worker the host leaves stops; at its deadline its tree is stopped; one that never comes is none", async (t) => {
+  await t.step(
+    "the host leaves before the job: the worker exits, having called nothing",
+    async () => {
+      await using dir = await tempDir("sandbox-pooled-");
+      await using fake = new FakeLlm([text("never sent")]);
+      const worker = pooledWorker(fake.port, dir.path);
+      const claimed = await claim(dir.path, []);
+      assert.ok(claimed);
+      claimed.close();
+      assert.notEqual((await worker.finished).code, 0);
+      assert.equal(fake.requests.length, 0);
+    },
+  );
+  await t.step(
+    "the deadline passes mid-job: a timeout error, the tree stopped, the worker gone",
+    async () => {
+      await using dir = await tempDir("sandbox-pooled-");
+      // An LLM that takes the request and never answers.
+      const silent = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+      const held: Deno.Conn[] = [];
+      const accepting = (async () => {
+        for await (const conn of silent) held.push(conn);
+      })();
+      const worker = pooledWorker(silent.addr.port, dir.path);
+      const stops: string[] = [];
+      const claimed = await claimPooledWorker(dir.path, {
+        sandboxName: "unit",
+        timeoutMs: 1_000,
+        stop: () => Promise.resolve(void stops.push("stopped")),
+        oomKilled: () => Promise.resolve(false),
+      });
+      assert.ok(claimed);
+      claimed.send({
+        mode: "generate",
+        prompt: "hello",
+        env: llmEnv(`http://127.0.0.1:${silent.addr.port}/v1`),
+      });
+      await assert.rejects(
+        Array.fromAsync(claimed.stream),
+        /timed out after 1000 ms in sandbox "unit"/,
+      );
+      await assert.rejects(claimed.stream.outcome, /timed out/);
+      assert.deepEqual(stops, ["stopped"]);
+      assert.equal((await worker.finished).code, 130, "the host's leaving ended the worker");
+      silent.close();
+      await accepting;
+      for (const conn of held) conn.close();
+    },
+  );
+  await t.step(
+    "nothing connects in time: none, and whatever might still come is stopped",
+    async () => {
+      await using dir = await tempDir("sandbox-pooled-");
+      const stops: string[] = [];
+      assert.equal(await claim(dir.path, stops, 50), undefined);
+      assert.deepEqual(stops, ["stopped"]);
+      await assert.rejects(Deno.lstat(`${dir.path}/job.sock`), Deno.errors.NotFound);
+    },
   );
 });
 
