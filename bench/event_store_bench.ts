@@ -1,13 +1,13 @@
 /**
- * Event store write throughput (lib/session/event_store.ts) against writing the same NDJSON lines
- * to a file, as a run log does. Target: at least 50 000 events/s into the store.
- *
- *   deno run -A bench/event_store_bench.ts [EVENTS] [BATCH]
+ * Event store write throughput (lib/session/event_store.ts): 100,000 session events into
+ * `store.db` in transactions of 500, against writing the same NDJSON lines to a file one write
+ * each, as a plain log would. Target: at least 50,000 events/s into the store.
  */
+import type { BenchContext, Benchmark, BenchResult } from "./main.ts";
 import { EventWriter, type SessionEventInit } from "../lib/session/event_store.ts";
 
-const EVENTS = Number(Deno.args[0] ?? 100_000);
-const BATCH = Number(Deno.args[1] ?? 500);
+const EVENTS = 100_000;
+const BATCH = 500;
 const TARGET_PER_S = 50_000;
 
 function events(): SessionEventInit[] {
@@ -19,10 +19,11 @@ function events(): SessionEventInit[] {
   }));
 }
 
-async function main(): Promise<void> {
+async function run(context: BenchContext): Promise<BenchResult> {
   const dir = await Deno.makeTempDir({ prefix: "event-store-bench-" });
   try {
     const all = events();
+    context.progress(`event store: ${EVENTS} events into store.db, then into an NDJSON file`);
     const store = measure(() => {
       using writer = new EventWriter("bench", `${dir}/store.db`);
       for (let i = 0; i < all.length; i += BATCH) writer.appendMany(all.slice(i, i + BATCH));
@@ -32,15 +33,21 @@ async function main(): Promise<void> {
       const encoder = new TextEncoder();
       for (const event of all) out.writeSync(encoder.encode(JSON.stringify(event) + "\n"));
     });
-    const line = (name: string, ms: number) =>
-      `${name.padEnd(34)} ${
-        Math.round(EVENTS / (ms / 1000)).toLocaleString("en").padStart(10)
-      } events/s`;
-    console.log(`event store: ${EVENTS} events, transactions of ${BATCH}`);
-    console.log(line("store.db (SQLite, WAL)", store));
-    console.log(line("events.ndjson (one write per line)", file));
-    const perS = EVENTS / (store / 1000);
-    console.log(`target ${TARGET_PER_S} events/s: ${perS >= TARGET_PER_S ? "met" : "NOT met"}`);
+    const perS = (ms: number) => Math.round(EVENTS / (ms / 1000));
+    return {
+      figures: [{
+        name: "session events written",
+        unit: "events/s",
+        baseline: perS(file),
+        measured: perS(store),
+        better: "higher",
+        target: {
+          text: `≥ ${TARGET_PER_S.toLocaleString("en")}/s`,
+          met: perS(store) >= TARGET_PER_S,
+        },
+      }],
+      notes: [`${EVENTS.toLocaleString("en")} events; the store in transactions of ${BATCH}`],
+    };
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
@@ -52,4 +59,10 @@ function measure(work: () => void): number {
   return performance.now() - start;
 }
 
-if (import.meta.main) await main();
+export const benchmark: Benchmark = {
+  name: "event_store",
+  title: "session events into the store (SQLite, WAL) vs the same NDJSON into a file",
+  baselineLabel: "ndjson file",
+  measuredLabel: "store.db",
+  run,
+};
