@@ -94,7 +94,9 @@ async function shimDir(dir: string, weakening: Weakening): Promise<string> {
   const quote = (text: string) => `'${text.replaceAll("'", `'\\''`)}'`;
   await Deno.writeTextFile(
     `${bin}/docker`,
-    `#!/usr/bin/env bash\nreal=${quote(real)}\ndir=${quote(bin)}\nset -- ${weakening} "$@"\n${SHIM}`,
+    `#!/usr/bin/env bash\nreal=${quote(real)}\ndir=${
+      quote(bin)
+    }\nset -- ${weakening} "$@"\n${SHIM}`,
     { mode: 0o755 },
   );
   return bin;
@@ -111,7 +113,13 @@ async function weakenedDoctor(weakening: Weakening) {
       env: { XDG_STATE_HOME: `${dir.path}/state`, PATH: `${bin}:${Deno.env.get("PATH")}` },
       timeoutMs: 300_000,
     });
-    const left = await run(["docker", "ps", "-aq", "--filter", `label=dev.sandbox.profile=${profile}`]);
+    const left = await run([
+      "docker",
+      "ps",
+      "-aq",
+      "--filter",
+      `label=dev.sandbox.profile=${profile}`,
+    ]);
     let report: { checks: Check[]; broken: string[]; durationMs: number } | undefined;
     try {
       report = JSON.parse(result.stdout);
