@@ -1312,4 +1312,11 @@ export const MUTATIONS: Mutation[] = [
     replace: `    target = { ...profile, sandbox: { ...profile.sandbox, mode: "container" } };`,
     tests: ["tests/security/doctor_devcontainer_test.ts"],
   },
+  {
+    name: "doctor: a probe with no HTTP status (no curl) is read as let through the allowlist",
+    file: "lib/doctor/doctor.ts",
+    find: `denied !== undefined && /^\\d{3}$/.test(denied.code) &&`,
+    replace: `denied !== undefined &&`,
+    tests: ["tests/security/doctor_devcontainer_test.ts"],
+  },
 ];

@@ -449,8 +449,10 @@ function judgeEgress(
     absent,
   };
   const denied = lines.get("denied");
-  // Past the policy is past the defence: a 502 means the proxy went on to resolve the name.
-  const passed = denied !== undefined && !["403", "000", "none"].includes(denied.code);
+  // Past the policy is past the defence: a 502 means the proxy went on to resolve the name. No
+  // HTTP status at all (curl missing from the image) is no answer: the attack did not run.
+  const passed = denied !== undefined && /^\d{3}$/.test(denied.code) &&
+    !["403", "000", "none"].includes(denied.code);
   const allowlist = judgeReach("egress_allowlist", {
     reached: passed ? [`${DENIED_HOST} (HTTP ${denied.code}: let through the policy)`] : [],
     refused: passed || !denied ? [] : [`${DENIED_HOST}: HTTP ${denied.code} ${denied.rest}`],

@@ -81,6 +81,49 @@ Deno.test({
 
 Deno.test({
   name:
+    "doctor on a devcontainer image without curl says the network defences are NOT APPLICABLE (the attack could not run), never BROKEN or HELD",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using fixture = await DevcontainerFixture.create(
+      "doc-dc-nocurl",
+      "http://127.0.0.1:9/v1",
+      {
+        ".devcontainer/devcontainer.json": `{ "build": { "dockerfile": "Dockerfile" } }\n`,
+        ".devcontainer/Dockerfile": `FROM sandbox-base:bookworm\nRUN rm /usr/bin/curl\n`,
+      },
+    );
+    const result = await fixture.cli([
+      "doctor",
+      "-p",
+      fixture.profile,
+      "--json",
+      "--repo",
+      fixture.repo,
+    ]);
+    let report: Report | undefined;
+    try {
+      report = JSON.parse(result.stdout);
+    } catch {
+      assert.fail(`doctor printed no JSON report\n${explain(result)}`);
+    }
+    assert.equal(result.exitCode, 0, explain(result));
+    const status = Object.fromEntries(report!.checks.map((c) => [c.id, c.status]));
+    assert.deepEqual(status, {
+      key: "held",
+      host_service: "not_applicable",
+      egress_allowlist: "not_applicable",
+      address_guard: "not_applicable",
+      escalation: "held",
+      survivor: "held",
+      disk: "held",
+      git_grant: "not_applicable",
+    }, explain(result));
+  },
+});
+
+Deno.test({
+  name:
     "doctor on a devcontainer profile whose repository has no devcontainer.json is a user mistake (exit 2), nothing started",
   ...dockerTest(),
   async fn() {
