@@ -1319,4 +1319,12 @@ export const MUTATIONS: Mutation[] = [
     replace: `denied !== undefined &&`,
     tests: ["tests/security/doctor_devcontainer_test.ts"],
   },
+  {
+    name: "doctor: its sandbox is made through docker on PATH, not the client the caller gave",
+    file: "lib/doctor/doctor.ts",
+    find: `    pooled: false,
+    docker: options.docker,`,
+    replace: `    pooled: false,`,
+    tests: ["tests/security/doctor_weakened_test.ts"],
+  },
 ];

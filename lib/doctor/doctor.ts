@@ -3,8 +3,10 @@
  *
  * How it works:
  * 1. A throwaway sandbox of the profile is made cold (its own name, `sandbox-<profile>-doctor…`,
- *    labelled as a run's), with a session (relay and proxies) whose LLM key is a canary made up
- *    here, so that "read the key" has something to look for.
+ *    labelled as a run's, every docker call through `DoctorOptions.docker`), with a session
+ *    (relay and proxies) whose LLM key is a canary made up here, so that "read the key" has
+ *    something to look for. Mode devcontainer: of the profile its runs get (the repository's
+ *    devcontainer image).
  * 2. The profile is the user's with only what the attacks need added: the host's loopback allowed
  *    by name (`localhost`, `127.0.0.1` on the listener's port) for the address guard to refuse,
  *    `doctor-twin.test` mapped to it in `network.hosts` for the twin, and `resources.disk` lowered
@@ -20,10 +22,9 @@ import { randomHex } from "../hash.ts";
 import { KeyStore } from "../keys.ts";
 import { Redactor } from "../redact.ts";
 import { openSession, type SandboxSession } from "../proxy/session.ts";
-import { coldSandbox } from "../sandbox/pool.ts";
-import { forget } from "../sandbox/pool_records.ts";
+import { forget, holdOwn } from "../sandbox/pool_records.ts";
 import { removeProxyMountSource } from "../sandbox/proxy_mount.ts";
-import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
+import { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { DockerCli } from "../sandbox/docker.ts";
 import { type EnvironmentFacts, environmentFacts } from "./environment.ts";
 import { type HostListeners, ordinaryReach, startListeners } from "./listeners.ts";
@@ -202,7 +203,7 @@ async function attackSandbox(
   await keys.resolve({ env: CANARY_ENV });
   const progress = (line: string) => options.onProgress?.(line);
   progress(`starting a throwaway sandbox of profile "${user.name}"`);
-  const sandbox = await coldSandbox(profile, `doctor${randomHex(4)}`, { signal: options.signal });
+  const sandbox = await throwawaySandbox(profile, options);
   const marker = `doctor-survivor-${randomHex(6)}`;
   let observed: Observed | undefined;
   const logDir = await Deno.makeTempDir({ prefix: "sandbox-doctor-" });
@@ -224,6 +225,24 @@ async function attackSandbox(
   }
   const afterDestroy = await survivesDestroy(sandbox, marker);
   return { image: observed?.image ?? "", checks: judgeAll(observed, afterDestroy, profile) };
+}
+
+/**
+ * A run's cold container of `profile` (as lib/sandbox/pool.ts `coldSandbox` makes one: recorded as
+ * held by this process, so that no reaping takes it), made through `options.docker`.
+ */
+async function throwawaySandbox(
+  profile: Profile,
+  options: DoctorOptions,
+): Promise<DockerSandboxProvider> {
+  const sandbox = new DockerSandboxProvider(profile, {
+    instance: `doctor${randomHex(4)}`,
+    pooled: false,
+    docker: options.docker,
+  });
+  await holdOwn(sandbox.containerName);
+  await sandbox.ensureRunning({ signal: options.signal });
+  return sandbox;
 }
 
 interface Observed {

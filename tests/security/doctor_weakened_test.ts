@@ -14,17 +14,21 @@
  * - `disk`: a volume's `size` option (the kernel quota) silently dropped while `docker volume
  *   inspect` still reports it, as a storage driver that ignores the option would: the host trusts
  *   the quota and watches nothing.
+ * The same weakening given to the library as `DoctorOptions.docker` instead reaches the sandbox too.
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
+import { runDoctor } from "../../lib/doctor/doctor.ts";
 import {
   assertDocker,
   dockerTest,
   explain,
+  profileFrom,
   removeProfile,
   runCli,
   tempDir,
   uniqueProfile,
+  withEnv,
   writeConfig,
 } from "../_helpers.ts";
 
@@ -212,5 +216,31 @@ Deno.test({
       true,
     );
     assert.equal(leftover, "");
+  },
+});
+
+Deno.test({
+  name:
+    "the library's docker option reaches the sandbox itself: a client given as DoctorOptions.docker (not on PATH) that drops no-new-privileges makes escalation BROKEN",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using dir = await tempDir();
+    const name = uniqueProfile("doc-w-lib");
+    const bin = await shimDir(dir.path, "escalation");
+    try {
+      const report = await withEnv(
+        { XDG_STATE_HOME: `${dir.path}/state` },
+        () =>
+          runDoctor(profileFrom(`profiles:\n  ${name}:\n    sandbox: {}\n`, name), {
+            docker: `${bin}/docker`,
+          }),
+      );
+      const status = Object.fromEntries(report.checks.map((c) => [c.id, c.status]));
+      assert.deepEqual(status, expected("escalation"), JSON.stringify(report.checks, null, 1));
+      assert.deepEqual(report.broken, ["escalation"]);
+    } finally {
+      await removeProfile(name);
+    }
   },
 });
