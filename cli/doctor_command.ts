@@ -1,5 +1,5 @@
 /** `sandbox doctor`: attack a throwaway sandbox of the profile and say which defences hold. */
-import type { Command } from "commander";
+import { type Command, Option } from "commander";
 import { SandboxError } from "../lib/errors.ts";
 import { table } from "../lib/output.ts";
 import type { DoctorReport } from "../lib/doctor/doctor.ts";
@@ -15,11 +15,18 @@ export function registerDoctorCommand(program: Command): void {
       "attack a throwaway sandbox of the profile and report which defences hold on this machine",
     )
     .addOption(profileOption()).addOption(jsonOption())
-    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+    .addOption(
+      new Option(
+        "--repo <path>",
+        "sandbox mode devcontainer: the local repository whose devcontainer is checked (default: the current directory's)",
+      ),
+    )
+    .action(async (opts: { profile?: string; json?: boolean; repo?: string }, command: Command) => {
       const { runDoctor } = await import("../lib/doctor/doctor.ts");
       const profile = await profileFor(command, opts.profile);
       const report = await runDoctor(profile, {
         signal,
+        repo: opts.repo,
         onProgress: (line) => progress(`doctor: ${line}`),
       });
       progress(`doctor: done in ${(report.durationMs / 1000).toFixed(1)}s`);
@@ -63,6 +70,11 @@ async function printReport(report: DoctorReport): Promise<void> {
   await stdout.line(
     `profile "${report.profile}": sandbox mode ${report.mode}, network mode ${report.network}`,
   );
+  if (report.devcontainer) {
+    await stdout.line(
+      `devcontainer ${report.devcontainer.config}: image ${report.devcontainer.image}, sandbox image ${report.image}`,
+    );
+  }
   await stdout.line(table(
     ["DEFENCE", "STATUS", "REASON / EVIDENCE"],
     report.checks.map((c) => [

@@ -1290,4 +1290,48 @@ export const MUTATIONS: Mutation[] = [
     replace: `false`,
     tests: ["tests/e2e/pool_test.ts"],
   },
+  {
+    name: "doctor: a setsid child alive after its command ended is not looked for",
+    file: "lib/doctor/doctor.ts",
+    find: `aliveAfterCommand: observed.survivorAfterCommand !== "",`,
+    replace: `aliveAfterCommand: false,`,
+    tests: ["tests/security/doctor_weakened_test.ts"],
+  },
+  {
+    name: "doctor: a write past resources.disk that ran to its end is read as stopped",
+    file: "lib/doctor/doctor.ts",
+    find: `attackCompleted: disk.attack.completed,`,
+    replace: `attackCompleted: false,`,
+    tests: ["tests/security/doctor_weakened_test.ts"],
+  },
+  {
+    name:
+      "doctor: no_new_privs is taken as set whatever the sandbox says (setuid programs ignored)",
+    file: "lib/doctor/doctor.ts",
+    find: `noNewPrivs: field("NoNewPrivs")[0] === "1",`,
+    replace: `noNewPrivs: true,`,
+    tests: ["tests/security/doctor_weakened_test.ts"],
+  },
+  {
+    name: "doctor: a devcontainer profile is checked on the default image, not its devcontainer's",
+    file: "lib/doctor/doctor.ts",
+    find: `    target = opened.profile;`,
+    replace: `    target = { ...profile, sandbox: { ...profile.sandbox, mode: "container" } };`,
+    tests: ["tests/security/doctor_devcontainer_test.ts"],
+  },
+  {
+    name: "doctor: a probe with no HTTP status (no curl) is read as let through the allowlist",
+    file: "lib/doctor/doctor.ts",
+    find: `denied !== undefined && /^\\d{3}$/.test(denied.code) &&`,
+    replace: `denied !== undefined &&`,
+    tests: ["tests/security/doctor_devcontainer_test.ts"],
+  },
+  {
+    name: "doctor: its sandbox is made through docker on PATH, not the client the caller gave",
+    file: "lib/doctor/doctor.ts",
+    find: `    pooled: false,
+    docker: options.docker,`,
+    replace: `    pooled: false,`,
+    tests: ["tests/security/doctor_weakened_test.ts"],
+  },
 ];

@@ -3,8 +3,10 @@
  *
  * How it works:
  * 1. A throwaway sandbox of the profile is made cold (its own name, `sandbox-<profile>-doctor…`,
- *    labelled as a run's), with a session (relay and proxies) whose LLM key is a canary made up
- *    here, so that "read the key" has something to look for.
+ *    labelled as a run's, every docker call through `DoctorOptions.docker`), with a session
+ *    (relay and proxies) whose LLM key is a canary made up here, so that "read the key" has
+ *    something to look for. Mode devcontainer: of the profile its runs get (the repository's
+ *    devcontainer image).
  * 2. The profile is the user's with only what the attacks need added: the host's loopback allowed
  *    by name (`localhost`, `127.0.0.1` on the listener's port) for the address guard to refuse,
  *    `doctor-twin.test` mapped to it in `network.hosts` for the twin, and `resources.disk` lowered
@@ -20,10 +22,9 @@ import { randomHex } from "../hash.ts";
 import { KeyStore } from "../keys.ts";
 import { Redactor } from "../redact.ts";
 import { openSession, type SandboxSession } from "../proxy/session.ts";
-import { coldSandbox } from "../sandbox/pool.ts";
-import { forget } from "../sandbox/pool_records.ts";
+import { forget, holdOwn } from "../sandbox/pool_records.ts";
 import { removeProxyMountSource } from "../sandbox/proxy_mount.ts";
-import type { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
+import { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { DockerCli } from "../sandbox/docker.ts";
 import { type EnvironmentFacts, environmentFacts } from "./environment.ts";
 import { type HostListeners, ordinaryReach, startListeners } from "./listeners.ts";
@@ -59,6 +60,19 @@ export interface DoctorOptions {
   onProgress?: (line: string) => void;
   /** Path of the docker CLI (default: `docker` on PATH). */
   docker?: string;
+  /**
+   * Mode devcontainer: the local repository whose devcontainer is checked (default: the current
+   * directory's), as `up` and `exec` take it.
+   */
+  repo?: string;
+}
+
+/** What a devcontainer profile's sandbox is made from. */
+export interface DoctorDevcontainer {
+  /** Repository-relative path of its devcontainer.json. */
+  config: string;
+  /** The devcontainer's image (`sandbox-devcontainer:<hash>`), the sandbox layer on top of it. */
+  image: string;
 }
 
 export interface DoctorReport {
@@ -66,6 +80,10 @@ export interface DoctorReport {
   mode: string;
   network: string;
   environment: EnvironmentFacts | null;
+  /** The image the throwaway sandbox ran (null in mode none). */
+  image: string | null;
+  /** Mode devcontainer: the devcontainer whose image was checked. */
+  devcontainer?: DoctorDevcontainer;
   checks: DefenceCheck[];
   /** The checks that should hold and do not; the command exits non-zero when there is any. */
   broken: string[];
@@ -78,33 +96,70 @@ export async function runDoctor(
   options: DoctorOptions = {},
 ): Promise<DoctorReport> {
   const started = performance.now();
-  const report = (environment: EnvironmentFacts | null, checks: DefenceCheck[]): DoctorReport => ({
+  let devcontainer: DoctorDevcontainer | undefined;
+  const report = (
+    environment: EnvironmentFacts | null,
+    attacked: { image: string | null; checks: DefenceCheck[] },
+  ): DoctorReport => ({
     profile: profile.name,
     mode: profile.sandbox.mode,
     network: profile.sandbox.network.mode,
     environment,
-    checks,
-    broken: brokenChecks(checks).map((c) => c.id),
+    image: attacked.image,
+    ...(devcontainer ? { devcontainer } : {}),
+    checks: attacked.checks,
+    broken: brokenChecks(attacked.checks).map((c) => c.id),
     durationMs: Math.round(performance.now() - started),
   });
-  if (profile.sandbox.mode === "none") return report(null, nothingIsolated("none"));
-  if (profile.sandbox.mode !== "container") {
+  if (profile.sandbox.mode === "none") {
+    return report(null, { image: null, checks: nothingIsolated("none") });
+  }
+  let target = profile;
+  if (profile.sandbox.mode === "devcontainer") {
+    const opened = await openDevcontainerOf(profile, options);
+    target = opened.profile;
+    devcontainer = opened.devcontainer;
+  }
+  if (target.sandbox.mode !== "container") {
     throw new SandboxError(
       "unsupported",
-      `Cannot check profile "${profile.name}": doctor checks sandbox modes "container" and "none"`,
+      `Cannot check profile "${profile.name}": doctor checks sandbox modes "container", "devcontainer" and "none"`,
       { detail: `Its mode is "${profile.sandbox.mode}"` },
     );
   }
   const docker = new DockerCli(options.docker);
   const facts = environmentFacts(docker, options.signal);
   await using listeners = await startListeners(docker, options.signal);
-  const checks = await attackSandbox(
-    profile,
+  const attacked = await attackSandbox(
+    target,
     listeners,
     options,
     (quota) => facts.then((f) => void (f.diskQuota = quota)),
   );
-  return report(await facts, checks);
+  return report(await facts, attacked);
+}
+
+/**
+ * The profile a run of devcontainer profile `profile` runs (mode container, the repository's
+ * devcontainer image, built when it changed), as `up` and `run` open it.
+ */
+async function openDevcontainerOf(
+  profile: Profile,
+  options: DoctorOptions,
+): Promise<{ profile: Profile; devcontainer: DoctorDevcontainer }> {
+  // Loaded only in this mode, as lib/sandbox/providers.ts does.
+  const { openDevcontainer } = await import("../sandbox/devcontainer/provider.ts");
+  options.onProgress?.("opening the repository's devcontainer (built when it changed)");
+  const opened = await openDevcontainer(profile, {
+    repo: options.repo ?? Deno.cwd(),
+    docker: new DockerCli(options.docker),
+    onProgress: options.onProgress,
+    signal: options.signal,
+  });
+  return {
+    profile: opened.profile,
+    devcontainer: { config: opened.config.file, image: opened.image.tag },
+  };
 }
 
 /** The profile the throwaway sandbox runs: the user's, plus what the attacks need. */
@@ -139,7 +194,7 @@ async function attackSandbox(
   listeners: HostListeners,
   options: DoctorOptions,
   onQuota: (quota: boolean) => Promise<void>,
-): Promise<DefenceCheck[]> {
+): Promise<{ image: string; checks: DefenceCheck[] }> {
   const profile = doctorProfile(user, listeners.loopbackPort);
   const canary = `sk-doctor-canary-${randomHex(24)}`;
   const redactor = new Redactor();
@@ -148,7 +203,7 @@ async function attackSandbox(
   await keys.resolve({ env: CANARY_ENV });
   const progress = (line: string) => options.onProgress?.(line);
   progress(`starting a throwaway sandbox of profile "${user.name}"`);
-  const sandbox = await coldSandbox(profile, `doctor${randomHex(4)}`, { signal: options.signal });
+  const sandbox = await throwawaySandbox(profile, options);
   const marker = `doctor-survivor-${randomHex(6)}`;
   let observed: Observed | undefined;
   const logDir = await Deno.makeTempDir({ prefix: "sandbox-doctor-" });
@@ -169,10 +224,30 @@ async function attackSandbox(
     await Deno.remove(logDir, { recursive: true });
   }
   const afterDestroy = await survivesDestroy(sandbox, marker);
-  return judgeAll(observed, afterDestroy, profile);
+  return { image: observed?.image ?? "", checks: judgeAll(observed, afterDestroy, profile) };
+}
+
+/**
+ * A run's cold container of `profile` (as lib/sandbox/pool.ts `coldSandbox` makes one: recorded as
+ * held by this process, so that no reaping takes it), made through `options.docker`.
+ */
+async function throwawaySandbox(
+  profile: Profile,
+  options: DoctorOptions,
+): Promise<DockerSandboxProvider> {
+  const sandbox = new DockerSandboxProvider(profile, {
+    instance: `doctor${randomHex(4)}`,
+    pooled: false,
+    docker: options.docker,
+  });
+  await holdOwn(sandbox.containerName);
+  await sandbox.ensureRunning({ signal: options.signal });
+  return sandbox;
 }
 
 interface Observed {
+  /** The image the sandbox's container runs, as the engine says. */
+  image: string;
   nonce: string;
   probe: Map<string, string[][]>;
   probeExit: number;
@@ -207,14 +282,9 @@ async function observe(
   // Half of the canary: enough to be unmistakable, and no value holding the whole key enters.
   const canaryPart = context.canary.slice(0, Math.ceil(context.canary.length / 2));
   context.progress("attacking: the key, escalation, the network, a setsid survivor");
+  const { image } = await sandbox.status({ signal });
   const twin = listeners.gatewayTarget
-    ? ordinaryReach(
-      sandbox.docker,
-      (await sandbox.status({ signal })).image,
-      listeners
-        .gatewayTarget,
-      signal,
-    )
+    ? ordinaryReach(sandbox.docker, image, listeners.gatewayTarget, signal)
     : Promise.resolve(undefined);
   const result = await sandbox.exec(["bash", "-c", PROBE_SCRIPT], {
     env: {
@@ -245,6 +315,7 @@ async function observe(
   const twinFill = await fill(sandbox, Math.max(1, Math.floor(mib / 4)), signal);
   const attackFill = await fill(sandbox, mib * 3, signal);
   return {
+    image,
     nonce: listeners.nonce,
     probe,
     probeExit: result.exitCode,
@@ -397,8 +468,10 @@ function judgeEgress(
     absent,
   };
   const denied = lines.get("denied");
-  // Past the policy is past the defence: a 502 means the proxy went on to resolve the name.
-  const passed = denied !== undefined && !["403", "000", "none"].includes(denied.code);
+  // Past the policy is past the defence: a 502 means the proxy went on to resolve the name. No
+  // HTTP status at all (curl missing from the image) is no answer: the attack did not run.
+  const passed = denied !== undefined && /^\d{3}$/.test(denied.code) &&
+    !["403", "000", "none"].includes(denied.code);
   const allowlist = judgeReach("egress_allowlist", {
     reached: passed ? [`${DENIED_HOST} (HTTP ${denied.code}: let through the policy)`] : [],
     refused: passed || !denied ? [] : [`${DENIED_HOST}: HTTP ${denied.code} ${denied.rest}`],
