@@ -322,7 +322,11 @@ export function podStatus(profile: string, name: string, pod: V1Pod | undefined)
     stoppedAt: null,
     workspacePath: WORKSPACE_DIR,
     current: true,
-    kind: labels[LABELS.state] === "ready" ? "pool" : "run",
+    // A pooled pod: ours labelled ready, or agent-sandbox's warm one (no state, no claim yet).
+    kind: labels[LABELS.state] === "ready" ||
+        (!labels[LABELS.state] && !labels["agents.x-k8s.io/claim-uid"])
+      ? "pool"
+      : "run",
     repo: null,
   };
 }
