@@ -15,13 +15,16 @@
  *   `status.sandbox.name` and its `Ready` condition (the Sandbox's, forwarded).
  * - controllers/sandbox_controller.go: a Sandbox runs one pod of its name from its pod template;
  *   `Ready` is True (`DependenciesReady`) once the pod runs.
+ * - extensions/controllers/sandboxtemplate_controller.go, sandboxtemplate_types.go: a template
+ *   whose `networkPolicyManagement` is not `Unmanaged` gets a shared NetworkPolicy for its pods,
+ *   by default allowing egress to the public internet (modelled: any address but RFC 1918).
  * - Deleting a claim deletes its Sandbox and the Sandbox's pod (owner references, the garbage
  *   collector), at once here.
  *
  * The controllers act on every request to these groups and after every pod start, as a
  * reconcile loop would: a claim is bound by the time a client reads it after its pod runs.
  */
-import type { V1Pod } from "@kubernetes/client-node";
+import type { V1NetworkPolicy, V1Pod } from "@kubernetes/client-node";
 
 export const GROUPS = {
   extensions: "extensions.agents.x-k8s.io",
@@ -32,6 +35,7 @@ const POD_NAME = "agents.x-k8s.io/pod-name";
 const SANDBOX_NAME = "agents.x-k8s.io/sandbox-name";
 const CLAIM_UID = "agents.x-k8s.io/claim-uid";
 const TEMPLATE_HASH = "agents.x-k8s.io/sandbox-template-hash";
+const TEMPLATE_REF = "agents.x-k8s.io/sandbox-template-ref-hash";
 
 // deno-lint-ignore no-explicit-any
 export type Obj = Record<string, any>;
@@ -39,6 +43,7 @@ export type Obj = Record<string, any>;
 /** What the agent-sandbox part needs of the API server: its pods. */
 export interface PodHost {
   pods: Map<string, V1Pod>;
+  policies: Map<string, V1NetworkPolicy>;
   createPod(body: V1Pod): void;
   deletePod(name: string): Promise<void>;
   nextVersion(): string;
@@ -155,8 +160,9 @@ export class AgentSandboxApi {
     if (plural === "sandboxes") await this.host.deletePod(found.metadata.annotations?.[POD_NAME]);
   }
 
-  /** One pass of the three controllers. */
+  /** One pass of the four controllers. */
   reconcile(): void {
+    for (const template of this.of("sandboxtemplates").values()) this.#reconcileTemplate(template);
     for (const sandbox of this.of("sandboxes").values()) {
       const pod = this.host.pods.get(sandbox.metadata.annotations[POD_NAME]);
       const ready = pod?.status?.phase === "Running";
@@ -166,6 +172,32 @@ export class AgentSandboxApi {
     }
     for (const claim of this.of("sandboxclaims").values()) this.#reconcileClaim(claim);
     for (const pool of this.of("sandboxwarmpools").values()) this.#reconcilePool(pool);
+  }
+
+  #reconcileTemplate(template: Obj): void {
+    const name = `${template.metadata.name}-network-policy`;
+    if (template.spec?.networkPolicyManagement === "Unmanaged") {
+      this.host.policies.delete(name);
+      return;
+    }
+    this.host.policies.set(name, {
+      apiVersion: "networking.k8s.io/v1",
+      kind: "NetworkPolicy",
+      metadata: { name },
+      spec: {
+        podSelector: { matchLabels: { [TEMPLATE_REF]: template.metadata.name } },
+        policyTypes: ["Ingress", "Egress"],
+        ingress: [],
+        egress: template.spec?.networkPolicy?.egress ?? [{
+          to: [{
+            ipBlock: {
+              cidr: "0.0.0.0/0",
+              except: ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"],
+            },
+          }],
+        }],
+      },
+    });
   }
 
   #reconcileClaim(claim: Obj): void {
@@ -262,7 +294,14 @@ export class AgentSandboxApi {
     this.host.createPod({
       apiVersion: "v1",
       kind: "Pod",
-      metadata: { name, labels: { ...podTemplate.metadata?.labels, ...shape.labels } },
+      metadata: {
+        name,
+        labels: {
+          ...podTemplate.metadata?.labels,
+          ...shape.labels,
+          [TEMPLATE_REF]: template.metadata.name,
+        },
+      },
       spec: podTemplate.spec,
     });
   }

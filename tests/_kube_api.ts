@@ -92,6 +92,7 @@ export class KubeApiServer implements AsyncDisposable {
     this.#protocols = options.protocols ?? ["v5.channel.k8s.io", "v4.channel.k8s.io"];
     this.agentSandbox = new AgentSandboxApi({
       pods: this.pods,
+      policies: this.policies,
       createPod: (body) => void this.#createPod(body),
       deletePod: (name) => this.#deletePod(name),
       nextVersion: () => String(++this.#version),
@@ -251,19 +252,21 @@ export class KubeApiServer implements AsyncDisposable {
     return Response.json(body, { status: 201 });
   }
 
-  /** Whether a deny-all policy selects `pod` (the modelled network plugin enforces it). */
+  /**
+   * Whether the modelled network plugin cuts `pod` off: policies add up, as Kubernetes specifies
+   * them, so a pod is isolated for egress when some Egress policy selects it and no policy that
+   * selects it allows anything.
+   */
   #isolated(pod: V1Pod): boolean {
     const labels = pod.metadata?.labels ?? {};
-    return [...this.policies.values()].some((policy) => {
+    const selecting = [...this.policies.values()].filter((policy) => {
       const spec = policy.spec!;
-      return matches(
-        labels,
-        Object.entries(spec.podSelector?.matchLabels ?? {}).map(([k, v]) => `${k}=${v}`).join(
-          ",",
-        ) ||
-          null,
-      ) && (spec.policyTypes ?? []).includes("Egress") && (spec.egress ?? []).length === 0;
+      const selector = Object.entries(spec.podSelector?.matchLabels ?? {})
+        .map(([k, v]) => `${k}=${v}`).join(",");
+      return matches(labels, selector || null) && (spec.policyTypes ?? []).includes("Egress");
     });
+    return selecting.length > 0 &&
+      selecting.every((policy) => (policy.spec!.egress ?? []).length === 0);
   }
 
   async #startPod(pod: V1Pod): Promise<void> {
