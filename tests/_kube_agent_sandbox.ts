@@ -70,6 +70,11 @@ export class AgentSandboxApi {
   readonly requests: { method: string; path: string; query: string; body?: Obj }[] = [];
   /** Whether the cluster serves these resources (a cluster without agent-sandbox: false). */
   served = true;
+  /**
+   * Called with each request before it is answered: what another client (a person with
+   * `kubectl edit`) does at that moment.
+   */
+  onRequest?: (method: string, path: string) => void;
 
   constructor(readonly host: PodHost) {}
 
@@ -89,6 +94,7 @@ export class AgentSandboxApi {
     if (!this.served || !objects) {
       return status(404, "NotFound", `the server could not find the requested resource`);
     }
+    this.onRequest?.(request.method, url.pathname);
     this.reconcile();
     const response = await this.#route(request.method, m[2], m[3], body, url, status);
     this.reconcile();
