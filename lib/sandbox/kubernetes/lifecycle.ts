@@ -16,7 +16,10 @@ import { relayArgv, type RelayProcess, spawnRelayProcess } from "../../proxy/rel
 import { CACHE_REPO } from "../../repo/cache_layout.ts";
 import { HAS_BASE, REFS_END, UPDATE } from "../../repo/cache.ts";
 import { type LocalRepo, sendBase } from "../../repo/local.ts";
-import { imageTagFor } from "../image.ts";
+import { ensureImage, IMAGE_REPOSITORY, imageTagFor } from "../image.ts";
+import { DockerCli } from "../docker.ts";
+import { AGENT_CLIS, type AgentCliName } from "../../agents/packages.ts";
+import { agentImageTagFor, ensureAgentImage } from "../../agents/agent_image.ts";
 import type {
   RunSandbox,
   SandboxKind,
@@ -230,17 +233,38 @@ export class KubernetesLifecycle implements SandboxLifecycle {
     return this.#strategy;
   }
 
-  async #image(): Promise<string> {
+  /** The image of pool `pool`'s pods: the sandbox image, or an agent CLI's layer on it. */
+  async #image(pool: string): Promise<string> {
+    const agent = AGENT_CLIS.find((name) => name === pool);
+    if (agent) return await this.#agentImage(agent);
     return this.profile.sandbox.kubernetes.image ?? await imageTagFor(this.profile.sandbox.image);
   }
 
-  #poolKey(kind: SandboxKind): string {
-    if (kind.agent) {
-      throw new SandboxError("unsupported", "Agent CLIs do not run in mode kubernetes", {
-        detail: "Use the built-in worker (no --agent) with a Kubernetes profile",
-      });
+  /**
+   * Agent CLI `agent`'s layer: pushed beside `kubernetes.image` by `sandbox image push`
+   * (`REG/sandbox-agent:<agent>-<hash>` of `REG/sandbox-runtime:<hash>`), or without
+   * `kubernetes.image` the local one, built here when missing (a cluster on this machine's Docker).
+   */
+  async #agentImage(agent: AgentCliName): Promise<string> {
+    const pushed = this.profile.sandbox.kubernetes.image;
+    if (pushed) {
+      const m = new RegExp(`^(.+)/${IMAGE_REPOSITORY}:([^/:@]+)$`).exec(pushed);
+      if (!m) {
+        throw new SandboxError(
+          "config_invalid",
+          `--agent ${agent} in mode kubernetes needs profiles.${this.profile.name}.sandbox.kubernetes.image as sandbox image push names it (REG/${IMAGE_REPOSITORY}:TAG), not "${pushed}"`,
+          { detail: `Push the images: sandbox image push -p ${this.profile.name} --registry REG` },
+        );
+      }
+      return `${m[1]}/${await agentImageTagFor(`${IMAGE_REPOSITORY}:${m[2]}`, agent)}`;
     }
-    return "worker";
+    const docker = new DockerCli();
+    const base = await ensureImage(docker, this.profile.sandbox.image);
+    return (await ensureAgentImage(docker, base.tag, agent)).tag;
+  }
+
+  #poolKey(kind: SandboxKind): string {
+    return kind.agent ?? "worker";
   }
 
   #selector(state: string, pool?: string): string {
@@ -267,7 +291,7 @@ export class KubernetesLifecycle implements SandboxLifecycle {
   async #create(cluster: Cluster, name: string, state: "ready" | "claimed", pool: string) {
     const body = podManifest(this.profile, {
       name,
-      image: await this.#image(),
+      image: await this.#image(pool),
       state,
       pool,
       claimedBy: state === "claimed" ? claimant() : undefined,
@@ -311,7 +335,7 @@ export class KubernetesLifecycle implements SandboxLifecycle {
   /** The SandboxTemplate and SandboxWarmPool of `pool`, as this process would create them. */
   async #ensureWarmPool(cluster: Cluster, pool: string): Promise<string> {
     const name = podName(this.profile.name, pool);
-    const pod = podManifest(this.profile, { name, image: await this.#image(), pool });
+    const pod = podManifest(this.profile, { name, image: await this.#image(pool), pool });
     await ensureObject(
       cluster,
       PLURALS.template,
@@ -343,7 +367,7 @@ export class KubernetesLifecycle implements SandboxLifecycle {
         .catch((error) => {
           throw clusterError(cluster, `read pod "${name}"`, error);
         });
-      const expected = podManifest(this.profile, { name, image: await this.#image(), pool });
+      const expected = podManifest(this.profile, { name, image: await this.#image(pool), pool });
       const mismatch = hardeningMismatch(pod, expected);
       if (mismatch) {
         throw new SandboxError(
