@@ -38,26 +38,16 @@ const LATENCY_PER_ROUND = 50;
 const KEY_ENV = "SANDBOX_BENCH_KUBE_KEY";
 const KEY = `sk-bench-${crypto.randomUUID().replaceAll("-", "")}`;
 
-const RECORDING = {
-  version: 1,
-  api: "openai",
-  model: "bench-model",
-  exchanges: [{
-    request: { model: "bench-model" },
-    response: {
-      id: "chatcmpl-bench",
-      object: "chat.completion",
-      created: 0,
-      model: "bench-model",
-      choices: [{
-        index: 0,
-        message: { role: "assistant", content: "done" },
-        finish_reason: "stop",
-      }],
-      usage: { prompt_tokens: 10, completion_tokens: 1, total_tokens: 11 },
-    },
-  }],
+/** A one-step conversation (the run bench's): the model answers "done" at once. */
+const COMPLETION = {
+  id: "chatcmpl-bench",
+  object: "chat.completion",
+  created: 0,
+  model: "replay",
+  choices: [{ index: 0, message: { role: "assistant", content: "done" }, finish_reason: "stop" }],
+  usage: { prompt_tokens: 10, completion_tokens: 1, total_tokens: 11 },
 };
+const RECORDING = { version: 1, kind: "openai", responses: [{ status: 200, body: COMPLETION }] };
 
 /** The in-sandbox client: `URL TOKEN N` prints the N request times in ms as JSON. */
 const CLIENT = `
@@ -190,7 +180,7 @@ async function measureRelay(
     if (req.headers.get("authorization") !== `Bearer ${KEY}`) {
       return new Response("bad key", { status: 401 });
     }
-    return Response.json(RECORDING.exchanges[0].response);
+    return Response.json(COMPLETION);
   });
   cleanups.push(() => upstream.shutdown());
   const name = `bench-kuberelay-${crypto.randomUUID().slice(0, 8)}`;

@@ -36,6 +36,7 @@ const SANDBOX_NAME = "agents.x-k8s.io/sandbox-name";
 const CLAIM_UID = "agents.x-k8s.io/claim-uid";
 const TEMPLATE_HASH = "agents.x-k8s.io/sandbox-template-hash";
 const TEMPLATE_REF = "agents.x-k8s.io/sandbox-template-ref-hash";
+const LAUNCH_TYPE = "agents.x-k8s.io/launch-type";
 
 // deno-lint-ignore no-explicit-any
 export type Obj = Record<string, any>;
@@ -226,6 +227,7 @@ export class AgentSandboxApi {
       };
       if (adopted) {
         delete adopted.metadata.labels[WARM_POOL_LABEL];
+        adopted.metadata.labels[LAUNCH_TYPE] = "warm";
         adopted.metadata.ownerReferences = [ownedBy(claim)];
         const pod = this.host.pods.get(adopted.metadata.annotations[POD_NAME]);
         if (pod) pod.metadata!.labels = { ...pod.metadata!.labels, ...labels };
@@ -290,7 +292,9 @@ export class AgentSandboxApi {
         name,
         uid: crypto.randomUUID(),
         resourceVersion: this.host.nextVersion(),
-        labels: shape.poolLabel ? { [WARM_POOL_LABEL]: shape.poolLabel } : {},
+        labels: shape.poolLabel
+          ? { [WARM_POOL_LABEL]: shape.poolLabel }
+          : { [LAUNCH_TYPE]: "cold" },
         annotations: { [POD_NAME]: name, [TEMPLATE_HASH]: JSON.stringify(template.spec) },
         ownerReferences: shape.owner ? [shape.owner] : [],
       },

@@ -27,6 +27,8 @@ export const PLURALS = {
 } as const;
 /** On a Sandbox: the pod it runs (`SandboxPodNameAnnotation`). */
 export const POD_NAME_ANNOTATION = "agents.x-k8s.io/pod-name";
+/** On a Sandbox: `warm` when a claim adopted it from a warm pool, `cold` when started for one. */
+export const LAUNCH_TYPE_LABEL = "agents.x-k8s.io/launch-type";
 /** On a claimed Sandbox's pod: the claim's uid (`SandboxIDLabel`). */
 export const CLAIM_UID_LABEL = "agents.x-k8s.io/claim-uid";
 /**
@@ -258,13 +260,14 @@ function readyOf(claim: Manifest) {
 
 /**
  * Create claim `body` and wait until its controller binds it to a Ready Sandbox; the name of that
- * Sandbox's pod. A terminal reason or the deadline deletes the claim and raises why.
+ * Sandbox's pod, and whether it came from the warm pool. A terminal reason or the deadline deletes
+ * the claim and raises why.
  */
 export async function claimPod(
   cluster: Cluster,
   body: ReturnType<typeof claimManifest>,
   options: { timeoutMs: number; signal?: AbortSignal },
-): Promise<string> {
+): Promise<{ pod: string; warm: boolean }> {
   const name = body.metadata.name;
   try {
     await cluster.custom.createNamespacedCustomObject({
@@ -280,7 +283,10 @@ export async function claimPod(
     const sandbox = await waitBound(cluster, name, options);
     const object = await readObject(cluster, PLURALS.sandbox, sandbox);
     if (!object) throw new SandboxError("cluster_failed", `Sandbox "${sandbox}" disappeared`);
-    return object.metadata?.annotations?.[POD_NAME_ANNOTATION] || sandbox;
+    return {
+      pod: object.metadata?.annotations?.[POD_NAME_ANNOTATION] || sandbox,
+      warm: object.metadata?.labels?.[LAUNCH_TYPE_LABEL] === "warm",
+    };
   } catch (error) {
     // A claim that cannot serve the run is removed; the error says why.
     await deleteObject(cluster, PLURALS.claim, name).catch(() => false);

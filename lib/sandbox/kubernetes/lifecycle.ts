@@ -357,7 +357,7 @@ export class KubernetesLifecycle implements SandboxLifecycle {
     const warmPool = await this.#ensureWarmPool(cluster, pool);
     const timeoutMs = this.profile.sandbox.kubernetes.start_timeout_s * 1000;
     const claim = podName(this.profile.name, request.runId);
-    const name = await claimPod(
+    const { pod: name, warm } = await claimPod(
       cluster,
       claimManifest(claim, { profile: this.profile.name, pool, warmPool, claimedBy: claimant() }),
       { timeoutMs, signal: request.signal },
@@ -386,7 +386,7 @@ export class KubernetesLifecycle implements SandboxLifecycle {
       throw error;
     }
     const provider = new KubernetesSandboxProvider(cluster, this.profile.name, name);
-    return new KubernetesRunSandbox(provider, this.profile.sandbox.pool > 0, claim);
+    return new KubernetesRunSandbox(provider, warm, claim);
   }
 
   async fill(kind: SandboxKind & { wait?: boolean }): Promise<string[]> {
