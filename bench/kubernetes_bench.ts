@@ -215,28 +215,10 @@ async function measureRelay(
   });
   cleanups.push(() => dockerSession.close());
 
-  const paths = { pod: [pod.provider, podSession], docker: [docker, dockerSession] } as const;
-  for (const [provider] of Object.values(paths)) {
-    await provider.writeFile("/tmp/bench-client.js", CLIENT);
-  }
-  const latencies = async (path: keyof typeof paths, count: number): Promise<number[]> => {
-    const [provider, session] = paths[path] as [SandboxProvider, SandboxSession];
-    const url = `${session.env.SANDBOX_LLM_BASE_URL}/chat/completions`;
-    const result = await provider.exec(
-      ["deno", "run", "-A", "--no-config", "/tmp/bench-client.js", url, session.token, `${count}`],
-      { env: session.env, signal: context.signal, timeoutMs: 600_000 },
-    );
-    if (result.exitCode !== 0) throw new Error(`${path} client: ${result.stderr}`);
-    return JSON.parse(result.stdout) as number[];
-  };
-  context.progress(`relay: ${LATENCY_ROUNDS} × ${LATENCY_PER_ROUND} requests per path`);
-  for (const path of ["pod", "docker"] as const) await latencies(path, LATENCY_WARMUP);
-  const times = { pod: [] as number[], docker: [] as number[] };
-  for (let round = 0; round < LATENCY_ROUNDS; round++) {
-    for (const path of ["pod", "docker"] as const) {
-      times[path].push(...await latencies(path, LATENCY_PER_ROUND));
-    }
-  }
+  const times = await timeRequests(context, {
+    pod: [pod.provider, podSession],
+    docker: [docker, dockerSession],
+  });
   const [pod50, docker50] = [summarize(times.pod).median, summarize(times.docker).median];
   return {
     figure: {
@@ -255,6 +237,34 @@ async function measureRelay(
       "WebSocket in front of its own docker exec, so the difference is the exec protocol's hop",
     ],
   };
+}
+
+type Paths = Record<"pod" | "docker", [SandboxProvider, SandboxSession]>;
+
+/** Request times (ms) per path: the same client in each sandbox, rounds interleaved. */
+async function timeRequests(context: BenchContext, paths: Paths) {
+  for (const [provider] of Object.values(paths)) {
+    await provider.writeFile("/tmp/bench-client.js", CLIENT);
+  }
+  const latencies = async (path: keyof Paths, count: number): Promise<number[]> => {
+    const [provider, session] = paths[path];
+    const url = `${session.env.SANDBOX_LLM_BASE_URL}/chat/completions`;
+    const result = await provider.exec(
+      ["deno", "run", "-A", "--no-config", "/tmp/bench-client.js", url, session.token, `${count}`],
+      { env: session.env, signal: context.signal, timeoutMs: 600_000 },
+    );
+    if (result.exitCode !== 0) throw new Error(`${path} client: ${result.stderr}`);
+    return JSON.parse(result.stdout) as number[];
+  };
+  context.progress(`relay: ${LATENCY_ROUNDS} × ${LATENCY_PER_ROUND} requests per path`);
+  for (const path of ["pod", "docker"] as const) await latencies(path, LATENCY_WARMUP);
+  const times = { pod: [] as number[], docker: [] as number[] };
+  for (let round = 0; round < LATENCY_ROUNDS; round++) {
+    for (const path of ["pod", "docker"] as const) {
+      times[path].push(...await latencies(path, LATENCY_PER_ROUND));
+    }
+  }
+  return times;
 }
 
 function parsed(yaml: string): { pod: Profile; docker: Profile } {

@@ -258,6 +258,8 @@ export class AgentSandboxApi {
     let members = [...this.of("sandboxes").values()].filter((s) =>
       s.metadata.labels?.[WARM_POOL_LABEL] === pool.metadata.name
     );
+    // Removals below run behind this pass (the objects go at once, their containers after), as a
+    // controller's deletes complete after its reconcile returns.
     if (pool.spec?.updateStrategy?.type === "Recreate") {
       for (const stale of members.filter((s) => s.metadata.annotations[TEMPLATE_HASH] !== hash)) {
         void this.remove("sandboxes", stale.metadata.name);
