@@ -139,6 +139,12 @@ const KubernetesSchema = z.object({
     .optional(),
   /** How long a pod may stay pending (scheduling, pulling its image) before the run fails. */
   start_timeout_s: z.number().int().min(1).max(3600).default(120),
+  /**
+   * The warm pool: agent-sandbox's `SandboxWarmPool` and `SandboxClaim` (`agent-sandbox`), the
+   * tool's own labelled pods (`own`), or agent-sandbox when the cluster serves its resources
+   * (`auto`).
+   */
+  pool: z.enum(["auto", "agent-sandbox", "own"]).default("auto"),
 }).strict();
 
 const SandboxSchema = z.object({

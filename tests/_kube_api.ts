@@ -16,6 +16,7 @@
  * a `FailedScheduling` event. Every container it made is removed on dispose.
  */
 import type { V1Container, V1NetworkPolicy, V1Pod } from "@kubernetes/client-node";
+import { AgentSandboxApi, GROUPS } from "./_kube_agent_sandbox.ts";
 
 interface Refusal {
   method: string;
@@ -35,6 +36,8 @@ interface Event {
 export interface KubeApiOptions {
   /** The exec protocols the server speaks, best first (default v5, v4). */
   protocols?: string[];
+  /** Serve agent-sandbox's resources, with its controllers (tests/_kube_agent_sandbox.ts). */
+  agentSandbox?: boolean;
 }
 
 function status(code: number, reason: string, message: string): Response {
@@ -82,9 +85,19 @@ export class KubeApiServer implements AsyncDisposable {
   #server: Deno.HttpServer<Deno.NetAddr>;
   #protocols: string[];
   #starting = new Set<Promise<unknown>>();
+  /** agent-sandbox's resources and controllers; `served` false unless asked for. */
+  readonly agentSandbox: AgentSandboxApi;
 
   constructor(options: KubeApiOptions = {}) {
     this.#protocols = options.protocols ?? ["v5.channel.k8s.io", "v4.channel.k8s.io"];
+    this.agentSandbox = new AgentSandboxApi({
+      pods: this.pods,
+      policies: this.policies,
+      createPod: (body) => void this.#createPod(body),
+      deletePod: (name) => this.#deletePod(name),
+      nextVersion: () => String(++this.#version),
+    });
+    this.agentSandbox.served = options.agentSandbox ?? false;
     this.#server = Deno.serve(
       { hostname: "127.0.0.1", port: 0, onListen: () => {} },
       (request) => this.#handle(request),
@@ -136,6 +149,9 @@ export class KubeApiServer implements AsyncDisposable {
         return status(refusal.code, refusal.reason, refusal.message);
       }
     }
+    if (url.pathname === "/apis") return this.#discovery();
+    const custom = await this.agentSandbox.handle(request, url, status);
+    if (custom) return custom;
     const pod = /^\/api\/v1\/namespaces\/([^/]+)\/pods(?:\/([^/]+))?(?:\/(exec))?$/.exec(
       url.pathname,
     );
@@ -189,11 +205,31 @@ export class KubeApiServer implements AsyncDisposable {
       return Response.json(found);
     }
     if (request.method === "DELETE") {
-      this.pods.delete(name!);
-      await this.#removeContainers(found);
+      await this.#deletePod(name!);
       return Response.json(found);
     }
     return status(405, "MethodNotAllowed", request.method);
+  }
+
+  /** The API groups served (`GET /apis`): networking, and agent-sandbox's when it is installed. */
+  #discovery(): Response {
+    const group = (name: string, version: string) => ({
+      name,
+      versions: [{ groupVersion: `${name}/${version}`, version }],
+      preferredVersion: { groupVersion: `${name}/${version}`, version },
+    });
+    const groups = [group("networking.k8s.io", "v1")];
+    if (this.agentSandbox.served) {
+      groups.push(group(GROUPS.extensions, "v1beta1"), group(GROUPS.sandboxes, "v1beta1"));
+    }
+    return Response.json({ kind: "APIGroupList", apiVersion: "v1", groups });
+  }
+
+  async #deletePod(name: string): Promise<void> {
+    const found = this.pods.get(name);
+    if (!found) return;
+    this.pods.delete(name);
+    await this.#removeContainers(found);
   }
 
   #createPod(body: V1Pod): Response {
@@ -210,25 +246,27 @@ export class KubeApiServer implements AsyncDisposable {
     this.pods.set(name, body);
     const starting = this.#startPod(body).catch((error) => {
       body.status = { phase: "Failed", message: String(error) };
-    });
+    }).finally(() => this.agentSandbox.reconcile());
     this.#starting.add(starting);
     starting.finally(() => this.#starting.delete(starting));
     return Response.json(body, { status: 201 });
   }
 
-  /** Whether a deny-all policy selects `pod` (the modelled network plugin enforces it). */
+  /**
+   * Whether the modelled network plugin cuts `pod` off: policies add up, as Kubernetes specifies
+   * them, so a pod is isolated for egress when some Egress policy selects it and no policy that
+   * selects it allows anything.
+   */
   #isolated(pod: V1Pod): boolean {
     const labels = pod.metadata?.labels ?? {};
-    return [...this.policies.values()].some((policy) => {
+    const selecting = [...this.policies.values()].filter((policy) => {
       const spec = policy.spec!;
-      return matches(
-        labels,
-        Object.entries(spec.podSelector?.matchLabels ?? {}).map(([k, v]) => `${k}=${v}`).join(
-          ",",
-        ) ||
-          null,
-      ) && (spec.policyTypes ?? []).includes("Egress") && (spec.egress ?? []).length === 0;
+      const selector = Object.entries(spec.podSelector?.matchLabels ?? {})
+        .map(([k, v]) => `${k}=${v}`).join(",");
+      return matches(labels, selector || null) && (spec.policyTypes ?? []).includes("Egress");
     });
+    return selecting.length > 0 &&
+      selecting.every((policy) => (policy.spec!.egress ?? []).length === 0);
   }
 
   async #startPod(pod: V1Pod): Promise<void> {

@@ -71,11 +71,12 @@ export function checkAgentRun(
   if (run.mode !== "agentic") {
     throw new SandboxError("usage", `--agent ${agent} is for run agentic`);
   }
-  // A devcontainer run is a container run on the repository's image: the layer goes on top of it.
-  if (run.sandboxMode !== "container" && run.sandboxMode !== "devcontainer") {
+  // A devcontainer run is a container run on the repository's image: the layer goes on top of it;
+  // a kubernetes run's pod runs the layer pushed beside the sandbox image.
+  if (!["container", "devcontainer", "kubernetes"].includes(run.sandboxMode)) {
     throw new SandboxError(
       "usage",
-      `Agent "${agent}" needs sandbox mode "container" or "devcontainer", not "${run.sandboxMode}"`,
+      `Agent "${agent}" needs sandbox mode "container", "devcontainer" or "kubernetes", not "${run.sandboxMode}"`,
       {
         detail: "Agent CLIs run from an image layer on the sandbox image",
       },

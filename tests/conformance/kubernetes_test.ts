@@ -15,16 +15,16 @@ import { isNotFound, openCluster } from "../../lib/sandbox/kubernetes/cluster.ts
 
 console.error("conformance: kubernetes provider tests starting");
 
-async function openKubernetes(): Promise<ConformanceSubject> {
+async function openKubernetes(pool: "own" | "agent-sandbox" = "own"): Promise<ConformanceSubject> {
   const image = await ensureSandboxImage();
-  const server = new KubeApiServer();
+  const server = new KubeApiServer({ agentSandbox: pool === "agent-sandbox" });
   const dir = await Deno.makeTempDir({ prefix: "sandbox-kube-" });
   await server.writeKubeconfig(`${dir}/kubeconfig`);
   const previous = Deno.env.get("KUBECONFIG");
   Deno.env.set("KUBECONFIG", `${dir}/kubeconfig`);
   const name = uniqueProfile("conformance");
   const profile = profileFrom(
-    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, kubernetes: {image: "${image}"}}\n`,
+    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, kubernetes: {image: "${image}", pool: ${pool}}}\n`,
     name,
   );
   return {
@@ -88,3 +88,14 @@ providerContract({
   testOptions: REAL ? { ignore: false } : dockerTest(),
   open: REAL ? openRealCluster : openKubernetes,
 });
+
+// agent-sandbox's SandboxWarmPool and SandboxClaim, served by the test server with its
+// controllers (tests/_kube_agent_sandbox.ts).
+if (!REAL) {
+  providerContract({
+    name: "kubernetes with agent-sandbox",
+    isolated: true,
+    testOptions: dockerTest(),
+    open: () => openKubernetes("agent-sandbox"),
+  });
+}

@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import type { V1NetworkPolicy } from "@kubernetes/client-node";
 import {
   deniesAll,
+  hardeningMismatch,
   networkPolicyManifest,
   podManifest,
   POLICY_NAME,
@@ -17,6 +18,9 @@ import { ensureNetworkPolicy } from "../../lib/sandbox/kubernetes/lifecycle.ts";
 import { openCluster } from "../../lib/sandbox/kubernetes/cluster.ts";
 import type { SandboxError } from "../../lib/errors.ts";
 import { RELAY_UID, SANDBOX_UID } from "../../lib/sandbox/users.ts";
+import { LABELS } from "../../lib/sandbox/kubernetes/pod_spec.ts";
+
+const LABEL_OWNER = LABELS.owner;
 import { profileFrom, tempDir, withEnv } from "../_helpers.ts";
 import { KubeApiServer } from "../_kube_api.ts";
 
@@ -133,4 +137,63 @@ Deno.test("a run refuses a namespace whose sandbox NetworkPolicy is weaker; the 
         /does not deny sandbox pods all traffic/.test(error.message),
     );
   });
+});
+
+Deno.test("hardeningMismatch() accepts our pod as an API server returns it (defaults added, quantities canonical, keys reordered)", () => {
+  const served = structuredClone(pod);
+  const box = served.spec!.containers[0];
+  // What the API server adds or rewrites: defaults, canonical quantities, other key order.
+  box.imagePullPolicy = "IfNotPresent";
+  box.terminationMessagePath = "/dev/termination-log";
+  box.resources!.limits = { cpu: "1", memory: "1Gi" };
+  box.securityContext = Object.fromEntries(Object.entries(box.securityContext!).reverse());
+  served.spec!.dnsPolicy = "ClusterFirst";
+  served.spec!.volumes![0].emptyDir!.sizeLimit = "2Gi";
+  served.metadata!.labels!["agents.x-k8s.io/claim-uid"] = "u";
+  assert.equal(hardeningMismatch(served, pod), undefined);
+});
+
+Deno.test("hardeningMismatch() names each weakening of the pod", async (t) => {
+  const cases: [string, (p: typeof pod) => void, RegExp][] = [
+    ["a root sandbox container", (p) => {
+      p.spec!.containers[0].securityContext!.runAsUser = 0;
+    }, /container "sandbox"/],
+    ["capabilities added", (p) => {
+      p.spec!.containers[1].securityContext!.capabilities = { add: ["NET_ADMIN"] };
+    }, /container "relay"/],
+    ["another image", (p) => {
+      p.spec!.containers[0].image = "evil:1";
+    }, /container "sandbox"/],
+    ["a higher memory limit", (p) => {
+      p.spec!.containers[0].resources!.limits!.memory = "8Gi";
+    }, /container "sandbox"/],
+    ["the service-account token mounted", (p) => {
+      p.spec!.automountServiceAccountToken = true;
+    }, /pod-level/],
+    ["the host network", (p) => {
+      p.spec!.hostNetwork = true;
+    }, /pod-level/],
+    ["no RuntimeClass", (p) => {
+      delete p.spec!.runtimeClassName;
+    }, /pod-level/],
+    ["a third container", (p) => {
+      p.spec!.containers.push({ name: "side", image: "img:1" });
+    }, /containers differ/],
+    ["an init container", (p) => {
+      p.spec!.initContainers = [{ name: "init", image: "img:1" }];
+    }, /init or ephemeral/],
+    ["a hostPath volume in place of an emptyDir", (p) => {
+      p.spec!.volumes![0] = { name: p.spec!.volumes![0].name, hostPath: { path: "/" } };
+    }, /volumes differ/],
+    ["no owner label (the deny-all policy would not select it)", (p) => {
+      delete p.metadata!.labels![LABEL_OWNER];
+    }, /lacks the label/],
+  ];
+  for (const [what, change, expected] of cases) {
+    await t.step(what, () => {
+      const changed = structuredClone(pod);
+      change(changed);
+      assert.match(hardeningMismatch(changed, pod) ?? "accepted", expected);
+    });
+  }
 });

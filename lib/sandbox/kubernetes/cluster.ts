@@ -31,13 +31,24 @@ rules:
     verbs: ["list"]
   - apiGroups: ["networking.k8s.io"]
     resources: ["networkpolicies"]
-    verbs: ["get", "create", "delete"]`;
+    verbs: ["get", "create", "delete"]
+  # With agent-sandbox (sandbox.kubernetes.pool: auto or agent-sandbox):
+  - apiGroups: ["extensions.agents.x-k8s.io"]
+    resources: ["sandboxtemplates", "sandboxwarmpools", "sandboxclaims"]
+    verbs: ["get", "list", "create", "update", "delete"]
+  - apiGroups: ["agents.x-k8s.io"]
+    resources: ["sandboxes"]
+    verbs: ["get", "list"]`;
 
 /** One opened cluster: its API clients and where the sandboxes go. */
 export interface Cluster {
   readonly config: k8s.KubeConfig;
   readonly core: k8s.CoreV1Api;
   readonly networking: k8s.NetworkingV1Api;
+  /** agent-sandbox's resources (agent_sandbox.ts). */
+  readonly custom: k8s.CustomObjectsApi;
+  /** API discovery: which groups the cluster serves. */
+  readonly apis: k8s.ApisApi;
   readonly namespace: string;
   /** The API server's address, for messages. */
   readonly server: string;
@@ -98,6 +109,8 @@ export async function openCluster(profile: Profile): Promise<Cluster> {
     config,
     core: config.makeApiClient(k8s.CoreV1Api),
     networking: config.makeApiClient(k8s.NetworkingV1Api),
+    custom: config.makeApiClient(k8s.CustomObjectsApi),
+    apis: config.makeApiClient(k8s.ApisApi),
     namespace: settings.namespace,
     server,
     context: settings.in_cluster ? "in-cluster" : config.getCurrentContext(),

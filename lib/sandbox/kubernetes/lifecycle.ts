@@ -16,7 +16,10 @@ import { relayArgv, type RelayProcess, spawnRelayProcess } from "../../proxy/rel
 import { CACHE_REPO } from "../../repo/cache_layout.ts";
 import { HAS_BASE, REFS_END, UPDATE } from "../../repo/cache.ts";
 import { type LocalRepo, sendBase } from "../../repo/local.ts";
-import { imageTagFor } from "../image.ts";
+import { ensureImage, IMAGE_REPOSITORY, imageTagFor } from "../image.ts";
+import { DockerCli } from "../docker.ts";
+import { AGENT_CLIS, type AgentCliName } from "../../agents/packages.ts";
+import { agentImageTagFor, ensureAgentImage } from "../../agents/agent_image.ts";
 import type {
   RunSandbox,
   SandboxKind,
@@ -28,6 +31,7 @@ import { type Cluster, clusterError, isConflict, isNotFound, openCluster } from 
 import {
   CLAIMED_BY,
   deniesAll,
+  hardeningMismatch,
   LABELS,
   networkPolicyManifest,
   OWNER,
@@ -36,6 +40,20 @@ import {
   RELAY_CONTAINER,
 } from "./pod_spec.ts";
 import { deletePod, KubernetesSandboxProvider } from "./provider.ts";
+import {
+  CLAIM_UID_LABEL,
+  claimManifest,
+  claimPod,
+  deleteObject,
+  ensureObject,
+  listObjects,
+  PLURALS,
+  poolStrategy,
+  relabelClaim,
+  templateManifest,
+  waitWarm,
+  warmPoolManifest,
+} from "./agent_sandbox.ts";
 import { waitRunning } from "./pod_wait.ts";
 
 /** How often a run's pod is looked at for an eviction (the kubelet's disk limit). */
@@ -73,10 +91,14 @@ export class KubernetesRelayTransport implements SandboxRelayTransport {
   }
 }
 
-/** One run's pod. */
+/** One run's pod (with `claim`: the SandboxClaim that bound it, agent-sandbox's). */
 class KubernetesRunSandbox implements RunSandbox {
   readonly relay: KubernetesRelayTransport;
-  constructor(readonly provider: KubernetesSandboxProvider, readonly fromPool: boolean) {
+  constructor(
+    readonly provider: KubernetesSandboxProvider,
+    readonly fromPool: boolean,
+    readonly claim?: string,
+  ) {
     this.relay = new KubernetesRelayTransport(provider);
   }
 
@@ -136,12 +158,15 @@ class KubernetesRunSandbox implements RunSandbox {
     return sent;
   }
 
+  /** The claim goes (its Sandbox with it) and the pod at once, not when the collector gets to it. */
   async release(): Promise<void> {
+    if (this.claim) await deleteObject(this.provider.cluster, PLURALS.claim, this.claim);
     await deletePod(this.provider.cluster, this.name);
   }
 
   /** Kept: relabelled, so that no pool claims it and no reap removes it (`sandbox down` does). */
   async keep(): Promise<void> {
+    if (this.claim) return await relabelClaim(this.provider.cluster, this.claim, "kept");
     await relabel(this.provider.cluster, this.name, "kept");
   }
 }
@@ -188,6 +213,7 @@ function claimant(): string {
 export class KubernetesLifecycle implements SandboxLifecycle {
   readonly isolated = true;
   #cluster: Promise<Cluster> | undefined;
+  #strategy: Promise<"agent-sandbox" | "own"> | undefined;
 
   constructor(readonly profile: Profile) {}
 
@@ -201,24 +227,51 @@ export class KubernetesLifecycle implements SandboxLifecycle {
     return this.#cluster;
   }
 
-  async #image(): Promise<string> {
+  /** Whose warm pool: agent-sandbox's or the tool's own (`sandbox.kubernetes.pool`), found once. */
+  strategy(): Promise<"agent-sandbox" | "own"> {
+    this.#strategy ??= this.cluster().then((cluster) => poolStrategy(cluster, this.profile));
+    return this.#strategy;
+  }
+
+  /** The image of pool `pool`'s pods: the sandbox image, or an agent CLI's layer on it. */
+  async #image(pool: string): Promise<string> {
+    const agent = AGENT_CLIS.find((name) => name === pool);
+    if (agent) return await this.#agentImage(agent);
     return this.profile.sandbox.kubernetes.image ?? await imageTagFor(this.profile.sandbox.image);
   }
 
-  #poolKey(kind: SandboxKind): string {
-    if (kind.agent) {
-      throw new SandboxError("unsupported", "Agent CLIs do not run in mode kubernetes", {
-        detail: "Use the built-in worker (no --agent) with a Kubernetes profile",
-      });
+  /**
+   * Agent CLI `agent`'s layer: pushed beside `kubernetes.image` by `sandbox image push`
+   * (`REG/sandbox-agent:<agent>-<hash>` of `REG/sandbox-runtime:<hash>`), or without
+   * `kubernetes.image` the local one, built here when missing (a cluster on this machine's Docker).
+   */
+  async #agentImage(agent: AgentCliName): Promise<string> {
+    const pushed = this.profile.sandbox.kubernetes.image;
+    if (pushed) {
+      const m = new RegExp(`^(.+)/${IMAGE_REPOSITORY}:([^/:@]+)$`).exec(pushed);
+      if (!m) {
+        throw new SandboxError(
+          "config_invalid",
+          `--agent ${agent} in mode kubernetes needs profiles.${this.profile.name}.sandbox.kubernetes.image as sandbox image push names it (REG/${IMAGE_REPOSITORY}:TAG), not "${pushed}"`,
+          { detail: `Push the images: sandbox image push -p ${this.profile.name} --registry REG` },
+        );
+      }
+      return `${m[1]}/${await agentImageTagFor(`${IMAGE_REPOSITORY}:${m[2]}`, agent)}`;
     }
-    return "worker";
+    const docker = new DockerCli();
+    const base = await ensureImage(docker, this.profile.sandbox.image);
+    return (await ensureAgentImage(docker, base.tag, agent)).tag;
+  }
+
+  #poolKey(kind: SandboxKind): string {
+    return kind.agent ?? "worker";
   }
 
   #selector(state: string, pool?: string): string {
     return [
       `${LABELS.owner}=${OWNER}`,
       `${LABELS.profile}=${this.profile.name}`,
-      `${LABELS.state}=${state}`,
+      ...(state ? [`${LABELS.state}=${state}`] : []),
       ...(pool ? [`${LABELS.pool}=${pool}`] : []),
     ].join(",");
   }
@@ -238,7 +291,7 @@ export class KubernetesLifecycle implements SandboxLifecycle {
   async #create(cluster: Cluster, name: string, state: "ready" | "claimed", pool: string) {
     const body = podManifest(this.profile, {
       name,
-      image: await this.#image(),
+      image: await this.#image(pool),
       state,
       pool,
       claimedBy: state === "claimed" ? claimant() : undefined,
@@ -253,6 +306,9 @@ export class KubernetesLifecycle implements SandboxLifecycle {
   async acquire(request: SandboxRequest): Promise<RunSandbox> {
     const cluster = await this.cluster();
     const pool = this.#poolKey(request);
+    if (await this.strategy() === "agent-sandbox") {
+      return await this.#claimAgentSandbox(cluster, request, pool);
+    }
     const timeoutMs = this.profile.sandbox.kubernetes.start_timeout_s * 1000;
     if (this.profile.sandbox.pool > 0) {
       for (const pod of await this.#list(cluster, this.#selector("ready", pool))) {
@@ -276,9 +332,78 @@ export class KubernetesLifecycle implements SandboxLifecycle {
     return new KubernetesRunSandbox(provider, false);
   }
 
+  /** The SandboxTemplate and SandboxWarmPool of `pool`, as this process would create them. */
+  async #ensureWarmPool(cluster: Cluster, pool: string): Promise<string> {
+    const name = podName(this.profile.name, pool);
+    const pod = podManifest(this.profile, { name, image: await this.#image(pool), pool });
+    await ensureObject(
+      cluster,
+      PLURALS.template,
+      templateManifest(name, this.profile.name, pool, pod),
+    );
+    await ensureObject(
+      cluster,
+      PLURALS.warmPool,
+      warmPoolManifest(name, this.profile.name, pool, this.profile.sandbox.pool),
+    );
+    return name;
+  }
+
+  /**
+   * A SandboxClaim on the profile's warm pool; the pod it binds is checked against our manifest
+   * before the run uses it (whoever can edit the template chooses what the controller starts).
+   */
+  async #claimAgentSandbox(cluster: Cluster, request: SandboxRequest, pool: string) {
+    const warmPool = await this.#ensureWarmPool(cluster, pool);
+    const timeoutMs = this.profile.sandbox.kubernetes.start_timeout_s * 1000;
+    const claim = podName(this.profile.name, request.runId);
+    const { pod: name, warm } = await claimPod(
+      cluster,
+      claimManifest(claim, { profile: this.profile.name, pool, warmPool, claimedBy: claimant() }),
+      { timeoutMs, signal: request.signal },
+    );
+    try {
+      const pod = await cluster.core.readNamespacedPod({ name, namespace: cluster.namespace })
+        .catch((error) => {
+          throw clusterError(cluster, `read pod "${name}"`, error);
+        });
+      const expected = podManifest(this.profile, { name, image: await this.#image(pool), pool });
+      const mismatch = hardeningMismatch(pod, expected);
+      if (mismatch) {
+        throw new SandboxError(
+          "defence_broken",
+          `Pod "${name}" bound by SandboxClaim "${claim}" is not the sandbox's hardened pod: ${mismatch}`,
+          {
+            detail: `SandboxTemplate "${warmPool}" was changed in the cluster; ` +
+              `sandbox up -p ${this.profile.name} writes it back`,
+          },
+        );
+      }
+      await waitRunning(cluster, name, { timeoutMs, signal: request.signal });
+    } catch (error) {
+      await deleteObject(cluster, PLURALS.claim, claim).catch(() => false);
+      await deletePod(cluster, name).catch(() => false);
+      throw error;
+    }
+    const provider = new KubernetesSandboxProvider(cluster, this.profile.name, name);
+    return new KubernetesRunSandbox(provider, warm, claim);
+  }
+
   async fill(kind: SandboxKind & { wait?: boolean }): Promise<string[]> {
     const cluster = await this.cluster();
     const pool = this.#poolKey(kind);
+    if (await this.strategy() === "agent-sandbox") {
+      const name = await this.#ensureWarmPool(cluster, pool);
+      if (kind.wait) {
+        const timeoutMs = this.profile.sandbox.kubernetes.start_timeout_s * 1000;
+        await waitWarm(cluster, name, this.profile.sandbox.pool, {
+          timeoutMs,
+          signal: kind.signal,
+        });
+      }
+      // The controller names the Sandboxes it starts: none are this process's to report.
+      return [];
+    }
     const have = (await this.#list(cluster, this.#selector("ready", pool)))
       .filter((pod) => pod.status?.phase !== "Failed" && !pod.metadata?.deletionTimestamp);
     const names: string[] = [];
@@ -299,16 +424,30 @@ export class KubernetesLifecycle implements SandboxLifecycle {
 
   async ready(kind: SandboxKind): Promise<string[]> {
     const cluster = await this.cluster();
-    return (await this.#list(cluster, this.#selector("ready", this.#poolKey(kind))))
-      .filter((pod) => pod.status?.phase === "Running")
-      .map((pod) => pod.metadata!.name!);
+    const pool = this.#poolKey(kind);
+    // agent-sandbox's warm pods carry the template's labels: no state, no claim.
+    const pods = await this.strategy() === "agent-sandbox"
+      ? (await this.#list(cluster, this.#selector("", pool))).filter((pod) =>
+        !pod.metadata?.labels?.[LABELS.state] && !pod.metadata?.labels?.[CLAIM_UID_LABEL]
+      )
+      : await this.#list(cluster, this.#selector("ready", pool));
+    return pods.filter((pod) => pod.status?.phase === "Running").map((pod) => pod.metadata!.name!);
   }
 
-  /** Claimed pods of this machine whose claiming process is gone. */
+  /** Claimed pods (or claims) of this machine whose claiming process is gone. */
   async reapOrphans(): Promise<string[]> {
     const cluster = await this.cluster();
     const host = `${Deno.hostname()}:`;
     const reaped: string[] = [];
+    if (await this.strategy() === "agent-sandbox") {
+      for (const claim of await listObjects(cluster, PLURALS.claim, this.#selector("claimed"))) {
+        const by = claim.metadata?.annotations?.[CLAIMED_BY] ?? "";
+        if (!by.startsWith(host) || processAlive(Number(by.slice(host.length)))) continue;
+        const name = claim.metadata!.name!;
+        if (await deleteObject(cluster, PLURALS.claim, name)) reaped.push(name);
+      }
+      return reaped;
+    }
     for (const pod of await this.#list(cluster, this.#selector("claimed"))) {
       const by = pod.metadata?.annotations?.[CLAIMED_BY] ?? "";
       if (!by.startsWith(host) || processAlive(Number(by.slice(host.length)))) continue;

@@ -8,7 +8,7 @@
  * `relay` (uid 10002, where the relay runs on its exec stream). The agent can reach the relay's
  * loopback ports and nothing of its processes: it cannot see, signal, ptrace or read them.
  */
-import type { V1NetworkPolicy, V1Pod } from "@kubernetes/client-node";
+import type { V1NetworkPolicy, V1Pod, V1ResourceRequirements } from "@kubernetes/client-node";
 import type { Profile } from "../../config.ts";
 import { RELAY_UID, SANDBOX_UID } from "../users.ts";
 
@@ -39,8 +39,11 @@ const CACHE_DIR = "/cache";
 export interface PodShape {
   name: string;
   image: string;
-  /** `ready` for a pooled pod, `claimed` for one a run starts for itself. */
-  state: "ready" | "claimed";
+  /**
+   * `ready` for a pooled pod, `claimed` for one a run starts for itself; none in an
+   * agent-sandbox template (a claim adds `claimed` to the pod it binds).
+   */
+  state?: "ready" | "claimed";
   /** The pool key (see LABELS.pool). */
   pool: string;
   claimedBy?: string;
@@ -79,7 +82,7 @@ export function podManifest(profile: Profile, shape: PodShape): V1Pod {
       labels: {
         [LABELS.owner]: OWNER,
         [LABELS.profile]: profile.name,
-        [LABELS.state]: shape.state,
+        ...(shape.state ? { [LABELS.state]: shape.state } : {}),
         [LABELS.pool]: shape.pool,
       },
       annotations: shape.claimedBy ? { [CLAIMED_BY]: shape.claimedBy } : {},
@@ -167,4 +170,101 @@ export function deniesAll(policy: V1NetworkPolicy): boolean {
   const types = spec.policyTypes ?? [];
   return selectsOurs && types.includes("Ingress") && types.includes("Egress") &&
     (spec.ingress ?? []).length === 0 && (spec.egress ?? []).length === 0;
+}
+
+/** A quantity as a number (plain, binary Ki/Mi/Gi/Ti, decimal k/M/G/T, or milli `m`). */
+function quantityValue(text: string | undefined): number | undefined {
+  const m = /^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T|m)?$/.exec(String(text ?? ""));
+  if (!m) return undefined;
+  const scale: Record<string, number> = {
+    Ki: 2 ** 10,
+    Mi: 2 ** 20,
+    Gi: 2 ** 30,
+    Ti: 2 ** 40,
+    k: 1e3,
+    M: 1e6,
+    G: 1e9,
+    T: 1e12,
+    m: 1e-3,
+  };
+  return Number(m[1]) * (scale[m[2] ?? ""] ?? 1);
+}
+
+/** JSON with sorted keys: two objects the API server returns in another key order compare equal. */
+function canonical(value: unknown): string {
+  return JSON.stringify(
+    value ?? null,
+    (_key, item) =>
+      item && typeof item === "object" && !Array.isArray(item)
+        ? Object.fromEntries(Object.entries(item).sort(([a], [b]) => a.localeCompare(b)))
+        : item,
+  );
+}
+
+function limitsOf(resources: V1ResourceRequirements | undefined): string {
+  return canonical(
+    Object.fromEntries(
+      Object.entries(resources?.limits ?? {}).map(([key, value]) => [key, quantityValue(value)]),
+    ),
+  );
+}
+
+/**
+ * What in `pod` differs from the hardening of `expected` (our manifest), or undefined when
+ * nothing does: the pod-level isolation fields, each container's image, command, security
+ * context and limits, no other container, and volumes that are exactly our emptyDirs. A pod a
+ * controller built from a template (agent-sandbox) is checked so before a run uses it: anyone who
+ * can edit the template in the cluster would otherwise choose what the agent runs in.
+ */
+export function hardeningMismatch(pod: V1Pod, expected: V1Pod): string | undefined {
+  const have = pod.spec;
+  const want = expected.spec!;
+  if (!have) return "the pod has no spec";
+  const flags = (spec: typeof want) =>
+    canonical({
+      automountServiceAccountToken: spec.automountServiceAccountToken ?? true,
+      enableServiceLinks: spec.enableServiceLinks ?? true,
+      hostNetwork: spec.hostNetwork ?? false,
+      hostPID: spec.hostPID ?? false,
+      hostIPC: spec.hostIPC ?? false,
+      hostUsers: spec.hostUsers ?? true,
+      shareProcessNamespace: spec.shareProcessNamespace ?? false,
+      runtimeClassName: spec.runtimeClassName ?? null,
+      securityContext: spec.securityContext ?? {},
+    });
+  if (flags(have) !== flags(want)) return "its pod-level isolation fields differ";
+  if ((have.initContainers ?? []).length || (have.ephemeralContainers ?? []).length) {
+    return "it has init or ephemeral containers";
+  }
+  const names = (list: { name: string }[]) => list.map((c) => c.name).sort().join(",");
+  if (names(have.containers) !== names(want.containers)) return "its containers differ";
+  for (const ours of want.containers) {
+    const theirs = have.containers.find((c) => c.name === ours.name)!;
+    const shape = (c: typeof ours) =>
+      canonical({
+        image: c.image,
+        command: c.command ?? null,
+        args: c.args ?? null,
+        securityContext: c.securityContext ?? {},
+        mounts: (c.volumeMounts ?? []).map((m) => [m.name, m.mountPath, m.readOnly ?? false]),
+      });
+    if (shape(theirs) !== shape(ours) || limitsOf(theirs.resources) !== limitsOf(ours.resources)) {
+      return `its container "${ours.name}" differs (image, command, security context or limits)`;
+    }
+  }
+  const volumes = (list: typeof want.volumes) =>
+    canonical(
+      (list ?? []).map((v) => ({
+        name: v.name,
+        keys: Object.keys(v).filter((key) => key !== "name" && v[key as keyof typeof v] != null)
+          .sort(),
+        medium: v.emptyDir?.medium ?? "",
+        size: quantityValue(v.emptyDir?.sizeLimit),
+      })).sort((a, b) => a.name.localeCompare(b.name)),
+    );
+  if (volumes(have.volumes) !== volumes(want.volumes)) return "its volumes differ";
+  if (pod.metadata?.labels?.[LABELS.owner] !== OWNER) {
+    return `it lacks the label ${LABELS.owner}=${OWNER} the deny-all NetworkPolicy selects`;
+  }
+  return undefined;
 }

@@ -6,6 +6,7 @@
  */
 import type { V1Pod } from "@kubernetes/client-node";
 import { SandboxError } from "../../errors.ts";
+import { assertNoSecrets } from "../../secret_guard.ts";
 import { execStreamOf } from "../exec_stream.ts";
 import { spawn } from "../../process.ts";
 import { extractTar } from "../../tar_extract.ts";
@@ -54,6 +55,13 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     argv: readonly string[],
     options: ExecOptions & { container?: string; id?: string } = {},
   ): Child {
+    if (argv.length === 0) throw new TypeError("Cannot run an empty command");
+    // No secret this process knows goes into a pod, on an exec's argv or in its environment.
+    assertNoSecrets(`pod "${this.podName}"`, {
+      env: options.env,
+      envKind: "exec environment",
+      argv,
+    });
     const container = options.container ?? SANDBOX_CONTAINER;
     const id = options.id ??
       (options.runId ? `worker-${options.runId}-${crypto.randomUUID()}` : crypto.randomUUID());
@@ -158,9 +166,11 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     data: Uint8Array | string,
     options: { mode?: number; signal?: AbortSignal } = {},
   ): Promise<void> {
+    assertNoSecrets(`pod "${this.podName}"`, { file: { path, data } });
     const mode = (options.mode ?? 0o600).toString(8);
     const result = await this.exec(
-      ["sh", "-c", 'umask 077 && cat > "$1" && chmod "$2" "$1"', "sh", path, mode],
+      ["sh", "-c", 'umask 077 && mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"']
+        .concat("sh", path, mode),
       { stdin: data, signal: options.signal },
     );
     if (result.exitCode !== 0) {
@@ -322,7 +332,11 @@ export function podStatus(profile: string, name: string, pod: V1Pod | undefined)
     stoppedAt: null,
     workspacePath: WORKSPACE_DIR,
     current: true,
-    kind: labels[LABELS.state] === "ready" ? "pool" : "run",
+    // A pooled pod: ours labelled ready, or agent-sandbox's warm one (no state, no claim yet).
+    kind: labels[LABELS.state] === "ready" ||
+        (!labels[LABELS.state] && !labels["agents.x-k8s.io/claim-uid"])
+      ? "pool"
+      : "run",
     repo: null,
   };
 }
