@@ -55,6 +55,8 @@ const RUN_COMMON: [string[], OptionSpec][] = [
   [["--max-requests"], value("maxRequests")],
   [["--max-egress"], value("maxEgress")],
   [["--format"], value("format", ["ndjson", "pretty"])],
+  [["-d", "--detach"], flag("detach")],
+  [["--json"], flag("json")],
   [["-c", "--config"], value("config")],
 ];
 

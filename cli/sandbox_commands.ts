@@ -161,7 +161,7 @@ function registerStop(program: Command): void {
     )
     .argument(
       "[session-id]",
-      "stop this session (sandbox shell) instead: its program and sandbox end",
+      "stop this session (a shell, or a run) instead: its program and sandbox end",
     )
     .addOption(profileOption()).addOption(jsonOption())
     .action(
