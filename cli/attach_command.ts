@@ -199,12 +199,13 @@ export async function stopSession(id: string): Promise<number> {
       });
     }
     // The record's pid is its supervisor's, alive with the recorded start time (readRun checked).
+    // Stopped once that process has ended: its record written, its sandbox gone.
     Deno.kill(meta.pid, "SIGTERM");
-    let now = meta;
-    while (now.status === "running") {
+    const { isSameProcessAlive } = await import("../lib/process.ts");
+    while (await isSameProcessAlive(meta.pid, meta.pidStartTicks)) {
       await new Promise((resolve) => setTimeout(resolve, STOP_POLL_MS));
-      now = await readRun(id) ?? { ...now, status: "crashed" };
     }
+    const now = await readRun(id) ?? { ...meta, status: "crashed" };
     note(`run ${id} stopped: ${now.status}${now.exitCode === null ? "" : ` (exit ${now.exitCode})`}`);
     return now.exitCode ?? EXIT.failure;
   }
