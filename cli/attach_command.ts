@@ -206,7 +206,9 @@ export async function stopSession(id: string): Promise<number> {
       await new Promise((resolve) => setTimeout(resolve, STOP_POLL_MS));
     }
     const now = await readRun(id) ?? { ...meta, status: "crashed" };
-    note(`run ${id} stopped: ${now.status}${now.exitCode === null ? "" : ` (exit ${now.exitCode})`}`);
+    note(
+      `run ${id} stopped: ${now.status}${now.exitCode === null ? "" : ` (exit ${now.exitCode})`}`,
+    );
     return now.exitCode ?? EXIT.failure;
   }
   const conn = await connectSession(id);
