@@ -171,20 +171,21 @@ async function saidEnded(id: string, followed: boolean): Promise<void> {
   const { readRun } = await import("../lib/run/run_log.ts");
   const meta = await readRun(id);
   if (!meta || meta.status === "running") return; // interrupted while following: nothing ended
+  const what = meta.mode === "exec" ? "command" : "run";
   const exit = meta.exitCode === null ? "" : `, exit ${meta.exitCode}`;
   if (meta.status === "crashed") {
-    note(`run ${id} crashed: its supervisor died (above, all it recorded)`);
+    note(`${what} ${id} crashed: its supervisor died (above, all it recorded)`);
     cliState.exitCode = EXIT.failure;
   } else if (followed) {
-    note(`run ${id} ended (${meta.status}${exit})`);
+    note(`${what} ${id} ended (${meta.status}${exit})`);
     cliState.exitCode = meta.exitCode ?? EXIT.failure;
   } else {
-    note(`run ${id} has ended (${meta.status}${exit}): replayed above`);
+    note(`${what} ${id} has ended (${meta.status}${exit}): replayed above`);
   }
 }
 
-/** Modes of record whose supervisor is the run itself (a `sandbox run`): stopped by a signal. */
-const RUN_MODES = new Set(["agentic", "generate"]);
+/** Modes of record whose supervisor is the run itself (`run`, `exec --detach`): stopped by a signal. */
+const RUN_MODES = new Set(["agentic", "generate", "exec"]);
 /** How often `stop` looks whether a stopped run has recorded its end. */
 const STOP_POLL_MS = 100;
 
@@ -193,10 +194,15 @@ export async function stopSession(id: string): Promise<number> {
   const { readRun } = await import("../lib/run/run_log.ts");
   const meta = await readRun(id);
   if (meta && RUN_MODES.has(meta.mode)) {
+    const what = meta.mode === "exec" ? "command" : "run";
     if (meta.status !== "running") {
-      throw new SandboxError("usage", `Run "${id}" is not running: it ${meta.status}`, {
-        detail: `What it did: ${cliName()} attach ${id}`,
-      });
+      throw new SandboxError(
+        "usage",
+        `${what === "run" ? "Run" : "Command"} "${id}" is not running: it ${meta.status}`,
+        {
+          detail: `What it did: ${cliName()} attach ${id}`,
+        },
+      );
     }
     // The record's pid is its supervisor's, alive with the recorded start time (readRun checked).
     // Stopped once that process has ended: its record written, its sandbox gone.
@@ -207,7 +213,7 @@ export async function stopSession(id: string): Promise<number> {
     }
     const now = await readRun(id) ?? { ...meta, status: "crashed" };
     note(
-      `run ${id} stopped: ${now.status}${now.exitCode === null ? "" : ` (exit ${now.exitCode})`}`,
+      `${what} ${id} stopped: ${now.status}${now.exitCode === null ? "" : ` (exit ${now.exitCode})`}`,
     );
     return now.exitCode ?? EXIT.failure;
   }

@@ -82,6 +82,8 @@ const EXEC_OPTIONS = table([
   [["--cwd"], value("cwd")],
   [["-e", "--env"], { key: "env", value: true, repeat: true }],
   [["--timeout"], value("timeout")],
+  [["-d", "--detach"], flag("detach")],
+  [["--json"], flag("json")],
   [["-c", "--config"], value("config")],
 ]);
 

@@ -16,7 +16,7 @@ import {
   stdout,
 } from "./context.ts";
 import { progress } from "./progress.ts";
-import { startSupervisedRun, supervisedRunId } from "./supervise.ts";
+import { startSupervised, supervisedRunId } from "./supervise.ts";
 import { reportError } from "./report.ts";
 import type { AgentName } from "../lib/agents/packages.ts";
 import { type BudgetFlags, budgetFromFlags } from "./budget_flags.ts";
@@ -55,7 +55,9 @@ export async function runAction(
   // A run lives in a supervisor of its own (killing this CLI does not end it); this process is
   // that supervisor when it was started as one.
   const id = supervisedRunId();
-  if (id === undefined) return await startSupervisedRun(opts);
+  if (id === undefined) {
+    return await startSupervised({ ...opts, what: "run", stdin: opts.promptFile === "-" });
+  }
   // Loaded here, not at start-up (only the command that runs pays for its modules), while the
   // configuration and the prompt are read.
   const modules = Promise.all([

@@ -17,6 +17,9 @@
  * 3. With `--detach` the CLI waits until the run is recorded, prints its id and leaves; a run that
  *    ends before that (a usage mistake) has its stderr and exit code passed on as if in the
  *    foreground.
+ * `sandbox exec --detach` is supervised the same way (exec_action.ts records it, mode "exec", its
+ * output lines as terminal events); a foreground exec is not, to keep its start as fast as
+ * `docker exec`'s.
  */
 import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
@@ -62,26 +65,30 @@ export function supervisedRunId(): string | undefined {
   return id;
 }
 
-export interface SupervisedRunOptions {
+export interface SupervisedOptions {
+  /** What is supervised, for messages: "run", "exec". */
+  what: "run" | "exec";
   detach?: boolean;
   json?: boolean;
-  /** `-`: the supervisor reads the prompt from stdin, even detached. */
-  promptFile: string;
+  /** Detached, the supervisor still reads stdin (a run's `--prompt-file -`). */
+  stdin?: boolean;
 }
 
-/** Start this command line's run under a supervisor of its own; this CLI's exit code. */
-export async function startSupervisedRun(opts: SupervisedRunOptions): Promise<number> {
-  if (opts.json && !opts.detach) throw new SandboxError("usage", "--json is for run --detach");
+/** Start this command line's run (or exec) under a supervisor of its own; this CLI's exit code. */
+export async function startSupervised(opts: SupervisedOptions): Promise<number> {
+  if (opts.json && !opts.detach) {
+    throw new SandboxError("usage", `--json is for ${opts.what} --detach`);
+  }
   const { newRunId } = await import("../lib/run/run_log.ts");
   const id = newRunId();
   const child = new Deno.Command("setsid", {
     args: supervisorArgs(Deno.args),
     env: { [SUPERVISED_RUN_ENV]: id },
-    stdin: opts.detach && opts.promptFile !== "-" ? "null" : "inherit",
+    stdin: opts.detach && !opts.stdin ? "null" : "inherit",
     stdout: opts.detach ? "null" : "inherit",
     stderr: opts.detach ? "piped" : "inherit",
   }).spawn();
-  if (opts.detach) return await detached(child, id, opts.json === true);
+  if (opts.detach) return await detached(child, id, opts);
   // Each Ctrl-C or SIGTERM is the run's: the supervisor decides what it does (as the CLI did).
   const forwarders = (["SIGINT", "SIGTERM"] as const).map((name) => {
     const forward = () => {
@@ -108,7 +115,11 @@ export async function startSupervisedRun(opts: SupervisedRunOptions): Promise<nu
 }
 
 /** `--detach`: the run's id once it is recorded; or, when it ended first, its stderr and code. */
-async function detached(child: Deno.ChildProcess, id: string, json: boolean): Promise<number> {
+async function detached(
+  child: Deno.ChildProcess,
+  id: string,
+  opts: SupervisedOptions,
+): Promise<number> {
   const { readRun } = await import("../lib/run/run_log.ts");
   const chunks: Uint8Array[] = [];
   const reader = child.stderr.getReader();
@@ -128,10 +139,10 @@ async function detached(child: Deno.ChildProcess, id: string, json: boolean): Pr
   // The supervisor's later diagnostics have no reader: it drops them (its events are stored).
   await reader.cancel().catch(() => {}); // already closed: nothing to cancel
   child.unref();
-  if (json) await stdout.json({ id, status: "running" });
+  if (opts.json) await stdout.json({ id, status: "running" });
   else await stdout.line(id);
   note(
-    `run ${id} goes on in the background: ${cliName()} attach ${id} (events), ${cliName()} stop ${id}`,
+    `${opts.what} ${id} goes on in the background: ${cliName()} attach ${id} (events), ${cliName()} stop ${id}`,
   );
   return 0;
 }

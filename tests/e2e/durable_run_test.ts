@@ -221,3 +221,50 @@ Deno.test({
     assert.match(attach.stderr, new RegExp(`run ${id} crashed: its supervisor died`));
   },
 });
+
+Deno.test({
+  name:
+    "exec --detach runs a command in the background, recorded: attach shows its lines to its end, stop ends another",
+  ...dockerTest(),
+  async fn(t) {
+    assertDocker();
+    await using fixture = await RunFixture.make({
+      prefix: "durable-exec",
+      llmUrl: "http://127.0.0.1:9/v1",
+      keyEnv: KEY_ENV,
+      prompt: "unused\n",
+    });
+    const detachExec = async (...argv: string[]) => {
+      const started = await fixture.cli([
+        "exec",
+        "-p",
+        fixture.profile,
+        "--detach",
+        "--json",
+        "--",
+        ...argv,
+      ]);
+      assert.equal(started.exitCode, 0, explain(started));
+      return (JSON.parse(started.stdout) as { id: string }).id;
+    };
+
+    await t.step("attach follows its stdout and stderr lines, then says how it ended", async () => {
+      const id = await detachExec("sh", "-c", "echo one; echo two >&2; sleep 1; echo three");
+      const attach = await fixture.cli(["attach", id]);
+      assert.equal(attach.exitCode, 0, explain(attach));
+      assert.match(attach.stdout, /^one\nthree\n\[Process exited with code 0 in \d+ms\]\n$/);
+      assert.match(attach.stderr, /^two$/m);
+      assert.match(attach.stderr, new RegExp(`command ${id} (has )?ended \\(succeeded, exit 0\\)`));
+      assert.equal((await fixture.meta(id)).mode, "exec");
+    });
+
+    await t.step("stop ends a detached command as Ctrl-C would", async () => {
+      const id = await detachExec("sleep", "300");
+      const stop = await fixture.cli(["stop", id]);
+      assert.equal(stop.exitCode, 0, explain(stop));
+      assert.match(stop.stderr, new RegExp(`command ${id} stopped: interrupted \\(exit 130\\)`));
+      const meta = await fixture.meta(id);
+      assert.equal(meta.status, "interrupted", JSON.stringify(meta));
+    });
+  },
+});
