@@ -213,7 +213,9 @@ export async function stopSession(id: string): Promise<number> {
     }
     const now = await readRun(id) ?? { ...meta, status: "crashed" };
     note(
-      `${what} ${id} stopped: ${now.status}${now.exitCode === null ? "" : ` (exit ${now.exitCode})`}`,
+      `${what} ${id} stopped: ${now.status}${
+        now.exitCode === null ? "" : ` (exit ${now.exitCode})`
+      }`,
     );
     return now.exitCode ?? EXIT.failure;
   }

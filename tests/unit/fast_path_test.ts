@@ -109,6 +109,8 @@ Deno.test("the fast path reads run and exec command lines exactly as commander d
     ["run", "agentic", "--prompt-file", "p", "--detach", "--json"],
     ["run", "generate", "-d", "--prompt-file", "p"],
     ["exec", "--", "true"],
+    ["exec", "--detach", "--json", "--", "sleep", "9"],
+    ["exec", "-d", "true"],
     ["exec", "true"],
     ["exec", "ls", "-la", "--", "x"],
     [
