@@ -11,7 +11,7 @@ import { HeldLlm } from "../_held_llm.ts";
 import { LiveCli } from "../_live_cli.ts";
 import { type FakeStep, text, toolCall } from "../_fake_llm.ts";
 import { run } from "../../lib/process.ts";
-import { assertDocker, dockerTest, explain } from "../_helpers.ts";
+import { assertDocker, dockerTest, explain, tempDir } from "../_helpers.ts";
 
 console.error("e2e: durable run tests starting");
 
@@ -266,5 +266,41 @@ Deno.test({
       const meta = await fixture.meta(id);
       assert.equal(meta.status, "interrupted", JSON.stringify(meta));
     });
+  },
+});
+
+Deno.test({
+  name:
+    "a shell session whose supervisor died reads as crashed in runs --json, and attach replays what it recorded and says so",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using fixture = await RunFixture.make({
+      prefix: "durable-shell-crash",
+      llmUrl: "http://127.0.0.1:9/v1",
+      keyEnv: KEY_ENV,
+      prompt: "unused\n",
+    });
+    // A short state directory: the viewers' socket path must fit in a sockaddr_un.
+    await using state = await tempDir();
+    const env = { XDG_STATE_HOME: state.path };
+    const started = await fixture.cli(["shell", "-p", fixture.profile, "--detach"], env);
+    assert.equal(started.exitCode, 0, explain(started));
+    const id = started.stdout.trim();
+    const record = async () => {
+      const runs = await fixture.cli(["runs", "--json"], env);
+      assert.equal(runs.exitCode, 0, explain(runs));
+      const found = (JSON.parse(runs.stdout) as { id: string; status: string; pid: number }[])
+        .find((r) => r.id === id);
+      assert.ok(found, runs.stdout);
+      return found;
+    };
+    const meta = await record();
+    assert.equal(meta.status, "running", JSON.stringify(meta));
+    Deno.kill(meta.pid, "SIGKILL");
+    assert.equal((await record()).status, "crashed");
+    const attach = await fixture.cli(["attach", id], env);
+    assert.equal(attach.exitCode, 1, explain(attach));
+    assert.match(attach.stderr, new RegExp(`session ${id} is over: its supervisor died`));
   },
 });
