@@ -158,17 +158,27 @@ Deno.test({
       assert.equal(await git(s.repo, "log", "--format=%s", `main..sandbox/${id}`), "agent work");
     });
 
-    await t.step("attach to an unknown id, stop a finished run, --json alone", async () => {
-      const unknown = await s.fixture.cli(["attach", "no-such-run"]);
-      assert.equal(unknown.exitCode, 2, explain(unknown));
-      assert.match(unknown.stderr, /^sandbox: .*No session "no-such-run"/m);
-      const stop = await s.fixture.cli(["stop", id]);
-      assert.equal(stop.exitCode, 2, explain(stop));
-      assert.match(stop.stderr, new RegExp(`Run "${id}" is not running: it succeeded`));
-      const json = await s.fixture.cli(s.runArgs("--json"));
-      assert.equal(json.exitCode, 2, explain(json));
-      assert.match(json.stderr, /--json is for run --detach/);
-    });
+    await t.step(
+      "attach to an unknown id, stop a finished run, --json alone, a missing prompt detached",
+      async () => {
+        const unknown = await s.fixture.cli(["attach", "no-such-run"]);
+        assert.equal(unknown.exitCode, 2, explain(unknown));
+        assert.match(unknown.stderr, /^sandbox: .*No session "no-such-run"/m);
+        const stop = await s.fixture.cli(["stop", id]);
+        assert.equal(stop.exitCode, 2, explain(stop));
+        assert.match(stop.stderr, new RegExp(`Run "${id}" is not running: it succeeded`));
+        const json = await s.fixture.cli(s.runArgs("--json"));
+        assert.equal(json.exitCode, 2, explain(json));
+        assert.match(json.stderr, /--json is for run --detach/);
+        const missing = `${s.fixture.dir.path}/missing.md`;
+        const detached = await s.fixture.cli(
+          ["run", "agentic", "--prompt-file", missing, "--profile", s.fixture.profile, "--detach"],
+        );
+        assert.equal(detached.exitCode, 2, explain(detached));
+        assert.match(detached.stderr, /^sandbox: error: Cannot read prompt file ".*missing\.md"/m);
+        assert.equal(detached.stdout, "", "an id was printed for a run that never started");
+      },
+    );
   },
 });
 
