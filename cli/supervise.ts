@@ -23,6 +23,7 @@
  */
 import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
+import { trace } from "../lib/trace.ts";
 import { note, stdout } from "./context.ts";
 
 /** The environment variable that makes a `sandbox run` the supervisor of run ID (its value). */
@@ -88,6 +89,7 @@ export async function startSupervised(opts: SupervisedOptions): Promise<number> 
     stdout: opts.detach ? "null" : "inherit",
     stderr: opts.detach ? "piped" : "inherit",
   }).spawn();
+  trace("cli: supervisor started");
   if (opts.detach) return await detached(child, id, opts);
   // Each Ctrl-C or SIGTERM is the run's: the supervisor decides what it does (as the CLI did).
   const forwarders = (["SIGINT", "SIGTERM"] as const).map((name) => {
