@@ -134,7 +134,7 @@ export async function attachAction(
     // then followed while it lives; there is nothing to type into.
     const { logsFromStore } = await import("./store_logs.ts");
     await logsFromStore(id, { follow: true, format: "ndjson", from: opts.from ?? "1" });
-    return;
+    return await saidEnded(id, meta.status === "running");
   }
   if (meta.status !== "running") return await replayEnded(id, meta.status, meta.exitCode);
   if (!opts.view && !Deno.stdin.isTerminal()) {
@@ -166,8 +166,59 @@ async function replayEnded(id: string, status: string, exitCode: number | null):
   cliState.exitCode = status === "crashed" ? EXIT.failure : EXIT.ok;
 }
 
-/** `sandbox stop ID`: the session's program and sandbox ended. */
+/** A run's events shown to its end: how it ended said, and its exit code this command's. */
+async function saidEnded(id: string, followed: boolean): Promise<void> {
+  const { readRun } = await import("../lib/run/run_log.ts");
+  const meta = await readRun(id);
+  if (!meta || meta.status === "running") return; // interrupted while following: nothing ended
+  const what = meta.mode === "exec" ? "command" : "run";
+  const exit = meta.exitCode === null ? "" : `, exit ${meta.exitCode}`;
+  if (meta.status === "crashed") {
+    note(`${what} ${id} crashed: its supervisor died (above, all it recorded)`);
+    cliState.exitCode = EXIT.failure;
+  } else if (followed) {
+    note(`${what} ${id} ended (${meta.status}${exit})`);
+    cliState.exitCode = meta.exitCode ?? EXIT.failure;
+  } else {
+    note(`${what} ${id} has ended (${meta.status}${exit}): replayed above`);
+  }
+}
+
+/** Modes of record whose supervisor is the run itself (`run`, `exec --detach`): stopped by a signal. */
+const RUN_MODES = new Set(["agentic", "generate", "exec"]);
+/** How often `stop` looks whether a stopped run has recorded its end. */
+const STOP_POLL_MS = 100;
+
+/** `sandbox stop ID`: the session's program and sandbox ended (a run: as on Ctrl-C). */
 export async function stopSession(id: string): Promise<number> {
+  const { readRun } = await import("../lib/run/run_log.ts");
+  const meta = await readRun(id);
+  if (meta && RUN_MODES.has(meta.mode)) {
+    const what = meta.mode === "exec" ? "command" : "run";
+    if (meta.status !== "running") {
+      throw new SandboxError(
+        "usage",
+        `${what === "run" ? "Run" : "Command"} "${id}" is not running: it ${meta.status}`,
+        {
+          detail: `What it did: ${cliName()} attach ${id}`,
+        },
+      );
+    }
+    // The record's pid is its supervisor's, alive with the recorded start time (readRun checked).
+    // Stopped once that process has ended: its record written, its sandbox gone.
+    Deno.kill(meta.pid, "SIGTERM");
+    const { isSameProcessAlive } = await import("../lib/process.ts");
+    while (await isSameProcessAlive(meta.pid, meta.pidStartTicks)) {
+      await new Promise((resolve) => setTimeout(resolve, STOP_POLL_MS));
+    }
+    const now = await readRun(id) ?? { ...meta, status: "crashed" };
+    note(
+      `${what} ${id} stopped: ${now.status}${
+        now.exitCode === null ? "" : ` (exit ${now.exitCode})`
+      }`,
+    );
+    return now.exitCode ?? EXIT.failure;
+  }
   const conn = await connectSession(id);
   if (!conn) {
     throw new SandboxError("usage", `No live session "${id}"`, {

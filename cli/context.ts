@@ -17,7 +17,7 @@ import { shellQuote } from "../lib/config_summary.ts";
 import { ConfigError, EXIT, SandboxError } from "../lib/errors.ts";
 import type { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
 import { isSecretName } from "../lib/secret_guard.ts";
-import { StdoutWriter } from "../lib/output.ts";
+import { isGoneOutput, StdoutWriter } from "../lib/output.ts";
 import { escapeControls } from "../lib/run/transcript.ts";
 import { parseDuration } from "../lib/units.ts";
 import { trace } from "../lib/trace.ts";
@@ -33,15 +33,26 @@ const encoder = new TextEncoder();
  */
 export function note(message: string): void {
   clearSpinner();
-  Deno.stderr.writeSync(encoder.encode(`sandbox: ${escapeControls(message)}
-`));
+  writeStderr(`sandbox: ${escapeControls(message)}\n`);
   redrawSpinner();
+}
+
+/**
+ * Text to stderr; dropped when stderr is gone (a supervised run whose terminal closed or whose CLI
+ * was killed goes on, and what matters of it is in its record).
+ */
+export function writeStderr(text: string): void {
+  try {
+    Deno.stderr.writeSync(encoder.encode(text));
+  } catch (error) {
+    if (!isGoneOutput(error)) throw error;
+  }
 }
 
 /** Write a line to stderr as it is (a command's own stderr, passed through). */
 export function stderrLine(line: string): void {
   clearSpinner();
-  Deno.stderr.writeSync(encoder.encode(line + "\n"));
+  writeStderr(line + "\n");
   redrawSpinner();
 }
 

@@ -15,6 +15,8 @@ import {
   stdout,
 } from "./context.ts";
 import { progress } from "./progress.ts";
+import { startSupervised, supervisedRunId } from "./supervise.ts";
+import { exitCodeFor } from "../lib/errors.ts";
 import type { ExecStream, ExecStreamOutcome } from "../lib/sandbox/provider.ts";
 
 export interface ExecFlags {
@@ -23,6 +25,16 @@ export interface ExecFlags {
   env: string[];
   timeout?: string;
   repo?: string;
+  /** Start the command in the background, recorded, and print its id (cli/supervise.ts). */
+  detach?: boolean;
+  /** With --detach: the id as JSON. */
+  json?: boolean;
+}
+
+/** Where a recorded (detached) command's lines go besides stdout and stderr. */
+interface ExecSink {
+  line(text: string): void;
+  errorLine(text: string): void;
 }
 
 export async function execAction(
@@ -30,6 +42,73 @@ export async function execAction(
   opts: ExecFlags,
   command: Invocation,
 ): Promise<void> {
+  if (opts.detach || opts.json) {
+    const id = supervisedRunId();
+    if (id === undefined) {
+      cliState.exitCode = await startSupervised({ ...opts, what: "exec" });
+      return;
+    }
+    return await recordedExec(id, argv, opts, command);
+  }
+  cliState.exitCode = await execIn(argv, opts, command);
+}
+
+/**
+ * A detached command, in its supervisor: recorded as a session (mode "exec"; `sandbox runs`), its
+ * stdout lines and stderr lines committed to the event store as terminal output and error events
+ * before they are passed on, then a system line with its exit code.
+ */
+async function recordedExec(
+  id: string,
+  argv: string[],
+  opts: ExecFlags,
+  command: Invocation,
+): Promise<void> {
+  const profile = await profileFor(command, opts.profile);
+  const [{ RunLog }, { EventWriter }] = await Promise.all([
+    import("../lib/run/run_log.ts"),
+    import("../lib/session/event_store.ts"),
+  ]);
+  await using record = await RunLog.create({
+    id,
+    mode: "exec",
+    profile: profile.name,
+    model: "-",
+    sandbox: profile.sandbox.mode,
+  });
+  using events = new EventWriter(id);
+  const started = Date.now();
+  const event = (type: "output" | "error", source: "user" | "system", data: string) =>
+    void events.append({ channel: "terminal", type, source, data });
+  let exitCode: number;
+  let error: string | null = null;
+  try {
+    exitCode = await execIn(argv, opts, command, {
+      line: (text) => event("output", "user", text),
+      errorLine: (text) => event("error", "user", text),
+    });
+  } catch (failure) {
+    error = failure instanceof Error ? failure.message : String(failure);
+    exitCode = exitCodeFor(failure);
+    event("error", "system", error);
+  }
+  event("output", "system", `[Process exited with code ${exitCode} in ${Date.now() - started}ms]`);
+  await record.finish({
+    status: signal.aborted ? "interrupted" : exitCode === 0 ? "succeeded" : "failed",
+    exitCode,
+    usage: null,
+    error,
+  });
+  cliState.exitCode = exitCode;
+}
+
+/** The command in the profile's development sandbox, its output passed on; its exit code. */
+async function execIn(
+  argv: string[],
+  opts: ExecFlags,
+  command: Invocation,
+  sink?: ExecSink,
+): Promise<number> {
   const env = parseEnvPairs(opts.env);
   const timeoutMs = parseTimeout(opts.timeout);
   // Loaded while the configuration is read.
@@ -58,13 +137,16 @@ export async function execAction(
     stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
     signal: AbortSignal.any([signal, watch.signal]),
     timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
-    onStderrLine: stderrLine,
+    onStderrLine: (line: string) => {
+      sink?.errorLine(line);
+      stderrLine(line);
+    },
   };
   const stream = provider.execStream(argv, execOptions);
   // The container outlives the command: the next command's (or run's) relay starts while this
   // one runs, so that its start does not wait for one (lib/proxy/spare_relay.ts).
   session.leaveSpareRelay();
-  const outcome = await relayOutput(stream, provider, watch.signal);
+  const outcome = await relayOutput(stream, provider, watch.signal, sink);
   if (outcome.oomKilled) {
     note(
       `the command was killed by the sandbox memory limit (${
@@ -72,7 +154,7 @@ export async function execAction(
       }); raise resources.memory in profile ${profile.name}`,
     );
   }
-  cliState.exitCode = outcome.exitCode;
+  return outcome.exitCode;
 }
 
 /**
@@ -120,10 +202,12 @@ async function relayOutput(
   stream: ExecStream,
   provider: { sweep(): Promise<unknown> },
   watchSignal: AbortSignal,
+  sink?: ExecSink,
 ): Promise<ExecStreamOutcome> {
   let outcome: ExecStreamOutcome | undefined;
   try {
     for await (const line of stream) {
+      sink?.line(line);
       await stdout.line(line);
       if (stdout.closed) break;
     }

@@ -55,6 +55,8 @@ const RUN_COMMON: [string[], OptionSpec][] = [
   [["--max-requests"], value("maxRequests")],
   [["--max-egress"], value("maxEgress")],
   [["--format"], value("format", ["ndjson", "pretty"])],
+  [["-d", "--detach"], flag("detach")],
+  [["--json"], flag("json")],
   [["-c", "--config"], value("config")],
 ];
 
@@ -80,6 +82,8 @@ const EXEC_OPTIONS = table([
   [["--cwd"], value("cwd")],
   [["-e", "--env"], { key: "env", value: true, repeat: true }],
   [["--timeout"], value("timeout")],
+  [["-d", "--detach"], flag("detach")],
+  [["--json"], flag("json")],
   [["-c", "--config"], value("config")],
 ]);
 

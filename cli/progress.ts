@@ -3,6 +3,7 @@
  * ends, with its elapsed time; on a terminal the begin line carries a spinner and a running clock
  * until the end line replaces it. Other stderr lines clear the spinner first and redraw it after.
  */
+import { isGoneOutput } from "../lib/output.ts";
 import { escapeControls } from "../lib/run/transcript.ts";
 
 const encoder = new TextEncoder();
@@ -19,7 +20,12 @@ interface Active {
 let active: Active | undefined;
 
 function write(text: string): void {
-  Deno.stderr.writeSync(encoder.encode(text));
+  try {
+    Deno.stderr.writeSync(encoder.encode(text));
+  } catch (error) {
+    // A terminal gone under a supervised run: the spinner has no one to show to.
+    if (!isGoneOutput(error)) throw error;
+  }
 }
 
 function terminal(): boolean {

@@ -16,6 +16,7 @@ import {
   stdout,
 } from "./context.ts";
 import { progress } from "./progress.ts";
+import { startSupervised, supervisedRunId } from "./supervise.ts";
 import { reportError } from "./report.ts";
 import type { AgentName } from "../lib/agents/packages.ts";
 import { type BudgetFlags, budgetFromFlags } from "./budget_flags.ts";
@@ -37,6 +38,10 @@ export interface RunFlags extends BudgetFlags {
   push?: boolean;
   lifecycleEvents?: boolean;
   agent?: AgentName;
+  /** Start the run in the background and print its id (cli/supervise.ts). */
+  detach?: boolean;
+  /** With --detach: the id as JSON. */
+  json?: boolean;
 }
 
 const PROMPT = { what: "prompt file", stdin: "prompt on stdin", limitFor: "prompt" };
@@ -47,6 +52,12 @@ export async function runAction(
   opts: RunFlags,
   command: Invocation,
 ): Promise<number> {
+  // A run lives in a supervisor of its own (killing this CLI does not end it); this process is
+  // that supervisor when it was started as one.
+  const id = supervisedRunId();
+  if (id === undefined) {
+    return await startSupervised({ ...opts, what: "run", stdin: opts.promptFile === "-" });
+  }
   // Loaded here, not at start-up (only the command that runs pays for its modules), while the
   // configuration and the prompt are read.
   const modules = Promise.all([
@@ -78,6 +89,7 @@ export async function runAction(
   const [{ runAgent }, { encodeMessage }, { renderMessage }] = await modules;
   const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
   const outcome = await runAgent({
+    id,
     mode,
     prompt,
     profile,

@@ -31,6 +31,11 @@ export function registerRunCommand(program: Command): void {
       .option("--max-cost <usd>", "budget: estimated LLM cost in USD for this run")
       .option("--max-requests <n>", "budget: LLM requests for this run")
       .option("--max-egress <size>", 'budget: bytes through the egress proxy, like "100m"')
+      .option(
+        "-d, --detach",
+        "start the run in the background and print its id (attach ID follows it, stop ID ends it)",
+      )
+      .option("--json", "with --detach: print the id as JSON")
       .addOption(
         new Option(
           "--format <format>",

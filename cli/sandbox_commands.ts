@@ -161,7 +161,7 @@ function registerStop(program: Command): void {
     )
     .argument(
       "[session-id]",
-      "stop this session (sandbox shell) instead: its program and sandbox end",
+      "stop this session (a shell, or a run) instead: its program and sandbox end",
     )
     .addOption(profileOption()).addOption(jsonOption())
     .action(
@@ -260,6 +260,11 @@ function registerExec(program: Command): void {
       "--timeout <duration>",
       "kill the command after this long (default: the profile's resources.timeout)",
     )
+    .option(
+      "-d, --detach",
+      "start the command in the background, recorded, and print its id (attach ID follows it, stop ID ends it)",
+    )
+    .option("--json", "with --detach: print the id as JSON")
     .argument("<command...>", "the command and its arguments (after --)")
     .passThroughOptions()
     .action(async (argv: string[], opts: ExecFlags, command: Command) => {

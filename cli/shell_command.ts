@@ -12,6 +12,7 @@ import type { ShellRepo } from "../lib/session/shell_repo.ts";
 import { cliState, globals, type Invocation, note, profileFor, signal, stdout } from "./context.ts";
 import { attachAction, attachTerminal, connectSession } from "./attach_command.ts";
 import { progress, stopSpinner } from "./progress.ts";
+import { supervisorArgs } from "./supervise.ts";
 
 /** How often `shell` looks for the supervisor's socket while the sandbox starts. */
 const START_POLL_MS = 100;
@@ -136,35 +137,14 @@ async function shellRepo(opts: ShellOptions, id: string): Promise<ShellRepo | un
 
 /** The supervisor, in a session of its own (setsid), outliving this process. */
 function startSupervisor(id: string, config: string | undefined): void {
-  const main = Deno.mainModule;
-  const denoConfig = main.startsWith("file:") ? new URL("./deno.json", main) : undefined;
-  const args = [
-    Deno.execPath(),
-    "run",
-    "--allow-all",
-    "--quiet",
-    ...(denoConfig && existsSync(denoConfig) ? ["--config", denoConfig.pathname] : []),
-    main,
-    "session-supervise",
-    ...(config ? ["--config", config] : []),
-    id,
-  ];
+  const args = ["session-supervise", ...(config ? ["--config", config] : []), id];
   const child = new Deno.Command("setsid", {
-    args,
+    args: supervisorArgs(args),
     stdin: "null",
     stdout: "null",
     stderr: "null",
   }).spawn();
   child.unref();
-}
-
-function existsSync(url: URL): boolean {
-  try {
-    Deno.statSync(url);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /** The session's socket once it listens; its failure when its supervisor ended first. */

@@ -15,7 +15,7 @@ import {
   replayStream,
   type SessionEvent,
 } from "../lib/session/event_store.ts";
-import { cliState, signal, stdout } from "./context.ts";
+import { cliState, signal, stdout, writeStderr } from "./context.ts";
 
 /** `logs` from the store when it is asked for (`--from`) or a session's; false: not this case. */
 export async function logsFromStore(
@@ -23,7 +23,7 @@ export async function logsFromStore(
   opts: { follow?: boolean; format?: string; from?: string },
 ): Promise<boolean> {
   const meta = await readRun(id);
-  if (opts.from === undefined && meta?.mode !== "shell") return false;
+  if (opts.from === undefined && meta?.mode !== "shell" && meta?.mode !== "exec") return false;
   if (!meta) {
     throw new SandboxError("usage", `No run "${id}"`, {
       detail: `List runs with: ${cliName()} runs`,
@@ -36,15 +36,31 @@ export async function logsFromStore(
       `Invalid --from "${opts.from}": expected an event number or a time like "2025-01-31T12:00:00Z"`,
     );
   }
-  if (meta.mode !== "shell" && meta.status !== "running") await importRun(meta);
+  if (meta.mode !== "shell" && meta.mode !== "exec" && meta.status !== "running") {
+    await importRun(meta);
+  }
   const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
   const live = async () => (await readRun(id))?.status === "running";
   for await (const batch of replayStream(id, { from, follow: opts.follow, live, signal })) {
+    if (meta.mode === "exec") {
+      await showExec(batch);
+      continue;
+    }
     await stdout.write(batch.map((event) => shown(event, meta, pretty)).join(""));
     if (stdout.closed) break;
   }
   if (signal.aborted) cliState.endedBySignal = true;
   return true;
+}
+
+/** A recorded command's lines as it printed them: its stdout's on stdout, its stderr's on stderr. */
+async function showExec(batch: SessionEvent[]): Promise<void> {
+  for (const event of batch) {
+    if (event.type === "error") {
+      await stdout.flush();
+      writeStderr(event.data + "\n");
+    } else await stdout.write(event.data + "\n");
+  }
 }
 
 function shown(event: SessionEvent, meta: RunMeta, pretty: boolean): string {

@@ -62,7 +62,7 @@ export class StdoutWriter {
         bytes = bytes.subarray(n);
       }
     } catch (error) {
-      if (error instanceof Deno.errors.BrokenPipe) this.#closed = true;
+      if (isGoneOutput(error)) this.#closed = true;
       else throw error;
     }
   }
@@ -86,4 +86,13 @@ export function table(header: readonly string[], rows: readonly (readonly string
   const render = (row: readonly string[]) =>
     row.map((cell, i) => i === row.length - 1 ? cell : cell.padEnd(widths[i])).join("  ").trimEnd();
   return [render(header), ...rows.map(render)].join("\n");
+}
+
+/**
+ * A write to an output nobody reads any more: a closed pipe, or a terminal hung up (closed, or its
+ * ssh connection lost: EIO) under a supervisor that outlives it.
+ */
+export function isGoneOutput(error: unknown): boolean {
+  return error instanceof Deno.errors.BrokenPipe ||
+    (error instanceof Error && (error as { code?: unknown }).code === "EIO");
 }

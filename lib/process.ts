@@ -324,8 +324,17 @@ export async function processStartTicks(pid: number): Promise<number | undefined
  * since has another start time; without `startTicks` (an older record) the pid alone decides.
  */
 export async function isSameProcessAlive(pid: number, startTicks?: number): Promise<boolean> {
-  if (startTicks === undefined) return await isProcessAlive(pid);
-  return await processStartTicks(pid) === startTicks;
+  let stat: string;
+  try {
+    stat = await Deno.readTextFile(`/proc/${pid}/stat`);
+  } catch {
+    return false;
+  }
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  // A zombie has ended: it is only not yet reaped (its parent gone, under an init that does not
+  // reap, as in many containers).
+  if (fields[0] === "Z" || fields[0] === "X") return false;
+  return startTicks === undefined || Number(fields[19]) === startTicks;
 }
 
 /** Is a process with this pid alive on this host? (Linux: its /proc entry exists.) */

@@ -78,7 +78,9 @@ export class LiveCli implements AsyncDisposable {
   }
 
   async [Symbol.asyncDispose](): Promise<void> {
-    this.#kill("SIGKILL");
+    // SIGTERM, which the CLI passes on to its run's supervisor (SIGKILL would end only the CLI,
+    // and the run would go on); the deadline's SIGKILL remains for a CLI that hangs.
+    this.#kill("SIGTERM");
     await this.finish().catch(() => {});
     clearTimeout(this.#deadline);
   }

@@ -113,6 +113,22 @@ export class RunFixture implements AsyncDisposable {
     throw new Error(`no live run of ${this.profile} has a container`);
   }
 
+  /**
+   * SIGKILL the supervisor of this profile's live run (the process that runs it: killing the CLI
+   * does not end a run); its record, as it was then.
+   */
+  async killSupervisor(): Promise<RunMeta> {
+    await this.liveContainer();
+    for await (const entry of Deno.readDir(`${this.stateDir}/sandbox/runs`)) {
+      const meta = await this.meta(entry.name).catch(() => undefined);
+      if (meta?.status === "running") {
+        Deno.kill(meta.pid, "SIGKILL");
+        return meta;
+      }
+    }
+    throw new Error(`no live run of ${this.profile}`);
+  }
+
   /** `sandbox ARGS` to completion, with this fixture's config and environment (plus `env`). */
   cli(args: string[], env: Record<string, string> = {}): Promise<RunResult> {
     return runCli(args, {

@@ -61,6 +61,8 @@ export const REPLAY_PREFIX = "replay:";
 export const RUNS_WORKSPACE = "/workspace/runs";
 
 export interface RunRequest {
+  /** The run's id, when its caller chose it (a supervised run's); default a new one. */
+  id?: string;
   mode: "agentic" | "generate";
   prompt: string;
   profile: Profile;
@@ -208,7 +210,7 @@ async function planRun(request: RunRequest): Promise<RunPlan> {
       throw error;
     }
   }
-  const id = repo?.id ?? newRunId();
+  const id = repo?.id ?? request.id ?? newRunId();
   return {
     request,
     interrupt,
@@ -616,7 +618,7 @@ async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
     );
   }
   if (request.mode !== "agentic") throw new SandboxError("usage", "--repo is for run agentic");
-  const id = newRunId();
+  const id = request.id ?? newRunId();
   const branch = repo.branch ?? `sandbox/${id}`;
   if (isRemoteUrl(repo.path)) {
     const valid = await run(["git", "check-ref-format", "--branch", branch]);

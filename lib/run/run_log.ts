@@ -55,7 +55,7 @@ export type RunStatus =
 export interface RunMeta {
   id: string;
   /** `mcp`: an environment an MCP client worked in (lib/mcp). */
-  mode: "agentic" | "generate" | "mcp" | "shell";
+  mode: "agentic" | "generate" | "mcp" | "shell" | "exec";
   profile: string;
   model: string;
   /** "container" or "none" (unsafe: on the host). */

@@ -272,7 +272,8 @@ class SignalableCli implements AsyncDisposable {
 
   async [Symbol.asyncDispose](): Promise<void> {
     try {
-      this.child.kill("SIGKILL");
+      // Passed on to the run's supervisor (a SIGKILL would end only the CLI; the run goes on).
+      this.child.kill("SIGTERM");
     } catch {
       // Already exited.
     }

@@ -1,8 +1,8 @@
 /**
- * The work of a `--repo` run whose CLI was SIGKILLed comes back through the next `up`, through the
+ * The work of a `--repo` run whose process was SIGKILLed comes back through the next `up`, through the
  * same quarantine and checks as a finished run's branch: the agent commits, plants another ref and
  * an object of its own in its checkout (and, in the attack, a `.gitmodules` the checks refuse), the
- * CLI is killed while the agent's next LLM call is held, then `sandbox up` reaps. The real CLI, a
+ * run's supervisor is killed while the agent's next LLM call is held, then `sandbox up` reaps. The real CLI, a
  * real engine, a real repository, the scripted fake LLM on 127.0.0.1.
  */
 import assert from "node:assert/strict";
@@ -59,7 +59,7 @@ interface Killed {
   held: HeldLlm;
 }
 
-/** A `--repo` run whose agent ran `script`, its CLI SIGKILLed while its second LLM call is held. */
+/** A `--repo` run whose agent ran `script`, its supervisor SIGKILLed while its second LLM call is held. */
 async function killedRun(prefix: string, script: string): Promise<Killed & AsyncDisposable> {
   const held = new HeldLlm([toolCall("execute", { command: script }), text("done")]);
   const arrived = held.hold(2);
@@ -92,7 +92,8 @@ async function killedRun(prefix: string, script: string): Promise<Killed & Async
   const id = /run (\S+) \(profile/.exec(cli.stderr)?.[1];
   assert.ok(id, cli.explain());
   const container = await fixture.liveContainer();
-  Deno.kill(cli.pid, "SIGKILL");
+  // The run's own process (its supervisor) dies; the CLI that follows it ends with it.
+  await fixture.killSupervisor();
   await cli.finish();
   return {
     fixture,

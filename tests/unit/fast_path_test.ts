@@ -106,7 +106,11 @@ Deno.test("the fast path reads run and exec command lines exactly as commander d
     ],
     ["run", "agentic", "--push", "--repo", "https://example.test/x.git", "--prompt-file", "p"],
     ["run", "agentic", "--prompt-file", "p", "--agent", "claude-code"],
+    ["run", "agentic", "--prompt-file", "p", "--detach", "--json"],
+    ["run", "generate", "-d", "--prompt-file", "p"],
     ["exec", "--", "true"],
+    ["exec", "--detach", "--json", "--", "sleep", "9"],
+    ["exec", "-d", "true"],
     ["exec", "true"],
     ["exec", "ls", "-la", "--", "x"],
     [

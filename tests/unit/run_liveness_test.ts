@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { readRun, runsDir } from "../../lib/run/run_log.ts";
-import { processStartTicks } from "../../lib/process.ts";
+import { isSameProcessAlive, processStartTicks } from "../../lib/process.ts";
 import { tempDir, withEnv } from "../_helpers.ts";
 
 async function recordRunning(id: string, pid: number, pidStartTicks?: number): Promise<void> {
@@ -39,4 +39,29 @@ Deno.test("a running run whose pid now belongs to a process started later reads 
     assert.equal((await readRun("r-live"))?.status, "running");
     assert.equal((await readRun("r-reused"))?.status, "crashed");
   });
+});
+
+Deno.test("a running run whose process has ended but is not yet reaped (a zombie) reads as crashed", async () => {
+  await using dir = await tempDir("sandbox-liveness-");
+  // `sleep 0` ends at once; its parent, `sh` replaced by `sleep 30`, never reaps it.
+  const parent = new Deno.Command("sh", {
+    args: ["-c", "sleep 0 & echo $!; exec sleep 30"],
+    stdout: "piped",
+  }).spawn();
+  try {
+    const reader = parent.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    const pid = Number((await reader.read()).value?.trim());
+    await reader.cancel();
+    let stat = "";
+    while (!/\) Z /.test(stat)) stat = await Deno.readTextFile(`/proc/${pid}/stat`);
+    const ticks = await processStartTicks(pid);
+    assert.equal(await isSameProcessAlive(pid, ticks), false);
+    await withEnv({ XDG_STATE_HOME: dir.path }, async () => {
+      await recordRunning("r-zombie", pid, ticks);
+      assert.equal((await readRun("r-zombie"))?.status, "crashed");
+    });
+  } finally {
+    parent.kill("SIGKILL");
+    await parent.status;
+  }
 });
