@@ -72,20 +72,7 @@ export async function runAction(
     throw new SandboxError("usage", "--base, --branch, --keep-worktree and --push need --repo");
   }
   const profile = await profileFor(command, opts.profile);
-  const prompt = await readInputText(opts.promptFile, MAX_PROMPT_BYTES, PROMPT);
-  const instructions = opts.instructionsFile
-    ? await readInputText(opts.instructionsFile, MAX_PROMPT_BYTES, INSTRUCTIONS)
-    : undefined;
-  let schema: JsonSchema | undefined;
-  if (opts.schema) {
-    const text = await readInputText(opts.schema, MAX_SCHEMA_BYTES, { what: "schema" });
-    try {
-      const { parseJsonSchema } = await import("../worker/json_schema.ts");
-      schema = parseJsonSchema(text, opts.schema);
-    } catch (error) {
-      throw new SandboxError("usage", (error as Error).message);
-    }
-  }
+  const { prompt, instructions, schema } = await readRunInputs(opts);
   const [{ runAgent }, { encodeMessage }, { renderMessage }] = await modules;
   const pretty = (opts.format ?? (Deno.stdout.isTerminal() ? "pretty" : "ndjson")) === "pretty";
   const outcome = await runAgent({
@@ -128,6 +115,24 @@ export async function runAction(
   if (outcome.storeError) reportError(outcome.storeError);
   await applyRetention(command);
   return outcome.exitCode;
+}
+
+/** The prompt, instructions and schema the flags name, each read with its size limit. */
+async function readRunInputs(
+  opts: RunFlags,
+): Promise<{ prompt: string; instructions?: string; schema?: JsonSchema }> {
+  const prompt = await readInputText(opts.promptFile, MAX_PROMPT_BYTES, PROMPT);
+  const instructions = opts.instructionsFile
+    ? await readInputText(opts.instructionsFile, MAX_PROMPT_BYTES, INSTRUCTIONS)
+    : undefined;
+  if (!opts.schema) return { prompt, instructions };
+  const text = await readInputText(opts.schema, MAX_SCHEMA_BYTES, { what: "schema" });
+  try {
+    const { parseJsonSchema } = await import("../worker/json_schema.ts");
+    return { prompt, instructions, schema: parseJsonSchema(text, opts.schema) };
+  } catch (error) {
+    throw new SandboxError("usage", (error as Error).message);
+  }
 }
 
 /** `state.retention`, when configured: finished runs past it go once this run has ended. */
