@@ -25,35 +25,12 @@ import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
 import { trace } from "../lib/trace.ts";
 import { note, stdout } from "./context.ts";
+import { SUPERVISED_RUN_ENV, superviseForeground, supervisorArgs } from "./supervise_first.ts";
 
-/** The environment variable that makes a `sandbox run` the supervisor of run ID (its value). */
-export const SUPERVISED_RUN_ENV = "SANDBOX_SUPERVISED_RUN";
+export { SUPERVISED_RUN_ENV, supervisorArgs };
+
 /** How often `run --detach` looks for the run's record while it starts. */
 const START_POLL_MS = 50;
-
-/** `setsid`'s arguments to run this program again with `args`, as it was started. */
-export function supervisorArgs(args: string[]): string[] {
-  const main = Deno.mainModule;
-  const denoConfig = main.startsWith("file:") ? new URL("./deno.json", main) : undefined;
-  return [
-    Deno.execPath(),
-    "run",
-    "--allow-all",
-    "--quiet",
-    ...(denoConfig && existsSync(denoConfig) ? ["--config", denoConfig.pathname] : []),
-    main,
-    ...args,
-  ];
-}
-
-function existsSync(url: URL): boolean {
-  try {
-    Deno.statSync(url);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /** The run this process supervises (and the variable forgotten), or undefined: start one. */
 export function supervisedRunId(): string | undefined {
@@ -82,38 +59,16 @@ export async function startSupervised(opts: SupervisedOptions): Promise<number> 
   }
   const { newRunId } = await import("../lib/run/run_log.ts");
   const id = newRunId();
+  if (!opts.detach) return await superviseForeground(id, Deno.args);
   const child = new Deno.Command("setsid", {
     args: supervisorArgs(Deno.args),
     env: { [SUPERVISED_RUN_ENV]: id },
-    stdin: opts.detach && !opts.stdin ? "null" : "inherit",
-    stdout: opts.detach ? "null" : "inherit",
-    stderr: opts.detach ? "piped" : "inherit",
+    stdin: opts.stdin ? "inherit" : "null",
+    stdout: "null",
+    stderr: "piped",
   }).spawn();
   trace("cli: supervisor started");
-  if (opts.detach) return await detached(child, id, opts);
-  // Each Ctrl-C or SIGTERM is the run's: the supervisor decides what it does (as the CLI did).
-  const forwarders = (["SIGINT", "SIGTERM"] as const).map((name) => {
-    const forward = () => {
-      try {
-        child.kill(name);
-      } catch {
-        // The supervisor has ended: its status below is the answer.
-      }
-    };
-    Deno.addSignalListener(name, forward);
-    return () => Deno.removeSignalListener(name, forward);
-  });
-  try {
-    const status = await child.status;
-    if (status.signal !== null) {
-      note(
-        `run ${id}: its supervisor was ended by ${status.signal}; what it recorded: ${cliName()} logs ${id}`,
-      );
-    }
-    return status.code;
-  } finally {
-    for (const remove of forwarders) remove();
-  }
+  return await detached(child, id, opts);
 }
 
 /** `--detach`: the run's id once it is recorded; or, when it ended first, its stderr and code. */

@@ -84,11 +84,7 @@ export function runsDir(): string {
   return `${userStateDir()}/runs`;
 }
 
-/** A new run id: sortable by start time, unique across concurrent runs. */
-export function newRunId(now = new Date()): string {
-  const stamp = now.toISOString().replace(/[-:]/g, "").replace("T", "-").slice(0, 15);
-  return `${stamp}-${crypto.randomUUID().slice(0, 6)}`;
-}
+export { newRunId } from "./run_id.ts";
 
 /** An append-only file of the run's record, with the length of its whole lines. */
 interface RecordFile {

@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import type { Command } from "commander";
-import { buildProgram } from "../../cli.ts";
+import { buildProgram } from "../../cli/main.ts";
 import { parseFastPath } from "../../cli/fast_path.ts";
 import { tempDir } from "../_helpers.ts";
 
