@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Provision what a fresh Debian 12 machine lacks to build and test sandbox:
-# Deno (from npm), a Docker engine (Debian's docker.io, started if none is
+# Deno (from npm), bubblewrap (mode local), a Docker engine (Debian's docker.io, started if none is
 # running) and the locally built base image. Idempotent: every step checks first.
 set -euo pipefail
 
@@ -85,7 +85,18 @@ ensure_devcontainer_cli() {
   DENO_DIR="$dir" deno cache --no-config --no-lock --quiet "$spec"
 }
 
+# Sandbox mode local isolates with bubblewrap (docs/local.md): Debian's package, when missing.
+ensure_bubblewrap() {
+  if command -v bwrap >/dev/null 2>&1; then
+    log "bubblewrap $(bwrap --version | cut -d' ' -f2) present"
+    return
+  fi
+  log "installing bubblewrap from Debian packages (sandbox mode local)"
+  apt_install bubblewrap
+}
+
 ensure_deno
+ensure_bubblewrap
 ensure_devcontainer_cli
 ensure_docker
 "$here/build-base-image.sh"
