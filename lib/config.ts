@@ -121,7 +121,7 @@ const DevcontainerSchema = z.object({
 }).strict();
 
 const SandboxSchema = z.object({
-  mode: z.enum(["none", "container", "devcontainer"]).default("container"),
+  mode: z.enum(["none", "container", "devcontainer", "local"]).default("container"),
   devcontainer: DevcontainerSchema.default({}),
   /** The base image the sandbox image is layered on. */
   image: z.string().min(1).default(DEFAULT_BASE_IMAGE),

@@ -562,8 +562,8 @@ async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
   const repo = request.repo!;
   if (request.profile.sandbox.mode === "devcontainer") {
     (await devcontainerModule()).requireLocalRepo(repo.path, isRemoteUrl(repo.path));
-  } else if (request.profile.sandbox.mode !== "container") {
-    throw new SandboxError("usage", '--repo needs sandbox mode "container"', {
+  } else if (request.profile.sandbox.mode !== "container" && request.profile.sandbox.mode !== "local") {
+    throw new SandboxError("usage", '--repo needs sandbox mode "container" or "local"', {
       detail:
         "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
     });

@@ -1,0 +1,237 @@
+/**
+ * The bubblewrap command lines of sandbox mode local (docs/local.md).
+ *
+ * A sandbox is one *holder*: `bwrap --unshare-all … sleep` whose user, network (only `lo`) and pid
+ * namespaces the sandbox's commands share — so that the relay one command runs serves the worker
+ * another runs on the same loopback, and killing the holder ends every process of the sandbox. Each
+ * command enters those namespaces (`nsenter`, from this process, with no more than the rights this
+ * user has there) and is then started by a second `bwrap` of its own: a new user, pid, ipc, uts and
+ * cgroup namespace, a new session, no new privileges, no capabilities, the seccomp filter
+ * (seccomp.ts), and a filesystem made of the system read-only and the sandbox's own directories.
+ * Nothing of this user's home is bound, only the paths below.
+ */
+import { SandboxError } from "../../errors.ts";
+import { run } from "../../process.ts";
+
+/** The sandbox user inside (the container's sandbox uid, for the same file ownership). */
+export const LOCAL_UID = 10001;
+/** Where the sandbox's own directories appear inside. */
+export const LOCAL_PATHS = {
+  workspace: "/workspace",
+  home: "/home/sandbox",
+  tmp: "/tmp",
+  proxy: "/run/sandbox-proxy",
+  cache: "/cache",
+  /** Host programs bound in read-only: deno, the worker and relay bundles. */
+  deno: "/opt/sandbox/bin/deno",
+  worker: "/opt/sandbox/worker.js",
+  relay: "/opt/sandbox/relay.js",
+} as const;
+/** The file descriptor on which bwrap reads the seccomp program (a single digit: dash redirects no other). */
+export const SECCOMP_FD = 9;
+/** The PATH of every command in the sandbox: deno first. */
+export const LOCAL_PATH = "/opt/sandbox/bin:/usr/local/bin:/usr/bin:/bin";
+/** Top-level system directories bound read-only (or re-made as the links they are). */
+const SYSTEM_DIRS = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+/**
+ * What of /etc a command needs (users, name resolution, certificates, the dynamic linker, time
+ * zone); never all of it: this user may be root, who can read /etc/shadow.
+ */
+const ETC_ENTRIES = [
+  "passwd",
+  "group",
+  "hosts",
+  "nsswitch.conf",
+  "resolv.conf",
+  "ssl",
+  "ca-certificates",
+  "ca-certificates.conf",
+  "alternatives",
+  "ld.so.cache",
+  "ld.so.conf",
+  "ld.so.conf.d",
+  "localtime",
+  "os-release",
+  "mime.types",
+  "gitconfig",
+];
+
+/** The host directories of one sandbox (all made by the host, removed at release). */
+export interface SandboxDirs {
+  root: string;
+  workspace: string;
+  home: string;
+  tmp: string;
+  proxy: string;
+}
+
+/** What an exec binds besides the sandbox's own directories. */
+export interface HostPrograms {
+  deno: string;
+  worker?: string;
+  relay?: string;
+  /** The repository's object cache, read-only at /cache. */
+  cache?: string;
+}
+
+/** The host's programs this mode needs, found once per process. */
+export interface LocalTools {
+  bwrap: string;
+  nsenter: string;
+}
+
+let probed: Promise<LocalTools> | undefined;
+
+/** The programs mode local needs, and a check that user namespaces work; else an exit-125 error. */
+export function localTools(): Promise<LocalTools> {
+  probed ??= probeTools();
+  // A failed probe is not kept: the user may install bwrap and try again in the same process.
+  probed.catch(() => probed = undefined);
+  return probed;
+}
+
+async function which(program: string): Promise<string | undefined> {
+  for (const dir of (Deno.env.get("PATH") ?? "/usr/bin:/bin").split(":")) {
+    const path = `${dir || "."}/${program}`;
+    const info = await Deno.stat(path).catch(() => undefined);
+    if (info?.isFile && ((info.mode ?? 0) & 0o111) !== 0) return path;
+  }
+  return undefined;
+}
+
+async function probeTools(): Promise<LocalTools> {
+  const [bwrap, nsenter] = await Promise.all([which("bwrap"), which("nsenter")]);
+  if (!bwrap) {
+    throw new SandboxError("unsupported", 'Sandbox mode "local" needs bubblewrap: "bwrap" not found', {
+      detail: "Install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)" +
+        ', or use sandbox mode "container"',
+    });
+  }
+  if (!nsenter) {
+    throw new SandboxError("unsupported", 'Sandbox mode "local" needs "nsenter" (util-linux)', {
+      detail: "Install util-linux",
+    });
+  }
+  const probe = await run([bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"], {
+    clearEnv: true,
+    timeoutMs: 30_000,
+  });
+  if (probe.exitCode !== 0) {
+    throw new SandboxError(
+      "unsupported",
+      `Sandbox mode "local" needs unprivileged user namespaces, which this machine refuses: ${
+        probe.stderr.trim().split("\n").at(-1) ?? `bwrap exited ${probe.exitCode}`
+      }`,
+      {
+        detail: "Enable them (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0; " +
+          "Ubuntu 24.04+: kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for bwrap)" +
+          ', or use sandbox mode "container"',
+      },
+    );
+  }
+  return { bwrap, nsenter };
+}
+
+/** The system read-only: /usr and its companions as they are on the host, and the /etc entries above. */
+export async function systemArgs(): Promise<string[]> {
+  const args: string[] = [];
+  for (const name of SYSTEM_DIRS) {
+    const info = await Deno.lstat(`/${name}`).catch(() => undefined);
+    if (info?.isSymlink) args.push("--symlink", await Deno.readLink(`/${name}`), `/${name}`);
+    else if (info?.isDirectory) args.push("--ro-bind", `/${name}`, `/${name}`);
+  }
+  for (const name of ETC_ENTRIES) {
+    if (await Deno.lstat(`/etc/${name}`).then(() => true, () => false)) {
+      args.push("--ro-bind", `/etc/${name}`, `/etc/${name}`);
+    }
+  }
+  return args;
+}
+
+/** The holder's command line (`system`: `systemArgs()`): the namespaces every command shares. */
+export function holderArgv(tools: LocalTools, system: readonly string[]): string[] {
+  return [
+    tools.bwrap,
+    "--unshare-all",
+    "--die-with-parent",
+    "--new-session",
+    ...system,
+    "--proc",
+    "/proc",
+    // The child's pid, as soon as its namespaces exist, on stdout (read by the host).
+    "--info-fd",
+    "1",
+    "--",
+    "sleep",
+    "infinity",
+  ];
+}
+
+/**
+ * A command in the sandbox whose holder's first process is `holderPid`: entered into its
+ * namespaces, then confined by a bwrap of its own (see the module's comment). The seccomp program
+ * is read from `SECCOMP_FD`, which the caller opens (limits.ts `wrapperArgv`).
+ */
+export function execArgv(
+  sandbox: { tools: LocalTools; holderPid: number; system: readonly string[] },
+  dirs: SandboxDirs,
+  programs: HostPrograms,
+  command: { argv: readonly string[]; cwd?: string },
+): string[] {
+  const { tools, holderPid, system } = sandbox;
+  const bind = (from: string | undefined, to: string, ro = true): string[] =>
+    from === undefined ? [] : [ro ? "--ro-bind" : "--bind", from, to];
+  return [
+    tools.nsenter,
+    `--target=${holderPid}`,
+    "--user",
+    "--net",
+    "--pid",
+    "--preserve-credentials",
+    "--",
+    tools.bwrap,
+    ...NAMESPACE_ARGS,
+    "--uid",
+    String(LOCAL_UID),
+    "--gid",
+    String(LOCAL_UID),
+    "--hostname",
+    "sandbox",
+    ...system,
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    ...bind(dirs.workspace, LOCAL_PATHS.workspace, false),
+    ...bind(dirs.home, LOCAL_PATHS.home, false),
+    ...bind(dirs.tmp, LOCAL_PATHS.tmp, false),
+    ...bind(dirs.proxy, LOCAL_PATHS.proxy),
+    ...bind(programs.cache, LOCAL_PATHS.cache),
+    ...bind(programs.deno, LOCAL_PATHS.deno),
+    ...bind(programs.worker, LOCAL_PATHS.worker),
+    ...bind(programs.relay, LOCAL_PATHS.relay),
+    ...SECCOMP_ARGS,
+    "--remount-ro",
+    "/",
+    "--chdir",
+    command.cwd ?? LOCAL_PATHS.workspace,
+    "--",
+    ...command.argv,
+  ];
+}
+
+/** Each command's own namespaces and session (the network is the holder's: only `lo`). */
+export const NAMESPACE_ARGS: readonly string[] = [
+  "--unshare-user",
+  "--unshare-ipc",
+  "--unshare-uts",
+  "--unshare-cgroup-try",
+  "--unshare-pid",
+  "--die-with-parent",
+  "--new-session",
+  "--cap-drop",
+  "ALL",
+];
+
+/** The seccomp filter, read from the descriptor the wrapper opens. */
+export const SECCOMP_ARGS: readonly string[] = ["--seccomp", String(SECCOMP_FD)];
