@@ -20,7 +20,9 @@ async function openLocal(): Promise<ConformanceSubject> {
     writable: ["/workspace", "/tmp", "/home/sandbox"],
     async traces(sandbox) {
       const dir = `${state}/sandbox/local/${sandbox}`;
-      const cgroups = ["memory", "pids", "cpu"].map((c) => `/sys/fs/cgroup/${c}/sandbox-local/${sandbox}`)
+      const cgroups = ["memory", "pids", "cpu"].map((c) =>
+        `/sys/fs/cgroup/${c}/sandbox-local/${sandbox}`
+      )
         .concat(`/sys/fs/cgroup/sandbox-local/${sandbox}`);
       const found: string[] = [];
       for (const path of [dir, ...cgroups]) {

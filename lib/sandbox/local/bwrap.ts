@@ -102,20 +102,28 @@ async function which(program: string): Promise<string | undefined> {
 async function probeTools(): Promise<LocalTools> {
   const [bwrap, nsenter] = await Promise.all([which("bwrap"), which("nsenter")]);
   if (!bwrap) {
-    throw new SandboxError("unsupported", 'Sandbox mode "local" needs bubblewrap: "bwrap" not found', {
-      detail: "Install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)" +
-        ', or use sandbox mode "container"',
-    });
+    throw new SandboxError(
+      "unsupported",
+      'Sandbox mode "local" needs bubblewrap: "bwrap" not found',
+      {
+        detail:
+          "Install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)" +
+          ', or use sandbox mode "container"',
+      },
+    );
   }
   if (!nsenter) {
     throw new SandboxError("unsupported", 'Sandbox mode "local" needs "nsenter" (util-linux)', {
       detail: "Install util-linux",
     });
   }
-  const probe = await run([bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"], {
-    clearEnv: true,
-    timeoutMs: 30_000,
-  });
+  const probe = await run(
+    [bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],
+    {
+      clearEnv: true,
+      timeoutMs: 30_000,
+    },
+  );
   if (probe.exitCode !== 0) {
     throw new SandboxError(
       "unsupported",
@@ -123,7 +131,8 @@ async function probeTools(): Promise<LocalTools> {
         probe.stderr.trim().split("\n").at(-1) ?? `bwrap exited ${probe.exitCode}`
       }`,
       {
-        detail: "Enable them (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0; " +
+        detail:
+          "Enable them (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0; " +
           "Ubuntu 24.04+: kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for bwrap)" +
           ', or use sandbox mode "container"',
       },
@@ -148,6 +157,9 @@ export async function systemArgs(): Promise<string[]> {
   return args;
 }
 
+/** What the holder runs: nothing but a wait, until the sandbox is destroyed. */
+export const HOLDER_COMMAND = ["sleep", "infinity"] as const;
+
 /** The holder's command line (`system`: `systemArgs()`): the namespaces every command shares. */
 export function holderArgv(tools: LocalTools, system: readonly string[]): string[] {
   return [
@@ -162,8 +174,7 @@ export function holderArgv(tools: LocalTools, system: readonly string[]): string
     "--info-fd",
     "1",
     "--",
-    "sleep",
-    "infinity",
+    ...HOLDER_COMMAND,
   ];
 }
 

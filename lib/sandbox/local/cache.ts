@@ -50,7 +50,11 @@ export async function updateLocalCache(
   });
   const outcome = await child.finished;
   if (outcome.exitCode !== 0) {
-    throw new CommandExitError("exec_failed", `Cannot update the repository cache "${dir}"`, outcome);
+    throw new CommandExitError(
+      "exec_failed",
+      `Cannot update the repository cache "${dir}"`,
+      outcome,
+    );
   }
   return sent;
 }

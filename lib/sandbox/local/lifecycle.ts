@@ -22,7 +22,12 @@ import type {
 import { denoBinaryPath, relayBundlePath, workerBundlePath } from "../worker_bundle.ts";
 import { LOCAL_PATHS } from "./bwrap.ts";
 import { localCacheDir, updateLocalCache } from "./cache.ts";
-import { createLocalSandbox, LocalSandbox, localSandboxesDir, removeSandboxDir } from "./local_sandbox.ts";
+import {
+  createLocalSandbox,
+  LocalSandbox,
+  localSandboxesDir,
+  removeSandboxDir,
+} from "./local_sandbox.ts";
 import { applyLimits } from "./limits.ts";
 
 /** How often the checkout's size is measured. */
@@ -152,5 +157,3 @@ export class LocalLifecycle implements SandboxLifecycle {
     return reaped;
   }
 }
-
-

@@ -60,7 +60,9 @@ export async function applyLimits(id: string, profile: Profile): Promise<LocalLi
       await write(`${v2}/memory.max`, String(r.memoryBytes));
       await write(`${v2}/memory.swap.max`, "0").catch(() => {}); // no swap controller: none to cap
       await write(`${v2}/pids.max`, String(r.pids));
-      if (r.cpus > 0) await write(`${v2}/cpu.max`, `${Math.round(r.cpus * CPU_PERIOD_US)} ${CPU_PERIOD_US}`);
+      if (r.cpus > 0) {
+        await write(`${v2}/cpu.max`, `${Math.round(r.cpus * CPU_PERIOD_US)} ${CPU_PERIOD_US}`);
+      }
       return cgroupLimits("cgroup2", [v2], {
         oom: `${v2}/memory.events`,
         memory: `${v2}/memory.current`,
@@ -68,9 +70,15 @@ export async function applyLimits(id: string, profile: Profile): Promise<LocalLi
       });
     }
   }
-  const v1 = { memory: `${CGROUP_ROOT}/memory/${PARENT}/${id}`, pids: `${CGROUP_ROOT}/pids/${PARENT}/${id}`, cpu: `${CGROUP_ROOT}/cpu/${PARENT}/${id}` };
-  if (await Deno.stat(`${CGROUP_ROOT}/memory/cgroup.procs`).then(() => true, () => false) &&
-    await writable(v1.memory) && await writable(v1.pids) && await writable(v1.cpu)) {
+  const v1 = {
+    memory: `${CGROUP_ROOT}/memory/${PARENT}/${id}`,
+    pids: `${CGROUP_ROOT}/pids/${PARENT}/${id}`,
+    cpu: `${CGROUP_ROOT}/cpu/${PARENT}/${id}`,
+  };
+  if (
+    await Deno.stat(`${CGROUP_ROOT}/memory/cgroup.procs`).then(() => true, () => false) &&
+    await writable(v1.memory) && await writable(v1.pids) && await writable(v1.cpu)
+  ) {
     await write(`${v1.memory}/memory.limit_in_bytes`, String(r.memoryBytes));
     await write(`${v1.pids}/pids.max`, String(r.pids));
     if (r.cpus > 0) {
@@ -91,7 +99,8 @@ function cgroupLimits(
   dirs: string[],
   files: { oom: string; memory: string; pids: string },
 ): LocalLimits {
-  const number = async (path: string) => Number((await Deno.readTextFile(path).catch(() => "0")).trim()) || 0;
+  const number = async (path: string) =>
+    Number((await Deno.readTextFile(path).catch(() => "0")).trim()) || 0;
   return {
     kind,
     wrap: (argv, seccompFile) => [
@@ -109,7 +118,10 @@ function cgroupLimits(
       const text = await Deno.readTextFile(files.oom).catch(() => "");
       return Number(/^oom_kill (\d+)$/m.exec(text)?.[1] ?? 0);
     },
-    usage: async () => ({ memoryBytes: await number(files.memory), pids: await number(files.pids) }),
+    usage: async () => ({
+      memoryBytes: await number(files.memory),
+      pids: await number(files.pids),
+    }),
     async remove() {
       for (const dir of dirs) await killAndRemove(dir);
     },

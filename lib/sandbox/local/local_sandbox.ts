@@ -11,7 +11,13 @@
 import type { Profile } from "../../config.ts";
 import { SandboxError } from "../../errors.ts";
 import { userStateDir } from "../../paths.ts";
-import { type ChildProcess, processStartTicks, run, spawn, type SpawnOptions } from "../../process.ts";
+import {
+  type ChildProcess,
+  processStartTicks,
+  run,
+  spawn,
+  type SpawnOptions,
+} from "../../process.ts";
 import { assertNoSecrets } from "../../secret_guard.ts";
 import { extractTar } from "../../tar_extract.ts";
 import { execStreamOf } from "../exec_stream.ts";
@@ -123,6 +129,30 @@ async function holderChildPid(holder: ChildProcess): Promise<number> {
   );
 }
 
+/**
+ * Wait until the holder's first process `pid` has started `sleep`: only then are its namespaces
+ * complete (the user namespace's id maps are written after the child-pid is said).
+ */
+async function holderReady(holder: ChildProcess, pid: number): Promise<void> {
+  let ended = false;
+  holder.finished.then(() => ended = true, () => ended = true);
+  for (let attempt = 0; attempt < 2_000 && !ended; attempt++) {
+    const children = await Deno.readTextFile(`/proc/${pid}/task/${pid}/children`).catch(() => "");
+    for (const child of children.split(" ").filter(Boolean)) {
+      const comm = await Deno.readTextFile(`/proc/${child}/comm`).catch(() => "");
+      if (comm.trim() === "sleep") return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  const outcome = await Promise.race([holder.finished, Promise.resolve(undefined)]);
+  throw new SandboxError(
+    "exec_failed",
+    `Cannot start the local sandbox: its holder did not come up${
+      outcome ? `: bwrap exited ${outcome.exitCode}: ${outcome.stderrTail.trim()}` : ""
+    }`,
+  );
+}
+
 export class LocalSandbox implements SandboxProvider {
   readonly createdAt = new Date().toISOString();
   #holder?: ChildProcess;
@@ -148,6 +178,7 @@ export class LocalSandbox implements SandboxProvider {
     const holder = spawn(holderArgv(this.tools, this.#system), { clearEnv: true });
     this.#holder = holder;
     this.#holderPid = await holderChildPid(holder);
+    await holderReady(holder, this.#holderPid);
     return await this.status();
   }
 
@@ -164,7 +195,10 @@ export class LocalSandbox implements SandboxProvider {
   /** The host argv that runs `argv` in the sandbox. */
   argvFor(argv: readonly string[], cwd?: string): string[] {
     if (!this.#holder || this.#destroyed) {
-      throw new SandboxError("container_not_found", `Local sandbox "${this.containerName}" is not running`);
+      throw new SandboxError(
+        "container_not_found",
+        `Local sandbox "${this.containerName}" is not running`,
+      );
     }
     const inner = execArgv(
       { tools: this.tools, holderPid: this.#holderPid, system: this.#system },
@@ -193,7 +227,11 @@ export class LocalSandbox implements SandboxProvider {
     return child;
   }
 
-  async #finish(child: ChildProcess, options: ExecOptions, oomBefore: number): Promise<ExecStreamOutcome> {
+  async #finish(
+    child: ChildProcess,
+    options: ExecOptions,
+    oomBefore: number,
+  ): Promise<ExecStreamOutcome> {
     const ended = await child.finished;
     if (ended.timedOut) {
       throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
@@ -255,7 +293,10 @@ export class LocalSandbox implements SandboxProvider {
     const data = new Uint8Array(await new Response(bytes.stdout).arrayBuffer());
     const outcome = await bytes.outcome;
     if (outcome.exitCode !== 0) {
-      throw new SandboxError("exec_failed", `Cannot read "${path}" in the sandbox: ${outcome.stderrTail.trim()}`);
+      throw new SandboxError(
+        "exec_failed",
+        `Cannot read "${path}" in the sandbox: ${outcome.stderrTail.trim()}`,
+      );
     }
     return data;
   }
@@ -276,11 +317,18 @@ export class LocalSandbox implements SandboxProvider {
       mode,
     ], { stdin: data, signal: options.signal });
     if (result.exitCode !== 0) {
-      throw new SandboxError("exec_failed", `Cannot write "${path}" in the sandbox: ${result.stderr.trim()}`);
+      throw new SandboxError(
+        "exec_failed",
+        `Cannot write "${path}" in the sandbox: ${result.stderr.trim()}`,
+      );
     }
   }
 
-  async copyIn(hostPath: string, sandboxPath: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+  async copyIn(
+    hostPath: string,
+    sandboxPath: string,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<void> {
     const info = await Deno.stat(hostPath);
     if (!info.isDirectory) {
       return await this.writeFile(sandboxPath, await Deno.readFile(hostPath), {
@@ -302,10 +350,16 @@ export class LocalSandbox implements SandboxProvider {
     }
   }
 
-  async copyOut(sandboxPath: string, hostPath: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+  async copyOut(
+    sandboxPath: string,
+    hostPath: string,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<void> {
     const isDir = await this.exec(["test", "-d", sandboxPath], options);
     if (isDir.exitCode !== 0) {
-      return await Deno.writeFile(hostPath, await this.readFile(sandboxPath, options), { mode: 0o600 });
+      return await Deno.writeFile(hostPath, await this.readFile(sandboxPath, options), {
+        mode: 0o600,
+      });
     }
     await Deno.mkdir(hostPath, { recursive: true });
     const tar = this.execBytes(["tar", "-C", sandboxPath, "-cf", "-", "."], options);
@@ -314,7 +368,10 @@ export class LocalSandbox implements SandboxProvider {
     });
     const outcome = await tar.outcome;
     if (outcome.exitCode !== 0) {
-      throw new SandboxError("exec_failed", `Cannot copy "${sandboxPath}" out: ${outcome.stderrTail.trim()}`);
+      throw new SandboxError(
+        "exec_failed",
+        `Cannot copy "${sandboxPath}" out: ${outcome.stderrTail.trim()}`,
+      );
     }
   }
 
@@ -349,7 +406,10 @@ export class LocalSandbox implements SandboxProvider {
   }
 
   async healthCheck(): Promise<boolean> {
-    return await this.exec(["true"], { timeoutMs: 30_000 }).then((r) => r.exitCode === 0, () => false);
+    return await this.exec(["true"], { timeoutMs: 30_000 }).then(
+      (r) => r.exitCode === 0,
+      () => false,
+    );
   }
 
   async teardown(): Promise<TeardownReport> {
