@@ -24,7 +24,7 @@ import { LOCAL_PATHS } from "./bwrap.ts";
 import { localCacheDir, updateLocalCache } from "./cache.ts";
 import {
   createLocalSandbox,
-  LocalSandbox,
+  type LocalSandbox,
   localSandboxesDir,
   removeSandboxDir,
 } from "./local_sandbox.ts";

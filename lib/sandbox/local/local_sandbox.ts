@@ -336,10 +336,12 @@ export class LocalSandbox implements SandboxProvider {
         signal: options.signal,
       });
     }
+    // The archive is read whole, then sent as bytes (the host path is the user's own choice).
     const tar = spawn(["tar", "-C", hostPath, "-cf", "-", "."], { signal: options.signal });
+    const archive = new Uint8Array(await new Response(tar.stdout).arrayBuffer());
     const result = await this.exec(
       ["sh", "-c", 'mkdir -p -- "$1" && tar -xf - -C "$1" --no-same-owner', "sh", sandboxPath],
-      { stdin: tar.stdout, signal: options.signal },
+      { stdin: archive, signal: options.signal },
     );
     const packed = await tar.finished;
     if (packed.exitCode !== 0 || result.exitCode !== 0) {
