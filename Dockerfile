@@ -19,13 +19,11 @@ RUN if ! getent passwd 10001 >/dev/null; then \
 # can read a starting wrapper's environment or ptrace it, nor can a sweep
 # mistake it for a leftover, in the milliseconds before the wrapper says so itself (prctl).
 RUN install -D -o root -g root -m 0711 "$(readlink -f /usr/bin/perl)" /usr/local/libexec/sandbox-perl
-COPY sandbox-exec /usr/local/bin/sandbox-exec
-COPY sandbox-attach /usr/local/bin/sandbox-attach
-COPY deno /usr/local/bin/deno
-COPY worker.js /opt/sandbox/worker.js
-COPY relay.js /opt/sandbox/relay.js
-RUN chmod 0755 /usr/local/bin/sandbox-exec /usr/local/bin/sandbox-attach /usr/local/bin/deno \
- && mkdir -p /opt/sandbox/deno-dir && chown 10001:10001 /opt/sandbox/deno-dir
+# The programs come with their mode (0755) set in the build context (lib/sandbox/image.ts): a
+# `RUN chmod` after the COPY would store the 96 MB deno binary a second time, in its own layer.
+COPY sandbox-exec sandbox-attach deno /usr/local/bin/
+COPY worker.js relay.js /opt/sandbox/
+RUN mkdir -p /opt/sandbox/deno-dir && chown 10001:10001 /opt/sandbox/deno-dir
 
 ENV HOME=/home/sandbox \
     LANG=C.UTF-8 \

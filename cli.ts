@@ -16,6 +16,7 @@ import {
   cliState,
   type Invocation,
   note,
+  onSecondInterrupt,
   signal,
   stdout,
 } from "./cli/context.ts";
@@ -37,19 +38,27 @@ export async function buildProgram(): Promise<Command> {
     { Command },
     { registerConfigCommands },
     { registerCpCommand },
+    { registerDoctorCommand },
+    { registerEgressCommands },
+    { registerMcpCommand },
     { registerProxyCommand },
     { registerRunCommand },
     { registerRunsCommands },
     { registerSandboxCommands },
+    { registerShellCommands },
     { registerTrustCommand },
   ] = await Promise.all([
     import("commander"),
     import("./cli/config_commands.ts"),
     import("./cli/cp_command.ts"),
+    import("./cli/doctor_command.ts"),
+    import("./cli/egress_command.ts"),
+    import("./cli/mcp_command.ts"),
     import("./cli/proxy_command.ts"),
     import("./cli/run_command.ts"),
     import("./cli/runs_commands.ts"),
     import("./cli/sandbox_commands.ts"),
+    import("./cli/shell_command.ts"),
     import("./cli/trust_command.ts"),
   ]);
   // Named as the user runs it (`./sandbox` from a checkout), so that the usage lines are true.
@@ -69,8 +78,12 @@ export async function buildProgram(): Promise<Command> {
   registerSandboxCommands(program);
   registerCpCommand(program);
   registerProxyCommand(program);
+  registerEgressCommands(program);
+  registerDoctorCommand(program);
+  registerMcpCommand(program);
   registerRunCommand(program);
   registerRunsCommands(program);
+  registerShellCommands(program);
   registerConfigCommands(program);
   registerTrustCommand(program);
   acceptGlobalOptionsAnywhere(program);
@@ -145,6 +158,8 @@ async function outcomeOf(command: () => Promise<void>): Promise<number> {
     await stdout.flush();
     return cliState.endedBySignal ? EXIT.ok : signal.aborted ? EXIT.interrupted : cliState.exitCode;
   } catch (error) {
+    // A stdout already broken (a closed pipe) cannot take the rest; the error reported below is
+    // what the user needs, and it goes to stderr.
     await stdout.flush().catch(() => {});
     if (error instanceof CommanderExit) {
       // Help and version are successes; anything else commander rejects is a usage error.
@@ -172,5 +187,7 @@ export function exitSoon(code: number): void {
 }
 
 if (import.meta.main) {
+  // A second Ctrl-C or SIGTERM ends the process at once, whatever the command is still doing.
+  onSecondInterrupt(() => Deno.exit(EXIT.interrupted));
   exitSoon(await main(Deno.args));
 }

@@ -327,35 +327,24 @@ async function interleaved<T>(
   return results;
 }
 
+type Endpoints = Record<"direct" | "proxy", Endpoint>;
+type Pair<T> = { direct: T[]; proxy: T[] };
+
 async function run(context: BenchContext): Promise<BenchResult> {
   const { signal } = context;
   await using upstream = new BenchUpstream();
   const stateDir = await Deno.makeTempDir({ prefix: "sandbox-bench-" });
   const client = Deno.createHttpClient({});
   try {
-    const loaded = parseConfig(
-      [
-        "profiles:",
-        "  bench:",
-        `    llm: {provider: custom, base_url: "${upstream.baseUrl}", key: {env: ${KEY_ENV}}}`,
-        // Only the credential proxy is measured: no egress proxy.
-        "    sandbox: {network: {mode: full}}",
-      ].join("\n"),
-      "bench profile",
-    );
-    if (loaded.kind !== "ok") {
-      throw new Error(`bench profile invalid: ${JSON.stringify(loaded.issues)}`);
-    }
-    const profile = resolveProfile(loaded.config, "bench");
     const redactor = new Redactor();
     const keys = new KeyStore({ redactor, env: (name) => (name === KEY_ENV ? KEY : undefined) });
-    await using proxies = await startHostProxies(profile, ["127.0.0.1"], {
+    await using proxies = await startHostProxies(benchProfile(upstream.baseUrl), ["127.0.0.1"], {
       keys,
       redactor,
       accessLogPath: `${stateDir}/access.ndjson`,
       signal,
     });
-    const endpoints: Record<"direct" | "proxy", Endpoint> = {
+    const endpoints: Endpoints = {
       direct: {
         url: `${upstream.baseUrl}/chat/completions`,
         headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
@@ -365,152 +354,209 @@ async function run(context: BenchContext): Promise<BenchResult> {
         headers: { authorization: `Bearer ${proxies.token}`, "content-type": "application/json" },
       },
     };
-
-    // 1. Added latency per request.
-    const body = JSON.stringify(REQUEST);
-    context.progress(`latency: ${LATENCY_WARMUP} warm-up + ${LATENCY_REQUESTS} requests each way`);
-    await interleaved(
-      LATENCY_WARMUP,
-      signal,
-      (which) => timeRequest(client, endpoints[which], body),
-    );
-    const latency = await interleaved(
-      LATENCY_REQUESTS,
-      signal,
-      (which) => timeRequest(client, endpoints[which], body),
-    );
-    const direct = sorted(latency.direct);
-    const proxied = sorted(latency.proxy);
-
-    // 2. Time to first event, on streams held after it.
-    context.progress(`first SSE event: ${FIRST_CHUNK_STREAMS} held streams each way`);
-    await interleaved(
-      FIRST_CHUNK_WARMUP,
-      signal,
-      (which) => firstEvent(client, upstream, endpoints[which]),
-    );
-    const first = await interleaved(
-      FIRST_CHUNK_STREAMS,
-      signal,
-      (which) => firstEvent(client, upstream, endpoints[which]),
-    );
-    const firstDirect = sorted(first.direct.map((r) => r.ms));
-    const firstProxy = sorted(first.proxy.map((r) => r.ms));
-    const unbufferedShare = (results: { unbuffered: boolean }[]) =>
-      (100 * results.filter((r) => r.unbuffered).length) / results.length;
-
-    // 3. Streaming throughput: small events one per write, then bulk writes.
-    const megabytes = (STREAM_EVENTS * EVENT.byteLength) / 1e6;
-    const bulkMegabytes = (BULK_EVENTS * EVENT.byteLength) / 1e6;
-    context.progress(
-      `SSE throughput: ${STREAM_ROUNDS} streams of ${STREAM_EVENTS} events and of ${bulkMegabytes} MB each way`,
-    );
-    await interleaved(1, signal, (which) => readStream(client, endpoints[which], STREAM_EVENTS));
-    const streams = await interleaved(
-      STREAM_ROUNDS,
-      signal,
-      (which) => readStream(client, endpoints[which], STREAM_EVENTS),
-    );
-    await interleaved(
-      1,
-      signal,
-      (which) => readStream(client, endpoints[which], BULK_EVENTS, BULK_BATCH),
-    );
-    const bulk = await interleaved(
-      STREAM_ROUNDS,
-      signal,
-      (which) => readStream(client, endpoints[which], BULK_EVENTS, BULK_BATCH),
-    );
-    const mbPerSecond = (runs: { ms: number; bytes: number }[]) =>
-      median(runs.map((r) => r.bytes / 1e6 / (r.ms / 1000)));
-    const eventsPerSecond = (runs: { ms: number; events: number }[]) =>
-      median(runs.map((r) => r.events / (r.ms / 1000)));
-
-    const addedP50 = percentile(proxied, 50) - percentile(direct, 50);
-    const figures: Figure[] = [
-      {
-        name: "request latency p50",
-        unit: "ms",
-        baseline: percentile(direct, 50),
-        measured: percentile(proxied, 50),
-        better: "lower",
-        target: { text: `added ≤ ${ADDED_P50_TARGET_MS} ms`, met: addedP50 <= ADDED_P50_TARGET_MS },
-      },
-      {
-        name: "request latency p99",
-        unit: "ms",
-        baseline: percentile(direct, 99),
-        measured: percentile(proxied, 99),
-        better: "lower",
-      },
-      {
-        name: "time to first SSE event p50",
-        unit: "ms",
-        baseline: percentile(firstDirect, 50),
-        measured: percentile(firstProxy, 50),
-        better: "lower",
-      },
-      {
-        name: "time to first SSE event p99",
-        unit: "ms",
-        baseline: percentile(firstDirect, 99),
-        measured: percentile(firstProxy, 99),
-        better: "lower",
-      },
-      {
-        name: "first SSE event before the next is sent",
-        unit: "%",
-        baseline: unbufferedShare(first.direct),
-        measured: unbufferedShare(first.proxy),
-        better: "higher",
-        target: { text: "unbuffered (100%)", met: unbufferedShare(first.proxy) === 100 },
-      },
-      {
-        name: "SSE throughput, 1 event per write",
-        unit: "events/s",
-        baseline: eventsPerSecond(streams.direct),
-        measured: eventsPerSecond(streams.proxy),
-        better: "higher",
-      },
-      {
-        name: "SSE throughput, 1 event per write",
-        unit: "MB/s",
-        baseline: mbPerSecond(streams.direct),
-        measured: mbPerSecond(streams.proxy),
-        better: "higher",
-      },
-      {
-        name: `SSE throughput, ${BULK_BATCH} events per write`,
-        unit: "events/s",
-        baseline: eventsPerSecond(bulk.direct),
-        measured: eventsPerSecond(bulk.proxy),
-        better: "higher",
-      },
-      {
-        name: `SSE throughput, ${BULK_BATCH} events per write`,
-        unit: "MB/s",
-        baseline: mbPerSecond(bulk.direct),
-        measured: mbPerSecond(bulk.proxy),
-        better: "higher",
-      },
-    ];
+    const latency = await measureLatency(client, endpoints, context);
+    const first = await measureFirstEvent(client, upstream, endpoints, context);
+    const throughput = await measureThroughput(client, endpoints, context);
     return {
-      figures,
-      notes: [
-        `latency: ${LATENCY_REQUESTS} sequential non-streaming POST /chat/completions each way after ${LATENCY_WARMUP} warm-up, interleaved; keep-alive on both hops`,
-        `first event: ${FIRST_CHUNK_STREAMS} streams each way; the upstream holds the rest until the client has the first event (gives up after ${HOLD_TIMEOUT_MS} ms)`,
-        `throughput: median of ${STREAM_ROUNDS} streams each way of ${
-          STREAM_EVENTS.toLocaleString("en-US")
-        } events × ${EVENT.byteLength} B (${megabytes} MB) written one by one, and of ${
-          BULK_EVENTS.toLocaleString("en-US")
-        } events (${bulkMegabytes} MB) written ${BULK_BATCH} at a time; counted by the client; MB = 10^6 bytes`,
-        "client, proxy (startHostProxies: token, KeyStore key, access log on disk) and upstream share one process on 127.0.0.1",
+      figures: [
+        ...latencyFigures(latency, first),
+        ...throughputFigures(throughput),
       ],
+      notes: proxyNotes(),
     };
   } finally {
     client.close();
+    // A temporary directory left behind is harmless; the figures (or the error) are what count.
     await Deno.remove(stateDir, { recursive: true }).catch(() => {});
   }
+}
+
+/** The bench's profile: its LLM is the bench upstream; no egress proxy (only one is measured). */
+function benchProfile(baseUrl: string) {
+  const loaded = parseConfig(
+    [
+      "profiles:",
+      "  bench:",
+      `    llm: {provider: custom, base_url: "${baseUrl}", key: {env: ${KEY_ENV}}}`,
+      // Only the credential proxy is measured: no egress proxy.
+      "    sandbox: {network: {mode: full}}",
+    ].join("\n"),
+    "bench profile",
+  );
+  if (loaded.kind !== "ok") {
+    throw new Error(`bench profile invalid: ${JSON.stringify(loaded.issues)}`);
+  }
+  return resolveProfile(loaded.config, "bench");
+}
+
+/** 1. Added latency per request: each way's times, sorted. */
+async function measureLatency(
+  client: Deno.HttpClient,
+  endpoints: Endpoints,
+  context: BenchContext,
+): Promise<{ direct: number[]; proxied: number[] }> {
+  const body = JSON.stringify(REQUEST);
+  context.progress(`latency: ${LATENCY_WARMUP} warm-up + ${LATENCY_REQUESTS} requests each way`);
+  await interleaved(
+    LATENCY_WARMUP,
+    context.signal,
+    (which) => timeRequest(client, endpoints[which], body),
+  );
+  const latency = await interleaved(
+    LATENCY_REQUESTS,
+    context.signal,
+    (which) => timeRequest(client, endpoints[which], body),
+  );
+  return { direct: sorted(latency.direct), proxied: sorted(latency.proxy) };
+}
+
+/** 2. Time to first event, on streams held after it. */
+async function measureFirstEvent(
+  client: Deno.HttpClient,
+  upstream: BenchUpstream,
+  endpoints: Endpoints,
+  context: BenchContext,
+): Promise<Pair<{ ms: number; unbuffered: boolean }>> {
+  context.progress(`first SSE event: ${FIRST_CHUNK_STREAMS} held streams each way`);
+  const measure = (which: "direct" | "proxy") => firstEvent(client, upstream, endpoints[which]);
+  await interleaved(FIRST_CHUNK_WARMUP, context.signal, measure);
+  return await interleaved(FIRST_CHUNK_STREAMS, context.signal, measure);
+}
+
+type StreamRun = { ms: number; bytes: number; events: number };
+
+/** 3. Streaming throughput: small events one per write, then bulk writes. */
+async function measureThroughput(
+  client: Deno.HttpClient,
+  endpoints: Endpoints,
+  context: BenchContext,
+): Promise<{ streams: Pair<StreamRun>; bulk: Pair<StreamRun> }> {
+  const { signal } = context;
+  const bulkMegabytes = (BULK_EVENTS * EVENT.byteLength) / 1e6;
+  context.progress(
+    `SSE throughput: ${STREAM_ROUNDS} streams of ${STREAM_EVENTS} events and of ${bulkMegabytes} MB each way`,
+  );
+  await interleaved(1, signal, (which) => readStream(client, endpoints[which], STREAM_EVENTS));
+  const streams = await interleaved(
+    STREAM_ROUNDS,
+    signal,
+    (which) => readStream(client, endpoints[which], STREAM_EVENTS),
+  );
+  await interleaved(
+    1,
+    signal,
+    (which) => readStream(client, endpoints[which], BULK_EVENTS, BULK_BATCH),
+  );
+  const bulk = await interleaved(
+    STREAM_ROUNDS,
+    signal,
+    (which) => readStream(client, endpoints[which], BULK_EVENTS, BULK_BATCH),
+  );
+  return { streams, bulk };
+}
+
+function latencyFigures(
+  { direct, proxied }: { direct: number[]; proxied: number[] },
+  first: Pair<{ ms: number; unbuffered: boolean }>,
+): Figure[] {
+  const firstDirect = sorted(first.direct.map((r) => r.ms));
+  const firstProxy = sorted(first.proxy.map((r) => r.ms));
+  const unbufferedShare = (results: { unbuffered: boolean }[]) =>
+    (100 * results.filter((r) => r.unbuffered).length) / results.length;
+  const addedP50 = percentile(proxied, 50) - percentile(direct, 50);
+  return [
+    {
+      name: "request latency p50",
+      unit: "ms",
+      baseline: percentile(direct, 50),
+      measured: percentile(proxied, 50),
+      better: "lower",
+      target: { text: `added ≤ ${ADDED_P50_TARGET_MS} ms`, met: addedP50 <= ADDED_P50_TARGET_MS },
+    },
+    {
+      name: "request latency p99",
+      unit: "ms",
+      baseline: percentile(direct, 99),
+      measured: percentile(proxied, 99),
+      better: "lower",
+    },
+    {
+      name: "time to first SSE event p50",
+      unit: "ms",
+      baseline: percentile(firstDirect, 50),
+      measured: percentile(firstProxy, 50),
+      better: "lower",
+    },
+    {
+      name: "time to first SSE event p99",
+      unit: "ms",
+      baseline: percentile(firstDirect, 99),
+      measured: percentile(firstProxy, 99),
+      better: "lower",
+    },
+    {
+      name: "first SSE event before the next is sent",
+      unit: "%",
+      baseline: unbufferedShare(first.direct),
+      measured: unbufferedShare(first.proxy),
+      better: "higher",
+      target: { text: "unbuffered (100%)", met: unbufferedShare(first.proxy) === 100 },
+    },
+  ];
+}
+
+function throughputFigures(
+  { streams, bulk }: { streams: Pair<StreamRun>; bulk: Pair<StreamRun> },
+): Figure[] {
+  const mbPerSecond = (runs: { ms: number; bytes: number }[]) =>
+    median(runs.map((r) => r.bytes / 1e6 / (r.ms / 1000)));
+  const eventsPerSecond = (runs: { ms: number; events: number }[]) =>
+    median(runs.map((r) => r.events / (r.ms / 1000)));
+  return [
+    {
+      name: "SSE throughput, 1 event per write",
+      unit: "events/s",
+      baseline: eventsPerSecond(streams.direct),
+      measured: eventsPerSecond(streams.proxy),
+      better: "higher",
+    },
+    {
+      name: "SSE throughput, 1 event per write",
+      unit: "MB/s",
+      baseline: mbPerSecond(streams.direct),
+      measured: mbPerSecond(streams.proxy),
+      better: "higher",
+    },
+    {
+      name: `SSE throughput, ${BULK_BATCH} events per write`,
+      unit: "events/s",
+      baseline: eventsPerSecond(bulk.direct),
+      measured: eventsPerSecond(bulk.proxy),
+      better: "higher",
+    },
+    {
+      name: `SSE throughput, ${BULK_BATCH} events per write`,
+      unit: "MB/s",
+      baseline: mbPerSecond(bulk.direct),
+      measured: mbPerSecond(bulk.proxy),
+      better: "higher",
+    },
+  ];
+}
+
+function proxyNotes(): string[] {
+  const megabytes = (STREAM_EVENTS * EVENT.byteLength) / 1e6;
+  const bulkMegabytes = (BULK_EVENTS * EVENT.byteLength) / 1e6;
+  return [
+    `latency: ${LATENCY_REQUESTS} sequential non-streaming POST /chat/completions each way after ${LATENCY_WARMUP} warm-up, interleaved; keep-alive on both hops`,
+    `first event: ${FIRST_CHUNK_STREAMS} streams each way; the upstream holds the rest until the client has the first event (gives up after ${HOLD_TIMEOUT_MS} ms)`,
+    `throughput: median of ${STREAM_ROUNDS} streams each way of ${
+      STREAM_EVENTS.toLocaleString("en-US")
+    } events × ${EVENT.byteLength} B (${megabytes} MB) written one by one, and of ${
+      BULK_EVENTS.toLocaleString("en-US")
+    } events (${bulkMegabytes} MB) written ${BULK_BATCH} at a time; counted by the client; MB = 10^6 bytes`,
+    "client, proxy (startHostProxies: token, KeyStore key, access log on disk) and upstream share one process on 127.0.0.1",
+  ];
 }
 
 export const benchmark: Benchmark = {

@@ -45,11 +45,20 @@ export function stderrLine(line: string): void {
   redrawSpinner();
 }
 
-/** Cancelled by Ctrl-C or SIGTERM; a second signal exits at once. */
+/**
+ * Cancelled by Ctrl-C or SIGTERM. A second signal is the user insisting: what follows is the entry
+ * point's decision (cli.ts exits at once, with the code for an interruption), since only it exits.
+ */
 const interrupt = new AbortController();
+let secondInterrupt: (() => void) | undefined;
 function onSignal(): void {
-  if (interrupt.signal.aborted) Deno.exit(EXIT.interrupted);
+  if (interrupt.signal.aborted) return secondInterrupt?.();
   interrupt.abort(new SandboxError("interrupted", "Interrupted"));
+}
+
+/** What a second Ctrl-C or SIGTERM does (by default nothing more than the first). */
+export function onSecondInterrupt(handler: () => void): void {
+  secondInterrupt = handler;
 }
 Deno.addSignalListener("SIGINT", onSignal);
 Deno.addSignalListener("SIGTERM", onSignal);

@@ -186,6 +186,7 @@ sandbox user inside and by you on the host.`,
           throw usage(`No such file or directory: ${source.label}`);
         }
         const into = to.path.endsWith("/") || await hostKind(to.path) === "dir";
+        // A directory that cannot be made is reported by the check right below, with its name.
         if (into) await Deno.mkdir(to.path, { recursive: true }).catch(() => {});
         const target = into ? `${to.path.replace(/\/+$/, "")}/${basename(source.path)}` : to.path;
         if (await hostKind(dirname(target)) !== "dir") {

@@ -50,6 +50,10 @@ const RUN_COMMON: [string[], OptionSpec][] = [
   [["-m", "--model"], value("model")],
   [["--timeout"], value("timeout")],
   [["--record"], value("record")],
+  [["--max-tokens"], value("maxTokens")],
+  [["--max-cost"], value("maxCost")],
+  [["--max-requests"], value("maxRequests")],
+  [["--max-egress"], value("maxEgress")],
   [["--format"], value("format", ["ndjson", "pretty"])],
   [["-c", "--config"], value("config")],
 ];

@@ -6,12 +6,21 @@ import { SandboxError } from "../lib/errors.ts";
 import { MAX_PROMPT_BYTES, MAX_SCHEMA_BYTES, readInputText } from "../lib/input_file.ts";
 import { cliName } from "../lib/cli_name.ts";
 import type { JsonSchema } from "../worker/json_schema.ts";
-import { type Invocation, note, parseTimeout, profileFor, signal, stdout } from "./context.ts";
+import {
+  configFor,
+  type Invocation,
+  note,
+  parseTimeout,
+  profileFor,
+  signal,
+  stdout,
+} from "./context.ts";
 import { progress } from "./progress.ts";
 import { reportError } from "./report.ts";
 import type { AgentName } from "../lib/agents/packages.ts";
+import { type BudgetFlags, budgetFromFlags } from "./budget_flags.ts";
 
-export interface RunFlags {
+export interface RunFlags extends BudgetFlags {
   promptFile: string;
   profile?: string;
   model?: string;
@@ -47,6 +56,7 @@ export async function runAction(
   ]);
   modules.catch(() => {}); // awaited below; a usage error first must not leave it unhandled
   const timeoutMs = parseTimeout(opts.timeout);
+  const budget = budgetFromFlags(opts);
   if (!opts.repo && (opts.base || opts.branch || opts.keepWorktree || opts.push)) {
     throw new SandboxError("usage", "--base, --branch, --keep-worktree and --push need --repo");
   }
@@ -76,6 +86,7 @@ export async function runAction(
     schema,
     timeoutMs: timeoutMs ?? profile.resources.timeoutMs,
     record: opts.record,
+    budget,
     hostCwd: opts.cwd,
     agent: opts.agent,
     repo: opts.repo
@@ -103,5 +114,25 @@ export async function runAction(
   });
   if (outcome.error) reportError(outcome.error);
   if (outcome.storeError) reportError(outcome.storeError);
+  await applyRetention(command);
   return outcome.exitCode;
+}
+
+/** `state.retention`, when configured: finished runs past it go once this run has ended. */
+async function applyRetention(command: Invocation): Promise<void> {
+  const setting = (await configFor(command)).config.state?.retention;
+  if (setting === undefined) return;
+  // The run's output is complete before any time goes to pruning.
+  await stdout.flush();
+  try {
+    const { pruneRuns, retentionPolicy } = await import("../lib/run/retention.ts");
+    const report = await pruneRuns(retentionPolicy(setting));
+    if (report.runs > 0) {
+      const { formatBytes } = await import("../lib/units.ts");
+      note(`state.retention removed ${report.runs} finished runs (${formatBytes(report.bytes)})`);
+    }
+  } catch (error) {
+    // The run's own outcome stands; the records stay for the next run or `sandbox prune`.
+    note(`warning: state.retention could not prune: ${(error as Error).message}`);
+  }
 }

@@ -27,6 +27,10 @@ export function registerRunCommand(program: Command): void {
         "stop the run after this long (default: the profile's resources.timeout)",
       )
       .option("--record <file>", "record the provider's responses to FILE, for replay later")
+      .option("--max-tokens <n>", "budget: LLM input+output tokens for this run")
+      .option("--max-cost <usd>", "budget: estimated LLM cost in USD for this run")
+      .option("--max-requests <n>", "budget: LLM requests for this run")
+      .option("--max-egress <size>", 'budget: bytes through the egress proxy, like "100m"')
       .addOption(
         new Option(
           "--format <format>",

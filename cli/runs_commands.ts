@@ -1,18 +1,54 @@
-/** `sandbox runs` and `sandbox logs`: past and live runs, from the durable run logs. */
+/**
+ * `sandbox runs`, `sandbox logs` and `sandbox prune`: past and live runs, from the durable run
+ * logs and their index.
+ */
 import { type Command, Option } from "commander";
 import { SandboxError } from "../lib/errors.ts";
 import { cliName } from "../lib/cli_name.ts";
 import { table } from "../lib/output.ts";
-import { cliState, signal, stdout } from "./context.ts";
+import { formatBytes } from "../lib/units.ts";
+import type { IndexRebuild } from "../lib/run/run_index.ts";
+import type { PruneReport, RetentionPolicy } from "../lib/run/retention.ts";
+import { cliState, note, signal, stdout } from "./context.ts";
 import { jsonOption } from "./options.ts";
+
+/** A whole number of at least `min`, for `--limit` and `--keep`; a usage error otherwise. */
+function count(flag: string, min: number): (text: string) => number {
+  return (text) => {
+    if (!/^\d{1,9}$/.test(text) || Number(text) < min) {
+      throw new SandboxError(
+        "usage",
+        `Invalid ${flag} "${text}": expected a whole number${min > 0 ? ` above ${min - 1}` : ""}`,
+      );
+    }
+    return Number(text);
+  };
+}
+
+/** Said on stderr when `sandbox runs` found its index missing or unreadable. */
+function noteRebuild(rebuild: IndexRebuild): void {
+  const why = rebuild.reason === "missing"
+    ? "was missing"
+    : `could not be read (moved to ${rebuild.movedTo})`;
+  note(`the index of runs ${why}; rebuilt from ${rebuild.runs} run directories`);
+}
 
 export function registerRunsCommands(program: Command): void {
   program.command("runs")
     .description("past and live runs: id, profile, status, started, duration, tokens, exit, branch")
     .addOption(jsonOption())
-    .action(async (opts: { json?: boolean }) => {
-      const { listRuns } = await import("../lib/run/run_log.ts");
-      const runs = await listRuns();
+    .option("-n, --limit <n>", "only the newest N runs", count("--limit", 1))
+    .option("-p, --profile <name>", "only runs of this profile")
+    .action(async (opts: { json?: boolean; limit?: number; profile?: string }) => {
+      const [{ listRuns }, { describeRecovery }] = await Promise.all([
+        import("../lib/run/run_log.ts"),
+        import("../lib/run/recovery.ts"),
+      ]);
+      const runs = await listRuns({
+        limit: opts.limit,
+        profile: opts.profile,
+        onRebuild: noteRebuild,
+      });
       if (opts.json) return void await stdout.json(runs);
       if (runs.length === 0) {
         return void await stdout.line(
@@ -25,7 +61,11 @@ export function registerRunsCommands(program: Command): void {
           r.id,
           r.profile,
           r.mode,
-          r.storeError ? `${r.status} (log incomplete)` : r.status,
+          r.storeError
+            ? `${r.status} (log incomplete)`
+            : describeRecovery(r.extra?.recovery)
+            ? `${r.status} (${describeRecovery(r.extra?.recovery)})`
+            : r.status,
           r.startedAt.replace("T", " ").slice(0, 19),
           r.durationMs === null ? "-" : `${(r.durationMs / 1000).toFixed(1)}s`,
           r.usage ? `${r.usage.input_tokens ?? 0}/${r.usage.output_tokens ?? 0}` : "-",
@@ -39,11 +79,17 @@ export function registerRunsCommands(program: Command): void {
     .description("replay a run's events; --follow tails a live run")
     .argument("<run-id>", "as listed by sandbox runs")
     .option("-f, --follow", "keep reading until the run ends")
+    .option(
+      "--from <seq|time>",
+      "from the event store: from event number SEQ, or the first at or after TIME",
+    )
     .addOption(
       new Option("--format <format>", "output format (default: pretty on a terminal, else ndjson)")
         .choices(["ndjson", "pretty"]),
     )
-    .action(async (id: string, opts: { follow?: boolean; format?: string }) => {
+    .action(async (id: string, opts: { follow?: boolean; format?: string; from?: string }) => {
+      const { logsFromStore } = await import("./store_logs.ts");
+      if (await logsFromStore(id, opts)) return;
       const [{ readEventBatches, readRun }, { decodeMessage }, { renderMessage }] = await Promise
         .all([
           import("../lib/run/run_log.ts"),
@@ -63,4 +109,54 @@ export function registerRunsCommands(program: Command): void {
       }
       if (signal.aborted) cliState.endedBySignal = true;
     });
+
+  registerPruneCommand(program);
+}
+
+function registerPruneCommand(program: Command): void {
+  program.command("prune")
+    .description("remove finished runs' logs and metadata, never a running run's")
+    .option("--older-than <age>", 'runs that ended longer ago than this, like "30d", "12h", "2w"')
+    .option("--keep <n>", "keep the newest N finished runs, whatever their age", count("--keep", 0))
+    .option("--dry-run", "say what would be removed, remove nothing")
+    .addOption(jsonOption())
+    .action(
+      async (opts: { olderThan?: string; keep?: number; dryRun?: boolean; json?: boolean }) => {
+        const { parseAge, pruneRuns } = await import("../lib/run/retention.ts");
+        const policy: RetentionPolicy = { keep: opts.keep };
+        if (opts.olderThan !== undefined) {
+          policy.olderThanMs = parseAge(opts.olderThan);
+          if (policy.olderThanMs === undefined) {
+            throw new SandboxError(
+              "usage",
+              `Invalid --older-than "${opts.olderThan}": expected an age like "30d", "12h" or "2w"`,
+            );
+          }
+        }
+        if (policy.olderThanMs === undefined && policy.keep === undefined) {
+          throw new SandboxError(
+            "usage",
+            "Nothing to prune by: name --older-than, --keep or both",
+            {
+              detail: `For example: ${cliName()} prune --older-than 30d --dry-run`,
+            },
+          );
+        }
+        const report = await pruneRuns(policy, { dryRun: opts.dryRun });
+        if (opts.json) return void await stdout.json(report);
+        await stdout.line(pruneSummary(report));
+      },
+    );
+}
+
+function pruneSummary(report: PruneReport): string {
+  const runs = `${report.runs} run${report.runs === 1 ? "" : "s"}`;
+  const verb = report.dryRun ? "would remove" : "removed";
+  const lines = report.removed.map((run) =>
+    `${report.dryRun ? "would remove" : "removed"} ${run.id} (${run.status}, ${
+      formatBytes(run.bytes)
+    })`
+  );
+  lines.push(`${verb} ${runs}, ${formatBytes(report.bytes)}; ${report.kept} kept`);
+  return lines.join("\n");
 }

@@ -3,12 +3,16 @@
 // starting the CLI loads only what the command it runs uses.
 import { type Command, Option } from "commander";
 import { DockerCli } from "../lib/sandbox/docker.ts";
+import type { Profile } from "../lib/config.ts";
+import { ConfigError, SandboxError } from "../lib/errors.ts";
+import type { SandboxStatus, TeardownReport } from "../lib/sandbox/provider.ts";
 import { cliName } from "../lib/cli_name.ts";
 import { AGENT_CLIS, type AgentCliName } from "../lib/agents/packages.ts";
 import { table } from "../lib/output.ts";
 import { formatAge, formatBytes } from "../lib/units.ts";
 import {
   collect,
+  type Invocation,
   note,
   profileFor,
   sandboxByName,
@@ -33,6 +37,20 @@ const repoOption = (devcontainerOnly = false) =>
   );
 
 export function registerSandboxCommands(program: Command): void {
+  registerUp(program);
+  registerDown(program);
+  registerSnapshot(program);
+  registerStop(program);
+  registerStart(program);
+  registerStatus(program);
+  registerExec(program);
+  registerStats(program);
+  registerTeardown(program);
+  registerImageBuild(program);
+}
+
+/** `up`: fills the profile's warm pool. */
+function registerUp(program: Command): void {
   program.command("up")
     .description(
       "fill the profile's warm pool: sandbox.pool fresh sandboxes started ahead, one per run",
@@ -69,7 +87,10 @@ export function registerSandboxCommands(program: Command): void {
         }
       },
     );
+}
 
+/** `down`: removes the profile's containers (and with --volumes its workspace volume). */
+function registerDown(program: Command): void {
   program.command("down")
     .description(
       "stop and remove the profile's sandbox containers (development sandboxes, the warm pool, kept runs)",
@@ -78,6 +99,8 @@ export function registerSandboxCommands(program: Command): void {
     .option("--volumes", "also remove its workspace volume (the sandbox's copy of your repos)")
     .action(
       async (opts: { profile?: string; json?: boolean; volumes?: boolean }, command: Command) => {
+        const onCluster = await kubernetesProfile(command, opts.profile, true);
+        if (onCluster) return await downOnCluster(onCluster, opts.json);
         const provider = await sandboxToRemove(command, opts.profile);
         // Every container of the profile: its shared one, one per repository, per-run ones, and
         // its agent CLIs' (sandbox-PROFILE-AGENT…): all carry the profile's label.
@@ -94,7 +117,10 @@ export function registerSandboxCommands(program: Command): void {
           );}
       },
     );
+}
 
+/** `snapshot`: saves (or with --drop forgets) the image the profile's runs start from. */
+function registerSnapshot(program: Command): void {
   program.command("snapshot")
     .description(
       "save the profile's development sandbox (its /workspace and home) as the image its runs start from",
@@ -125,41 +151,78 @@ export function registerSandboxCommands(program: Command): void {
           );}
       },
     );
+}
 
+/** `stop`: stops the development sandbox, keeping its workspace. */
+function registerStop(program: Command): void {
   program.command("stop")
     .description(
       "stop the profile's sandbox without removing it (its workspace stays; start resumes it)",
     )
+    .argument(
+      "[session-id]",
+      "stop this session (sandbox shell) instead: its program and sandbox end",
+    )
     .addOption(profileOption()).addOption(jsonOption())
-    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
-      const provider = await sandboxByName(command, opts.profile);
-      const status = await provider.stop({ signal });
-      if (opts.json) await stdout.json(status);
-      else {await stdout.line(
-          `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}; its workspace is kept)`,
-        );}
-    });
+    .action(
+      async (
+        session: string | undefined,
+        opts: { profile?: string; json?: boolean },
+        command: Command,
+      ) => {
+        if (session !== undefined) {
+          const { stopSession } = await import("./attach_command.ts");
+          return void await stopSession(session);
+        }
+        const provider = await sandboxByName(command, opts.profile);
+        const status = await provider.stop({ signal });
+        if (opts.json) await stdout.json(status);
+        else {await stdout.line(
+            `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}; its workspace is kept)`,
+          );}
+      },
+    );
+}
 
+/** `start`: starts the development sandbox, making it when missing. */
+function registerStart(program: Command): void {
   program.command("start")
     .description(
       "start the profile's development sandbox (exec, cp; runs never use it), making it if missing",
     )
+    .argument(
+      "[session-id]",
+      "stop this session (sandbox shell) instead: its program and sandbox end",
+    )
     .addOption(profileOption()).addOption(jsonOption())
-    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
-      const provider = await sandboxByName(command, opts.profile);
-      const missing = (await provider.status({ signal })).state === "missing";
-      const status = missing
-        ? await provider.ensureRunning({ signal })
-        : await provider.start({ signal });
-      if (opts.json) await stdout.json(status);
-      else {await stdout.line(
-          `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}, image ${status.image})`,
-        );}
-    });
+    .action(
+      async (
+        session: string | undefined,
+        opts: { profile?: string; json?: boolean },
+        command: Command,
+      ) => {
+        if (session !== undefined) {
+          const { stopSession } = await import("./attach_command.ts");
+          return void await stopSession(session);
+        }
+        const provider = await sandboxByName(command, opts.profile);
+        const missing = (await provider.status({ signal })).state === "missing";
+        const status = missing
+          ? await provider.ensureRunning({ signal })
+          : await provider.start({ signal });
+        if (opts.json) await stdout.json(status);
+        else {await stdout.line(
+            `sandbox ${status.name} is ${status.state} (profile ${provider.profile.name}, image ${status.image})`,
+          );}
+      },
+    );
+}
 
-  const listAction = async (opts: { json?: boolean }) => {
-    const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
-    const sandboxes = await listSandboxes(new DockerCli(), signal);
+/** `status` and its alias `ls`: the table of every sandbox this tool owns. */
+function registerStatus(program: Command): void {
+  const listAction = async (opts: { json?: boolean; profile?: string }, command: Command) => {
+    const onCluster = opts.profile ? await kubernetesProfile(command, opts.profile) : undefined;
+    const sandboxes = onCluster ? await clusterList(onCluster) : await dockerList();
     if (opts.json) return void await stdout.json(sandboxes);
     if (sandboxes.length === 0) {
       return void await stdout.line(
@@ -181,10 +244,24 @@ export function registerSandboxCommands(program: Command): void {
       ]),
     ));
   };
-  program.command("status").description("list every sandbox this tool owns").addOption(jsonOption())
-    .action(listAction);
-  program.command("ls").description("same as status").addOption(jsonOption()).action(listAction);
+  program.command("status")
+    .description(
+      "list every sandbox this tool owns (with -p of a profile in mode kubernetes: the pods in its namespace)",
+    )
+    .addOption(jsonOption()).addOption(clusterOption()).action(listAction);
+  program.command("ls").description("same as status").addOption(jsonOption())
+    .addOption(clusterOption()).action(listAction);
+}
 
+/** `-p` of `status` and `teardown`: a profile in mode kubernetes. */
+const clusterOption = () =>
+  new Option(
+    "-p, --profile <name>",
+    "a profile in mode kubernetes: its cluster's namespace instead of this machine's Docker",
+  );
+
+/** `exec`: one command inside the sandbox (the work is in exec_action.ts). */
+function registerExec(program: Command): void {
   program.command("exec")
     .description("run a command inside the sandbox, streaming its output; exits with its exit code")
     .addOption(profileOption()).addOption(repoOption())
@@ -200,7 +277,10 @@ export function registerSandboxCommands(program: Command): void {
       const { execAction } = await import("./exec_action.ts");
       await execAction(argv, opts, command);
     });
+}
 
+/** `stats`: memory, CPU and processes of the running sandboxes. */
+function registerStats(program: Command): void {
   program.command("stats")
     .description("memory, CPU and processes of each running sandbox")
     .addOption(jsonOption())
@@ -223,14 +303,23 @@ export function registerSandboxCommands(program: Command): void {
         ]),
       ));
     });
+}
 
+/** `teardown --all`: removes everything this tool created, by label. */
+function registerTeardown(program: Command): void {
   program.command("teardown")
     .description(
       "remove every container, network and volume this tool created (by label), and nothing else",
     )
     .requiredOption("--all", "confirm: remove all of them, including orphans of crashed runs")
-    .addOption(jsonOption())
-    .action(async (opts: { json?: boolean }) => {
+    .addOption(jsonOption()).addOption(clusterOption())
+    .action(async (opts: { json?: boolean; profile?: string }, command: Command) => {
+      const onCluster = opts.profile ? await kubernetesProfile(command, opts.profile) : undefined;
+      if (onCluster) {
+        const { teardownCluster } = await import("../lib/sandbox/kubernetes/manage.ts");
+        const report = await teardownCluster(onCluster, { all: true });
+        return void await (opts.json ? stdout.json(report) : printRemoved(report));
+      }
       const [{ teardownAll }, { removeLegacyFirewall }] = await Promise.all([
         import("../lib/sandbox/docker_provider.ts"),
         import("../lib/sandbox/legacy_cleanup.ts"),
@@ -239,15 +328,12 @@ export function registerSandboxCommands(program: Command): void {
       // Chains older versions made (root only; nothing to do for anyone else).
       await removeLegacyFirewall();
       if (opts.json) return void await stdout.json(report);
-      const total = report.containers.length + report.networks.length + report.volumes.length;
-      if (total === 0) return void await stdout.line("nothing to remove");
-      for (const [kind, names] of Object.entries(report)) {
-        if ((names as string[]).length > 0) {
-          await stdout.line(`removed ${kind}: ${(names as string[]).join(", ")}`);
-        }
-      }
+      await printRemoved(report);
     });
+}
 
+/** `image build`: builds the sandbox image, a devcontainer's, or an agent CLI's layer. */
+function registerImageBuild(program: Command): void {
   const image = program.command("image").description("manage the sandbox image");
   image.command("build")
     .description("build (or rebuild) the sandbox image for a profile")
@@ -259,55 +345,116 @@ export function registerSandboxCommands(program: Command): void {
       )
         .choices([...AGENT_CLIS]),
     )
-    .action(
-      async (
-        opts: { profile?: string; json?: boolean; repo?: string; agent?: AgentCliName },
-        command: Command,
-      ) => {
-        const [{ ensureImage }, { ensureAgentImage }] = await Promise.all([
-          import("../lib/sandbox/image.ts"),
-          import("../lib/agents/agent_image.ts"),
-        ]);
-        const profile = await profileFor(command, opts.profile);
-        const docker = new DockerCli();
-        // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
-        const layer = async (base: string) => {
-          const built = await ensureAgentImage(docker, base, opts.agent!, {
-            force: true,
-            onProgress: progress,
-            signal,
-          });
-          if (opts.json) await stdout.json(built);
-          else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
-        };
-        if (profile.sandbox.mode === "devcontainer") {
-          const { openDevcontainer } = await import("../lib/sandbox/devcontainer/provider.ts");
-          const devcontainer = await openDevcontainer(profile, {
-            repo: opts.repo ?? Deno.cwd(),
-            force: !opts.agent,
-            onProgress: progress,
-            signal,
-          });
-          const info = await ensureImage(docker, devcontainer.profile.sandbox.image, {
-            force: !opts.agent,
-            onProgress: progress,
-            signal,
-          });
-          if (opts.agent) return await layer(info.tag);
-          if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
-          else {note(
-              `built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`,
-            );}
-          return;
-        }
-        const info = await ensureImage(docker, profile.sandbox.image, {
-          force: !opts.agent,
-          onProgress: progress,
-          signal,
-        });
-        if (opts.agent) return await layer(info.tag);
-        if (opts.json) await stdout.json(info);
-        else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
-      },
-    );
+    .action(imageBuildAction);
+}
+
+interface ImageBuildFlags {
+  profile?: string;
+  json?: boolean;
+  repo?: string;
+  agent?: AgentCliName;
+}
+
+/**
+ * Builds the profile's image (in mode devcontainer, the devcontainer's first), or with --agent only
+ * the agent CLI's layer on it.
+ */
+async function imageBuildAction(opts: ImageBuildFlags, command: Command): Promise<void> {
+  const [{ ensureImage }, { ensureAgentImage }] = await Promise.all([
+    import("../lib/sandbox/image.ts"),
+    import("../lib/agents/agent_image.ts"),
+  ]);
+  const profile = await profileFor(command, opts.profile);
+  const docker = new DockerCli();
+  // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
+  const layer = async (base: string) => {
+    const built = await ensureAgentImage(docker, base, opts.agent!, {
+      force: true,
+      onProgress: progress,
+      signal,
+    });
+    if (opts.json) await stdout.json(built);
+    else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
+  };
+  if (profile.sandbox.mode === "devcontainer") {
+    const { openDevcontainer } = await import("../lib/sandbox/devcontainer/provider.ts");
+    const devcontainer = await openDevcontainer(profile, {
+      repo: opts.repo ?? Deno.cwd(),
+      force: !opts.agent,
+      onProgress: progress,
+      signal,
+    });
+    const info = await ensureImage(docker, devcontainer.profile.sandbox.image, {
+      force: !opts.agent,
+      onProgress: progress,
+      signal,
+    });
+    if (opts.agent) return await layer(info.tag);
+    if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
+    else {note(
+        `built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`,
+      );}
+    return;
+  }
+  const info = await ensureImage(docker, profile.sandbox.image, {
+    force: !opts.agent,
+    onProgress: progress,
+    signal,
+  });
+  if (opts.agent) return await layer(info.tag);
+  if (opts.json) await stdout.json(info);
+  else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
+}
+
+/**
+ * The profile `down`, `status -p` and `teardown --all -p` act on when it is in mode kubernetes
+ * (its sandboxes are pods on its cluster); undefined for every other mode. For `down` without a
+ * usable configuration (`lenient`), undefined as well: its Docker containers are removed by name.
+ */
+async function kubernetesProfile(
+  command: Invocation,
+  name: string | undefined,
+  lenient = false,
+): Promise<Profile | undefined> {
+  try {
+    const profile = await profileFor(command, name);
+    return profile.sandbox.mode === "kubernetes" ? profile : undefined;
+  } catch (error) {
+    // `down` removes a profile's containers whatever its configuration says (sandboxToRemove).
+    if (lenient && (error instanceof ConfigError || error instanceof SandboxError)) {
+      return undefined;
+    }
+    throw error;
+  }
+}
+
+/** A teardown's report as lines: what was removed, by kind. */
+async function printRemoved(report: TeardownReport): Promise<void> {
+  const total = report.containers.length + report.networks.length + report.volumes.length;
+  if (total === 0) return void await stdout.line("nothing to remove");
+  for (const [kind, names] of Object.entries(report)) {
+    if ((names as string[]).length > 0) {
+      await stdout.line(`removed ${kind}: ${(names as string[]).join(", ")}`);
+    }
+  }
+}
+
+/** `down` of a profile in mode kubernetes: its pods, by label, from its cluster. */
+async function downOnCluster(profile: Profile, json?: boolean): Promise<void> {
+  const { teardownCluster } = await import("../lib/sandbox/kubernetes/manage.ts");
+  const report = await teardownCluster(profile);
+  if (json) await stdout.json(report);
+  else if (report.containers.length === 0) {
+    await stdout.line(`no sandbox for profile ${profile.name}`);
+  } else await stdout.line(`removed ${report.containers.join(", ")}`);
+}
+
+async function dockerList(): Promise<SandboxStatus[]> {
+  const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
+  return await listSandboxes(new DockerCli(), signal);
+}
+
+async function clusterList(profile: Profile): Promise<SandboxStatus[]> {
+  const { clusterSandboxes } = await import("../lib/sandbox/kubernetes/manage.ts");
+  return await clusterSandboxes(profile);
 }

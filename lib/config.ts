@@ -16,6 +16,7 @@ import { findSecret, isSecretName, knownSecrets } from "./secret_guard.ts";
 import { shellQuote, summarizeConfig } from "./config_summary.ts";
 import { trustStateOf } from "./trust.ts";
 import { refusedEnvReason, withoutRefusedEnv } from "./refused_env.ts";
+import { parseAge } from "./run/retention.ts";
 
 // `parseConfig()` is synchronous: YAML is ready when this module is, unless the CLI deferred it.
 if (!yamlDeferred()) await loadYaml();
@@ -120,9 +121,30 @@ const DevcontainerSchema = z.object({
   allow_root: z.boolean().default(false),
 }).strict();
 
+/** A DNS-1123 label: a Kubernetes namespace or runtime class name. */
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+
+/** Mode kubernetes: which cluster, where, and which image its pods run (docs/kubernetes.md). */
+const KubernetesSchema = z.object({
+  /** The kubeconfig context (default: its current context); ignored with `in_cluster`. */
+  context: z.string().min(1).optional(),
+  /** Use the service account of the pod `sandbox` itself runs in instead of a kubeconfig. */
+  in_cluster: z.boolean().default(false),
+  namespace: z.string().regex(DNS_LABEL, { message: "expected a namespace name (DNS-1123 label)" })
+    .default("default"),
+  /** The image reference the cluster pulls (`sandbox image push`); default: the local image's tag. */
+  image: z.string().min(1).optional(),
+  /** A RuntimeClass for the pods (gVisor `runsc`, Kata), when the cluster has one. */
+  runtime_class_name: z.string().regex(DNS_LABEL, { message: "expected a RuntimeClass name" })
+    .optional(),
+  /** How long a pod may stay pending (scheduling, pulling its image) before the run fails. */
+  start_timeout_s: z.number().int().min(1).max(3600).default(120),
+}).strict();
+
 const SandboxSchema = z.object({
-  mode: z.enum(["none", "container", "devcontainer", "local"]).default("container"),
+  mode: z.enum(["none", "container", "devcontainer", "kubernetes", "local"]).default("container"),
   devcontainer: DevcontainerSchema.default({}),
+  kubernetes: KubernetesSchema.default({}),
   /** The base image the sandbox image is layered on. */
   image: z.string().min(1).default(DEFAULT_BASE_IMAGE),
   /**
@@ -196,14 +218,61 @@ const GitSchema = z.object({
   token: KeySourceSchema.optional(),
 }).strict();
 
+const wholeNumber = (example: string) =>
+  z.number({ invalid_type_error: `expected a whole number like ${example}` })
+    .int({ message: `expected a whole number like ${example}` })
+    .positive({ message: `expected a whole number above 0, like ${example}` });
+
+/** Limits on what a run may spend (lib/proxy/budget.ts); an absent one is no limit. */
+const BudgetLimitsSchema = z.object({
+  /** LLM input + output tokens, as the upstream reports them. */
+  tokens: wholeNumber("2000000").optional(),
+  /** Estimated USD, from the price table (lib/run/prices.ts). */
+  cost_usd: z.number({ invalid_type_error: "expected an amount in USD like 5 or 0.5" })
+    .positive({ message: "expected an amount in USD above 0, like 5 or 0.5" }).optional(),
+  /** LLM calls. */
+  requests: wholeNumber("200").optional(),
+  /** Bytes through the egress proxy, both ways. */
+  egress_bytes: size("1g").optional(),
+  /** Requests through the egress proxy (each CONNECT, each plain HTTP request). */
+  egress_requests: wholeNumber("1000").optional(),
+}).strict();
+
+const BudgetSchema = BudgetLimitsSchema.extend({
+  /** The same limits for all the profile's runs of one UTC day, kept in the state store. */
+  per_day: BudgetLimitsSchema.optional(),
+}).strict();
+
 const ProfileSchema = z.object({
   description: z.string().optional(),
   llm: LlmSchema.default({}),
   git: GitSchema.default({}),
   sandbox: SandboxSchema.default({}),
+  budget: BudgetSchema.optional(),
+}).strict();
+
+/**
+ * What happens to the user's run records (the state directory): `retention` prunes finished runs
+ * at the end of each run, as `sandbox prune` does (lib/run/retention.ts). Absent: kept forever.
+ */
+const StateSchema = z.object({
+  retention: z.object({
+    /** Finished runs that ended longer ago than this go. */
+    older_than: z.string({ invalid_type_error: 'expected an age like "30d"' }).refine(
+      (v) => parseAge(v) !== undefined,
+      { message: 'expected an age like "30d", "12h" or "2w"' },
+    ).optional(),
+    /** The newest this many finished runs stay, whatever their age. */
+    keep: z.number({ invalid_type_error: "expected a whole number of runs like 100" })
+      .int({ message: "expected a whole number of runs like 100" })
+      .min(0, { message: "expected a whole number of runs like 100" }).optional(),
+  }).strict().refine((r) => r.older_than !== undefined || r.keep !== undefined, {
+    message: "expected older_than, keep or both",
+  }).optional(),
 }).strict();
 
 const ConfigSchema = z.object({
+  state: StateSchema.optional(),
   default_profile: z.string().regex(PROFILE_NAME, { message: "expected a profile name" })
     .optional(),
   profiles: z.record(z.string(), ProfileSchema).superRefine((profiles, ctx) => {
@@ -224,6 +293,7 @@ export type ProfileConfig = z.infer<typeof ProfileSchema>;
 export type SandboxConfig = z.infer<typeof SandboxSchema>;
 export type NetworkMode = SandboxConfig["network"]["mode"];
 export type LlmConfig = ProfileConfig["llm"];
+export type BudgetConfig = z.infer<typeof BudgetSchema>;
 
 /** A profile with its name, ready for the engine: units parsed, defaults applied. */
 export interface Profile {
@@ -232,6 +302,8 @@ export interface Profile {
   llm: LlmConfig;
   git: ProfileConfig["git"];
   sandbox: SandboxConfig;
+  /** What each run, and all runs of a day, may spend (`egress_bytes` still a size string). */
+  budget?: BudgetConfig;
   /**
    * What of the profile is not applied, one line each: environment variables no configuration may
    * set in a sandbox (lib/refused_env.ts), named by their key.
@@ -547,7 +619,7 @@ export function validateConfigText(
   parsed?: YamlDocument,
 ): ConfigLoadResult {
   let result = parsed ? checkDocument(parsed, file) : parseConfig(text, file);
-  if (source === "project") result = rejectHostCommands(result);
+  if (source === "project") result = rejectUserSettings(rejectHostCommands(result));
   return rejectSecretValues(result);
 }
 
@@ -573,6 +645,23 @@ function rejectHostCommands(result: ConfigLoadResult): ConfigLoadResult {
         "a key command runs on the host, so it is only honoured from ~/.config/sandbox/config.yaml or a file named with --config, not from a project's sandbox.yaml",
     }));
   return issues.length > 0 ? { kind: "invalid", file: result.file, issues } : result;
+}
+
+/**
+ * The state directory is the user's, shared by every project: only the user's own configuration
+ * or a file named with --config says what is removed from it, never a project's sandbox.yaml.
+ */
+function rejectUserSettings(result: ConfigLoadResult): ConfigLoadResult {
+  if (result.kind !== "ok" || result.config.state?.retention === undefined) return result;
+  return {
+    kind: "invalid",
+    file: result.file,
+    issues: [{
+      path: "state.retention",
+      message:
+        "removes run records of every project, so it is only honoured from ~/.config/sandbox/config.yaml or a file named with --config, not from a project's sandbox.yaml",
+    }],
+  };
 }
 
 /**
@@ -666,6 +755,7 @@ export function resolveProfile(config: Config, name?: string): Profile {
     llm: profile.llm,
     git: profile.git,
     sandbox: { ...profile.sandbox, environment: environment.environment },
+    ...(profile.budget ? { budget: profile.budget } : {}),
     ...(environment.warnings.length > 0 ? { warnings: environment.warnings } : {}),
     resources: {
       memoryBytes: parseSize(r.memory)!,

@@ -53,6 +53,8 @@ async function store(path: string, key: string, value: unknown, entries: Entries
     await Deno.writeTextFile(partial, JSON.stringify(next), { mode: 0o600 });
     await Deno.rename(partial, path);
   } catch {
+    // A cache that cannot be written is only slower next time. The partial file has a name of its
+    // own that nothing reads, and is mostly absent (the write that failed never made it).
     await Deno.remove(partial).catch(() => {});
   }
 }

@@ -22,6 +22,8 @@ export type SandboxErrorCode =
   | "exec_failed"
   /** Any other failed docker operation (run, network, volume, inspect). */
   | "docker_failed"
+  /** The Kubernetes API server is unreachable, refused a request, or a pod cannot run. */
+  | "cluster_failed"
   /** An operation ran past its deadline. */
   | "timeout"
   /** An operation was cancelled by its AbortSignal (Ctrl-C, SIGTERM). */
@@ -35,7 +37,11 @@ export type SandboxErrorCode =
   /** The agent worker broke its contract: bad output, no result, a result not matching the schema. */
   | "worker_failed"
   /** The run store (the state directory) could not be written, or holds a torn record: a full or failing disk. */
-  | "store_failed";
+  | "store_failed"
+  /** `sandbox doctor` found a defence that should hold broken. */
+  | "defence_broken"
+  /** A run passed one of its budgets (tokens, cost, requests, egress), or its profile's budget for the period is used up. */
+  | "budget_exceeded";
 
 export interface SandboxErrorOptions extends ErrorOptions {
   /** Extra lines for a human: a hint on how to fix it, a log tail. */
@@ -107,6 +113,10 @@ export const EXIT = {
   interrupted: 130,
   /** The run's record could not be written in full (EX_IOERR of sysexits.h). */
   storeFailed: 74,
+  /** `sandbox doctor`: a defence that should hold is broken. */
+  defenceBroken: 3,
+  /** A run passed a budget, or would start over its profile's budget for the period. */
+  budget: 4,
 } as const;
 
 /** The process exit code for an error that reached the CLI. */
@@ -124,6 +134,10 @@ export function exitCodeFor(error: unknown): number {
       return 137;
     case "store_failed":
       return EXIT.storeFailed;
+    case "defence_broken":
+      return EXIT.defenceBroken;
+    case "budget_exceeded":
+      return EXIT.budget;
     default:
       return EXIT.infrastructure;
   }

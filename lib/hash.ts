@@ -47,6 +47,7 @@ export async function cachedByIdentity(
   )
     .join("\0\0");
   const entry = `${cacheDir}/${(await sha256Hex(identity)).slice(0, 32)}.sha256`;
+  // No readable entry is a cache miss: the hash is computed (and stored) below.
   const cached = (await Deno.readTextFile(entry).catch(() => "")).trim();
   if (/^[0-9a-f]{64}$/.test(cached)) return cached;
   const hash = await compute();

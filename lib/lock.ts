@@ -53,6 +53,7 @@ async function lockFile(name: string, wait: boolean): Promise<Deno.FsFile | unde
 }
 
 async function isAtPath(file: Deno.FsFile, path: string): Promise<boolean> {
+  // No file at the path (removed by its holder): the file held is not the lock any more.
   const [held, current] = await Promise.all([file.stat(), Deno.stat(path).catch(() => undefined)]);
   return current !== undefined && held.dev === current.dev && held.ino === current.ino;
 }

@@ -178,6 +178,8 @@ async function updateStore(
       await file.syncData();
       await Deno.rename(temporary, path);
     } catch (error) {
+      // The error below says the store was not written; a temporary file left behind has a name of
+      // its own that nothing reads.
       await Deno.remove(temporary).catch(() => {});
       throw new SandboxError(
         "config_invalid",

@@ -246,6 +246,7 @@ async function serve(mux: Mux, listener: Deno.TcpListener, service: string): Pro
       conn.close();
       continue;
     }
+    // One connection's failure (its peer reset it, the session ended) ends that connection only.
     pipeStream(stream, conn).catch(() => {});
   }
 }
@@ -323,6 +324,7 @@ async function serveSpare(dir: string, services: [string, number][]): Promise<ne
   // Started as the session before it ends: its relay may not have let go of the ports yet.
   const listeners = await Promise.all(services.map(([, port]) => listen(port, true)));
   const carried = new Carried();
+  // A listener that fails is closed: the spare exits with its control socket (below).
   services.forEach(([service], i) =>
     void serveSocket(listeners[i], `${dir}/${service}.sock`, carried).catch(() => {})
   );
@@ -352,6 +354,7 @@ async function main(args: string[]): Promise<never> {
   const listeners = await Promise.all(services.map(([, port]) => listen(port, wait)));
   const input = new ChunkReader((buffer) => Deno.stdin.read(buffer), STDIN_READ_BYTES);
   const mux = new Mux({ role: "relay", input, output: writeStdout });
+  // A listener that fails is closed: its service's connections are refused, which the agent sees.
   services.forEach(([service], i) =>
     void (transport === "socket"
       ? serveSocket(listeners[i], `${sockets}/${service}.sock`)

@@ -122,7 +122,9 @@ async function main(filters: string[]): Promise<number> {
     for (const survivor of survivors) console.log(`  not caught: ${survivor}`);
     return survivors.length === 0 ? 0 : 1;
   } finally {
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await Deno.remove(dir, { recursive: true }).catch((error) =>
+      say(`cannot remove the scratch copy ${dir}: ${error.message}`)
+    );
   }
 }
 

@@ -25,6 +25,9 @@ export type AgentStep =
   }
   | { kind: "text"; text: string };
 
+/** A step made from the request it answers (to use what an earlier tool call returned). */
+export type DynamicStep = (request: AgentLlmRequest) => AgentStep;
+
 export interface AgentLlmRequest {
   path: string;
   headers: Headers;
@@ -165,7 +168,7 @@ export function responsesSse(step: AgentStep, n: number, model: string): string 
 
 export class FakeAgentLlm implements AsyncDisposable {
   readonly requests: AgentLlmRequest[] = [];
-  readonly #script: AgentStep[];
+  readonly #script: (AgentStep | DynamicStep)[];
   readonly #server: Deno.HttpServer<Deno.NetAddr>;
   #served = 0;
   #closed = false;
@@ -173,7 +176,7 @@ export class FakeAgentLlm implements AsyncDisposable {
 
   constructor(
     readonly api: "anthropic" | "responses",
-    script: AgentStep[],
+    script: (AgentStep | DynamicStep)[],
     readonly key: string,
     readonly model = "fake-model",
   ) {
@@ -244,7 +247,8 @@ export class FakeAgentLlm implements AsyncDisposable {
       hold.reached();
       await hold.released;
     }
-    const step = this.#script.shift();
+    const next = this.#script.shift();
+    const step = typeof next === "function" ? next(this.requests.at(-1)!) : next;
     if (!step) {
       return Response.json({
         type: "error",

@@ -39,6 +39,7 @@ export async function tempDir(
   prefix = "sandbox-test-",
 ): Promise<AsyncDisposable & { path: string }> {
   const path = await Deno.makeTempDir({ prefix });
+  recordMade("tmp", path);
   return {
     path,
     async [Symbol.asyncDispose]() {
@@ -49,7 +50,19 @@ export async function tempDir(
 
 /** A unique, valid profile name for one test. */
 export function uniqueProfile(prefix: string): string {
-  return `${prefix}-${crypto.randomUUID().slice(0, 8)}`;
+  const profile = `${prefix}-${crypto.randomUUID().slice(0, 8)}`;
+  recordMade("profile", profile);
+  return profile;
+}
+
+/**
+ * Under the test command, each profile and temporary directory the tests make is listed in
+ * `$SANDBOX_TEST_MANIFEST`, so that the leftover check after the suite (scripts/leftovers.ts)
+ * knows exactly which objects are the tests' own.
+ */
+function recordMade(kind: "profile" | "tmp", value: string): void {
+  const manifest = Deno.env.get("SANDBOX_TEST_MANIFEST");
+  if (manifest) Deno.writeTextFileSync(manifest, `${kind} ${value}\n`, { append: true });
 }
 
 export interface CliOptions extends SpawnOptions {

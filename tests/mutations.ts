@@ -33,6 +33,207 @@ const SECRET_GUARD_TESTS = ["tests/unit/secret_guard_test.ts"];
 const DOCKER_PROVIDER = "lib/sandbox/docker_provider.ts";
 const HOST_PROVIDER = "lib/sandbox/host_provider.ts";
 const AGENT_ROUTE_TESTS = ["tests/unit/agent_api_routes_test.ts"];
+const MCP_CONFINE = "lib/mcp/confine.ts";
+const MCP_TESTS = ["tests/security/mcp_test.ts"];
+
+const DOCTOR_VERDICTS = "lib/doctor/verdicts.ts";
+const DOCTOR_TESTS = ["tests/unit/doctor_verdicts_test.ts"];
+/** `sandbox doctor` must never call HELD what its attack got through. */
+const DOCTOR_MUTATIONS: Mutation[] = [
+  {
+    name: "doctor: the key check calls HELD an attack that found the canary",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.canaryFound.length > 0) {`,
+    replace: `if (seen.canaryFound.length > 1e9) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a network check calls HELD an attack that reached the service",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.reached.length > 0) {`,
+    replace: `if (seen.reached.length > 1e9) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a missing egress proxy (network mode full) is not BROKEN",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.absent !== undefined) {`,
+    replace: `if (seen.absent === "never") {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: HELD without a twin that got through",
+    file: DOCTOR_VERDICTS,
+    find: `if (!seen.twinReached) {`,
+    replace: `if (seen.twinReached && !seen.twinReached) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a user namespace the sandbox user made is not an escalation",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.unshare === "succeeded") gained.push`,
+    replace: `if (seen.unshare === "never") gained.push`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: effective capabilities are not an escalation",
+    file: DOCTOR_VERDICTS,
+    find: `if (!/^0+$/.test(seen.capEff) || !/^0+$/.test(seen.capPrm))`,
+    replace: `if (!/^0+$/.test(seen.capPrm))`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a setsid child alive after the sandbox was destroyed is not BROKEN",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.aliveAfterCommand || seen.aliveAfterDestroy) {`,
+    replace: `if (seen.aliveAfterCommand) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: a write past resources.disk that ran to its end is HELD",
+    file: DOCTOR_VERDICTS,
+    find: `  if (seen.attackCompleted) {`,
+    replace: `  if (seen.attackCompleted && !seen.attackCompleted) {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor: the egress proxy's 403 to a name off the allowlist is read as let through",
+    file: "lib/doctor/doctor.ts",
+    find: `!["403", "000", "none"].includes(denied.code)`,
+    replace: `!["000", "none"].includes(denied.code)`,
+    tests: ["tests/security/doctor_test.ts"],
+  },
+];
+
+const POD_SPEC = "lib/sandbox/kubernetes/pod_spec.ts";
+const POD_SPEC_TESTS = ["tests/unit/kubernetes_pod_spec_test.ts"];
+
+/** The Kubernetes pod's hardening and its NetworkPolicy, each weakened on its own. */
+const KUBERNETES_POD_RULES: Mutation[] = [
+  [
+    "a pod container may gain privileges (setuid)",
+    "    allowPrivilegeEscalation: false,\n",
+    "    allowPrivilegeEscalation: true,\n",
+  ],
+  [
+    "the service-account token is mounted into the sandbox pod",
+    "      automountServiceAccountToken: false,\n",
+    "      automountServiceAccountToken: true,\n",
+  ],
+  [
+    "a pod container keeps its capabilities",
+    '    capabilities: { drop: ["ALL"] },\n',
+    "    capabilities: { drop: [] },\n",
+  ],
+  [
+    "a pod container's root filesystem is writable",
+    "    readOnlyRootFilesystem: true,\n",
+    "    readOnlyRootFilesystem: false,\n",
+  ],
+  [
+    "the sandbox pod shares the node's network namespace",
+    "      hostNetwork: false,\n",
+    "      hostNetwork: true,\n",
+  ],
+  [
+    "the sandbox pod shares the node's process namespace",
+    "      hostPID: false,\n",
+    "      hostPID: true,\n",
+  ],
+  [
+    "the pod's containers share one process namespace (the agent sees the relay)",
+    "      shareProcessNamespace: false,\n",
+    "      shareProcessNamespace: true,\n",
+  ],
+  [
+    "a NetworkPolicy that allows egress counts as deny-all",
+    "(spec.ingress ?? []).length === 0 && (spec.egress ?? []).length === 0",
+    "(spec.ingress ?? []).length === 0",
+  ],
+  [
+    "the NetworkPolicy the tool writes allows all egress",
+    "      egress: [],\n",
+    "      egress: [{}],\n",
+  ],
+].map(([name, find, replace]) => ({ name, file: POD_SPEC, find, replace, tests: POD_SPEC_TESTS }));
+
+const BUDGET = "lib/proxy/budget.ts";
+const BUDGET_TESTS = ["tests/unit/budget_test.ts", "tests/security/budget_attack_test.ts"];
+
+/** Each point where a run's budget is enforced, broken on its own. */
+const BUDGET_MUTATIONS: Mutation[] = [
+  {
+    name: "credential proxy: a request past the run's budget goes to the upstream all the same",
+    file: CREDENTIAL_PROXY,
+    find: `if (refused !== undefined) return new Refusal(403, "permission_error", refused);`,
+    replace: `void refused;`,
+    tests: ["tests/security/budget_attack_test.ts"],
+  },
+  {
+    name: "LLM requests are not counted when admitted (many at once all start)",
+    file: BUDGET,
+    find: `    this.#used.requests++;\n`,
+    replace: ``,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a streaming response is never cut: usage events are not charged as they pass",
+    file: BUDGET,
+    find: `if (!this.#account(sseUsage(this.#decoder.decode(event)))) {`,
+    replace: `if (!this.#account(undefined)) {`,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a JSON response's usage is never charged",
+    file: BUDGET,
+    find: `this.#account(reportedUsage(JSON.parse(this.#decoder.decode(concat(...this.#body)))));`,
+    replace: `this.#account(undefined);`,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a response that reports no usage costs nothing",
+    file: BUDGET,
+    find: `if (!this.#reported && this.#ok) {`,
+    replace: `if (false) {`,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a model with no price passes a cost budget for free",
+    file: BUDGET,
+    find: `if (cost === null && this.limits.cost_usd !== undefined) {`,
+    replace: `if (false) {`,
+    tests: ["tests/unit/budget_test.ts"],
+  },
+  {
+    name: "egress proxy: a request past the run's budget is let through",
+    file: EGRESS_PROXY,
+    find: `if (refused !== undefined) throw new ProxyRefusal(403, "deny", refused);`,
+    replace: `void refused;`,
+    tests: ["tests/security/budget_attack_test.ts"],
+  },
+  {
+    name: "egress proxy: bytes past the run's budget keep flowing (no cut)",
+    file: EGRESS_PROXY,
+    find:
+      `if (budget.chargeEgress(bytes)) return;\n      for (const conn of this.#liveConns) closeQuietly(conn);`,
+    replace: `budget.chargeEgress(bytes);`,
+    tests: ["tests/security/budget_attack_test.ts"],
+  },
+  {
+    name: "egress requests are not counted when admitted",
+    file: BUDGET,
+    find: `    this.#used.egress_requests++;\n`,
+    replace: ``,
+    tests: BUDGET_TESTS,
+  },
+  {
+    name: "a run starts over its profile's budget for the day",
+    file: "lib/run/period_budget.ts",
+    find: `if (left <= 0) {`,
+    replace: `if (left < -Infinity) {`,
+    tests: ["tests/unit/budget_test.ts"],
+  },
+];
 
 /** Every rule of the secret-name pattern, each dropped on its own. */
 const SECRET_NAME_RULES: Mutation[] = [
@@ -89,6 +290,39 @@ export const MUTATIONS: Mutation[] = [
     find: `const why = internalAddressReason(address, local);`,
     replace: `const why = undefined;`,
     tests: EGRESS_TESTS,
+  },
+  {
+    name:
+      "egress proxy: a second request on a kept-alive connection skips the policy and rides the open upstream connection",
+    file: EGRESS_PROXY,
+    find: `if (open?.key === key) {
+      this.#checkPolicy(target);`,
+    replace: `if (open !== undefined) {`,
+    tests: ["tests/security/egress_keep_alive_test.ts"],
+  },
+  {
+    name: "egress proxy: only the first request of a kept-alive connection is logged",
+    file: EGRESS_PROXY,
+    find: `if (tally.bytesOut > 0) {
+        this.#options.log?.write({`,
+    replace: `if (tally.bytesOut > 0 && open === undefined) {
+        this.#options.log?.write({`,
+    tests: ["tests/security/egress_keep_alive_test.ts"],
+  },
+  {
+    name: "a project sandbox.yaml may set state.retention (and remove every project's runs)",
+    file: CONFIG,
+    find:
+      `if (result.kind !== "ok" || result.config.state?.retention === undefined) return result;`,
+    replace: `return result;`,
+    tests: ["tests/unit/retention_test.ts"],
+  },
+  {
+    name: "sandbox prune removes a running run",
+    file: "lib/run/retention.ts",
+    find: `const finished = runs.filter((run) => run.status !== "running");`,
+    replace: `const finished = runs.filter(() => true);`,
+    tests: ["tests/unit/retention_test.ts"],
   },
   {
     name: "egress proxy connects by name after checking the address (DNS rebinding)",
@@ -401,8 +635,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "response bodies to the sandbox not redacted",
     file: CREDENTIAL_PROXY,
-    find: `const out = redacting.push(result.value);`,
-    replace: `const out = result.value;`,
+    find: `const out = redacting.push(metered.pass);`,
+    replace: `const out = metered.pass;`,
     tests: CREDENTIAL_TESTS,
   },
   {
@@ -544,15 +778,15 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "the workspace volume is created without asking for a kernel quota",
     file: DOCKER_PROVIDER,
-    find: '[...create, "--opt", `size=${this.profile.resources.diskBytes}`, this.names.volume]',
-    replace: "[...create, this.names.volume]",
+    find: "{ size: String(this.profile.resources.diskBytes) },",
+    replace: "{},",
     tests: ["tests/unit/docker_provider_test.ts"],
   },
   {
     name: "the disk watch never stops a workspace growing past resources.disk",
     file: "lib/sandbox/disk_watch.ts",
     find: `report[1] === "du" && bytes > options.limitBytes && previous !== undefined &&
-            bytes > previous`,
+        bytes > previous`,
     replace: "false",
     tests: ["tests/unit/disk_watch_test.ts"],
   },
@@ -788,6 +1022,14 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/cross_run_test.ts"],
   },
   {
+    name:
+      "releasing a Docker run sandbox leaves it running (its container, volume and host records stay for the next acquire to meet)",
+    file: "lib/sandbox/docker_lifecycle.ts",
+    find: "    return destroy(this.provider);",
+    replace: "    return Promise.resolve();",
+    tests: ["tests/conformance/docker_test.ts"],
+  },
+  {
     name: "the repository's object cache is mounted writable into a run's container",
     file: DOCKER_PROVIDER,
     find: "dst=${CACHE_DIR},readonly`",
@@ -828,10 +1070,42 @@ export const MUTATIONS: Mutation[] = [
   {
     name:
       "a run's liveness is judged by its pid alone (a reused pid makes a crashed run read as running)",
-    file: "lib/run/run_log.ts",
-    find: "!await isSameProcessAlive(meta.pid, meta.pidStartTicks)",
-    replace: "!await isSameProcessAlive(meta.pid)",
-    tests: ["tests/unit/run_liveness_test.ts"],
+    file: "lib/run/liveness.ts",
+    find: "return await isSameProcessAlive(meta.pid, meta.pidStartTicks);",
+    replace: "return await isSameProcessAlive(meta.pid);",
+    tests: ["tests/unit/run_liveness_test.ts", "tests/e2e/dead_run_liveness_test.ts"],
+  },
+  {
+    name:
+      "a run record without its process's start time is judged by the pid alone (a reused pid keeps a dead run running and logs -f hanging)",
+    file: "lib/run/liveness.ts",
+    find: "return started <= Date.parse(meta.startedAt) + BOOT_TIME_SLACK_MS;",
+    replace: "return true;",
+    tests: ["tests/e2e/dead_run_liveness_test.ts"],
+  },
+  {
+    name:
+      "the reaper removes a killed run's container with its work (the agent's commits are lost)",
+    file: "lib/sandbox/pool.ts",
+    find: '    if (await recoverOrphan(profile, held) !== "remove") continue;',
+    replace: "",
+    tests: ["tests/security/killed_run_recovery_test.ts"],
+  },
+  {
+    name:
+      "a killed run's branch is brought back over a branch of that name the user made meanwhile (fast-forwarding it)",
+    file: "lib/run/recover.ts",
+    find: "    await checkRunBranch(local, note.branch);",
+    replace: "",
+    tests: ["tests/security/killed_run_recovery_test.ts"],
+  },
+  {
+    name:
+      "a killed run's branch skips the quarantine's .gitmodules check (a submodule path ending in a CR comes in)",
+    file: "lib/repo/local.ts",
+    find: "    await assertPlainGitmodules(quarantine, head, worktree.base, options.signal);",
+    replace: "",
+    tests: ["tests/security/killed_run_recovery_test.ts"],
   },
   {
     name:
@@ -937,5 +1211,69 @@ export const MUTATIONS: Mutation[] = [
     replace: `      return file;`,
     tests: ["tests/unit/lock_test.ts"],
   },
+  {
+    name: "MCP file tools use any path the client names (no check that it stays in the checkout)",
+    file: MCP_CONFINE,
+    find: `'case "$r" in "$root"|"$root"/*) ;; *) exit 92 ;; esac; '`,
+    replace: `''`,
+    tests: MCP_TESTS,
+  },
+  {
+    name:
+      "MCP file tools check the path without following symlinks (a symlink made in the checkout leads out)",
+    file: MCP_CONFINE,
+    find: `'r=$(realpath -m -- "$p") || exit 91; '`,
+    replace: `'r=$(realpath -m -s -- "$p") || exit 91; '`,
+    tests: MCP_TESTS,
+  },
+  {
+    name: "sandbox mcp does not notice the client vanish (its sandboxes stay while it waits)",
+    file: "lib/mcp/server.ts",
+    find: `const gone = () => resolve("the MCP client disconnected");`,
+    replace: `const gone = () => {};`,
+    tests: MCP_TESTS,
+  },
+  {
+    name: "sandbox mcp ends without destroying its environments' sandboxes",
+    file: "lib/mcp/server.ts",
+    find: `environment.close({ status: "interrupted", content: reason })`,
+    replace: `Promise.resolve()`,
+    tests: MCP_TESTS,
+  },
+  {
+    name: "a run goes on in a namespace whose sandbox NetworkPolicy is weaker than deny-all",
+    file: "lib/sandbox/kubernetes/lifecycle.ts",
+    find: "    if (deniesAll(found)) return;\n",
+    replace: "    return;\n",
+    tests: ["tests/unit/kubernetes_pod_spec_test.ts"],
+  },
+  ...KUBERNETES_POD_RULES,
+  ...BUDGET_MUTATIONS,
   ...SECRET_NAME_RULES,
+  ...DOCTOR_MUTATIONS,
+  {
+    name: "the host's fetch of a remote carries the credential on git's command line",
+    file: "lib/repo/remote_mirror.ts",
+    find: `"fetch",
+      "-q",`,
+    replace:
+      `...(env.GIT_CONFIG_VALUE_1 ? ["-c", \`http.extraHeader=\${env.GIT_CONFIG_VALUE_1}\`] : []),
+      "fetch",
+      "-q",`,
+    tests: ["tests/unit/remote_mirror_test.ts"],
+  },
+  {
+    name: "a session's directory is open to every user (its viewers' socket takes keystrokes)",
+    file: "lib/session/protocol.ts",
+    find: "export const SESSION_DIR_MODE = 0o700;",
+    replace: "export const SESSION_DIR_MODE = 0o755;",
+    tests: ["tests/security/session_socket_test.ts"],
+  },
+  {
+    name: "a session's viewers' socket is writable by every user",
+    file: "lib/session/protocol.ts",
+    find: "export const VIEWERS_SOCKET_MODE = 0o600;",
+    replace: "export const VIEWERS_SOCKET_MODE = 0o666;",
+    tests: ["tests/security/session_socket_test.ts"],
+  },
 ];

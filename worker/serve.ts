@@ -106,6 +106,8 @@ export async function socketChannel(path: string, ready: () => Promise<void>): P
     conn = await listener.accept();
   } finally {
     listener.close();
+    // Only the one connection was wanted. A socket file left behind is removed by the next worker
+    // before it listens, and goes with the container.
     await Deno.remove(path).catch(() => {});
   }
   return framedChannel(conn);
@@ -127,12 +129,14 @@ export function framedChannel(conn: Deno.Conn): Channel {
         throw error;
       }
     });
+    // The queue only orders the writes: a failed one is the caller's to see, through `sent`.
     queue = sent.catch(() => {});
     return sent;
   };
   // The connector waits, after the last frame, for this process's parent (its exec wrapper) to
   // end: the wrapper ends the worker's whole process tree first, so a run's leftovers are gone by
   // the time its host sees the end.
+  // A host already gone has nobody to wait for the parent: nothing is lost when this fails.
   void send("p", String(Deno.ppid)).catch(() => {});
   let pending = "";
   return {
@@ -150,8 +154,10 @@ export function framedChannel(conn: Deno.Conn): Channel {
         return bytes.byteLength;
       },
     },
+    // Diagnostics and the exit frame have nowhere else to go when the host is gone.
     diagnostic: (line) => void send("e", line).catch(() => {}),
     async finish(code: number): Promise<void> {
+      // As for diagnostics: a host that is gone cannot be told how the job ended.
       await send("x", String(code)).catch(() => {});
       await queue;
       try {

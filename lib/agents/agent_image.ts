@@ -16,7 +16,13 @@ import { CommandExitError, SandboxError, tail } from "../errors.ts";
 import { sha256Hex } from "../hash.ts";
 import { run } from "../process.ts";
 import type { ProgressPhase } from "../sandbox/image.ts";
-import { AGENT_PACKAGES, type AgentCliName, agentDir, type Architecture } from "./packages.ts";
+import {
+  AGENT_PACKAGES,
+  type AgentCliName,
+  agentDir,
+  type Architecture,
+  type PlatformTarball,
+} from "./packages.ts";
 import { cachedTarballName, fetchTarball, npmCacheDir, RegistryError } from "./npm_tarball.ts";
 
 export const AGENT_IMAGE_REPOSITORY = "sandbox-agent";
@@ -137,9 +143,26 @@ export async function ensureAgentImage(
       },
     );
   }
-  let path: string;
+  const path = await fetchPinned(tarball, agent, tag, options);
+  const started = performance.now();
+  options.onProgress?.(`Building ${agent} image ${tag} on ${baseTag}`, "begin");
+  await buildLayer(docker, { agent, baseTag, tag, contentHash, tarball, path }, options);
+  options.onProgress?.(
+    `Built ${agent} image ${tag} in ${((performance.now() - started) / 1000).toFixed(1)}s`,
+    "end",
+  );
+  return { ...info, built: true };
+}
+
+/** The pinned tarball's path in the npm cache, fetched when missing; offline help when it cannot be. */
+async function fetchPinned(
+  tarball: PlatformTarball,
+  agent: AgentCliName,
+  tag: string,
+  options: AgentImageOptions,
+): Promise<string> {
   try {
-    path = await fetchTarball(tarball, options);
+    return await fetchTarball(tarball, options);
   } catch (error) {
     if (!(error instanceof RegistryError)) throw error;
     throw new SandboxError(
@@ -159,8 +182,23 @@ export async function ensureAgentImage(
       },
     );
   }
-  const started = performance.now();
-  options.onProgress?.(`Building ${agent} image ${tag} on ${baseTag}`, "begin");
+}
+
+/** `docker build` of the agent's layer: the package unpacked into a context of its own. */
+async function buildLayer(
+  docker: DockerCli,
+  layer: {
+    agent: AgentCliName;
+    baseTag: string;
+    tag: string;
+    contentHash: string;
+    tarball: PlatformTarball;
+    path: string;
+  },
+  options: AgentImageOptions,
+): Promise<void> {
+  const { agent, baseTag, tag, contentHash, tarball, path } = layer;
+  const pkg = AGENT_PACKAGES[agent];
   const dir = await Deno.makeTempDir({ prefix: "sandbox-agent-image-" });
   try {
     await Deno.mkdir(`${dir}/agent`);
@@ -213,13 +251,9 @@ export async function ensureAgentImage(
       );
     }
   } finally {
+    // A temporary directory left behind costs disk space only; the build's outcome stands.
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
-  options.onProgress?.(
-    `Built ${agent} image ${tag} in ${((performance.now() - started) / 1000).toFixed(1)}s`,
-    "end",
-  );
-  return { ...info, built: true };
 }
 
 /** How to get the layer onto a machine that cannot reach the registry. */

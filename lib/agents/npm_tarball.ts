@@ -70,53 +70,17 @@ export async function fetchTarball(
   const registry = displayRegistry(options.registry ?? npmRegistry());
   await Deno.mkdir(cacheDir, { recursive: true });
   options.onProgress?.(`Downloading ${tarball.spec} from ${registry}`);
-  const headers = AbortSignal.timeout(REGISTRY_TIMEOUT_MS);
-  let response: Response;
-  try {
-    response = await fetch(url, {
-      signal: options.signal ? AbortSignal.any([options.signal, headers]) : headers,
-    });
-  } catch (error) {
-    if (options.signal?.aborted) {
-      throw new SandboxError("interrupted", `Downloading ${tarball.spec} was interrupted`);
-    }
-    const reason = headers.aborted
-      ? `no answer within ${REGISTRY_TIMEOUT_MS / 1000} s`
-      : describeFetchError(error);
-    throw new RegistryError(
-      registry,
-      `Cannot download ${tarball.spec} from ${registry}: ${reason}`,
-      { cause: error },
-    );
-  }
-  if (response.status !== 200 || response.body === null) {
-    await response.body?.cancel();
-    throw new RegistryError(
-      registry,
-      `Cannot download ${tarball.spec} from ${registry}: HTTP ${response.status}`,
-    );
-  }
+  const body = await requestTarball(url, tarball.spec, registry, options.signal);
   // Written beside the final name and renamed only once its hash matches: a partial or tampered
-  // download never sits in the cache under the name the next build trusts.
+  // download never sits in the cache under the name the next build trusts. (A partial file that
+  // cannot be removed is harmless for the same reason: nothing reads a `.partial` name.)
   const partial = `${path}.${Deno.pid}.partial`;
   const hash = await sha512();
+  let integrity: string;
   try {
-    const file = await Deno.open(partial, {
-      write: true,
-      create: true,
-      truncate: true,
-      mode: 0o644,
-    });
-    try {
-      for await (const chunk of response.body) {
-        hash.update(chunk);
-        let rest = chunk;
-        while (rest.length > 0) rest = rest.subarray(await file.write(rest));
-      }
-    } finally {
-      file.close();
-    }
+    integrity = await writeHashed(body, partial, hash);
   } catch (error) {
+    // The download failed: the error below says so; a partial file left behind is never read.
     await Deno.remove(partial).catch(() => {});
     if (options.signal?.aborted) {
       throw new SandboxError("interrupted", `Downloading ${tarball.spec} was interrupted`);
@@ -127,8 +91,8 @@ export async function fetchTarball(
       { cause: error },
     );
   }
-  const integrity = `sha512-${hash.digest("base64")}`;
   if (integrity !== tarball.integrity) {
+    // Refused below; a partial file left behind is never read.
     await Deno.remove(partial).catch(() => {});
     throw new SandboxError(
       "image_build_failed",
@@ -141,6 +105,60 @@ export async function fetchTarball(
   }
   await Deno.rename(partial, path);
   return path;
+}
+
+/**
+ * The body of a 200 answer for `url`; the timeout covers the wait for the response headers.
+ * Raises `RegistryError` for no answer or another status, `interrupted` when `signal` aborts.
+ */
+async function requestTarball(
+  url: string,
+  spec: string,
+  registry: string,
+  signal: AbortSignal | undefined,
+): Promise<ReadableStream<Uint8Array>> {
+  const headers = AbortSignal.timeout(REGISTRY_TIMEOUT_MS);
+  let response: Response;
+  try {
+    response = await fetch(url, { signal: signal ? AbortSignal.any([signal, headers]) : headers });
+  } catch (error) {
+    if (signal?.aborted) {
+      throw new SandboxError("interrupted", `Downloading ${spec} was interrupted`);
+    }
+    const reason = headers.aborted
+      ? `no answer within ${REGISTRY_TIMEOUT_MS / 1000} s`
+      : describeFetchError(error);
+    throw new RegistryError(registry, `Cannot download ${spec} from ${registry}: ${reason}`, {
+      cause: error,
+    });
+  }
+  if (response.status !== 200 || response.body === null) {
+    await response.body?.cancel();
+    throw new RegistryError(
+      registry,
+      `Cannot download ${spec} from ${registry}: HTTP ${response.status}`,
+    );
+  }
+  return response.body;
+}
+
+/** Writes `body` to `path` (mode 0644) and returns its integrity, hashed with `hash` on the way. */
+async function writeHashed(
+  body: ReadableStream<Uint8Array>,
+  path: string,
+  hash: Awaited<ReturnType<typeof sha512>>,
+): Promise<string> {
+  const file = await Deno.open(path, { write: true, create: true, truncate: true, mode: 0o644 });
+  try {
+    for await (const chunk of body) {
+      hash.update(chunk);
+      let rest = chunk;
+      while (rest.length > 0) rest = rest.subarray(await file.write(rest));
+    }
+  } finally {
+    file.close();
+  }
+  return `sha512-${hash.digest("base64")}`;
 }
 
 /** The `sha512-…` integrity of a file, or undefined when it cannot be read. */

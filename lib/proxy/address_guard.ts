@@ -33,6 +33,8 @@ export async function systemResolver(hostname: string, signal: AbortSignal): Pro
     if (signal.aborted) onAbort();
     else signal.addEventListener("abort", onAbort, { once: true });
   });
+  // Raced below; once the answer has won, a later abort has no one waiting for it: this keeps
+  // that rejection from counting as unhandled (the race itself still sees an earlier one).
   aborted.catch(() => {});
   const records = await Promise.race([answer, aborted]);
   return records.map((record) => record.address);

@@ -28,6 +28,7 @@ import {
   ROUTES,
 } from "./llm_policy.ts";
 import { parseStrictJson } from "./strict_json.ts";
+import { ResponseMeter, type RunBudget } from "./budget.ts";
 
 export const PROXY_PATH_PREFIX = "/proxy/v1";
 export const DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024;
@@ -53,6 +54,8 @@ export interface ProxyGrant {
   provider: UpstreamProvider;
   /** What the holder may ask of the provider; default: no server-side tools, any model. */
   policy?: LlmPolicy;
+  /** What the holder may spend (lib/proxy/budget.ts); default: no limit. */
+  budget?: RunBudget;
 }
 
 export interface TokenRegistryOptions {
@@ -209,6 +212,70 @@ const STRIPPED_RESPONSE_HEADERS = new Set([
 
 type LogFields = Omit<AccessLogEntry, "durationMs">;
 
+/** Why the proxy answers a request itself: the status, the API's error type, and a message. */
+class Refusal {
+  constructor(readonly status: number, readonly type: string, readonly message: string) {}
+}
+
+/** Where a request goes once its route is known. */
+interface Target {
+  suffix: string;
+  rule: RouteRule;
+  api: LlmApi;
+  policy: LlmPolicy;
+  upstreamUrl: URL;
+}
+
+/**
+ * One request's access-log entry and its two ends: `finish` logs it once the response is over
+ * (streamed or not); `refuse` drops the request body, logs the refusal and answers with an error
+ * body. Every entry passes through the redactor on its way to the log.
+ */
+interface Exchange {
+  entry: LogFields;
+  finish(status: number | undefined, reason?: string): void;
+  refuse(refusal: Refusal): Response;
+}
+
+function openExchange(
+  req: Request,
+  url: URL,
+  log: AccessLog | undefined,
+  redactor: Redactor,
+): Exchange {
+  const started = performance.now();
+  const entry: LogFields = {
+    time: new Date().toISOString(),
+    kind: "llm",
+    decision: "deny",
+    method: req.method,
+    host: "",
+    port: 0,
+    // The query string is never logged: it is the usual place for stray credentials.
+    path: url.pathname,
+    bytesIn: 0,
+    bytesOut: 0,
+    profile: "",
+    runId: null,
+  };
+  const finish = (status: number | undefined, reason?: string) => {
+    entry.status = status;
+    if (reason !== undefined) entry.reason = reason;
+    const complete: AccessLogEntry = {
+      ...entry,
+      durationMs: Math.round(performance.now() - started),
+    };
+    log?.write(redactor.redactValue(complete));
+  };
+  const refuse = ({ status, type, message }: Refusal) => {
+    // The body is not wanted; a client that already went away makes cancelling fail, harmlessly.
+    void req.body?.cancel().catch(() => {});
+    finish(status, message);
+    return jsonError(status, type, `sandbox credential proxy: ${message}`);
+  };
+  return { entry, finish, refuse };
+}
+
 function createHandler(
   options: CredentialProxyOptions,
   closing: AbortSignal,
@@ -218,180 +285,262 @@ function createHandler(
   const redactor = options.redactor ?? new Redactor();
   const upstreamTimeoutMs = options.upstreamTimeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS;
 
+  // Every step either yields what the next needs or refuses; nothing reaches an upstream unless
+  // every step before it passed (fail closed).
   return async (req) => {
-    const started = performance.now();
     trace("credential proxy: request");
     const url = new URL(req.url);
-    const entry: LogFields = {
-      time: new Date().toISOString(),
-      kind: "llm",
-      decision: "deny",
-      method: req.method,
-      host: "",
-      port: 0,
-      // The query string is never logged: it is the usual place for stray credentials.
-      path: url.pathname,
-      bytesIn: 0,
-      bytesOut: 0,
-      profile: "",
-      runId: null,
-    };
-    const finish = (status: number | undefined, reason?: string) => {
-      entry.status = status;
-      if (reason !== undefined) entry.reason = reason;
-      const complete: AccessLogEntry = {
-        ...entry,
-        durationMs: Math.round(performance.now() - started),
-      };
-      options.log?.write(redactor.redactValue(complete));
-    };
-    const refuse = (status: number, type: string, message: string) => {
-      void req.body?.cancel().catch(() => {});
-      finish(status, message);
-      return jsonError(status, type, `sandbox credential proxy: ${message}`);
-    };
+    const exchange = openExchange(req, url, options.log, redactor);
+    const { entry } = exchange;
 
     // 1. Who is asking: the token alone decides the profile and the provider.
     const auth = authenticate(req.headers, options.tokens);
-    if (auth.kind === "refused") return refuse(401, "authentication_error", auth.message);
+    if (auth.kind === "refused") {
+      return exchange.refuse(new Refusal(401, "authentication_error", auth.message));
+    }
     const { grant, token } = auth;
     redactor.add(token);
     Object.assign(entry, { profile: grant.profile, runId: grant.runId });
 
     // 2. Where to: only the listed routes, to the grant's provider.
-    const route = findRoute(req.method, url.pathname);
-    if (route === undefined) {
-      return refuse(404, "not_found_error", `no route for ${req.method} ${url.pathname}`);
-    }
-    const { suffix, rule } = route;
-    const api: LlmApi = rule.api ?? grant.provider.kind;
-    const policy = grant.policy ?? DEFAULT_LLM_POLICY;
-    let upstreamUrl: URL;
-    try {
-      upstreamUrl = new URL(grant.provider.baseUrl.replace(/\/+$/, "") + suffix + url.search);
-    } catch {
-      return refuse(500, "api_error", `provider "${grant.provider.name}" has an invalid base URL`);
-    }
+    const target = targetFor(req.method, url, grant);
+    if (target instanceof Refusal) return exchange.refuse(target);
     Object.assign(entry, {
-      host: upstreamUrl.hostname,
-      port: Number(upstreamUrl.port) || (upstreamUrl.protocol === "https:" ? 443 : 80),
-      path: upstreamUrl.pathname,
+      host: target.upstreamUrl.hostname,
+      port: Number(target.upstreamUrl.port) ||
+        (target.upstreamUrl.protocol === "https:" ? 443 : 80),
+      path: target.upstreamUrl.pathname,
     });
 
     // 3. The body, capped: JSON requests are small, and the upstream needs a Content-Length.
-    const declared = req.headers.get("content-length");
-    if (declared !== null && Number(declared) > maxBodyBytes) {
-      return refuse(413, "request_too_large", `request body larger than ${maxBodyBytes} bytes`);
-    }
-    const body = await readBodyCapped(req.body, maxBodyBytes);
-    if (body === "too_large") {
-      return refuse(413, "request_too_large", `request body larger than ${maxBodyBytes} bytes`);
-    }
-    if (body === "aborted") {
-      return refuse(400, "invalid_request_error", "the request body ended early");
-    }
+    const body = await requestBody(req, maxBodyBytes);
+    if (body instanceof Refusal) return exchange.refuse(body);
     entry.bytesOut = body.length;
 
     // 4. What it asks for, decided on one strict reading of the body; those same bytes go out.
-    if (rule.method === "POST") {
-      const parsed = parseStrictJson(body);
-      if (parsed.kind === "invalid") {
-        const message = `the request body is not strict JSON: ${parsed.reason}`;
-        return refuse(400, "invalid_request_error", message);
-      }
-      const value = parsed.value;
-      if (typeof value !== "object" || value === null || Array.isArray(value)) {
-        return refuse(400, "invalid_request_error", "the request body is not a JSON object");
-      }
-      const refusal = rule.check?.(value, policy);
-      if (refusal !== undefined) {
-        const why = refusal.rule === "models"
-          ? `profile "${grant.profile}" allows only the models in llm.models (${
-            (policy.models ?? []).map((model) => JSON.stringify(model)).join(", ")
-          })`
-          : `profile "${grant.profile}" does not let the provider reach the network or run code ` +
-            `for the sandbox (llm.server_tools: allow would)`;
-        return refuse(403, "permission_error", `${refusal.message}; ${why}`);
-      }
-    }
+    const checked = target.rule.method === "POST"
+      ? checkBody(body, target.rule, target.policy, grant.profile)
+      : undefined;
+    if (checked instanceof Refusal) return exchange.refuse(checked);
 
-    // 5. The real key, attached on the way out.
-    let key: string;
-    try {
-      key = await grant.provider.key();
-    } catch {
-      entry.decision = "allow";
-      return refuse(
-        502,
-        "api_error",
-        `the API key for provider "${grant.provider.name}" is not available on the host`,
-      );
-    }
-    redactor.add(key);
+    // 4b. What the run may still spend: a call that would start past its budget never starts.
+    const meter = meterFor(grant.budget, target, checked, body.length);
+    if (meter instanceof Refusal) return exchange.refuse(meter);
+
+    // 5. The real key, attached on the way out. From here on the request was allowed: a failure
+    // is the host's, not a refusal of what the sandbox asked.
     entry.decision = "allow";
-    let headers: Headers;
-    try {
-      headers = upstreamHeaders(req.headers, { api, rule, policy, provider: grant.provider, key });
-    } catch {
-      // Only the key can make this fail (a newline in it, say); the error must not quote it.
-      return refuse(
-        502,
-        "api_error",
-        `the API key for provider "${grant.provider.name}" is not a valid header value`,
-      );
-    }
+    const headers = await headersWithKey(req.headers, target, grant.provider, redactor);
+    if (headers instanceof Refusal) return exchange.refuse(headers);
 
     // 6. Forward; the timeout covers the wait for response headers only.
-    const timeout = new AbortController();
-    const timer = setTimeout(() => timeout.abort(), upstreamTimeoutMs);
-    let upstream: Response;
-    try {
-      upstream = await fetch(upstreamUrl, {
-        method: req.method,
-        headers,
-        body: req.method === "GET" ? undefined : body,
-        // A redirect would carry the key to wherever it points: pass it to the client instead.
-        redirect: "manual",
-        signal: AbortSignal.any([req.signal, timeout.signal, closing]),
-      });
-    } catch {
-      // Messages are generic on purpose: fetch errors name the URL, which may carry credentials.
-      if (timeout.signal.aborted) {
-        return refuse(
-          504,
-          "timeout_error",
-          `provider "${grant.provider.name}" did not answer within ${upstreamTimeoutMs} ms`,
-        );
-      }
-      if (req.signal.aborted) return refuse(499, "api_error", "the client went away");
-      if (closing.aborted) return refuse(503, "api_error", "the proxy is shutting down");
-      return refuse(502, "api_error", `cannot reach provider "${grant.provider.name}"`);
-    } finally {
-      clearTimeout(timer);
-    }
+    const upstream = await forward(req, target.upstreamUrl, headers, body, {
+      provider: grant.provider.name,
+      upstreamTimeoutMs,
+      closing,
+    });
+    if (upstream instanceof Refusal) return exchange.refuse(upstream);
 
-    // 7. Back to the sandbox with every known secret redacted: an upstream (a malicious one, or
-    // an error page) may echo the key in a header or anywhere in the body.
-    const responseHeaders = new Headers();
-    for (const [name, value] of upstream.headers) {
-      if (STRIPPED_RESPONSE_HEADERS.has(name)) continue;
-      responseHeaders.append(name, redactor.redact(value));
-    }
-    const statusText = redactor.redact(upstream.statusText);
-    if (upstream.body === null) {
-      finish(upstream.status);
-      return new Response(null, { status: upstream.status, statusText, headers: responseHeaders });
-    }
-    const streamed = relayBody(upstream.body, redactor, (bytes, reason) => {
-      entry.bytesIn = bytes;
-      finish(upstream.status, reason);
-    });
-    return new Response(streamed, {
-      status: upstream.status,
-      statusText,
-      headers: responseHeaders,
-    });
+    // 7. Back to the sandbox with every known secret redacted, metered against the budget.
+    return respond(upstream, redactor, exchange, meter);
   };
+}
+
+/** The route, API, policy and upstream URL for a request, or why there is none. */
+function targetFor(method: string, url: URL, grant: ProxyGrant): Target | Refusal {
+  const route = findRoute(method, url.pathname);
+  if (route === undefined) {
+    return new Refusal(404, "not_found_error", `no route for ${method} ${url.pathname}`);
+  }
+  const { suffix, rule } = route;
+  const api: LlmApi = rule.api ?? grant.provider.kind;
+  const policy = grant.policy ?? DEFAULT_LLM_POLICY;
+  let upstreamUrl: URL;
+  try {
+    upstreamUrl = new URL(grant.provider.baseUrl.replace(/\/+$/, "") + suffix + url.search);
+  } catch {
+    return new Refusal(
+      500,
+      "api_error",
+      `provider "${grant.provider.name}" has an invalid base URL`,
+    );
+  }
+  return { suffix, rule, api, policy, upstreamUrl };
+}
+
+/** The whole request body, refused past `maxBodyBytes` (declared or counted) or cut short. */
+async function requestBody(
+  req: Request,
+  maxBodyBytes: number,
+): Promise<Uint8Array<ArrayBuffer> | Refusal> {
+  const tooLarge = () =>
+    new Refusal(413, "request_too_large", `request body larger than ${maxBodyBytes} bytes`);
+  const declared = req.headers.get("content-length");
+  if (declared !== null && Number(declared) > maxBodyBytes) return tooLarge();
+  const body = await readBodyCapped(req.body, maxBodyBytes);
+  if (body === "too_large") return tooLarge();
+  if (body === "aborted") {
+    return new Refusal(400, "invalid_request_error", "the request body ended early");
+  }
+  return body;
+}
+
+/** Why a POST body is refused (not strict JSON, not an object, or against the policy), or its value. */
+function checkBody(
+  body: Uint8Array,
+  rule: RouteRule,
+  policy: LlmPolicy,
+  profile: string,
+): Refusal | Record<string, unknown> {
+  const parsed = parseStrictJson(body);
+  if (parsed.kind === "invalid") {
+    const message = `the request body is not strict JSON: ${parsed.reason}`;
+    return new Refusal(400, "invalid_request_error", message);
+  }
+  const value = parsed.value;
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    return new Refusal(400, "invalid_request_error", "the request body is not a JSON object");
+  }
+  const refusal = rule.check?.(value, policy);
+  if (refusal === undefined) return value as Record<string, unknown>;
+  const why = refusal.rule === "models"
+    ? `profile "${profile}" allows only the models in llm.models (${
+      (policy.models ?? []).map((model) => JSON.stringify(model)).join(", ")
+    })`
+    : `profile "${profile}" does not let the provider reach the network or run code ` +
+      `for the sandbox (llm.server_tools: allow would)`;
+  return new Refusal(403, "permission_error", `${refusal.message}; ${why}`);
+}
+
+/** Calls that cost tokens: every POST route but counting them. */
+function isMetered(target: Target): boolean {
+  return target.rule.method === "POST" && target.suffix !== "/messages/count_tokens";
+}
+
+/**
+ * A meter for the response of a metered call that its run's budget admits (counted from here), or
+ * the refusal the agent sees: 403, which SDKs do not retry.
+ */
+function meterFor(
+  budget: RunBudget | undefined,
+  target: Target,
+  body: Record<string, unknown> | undefined,
+  bodyBytes: number,
+): ((response: Response) => ResponseMeter) | undefined | Refusal {
+  if (budget === undefined || !isMetered(target)) return undefined;
+  const model = typeof body?.model === "string" ? body.model : null;
+  const refused = budget.admitLlm();
+  if (refused !== undefined) return new Refusal(403, "permission_error", refused);
+  return (response) =>
+    new ResponseMeter(budget, { model, bodyBytes }, {
+      status: response.status,
+      contentType: response.headers.get("content-type"),
+    });
+}
+
+/** The upstream headers with the real key (registered with the redactor first), or why not. */
+async function headersWithKey(
+  incoming: Headers,
+  target: Target,
+  provider: UpstreamProvider,
+  redactor: Redactor,
+): Promise<Headers | Refusal> {
+  let key: string;
+  try {
+    key = await provider.key();
+  } catch {
+    return new Refusal(
+      502,
+      "api_error",
+      `the API key for provider "${provider.name}" is not available on the host`,
+    );
+  }
+  redactor.add(key);
+  try {
+    return upstreamHeaders(incoming, { ...target, provider, key });
+  } catch {
+    // Only the key can make this fail (a newline in it, say); the error must not quote it.
+    return new Refusal(
+      502,
+      "api_error",
+      `the API key for provider "${provider.name}" is not a valid header value`,
+    );
+  }
+}
+
+/**
+ * The upstream's response (its headers, at least), or why there is none. Redirects come back as
+ * they are, never followed; the request is cancelled when the client goes away or the proxy
+ * closes.
+ */
+async function forward(
+  req: Request,
+  upstreamUrl: URL,
+  headers: Headers,
+  body: Uint8Array<ArrayBuffer>,
+  options: { provider: string; upstreamTimeoutMs: number; closing: AbortSignal },
+): Promise<Response | Refusal> {
+  const { provider, upstreamTimeoutMs, closing } = options;
+  const timeout = new AbortController();
+  const timer = setTimeout(() => timeout.abort(), upstreamTimeoutMs);
+  try {
+    return await fetch(upstreamUrl, {
+      method: req.method,
+      headers,
+      body: req.method === "GET" ? undefined : body,
+      // A redirect would carry the key to wherever it points: pass it to the client instead.
+      redirect: "manual",
+      signal: AbortSignal.any([req.signal, timeout.signal, closing]),
+    });
+  } catch {
+    // Messages are generic on purpose: fetch errors name the URL, which may carry credentials.
+    if (timeout.signal.aborted) {
+      return new Refusal(
+        504,
+        "timeout_error",
+        `provider "${provider}" did not answer within ${upstreamTimeoutMs} ms`,
+      );
+    }
+    if (req.signal.aborted) return new Refusal(499, "api_error", "the client went away");
+    if (closing.aborted) return new Refusal(503, "api_error", "the proxy is shutting down");
+    return new Refusal(502, "api_error", `cannot reach provider "${provider}"`);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * The upstream's response as the sandbox gets it: every known secret redacted from its headers,
+ * status text and body (an upstream, a malicious one or an error page, may echo the key anywhere),
+ * and the exchange logged when the body ends.
+ */
+function respond(
+  upstream: Response,
+  redactor: Redactor,
+  exchange: Exchange,
+  meterFor?: (response: Response) => ResponseMeter,
+): Response {
+  const meter = meterFor?.(upstream);
+  const responseHeaders = new Headers();
+  for (const [name, value] of upstream.headers) {
+    if (STRIPPED_RESPONSE_HEADERS.has(name)) continue;
+    responseHeaders.append(name, redactor.redact(value));
+  }
+  const statusText = redactor.redact(upstream.statusText);
+  if (upstream.body === null) {
+    meter?.end();
+    exchange.finish(upstream.status);
+    return new Response(null, { status: upstream.status, statusText, headers: responseHeaders });
+  }
+  const streamed = relayBody(upstream.body, redactor, (bytes, reason) => {
+    exchange.entry.bytesIn = bytes;
+    exchange.finish(upstream.status, reason);
+  }, meter);
+  return new Response(streamed, {
+    status: upstream.status,
+    statusText,
+    headers: responseHeaders,
+  });
 }
 
 type AuthResult =
@@ -474,6 +623,7 @@ async function readBodyCapped(
       if (done) break;
       total += value.byteLength;
       if (total > maxBytes) {
+        // The rest is not wanted; a body that already failed cannot be cancelled, harmlessly.
         await reader.cancel().catch(() => {});
         return "too_large";
       }
@@ -503,6 +653,7 @@ function relayBody(
   body: ReadableStream<Uint8Array>,
   redactor: Redactor,
   onDone: (bytes: number, reason?: string) => void,
+  meter?: ResponseMeter,
 ): ReadableStream<Uint8Array> {
   const reader = body.getReader();
   const redacting = redactor.stream();
@@ -527,6 +678,8 @@ function relayBody(
           return;
         }
         if (result.done) {
+          const held = meter?.end();
+          if (held && held.byteLength > 0) controller.enqueue(redacting.push(held));
           const rest = redacting.end();
           if (rest.byteLength > 0) controller.enqueue(rest);
           report();
@@ -534,7 +687,20 @@ function relayBody(
           return;
         }
         bytes += result.value.byteLength;
-        const out = redacting.push(result.value);
+        // Metered before redaction: the budget is charged from what the upstream reported.
+        const metered = meter ? meter.push(result.value) : { pass: result.value, cut: false };
+        const out = redacting.push(metered.pass);
+        if (metered.cut) {
+          // Cut at the budget: what passed, then an error event in place of the rest.
+          controller.enqueue(out);
+          controller.enqueue(redacting.end());
+          controller.enqueue(meter!.cutEvent());
+          report("cut at the run's budget");
+          controller.close();
+          // The upstream's rest is not wanted; a body that already ended cannot be cancelled.
+          await reader.cancel().catch(() => {});
+          return;
+        }
         if (out.byteLength > 0) {
           controller.enqueue(out);
           return;
@@ -543,6 +709,7 @@ function relayBody(
     },
     async cancel(reason) {
       report("the client went away before the response ended");
+      // Cancelling fails only for an upstream body that already ended or failed: nothing to stop.
       await reader.cancel(reason).catch(() => {});
     },
   }, { highWaterMark: 0 });

@@ -5,10 +5,14 @@
  *
  * - `CONNECT host:port` (HTTPS and anything else over TLS): policy check, connect, then bytes are
  *   piped both ways untouched. The proxy never sees inside TLS.
- * - `GET http://host/path` (absolute-form plain HTTP): policy check, then exactly one request is
- *   forwarded in origin form with `Host` set from the checked URL and `Connection: close`; the
- *   response is piped back and the connection ends. One request per connection means a second,
- *   pipelined request can never ride on a connection that was checked for another host.
+ * - `GET http://host/path` (absolute-form plain HTTP): policy check, then the request is forwarded
+ *   in origin form with `Host` set from the checked URL, and the response relayed back framed as
+ *   its headers say. HTTP/1.1 keep-alive: the client's connection then carries its next request,
+ *   which is read, checked, forwarded and logged exactly as the first; the upstream connection is
+ *   reused only by a next request for the same canonical host and port (any other closes it and
+ *   goes through the whole decision). Requests are answered one at a time: bytes that arrive
+ *   before the previous response is complete (pipelining, or a request smuggled behind a body)
+ *   end the connection unread, and so does any response or body whose end cannot be told.
  *
  * Both go through one decision (`#reach`): the allowlist on the canonical name, then the
  * name is resolved once and every address checked (lib/proxy/address_guard.ts); the proxy
@@ -16,10 +20,12 @@
  * is never asked for. Loopback, private, link-local, metadata and the host's own addresses are
  * refused (403) unless `network.hosts` maps the name there.
  *
- * Every connection that sent anything is logged once, when it ends, allowed or denied, with the
- * bytes that crossed the sandbox boundary both ways and the address actually connected to.
+ * Every request (a CONNECT, or each plain-HTTP request of a connection) is logged once, when it
+ * ends, allowed or denied, with the bytes that crossed the sandbox boundary both ways and the
+ * address actually connected to; a connection that sent nothing is not logged.
  */
 import type { AccessLog, AccessLogEntry } from "./access_log.ts";
+import type { RunBudget } from "./budget.ts";
 import { closeOnAbort } from "../process.ts";
 import {
   canonicalHost,
@@ -85,6 +91,12 @@ export interface EgressProxyOptions {
   localAddresses?: () => readonly string[];
   /** Opens the upstream connection to a checked IP address (default: `Deno.connect`). */
   dial?: Dialer;
+  /**
+   * What the run may spend (lib/proxy/budget.ts): each request is admitted (and counted) before
+   * any connection is made, and its bytes both ways are charged; past the budget, every live
+   * connection is cut.
+   */
+  budget?: RunBudget;
 }
 
 /** Connect to `address` (an IP literal, never a name) on `port`. */
@@ -195,6 +207,31 @@ interface Tally {
   bytesOut: number;
 }
 
+/** A tally that reports every byte added to it to `charge`, starting with those `from` holds. */
+function meteredTally(from: Tally, charge: (bytes: number) => void): Tally {
+  let bytesIn = from.bytesIn;
+  let bytesOut = from.bytesOut;
+  if (bytesIn + bytesOut > 0) charge(bytesIn + bytesOut);
+  return {
+    get bytesIn() {
+      return bytesIn;
+    },
+    set bytesIn(value: number) {
+      const added = value - bytesIn;
+      bytesIn = value;
+      if (added > 0) charge(added);
+    },
+    get bytesOut() {
+      return bytesOut;
+    },
+    set bytesOut(value: number) {
+      const added = value - bytesOut;
+      bytesOut = value;
+      if (added > 0) charge(added);
+    },
+  };
+}
+
 /** Thrown inside a handler to answer the client with an error response and log a deny/failure. */
 class ProxyRefusal extends Error {
   constructor(
@@ -268,9 +305,34 @@ class ProxySession {
 
   async #handle(clientConn: Deno.Conn): Promise<void> {
     this.#track(clientConn);
+    noDelay(clientConn);
+    const client = new BufferedConn(clientConn, { bytesIn: 0, bytesOut: 0 });
+    let upstream: Upstream | undefined;
+    try {
+      // One request after another while both ends keep the connection (see the module's comment).
+      while (true) {
+        const next = await this.#exchange(client, upstream);
+        upstream = next.upstream;
+        if (!next.keepAlive) break;
+      }
+    } finally {
+      this.#untrack(upstream?.conn);
+      this.#untrack(clientConn);
+    }
+  }
+
+  /**
+   * One request on the client's connection, checked, forwarded and logged on its own. Returns the
+   * upstream connection to keep for the next request (if any) and whether there may be one.
+   */
+  async #exchange(
+    client: BufferedConn,
+    open: Upstream | undefined,
+  ): Promise<{ upstream: Upstream | undefined; keepAlive: boolean }> {
     const started = performance.now();
-    const tally: Tally = { bytesIn: 0, bytesOut: 0 };
-    const client = new BufferedConn(clientConn, tally);
+    let tally: Tally = { bytesIn: 0, bytesOut: 0 };
+    client.tally = tally;
+    const clientConn = client.conn;
     const entry: Omit<AccessLogEntry, "durationMs" | "bytesIn" | "bytesOut"> = {
       time: new Date().toISOString(),
       kind: "egress",
@@ -281,21 +343,22 @@ class ProxySession {
       profile: this.#options.profile,
       runId: this.#options.runId ?? null,
     };
-    let upstream: Deno.Conn | undefined;
+    let upstream = open;
     try {
       const head = await this.#readHead(client, clientConn);
       if (head === undefined) {
         entry.reason = "the client closed or stalled before sending a complete request";
-        return;
+        return { upstream, keepAlive: false };
       }
       entry.method = head.method;
       const target = this.#parseTarget(head);
       Object.assign(entry, { host: target.host, port: target.port, path: target.path });
+      tally = this.#admit(client, tally);
       const framing = head.method === "CONNECT" ? undefined : bodyFraming(head.headers);
-      const connected = await this.#reach(target);
+      // On a refusal `open` is returned as it is, and closed with the client's connection.
+      upstream = await this.#upstreamFor(target, open);
       entry.decision = "allow";
-      entry.address = connected.address;
-      upstream = this.#track(connected.conn);
+      entry.address = upstream.address;
       if (framing === undefined) {
         await writeAll(
           clientConn,
@@ -303,10 +366,16 @@ class ProxySession {
           tally,
         );
         entry.status = 200;
-        await tunnel(client, upstream, tally);
-      } else {
-        entry.status = await forwardPlainHttp(head, target, framing, client, upstream, tally);
+        await tunnel(client, upstream.conn, tally);
+        return { upstream, keepAlive: false };
       }
+      const forwarded = await forwardPlainHttp(head, target, framing, client, upstream, tally);
+      entry.status = forwarded.status;
+      if (!forwarded.upstreamReusable) {
+        this.#untrack(upstream.conn);
+        upstream = undefined;
+      }
+      return { upstream, keepAlive: forwarded.keepAlive };
     } catch (error) {
       if (error instanceof ProxyRefusal) {
         entry.decision = error.decision;
@@ -314,15 +383,14 @@ class ProxySession {
         entry.reason = error.logReason;
         await writeAll(clientConn, errorResponse(error.status, error.message), tally)
           .then(() => lingeringClose(clientConn, tally))
-          .catch(() => {});
+          .catch(() => {}); // the client went away: the refusal is logged all the same
       } else if (!this.#closing.signal.aborted) {
         // A reset or broken pipe mid-stream: the connection simply ends.
         entry.reason ??= `connection ended: ${errorName(error)}`;
       }
+      return { upstream, keepAlive: false };
     } finally {
-      this.#untrack(upstream);
-      this.#untrack(clientConn);
-      // A port scan or health check that sent nothing is not an access.
+      // A port scan, a health check or a kept-alive connection closed while idle is not an access.
       if (tally.bytesOut > 0) {
         this.#options.log?.write({
           ...entry,
@@ -331,6 +399,47 @@ class ProxySession {
         });
       }
     }
+  }
+
+  /**
+   * The request admitted by the run's budget (counted, before any connection is made), and the
+   * tally that charges its bytes from here on (those of its head included); or a refusal.
+   */
+  #admit(client: BufferedConn, tally: Tally): Tally {
+    const budget = this.#options.budget;
+    if (budget === undefined) return tally;
+    const refused = budget.admitEgress();
+    if (refused !== undefined) throw new ProxyRefusal(403, "deny", refused);
+    const metered = meteredTally(tally, (bytes) => {
+      // Past the budget nothing more crosses: every connection of the run's proxy ends.
+      if (budget.chargeEgress(bytes)) return;
+      for (const conn of this.#liveConns) closeQuietly(conn);
+    });
+    client.tally = metered;
+    return metered;
+  }
+
+  /**
+   * The upstream connection for `target`: the connection kept from the previous request when it
+   * was made for this same canonical host and port (the policy is applied to this request all the
+   * same), else a new one from `#reach`, the kept one being closed first.
+   */
+  async #upstreamFor(target: Target, open: Upstream | undefined): Promise<Upstream> {
+    const key = `${target.host}:${target.port}`;
+    if (open?.key === key) {
+      this.#checkPolicy(target);
+      return open;
+    }
+    this.#untrack(open?.conn);
+    const connected = await this.#reach(target);
+    const conn = this.#track(connected.conn);
+    noDelay(conn);
+    return {
+      conn,
+      reader: new BufferedConn(conn, { bytesIn: 0, bytesOut: 0 }),
+      key,
+      address: connected.address,
+    };
   }
 
   /** The request head, or `undefined` when the client closed or stalled before sending one. */
@@ -499,6 +608,17 @@ function describe(refused: readonly RefusedAddress[]): string {
   return refused.map(({ address, why }) => `${address} (${why})`).join(", ");
 }
 
+/** An upstream connection, kept between the requests of one client connection. */
+interface Upstream {
+  conn: Deno.Conn;
+  /** Reads the responses, keeping what one read brought past a response's end. */
+  reader: BufferedConn;
+  /** The canonical `host:port` it was opened for: only requests for the same reuse it. */
+  key: string;
+  /** The checked address it is connected to. */
+  address: string;
+}
+
 interface Target {
   /** Canonical host: what the policy checked and what is resolved (unless `hosts` maps it). */
   host: string;
@@ -593,88 +713,221 @@ function bodyFraming(headers: RequestHead["headers"]): BodyFraming {
   return { kind: "length", bytes: Number(value) };
 }
 
-/** Forward one plain-HTTP request and pipe the response back; the upstream's status code. */
+/** What one forwarded request came to. */
+interface Forwarded {
+  /** The upstream's final status code, when its response had a status line. */
+  status: number | undefined;
+  /** The client's connection may carry another request. */
+  keepAlive: boolean;
+  /** The upstream connection ended its response cleanly and may carry another request. */
+  upstreamReusable: boolean;
+}
+
+/** Forward one plain-HTTP request and relay its response back. */
 async function forwardPlainHttp(
   head: RequestHead,
   target: Target,
   framing: BodyFraming,
   client: BufferedConn,
-  upstream: Deno.Conn,
+  upstream: Upstream,
   tally: Tally,
-): Promise<number | undefined> {
-  const named = new Set(
-    head.headers.filter(([n]) => n.toLowerCase() === "connection")
-      .flatMap(([, v]) => v.split(",").map((token) => token.trim().toLowerCase())),
-  );
+): Promise<Forwarded> {
+  const named = connectionTokens(head.headers);
   const kept = head.headers.filter(([name]) => {
     const lower = name.toLowerCase();
     return !HOP_BY_HOP.has(lower) && !lower.startsWith("proxy-") && !named.has(lower);
   });
+  const clientKeepsAlive = head.version === "HTTP/1.1" && !named.has("close");
   const lines = [
     `${head.method} ${target.originForm} ${head.version}`,
     // Host comes from the URL that was checked, so a Host header cannot front for another site.
     `Host: ${target.hostHeader}`,
     ...kept.map(([name, value]) => `${name}: ${value}`),
-    "Connection: close",
+    ...(clientKeepsAlive ? [] : ["Connection: close"]),
   ];
-  await writeAll(upstream, latin1Encode(lines.join("\r\n") + "\r\n\r\n"));
+  await writeAll(upstream.conn, latin1Encode(lines.join("\r\n") + "\r\n\r\n"));
 
   // Body up, response down, at the same time: an upstream may answer before the body is sent.
-  const sendBody = copyBody(framing, client, upstream).catch(() => {});
-  const status = await pipeResponse(upstream, client.conn, tally);
-  // The response is complete; a client still sending a body is cut off when the connection closes.
-  client.conn.close();
+  let bodySent = false;
+  const sendBody = copyFramed(framing, client, upstream.conn).then(
+    () => void (bodySent = true),
+    () => {}, // a client that stops mid-body: the response (or its absence) says the rest
+  );
+  const response = await relayResponse(head.method, upstream.reader, client.conn, tally, {
+    clientKeepsAlive,
+  });
+  // The client's connection carries another request only when this one ended exactly where its
+  // framing said, and nothing came after it yet: requests are answered one at a time, and bytes
+  // sent before this response was complete (pipelining, or a smuggling attempt) are never read.
+  const keepAlive = response.keepAlive && bodySent && client.bufferedBytes === 0;
+  if (!keepAlive) {
+    // A client still sending a body is cut off when the connection closes.
+    client.conn.close();
+  }
   await sendBody;
-  return status;
+  return {
+    status: response.status,
+    keepAlive,
+    upstreamReusable: keepAlive && response.upstreamReusable,
+  };
 }
 
-async function copyBody(
+/** The lowercased tokens of every `Connection` header. */
+function connectionTokens(headers: RequestHead["headers"]): Set<string> {
+  return new Set(
+    headers.filter(([n]) => n.toLowerCase() === "connection")
+      .flatMap(([, v]) => v.split(",").map((token) => token.trim().toLowerCase())),
+  );
+}
+
+/** Copy one message body, framed as `framing` says, from `from` to `to`, and nothing after it. */
+async function copyFramed(
   framing: BodyFraming,
-  client: BufferedConn,
-  upstream: Deno.Conn,
+  from: BufferedConn,
+  to: Deno.Conn,
+  tally?: Tally,
 ): Promise<void> {
   if (framing.kind === "length") {
-    await client.copyExactly(framing.bytes, upstream);
+    await from.copyExactly(framing.bytes, to, tally);
   } else if (framing.kind === "chunked") {
     // Re-send the framing as received, but parse it so that we stop exactly at its end.
     const crlf = latin1Encode("\r\n");
     while (true) {
-      const sizeLine = await client.readLine(MAX_CHUNK_LINE_BYTES);
+      const sizeLine = await from.readLine(MAX_CHUNK_LINE_BYTES);
       const size = /^[0-9a-fA-F]{1,8}$/.test(sizeLine.split(";")[0].trim())
         ? parseInt(sizeLine.split(";")[0], 16)
         : NaN;
       if (Number.isNaN(size)) throw new Error("invalid chunk size");
-      await writeAll(upstream, latin1Encode(sizeLine + "\r\n"));
+      await writeAll(to, latin1Encode(sizeLine + "\r\n"), tally);
       if (size === 0) break;
-      await client.copyExactly(size, upstream);
-      if ((await client.readLine(MAX_CHUNK_LINE_BYTES)) !== "") {
+      await from.copyExactly(size, to, tally);
+      if ((await from.readLine(MAX_CHUNK_LINE_BYTES)) !== "") {
         throw new Error("invalid chunk end");
       }
-      await writeAll(upstream, crlf);
+      await writeAll(to, crlf, tally);
     }
     // Trailers, then the empty line that ends the message.
     while (true) {
-      const trailer = await client.readLine(MAX_CHUNK_LINE_BYTES);
-      await writeAll(upstream, latin1Encode(trailer + "\r\n"));
+      const trailer = await from.readLine(MAX_CHUNK_LINE_BYTES);
+      await writeAll(to, latin1Encode(trailer + "\r\n"), tally);
       if (trailer === "") break;
     }
   }
-  // Whatever the client sends after the message is never forwarded.
 }
 
-/** Pipe the upstream response to the client until the upstream closes; its status code. */
-async function pipeResponse(
-  upstream: Deno.Conn,
+/** The upstream's response: a status line and headers, or what is wrong with them. */
+interface ResponseHead {
+  /** The status line as the upstream sent it. */
+  line: string;
+  version: string;
+  status: number;
+  headers: [name: string, value: string][];
+}
+
+const STATUS_LINE = /^(HTTP\/1\.[01]) (\d{3})(?: [^\r\n]*)?$/;
+
+function parseResponseHead(text: string): ResponseHead | undefined {
+  const lines = text.split("\r\n");
+  const statusLine = STATUS_LINE.exec(lines[0]);
+  if (!statusLine) return undefined;
+  const headers: [string, string][] = [];
+  for (const line of lines.slice(1)) {
+    if (line === "") continue;
+    const colon = line.indexOf(":");
+    if (colon <= 0 || !TOKEN.test(line.slice(0, colon)) || /^[ \t]/.test(line)) return undefined;
+    headers.push([line.slice(0, colon), line.slice(colon + 1).trim()]);
+  }
+  return { line: lines[0], version: statusLine[1], status: Number(statusLine[2]), headers };
+}
+
+/**
+ * How a response body ends (RFC 9112 section 6.3): none (HEAD, 1xx, 204, 304), a length, the last
+ * chunk, or the upstream closing ("close": also for framing that could be read two ways).
+ */
+function responseFraming(method: string, response: ResponseHead): BodyFraming | { kind: "close" } {
+  const { status } = response;
+  if (method === "HEAD" || status < 200 || status === 204 || status === 304) {
+    return status === 101 ? { kind: "close" } : { kind: "none" };
+  }
+  try {
+    return bodyFraming(response.headers);
+  } catch {
+    // Ambiguous or unsupported framing: read to the end, and reuse nothing after it.
+    return { kind: "close" };
+  }
+}
+
+/**
+ * Relay the upstream's response (interim 1xx ones first) to the client, its head rewritten
+ * without hop-by-hop headers and with `Connection: close` when the client's connection ends
+ * after it. Until the upstream closes when its framing says nothing else.
+ */
+async function relayResponse(
+  method: string,
+  upstream: BufferedConn,
   clientConn: Deno.Conn,
   tally: Tally,
-): Promise<number | undefined> {
-  let status: number | undefined;
+  options: { clientKeepsAlive: boolean },
+): Promise<{ status: number | undefined; keepAlive: boolean; upstreamReusable: boolean }> {
+  while (true) {
+    const bytes = await upstream.readHead(MAX_REQUEST_HEAD_BYTES);
+    if (bytes === "eof") return { status: undefined, keepAlive: false, upstreamReusable: false };
+    const response = bytes === "too_large" ? undefined : parseResponseHead(latin1Decode(bytes));
+    if (response === undefined) {
+      // Not a response this proxy can frame: passed on as it is, until the upstream closes.
+      if (bytes !== "too_large") await writeAll(clientConn, bytes, tally);
+      await pumpRest(upstream, clientConn, tally);
+      return {
+        status: bytes === "too_large" ? undefined : parseStatus(bytes),
+        keepAlive: false,
+        upstreamReusable: false,
+      };
+    }
+    const framing = responseFraming(method, response);
+    const interim = response.status >= 100 && response.status < 200 && response.status !== 101;
+    const keepAlive = options.clientKeepsAlive && framing.kind !== "close";
+    await writeAll(clientConn, responseHeadBytes(response, interim || keepAlive), tally);
+    if (interim) continue;
+    if (framing.kind === "close") {
+      await pumpRest(upstream, clientConn, tally);
+    } else {
+      await copyFramed(framing, upstream, clientConn, tally);
+    }
+    const upstreamKeepsAlive = response.version === "HTTP/1.1" &&
+      !connectionTokens(response.headers).has("close");
+    return {
+      status: response.status,
+      keepAlive,
+      // Bytes the upstream sent past its response were not asked for: nothing more is read there.
+      upstreamReusable: keepAlive && upstreamKeepsAlive && upstream.bufferedBytes === 0,
+    };
+  }
+}
+
+/** A response head without hop-by-hop headers; `Connection: close` unless `keepAlive`. */
+function responseHeadBytes(response: ResponseHead, keepAlive: boolean): Uint8Array {
+  const named = connectionTokens(response.headers);
+  const kept = response.headers.filter(([name]) => {
+    const lower = name.toLowerCase();
+    return !["connection", "keep-alive", "proxy-connection"].includes(lower) && !named.has(lower);
+  });
+  const lines = [
+    response.line,
+    ...kept.map(([name, value]) => `${name}: ${value}`),
+    ...(keepAlive ? [] : ["Connection: close"]),
+  ];
+  return latin1Encode(lines.join("\r\n") + "\r\n\r\n");
+}
+
+/** What `from` has buffered, then everything it sends until it closes. */
+async function pumpRest(from: BufferedConn, to: Deno.Conn, tally: Tally): Promise<void> {
+  const early = from.takeBuffered();
+  if (early.length > 0) await writeAll(to, early, tally);
   const buffer = new PipeBuffer();
   while (true) {
-    const chunk = await buffer.readFrom(upstream);
-    if (chunk === null) return status;
-    status ??= parseStatus(chunk);
-    await writeAll(clientConn, chunk, tally);
+    const chunk = await buffer.readFrom(from.conn);
+    if (chunk === null) return;
+    await writeAll(to, chunk, tally);
   }
 }
 
@@ -735,7 +988,13 @@ async function pump(from: Deno.Conn, to: Deno.Conn, count: (n: number) => void):
 class BufferedConn {
   #buffered = new Uint8Array(0);
 
-  constructor(readonly conn: Deno.Conn, readonly tally: Tally) {}
+  /** Counts what is read (`bytesOut`: on the client's connection, what the sandbox sent). */
+  constructor(readonly conn: Deno.Conn, public tally: Tally) {}
+
+  /** How many bytes were read and not yet consumed. */
+  get bufferedBytes(): number {
+    return this.#buffered.length;
+  }
 
   /** Read more into the buffer; false at end of stream. */
   async #fill(): Promise<boolean> {
@@ -776,15 +1035,26 @@ class BufferedConn {
     }
   }
 
-  /** Copy exactly `count` bytes to `to`. */
-  async copyExactly(count: number, to: Deno.Conn): Promise<void> {
+  /**
+   * Copy exactly `count` bytes to `to` (written bytes counted as `bytesIn` of `tally`, if given).
+   * Past what is buffered, reads go straight into a growing pipe buffer, and what one of them
+   * brings past `count` is kept buffered for the next reader.
+   */
+  async copyExactly(count: number, to: Deno.Conn, tally?: Tally): Promise<void> {
     let remaining = count;
-    while (remaining > 0) {
-      if (this.#buffered.length === 0 && !(await this.#fill())) {
-        throw new Error("unexpected end of stream");
-      }
+    if (remaining > 0 && this.#buffered.length > 0) {
       const piece = this.#take(Math.min(remaining, this.#buffered.length));
-      await writeAll(to, piece);
+      await writeAll(to, piece, tally);
+      remaining -= piece.length;
+    }
+    const buffer = remaining > 0 ? new PipeBuffer() : undefined;
+    while (buffer && remaining > 0) {
+      const chunk = await buffer.readFrom(this.conn);
+      if (chunk === null) throw new Error("unexpected end of stream");
+      this.tally.bytesOut += chunk.length;
+      const piece = chunk.subarray(0, Math.min(remaining, chunk.length));
+      if (piece.length < chunk.length) this.#buffered = chunk.slice(piece.length);
+      await writeAll(to, piece, tally);
       remaining -= piece.length;
     }
   }
@@ -891,6 +1161,15 @@ function isPortNumber(text: string): boolean {
 
 function errorName(error: unknown): string {
   return error instanceof Error ? error.name : "unknown error";
+}
+
+/**
+ * Small writes (a response head, then its body) go out at once: with Nagle's algorithm, a kept-alive
+ * connection would wait for the peer's delayed ACK (40 ms) on each request.
+ */
+function noDelay(conn: Deno.Conn): void {
+  // Unix socket connections have no such option.
+  if ("setNoDelay" in conn && typeof conn.setNoDelay === "function") conn.setNoDelay(true);
 }
 
 function closeQuietly(resource: { close(): void }): void {

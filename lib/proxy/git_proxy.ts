@@ -140,6 +140,7 @@ function chain(
     },
     async cancel(reason) {
       end();
+      // Cancelling fails only for a source that already ended or failed: nothing to stop.
       await reader.cancel(reason).catch(() => {});
     },
   }, { highWaterMark: 4 });
@@ -234,28 +235,39 @@ export function startGitProxy(options: GitProxyOptions): Promise<GitProxy> {
 }
 
 /**
- * One request from the sandbox. Every outcome is logged once, when it has ended: refusals at
- * once, forwarded requests when the response body has been streamed (or abandoned).
+ * What the access log says of one request, filled in as the request is decided. The request
+ * body's reader, once one was taken, is kept here too: a refusal cancels it.
  */
-export async function handleGitRequest(req: Request, options: GitProxyOptions): Promise<Response> {
+interface GitExchange {
+  route?: GitRoute;
+  status: number;
+  decision: "allow" | "deny";
+  reason?: string;
+  bytesIn: number;
+  bytesOut: number;
+  sourceReader?: ReadableStreamDefaultReader<Uint8Array>;
+  /** The response streams the remote's body: the entry is written when that ends, not before. */
+  logWhenBodyEnds: boolean;
+}
+
+/** The exchange's log entry, written once (`write` again does nothing). */
+function gitLogWriter(
+  req: Request,
+  target: string,
+  remote: GitRemote | undefined,
+  exchange: GitExchange,
+  options: GitProxyOptions,
+): () => void {
   const started = performance.now();
-  const target = requestTarget(req.url);
-  const token = tokenOf(req);
-  const remote = token ? options.grants.get(token) : undefined;
-  let route: GitRoute | undefined;
-  let status = 0;
-  let decision: "allow" | "deny" = "deny";
-  let reason: string | undefined;
-  let bytesIn = 0;
-  let bytesOut = 0;
   let logged = false;
-  const writeLog = () => {
+  return () => {
     if (logged) return;
     logged = true;
     let remoteUrl = new URL("http://unknown/");
     try {
       if (remote) remoteUrl = new URL(remote.url);
-    } catch { /* logged as unknown */ }
+    } catch { /* a remote URL that does not parse is logged as unknown */ }
+    const { route, decision, status, bytesIn, bytesOut, reason } = exchange;
     options.log?.write({
       time: new Date().toISOString(),
       kind: "git",
@@ -274,127 +286,193 @@ export async function handleGitRequest(req: Request, options: GitProxyOptions): 
       ...(reason ? { reason } : {}),
     });
   };
-  let streaming = false;
-  let sourceReader: ReadableStreamDefaultReader<Uint8Array> | undefined;
+}
+
+/**
+ * One request from the sandbox. Every outcome is logged once, when it has ended: refusals at
+ * once, forwarded requests when the response body has been streamed (or abandoned).
+ */
+export async function handleGitRequest(req: Request, options: GitProxyOptions): Promise<Response> {
+  const target = requestTarget(req.url);
+  const token = tokenOf(req);
+  const remote = token ? options.grants.get(token) : undefined;
+  const exchange: GitExchange = {
+    status: 0,
+    decision: "deny",
+    bytesIn: 0,
+    bytesOut: 0,
+    logWhenBodyEnds: false,
+  };
+  const writeLog = gitLogWriter(req, target, remote, exchange, options);
   try {
     if (!remote) {
-      status = 401;
-      reason = "missing or unknown session token";
+      exchange.status = 401;
+      exchange.reason = "missing or unknown session token";
+      // The body is not wanted; a client already gone makes cancelling fail, harmlessly.
       await req.body?.cancel().catch(() => {});
       return new Response("sandbox git proxy: authentication required\n", {
-        status,
+        status: exchange.status,
         headers: { "www-authenticate": 'Basic realm="sandbox"' },
       });
     }
     const decided = parseGitRoute(req.method, target, GIT_PATH_PREFIX);
     if (!decided.ok) throw new Refusal(decided.status, decided.reason);
-    route = decided.route;
+    const route = exchange.route = decided.route;
     if (route.service === "git-receive-pack" && remote.push === false) {
       throw new Refusal(403, `push refused: ${pushViolation([], false)}`);
     }
-
-    const headers = new Headers();
-    for (const name of ["accept", "user-agent"]) {
-      const value = req.headers.get(name);
-      if (value) headers.set(name, value);
-    }
-    // Protocol v2 is for fetches; receive-pack speaks v0 only, the format the command check reads.
-    const protocol = req.headers.get("git-protocol");
-    if (protocol && route.service === "git-upload-pack") {
-      if (!/^[A-Za-z0-9=:._-]{1,100}$/.test(protocol)) {
-        throw new Refusal(400, "malformed Git-Protocol header");
-      }
-      headers.set("git-protocol", protocol);
-    }
-
-    let body: ReadableStream<Uint8Array> | undefined;
-    if (route.kind === "rpc") {
-      const expected = `application/x-${route.service}-request`;
-      const contentType = req.headers.get("content-type");
-      if (contentType !== expected) {
-        throw new Refusal(
-          415,
-          `POST ${route.service} needs content type "${expected}", not "${
-            (contentType ?? "").slice(0, 100)
-          }"`,
-        );
-      }
-      headers.set("content-type", contentType);
-      const encoding = (req.headers.get("content-encoding") ?? "").toLowerCase();
-      if (encoding !== "" && encoding !== "gzip" && encoding !== "x-gzip") {
-        throw new Refusal(
-          415,
-          `content encoding "${encoding.slice(0, 100)}" is not accepted (only gzip)`,
-        );
-      }
-      const source = req.body ?? new Blob([]).stream();
-      if (route.service === "git-receive-pack") {
-        // The remote gets the decoded bytes that were checked, never a second reading of them.
-        const decoded = encoding ? source.pipeThrough(new DecompressionStream("gzip")) : source;
-        sourceReader = decoded.getReader();
-        const { buffered, commands } = await readCommandSection(
-          sourceReader,
-          options.commandTimeoutMs ?? 60_000,
-        );
-        const violation = pushViolation(commands.updates, remote.push);
-        if (violation) throw new Refusal(403, `push refused: ${violation}`);
-        body = chain(buffered, sourceReader, (n) => bytesOut += n);
-      } else {
-        if (encoding) headers.set("content-encoding", encoding);
-        sourceReader = source.getReader();
-        body = chain(undefined, sourceReader, (n) => bytesOut += n);
-      }
-    }
-
-    const authorization = await remote.authorization();
-    if (authorization) headers.set("authorization", authorization);
-    let upstream: Response;
-    try {
-      upstream = await fetch(`${remote.url.replace(/\/+$/, "")}${route.suffix}`, {
-        method: req.method,
-        headers,
-        body,
-        redirect: "manual",
-        signal: req.signal,
-      });
-    } catch (error) {
-      status = 502;
-      reason = "cannot reach the remote";
-      const message = options.redactor
-        ? options.redactor.redact((error as Error).message)
-        : "error";
-      return refuse(status, `cannot reach the remote (${message.slice(0, 200)})`);
-    }
-    status = upstream.status;
-    decision = "allow";
-    const out = new Headers();
-    for (const name of ["content-type", "cache-control", "expires", "pragma"]) {
-      const value = upstream.headers.get(name);
-      if (value) out.set(name, value);
-    }
-    // The remote's own auth challenge would make the sandbox's git ask for credentials it has not.
-    if (status === 401 || status === 403) reason = "the remote refused the credentials";
-    if (!upstream.body) return new Response(null, { status, headers: out });
-    streaming = true;
-    return new Response(
-      chain(undefined, upstream.body.getReader(), (n) => bytesIn += n, writeLog),
-      { status, headers: out },
+    const headers = forwardedRequestHeaders(req, route);
+    const body = route.kind === "rpc"
+      ? await checkedRequestBody(req, route, remote, headers, exchange, options)
+      : undefined;
+    return await forwardToRemote(
+      req,
+      { remote, route, headers, body },
+      exchange,
+      writeLog,
+      options,
     );
   } catch (error) {
-    await (sourceReader ? sourceReader.cancel() : req.body?.cancel())?.catch(() => {});
+    // Whatever was left of the request body is not wanted; cancelling one already ended fails,
+    // harmlessly.
+    await (exchange.sourceReader ? exchange.sourceReader.cancel() : req.body?.cancel())
+      ?.catch(() => {});
     if (error instanceof Refusal) {
-      status = error.status;
-      reason = error.reason;
-      return refuse(status, reason);
+      exchange.status = error.status;
+      exchange.reason = error.reason;
+      return refuse(exchange.status, exchange.reason);
     }
     // Not the sandbox's doing (the credential source failed, say): say so without any secret.
-    status = 502;
+    exchange.status = 502;
     const message = options.redactor
       ? options.redactor.redact((error as Error).message ?? String(error))
       : "error";
-    reason = `cannot forward: ${message.slice(0, 200)}`;
-    return refuse(status, "cannot forward the request to the remote");
+    exchange.reason = `cannot forward: ${message.slice(0, 200)}`;
+    return refuse(exchange.status, "cannot forward the request to the remote");
   } finally {
-    if (!streaming) writeLog();
+    if (!exchange.logWhenBodyEnds) writeLog();
   }
+}
+
+/**
+ * The request headers the remote gets: an allowlist (the sandbox's token and everything else stay
+ * behind). Protocol v2 is for fetches; receive-pack speaks v0 only, the format the command check
+ * reads.
+ */
+function forwardedRequestHeaders(req: Request, route: GitRoute): Headers {
+  const headers = new Headers();
+  for (const name of ["accept", "user-agent"]) {
+    const value = req.headers.get(name);
+    if (value) headers.set(name, value);
+  }
+  const protocol = req.headers.get("git-protocol");
+  if (protocol && route.service === "git-upload-pack") {
+    if (!/^[A-Za-z0-9=:._-]{1,100}$/.test(protocol)) {
+      throw new Refusal(400, "malformed Git-Protocol header");
+    }
+    headers.set("git-protocol", protocol);
+  }
+  return headers;
+}
+
+/**
+ * The body of an RPC request, as the remote gets it (its content type and encoding headers set on
+ * `headers`). A push's ref updates are read and checked against the grant before a byte goes out,
+ * and the remote gets the decoded bytes that were checked; throws `Refusal` otherwise.
+ */
+async function checkedRequestBody(
+  req: Request,
+  route: GitRoute,
+  remote: GitRemote,
+  headers: Headers,
+  exchange: GitExchange,
+  options: GitProxyOptions,
+): Promise<ReadableStream<Uint8Array>> {
+  const expected = `application/x-${route.service}-request`;
+  const contentType = req.headers.get("content-type");
+  if (contentType !== expected) {
+    throw new Refusal(
+      415,
+      `POST ${route.service} needs content type "${expected}", not "${
+        (contentType ?? "").slice(0, 100)
+      }"`,
+    );
+  }
+  headers.set("content-type", contentType);
+  const encoding = (req.headers.get("content-encoding") ?? "").toLowerCase();
+  if (encoding !== "" && encoding !== "gzip" && encoding !== "x-gzip") {
+    throw new Refusal(
+      415,
+      `content encoding "${encoding.slice(0, 100)}" is not accepted (only gzip)`,
+    );
+  }
+  const source = req.body ?? new Blob([]).stream();
+  const count = (n: number) => exchange.bytesOut += n;
+  if (route.service !== "git-receive-pack") {
+    if (encoding) headers.set("content-encoding", encoding);
+    exchange.sourceReader = source.getReader();
+    return chain(undefined, exchange.sourceReader, count);
+  }
+  // The remote gets the decoded bytes that were checked, never a second reading of them.
+  const decoded = encoding ? source.pipeThrough(new DecompressionStream("gzip")) : source;
+  const sourceReader = exchange.sourceReader = decoded.getReader();
+  const { buffered, commands } = await readCommandSection(
+    sourceReader,
+    options.commandTimeoutMs ?? 60_000,
+  );
+  const violation = pushViolation(commands.updates, remote.push);
+  if (violation) throw new Refusal(403, `push refused: ${violation}`);
+  return chain(buffered, sourceReader, count);
+}
+
+/**
+ * Sends the decided request to the remote with the user's credentials, and passes its answer
+ * back: only the listed response headers, redirects not followed, the body streamed (the log
+ * entry is written when it ends).
+ */
+async function forwardToRemote(
+  req: Request,
+  request: {
+    remote: GitRemote;
+    route: GitRoute;
+    headers: Headers;
+    body: ReadableStream<Uint8Array> | undefined;
+  },
+  exchange: GitExchange,
+  writeLog: () => void,
+  options: GitProxyOptions,
+): Promise<Response> {
+  const { remote, route, headers, body } = request;
+  const authorization = await remote.authorization();
+  if (authorization) headers.set("authorization", authorization);
+  let upstream: Response;
+  try {
+    upstream = await fetch(`${remote.url.replace(/\/+$/, "")}${route.suffix}`, {
+      method: req.method,
+      headers,
+      body,
+      redirect: "manual",
+      signal: req.signal,
+    });
+  } catch (error) {
+    exchange.status = 502;
+    exchange.reason = "cannot reach the remote";
+    const message = options.redactor ? options.redactor.redact((error as Error).message) : "error";
+    return refuse(exchange.status, `cannot reach the remote (${message.slice(0, 200)})`);
+  }
+  const status = exchange.status = upstream.status;
+  exchange.decision = "allow";
+  const out = new Headers();
+  for (const name of ["content-type", "cache-control", "expires", "pragma"]) {
+    const value = upstream.headers.get(name);
+    if (value) out.set(name, value);
+  }
+  // The remote's own auth challenge would make the sandbox's git ask for credentials it has not.
+  if (status === 401 || status === 403) exchange.reason = "the remote refused the credentials";
+  if (!upstream.body) return new Response(null, { status, headers: out });
+  exchange.logWhenBodyEnds = true;
+  return new Response(
+    chain(undefined, upstream.body.getReader(), (n) => exchange.bytesIn += n, writeLog),
+    { status, headers: out },
+  );
 }

@@ -752,6 +752,7 @@ export async function pipeStream(stream: MuxStream, conn: ByteConn): Promise<voi
       let rest = chunk;
       while (rest.length > 0) rest = rest.subarray(await conn.write(rest));
     }
+    // A connection already closed (its peer went away) has no write side left to close.
     await conn.closeWrite().catch(() => {});
   })();
   try {

@@ -22,6 +22,7 @@ import {
   type UpstreamProvider,
 } from "./credential_proxy.ts";
 import { startEgressProxy } from "./egress_proxy.ts";
+import type { RunBudget } from "./budget.ts";
 import type { GitRemote } from "./git_proxy.ts";
 import { KeyStore } from "../keys.ts";
 import { llmTarget } from "./llm_providers.ts";
@@ -70,6 +71,8 @@ export interface SessionOptions {
   keys?: KeyStore;
   redactor?: Redactor;
   signal?: AbortSignal;
+  /** What the run may spend, held by its credential and egress proxies. */
+  budget?: RunBudget;
   /** Serve this upstream instead of the profile's (a replay or a recorder in front of it). */
   upstream?: UpstreamProvider;
   /** Model name for the worker instead of the profile's. */
@@ -242,6 +245,7 @@ async function proxyContext(profile: Profile, options: SessionOptions): Promise<
     provider: target.upstream,
     // The profile's rules hold whatever serves the requests (a replay or recorder included).
     policy: configured.policy,
+    budget: options.budget,
   });
   return { redactor, log, tokens, token, target };
 }
@@ -278,6 +282,7 @@ async function startServices(
     profile: profile.name,
     runId,
     signal: options.signal,
+    budget: options.budget,
   });
   if (egress) cleanups.push(() => egress.close());
   // The git proxy's modules are loaded only for a session with a remote (~4 ms of every other).

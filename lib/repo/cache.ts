@@ -12,6 +12,7 @@ import type { DockerSandboxProvider, SandboxRepo } from "../sandbox/docker_provi
 import { LABEL, labelArgs, OWNER } from "../sandbox/docker.ts";
 import { CommandExitError } from "../errors.ts";
 import { readLines } from "../lines.ts";
+import { withHostLock } from "../lock.ts";
 import { type LocalRepo, sendBase } from "./local.ts";
 import { CACHE_DIR, CACHE_REPO } from "./cache_layout.ts";
 
@@ -20,14 +21,14 @@ export function cacheVolumeName(repo: SandboxRepo): string {
   return `sandbox-cache-${repo.id}`;
 }
 
-const REFS_END = "sandbox: refs listed";
-const HAS_BASE = "sandbox: base present";
+export const REFS_END = "sandbox: refs listed";
+export const HAS_BASE = "sandbox: base present";
 /**
  * In the updating container (as root, no capabilities): make the bare repository if missing,
  * list its refs, then index the pack the host sends (unless it has the base already), and keep
  * the base reachable with a ref of its own.
  */
-const UPDATE = '[ -d "$4" ] || git init -q --bare "$4"; ' +
+export const UPDATE = '[ -d "$4" ] || git init -q --bare "$4"; ' +
   'git -C "$4" for-each-ref --format="%(objectname) %(refname)" || exit 1; ' +
   'if git -C "$4" cat-file -e "$1^{commit}" 2>/dev/null; then echo "$3"; ' +
   'else echo "$2" && git -C "$4" index-pack --stdin --fix-thin >/dev/null || exit 1; fi; ' +
@@ -35,9 +36,22 @@ const UPDATE = '[ -d "$4" ] || git init -q --bare "$4"; ' +
 
 /**
  * Add `repo`'s base commit to the cache that `provider`'s container mounts (`provider` names the
- * volume and the image, which has git). Returns the bytes of the pack sent.
+ * volume and the image, which has git). Returns the bytes of the pack sent. One update of a cache
+ * at a time on this host: two at once on a new volume would both make its repository.
  */
 export async function updateCache(
+  provider: DockerSandboxProvider,
+  volume: string,
+  repo: LocalRepo,
+  signal?: AbortSignal,
+): Promise<number> {
+  return await withHostLock(
+    `cache-${volume}`,
+    () => updateUnlocked(provider, volume, repo, signal),
+  );
+}
+
+async function updateUnlocked(
   provider: DockerSandboxProvider,
   volume: string,
   repo: LocalRepo,

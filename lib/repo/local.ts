@@ -2,9 +2,9 @@
  * A local repository in and out of a sandbox, as git objects only.
  *
  * In: the committed state of the base commit is sent as a pack (`git pack-objects`, thin, against
- * what the sandbox's bare repository already has) into `/workspace/repos/<key>.git`, and the run
- * gets its own worktree and branch there. Nothing of the user's working tree, index, hooks or
- * config goes in, and no host path is mounted.
+ * what the repository's cache already has) into the cache (lib/repo/cache.ts), and the run gets a
+ * checkout of its own that borrows the cache's objects. Nothing of the user's working tree, index,
+ * hooks or config goes in, and no host path is mounted.
  *
  * Out: the sandbox's pack for `base..result` lands in a quarantine repository on the host (which
  * borrows the user's objects read-only as alternates), is checked object by object (`--strict`),
@@ -20,7 +20,6 @@ import { type ProcessOutcome, run, spawn } from "../process.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
 import { CACHE_OBJECTS } from "./cache_layout.ts";
 
-export const REPOS_DIR = "/workspace/repos";
 export const WORKTREES_DIR = "/workspace/worktrees";
 /** A sandbox may send back at most this much (a hostile one could try to fill the host's disk). */
 export const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
@@ -29,12 +28,6 @@ export const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
  * hooks path or an fsmonitor command in the shared repository, and none of them may run for us.
  */
 export const SAFE_GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false";
-/**
- * Sandbox script: make the bare repository `$1` if missing, and reset what an earlier run's agent
- * could have changed in it to run code for the next (config, hooks).
- */
-export const RESET_BARE = '[ -d "$1" ] || git init -q --bare "$1"; rm -rf "$1/hooks"; ' +
-  "printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfilemode = true\\n\\tbare = true\\n' >\"$1/config\"";
 /** Identity of the commit the tool makes of changes the agent left uncommitted. */
 export const TOOL_IDENTITY = { name: "sandbox", email: "sandbox@localhost" } as const;
 
@@ -340,6 +333,14 @@ async function commitsKnownToHost(repo: LocalRepo, commits: string[]): Promise<s
   );
 }
 
+export interface CollectResultOptions {
+  runId: string;
+  signal?: AbortSignal;
+  maxBytes?: number;
+  /** Warnings (a temporary repository that could not be removed). */
+  onProgress?: (line: string) => void;
+}
+
 /**
  * Commit what the agent left uncommitted, then bring the run branch back into the user's
  * repository as `refs/heads/<branch>` — that one ref, and only objects reachable from it.
@@ -348,7 +349,7 @@ export async function collectResult(
   provider: SandboxProvider,
   repo: LocalRepo,
   worktree: RunWorktree,
-  options: { runId: string; signal?: AbortSignal; maxBytes?: number },
+  options: CollectResultOptions,
 ): Promise<RepoResult> {
   const { committed, head, refs } = await commitLeftovers(provider, worktree, options);
   const ignoredRefs = refsAddedBy(worktree, refs);
@@ -395,24 +396,37 @@ export async function collectResult(
       quarantine,
       `refs/heads/result:refs/heads/${worktree.targetBranch}`,
     ], `bring branch "${worktree.targetBranch}" into ${repo.path}`);
-    const log = await git(
-      ["-C", repo.path, "log", "--format=%h %s", `${worktree.base}..${head}`],
-      "list the run's commits",
-    );
-    const diffstat = await git(
-      ["-C", repo.path, "diff", "--stat", worktree.base, head],
-      "summarise the run's changes",
-    );
     return {
       ...empty,
       commit: head,
-      commits: log.split("\n").filter(Boolean),
-      diffstat: diffstat.trimEnd(),
+      ...await changesSince(repo, worktree.base, head),
       receivedBytes,
     };
   } finally {
-    await Deno.remove(quarantine, { recursive: true }).catch(() => {});
+    // It holds every object the sandbox sent: one left behind is named, not kept quietly.
+    await Deno.remove(quarantine, { recursive: true }).catch((error) =>
+      options.onProgress?.(
+        `warning: cannot remove the quarantine repository "${quarantine}": ${error.message}`,
+      )
+    );
   }
+}
+
+/** The commits from `base` to `head` (`git log --oneline`, newest first) and their diffstat. */
+async function changesSince(
+  repo: LocalRepo,
+  base: string,
+  head: string,
+): Promise<{ commits: string[]; diffstat: string }> {
+  const log = await git(
+    ["-C", repo.path, "log", "--format=%h %s", `${base}..${head}`],
+    "list the run's commits",
+  );
+  const diffstat = await git(
+    ["-C", repo.path, "diff", "--stat", base, head],
+    "summarise the run's changes",
+  );
+  return { commits: log.split("\n").filter(Boolean), diffstat: diffstat.trimEnd() };
 }
 
 /**
@@ -514,32 +528,4 @@ async function importPack(
     });
   }
   return received;
-}
-
-/** Remove the run's worktree and (unless `keepBranch`) its branch from the sandbox. */
-export async function removeWorktree(
-  provider: SandboxProvider,
-  worktree: RunWorktree,
-  options: { keepBranch?: boolean } = {},
-): Promise<void> {
-  await provider.exec(removeWorktreeArgv(worktree, options), { timeoutMs: 120_000 }).catch(
-    () => {},
-  );
-}
-
-/** The command, run in the sandbox, that removes the run's worktree (and unless `keepBranch` its branch). */
-export function removeWorktreeArgv(
-  worktree: Pick<RunWorktree, "bare" | "path" | "branch">,
-  options: { keepBranch?: boolean } = {},
-): string[] {
-  return [
-    "sh",
-    "-c",
-    `${SAFE_GIT} -C "$1" worktree remove --force "$2" 2>/dev/null || rm -rf "$2"; ${SAFE_GIT} -C "$1" worktree prune; ` +
-    `[ -z "$3" ] || ${SAFE_GIT} -C "$1" branch -D -q "$3" 2>/dev/null; true`,
-    "sh",
-    worktree.bare,
-    worktree.path,
-    options.keepBranch ? "" : worktree.branch,
-  ];
 }

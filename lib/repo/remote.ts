@@ -1,10 +1,12 @@
 /**
- * A remote repository, fetched and pushed from inside the sandbox through the host's git proxy.
+ * A remote repository: fetched by the host into its mirror (lib/repo/remote_mirror.ts) and checked
+ * out in the run's sandbox from the repository's cache, like a local one; pushed from inside the
+ * sandbox through the host's git proxy.
  *
- * The sandbox's git talks only to `http://127.0.0.1:<port>/git` (the relay, see lib/proxy/relay_host.ts) with its session token; the proxy
- * attaches the user's credentials for the real remote on the way out, and lets a push update only
- * the run's branch, and only when the run was started with `--push`. The bare repository in the
- * sandbox is fetched fresh before each worktree is made, so later runs move only new objects.
+ * The sandbox's git talks only to `http://127.0.0.1:<port>/git` (the relay, see
+ * lib/proxy/relay_host.ts) with its session token; the proxy attaches the user's credentials for
+ * the real remote on the way out, and lets a push update only the run's branch, and only when the
+ * run was started with `--push`.
  */
 import { SandboxError } from "../errors.ts";
 import type { GitRemote } from "../proxy/git_proxy.ts";
@@ -14,17 +16,7 @@ import { run } from "../process.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
 import type { Redactor } from "../redact.ts";
 import { registerSecret } from "../secret_guard.ts";
-import {
-  commitLeftovers,
-  inSandbox,
-  refsAddedBy,
-  REPOS_DIR,
-  RESET_BARE,
-  type RunWorktree,
-  SAFE_GIT,
-  sandboxBranch,
-  WORKTREES_DIR,
-} from "./local.ts";
+import { commitLeftovers, inSandbox, refsAddedBy, type RunWorktree, SAFE_GIT } from "./local.ts";
 
 export interface RemoteRepo {
   url: string;
@@ -147,68 +139,6 @@ export function gitRemoteFor(repo: RemoteRepo, options: GitGrantOptions): GitRem
     url: repo.url,
     authorization: options.authorization,
     push: options.push ? `refs/heads/${options.branch}` : false,
-  };
-}
-
-/** Fetch the remote into the sandbox's bare repository and make the run's worktree. */
-export async function prepareRemoteWorktree(
-  provider: SandboxProvider,
-  repo: RemoteRepo,
-  options: {
-    runId: string;
-    branch: string;
-    gitUrl: string;
-    env: Record<string, string>;
-    signal?: AbortSignal;
-  },
-): Promise<RunWorktree> {
-  const bare = `${REPOS_DIR}/${repo.key}.git`;
-  const path = `${WORKTREES_DIR}/${options.runId}`;
-  const baseRef = repo.baseName === "HEAD"
-    ? "refs/remotes/origin/HEAD"
-    : `refs/remotes/origin/${repo.baseName}`;
-  const result = await provider.exec([
-    "sh",
-    "-c",
-    `set -e; ${RESET_BARE}; ` +
-    `${SAFE_GIT} -C "$1" -c http.extraHeader="Authorization: Bearer $SANDBOX_LLM_TOKEN" fetch -q --prune --no-tags "$2" ` +
-    '"+refs/heads/*:refs/remotes/origin/*" "+HEAD:refs/remotes/origin/HEAD"; ' +
-    `base=$(${SAFE_GIT} -C "$1" rev-parse --verify -q "$3^{commit}") || { echo "base not found: $3" >&2; exit 3; }; ` +
-    `mkdir -p "$(dirname "$4")"; ${SAFE_GIT} -C "$1" worktree add -q -b "$5" "$4" "$base"; echo "$base"; ` +
-    `${SAFE_GIT} -C "$1" for-each-ref --format="%(objectname) %(refname)"`,
-    "sh",
-    bare,
-    options.gitUrl,
-    baseRef,
-    path,
-    sandboxBranch(options.runId),
-  ], { env: options.env, signal: options.signal, timeoutMs: 600_000 });
-  if (result.exitCode === 3) {
-    throw new SandboxError("usage", `Base "${repo.baseName}" not found in ${repo.url}`);
-  }
-  if (result.exitCode !== 0) {
-    const text = result.stderr;
-    const auth = /401|403|Authentication|could not read Username/i.test(text);
-    throw new SandboxError(
-      "exec_failed",
-      auth ? `The remote refused access: ${repo.url}` : `Cannot fetch ${repo.url}`,
-      {
-        detail: auth
-          ? "Give the host credentials: git credential store, `gh auth login`, or the profile's git.token"
-          : text.trim().split("\n").slice(-5).join("\n"),
-      },
-    );
-  }
-  // The refs after the fetch and worktree are the baseline: what the agent adds is reported.
-  const [base, ...refsBefore] = result.stdout.trim().split("\n");
-  return {
-    bare,
-    path,
-    branch: sandboxBranch(options.runId),
-    targetBranch: options.branch,
-    base,
-    refsBefore,
-    sentBytes: 0,
   };
 }
 

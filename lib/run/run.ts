@@ -33,11 +33,11 @@ import {
   finishRemoteRun,
   gitRemoteFor,
   isRemoteUrl,
-  prepareRemoteWorktree,
   remoteAuthorization,
   type RemoteRepo,
   resolveRemoteRepo,
 } from "../repo/remote.ts";
+import { fetchRemote } from "../repo/remote_mirror.ts";
 import { run } from "../process.ts";
 import { newRunId, RunLog, type RunMeta, type RunStatus } from "./run_log.ts";
 import { openSession, type SandboxSession, startHostProxies } from "../proxy/session.ts";
@@ -46,6 +46,10 @@ import { type AgentCliName, type AgentName, isAgentCli } from "../agents/package
 import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
 import { checkAgentProjectConfig, describeIgnored } from "../agents/project_config.ts";
 import { checkPromptFits } from "../input_file.ts";
+import { branchReturnNote } from "./recover.ts";
+import { runFailure } from "./run_failure.ts";
+import type { BudgetLimits, RunBudget } from "../proxy/budget.ts";
+import { type RunSpending, startRunSpending } from "./period_budget.ts";
 
 /** Mode devcontainer's modules (jsonc-parser among them), loaded only by runs in that mode. */
 const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
@@ -88,6 +92,8 @@ export interface RunRequest {
   onLifecycle?: (event: Record<string, unknown>) => Promise<void> | void;
   /** The agent of `run agentic` (default: the profile's `llm.agent`). */
   agent?: AgentName;
+  /** Per-run budgets (the `--max-*` flags), each replacing the profile's of the same name. */
+  budget?: BudgetLimits;
 }
 
 export interface RepoRequest {
@@ -140,8 +146,14 @@ async function chooseUpstream(
 interface RunPlan {
   /** The request, its signal also aborted by `limits`. */
   request: RunRequest;
-  /** Limits enforced while the run is live (resources.disk) stop it through this signal. */
+  /** The user's interrupt, apart from the limits (a failure is recorded as what came first). */
+  interrupt?: AbortSignal;
+  /** Limits enforced while the run is live (resources.disk, budgets) stop it through this signal. */
   limits: AbortController;
+  /** What the run may spend and has spent (lib/run/period_budget.ts), recorded at its end. */
+  spending: RunSpending;
+  /** The budget its credential and egress proxies hold. */
+  budget: RunBudget;
   repo?: ResolvedRepo;
   redactor: Redactor;
   keys: KeyStore;
@@ -159,6 +171,8 @@ interface RunPlan {
  */
 async function planRun(request: RunRequest): Promise<RunPlan> {
   const { profile } = request;
+  // The user's interrupt alone (request.signal below also carries the limits).
+  const interrupt = request.signal;
   const limits = new AbortController();
   request = {
     ...request,
@@ -175,6 +189,12 @@ async function planRun(request: RunRequest): Promise<RunPlan> {
   // A replay needs no key; anything else does, and a missing one must stop the run here, before
   // any sandbox, image or container is touched, not as an error answer from the proxy later.
   if (!request.model?.startsWith(REPLAY_PREFIX)) await requireKey(profile, keys, request.signal);
+  // Before anything starts: a run over its profile's budget for the day does not start.
+  const spending = startRunSpending(profile, {
+    flags: request.budget,
+    onExceeded: (error) => limits.abort(error),
+    onProgress: request.onProgress,
+  });
   const chosen = await chooseUpstream(request, keys, redactor);
   const model = chosen.model ?? llmTarget(profile.llm, keys).model;
   const agentName = request.mode === "agentic" ? request.agent ?? profile.llm.agent : undefined;
@@ -194,7 +214,20 @@ async function planRun(request: RunRequest): Promise<RunPlan> {
     }
   }
   const id = repo?.id ?? newRunId();
-  return { request, limits, repo, redactor, keys, chosen, id, model, agent };
+  return {
+    request,
+    interrupt,
+    limits,
+    repo,
+    redactor,
+    keys,
+    chosen,
+    id,
+    model,
+    agent,
+    spending,
+    budget: spending.budget,
+  };
 }
 
 /**
@@ -216,7 +249,11 @@ class RunStream {
   kept?: { worktree: boolean; branch: boolean };
   #events = 0;
 
-  constructor(readonly log: RunLog, readonly request: RunRequest) {}
+  constructor(
+    readonly log: RunLog,
+    readonly request: RunRequest,
+    readonly budget: RunBudget,
+  ) {}
 
   /** Append `message` to the run's log, then hand it on. */
   async emit(message: AgenticMessage): Promise<void> {
@@ -239,7 +276,8 @@ class RunStream {
 
   placed(): Record<string, unknown> {
     const kept = this.kept !== undefined && (this.kept.worktree || this.kept.branch);
-    return { ...this.place, kept };
+    // What only a dead run's recovery needs (lib/run/recover.ts) goes once the run has ended.
+    return { ...this.place, kept, branchReturn: undefined, budget: this.budget.record() };
   }
 }
 
@@ -259,7 +297,8 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   // Undone in reverse order whatever happens: each step of setup pushes its own.
   const cleanups: (() => Promise<unknown>)[] = [];
   if (plan.chosen.local) cleanups.push(() => plan.chosen.local!.close());
-  const stream = new RunStream(log, request);
+  cleanups.push(() => plan.spending.record(plan.id));
+  const stream = new RunStream(log, request, plan.budget);
   try {
     const prepared = await prepare(request, {
       ...plan,
@@ -271,6 +310,10 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     stream.underWay = prepared.underWay;
     stream.place = { container: prepared.sandbox?.name ?? null, workdir: prepared.cwd };
     stream.kept = prepared.keep;
+    // What the branch return needs, should this process die before it (lib/run/recover.ts).
+    if (plan.repo && prepared.worktree) {
+      await log.note(branchReturnNote(plan.repo, prepared.worktree));
+    }
     await drive(prepared, plan, stream);
     const extra = await bringBack(prepared, plan, stream);
     return await finishSucceeded(prepared.driver, plan, stream, extra);
@@ -300,6 +343,8 @@ async function drive(prepared: Prepared, plan: RunPlan, stream: RunStream): Prom
         signal: request.signal,
       })
     ) {
+      // A budget passed by the last response ends the run as one passed earlier would.
+      if (message.type === "result") plan.limits.signal.throwIfAborted();
       if (message.type === "result") stream.result = message;
       await stream.emit(message);
     }
@@ -329,6 +374,7 @@ async function drive(prepared: Prepared, plan: RunPlan, stream: RunStream): Prom
       model,
     });
   }
+  plan.limits.signal.throwIfAborted();
   await stream.emit(stream.result);
 }
 
@@ -356,10 +402,12 @@ async function bringBackLocal(
   prepared: Prepared,
   { request, id }: RunPlan,
 ): Promise<Record<string, unknown>> {
+  trace("run: branch return");
   const back = await collectResult(sandbox.provider, repo.local, worktree, {
     runId: id,
     signal: request.signal,
     maxBytes: request.profile.resources.diskBytes,
+    onProgress: request.onProgress,
   })
     .catch((error) => {
       prepared.keep.worktree = true;
@@ -465,18 +513,15 @@ async function finishSucceeded(
  * the usage so far, each only if not sent yet) and the record finished with the failure's code.
  */
 async function finishFailed(error: unknown, plan: RunPlan, stream: RunStream): Promise<RunOutcome> {
-  const { limits, model, request } = plan;
+  const { interrupt, limits, model, request } = plan;
   const { log } = stream;
-  const failure = limits.signal.aborted
-    ? limits.signal.reason as SandboxError
-    : !(error instanceof SandboxError)
-    ? new SandboxError("worker_failed", (error as Error).message ?? String(error), {
-      cause: error,
-    })
-    : error.code === "interrupted" && error.message !== "The run was interrupted"
-    ? new SandboxError("interrupted", "The run was interrupted", { cause: error })
-    : error;
+  const failure = await runFailure(error, {
+    interrupt,
+    limits: limits.signal,
+    container: log.meta.extra?.container as string | undefined,
+  });
   const usage = driverUsage({
+    ...plan.budget.driverUsage(),
     duration_ms: Math.round(performance.now() - stream.started),
     num_turns: stream.llmCalls,
     model,
@@ -489,7 +534,10 @@ async function finishFailed(error: unknown, plan: RunPlan, stream: RunStream): P
     ).catch(() => {});
   }
   if (!stream.sent.usage) {
-    await emitUsage(log, request, agenticMessage({ type: "usage", usage, model })).catch(() => {});
+    // A result already sent (the run failed after it: its branch return) did not say this.
+    const content = stream.sent.result ? failure.message : null;
+    await emitUsage(log, request, agenticMessage({ type: "usage", usage, model, content }))
+      .catch(() => {}); // a reader gone away: the record still says it (above)
   }
   await log.finish({
     status: statusFor(failure),
@@ -562,11 +610,15 @@ async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
   const repo = request.repo!;
   if (request.profile.sandbox.mode === "devcontainer") {
     (await devcontainerModule()).requireLocalRepo(repo.path, isRemoteUrl(repo.path));
-  } else if (request.profile.sandbox.mode !== "container" && request.profile.sandbox.mode !== "local") {
-    throw new SandboxError("usage", '--repo needs sandbox mode "container" or "local"', {
-      detail:
-        "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
-    });
+  } else if (request.profile.sandbox.mode === "none") {
+    throw new SandboxError(
+      "usage",
+      "--repo needs an isolated sandbox mode (container, kubernetes, local)",
+      {
+        detail:
+          "In mode none the agent would work on your checkout directly: run it there with --cwd instead",
+      },
+    );
   }
   if (request.mode !== "agentic") throw new SandboxError("usage", "--repo is for run agentic");
   const id = newRunId();
@@ -686,10 +738,7 @@ async function prepare(request: RunRequest, context: PrepareContext): Promise<Pr
   const remote = context.repo?.kind === "remote" ? context.repo : undefined;
   const kind: SandboxKind = {
     agent: context.agent,
-    repo: context.repo && {
-      key: local ? local.local.key : remote!.remote.key,
-      local: local !== undefined,
-    },
+    repo: context.repo && { key: local ? local.local.key : remote!.remote.key },
     onProgress: request.onProgress,
   };
   // A sandbox no other run has touched: one started ahead for the pool and claimed by this run
@@ -701,17 +750,19 @@ async function prepare(request: RunRequest, context: PrepareContext): Promise<Pr
   const underWay = refillBehind(sandboxes, profile, kind, context.cleanups);
   // The worker, the session and the checkout go at once: they are independent.
   const starting = startRunWorker(sandbox, request, context);
-  const sending = local && checkout(sandbox, local, request, context);
+  // The user's credential for a remote: used on the host, by its fetch and by the git proxy.
+  const authorization = remote && remoteAuthorization(remote.remote, {
+    token: profile.git.token,
+    keys: context.keys,
+    redactor: context.redactor,
+  });
+  const sending = context.repo && checkout(sandbox, context.repo, authorization, request, context);
   const watch = sandbox.watchDisk({ onAbort: (reason) => context.limits.abort(reason) });
   context.cleanups.push(() => watch.close());
-  const session = await openRunSession(profile, sandbox, remote, request, context);
+  const session = await openRunSession(profile, sandbox, remote, authorization, request, context);
   context.cleanups.push(() => session.close());
   trace("run: session open");
-  const worktree = remote
-    ? await remoteCheckout(sandbox, remote, session, request, context)
-    : sending
-    ? await localCheckout(local!, sending, request)
-    : undefined;
+  const worktree = sending && await checkedOut(context.repo!, sending, request);
   // Kept: the run's sandbox stays (with its checkout) instead of going with the run.
   if (worktree && request.repo?.keepWorktree) keep.worktree = true;
   const driver = await sandboxDriver(sandbox, session, worktree, await starting, {
@@ -773,6 +824,7 @@ function sessionOptions(request: RunRequest, context: PrepareContext) {
     signal: request.signal,
     onAccess: context.onAccess,
     onProgress: request.onProgress,
+    budget: context.budget,
   };
 }
 
@@ -857,26 +909,36 @@ function startRunWorker(
   return starting;
 }
 
-/** The local repository's checkout in the sandbox, started now (it goes on while the session opens). */
+/**
+ * The repository's checkout in the sandbox, started now (it goes on while the session opens): the
+ * base from the user's repository, or from the host's mirror of a remote (fetched first), checked
+ * out from the repository's cache (updated first when it lacks the base).
+ */
 function checkout(
   sandbox: RunSandbox,
-  local: Extract<ResolvedRepo, { kind: "local" }>,
+  repo: ResolvedRepo,
+  authorization: (() => Promise<string | undefined>) | undefined,
   request: RunRequest,
   context: PrepareContext,
 ): Promise<RunWorktree> {
-  const sending = prepareWorktree(sandbox.provider, local.local, {
-    runId: context.id,
-    branch: local.branch,
-    signal: request.signal,
-    updateCache: () => sandbox.updateCache(local.local, request.signal),
-  });
-  // Awaited in prepare (localCheckout), where its error counts.
+  const source = repo.kind === "local"
+    ? Promise.resolve(repo.local)
+    : fetchRemote(repo.remote, { authorization: authorization!, signal: request.signal });
+  const sending = source.then((base) =>
+    prepareWorktree(sandbox.provider, base, {
+      runId: context.id,
+      branch: repo.branch,
+      signal: request.signal,
+      updateCache: () => sandbox.updateCache(base, request.signal),
+    })
+  );
+  // Awaited in prepare (checkedOut), where its error counts.
   sending.catch(() => {});
   return sending;
 }
 
-async function localCheckout(
-  local: Extract<ResolvedRepo, { kind: "local" }>,
+async function checkedOut(
+  repo: ResolvedRepo,
   sending: Promise<RunWorktree>,
   request: RunRequest,
 ): Promise<RunWorktree> {
@@ -884,30 +946,9 @@ async function localCheckout(
   const sent = worktree.sentBytes > 0
     ? `; ${worktree.sentBytes} bytes of objects added to its cache`
     : "";
-  request.onProgress?.(
-    `checked out ${local.local.baseName} (${local.local.base.slice(0, 12)})${sent}`,
-  );
-  return worktree;
-}
-
-/** A remote repository fetched into the sandbox through the session's git proxy. */
-async function remoteCheckout(
-  sandbox: RunSandbox,
-  remote: Extract<ResolvedRepo, { kind: "remote" }>,
-  session: SandboxSession,
-  request: RunRequest,
-  context: PrepareContext,
-): Promise<RunWorktree> {
-  const worktree = await prepareRemoteWorktree(sandbox.provider, remote.remote, {
-    runId: context.id,
-    branch: remote.branch,
-    gitUrl: session.gitUrl!,
-    env: session.env,
-    signal: request.signal,
-  });
-  request.onProgress?.(
-    `fetched ${remote.remote.url} into the sandbox; base ${worktree.base.slice(0, 12)}`,
-  );
+  const from = repo.kind === "remote" ? `fetched ${repo.remote.url} on the host; ` : "";
+  const baseName = repo.kind === "local" ? repo.local.baseName : repo.remote.baseName;
+  request.onProgress?.(`${from}checked out ${baseName} (${worktree.base.slice(0, 12)})${sent}`);
   return worktree;
 }
 
@@ -916,20 +957,17 @@ function openRunSession(
   profile: Profile,
   sandbox: RunSandbox,
   remote: Extract<ResolvedRepo, { kind: "remote" }> | undefined,
+  authorization: (() => Promise<string | undefined>) | undefined,
   request: RunRequest,
   context: PrepareContext,
 ): Promise<SandboxSession> {
   return openSession(profile, sandbox.relay!, {
     ...sessionOptions(request, context),
-    gitRemote: remote
+    gitRemote: remote && authorization
       ? gitRemoteFor(remote.remote, {
         branch: remote.branch,
         push: request.repo?.push === true,
-        authorization: remoteAuthorization(remote.remote, {
-          token: profile.git.token,
-          keys: context.keys,
-          redactor: context.redactor,
-        }),
+        authorization,
       })
       : undefined,
   });

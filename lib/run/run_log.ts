@@ -17,11 +17,25 @@
  *   write fails, so the record never stays `running`. A run whose record is incomplete ends with
  *   `exitCode` `EXIT.storeFailed`.
  */
+import type { DatabaseSync } from "node:sqlite";
 import { userStateDir } from "../config.ts";
 import type { AgenticMessage, DriverUsage } from "./protocol.ts";
-import { isSameProcessAlive, processStartTicks } from "../process.ts";
+import { processStartTicks } from "../process.ts";
+import { isRunProcessAlive } from "./liveness.ts";
 import type { Redactor } from "../redact.ts";
 import { EXIT, SandboxError } from "../errors.ts";
+import { EventWriter } from "../session/event_store.ts";
+import {
+  deleteRun,
+  indexedIds,
+  type IndexQuery,
+  type IndexRebuild,
+  indexRun,
+  openOrReplaceIndex,
+  putRun,
+  queryRuns,
+  storePath,
+} from "./run_index.ts";
 
 /** Room kept for the final `meta.json` (see the module's comment). */
 export const META_RESERVE_BYTES = 32 * 1024;
@@ -40,7 +54,8 @@ export type RunStatus =
 
 export interface RunMeta {
   id: string;
-  mode: "agentic" | "generate";
+  /** `mcp`: an environment an MCP client worked in (lib/mcp). */
+  mode: "agentic" | "generate" | "mcp" | "shell";
   profile: string;
   model: string;
   /** "container" or "none" (unsafe: on the host). */
@@ -89,6 +104,8 @@ export class RunLog implements AsyncDisposable {
   readonly #encoder = new TextEncoder();
   readonly #redactor?: Redactor;
   #agentEvents: RecordFile | undefined;
+  /** The run's stream in the event store (lib/session/event_store.ts); null once it failed. */
+  #store: EventWriter | null | undefined;
   /** The first failed write to the record: nothing is appended after it. */
   #lost: string | undefined;
 
@@ -168,7 +185,21 @@ export class RunLog implements AsyncDisposable {
     let line = JSON.stringify(message);
     if (this.#redactor) line = this.#redactor.redact(line);
     this.#appendLine(this.#events, line);
+    this.#storeLine(line);
     return Promise.resolve();
+  }
+
+  /** The event into the store too, best effort: `events.ndjson` is the run's record. */
+  #storeLine(line: string): void {
+    if (this.#store === null) return;
+    try {
+      this.#store ??= new EventWriter(this.meta.id);
+      this.#store.append({ channel: "agent", type: "output", source: "agent", data: line });
+    } catch {
+      // A store that cannot be written: `sandbox logs --from` imports events.ndjson instead.
+      this.#store?.[Symbol.dispose]();
+      this.#store = null;
+    }
   }
 
   /** Append one line an agent CLI printed (secrets redacted), to `agent-events.ndjson`. */
@@ -270,6 +301,7 @@ export class RunLog implements AsyncDisposable {
       await Deno.remove(partial).catch(() => {}); // never made, or already renamed
       throw error;
     }
+    indexRun(this.meta);
   }
 
   /** `meta.json` written over the reserve, in place, then renamed onto it. False if it could not be. */
@@ -287,6 +319,7 @@ export class RunLog implements AsyncDisposable {
         await file.truncate(bytes.length);
       }
       await Deno.rename(reserve, `${this.dir}/meta.json`);
+      indexRun(this.meta);
       return true;
     } catch {
       // No reserve (a run finished twice), or even it failed: the dead pid reads as crashed.
@@ -297,6 +330,7 @@ export class RunLog implements AsyncDisposable {
   [Symbol.asyncDispose](): Promise<void> {
     this.#events.file.close();
     this.#agentEvents?.file.close();
+    this.#store?.[Symbol.dispose]();
     return Promise.resolve();
   }
 }
@@ -315,30 +349,141 @@ function describe(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-/** The metadata of one run, with a dead "running" run reported as crashed. */
-export async function readRun(id: string): Promise<RunMeta | undefined> {
+/** The metadata of one run as recorded (a dead "running" run still says "running"). */
+async function readMetaFile(id: string): Promise<RunMeta | undefined> {
   try {
     const meta = JSON.parse(await Deno.readTextFile(`${runsDir()}/${id}/meta.json`)) as RunMeta;
     meta.storeError ??= null; // (records from before the field)
-    if (meta.status === "running" && !await isSameProcessAlive(meta.pid, meta.pidStartTicks)) {
-      meta.status = "crashed";
-    }
     return meta;
   } catch {
     return undefined;
   }
 }
 
-/** Every recorded run, newest first. */
-export async function listRuns(): Promise<RunMeta[]> {
+/**
+ * Record what became of run `id`, whose process died before it could record its end: `crashed`,
+ * with `error` and the facts in `extra` (lib/run/recover.ts). Written by the process that found it.
+ */
+export async function recordCrashed(
+  id: string,
+  outcome: { error: string; extra: Record<string, unknown> },
+): Promise<void> {
+  const dir = `${runsDir()}/${id}`;
+  const meta = JSON.parse(await Deno.readTextFile(`${dir}/meta.json`)) as RunMeta;
+  const updated: RunMeta = {
+    ...meta,
+    status: "crashed",
+    error: outcome.error,
+    extra: { ...meta.extra, ...outcome.extra },
+  };
+  const partial = `${dir}/meta.json.${Deno.pid}.tmp`;
+  await Deno.writeTextFile(partial, JSON.stringify(updated, null, 2) + "\n", { mode: 0o600 });
+  await Deno.rename(partial, `${dir}/meta.json`);
+  indexRun(updated);
+  await Deno.remove(`${dir}/${META_RESERVE_FILE}`).catch(() => {}); // the dead run's; gone is fine
+}
+
+/** `meta` with a "running" run whose recording process is gone reported as crashed. */
+async function withLiveness(meta: RunMeta): Promise<RunMeta> {
+  if (meta.status === "running" && !await isRunProcessAlive(meta)) {
+    return { ...meta, status: "crashed" };
+  }
+  return meta;
+}
+
+/** The metadata of one run, with a dead "running" run reported as crashed. */
+export async function readRun(id: string): Promise<RunMeta | undefined> {
+  const meta = await readMetaFile(id);
+  return meta && await withLiveness(meta);
+}
+
+export interface ListRunsOptions extends IndexQuery {
+  /** Told when the index was missing or unreadable and has been rebuilt from the run directories. */
+  onRebuild?: (rebuild: IndexRebuild) => void;
+}
+
+/**
+ * Recorded runs, newest first, from the index (lib/run/run_index.ts): no run's files are read
+ * but those of runs not yet indexed and of runs indexed as running. A state directory whose index
+ * cannot be opened nor written is listed by reading every run's `meta.json`.
+ */
+export async function listRuns(options: ListRunsOptions = {}): Promise<RunMeta[]> {
+  const ids = await runDirectoryNames();
+  if (ids.length === 0 && !await exists(storePath())) return [];
+  let opened;
+  try {
+    opened = await openOrReplaceIndex();
+  } catch {
+    // No index can be made here (a read-only or full disk): the run directories are the record.
+    return await listRunsFromDirectories(ids, options);
+  }
+  const { db, rebuild } = opened;
+  try {
+    const added = await reconcile(db, ids);
+    if (rebuild && (rebuild.reason === "unreadable" || added > 0)) {
+      options.onRebuild?.({ ...rebuild, runs: added });
+    }
+    return await Promise.all(
+      queryRuns(db, options).map(async (meta) =>
+        // Its end may have been recorded while the index could not be written.
+        meta.status === "running" ? (await readRun(meta.id)) ?? await withLiveness(meta) : meta
+      ),
+    );
+  } catch {
+    // The index could not be brought up to date: the run directories are the record.
+    return await listRunsFromDirectories(ids, options);
+  } finally {
+    db.close();
+  }
+}
+
+/** Index the run directories the index lacks, drop rows whose directory is gone; how many were added. */
+async function reconcile(db: DatabaseSync, ids: string[]): Promise<number> {
+  const indexed = indexedIds(db);
+  const present = new Set(ids);
+  const missing = ids.filter((id) => !indexed.has(id));
+  const metas = (await Promise.all(missing.map(readMetaFile)))
+    .filter((m): m is RunMeta => m !== undefined);
+  const gone = [...indexed].filter((id) => !present.has(id));
+  if (metas.length === 0 && gone.length === 0) return 0;
+  db.exec("BEGIN IMMEDIATE");
+  try {
+    for (const meta of metas) putRun(db, meta);
+    for (const id of gone) deleteRun(db, id);
+    db.exec("COMMIT");
+  } catch (error) {
+    db.exec("ROLLBACK");
+    throw error;
+  }
+  return metas.length;
+}
+
+/** Every run read from its own directory, newest first. */
+async function listRunsFromDirectories(ids: string[], query: IndexQuery): Promise<RunMeta[]> {
+  const metas = (await Promise.all([...ids].sort().reverse().map(readRun)))
+    .filter((m): m is RunMeta => m !== undefined)
+    .filter((m) => query.profile === undefined || m.profile === query.profile);
+  return query.limit === undefined ? metas : metas.slice(0, query.limit);
+}
+
+/** The names of the directories in `runs/` (none when it does not exist). */
+async function runDirectoryNames(): Promise<string[]> {
   const ids: string[] = [];
   try {
     for await (const entry of Deno.readDir(runsDir())) if (entry.isDirectory) ids.push(entry.name);
   } catch {
-    return [];
+    // No runs directory: no run was ever recorded here.
   }
-  const metas = await Promise.all(ids.sort().reverse().map(readRun));
-  return metas.filter((m): m is RunMeta => m !== undefined);
+  return ids;
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await Deno.lstat(path);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /**

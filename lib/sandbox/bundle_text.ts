@@ -31,7 +31,14 @@ const IMPORT_SHIM = [
   'import { createRequire as __deno_internal_createRequire } from "node:module";',
   "var __require = __deno_internal_createRequire(import.meta.url);",
 ].join("\n");
-const IMPORT_SHIM_LAZY = "var __require = (id) => globalThis.process.getBuiltinModule(id);";
+const IMPORT_SHIM_LAZY = "var __require = (id) => globalThis.process.getBuiltinModule(id) ?? " +
+  '(() => { throw new Error(`Cannot find module "${id}"`); })();';
+/**
+ * Modules a bundle may require although they are not built-ins: `ws`'s optional native helpers
+ * and `debug`'s `supports-color`, each required inside `try` and done without (the shims above
+ * throw for them, as Node does for a missing module).
+ */
+const OPTIONAL_MODULES = new Set(['"bufferutil"', '"utf-8-validate"', '"supports-color"']);
 
 /** The minified bundler's shim (esbuild's `__require`), whatever its names were minified to. */
 const MINIFIED_SHIM = new RegExp(
@@ -81,13 +88,16 @@ function lazyRequire(text: string): string {
   if (imports === 1) text = text.replace(IMPORT_SHIM, IMPORT_SHIM_LAZY);
   else if (minified.length === 1) {
     name = minified[0][1];
-    text = text.replace(MINIFIED_SHIM, `${name}=(id)=>globalThis.process.getBuiltinModule(id)`);
+    text = text.replace(
+      MINIFIED_SHIM,
+      `${name}=(id)=>globalThis.process.getBuiltinModule(id)??(()=>{throw Error("Cannot find module "+id)})()`,
+    );
   }
   // process.getBuiltinModule knows only Node's built-ins: a bundle that requires anything else
   // at run time would break on that path, so it must not build.
   const calls = new RegExp(String.raw`(?<![\w$.])${name.replaceAll("$", "\\$")}\(([^)]*)\)`, "g");
   const notBuiltin = [...text.matchAll(calls)].map((m) => m[1]).filter((arg) =>
-    !/^"node:[a-z_/]+"$/.test(arg)
+    !/^"node:[a-z0-9_/]+"$/.test(arg) && !OPTIONAL_MODULES.has(arg)
   );
   if (notBuiltin.length > 0) {
     throw new BundleShapeError(
@@ -115,6 +125,8 @@ const KEYWORDS_BEFORE_EXPRESSION = new Set([
   "instanceof",
 ]);
 
+type AsciiPlace = "tagged" | "space" | "escapable";
+
 /**
  * Where each character outside ASCII sits, read as JavaScript's lexer reads the bundler's output:
  * comments, string and template literals (with their `${}` nesting), regular expressions (told
@@ -122,107 +134,165 @@ const KEYWORDS_BEFORE_EXPRESSION = new Set([
  * template's text, `space` where code expects a separator, `escapable` anywhere else. Undefined
  * when the scan ends inside a literal or comment: the text is then not what it assumed.
  */
-function placesOutsideAscii(
-  text: string,
-): Map<number, "tagged" | "space" | "escapable"> | undefined {
-  const places = new Map<number, "tagged" | "space" | "escapable">();
-  const templates: { tagged: boolean; depth: number }[] = [];
-  let depth = 0;
-  let previous = ""; // the last token: a word, or a punctuator's character
-  let i = 0;
-  const mark = (at: number, place: "tagged" | "escapable") => {
-    if (text.charCodeAt(at) > 0x7f) places.set(at, place);
-  };
+function placesOutsideAscii(text: string): Map<number, AsciiPlace> | undefined {
+  return new OutsideAsciiScan(text).run();
+}
+
+/**
+ * One left-to-right scan for `placesOutsideAscii`. Each step starts at `i` on the first character
+ * of a token and leaves `i` just past it; a step returns false when the text ends inside what it
+ * reads (the whole scan then gives up). `previous` is the last token (a word, or a punctuator's
+ * character), which tells a regular expression from a division and a tagged template from a plain
+ * one; `depth` counts open braces, and `templates` the `${` substitutions open at which depth.
+ */
+class OutsideAsciiScan {
+  readonly places = new Map<number, AsciiPlace>();
+  readonly templates: { tagged: boolean; depth: number }[] = [];
+  depth = 0;
+  previous = "";
+  i = 0;
+
+  constructor(readonly text: string) {}
+
+  run(): Map<number, AsciiPlace> | undefined {
+    while (this.i < this.text.length) {
+      if (!this.step()) return undefined;
+    }
+    return this.templates.length === 0 ? this.places : undefined;
+  }
+
+  step(): boolean {
+    const { text, i } = this;
+    const c = text[i];
+    if (c === "/" && text[i + 1] === "/") return this.lineComment();
+    if (c === "/" && text[i + 1] === "*") return this.blockComment();
+    if (c === '"' || c === "'") return this.quoted(c);
+    if (c === "`") {
+      this.i++;
+      const tagged = /^[\w$)\]]/.test(this.previous.slice(-1)) &&
+        !KEYWORDS_BEFORE_EXPRESSION.has(this.previous);
+      return this.openTemplate(tagged);
+    }
+    if (
+      c === "/" &&
+      (this.previous === "" || /^[(,=:[!&|?{};+\-*%<>~^]$/.test(this.previous) ||
+        KEYWORDS_BEFORE_EXPRESSION.has(this.previous))
+    ) return this.regularExpression();
+    if (c === "{") {
+      this.depth++;
+      this.previous = c;
+      this.i++;
+      return true;
+    }
+    if (c === "}") return this.closeBrace();
+    if (/[\w$]/.test(c) || c.charCodeAt(0) > 0x7f) return this.word();
+    if (!/\s/.test(c)) this.previous = c;
+    this.i++;
+    return true;
+  }
+
+  mark(at: number, place: "tagged" | "escapable"): void {
+    if (this.text.charCodeAt(at) > 0x7f) this.places.set(at, place);
+  }
+
+  lineComment(): boolean {
+    const { text } = this;
+    for (; this.i < text.length && text[this.i] !== "\n"; this.i++) this.mark(this.i, "escapable");
+    return true;
+  }
+
+  blockComment(): boolean {
+    const close = this.text.indexOf("*/", this.i + 2);
+    if (close < 0) return false;
+    for (; this.i < close; this.i++) this.mark(this.i, "escapable");
+    this.i = close + 2;
+    return true;
+  }
+
+  quoted(quote: string): boolean {
+    const { text } = this;
+    for (this.i++; this.i < text.length && text[this.i] !== quote; this.i++) {
+      if (text[this.i] === "\\" && text.charCodeAt(++this.i) > 0x7f) return false;
+      this.mark(this.i, "escapable");
+    }
+    if (this.i++ >= text.length) return false;
+    this.previous = quote;
+    return true;
+  }
+
+  regularExpression(): boolean {
+    const { text } = this;
+    let inClass = false;
+    for (this.i++; this.i < text.length && (inClass || text[this.i] !== "/"); this.i++) {
+      if (text[this.i] === "\\") {
+        if (text.charCodeAt(++this.i) > 0x7f) return false;
+      } else if (text[this.i] === "[") inClass = true;
+      else if (text[this.i] === "]") inClass = false;
+      else if (text[this.i] === "\n") return false;
+      this.mark(this.i, "escapable");
+    }
+    if (this.i++ >= text.length) return false;
+    this.previous = "/re/";
+    return true;
+  }
+
+  /** A `}`: the end of a `${` substitution (its template's text goes on) or of a block. */
+  closeBrace(): boolean {
+    this.i++;
+    const open = this.templates.at(-1);
+    if (open && open.depth === this.depth - 1) {
+      this.templates.pop();
+      this.depth--;
+      return this.openTemplate(open.tagged);
+    }
+    this.depth--;
+    this.previous = "}";
+    return true;
+  }
+
+  word(): boolean {
+    const { text } = this;
+    const start = this.i;
+    while (
+      this.i < text.length && (/[\w$]/.test(text[this.i]) || text.charCodeAt(this.i) > 0x7f)
+    ) {
+      // Outside ASCII in code: a letter of a name (an escape reads the same) or a separator.
+      if (text.charCodeAt(this.i) > 0x7f) {
+        this.places.set(this.i, /\s/.test(text[this.i]) ? "space" : "escapable");
+      }
+      this.i++;
+    }
+    this.previous = text.slice(start, this.i);
+    return true;
+  }
+
+  /** Template text from `i` (just past a backtick or a substitution's `}`). */
+  openTemplate(tagged: boolean): boolean {
+    const closed = this.templateText(tagged);
+    if (closed === undefined) return false;
+    if (closed) this.previous = "`";
+    else this.templates.push({ tagged, depth: this.depth++ });
+    return true;
+  }
+
   /** Template text from `i` to its closing backtick (true) or a `${` (false). */
-  const templateText = (tagged: boolean): boolean | undefined => {
-    for (; i < text.length; i++) {
-      const c = text[i];
+  templateText(tagged: boolean): boolean | undefined {
+    const { text } = this;
+    for (; this.i < text.length; this.i++) {
+      const c = text[this.i];
       if (c === "\\") {
         // An escaped character outside ASCII (`\—`, a line continuation): not worth the cases.
-        if (text.charCodeAt(++i) > 0x7f) return undefined;
+        if (text.charCodeAt(++this.i) > 0x7f) return undefined;
       } else if (c === "`") {
-        i++;
+        this.i++;
         return true;
-      } else if (c === "$" && text[i + 1] === "{") {
-        i += 2;
+      } else if (c === "$" && text[this.i + 1] === "{") {
+        this.i += 2;
         return false;
-      } else mark(i, tagged ? "tagged" : "escapable");
+      } else this.mark(this.i, tagged ? "tagged" : "escapable");
     }
     return undefined;
-  };
-  const openTemplate = (tagged: boolean): boolean => {
-    const closed = templateText(tagged);
-    if (closed === undefined) return false;
-    if (closed) previous = "`";
-    else templates.push({ tagged, depth: depth++ });
-    return true;
-  };
-  while (i < text.length) {
-    const c = text[i];
-    if (c === "/" && text[i + 1] === "/") {
-      for (; i < text.length && text[i] !== "\n"; i++) mark(i, "escapable");
-    } else if (c === "/" && text[i + 1] === "*") {
-      const close = text.indexOf("*/", i + 2);
-      if (close < 0) return undefined;
-      for (; i < close; i++) mark(i, "escapable");
-      i = close + 2;
-    } else if (c === '"' || c === "'") {
-      for (i++; i < text.length && text[i] !== c; i++) {
-        if (text[i] === "\\" && text.charCodeAt(++i) > 0x7f) return undefined;
-        mark(i, "escapable");
-      }
-      if (i++ >= text.length) return undefined;
-      previous = c;
-    } else if (c === "`") {
-      i++;
-      const tagged = /^[\w$)\]]/.test(previous.slice(-1)) &&
-        !KEYWORDS_BEFORE_EXPRESSION.has(previous);
-      if (!openTemplate(tagged)) return undefined;
-    } else if (
-      c === "/" &&
-      (previous === "" || /^[(,=:[!&|?{};+\-*%<>~^]$/.test(previous) ||
-        KEYWORDS_BEFORE_EXPRESSION.has(previous))
-    ) {
-      let inClass = false;
-      for (i++; i < text.length && (inClass || text[i] !== "/"); i++) {
-        if (text[i] === "\\") {
-          if (text.charCodeAt(++i) > 0x7f) return undefined;
-        } else if (text[i] === "[") inClass = true;
-        else if (text[i] === "]") inClass = false;
-        else if (text[i] === "\n") return undefined;
-        mark(i, "escapable");
-      }
-      if (i++ >= text.length) return undefined;
-      previous = "/re/";
-    } else if (c === "{") {
-      depth++;
-      previous = c;
-      i++;
-    } else if (c === "}") {
-      i++;
-      const open = templates.at(-1);
-      if (open && open.depth === depth - 1) {
-        templates.pop();
-        depth--;
-        if (!openTemplate(open.tagged)) return undefined;
-      } else {
-        depth--;
-        previous = c;
-      }
-    } else if (/[\w$]/.test(c) || c.charCodeAt(0) > 0x7f) {
-      const start = i;
-      while (i < text.length && (/[\w$]/.test(text[i]) || text.charCodeAt(i) > 0x7f)) {
-        // Outside ASCII in code: a letter of a name (an escape reads the same) or a separator.
-        if (text.charCodeAt(i) > 0x7f) places.set(i, /\s/.test(text[i]) ? "space" : "escapable");
-        i++;
-      }
-      previous = text.slice(start, i);
-    } else {
-      if (!/\s/.test(c)) previous = c;
-      i++;
-    }
   }
-  return templates.length === 0 ? places : undefined;
 }
 
 /** A UTF-16 code unit as a `\u` escape. */

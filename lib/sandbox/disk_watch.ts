@@ -61,10 +61,11 @@ export function startDiskWatch(
 ): DiskWatch {
   const controller = new AbortController();
   let closing = false;
-  let used: number | undefined;
+  const sizes: { used: number | undefined } = { used: undefined };
   let child: DiskWatcher | undefined;
   let wake!: () => void;
   const closed = new Promise<void>((resolve) => wake = resolve);
+  // The first reason wins; a watch being closed fails no more (its watcher is stopped on purpose).
   const fail = (reason: SandboxError) => {
     if (closing || controller.signal.aborted) return;
     controller.abort(reason);
@@ -72,80 +73,22 @@ export function startDiskWatch(
   };
   const watching = (async () => {
     try {
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      await Promise.race([
-        closed,
-        new Promise((resolve) =>
-          timer = setTimeout(resolve, options.delayMs ?? DISK_WATCH_DELAY_MS)
-        ),
-      ]);
-      clearTimeout(timer);
+      await delayUnlessClosed(closed, options.delayMs ?? DISK_WATCH_DELAY_MS);
       if (closing) return;
       child = await start();
       if (!child) return;
       // Closed while it started: stopped here, as close() could not.
       if (closing) return child.kill();
-      const silenceMs = options.silenceMs ?? DISK_WATCH_SILENCE_MS;
-      let silence: ReturnType<typeof setTimeout> | undefined;
-      const heard = () => {
-        clearTimeout(silence);
-        silence = setTimeout(() => {
-          fail(
-            new SandboxError(
-              "disk_limit",
-              `The disk watch of sandbox "${options.sandbox}" stopped reporting for ${
-                Math.round(silenceMs / 1000)
-              } s`,
-              {
-                detail: "Without it resources.disk cannot be enforced, so the command was stopped",
-              },
-            ),
-          );
-          child?.kill();
-        }, silenceMs);
-      };
-      heard();
-      try {
-        for await (const line of child.lines()) {
-          // `base KIB`: a size from before the watch began (what the workspace held then);
-          // `du KIB`: one since.
-          const report = /^(du|base) (\d+)$/.exec(line.trim());
-          if (!report) continue;
-          heard();
-          const bytes = Number(report[2]) * 1024;
-          const previous = used;
-          used = bytes;
-          if (
-            report[1] === "du" && bytes > options.limitBytes && previous !== undefined &&
-            bytes > previous
-          ) {
-            fail(exceeded(options, bytes));
-            return;
-          }
-        }
-      } finally {
-        clearTimeout(silence);
-      }
+      if (await followReports(child, options, sizes, fail)) return;
+      // The reports ended without the limit passed: the watch cannot go on, so it fails closed.
       const ended = await child.finished;
-      fail(
-        new SandboxError(
-          "disk_limit",
-          `The disk watch of sandbox "${options.sandbox}" stopped (exit code ${ended.exitCode})`,
-          {
-            detail: `${
-              ended.stderrTail ? `${ended.stderrTail}\n` : ""
-            }Without it resources.disk cannot be enforced, so the command was stopped`,
-          },
-        ),
-      );
+      fail(watcherStopped(options, ended));
     } catch (error) {
       fail(
         new SandboxError(
           "disk_limit",
           `Cannot watch the disk use of sandbox "${options.sandbox}": ${(error as Error).message}`,
-          {
-            cause: error,
-          },
+          { cause: error },
         ),
       );
     }
@@ -162,11 +105,92 @@ export function startDiskWatch(
   return {
     signal: controller.signal,
     get usedBytes() {
-      return used;
+      return sizes.used;
     },
     close,
     [Symbol.asyncDispose]: close,
   };
+}
+
+/** Resolves after `delayMs`, or as soon as `closed` resolves, whichever is first. */
+async function delayUnlessClosed(closed: Promise<void>, delayMs: number): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  await Promise.race([
+    closed,
+    new Promise((resolve) => timer = setTimeout(resolve, delayMs)),
+  ]);
+  clearTimeout(timer);
+}
+
+/**
+ * Reads the watcher's reports until they end, recording each size in `sizes.used`. Returns true
+ * when the watch failed meanwhile: a `du` size over the limit and larger than the one before
+ * (growing, not merely over), or no report for `silenceMs` (the watcher is then killed, which
+ * ends the reports).
+ */
+async function followReports(
+  child: DiskWatcher,
+  options: DiskWatchOptions,
+  sizes: { used: number | undefined },
+  fail: (reason: SandboxError) => void,
+): Promise<boolean> {
+  const silenceMs = options.silenceMs ?? DISK_WATCH_SILENCE_MS;
+  let silence: ReturnType<typeof setTimeout> | undefined;
+  const heard = () => {
+    clearTimeout(silence);
+    silence = setTimeout(() => {
+      fail(watchSilent(options, silenceMs));
+      child.kill();
+    }, silenceMs);
+  };
+  heard();
+  try {
+    for await (const line of child.lines()) {
+      // `base KIB`: a size from before the watch began (what the workspace held then);
+      // `du KIB`: one since.
+      const report = /^(du|base) (\d+)$/.exec(line.trim());
+      if (!report) continue;
+      heard();
+      const bytes = Number(report[2]) * 1024;
+      const previous = sizes.used;
+      sizes.used = bytes;
+      if (
+        report[1] === "du" && bytes > options.limitBytes && previous !== undefined &&
+        bytes > previous
+      ) {
+        fail(exceeded(options, bytes));
+        return true;
+      }
+    }
+  } finally {
+    clearTimeout(silence);
+  }
+  return false;
+}
+
+function watchSilent(options: DiskWatchOptions, silenceMs: number): SandboxError {
+  return new SandboxError(
+    "disk_limit",
+    `The disk watch of sandbox "${options.sandbox}" stopped reporting for ${
+      Math.round(silenceMs / 1000)
+    } s`,
+    { detail: "Without it resources.disk cannot be enforced, so the command was stopped" },
+  );
+}
+
+function watcherStopped(
+  options: DiskWatchOptions,
+  ended: { exitCode: number; stderrTail?: string },
+): SandboxError {
+  return new SandboxError(
+    "disk_limit",
+    `The disk watch of sandbox "${options.sandbox}" stopped (exit code ${ended.exitCode})`,
+    {
+      detail: `${
+        ended.stderrTail ? `${ended.stderrTail}\n` : ""
+      }Without it resources.disk cannot be enforced, so the command was stopped`,
+    },
+  );
 }
 
 function exceeded(options: DiskWatchOptions, bytes: number): SandboxError {

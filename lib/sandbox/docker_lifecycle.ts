@@ -73,7 +73,7 @@ export class DockerLifecycle implements SandboxLifecycle {
     return {
       agent: kind.agent,
       repository,
-      cacheVolume: kind.repo?.local && repository ? cacheVolumeName(repository) : undefined,
+      cacheVolume: repository ? cacheVolumeName(repository) : undefined,
       onProgress: kind.onProgress,
       signal: kind.signal,
     };

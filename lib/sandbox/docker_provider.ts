@@ -3,21 +3,22 @@
  *
  * Work enters through `docker exec`; nothing of the host is mounted but, on a local engine, the
  * container's own directory of proxy sockets, read-only (proxy_mount.ts). The container is created
- * from a `docker run` argv derived purely from the profile, and labelled with a hash of that argv,
+ * from a `docker create` argv derived purely from the profile, and labelled with a hash of that argv,
  * so that a configuration change is detected with one `docker inspect` and the container replaced.
  */
 import { withoutRefusedEnv } from "../refused_env.ts";
 import type { Profile } from "../config.ts";
-import {
-  DockerCli,
-  isAlreadyExists,
-  isNoSuchObject,
-  LABEL,
-  labelArgs,
-  OWNER,
-  OWNER_FILTER,
-} from "./docker.ts";
+import { daemonDown, type DockerCli, LABEL, labelArgs, OWNER, OWNER_FILTER } from "./docker.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
+import {
+  type ContainerInspect,
+  type DockerEngine,
+  dockerEngine,
+  type ExecOutcome,
+  isEngineError,
+  sandboxErrorOf,
+  unless,
+} from "./engine.ts";
 import { cliName } from "../cli_name.ts";
 import { sha256Hex } from "../hash.ts";
 import { ensureImage, imageTagFor } from "./image.ts";
@@ -135,26 +136,12 @@ export function sandboxNames(profile: string, instance?: string) {
   };
 }
 
-interface ContainerInspect {
-  Id: string;
-  Name: string;
-  Created: string;
-  Image: string;
-  State: {
-    Status: string;
-    Running: boolean;
-    Health?: { Status: string };
-    StartedAt?: string;
-    FinishedAt?: string;
-  };
-  Config: { Image: string; Labels: Record<string, string> | null };
-  HostConfig: { PidsLimit?: number | null; Memory?: number };
-  Mounts?: { Type: string; Source: string; Destination: string }[];
-}
-
 export class DockerSandboxProvider implements SandboxProvider {
   readonly profile: Profile;
+  /** The docker CLI, for what the engine port does not cover (`engine.cli`). */
   readonly docker: DockerCli;
+  /** The port through which this provider acts on Docker (engine.ts). */
+  readonly engine: DockerEngine;
   readonly names: ReturnType<typeof sandboxNames>;
   readonly #options: DockerProviderOptions;
 
@@ -165,7 +152,8 @@ export class DockerSandboxProvider implements SandboxProvider {
       );
     }
     this.profile = profile;
-    this.docker = new DockerCli(options.docker);
+    this.engine = dockerEngine(options.docker);
+    this.docker = this.engine.cli;
     const repo = options.repository ? `repo-${options.repository.id}` : undefined;
     const suffix = [options.agent, repo, options.instance].filter(Boolean).join("-");
     this.names = options.existing
@@ -224,7 +212,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   /**
-   * The `docker run` argv (after `docker`) for this profile, the variables its docker client
+   * The `docker create` argv (after `docker`) for this profile, the variables its docker client
    * needs (values passed by name, off the command line), and the hash of both that labels the
    * container. Everything that shapes the container is in them, so the hash covers it all.
    */
@@ -284,8 +272,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       .slice(0, 16);
     return {
       args: [
-        "run",
-        "--detach",
+        "create",
         "--name",
         this.names.container,
         ...labelArgs(this.labels(configHash)),
@@ -312,23 +299,34 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   async #inspect(signal?: AbortSignal): Promise<ContainerInspect | undefined> {
-    const result = await this.docker.run(["container", "inspect", this.names.container], {
-      signal,
-    });
-    if (result.exitCode !== 0) {
-      if (isNoSuchObject(result.stderr)) return undefined;
-      throw new CommandExitError(
+    try {
+      return await unless(
+        ["not-found"],
+        () => this.engine.inspectContainer(this.names.container, signal),
+      );
+    } catch (error) {
+      throw sandboxErrorOf(
+        error,
         "docker_failed",
         `Cannot inspect sandbox "${this.names.container}"`,
-        result,
       );
     }
-    return (JSON.parse(result.stdout) as ContainerInspect[])[0];
+  }
+
+  /** Remove container `id` (never its volumes); one already gone is removed. */
+  async #removeById(id: string, signal?: AbortSignal): Promise<void> {
+    await unless(["not-found"], () => this.engine.removeContainer(id, { signal }));
   }
 
   async ensureRunning(options: EnsureRunningOptions = {}): Promise<SandboxStatus> {
     const { signal } = options;
-    const { args, env, configHash } = await this.runArgs();
+    // No docker call at all for a configuration that would put a secret in the container.
+    this.containerEnv();
+    // The container is asked about while its expected configuration is worked out.
+    const first = this.#inspect(signal);
+    // Awaited in the first pass; should runArgs fail first, its failure is the one raised.
+    first.catch(() => {});
+    const run = await this.runArgs();
     const deadline = Date.now() + CONCURRENT_START_WAIT_MS;
     // Each pass moves one step (create, start, replace); a bounded number of passes turns an
     // engine that keeps undoing our steps into an error instead of a spin.
@@ -344,89 +342,161 @@ export class DockerSandboxProvider implements SandboxProvider {
           },
         );
       }
-      const found = await this.#inspect(signal);
-      const current = found?.Config.Labels?.[LABEL.configHash] === configHash &&
-        !(options.checkImage && await this.#imageOutdated(found));
-      if (found && current && found.State.Running) {
-        // Running is not enough: a container whose memory is all held (by tmpfs files, say)
-        // cannot start a command any more. Replace it; the workspace volume survives.
-        // A failing health check alone may be a slow machine: the probe decides.
-        const wedged = (options.probe || found.State.Health?.Status === "unhealthy") &&
-          !await this.#probe(signal);
-        if (!wedged) {
-          this.#wasRunning = pass === 0;
-          return this.#toStatus(found, configHash);
-        }
-        this.#options.onProgress?.(
-          `Replacing sandbox ${this.names.container}: it cannot run commands`,
-        );
-        await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
-        continue;
+      const found = pass === 0 ? await first : await this.#inspect(signal);
+      const step = await this.#ensureStep(found, run.configHash, options, deadline);
+      if (step === "continue") continue;
+      if (step !== "create") {
+        this.#wasRunning = pass === 0;
+        return step;
       }
-      if (found && current && found.State.Status === "created") {
-        // Another process has just created it and is about to start it, or start failed.
-        if (Date.now() < deadline) {
-          await delay(200);
-          continue;
-        }
-      }
-      if (found && current && !found.State.Running) {
-        // Its mount's source must exist for it to start (the state directory may have been cleared).
-        if (found.Mounts?.some((m) => m.Destination === PROXY_MOUNT_PATH)) {
-          await prepareProxyMountSource(this.names.container).catch(() => {});
-        }
-        const started = await this.docker.run(["start", found.Id], { signal });
-        if (started.exitCode === 0) continue;
-      }
-      if (found) {
-        // Stale or broken: remove by id, so a container a concurrent process just created under
-        // the same name is never the one removed.
-        const why = current ? "it could not be restarted" : "its configuration changed";
-        this.#options.onProgress?.(`Replacing sandbox ${this.names.container}: ${why}`);
-        await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
-        continue;
-      }
-      // Creation of the profile's shared container is serialised on this host (volume,
-      // container); the loop re-inspects after waiting. A run's own container has names no one
-      // else uses: runs that start together create theirs at the same time (an image build is
-      // serialised by itself, see image.ts).
-      const create = async () => {
-        await this.#prepare(signal);
-        const mount = await this.#proxyMountArgs();
-        if (mount.length === 0) return await this.docker.run(args, { signal, env });
-        // Not part of the configuration (hash): an accelerator whose absence changes no rule.
-        const mounted = await this.docker.run([...args.slice(0, -1), ...mount, args.at(-1)!], {
-          signal,
-          env,
-        });
-        if (mounted.exitCode === 0 || isAlreadyExists(mounted.stderr)) return mounted;
-        // The engine could not bind it (not this machine's filesystem after all): without it.
-        this.#mountRefused = true;
-        await this.#removeNeverStarted(signal);
-        return await this.docker.run(args, { signal, env });
-      };
-      // A shared container is made by one process at a time (a run's own has a name of its own).
-      const created = this.#options.instance
-        ? await create()
-        : await withHostLock(`container-${this.names.container}`, async () => {
-          if (await this.#inspect(signal)) return { exitCode: 0, stderr: "" } as const;
-          return await create();
-        });
-      if (created.exitCode === 0) continue;
-      if (isAlreadyExists(created.stderr) && Date.now() < deadline) {
-        // A concurrent `up` won the race for the name: use its container.
-        await delay(100);
-        continue;
-      }
-      throw new CommandExitError(
-        "docker_failed",
-        `Cannot start sandbox "${this.names.container}"`,
-        {
-          argv: args,
-          exitCode: created.exitCode,
-          stderrTail: created.stderr,
-        },
+      await this.#createContainer(run, deadline, signal);
+    }
+  }
+
+  /**
+   * One step of `ensureRunning` for the container as `found`: its status when it is up and
+   * current, "continue" after waiting, starting or removing it, "create" when there is none.
+   */
+  async #ensureStep(
+    found: ContainerInspect | undefined,
+    configHash: string,
+    options: EnsureRunningOptions,
+    deadline: number,
+  ): Promise<SandboxStatus | "continue" | "create"> {
+    const { signal } = options;
+    if (!found) return "create";
+    const current = found.Config.Labels?.[LABEL.configHash] === configHash &&
+      !(options.checkImage && await this.#imageOutdated(found));
+    if (current && found.State.Running) {
+      // Running is not enough: a container whose memory is all held (by tmpfs files, say)
+      // cannot start a command any more. Replace it; the workspace volume survives.
+      // A failing health check alone may be a slow machine: the probe decides.
+      const wedged = (options.probe || found.State.Health?.Status === "unhealthy") &&
+        !await this.#probe(signal);
+      if (!wedged) return this.#toStatus(found, configHash);
+      this.#options.onProgress?.(
+        `Replacing sandbox ${this.names.container}: it cannot run commands`,
       );
+      await this.#removeById(found.Id, signal);
+      return "continue";
+    }
+    if (current && found.State.Status === "created" && Date.now() < deadline) {
+      // Another process has just created it and is about to start it, or start failed.
+      await delay(200);
+      return "continue";
+    }
+    if (current && await this.#restart(found, signal)) return "continue";
+    // Stale or broken: remove by id, so a container a concurrent process just created under
+    // the same name is never the one removed.
+    const why = current ? "it could not be restarted" : "its configuration changed";
+    this.#options.onProgress?.(`Replacing sandbox ${this.names.container}: ${why}`);
+    await this.#removeById(found.Id, signal);
+    return "continue";
+  }
+
+  /** Start a stopped container; false when the engine refuses (it is then replaced). */
+  async #restart(found: ContainerInspect, signal?: AbortSignal): Promise<boolean> {
+    // Its mount's source must exist for it to start (the state directory may have been cleared).
+    if (found.Mounts?.some((m) => m.Destination === PROXY_MOUNT_PATH)) {
+      // Without it the start fails and the container is replaced: nothing is lost by going on.
+      await prepareProxyMountSource(this.names.container).catch(() => {});
+    }
+    try {
+      await this.engine.startContainer(found.Id, signal);
+      return true;
+    } catch (error) {
+      if (isEngineError(error, "engine-unreachable")) {
+        throw sandboxErrorOf(error, "docker_failed", "");
+      }
+      if (isEngineError(error)) return false;
+      throw error;
+    }
+  }
+
+  /**
+   * Create and start the container. Creation of the profile's shared
+   * container is serialised on this host (volume, container); the caller inspects again after.
+   * A run's own container has a name no one else uses: runs that start together create theirs at
+   * the same time (an image build is serialised by itself, see image.ts).
+   */
+  async #createContainer(
+    run: { args: string[]; env: Record<string, string> },
+    deadline: number,
+    signal?: AbortSignal,
+  ): Promise<void> {
+    const created = this.#options.instance
+      ? await this.#runContainer(run, signal)
+      : await withHostLock(`container-${this.names.container}`, async () => {
+        if (await this.#inspect(signal)) return { exitCode: 0, stderr: "", exists: true };
+        return await this.#runContainer(run, signal);
+      });
+    if (created.exitCode === 0) return;
+    if (created.exists && Date.now() < deadline) {
+      // A concurrent `up` won the race for the name: use its container.
+      await delay(100);
+      return;
+    }
+    throw new CommandExitError(
+      "docker_failed",
+      `Cannot start sandbox "${this.names.container}"`,
+      { argv: run.args, exitCode: created.exitCode, stderrTail: created.stderr },
+    );
+  }
+
+  /**
+   * The container made and started, with the proxies' socket mount where the engine may bind it;
+   * `exists` when it could not be made because a container of that name exists (a concurrent
+   * creator won).
+   */
+  async #runContainer(
+    run: { args: string[]; env: Record<string, string> },
+    signal?: AbortSignal,
+  ): Promise<{ exitCode: number; stderr: string; exists: boolean }> {
+    const { args, env } = run;
+    await this.#prepare(signal);
+    const mount = await this.#proxyMountArgs();
+    if (mount.length > 0) {
+      // Not part of the configuration (hash): an accelerator whose absence changes no rule.
+      const mounted = await this.#createAndStart([...args.slice(0, -1), ...mount, args.at(-1)!], {
+        env,
+        signal,
+      });
+      if (mounted.exitCode === 0 || mounted.exists) return mounted;
+      // The engine could not bind it (not this machine's filesystem after all): without it.
+      this.#mountRefused = true;
+    }
+    return await this.#createAndStart(args, { env, signal });
+  }
+
+  /**
+   * `docker create` (the CLI: see engine.ts), then the start through the port. A container that
+   * was made but does not start is removed by its id, so nothing half-made stays behind.
+   */
+  async #createAndStart(
+    argv: string[],
+    options: { env: Record<string, string>; signal?: AbortSignal },
+  ): Promise<{ exitCode: number; stderr: string; exists: boolean }> {
+    const created = await this.docker.run(argv, options);
+    if (created.exitCode !== 0) {
+      // Refused before anything was made: because the name is taken, or for another reason.
+      const exists = await this.#inspect(options.signal) !== undefined;
+      return { exitCode: created.exitCode, stderr: created.stderr, exists };
+    }
+    // `docker create` prints the new container's id; by name if it printed nothing else.
+    const id = created.stdout.trim().split("\n").at(-1) || this.names.container;
+    try {
+      await this.engine.startContainer(id, options.signal);
+      return { exitCode: 0, stderr: "", exists: false };
+    } catch (error) {
+      if (!isEngineError(error) || error.kind === "engine-unreachable") {
+        throw sandboxErrorOf(
+          error,
+          "docker_failed",
+          `Cannot start sandbox "${this.names.container}"`,
+        );
+      }
+      await this.#removeById(id, options.signal);
+      return { exitCode: 125, stderr: error.engineMessage, exists: false };
     }
   }
 
@@ -437,14 +507,8 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   /** The id of the image containers are created from now, or undefined when it is missing. */
   async imageId(signal?: AbortSignal): Promise<string | undefined> {
-    const result = await this.docker.run([
-      "image",
-      "inspect",
-      "--format",
-      "{{.Id}}",
-      await this.#imageTag(),
-    ], { signal });
-    return result.exitCode === 0 ? result.stdout.trim() : undefined;
+    const tag = await this.#imageTag();
+    return (await unless(["image-missing"], () => this.engine.inspectImage(tag, signal)))?.Id;
   }
 
   /** The image a run's container starts from before any snapshot (what a snapshot is built on). */
@@ -472,16 +536,9 @@ export class DockerSandboxProvider implements SandboxProvider {
   async #proxyMountArgs(): Promise<string[]> {
     if (this.#options.proxyMount === false || this.#mountRefused) return [];
     if (!await engineMayShareFilesystem(this.docker)) return [];
+    // No source directory (the state directory not writable, say): no mount, the stream carries all.
     const source = await prepareProxyMountSource(this.names.container).catch(() => undefined);
     return source ? ["--mount", `type=bind,src=${source},dst=${PROXY_MOUNT_PATH},readonly`] : [];
-  }
-
-  /** Remove the container a failed `docker run` left created but never started, if it did. */
-  async #removeNeverStarted(signal?: AbortSignal): Promise<void> {
-    const found = await this.#inspect(signal);
-    if (found && found.State.Status === "created" && !found.State.StartedAt?.match(/^[1-9]/)) {
-      await this.docker.run(["rm", "--force", "--volumes=false", found.Id], { signal });
-    }
   }
 
   /**
@@ -516,8 +573,8 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   async #imageOutdated(found: ContainerInspect): Promise<boolean> {
     const tag = await this.#imageTag();
-    const result = await this.docker.run(["image", "inspect", "--format", "{{.Id}}", tag]);
-    return result.exitCode !== 0 || result.stdout.trim() !== found.Image;
+    const image = await unless(["image-missing"], () => this.engine.inspectImage(tag));
+    return image?.Id !== found.Image;
   }
 
   /** Image and volume, each created only when missing and safe under races. */
@@ -536,7 +593,7 @@ export class DockerSandboxProvider implements SandboxProvider {
     const image = await this.#imageTag();
     if (
       image.startsWith(`${SNAPSHOT_REPOSITORY}:`) &&
-      (await this.docker.run(["image", "inspect", image], { signal })).exitCode !== 0
+      !await unless(["image-missing"], () => this.engine.inspectImage(image, signal))
     ) {
       throw new SandboxError(
         "image_build_failed",
@@ -556,12 +613,7 @@ export class DockerSandboxProvider implements SandboxProvider {
         [LABEL.profile]: this.profile.name,
         [LABEL.kind]: "cache",
       };
-      await this.#createIfMissing(["volume", "inspect", cache], [
-        "volume",
-        "create",
-        ...labelArgs(labels),
-        cache,
-      ], signal);
+      await this.#createVolumeIfMissing(cache, labels, signal);
     }
   }
 
@@ -571,53 +623,74 @@ export class DockerSandboxProvider implements SandboxProvider {
    * volume, whose size `watchDisk` enforces instead.
    */
   async #ensureVolume(signal?: AbortSignal): Promise<void> {
-    const inspect = ["volume", "inspect", this.names.volume];
-    const create = ["volume", "create", ...labelArgs(this.labels())];
-    const found = await this.docker.run(inspect, { signal });
-    if (found.exitCode === 0) return;
-    if (/ambiguous/.test(found.stderr)) {
-      return await this.#dedupe("volume", this.names.volume, signal);
-    }
-    const quota = await this.docker.run(
-      [...create, "--opt", `size=${this.profile.resources.diskBytes}`, this.names.volume],
-      { signal },
-    );
-    if (quota.exitCode === 0 || isAlreadyExists(quota.stderr)) return;
-    if (!/quota/i.test(quota.stderr)) {
-      throw new CommandExitError(
-        "docker_failed",
-        `Cannot create volume "${this.names.volume}"`,
-        quota,
+    const name = this.names.volume;
+    if (await this.#volumeExists(name, signal)) return;
+    try {
+      await this.engine.createVolume(
+        name,
+        this.labels(),
+        { size: String(this.profile.resources.diskBytes) },
+        signal,
       );
+      return;
+    } catch (error) {
+      if (!isEngineError(error) || error.kind === "engine-unreachable") {
+        throw sandboxErrorOf(error, "docker_failed", `Cannot create volume "${name}"`);
+      }
+      // Refused: storage without project quotas (the usual reason), or the name taken meanwhile.
+      // Either way a plain volume, or the one that exists, follows; watchDisk enforces the size.
     }
-    await this.#createIfMissing(inspect, [...create, this.names.volume], signal);
+    await this.#createVolumeIfMissing(name, this.labels(), signal);
   }
 
   /** The workspace volume's kernel quota in bytes, or undefined when it has none. */
   async workspaceQuota(signal?: AbortSignal): Promise<number | undefined> {
-    const result = await this.docker.run(
-      ["volume", "inspect", "--format", "{{json .Options}}", this.names.volume],
-      { signal },
+    const volume = await unless(
+      ["not-found"],
+      () => this.engine.inspectVolume(this.names.volume, signal),
     );
-    if (result.exitCode !== 0) return undefined;
-    const options = JSON.parse(result.stdout.trim() || "null") as Record<string, string> | null;
-    const size = options?.size;
+    const size = volume?.Options?.size;
     return size && /^\d+$/.test(size) ? Number(size) : undefined;
   }
 
-  async #createIfMissing(inspect: string[], create: string[], signal?: AbortSignal): Promise<void> {
-    const found = await this.docker.run(inspect, { signal });
-    if (found.exitCode === 0) return;
-    if (/ambiguous/.test(found.stderr)) {
-      return await this.#dedupe(create[0], inspect.at(-1)!, signal);
-    }
-    const result = await this.docker.run(create, { signal });
-    if (result.exitCode !== 0 && !isAlreadyExists(result.stderr)) {
-      throw new CommandExitError(
+  /**
+   * Whether volume `name` exists. Two under one name (created concurrently from another host)
+   * are made one first: the one with the lowest id stays, which every process picks alike.
+   */
+  async #volumeExists(name: string, signal?: AbortSignal): Promise<boolean> {
+    try {
+      return await unless(["not-found"], () => this.engine.inspectVolume(name, signal)) !==
+        undefined;
+    } catch (error) {
+      if (!isEngineError(error, "refused", "conflict")) throw error;
+      const listed = await this.docker.ok(
+        ["volume", "ls", "--filter", `name=${name}`, "--format", "{{.Name}}"],
         "docker_failed",
-        `Cannot create ${create[0]} "${create.at(-1)}"`,
-        result,
+        "Cannot list volumes",
+        { signal },
       );
+      if (listed.split("\n").filter((line) => line === name).length < 2) {
+        throw sandboxErrorOf(error, "docker_failed", `Cannot inspect volume "${name}"`);
+      }
+      await this.#dedupe("volume", name, signal);
+      return true;
+    }
+  }
+
+  async #createVolumeIfMissing(
+    name: string,
+    labels: Record<string, string>,
+    signal?: AbortSignal,
+  ): Promise<void> {
+    if (await this.#volumeExists(name, signal)) return;
+    try {
+      await this.engine.createVolume(name, labels, {}, signal);
+    } catch (error) {
+      // Made meanwhile by a concurrent process: as good as made here.
+      if (isEngineError(error) && error.kind !== "engine-unreachable") {
+        if (await this.#volumeExists(name, signal)) return;
+      }
+      throw sandboxErrorOf(error, "docker_failed", `Cannot create volume "${name}"`);
     }
   }
 
@@ -697,7 +770,7 @@ export class DockerSandboxProvider implements SandboxProvider {
         );
       }
       if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
-      throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
+      throwIfExecFailed(ended, this.names.container);
       const oomKilled = ended.exitCode === 137 && await this.#wasOomKilled(id);
       return {
         exitCode: ended.exitCode,
@@ -730,7 +803,7 @@ export class DockerSandboxProvider implements SandboxProvider {
         );
       }
       if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
-      throwIfDockerExecFailed(ended.exitCode, ended.stderrTail, this.names.container);
+      throwIfExecFailed(ended, this.names.container);
       const oomKilled = ended.exitCode === 137 && !stopped && await this.#wasOomKilled(id);
       return {
         exitCode: ended.exitCode,
@@ -740,13 +813,14 @@ export class DockerSandboxProvider implements SandboxProvider {
         stderrTail: ended.stderrTail,
       };
     })();
-    outcome.catch(() => {});
+    outcome.catch(() => {}); // the caller awaits `outcome`; this only keeps an unread one handled
     return {
       stdout: child.stdout,
       outcome,
       stop: async () => {
         stopped = true;
         child.kill();
+        // Stopped on purpose: how it ended is of no interest to the one who stopped it.
         await outcome.catch(() => {});
       },
     };
@@ -765,7 +839,7 @@ export class DockerSandboxProvider implements SandboxProvider {
     if (result.timedOut || result.aborted) await this.#killTree(id);
     if (result.aborted) throw new SandboxError("interrupted", "Command interrupted");
     if (!result.timedOut) {
-      throwIfDockerExecFailed(result.exitCode, result.stderr, this.names.container);
+      throwIfExecFailed(result, this.names.container);
     }
     return {
       exitCode: result.timedOut ? EXIT_TIMEOUT : result.exitCode,
@@ -850,10 +924,10 @@ export class DockerSandboxProvider implements SandboxProvider {
         ["exec", "--user", user, this.names.container, SANDBOX_EXEC, ...args],
         { timeoutMs: 15_000 },
       );
-      if (
-        result.exitCode === 0 || isNoSuchObject(result.stderr) ||
-        /is not running/.test(result.stderr)
-      ) return;
+      // Done, or nothing left to stop (the container gone or stopped).
+      if (result.exitCode === 0 || isEngineError(result.failure, "not-found", "not-running")) {
+        return;
+      }
       await delay(100 * (attempt + 1));
     }
     this.#options.onProgress?.(
@@ -890,7 +964,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       child.finished,
     ]);
     if (outcome.exitCode !== 0) {
-      throwIfDockerExecFailed(outcome.exitCode, outcome.stderrTail, this.names.container);
+      throwIfExecFailed(outcome, this.names.container);
       throw new CommandExitError(
         "exec_failed",
         `Cannot read "${path}" in sandbox "${this.names.container}"`,
@@ -919,7 +993,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       { stdin: data, signal: options.signal },
     );
     if (result.exitCode !== 0) {
-      throwIfDockerExecFailed(result.exitCode, result.stderr, this.names.container);
+      throwIfExecFailed(result, this.names.container);
       throw new CommandExitError(
         "exec_failed",
         `Cannot write "${path}" in sandbox "${this.names.container}"`,
@@ -965,7 +1039,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       throw new CommandExitError("exec_failed", `Cannot read "${hostPath}" on the host`, packed);
     }
     if (unpacked.exitCode !== 0) {
-      throwIfDockerExecFailed(unpacked.exitCode, unpacked.stderrTail, this.names.container);
+      throwIfExecFailed(unpacked, this.names.container);
       throw new CommandExitError(
         "exec_failed",
         `Cannot copy into "${sandboxPath}" in sandbox "${this.names.container}"`,
@@ -1049,7 +1123,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       if (options.signal?.aborted) throw new SandboxError("interrupted", `${what}: interrupted`);
       // A packer that failed on its own explains a cut archive; one we ended for a refused member does not.
       if (packed.exitCode !== 0 && !(packed.aborted && failure)) {
-        throwIfDockerExecFailed(packed.exitCode, packed.stderrTail, this.names.container);
+        throwIfExecFailed(packed, this.names.container);
         throw new CommandExitError(
           "exec_failed",
           `Cannot read "${sandboxPath}" in sandbox "${this.names.container}"`,
@@ -1059,6 +1133,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       if (failure) throw failure;
       await Deno.rename(`${staging}/${base}`, `${targetDir}/${targetBase}`);
     } finally {
+      // A temporary directory left behind costs disk space only; the copy's outcome stands.
       await Deno.remove(staging, { recursive: true }).catch(() => {});
     }
   }
@@ -1108,7 +1183,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       this.names.container,
     ], { signal: options.signal });
     if (result.exitCode !== 0) {
-      if (isNoSuchObject(result.stderr)) throw notFound(this.names.container);
+      if (!await this.#inspect(options.signal)) throw notFound(this.names.container);
       throw new CommandExitError(
         "docker_failed",
         `Cannot stop sandbox "${this.names.container}"`,
@@ -1123,12 +1198,13 @@ export class DockerSandboxProvider implements SandboxProvider {
     const found = await this.#inspect(options.signal);
     if (!found) throw notFound(this.names.container);
     if (!found.State.Running) {
-      const result = await this.docker.run(["start", found.Id], { signal: options.signal });
-      if (result.exitCode !== 0) {
-        throw new CommandExitError(
+      try {
+        await this.engine.startContainer(found.Id, options.signal);
+      } catch (error) {
+        throw sandboxErrorOf(
+          error,
           "docker_failed",
           `Cannot start sandbox "${this.names.container}"`,
-          result,
         );
       }
     }
@@ -1136,6 +1212,7 @@ export class DockerSandboxProvider implements SandboxProvider {
   }
 
   async healthCheck(options: { signal?: AbortSignal } = {}): Promise<boolean> {
+    // A probe that cannot even be made is a failed health check, which is the answer asked for.
     return await this.#probe(options.signal).catch(() => false);
   }
 
@@ -1171,26 +1248,28 @@ export class DockerSandboxProvider implements SandboxProvider {
     options: { volumes?: boolean; signal?: AbortSignal } = {},
   ): Promise<TeardownReport> {
     const report: TeardownReport = { containers: [], networks: [], volumes: [] };
-    const removed = await this.docker.run(["rm", "--force", this.names.container], {
-      signal: options.signal,
-    });
-    // `rm --force` of a missing container exits 0 (docker 20.10), saying so only on stderr.
-    const missing = isNoSuchObject(removed.stderr);
-    if (removed.exitCode === 0 && !missing) report.containers.push(this.names.container);
-    else if (!missing) {
-      throw new CommandExitError(
-        "docker_failed",
-        `Cannot remove sandbox "${this.names.container}"`,
-        removed,
-      );
+    try {
+      await this.engine.removeContainer(this.names.container, { signal: options.signal });
+      report.containers.push(this.names.container);
+    } catch (error) {
+      if (!isEngineError(error, "not-found")) {
+        throw sandboxErrorOf(
+          error,
+          "docker_failed",
+          `Cannot remove sandbox "${this.names.container}"`,
+        );
+      }
     }
     // The container is gone: so is what the host kept for its mount (sockets, a spare relay's record).
     await removeProxyMountSource(this.names.container);
     if (options.volumes) {
-      const volume = await this.docker.run(["volume", "rm", this.names.volume], {
-        signal: options.signal,
-      });
-      if (volume.exitCode === 0) report.volumes.push(this.names.volume);
+      // A volume still in use (by a container of another process) stays; it is not reported.
+      const removed = await this.engine.removeVolume(this.names.volume, { signal: options.signal })
+        .then(() => true, (error) => {
+          if (isEngineError(error)) return false;
+          throw error;
+        });
+      if (removed) report.volumes.push(this.names.volume);
     }
     if (!this.#options.instance) {
       report.networks = await removeLegacyNetworks(this.docker, this.profile.name, options.signal);
@@ -1232,27 +1311,24 @@ function notFound(name: string): SandboxError {
 }
 
 /**
- * `docker exec` reports its own failures (container gone or stopped, command not found) with
- * exit codes 125-127 and a daemon message; anything else is the command's own exit code.
+ * Raise the engine's failure of an exec (container gone or stopped, the command's process never
+ * started, the engine unreachable); the command's own exit code, whatever it is, raises nothing.
  */
-function throwIfDockerExecFailed(exitCode: number, stderr: string, container: string): void {
-  if (exitCode === 0) return;
-  if (isNoSuchObject(stderr)) throw notFound(container);
-  if (/is not running|is paused|is restarting/.test(stderr)) {
+function throwIfExecFailed(outcome: ExecOutcome, container: string): void {
+  const failure = outcome.failure;
+  if (!failure) return;
+  if (failure.kind === "not-found") throw notFound(container);
+  if (failure.kind === "not-running") {
     throw new SandboxError("container_not_found", `Sandbox "${container}" is not running`, {
       detail: `Start it with: ${cliName()} start`,
     });
   }
-  if (
-    exitCode >= 125 && exitCode <= 127 &&
-    /OCI runtime exec failed|Error response from daemon/.test(stderr)
-  ) {
-    throw new CommandExitError("exec_failed", `Cannot run the command in sandbox "${container}"`, {
-      argv: [],
-      exitCode,
-      stderrTail: stderr,
-    });
-  }
+  if (failure.kind === "engine-unreachable") throw daemonDown(failure.engineMessage);
+  throw new CommandExitError("exec_failed", `Cannot run the command in sandbox "${container}"`, {
+    argv: [],
+    exitCode: outcome.exitCode,
+    stderrTail: outcome.stderrTail || failure.engineMessage,
+  });
 }
 
 function splitPath(path: string): { dir: string; base: string } {
@@ -1421,27 +1497,31 @@ export async function teardownProfile(
     (await docker.ok(args, "docker_failed", `Cannot list ${what}`, options)).split("\n").filter(
       Boolean,
     );
-  // One by one: an object removed meanwhile by someone else is simply not reported (`rm --force`
-  // of a missing container exits 0 on docker 20.10, saying so only on stderr).
-  const remove = async (args: string[], name: string) => {
-    const removed = await docker.run([...args, name], options);
-    if (isNoSuchObject(removed.stderr)) return false;
-    if (removed.exitCode === 0) return true;
-    throw new CommandExitError(
-      "docker_failed",
-      `Cannot remove "${name}" of profile "${profile}"`,
-      removed,
-    );
+  // One by one: an object removed meanwhile by someone else is simply not reported.
+  const engine = dockerEngine(docker.program);
+  const remove = async (kind: "container" | "volume", name: string) => {
+    try {
+      if (kind === "container") await engine.removeContainer(name, options);
+      else await engine.removeVolume(name, options);
+      return true;
+    } catch (error) {
+      if (isEngineError(error, "not-found")) return false;
+      throw sandboxErrorOf(
+        error,
+        "docker_failed",
+        `Cannot remove "${name}" of profile "${profile}"`,
+      );
+    }
   };
   const format = `{{.Names}} {{.Label "${LABEL.kind}"}}`;
   for (
     const [name, kind] of (await list(["ps", "--all", ...filters, "--format", format], "sandboxes"))
       .map((line) => line.split(" "))
   ) {
-    if (await remove(["rm", "--force"], name)) report.containers.push(name);
+    if (await remove("container", name)) report.containers.push(name);
     // A run's workspace goes with its container, always.
     if (kind === "pool" || kind === "run") {
-      if (await remove(["volume", "rm", "--force"], `${name}-workspace`)) {
+      if (await remove("volume", `${name}-workspace`)) {
         report.volumes.push(`${name}-workspace`);
       }
     }
@@ -1452,22 +1532,27 @@ export async function teardownProfile(
     for (
       const name of await list(["volume", "ls", ...filters, "--format", "{{.Name}}"], "volumes")
     ) {
-      if (await remove(["volume", "rm", "--force"], name)) report.volumes.push(name);
+      if (await remove("volume", name)) report.volumes.push(name);
     }
   }
   report.networks = await removeLegacyNetworks(docker, profile, options.signal);
   return report;
 }
 
-/** Remove every container, network and volume this tool owns (by label), and nothing else. */
+/**
+ * Remove every container, network and volume this tool owns (by label), and nothing else; with
+ * `scope` (`KEY=VALUE`), only those that also carry that label.
+ */
 export async function teardownAll(
   docker: DockerCli,
   signal?: AbortSignal,
+  scope?: string,
 ): Promise<TeardownReport> {
+  const filters = ["--filter", OWNER_FILTER, ...(scope ? ["--filter", `label=${scope}`] : [])];
   const list = async (kind: "container" | "network" | "volume") => {
     const args = kind === "container"
-      ? ["ps", "--all", "--filter", OWNER_FILTER, "--format", "{{.Names}}"]
-      : [kind, "ls", "--filter", OWNER_FILTER, "--format", "{{.Name}}"];
+      ? ["ps", "--all", ...filters, "--format", "{{.Names}}"]
+      : [kind, "ls", ...filters, "--format", "{{.Name}}"];
     return (await docker.ok(args, "docker_failed", `Cannot list ${kind}s`, { signal })).split("\n")
       .filter(Boolean);
   };

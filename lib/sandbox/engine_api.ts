@@ -22,12 +22,24 @@ import {
   type Child,
   collectStderr,
   linesOrStop,
-  type ProcessOutcome,
-  type RunResult,
   type SpawnOptions,
   stopOnAbortOrTimeout,
 } from "../process.ts";
 import { writeAll } from "../conn.ts";
+import { SandboxError } from "../errors.ts";
+import {
+  type ContainerInspect,
+  type DockerEngine,
+  EngineError,
+  type EngineErrorKind,
+  type ExecChild,
+  type ExecOutcome,
+  type ExecRequest,
+  type ImageInspect,
+  type ObjectKind,
+  type VolumeInspect,
+} from "./engine.ts";
+import type { DockerCli } from "./docker.ts";
 import { MAX_LINE_CHARS } from "../lines.ts";
 import { trace, tracing } from "../trace.ts";
 
@@ -59,6 +71,7 @@ export async function execRunning(id: string | undefined): Promise<boolean> {
     if (response.status !== 200) return true;
     return (JSON.parse(response.body) as { Running?: boolean }).Running === true;
   } catch {
+    // Cannot be asked: "running", so that the caller's own wait decides (never a false "gone").
     return true;
   }
 }
@@ -105,6 +118,7 @@ function dockerIsAProgram(): boolean {
     try {
       info = Deno.statSync(path);
     } catch {
+      // Not in this directory of PATH: the next one.
       continue;
     }
     if (!info.isFile || info.mode === null || (info.mode & 0o111) === 0) continue;
@@ -127,6 +141,7 @@ function otherContextConfigured(): boolean {
   try {
     text = Deno.readTextFileSync(`${dir}/config.json`);
   } catch {
+    // No config.json: the CLI uses its default context too.
     return false;
   }
   try {
@@ -136,18 +151,6 @@ function otherContextConfigured(): boolean {
     // A config the CLI itself may refuse: let it say so.
     return true;
   }
-}
-
-/** A `docker exec` as the API takes it. */
-export interface ExecRequest {
-  container: string;
-  cmd: string[];
-  user?: string;
-  workdir?: string;
-  env: string[];
-  interactive: boolean;
-  /** `--detach`: started, not attached to; the exec's id on stdout (the CLI prints nothing). */
-  detach?: boolean;
 }
 
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]*$/;
@@ -197,71 +200,6 @@ export function execRequestOf(
   return request;
 }
 
-/** An inspect the API answers, and how its stdout is made from the answer. */
-interface InspectRequest {
-  path: string;
-  what: string;
-  name: string;
-  format(body: unknown): string;
-}
-
-/**
- * `container inspect NAME`, `volume inspect [--format '{{json .Options}}'] NAME` and
- * `image inspect --format '{{.Id}}'|'{{json .Config.Labels}}' REF`, or undefined.
- */
-export function inspectRequestOf(args: readonly string[]): InspectRequest | undefined {
-  const [kind, verb, ...rest] = args;
-  if (verb !== "inspect") return undefined;
-  const asArray = (body: unknown) => JSON.stringify([body], null, 4) + "\n";
-  if (kind === "container" && rest.length === 1 && NAME.test(rest[0])) {
-    return {
-      path: `/containers/${rest[0]}/json`,
-      what: "container",
-      name: rest[0],
-      format: asArray,
-    };
-  }
-  if (kind === "volume") {
-    const name = rest.at(-1)!;
-    if (!NAME.test(name ?? "")) return undefined;
-    const path = `/volumes/${name}`;
-    if (rest.length === 1) return { path, what: "volume", name, format: asArray };
-    if (rest.length === 3 && rest[0] === "--format" && rest[1] === "{{json .Options}}") {
-      return {
-        path,
-        what: "volume",
-        name,
-        format: (body) => JSON.stringify((body as { Options?: unknown }).Options ?? null) + "\n",
-      };
-    }
-    return undefined;
-  }
-  if (
-    kind === "image" && rest.length === 3 && rest[0] === "--format" &&
-    /^[A-Za-z0-9][A-Za-z0-9._:/@-]*$/.test(rest[2])
-  ) {
-    const path = `/images/${rest[2].split("/").map(encodeURIComponent).join("/")}/json`;
-    if (rest[1] === "{{.Id}}") {
-      return {
-        path,
-        what: "image",
-        name: rest[2],
-        format: (body) => `${(body as { Id: string }).Id}\n`,
-      };
-    }
-    if (rest[1] === "{{json .Config.Labels}}") {
-      return {
-        path,
-        what: "image",
-        name: rest[2],
-        format: (body) =>
-          JSON.stringify((body as { Config?: { Labels?: unknown } }).Config?.Labels ?? null) + "\n",
-      };
-    }
-  }
-  return undefined;
-}
-
 /** One HTTP response from the engine. */
 interface Response {
   status: number;
@@ -280,7 +218,7 @@ async function connect(socket: string): Promise<Deno.UnixConn> {
   }
 }
 
-function requestHead(method: string, path: string, body: string, extra = ""): Uint8Array {
+export function requestHead(method: string, path: string, body: string, extra = ""): Uint8Array {
   return encoder.encode(
     `${method} ${path} HTTP/1.1\r\nHost: docker\r\nUser-Agent: sandbox\r\n${extra}` +
       (body
@@ -294,7 +232,7 @@ function requestHead(method: string, path: string, body: string, extra = ""): Ui
  * Reads a response's head from `conn`: the status, the headers (lower-case names), and the bytes
  * already read past the head.
  */
-async function readHead(
+export async function readHead(
   conn: Deno.Conn,
 ): Promise<{ status: number; headers: Map<string, string>; rest: Uint8Array }> {
   let buffered: Uint8Array = new Uint8Array(0);
@@ -407,6 +345,25 @@ function concat(chunks: Uint8Array[]): Uint8Array {
   return out;
 }
 
+/**
+ * The engine's refusal as an `EngineError`: 404 is the object's absence (an image's own kind), 409
+ * a conflict unless `statuses` says otherwise for the operation, anything else `refused`.
+ */
+function errorOf(
+  response: Response,
+  operation: string,
+  what: ObjectKind | undefined,
+  statuses: Partial<Record<number, EngineErrorKind>> = {},
+): EngineError {
+  const kind: EngineErrorKind = statuses[response.status] ??
+    (response.status === 404
+      ? what === "image" ? "image-missing" : "not-found"
+      : response.status === 409
+      ? "conflict"
+      : "refused");
+  return new EngineError(kind, operation, daemonMessage(response));
+}
+
 /** The daemon's error message in an error answer (`{"message": …}`), else the raw body. */
 function daemonMessage(response: Response): string {
   try {
@@ -419,75 +376,6 @@ function daemonMessage(response: Response): string {
 }
 
 /**
- * `docker container|volume|image inspect` through the API, as the CLI would have answered it
- * (stdout, stderr, exit code), or undefined when the socket could not be reached (use the CLI).
- */
-export async function inspectViaEngine(
-  socket: string,
-  argv: readonly string[],
-  request: InspectRequest,
-  options: SpawnOptions = {},
-): Promise<RunResult | undefined> {
-  const started = performance.now();
-  let response: Response;
-  try {
-    response = await engineRequest(socket, "GET", request.path, undefined, options.signal);
-  } catch (error) {
-    if (error instanceof Unreachable) return undefined;
-    const aborted = options.signal?.aborted === true;
-    return outcome(
-      argv,
-      started,
-      aborted ? EXIT_KILLED : 1,
-      `${aborted ? "" : `error during connect: ${(error as Error).message}\n`}`,
-      "",
-      { aborted },
-    );
-  }
-  if (tracing()) {
-    trace(
-      `docker api: ${request.what} inspect ${request.name} ${response.status} (${
-        (performance.now() - started).toFixed(1)
-      } ms)`,
-    );
-  }
-  if (response.status === 200) {
-    let body: unknown;
-    try {
-      body = JSON.parse(response.body);
-    } catch {
-      return outcome(argv, started, 1, "The engine answered with something that is not JSON\n", "");
-    }
-    return outcome(argv, started, 0, "", request.format(body));
-  }
-  const message = response.status === 404
-    ? `No such ${request.what}: ${request.name}`
-    : daemonMessage(response);
-  return outcome(argv, started, 1, `Error response from daemon: ${message}\n`, "");
-}
-
-function outcome(
-  argv: readonly string[],
-  started: number,
-  exitCode: number,
-  stderr: string,
-  stdout: string,
-  flags: { aborted?: boolean; timedOut?: boolean } = {},
-): RunResult {
-  return {
-    argv,
-    exitCode,
-    signal: exitCode === EXIT_KILLED ? "SIGTERM" : null,
-    durationMs: performance.now() - started,
-    timedOut: flags.timedOut ?? false,
-    aborted: flags.aborted ?? false,
-    stderrTail: stderr,
-    stdout,
-    stderr,
-  };
-}
-
-/**
  * A `docker exec` through the API, behaving as the CLI child it replaces: stdout as a stream,
  * stderr to the callbacks and its tail, stdin fed from `options.stdin` (its end closes the
  * command's input), the command's exit code, and `kill()` ending the client's side (which, as
@@ -497,7 +385,7 @@ function outcome(
 export class EngineExec implements Child {
   readonly argv: readonly string[];
   readonly stdout: ReadableStream<Uint8Array>;
-  readonly finished: Promise<ProcessOutcome>;
+  readonly finished: Promise<ExecOutcome>;
   readonly #options: SpawnOptions;
   readonly #maxLineChars: number;
   #stdout!: ReadableStreamDefaultController<Uint8Array>;
@@ -549,7 +437,7 @@ export class EngineExec implements Child {
     }
   }
 
-  async #run(socket: string, request: ExecRequest, fallback: () => Child): Promise<ProcessOutcome> {
+  async #run(socket: string, request: ExecRequest, fallback: () => Child): Promise<ExecOutcome> {
     const started = performance.now();
     const options = this.#options;
     const stop = stopOnAbortOrTimeout(options, () => this.kill());
@@ -558,31 +446,23 @@ export class EngineExec implements Child {
       | undefined;
     try {
       let exitCode: number;
-      let id: string | { message: string };
+      let failure: EngineError | undefined;
+      let id: string | EngineError;
       try {
         id = await this.#create(socket, request);
       } catch (error) {
         if (!(error instanceof Unreachable) || this.#killed) throw error;
-        // No engine here after all: the CLI, with everything still unread.
         stop.release();
-        const child = this.#fallback = fallback();
-        void child.stdout.pipeTo(
-          new WritableStream({
-            write: (chunk) => this.#push(chunk),
-            close: () => this.#stdout.close(),
-            abort: (reason) => this.#stdout.error(reason),
-          }),
-        ).catch(() => {});
-        if (this.#killed) child.kill();
-        return await child.finished;
+        return await this.#runFallback(fallback);
       }
       stderr = stderrSink(options);
       if (typeof id !== "string") {
-        // The engine refused the exec (no such container, not running): as the CLI says it.
-        stderr.write(encoder.encode(`Error response from daemon: ${id.message}\n`));
+        // The engine refused the exec (no such container, not running): its message on stderr.
+        failure = id;
+        stderr.write(encoder.encode(`${id.engineMessage}\n`));
         exitCode = 1;
       } else {
-        exitCode = await this.#start(socket, id, request, stderr);
+        ({ exitCode, failure } = await this.#start(socket, id, request, stderr));
       }
       this.#ended = true;
       stderr.close();
@@ -604,11 +484,13 @@ export class EngineExec implements Child {
         timedOut: stop.timedOut,
         aborted: stop.aborted && !stop.timedOut,
         stderrTail: tail,
+        ...(failure && !stopped ? { failure } : {}),
       };
     } catch (error) {
       this.#ended = true;
       stderr?.close();
       this.#closeStdout();
+      // The tail is only the report's detail: a failure to read it leaves it empty.
       const tail = stderr ? await stderr.tail.catch(() => "") : "";
       const stopped = this.#killed;
       return {
@@ -618,11 +500,30 @@ export class EngineExec implements Child {
         durationMs: performance.now() - started,
         timedOut: stop.timedOut,
         aborted: stop.aborted && !stop.timedOut,
-        stderrTail: stopped ? tail : `${tail}error during connect: ${(error as Error).message}\n`,
+        stderrTail: stopped ? tail : `${tail}${(error as Error).message}\n`,
+        ...(stopped ? {} : {
+          failure: new EngineError("engine-unreachable", "exec", (error as Error).message, {
+            cause: error,
+          }),
+        }),
       };
     } finally {
       stop.release();
     }
+  }
+
+  /** No engine here after all: the CLI, with everything still unread. */
+  async #runFallback(fallback: () => Child): Promise<ExecOutcome> {
+    const child = this.#fallback = fallback();
+    void child.stdout.pipeTo(
+      new WritableStream({
+        write: (chunk) => this.#push(chunk),
+        close: () => this.#stdout.close(),
+        abort: (reason) => this.#stdout.error(reason),
+      }),
+    ).catch(() => {}); // its end or failure shows in `finished`, awaited below
+    if (this.#killed) child.kill();
+    return await child.finished;
   }
 
   #makeRoom(): void {
@@ -639,7 +540,7 @@ export class EngineExec implements Child {
   }
 
   /** Create the exec: its id, or the engine's refusal. */
-  async #create(socket: string, request: ExecRequest): Promise<string | { message: string }> {
+  async #create(socket: string, request: ExecRequest): Promise<string | EngineError> {
     const response = await engineRequest(socket, "POST", `/containers/${request.container}/exec`, {
       User: request.user ?? "",
       WorkingDir: request.workdir ?? "",
@@ -653,10 +554,8 @@ export class EngineExec implements Child {
     if (response.status === 201 || response.status === 200) {
       return (JSON.parse(response.body) as { Id: string }).Id;
     }
-    const message = response.status === 404
-      ? `No such container: ${request.container}`
-      : daemonMessage(response);
-    return { message };
+    // 409: the container exists but is not running (stopped, paused, restarting).
+    return errorOf(response, "exec", "container", { 409: "not-running" });
   }
 
   /** Start exec `id` attached, pump its streams until they end, and return its exit code. */
@@ -665,19 +564,20 @@ export class EngineExec implements Child {
     id: string,
     request: ExecRequest,
     stderr: { write(bytes: Uint8Array): void },
-  ): Promise<number> {
+  ): Promise<{ exitCode: number; failure?: EngineError }> {
     if (request.detach) {
       const response = await engineRequest(socket, "POST", `/exec/${id}/start`, {
         Detach: true,
         Tty: false,
       });
       if (response.status !== 200 && response.status !== 204) {
-        stderr.write(encoder.encode(`Error response from daemon: ${daemonMessage(response)}\n`));
-        return 126;
+        const failure = errorOf(response, "exec start", "container", { 409: "not-running" });
+        stderr.write(encoder.encode(`${failure.engineMessage}\n`));
+        return { exitCode: 126, failure };
       }
       if (tracing()) trace(`docker api: exec ${label(request.cmd)} detached`);
       await this.#push(encoder.encode(`${id}\n`));
-      return 0;
+      return { exitCode: 0 };
     }
     const conn = await connect(socket).catch((error) => {
       throw new Error((error as Error).message);
@@ -695,15 +595,15 @@ export class EngineExec implements Child {
     );
     const head = await readHead(conn);
     if (head.status !== 101 && head.status !== 200) {
-      stderr.write(
-        encoder.encode(
-          `Error response from daemon: ${
-            daemonMessage({ status: head.status, body: decoder.decode(head.rest) })
-          }\n`,
-        ),
+      const failure = errorOf(
+        { status: head.status, body: decoder.decode(head.rest) },
+        "exec start",
+        "container",
+        { 409: "not-running" },
       );
+      stderr.write(encoder.encode(`${failure.engineMessage}\n`));
       conn.close();
-      return 126;
+      return { exitCode: 126, failure };
     }
     if (tracing()) trace(`docker api: exec ${label(request.cmd)} attached`);
     const feeding = request.interactive && this.#options.stdin !== undefined
@@ -712,6 +612,7 @@ export class EngineExec implements Child {
     await this.#demux(conn, head.rest, stderr);
     // The command has ended: its input is no longer read (as the CLI exits, whatever is left).
     this.#ended = true;
+    // The input stream may have ended or failed already: either way nothing more is read from it.
     await this.#input?.cancel().catch(() => {});
     await feeding;
     try {
@@ -719,8 +620,17 @@ export class EngineExec implements Child {
     } catch {
       // Closed by a kill.
     }
-    if (this.#killed) return EXIT_KILLED;
-    return await this.#exitCode(socket, id);
+    if (this.#killed) return { exitCode: EXIT_KILLED };
+    const ended = await this.#exitCode(socket, id);
+    // A process that never got a pid never ran: the engine's failure (the runtime could not
+    // start it), not the command's exit code.
+    if (ended.exitCode !== 0 && ended.pid === 0) {
+      return {
+        exitCode: ended.exitCode,
+        failure: new EngineError("exec-failed", "exec start", `exit code ${ended.exitCode}`),
+      };
+    }
+    return { exitCode: ended.exitCode };
   }
 
   /** The command's input: the caller's bytes, then the end of input (half-close). */
@@ -746,7 +656,7 @@ export class EngineExec implements Child {
       await reader.cancel();
     } catch {
       // The command stopped reading (it ended): as a broken pipe to the CLI, not an error.
-      await reader.cancel().catch(() => {});
+      await reader.cancel().catch(() => {}); // cancelling an errored stream may throw: nothing to do
     }
   }
 
@@ -763,6 +673,7 @@ export class EngineExec implements Child {
       try {
         n = await conn.read(chunk);
       } catch {
+        // Closed by a kill or reset by the engine: the stream's end; the exit code says the rest.
         n = null;
       }
       if (n === null) return false;
@@ -789,6 +700,7 @@ export class EngineExec implements Child {
     try {
       this.#stdout.enqueue(bytes);
     } catch {
+      // The reader cancelled: its bytes are dropped, as on a closed pipe.
       return;
     }
     while ((this.#stdout.desiredSize ?? 1) <= 0 && !this.#killed && !this.#cancelled) {
@@ -796,15 +708,21 @@ export class EngineExec implements Child {
     }
   }
 
-  /** The exec's exit code, once the engine says it has ended. */
-  async #exitCode(socket: string, id: string): Promise<number> {
+  /** The exec's exit code (and its process's pid, 0 if it never had one), once it has ended. */
+  async #exitCode(socket: string, id: string): Promise<{ exitCode: number; pid?: number }> {
     const deadline = performance.now() + EXIT_WAIT_MS;
     while (true) {
       const response = await engineRequest(socket, "GET", `/exec/${id}/json`);
-      if (response.status !== 200) return 125;
-      const state = JSON.parse(response.body) as { Running?: boolean; ExitCode?: number | null };
-      if (!state.Running && typeof state.ExitCode === "number") return state.ExitCode;
-      if (performance.now() >= deadline) return 125;
+      if (response.status !== 200) return { exitCode: 125 };
+      const state = JSON.parse(response.body) as {
+        Running?: boolean;
+        ExitCode?: number | null;
+        Pid?: number;
+      };
+      if (!state.Running && typeof state.ExitCode === "number") {
+        return { exitCode: state.ExitCode, pid: state.Pid };
+      }
+      if (performance.now() >= deadline) return { exitCode: 125 };
       await new Promise((resolve) => setTimeout(resolve, 5));
     }
   }
@@ -837,4 +755,153 @@ function label(cmd: readonly string[]): string {
   const command = cmd[0] === "sandbox-exec" ? cmd.slice(2) : cmd;
   const script = command.find((arg) => arg.endsWith(".js"));
   return (script ?? command[0] ?? "").split("/").at(-1) ?? "";
+}
+
+/**
+ * The `DockerEngine` port over the Engine API, on the socket of the engine the CLI would reach,
+ * decided at each call (`DockerCli.engineSocket`). Where there is none (see the module comment),
+ * and for a call whose connection is refused (the engine went away, the socket's permissions
+ * changed), `fallback` (the CLI) answers instead, reporting the engine as the user knows it.
+ */
+export class ApiEngine implements DockerEngine {
+  constructor(readonly cli: DockerCli, readonly fallback: DockerEngine) {}
+
+  async #request(
+    method: string,
+    path: string,
+    body: unknown,
+    options: { signal?: AbortSignal; timeoutMs?: number },
+  ): Promise<Response | undefined> {
+    const signal = options.timeoutMs === undefined ? options.signal : AbortSignal.any([
+      ...(options.signal ? [options.signal] : []),
+      AbortSignal.timeout(options.timeoutMs),
+    ]);
+    const socket = this.cli.engineSocket();
+    if (!socket) return undefined;
+    const started = performance.now();
+    try {
+      const response = await engineRequest(socket, method, path, body, signal);
+      if (tracing()) {
+        trace(
+          `docker api: ${method} ${path.split("?")[0]} ${response.status} (${
+            (performance.now() - started).toFixed(1)
+          } ms)`,
+        );
+      }
+      return response;
+    } catch (error) {
+      if (error instanceof Unreachable) return undefined;
+      if (signal?.aborted && !options.signal?.aborted) {
+        throw new SandboxError("timeout", `docker ${method} ${path}: timed out`, { cause: error });
+      }
+      throw error;
+    }
+  }
+
+  async #json<T>(
+    path: string,
+    operation: string,
+    what: ObjectKind,
+    signal: AbortSignal | undefined,
+    fallback: () => Promise<T>,
+  ): Promise<T> {
+    const response = await this.#request("GET", path, undefined, { signal });
+    if (!response) return await fallback();
+    if (response.status !== 200) throw errorOf(response, operation, what);
+    return JSON.parse(response.body) as T;
+  }
+
+  inspectContainer(name: string, signal?: AbortSignal): Promise<ContainerInspect> {
+    return this.#json(
+      `/containers/${encodeURIComponent(name)}/json`,
+      "container inspect",
+      "container",
+      signal,
+      () => this.fallback.inspectContainer(name, signal),
+    );
+  }
+
+  inspectVolume(name: string, signal?: AbortSignal): Promise<VolumeInspect> {
+    return this.#json(
+      `/volumes/${encodeURIComponent(name)}`,
+      "volume inspect",
+      "volume",
+      signal,
+      () => this.fallback.inspectVolume(name, signal),
+    );
+  }
+
+  inspectImage(ref: string, signal?: AbortSignal): Promise<ImageInspect> {
+    return this.#json(
+      `/images/${ref.split("/").map(encodeURIComponent).join("/")}/json`,
+      "image inspect",
+      "image",
+      signal,
+      () => this.fallback.inspectImage(ref, signal),
+    );
+  }
+
+  async startContainer(name: string, signal?: AbortSignal): Promise<void> {
+    const response = await this.#request(
+      "POST",
+      `/containers/${encodeURIComponent(name)}/start`,
+      undefined,
+      { signal },
+    );
+    if (!response) return await this.fallback.startContainer(name, signal);
+    // 304: already running.
+    if (response.status !== 204 && response.status !== 304) {
+      throw errorOf(response, "start", "container");
+    }
+  }
+
+  async removeContainer(
+    name: string,
+    options: { volumes?: boolean; signal?: AbortSignal; timeoutMs?: number } = {},
+  ): Promise<void> {
+    const response = await this.#request(
+      "DELETE",
+      `/containers/${encodeURIComponent(name)}?force=1&v=${options.volumes ? 1 : 0}`,
+      undefined,
+      options,
+    );
+    if (!response) return await this.fallback.removeContainer(name, options);
+    if (response.status !== 204) throw errorOf(response, "rm", "container");
+  }
+
+  async removeVolume(
+    name: string,
+    options: { signal?: AbortSignal; timeoutMs?: number } = {},
+  ): Promise<void> {
+    const response = await this.#request(
+      "DELETE",
+      `/volumes/${encodeURIComponent(name)}`,
+      undefined,
+      options,
+    );
+    if (!response) return await this.fallback.removeVolume(name, options);
+    if (response.status !== 204) throw errorOf(response, "volume rm", "volume");
+  }
+
+  async createVolume(
+    name: string,
+    labels: Record<string, string>,
+    driverOptions: Record<string, string> = {},
+    signal?: AbortSignal,
+  ): Promise<void> {
+    const response = await this.#request(
+      "POST",
+      "/volumes/create",
+      { Name: name, Labels: labels, DriverOpts: driverOptions },
+      { signal },
+    );
+    if (!response) return await this.fallback.createVolume(name, labels, driverOptions, signal);
+    if (response.status !== 201 && response.status !== 200) {
+      throw errorOf(response, "volume create", undefined);
+    }
+  }
+
+  exec(request: ExecRequest, options: SpawnOptions = {}): ExecChild {
+    return this.cli.execChild(request, options);
+  }
 }

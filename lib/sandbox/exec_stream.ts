@@ -12,7 +12,7 @@ export function execStreamOf(
 ): ExecStream {
   let settle!: (outcome: Promise<ExecStreamOutcome>) => void;
   const outcome = new Promise<ExecStreamOutcome>((resolve) => settle = resolve);
-  outcome.catch(() => {});
+  outcome.catch(() => {}); // the caller awaits it; this only keeps an unread one handled
   return {
     outcome,
     [Symbol.asyncIterator]: async function* () {

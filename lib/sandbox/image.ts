@@ -11,7 +11,8 @@
  */
 import { BUILD_BASE_IMAGE_SCRIPT, IMAGE_CONTEXT } from "./assets.ts";
 import { DEFAULT_BASE_IMAGE, userStateDir } from "../config.ts";
-import { type DockerCli, LABEL, labelArgs, throwIfUnreachable } from "./docker.ts";
+import { daemonDown, type DockerCli, LABEL, labelArgs } from "./docker.ts";
+import { dockerEngine, unless } from "./engine.ts";
 import { CommandExitError, SandboxError, tail } from "../errors.ts";
 import { run } from "../process.ts";
 import { fileSha256, sha256Hex } from "../hash.ts";
@@ -93,16 +94,11 @@ async function imageLabels(
   ref: string,
   signal?: AbortSignal,
 ): Promise<Record<string, string> | undefined> {
-  const result = await docker.run(
-    ["image", "inspect", "--format", "{{json .Config.Labels}}", ref],
-    { signal },
+  const image = await unless(
+    ["image-missing"],
+    () => dockerEngine(docker.program).inspectImage(ref, signal),
   );
-  if (result.exitCode !== 0) return undefined;
-  try {
-    return JSON.parse(result.stdout) ?? {};
-  } catch {
-    return {};
-  }
+  return image ? image.Config?.Labels ?? {} : undefined;
 }
 
 /** Id of a local image, or undefined when absent. */
@@ -111,8 +107,10 @@ async function imageId(
   ref: string,
   signal?: AbortSignal,
 ): Promise<string | undefined> {
-  const result = await docker.run(["image", "inspect", "--format", "{{.Id}}", ref], { signal });
-  return result.exitCode === 0 ? result.stdout.trim() : undefined;
+  return (await unless(
+    ["image-missing"],
+    () => dockerEngine(docker.program).inspectImage(ref, signal),
+  ))?.Id;
 }
 
 function seconds(since: number): string {
@@ -148,6 +146,7 @@ async function openBuildLog(
  * usually is) when they are not among them: the two streams reach the log in arrival order.
  */
 async function logTail(path: string, stderrTail = ""): Promise<string> {
+  // A log that cannot be read leaves the error's detail shorter, nothing else.
   const last = tail(await Deno.readTextFile(path).catch(() => ""), 12);
   const shown = new Set(last.split("\n"));
   const missing = tail(stderrTail, 5).split("\n").filter((line) => line.trim() && !shown.has(line));
@@ -196,6 +195,7 @@ export async function ensureBaseImage(
           );
         }
       } finally {
+        // A temporary file left behind costs nothing; the build's outcome stands either way.
         await Deno.remove(script).catch(() => {});
       }
       options.onProgress?.(`Built base image ${baseImage} in ${seconds(started)}`, "end");
@@ -233,13 +233,22 @@ export async function ensureBaseImage(
   return id;
 }
 
-/** Put `source` at `target` cheaply: a hard link when on one filesystem, else a copy. */
-async function place(source: string, target: string): Promise<void> {
-  try {
-    await Deno.link(source, target);
-  } catch {
-    await Deno.copyFile(source, target);
+/**
+ * Put `source` at `target` cheaply: a hard link when on one filesystem and of the wanted `mode`
+ * (a link shares the source's mode, which must not be changed), else a copy given that mode.
+ */
+async function place(source: string, target: string, mode?: number): Promise<void> {
+  const linkable = mode === undefined || (((await Deno.stat(source)).mode ?? 0) & 0o7777) === mode;
+  if (linkable) {
+    try {
+      await Deno.link(source, target);
+      return;
+    } catch {
+      // Another filesystem (or links refused): copied below.
+    }
   }
+  await Deno.copyFile(source, target);
+  if (mode !== undefined) await Deno.chmod(target, mode);
 }
 
 /**
@@ -283,10 +292,12 @@ async function buildImage(
   try {
     for (const [name, content] of Object.entries(IMAGE_CONTEXT)) {
       await Deno.writeTextFile(`${dir}/${name}`, content);
+      // The wrappers are programs: their mode travels with the COPY (no chmod layer after it).
+      if (name !== "Dockerfile") await Deno.chmod(`${dir}/${name}`, 0o755);
     }
     await place(await workerBundlePath(options.onProgress), `${dir}/worker.js`);
     await place(await relayBundlePath(options.onProgress), `${dir}/relay.js`);
-    await place(denoBinaryPath(), `${dir}/deno`);
+    await place(denoBinaryPath(), `${dir}/deno`, 0o755);
     const child = docker.spawn([
       "build",
       "--build-arg",
@@ -306,7 +317,9 @@ async function buildImage(
     });
     for await (const line of child.lines()) log.line(line);
     const outcome = await child.finished;
-    throwIfUnreachable(outcome.stderrTail);
+    if (outcome.exitCode !== 0 && !outcome.aborted && !await docker.reachable()) {
+      throw daemonDown(outcome.stderrTail);
+    }
     if (outcome.aborted) {
       throw new SandboxError("interrupted", `Building sandbox image "${tag}" was interrupted`);
     }
@@ -322,6 +335,7 @@ async function buildImage(
     }
   } finally {
     log.close();
+    // A temporary directory left behind costs disk space only; the build's outcome stands.
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   }
   options.onProgress?.(`Built sandbox image ${tag} in ${seconds(started)}`, "end");

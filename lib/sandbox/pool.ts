@@ -19,7 +19,14 @@
  * job has arrived, and the container goes with the run. Nothing of one run meets another.
  */
 import type { Profile } from "../config.ts";
-import { SandboxError } from "../errors.ts";
+import { CommandExitError, SandboxError } from "../errors.ts";
+import {
+  type DockerEngine,
+  dockerEngine,
+  isEngineError,
+  sandboxErrorOf,
+  unless,
+} from "./engine.ts";
 import type { AgentCliName } from "../agents/packages.ts";
 import { WORKER_COMMAND } from "../run/container_driver.ts";
 import { type AttachOptions, attachWorker } from "./attach.ts";
@@ -40,6 +47,7 @@ import { randomHex, sha256Hex } from "../hash.ts";
 import { tryHostLock, withHostLock } from "../lock.ts";
 import { userStateDir } from "../paths.ts";
 import { trace } from "../trace.ts";
+import { recoverOrphan } from "../run/recover.ts";
 
 /** Where a pooled container's worker listens (its /tmp: a tmpfs of its own). */
 export const POOL_WORKER_SOCKET = "/tmp/.sandbox-worker.sock";
@@ -88,24 +96,19 @@ export async function claimPooled(
   options: PoolOptions = {},
 ): Promise<DockerSandboxProvider | undefined> {
   const key = keyOf(profile, options);
-  let current: { configHash: string; imageId: string | undefined } | undefined;
+  const isStale = staleness(options.signal);
   for (const record of await listReady()) {
     if (record.key !== key) continue;
     const provider = runSandbox(profile, instanceOf(record.name), { ...options, pooled: true });
     if (provider.containerName !== record.name) continue;
-    current ??= {
-      configHash: await provider.configHash(),
-      imageId: await provider.imageId(options.signal),
-    };
+    const stale = await isStale(record, provider);
     if (!await claimReady(record.name)) continue;
-    if (record.configHash !== current.configHash || record.imageId !== current.imageId) {
-      options.onProgress?.(
-        `removing pooled sandbox ${record.name}: made with another configuration or image`,
-      );
-      await destroy(provider);
+    if (stale) {
+      await removeStale(provider, options);
       continue;
     }
     // Gone or stopped since it was made (removed by hand, the engine restarted): never used.
+    // An engine that cannot say counts as "not running": the container is never used unchecked.
     if (!await provider.isRunning(options.signal).catch(() => false)) {
       await destroy(provider);
       continue;
@@ -121,21 +124,42 @@ export async function claimPooled(
  * use now (after a configuration change, `sandbox image build` or `sandbox snapshot`).
  */
 async function dropStale(profile: Profile, key: string, options: PoolOptions): Promise<void> {
-  let current: { configHash: string; imageId: string | undefined } | undefined;
+  const isStale = staleness(options.signal);
   for (const record of await listReady()) {
     if (record.key !== key) continue;
     const provider = runSandbox(profile, instanceOf(record.name), { ...options, pooled: true });
-    current ??= {
-      configHash: await provider.configHash(),
-      imageId: await provider.imageId(options.signal),
-    };
-    if (record.configHash === current.configHash && record.imageId === current.imageId) continue;
+    if (!await isStale(record, provider)) continue;
     if (!await claimReady(record.name)) continue;
-    options.onProgress?.(
-      `removing pooled sandbox ${record.name}: made with another configuration or image`,
-    );
-    await destroy(provider);
+    await removeStale(provider, options);
   }
+}
+
+/**
+ * Whether a ready record was made with another configuration or image than a run would use now.
+ * What a run would use is worked out once (by the first provider asked), for all of a pool's
+ * records alike.
+ */
+function staleness(
+  signal?: AbortSignal,
+): (record: { configHash: string; imageId?: string }, provider: DockerSandboxProvider) => Promise<
+  boolean
+> {
+  let current: Promise<{ configHash: string; imageId: string | undefined }> | undefined;
+  return async (record, provider) => {
+    current ??= (async () => ({
+      configHash: await provider.configHash(),
+      imageId: await provider.imageId(signal),
+    }))();
+    const now = await current;
+    return record.configHash !== now.configHash || record.imageId !== now.imageId;
+  };
+}
+
+async function removeStale(provider: DockerSandboxProvider, options: PoolOptions): Promise<void> {
+  options.onProgress?.(
+    `removing pooled sandbox ${provider.containerName}: made with another configuration or image`,
+  );
+  await destroy(provider);
 }
 
 /** A container of the run's own, made now (the pool had none): recorded as held by this process. */
@@ -243,13 +267,9 @@ async function startPooled(profile: Profile, key: string, options: PoolOptions):
 
 /** Start the worker that waits, loaded, for the job of the run that claims `provider`. */
 async function startWaitingWorker(provider: DockerSandboxProvider): Promise<void> {
-  await provider.docker.ok(
-    [
-      "exec",
-      "--detach",
-      "--user",
-      SANDBOX_USER,
-      provider.containerName,
+  const child = provider.engine.exec({
+    container: provider.containerName,
+    cmd: [
       "sandbox-exec",
       `worker-pool-${randomHex(8)}`,
       ...WORKER_COMMAND,
@@ -257,24 +277,40 @@ async function startWaitingWorker(provider: DockerSandboxProvider): Promise<void
       "--socket",
       POOL_WORKER_SOCKET,
     ],
-    "exec_failed",
-    `Cannot start the waiting worker in sandbox "${provider.containerName}"`,
-    { timeoutMs: 30_000 },
-  );
+    user: SANDBOX_USER,
+    env: [],
+    interactive: false,
+    detach: true,
+  }, { timeoutMs: 30_000 });
+  const [, outcome] = await Promise.all([new Response(child.stdout).text(), child.finished]);
+  if (outcome.exitCode === 0 && !outcome.failure) return;
+  const message = `Cannot start the waiting worker in sandbox "${provider.containerName}"`;
+  if (outcome.failure) throw sandboxErrorOf(outcome.failure, "exec_failed", message);
+  throw new CommandExitError("exec_failed", message, outcome);
 }
 
 /**
  * Remove the containers of runs whose process is gone (killed before it could remove them): the
  * containers are found by name in the host's book; their labels also let `teardown --all` find them.
  */
-export async function reapOrphans(profile: Profile): Promise<string[]> {
+export async function reapOrphans(
+  profile: Profile,
+  engine: DockerEngine = dockerEngine(),
+): Promise<string[]> {
   const reaped: string[] = [];
   for (const held of await orphaned()) {
-    const provider = new DockerSandboxProvider(profile);
-    await provider.docker.run(["rm", "--force", "--volumes", held.name], { timeoutMs: 60_000 });
-    await provider.docker.run(["volume", "rm", "--force", `${held.name}-workspace`], {
-      timeoutMs: 60_000,
-    });
+    // A dead run's work is brought back or kept first (lib/run/recover.ts); never removed with it.
+    if (await recoverOrphan(profile, held) !== "remove") continue;
+    const options = { volumes: true, timeoutMs: 60_000 };
+    try {
+      // Gone already (its run removed it after all, or a teardown did): as good as removed here.
+      await unless(["not-found"], () => engine.removeContainer(held.name, options));
+      await unless(["not-found"], () => engine.removeVolume(`${held.name}-workspace`, options));
+    } catch (error) {
+      // Refused for now (a removal already under way, say): its record stays for the next reap.
+      if (isEngineError(error) && error.kind !== "engine-unreachable") continue;
+      throw error;
+    }
     await Promise.all([removeProxyMountSource(held.name), forget(held.name)]);
     reaped.push(held.name);
   }

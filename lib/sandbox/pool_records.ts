@@ -131,6 +131,23 @@ export async function keepSandbox(name: string): Promise<void> {
   );
 }
 
+/**
+ * Take over `held`, a container whose holder is dead, as this process's own: one rename, so that
+ * of processes reaping at once exactly one handles it. False when another took it first.
+ */
+export async function adoptOrphan(held: ClaimedRecord): Promise<boolean> {
+  try {
+    await Deno.rename(
+      `${poolDir()}/claimed/${claimedName(held.name, held)}`,
+      `${poolDir()}/claimed/${claimedName(held.name, await self())}`,
+    );
+    return true;
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return false;
+    throw error;
+  }
+}
+
 /** Forget `name` wherever it is recorded (it was removed). */
 export async function forget(name: string): Promise<void> {
   const paths = [`${poolDir()}/ready/${name}.json`, `${poolDir()}/kept/${name}`];

@@ -206,8 +206,8 @@ export interface SandboxRelayTransport {
 export interface SandboxKind {
   /** The agent CLI whose layer the sandbox has; none for the built-in worker. */
   agent?: AgentCliName;
-  /** The repository the sandbox serves (`name-hash`), and whether it is local (its object cache is mounted). */
-  repo?: { key: string; local: boolean };
+  /** The repository the sandbox serves (`name-hash`); its object cache is mounted. */
+  repo?: { key: string };
   onProgress?: (line: string) => void;
   signal?: AbortSignal;
 }

@@ -49,6 +49,12 @@ export function createProvider(
             "Use openProvider(profile, {repo}) (it builds the repository's devcontainer image first)",
         },
       );
+    case "kubernetes":
+      throw new SandboxError(
+        "unsupported",
+        `Profile "${profile.name}" uses sandbox mode "kubernetes": it has only runs' pods, no sandbox of its own`,
+        { detail: "sandbox exec, cp and shell need a profile in mode container" },
+      );
   }
 }
 
@@ -130,12 +136,18 @@ export async function sandboxLifecycle(profile: Profile): Promise<SandboxLifecyc
         `Profile "${profile.name}" uses sandbox mode "devcontainer": its runs' sandboxes come from its opened devcontainer`,
         { detail: "Use sandboxLifecycle(openDevcontainer(profile, {repo}).profile)" },
       );
+    case "kubernetes": {
+      // Loaded only here: the Kubernetes client costs every other mode's commands time.
+      const { KubernetesLifecycle } = await import("./kubernetes/lifecycle.ts");
+      return new KubernetesLifecycle(profile);
+    }
   }
 }
 
 /** How a session reaches the relay in `provider`'s sandbox; only an isolated sandbox has one. */
 export function relayTransportFor(provider: SandboxProvider): SandboxRelayTransport {
   if (provider instanceof DockerSandboxProvider) return new DockerRelayTransport(provider);
+  // A run's pod comes with its transport (RunSandbox.relay): sessions are opened with it.
   throw new SandboxError("unsupported", "This sandbox has no relay: it is not isolated", {
     detail: 'Sandbox mode "none" reaches the proxies on loopback TCP (startHostProxies)',
   });

@@ -119,11 +119,19 @@ export async function prepareProxyMountSource(containerName: string): Promise<st
   // Synchronous: six calls through the runtime's thread pool cost every exec and run ~4 ms of its
   // start (three callers each), against well under one so. Not recursive: /tmp is there, and a
   // name another user made in it is refused below, never followed.
-  mkdirOnce(parent, 0o700);
-  assertOwnDirectory(parent);
-  // Whatever made it (an older version, a umask), only this user may enter it.
-  Deno.chmodSync(parent, 0o700);
-  mkdirOnce(dir, 0o711);
+  for (let attempt = 1;; attempt++) {
+    mkdirOnce(parent, 0o700);
+    assertOwnDirectory(parent);
+    // Whatever made it (an older version, a umask), only this user may enter it.
+    Deno.chmodSync(parent, 0o700);
+    try {
+      mkdirOnce(dir, 0o711);
+      break;
+    } catch (error) {
+      // The parent went in between: the last container's removal took it, empty (below).
+      if (!(error instanceof Deno.errors.NotFound) || attempt === 3) throw error;
+    }
+  }
   assertOwnDirectory(dir);
   Deno.chmodSync(dir, 0o711);
   return dir;
@@ -152,6 +160,7 @@ export async function claimLiveRecord<T extends { id: string; dir: string; exec?
   if (!record) return undefined;
   if (await execRunning(record.exec)) return record;
   trace(`${what} found dead`);
+  // Best effort on what is dead already: a leftover directory or process goes with the container.
   await Deno.remove(`${mountSource}/${record.dir}`, { recursive: true }).catch(() => {});
   await stop(record.id).catch(() => {});
   return undefined;
@@ -166,14 +175,16 @@ async function takeRecord<T>(path: string, parse: (text: string) => T): Promise<
   try {
     await Deno.rename(path, taken);
   } catch {
+    // No record, or another process took it first: nothing to claim.
     return undefined;
   }
   try {
     return parse(await Deno.readTextFile(taken));
   } catch {
+    // Unreadable or malformed: not a record to use.
     return undefined;
   } finally {
-    await Deno.remove(taken).catch(() => {});
+    await Deno.remove(taken).catch(() => {}); // ours alone after the rename; gone is as good
   }
 }
 
@@ -183,8 +194,12 @@ async function takeRecord<T>(path: string, parse: (text: string) => T): Promise<
  */
 export async function removeProxyMountSource(containerName: string): Promise<void> {
   const dir = await proxyMountSource(containerName);
+  // Absent already is the usual case (never made, or removed by another process).
   await Deno.remove(dir, { recursive: true }).catch(() => {});
   await Deno.remove(spareRelayRecordPath(dir)).catch(() => {});
+  // The user's directory goes with its last container; while another is in it, it stays
+  // (NotEmpty), and one being made meanwhile makes it again (prepareProxyMountSource).
+  await Deno.remove(dir.slice(0, dir.lastIndexOf("/"))).catch(() => {});
 }
 
 /** A session's socket directory in a container's mounted one, as the host and the sandbox see it. */
@@ -233,6 +248,7 @@ export async function sweepStaleSessionDirs(mountSource: string): Promise<void> 
       (await Deno.connect({ transport: "unix", path: `${dir}/llm.sock` })).close();
     } catch (error) {
       if (error instanceof Deno.errors.ConnectionRefused || error instanceof Deno.errors.NotFound) {
+        // Removed meanwhile by another process's sweep: as good as removed here.
         await Deno.remove(dir, { recursive: true }).catch(() => {});
       }
     }

@@ -113,6 +113,7 @@ export function workerIdentity(): Promise<string> {
       for (const [i, file] of files.entries()) {
         parts.push(
           file,
+          // A file gone since the listing hashes as empty: the identity still changes with it.
           await Deno.readTextFile(paths[i]).catch(() => ""),
         );
       }

@@ -67,6 +67,11 @@ async function openDocker(): Promise<ConformanceSubject> {
     async [Symbol.asyncDispose]() {
       // Whatever a failed test left of this profile: its containers and volumes, by label.
       await removeProfile(name);
+      // The parent of this state directory's mounted socket directories (its own, by hash).
+      const parent = (await proxyMountSource("conformance")).replace(/\/[^/]*$/, "");
+      await Deno.remove(parent, { recursive: true }).catch((error) => {
+        if (!(error instanceof Deno.errors.NotFound)) throw error;
+      });
       if (previous === undefined) Deno.env.delete("XDG_STATE_HOME");
       else Deno.env.set("XDG_STATE_HOME", previous);
       await Deno.remove(state, { recursive: true });

@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
-import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
+import { DockerSandboxProvider, teardownAll } from "../../lib/sandbox/docker_provider.ts";
 import { DockerCli } from "../../lib/sandbox/docker.ts";
 import { ensureImage } from "../../lib/sandbox/image.ts";
 import { run } from "../../lib/process.ts";
@@ -382,7 +382,7 @@ Deno.test({
 
 Deno.test({
   name:
-    "`teardown --all` removes an orphaned labelled container, network and volume, and leaves unlabelled ones alone",
+    "teardownAll() removes an orphaned labelled container, network and volume, and leaves unlabelled ones alone (scoped to this test's own label: other work on the engine is never touched)",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -408,15 +408,20 @@ Deno.test({
         await docker("inspect", "--format", "{{json .Config.Labels}}", `from-image-${suffix}`),
       );
       assert.equal(inherited?.["dev.sandbox.owner"], undefined, JSON.stringify(inherited));
-      const result = await runCli(["teardown", "--all", "--json"]);
-      assert.equal(result.exitCode, 0, explain(result));
-      const report = JSON.parse(result.stdout);
-      assert.ok(report.containers.includes(`orphan-${suffix}`), result.stdout);
-      assert.ok(report.networks.includes(`orphan-net-${suffix}`), result.stdout);
-      assert.ok(report.volumes.includes(`orphan-vol-${suffix}`), result.stdout);
+      // The whole of `teardown --all` would remove every sandbox on this engine, other tests'
+      // too: the same function, narrowed to what this test labelled.
+      const report = await teardownAll(
+        new DockerCli(),
+        undefined,
+        `dev.sandbox.profile=orphan-${suffix}`,
+      );
+      const shown = JSON.stringify(report);
+      assert.ok(report.containers.includes(`orphan-${suffix}`), shown);
+      assert.ok(report.networks.includes(`orphan-net-${suffix}`), shown);
+      assert.ok(report.volumes.includes(`orphan-vol-${suffix}`), shown);
       assert.equal(await docker("ps", "-aq", "--filter", `name=orphan-${suffix}`), "");
       assert.notEqual(await docker("ps", "-q", "--filter", `name=unlabelled-${suffix}`), "");
-      assert.ok(!report.containers.includes(`from-image-${suffix}`), result.stdout);
+      assert.ok(!report.containers.includes(`from-image-${suffix}`), shown);
       assert.notEqual(
         await docker("ps", "-q", "--filter", `name=from-image-${suffix}`),
         "",

@@ -1,7 +1,8 @@
 /**
- * A remote repository through the git proxy: a real smart-HTTP server (git http-backend) on the
- * host requires a token; the sandbox clones and pushes through the proxy without ever holding it,
- * and a push to any branch but the run's own is refused.
+ * A remote repository: a real smart-HTTP server (git http-backend) on the host requires a token;
+ * the host fetches it into its mirror and the sandbox checks it out from the repository's cache;
+ * the sandbox pushes through the proxy without ever holding the token, and a push to any branch
+ * but the run's own is refused.
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
@@ -9,6 +10,8 @@ import { decodeMessage } from "../../lib/run/protocol.ts";
 import { FAKE_LLM_KEY, FakeLlm, text, toolCall } from "../_fake_llm.ts";
 import { GitHttpServer } from "../_git_server.ts";
 import type { RunMeta } from "../../lib/run/run_log.ts";
+import { resolveRemoteRepo } from "../../lib/repo/remote.ts";
+import { sandboxRepo } from "../../lib/sandbox/docker_provider.ts";
 import {
   assertDocker,
   docker,
@@ -22,6 +25,11 @@ import {
 } from "../_helpers.ts";
 
 console.error("integration: git remote tests starting");
+
+/** The id a remote's cache volume is named by. */
+async function repoId(url: string): Promise<string> {
+  return (await sandboxRepo((await resolveRemoteRepo(url)).key)).id;
+}
 
 async function git(...args: string[]): Promise<string> {
   const result = await run(["git", ...args]);
@@ -184,6 +192,98 @@ Deno.test({
       assert.ok(!JSON.stringify(log).includes(token));
     } finally {
       await removeProfile(profile);
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "a remote is fetched on the host and reaches its runs through the repository's cache: a second run copies nothing again",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using dir = await tempDir();
+    const token = `ghp_${crypto.randomUUID().replaceAll("-", "")}`;
+    await git("init", "-q", "--bare", `${dir.path}/remotes/proj.git`);
+    await git("init", "-q", "-b", "main", `${dir.path}/seed`);
+    await Deno.writeTextFile(`${dir.path}/seed/data.bin`, crypto.randomUUID().repeat(20_000));
+    await git("-C", `${dir.path}/seed`, "add", ".");
+    await git(
+      "-C",
+      `${dir.path}/seed`,
+      "-c",
+      "user.name=u",
+      "-c",
+      "user.email=u@x",
+      "commit",
+      "-qm",
+      "i",
+    );
+    await git("-C", `${dir.path}/seed`, "push", "-q", `${dir.path}/remotes/proj.git`, "main");
+    await git("-C", `${dir.path}/remotes/proj.git`, "symbolic-ref", "HEAD", "refs/heads/main");
+    const base = await git("-C", `${dir.path}/seed`, "rev-parse", "HEAD");
+    await using server = new GitHttpServer(`${dir.path}/remotes`, token);
+    await using llm = new FakeLlm([
+      toolCall("execute", { command: "cat data.bin | wc -c; ls /workspace/repos 2>&1 | head -1" }),
+      text("first"),
+      text("second"),
+    ]);
+    const profile = uniqueProfile("it-remote-cache");
+    const config = await writeConfig(
+      dir.path,
+      `profiles:
+  ${profile}:
+    llm: {provider: custom, base_url: "${llm.baseUrl}", key: {env: SANDBOX_TEST_LLM_KEY}}
+    git: {token: {env: SANDBOX_TEST_GIT_TOKEN}}
+    sandbox: {pool: 0}
+`,
+    );
+    await Deno.writeTextFile(`${dir.path}/prompt.txt`, "Look");
+    const runOnRemote = () =>
+      runCli(
+        [
+          "run",
+          "agentic",
+          "--profile",
+          profile,
+          "--prompt-file",
+          `${dir.path}/prompt.txt`,
+          "--repo",
+          server.url("proj.git"),
+        ],
+        {
+          config,
+          env: {
+            SANDBOX_TEST_LLM_KEY: FAKE_LLM_KEY,
+            SANDBOX_TEST_GIT_TOKEN: token,
+            XDG_STATE_HOME: `${dir.path}/state`,
+          },
+        },
+      );
+    try {
+      const first = await runOnRemote();
+      assert.equal(first.exitCode, 0, explain(first));
+      const short = base.slice(0, 12);
+      assert.match(
+        first.stderr,
+        new RegExp(
+          `fetched \\S+ on the host; checked out HEAD \\(${short}\\); \\d+ bytes of objects added to its cache`,
+        ),
+      );
+      // The agent saw the checkout; the sandbox has no repository fetched by itself.
+      const output = first.stdout.trim().split("\n").map((l, i) => decodeMessage(l, i + 1))
+        .find((m) => m.type === "tool_result")?.tool_output ?? "";
+      assert.match(output, /^720000$/m);
+      assert.match(output, /No such file or directory/);
+
+      const second = await runOnRemote();
+      assert.equal(second.exitCode, 0, explain(second));
+      assert.match(second.stderr, new RegExp(`checked out HEAD \\(${short}\\)\\n`));
+      assert.doesNotMatch(second.stderr, /bytes of objects added/);
+    } finally {
+      await removeProfile(profile);
+      await docker("volume", "rm", "-f", `sandbox-cache-${await repoId(server.url("proj.git"))}`)
+        .catch(() => {}); // absent when the run failed before making it
     }
   },
 });

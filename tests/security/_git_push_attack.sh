@@ -6,7 +6,9 @@ set -u
 mode="$1"; branch="$2"
 U="$SANDBOX_GIT_URL"; T="$SANDBOX_LLM_TOKEN"
 Z=0000000000000000000000000000000000000000
-M=$(git rev-parse refs/remotes/origin/main); D=$(git rev-parse refs/remotes/origin/dev)
+# The remote's branches, as its advertisement (through the proxy) tells them; main is the base.
+tip() { git -c http.extraHeader="Authorization: Bearer $T" ls-remote "$U" "refs/heads/$1" | cut -f1; }
+M=$(tip main); D=$(tip dev)
 echo "from the agent" > agent.txt; git add agent.txt; git commit -qm "agent commit"; C=$(git rev-parse HEAD)
 
 # One pkt-line: old new ref [capabilities, after a NUL].

@@ -195,6 +195,7 @@ Deno.test("ensureAgentImage() without the layer and without the registry fails w
   const tag = await agentImageTagFor(BASE, "codex");
   await using docker = await fakeDocker(`
 if [ "$1 $2" = "image inspect" ] && [ "$5" = "${BASE}" ]; then echo "sha256:base amd64"; exit 0; fi
+[ "$1" = version ] && exit 0  # the engine is there: the layer is what is missing
 echo "Error: No such image: $5" >&2; exit 1`);
   await using dir = await tempDir("sandbox-npm-");
   const registry = deadRegistry();

@@ -8,10 +8,14 @@ import {
   EngineExec,
   engineSocket,
   execRequestOf,
-  inspectRequestOf,
   resetEngineSocket,
 } from "../../lib/sandbox/engine_api.ts";
-import { DockerCli, isNoSuchObject } from "../../lib/sandbox/docker.ts";
+import { DockerCli } from "../../lib/sandbox/docker.ts";
+import { dockerEngine, EngineError, type EngineErrorKind } from "../../lib/sandbox/engine.ts";
+import { parseConfig, resolveProfile } from "../../lib/config.ts";
+import { DockerSandboxProvider } from "../../lib/sandbox/docker_provider.ts";
+import type { SandboxError } from "../../lib/errors.ts";
+import { fakeDocker } from "./_fake_docker.ts";
 import { spawn } from "../../lib/process.ts";
 import { tempDir, withEnv } from "../_helpers.ts";
 
@@ -96,13 +100,15 @@ async function respond(
 /**
  * A fake engine. Containers: `missing` (404), `stopped` (409), anything else runs commands:
  * `echo-stdin` (its whole input back on stdout once the input ends), `split` (stdout and stderr
- * frames cut across writes), `exit N`, `hang` (runs until the client goes).
+ * frames cut across writes), `exit N`, `hang` (runs until the client goes); a command line with
+ * `never-starts` in it gets no process (pid 0, exit 126: the runtime could not start it).
+ * Containers and volumes can be started, removed and created (`missing` is never there).
  */
 async function fakeEngine() {
   const dir = await tempDir("fake-engine-");
   const socket = `${dir.path}/docker.sock`;
   const listener = Deno.listen({ transport: "unix", path: socket });
-  const execs = new Map<string, ExecRecord & { exitCode: number }>();
+  const execs = new Map<string, ExecRecord & { exitCode: number; pid?: number }>();
   const requests: string[] = [];
   const serving = (async () => {
     for await (const conn of listener) {
@@ -145,7 +151,11 @@ async function fakeEngine() {
         ),
       );
       const [command, arg] = exec.body.Cmd;
-      if (command === "echo-stdin") {
+      if (exec.body.Cmd.includes("never-starts")) {
+        exec.exitCode = 126;
+        exec.pid = 0;
+        await conn.write(frame(2, "OCI runtime exec failed: exec failed\n"));
+      } else if (command === "echo-stdin") {
         const chunks: Uint8Array[] = [request.rest];
         const buffer = new Uint8Array(65536);
         while (true) {
@@ -180,7 +190,31 @@ async function fakeEngine() {
     }
     if ((match = /^\/exec\/([^/]+)\/json$/.exec(request.path))) {
       const exec = execs.get(match[1])!;
-      return await respond(conn, 200, JSON.stringify({ Running: false, ExitCode: exec.exitCode }));
+      return await respond(
+        conn,
+        200,
+        JSON.stringify({ Running: false, ExitCode: exec.exitCode, Pid: exec.pid ?? 4242 }),
+      );
+    }
+    const absent = () => respond(conn, 404, `{"message":"No such container: missing"}`);
+    if (request.path === "/_ping") return await respond(conn, 200, "OK");
+    if ((match = /^\/containers\/([^/]+)\/start$/.exec(request.path))) {
+      return match[1] === "missing" ? await absent() : await respond(conn, 204, "");
+    }
+    if ((match = /^\/containers\/([^/?]+)\?/.exec(request.path)) && request.method === "DELETE") {
+      return match[1] === "missing" ? await absent() : await respond(conn, 204, "");
+    }
+    if (request.path === "/volumes/create" && request.method === "POST") {
+      const body = JSON.parse(request.body) as { Name: string; DriverOpts: Record<string, string> };
+      if (body.DriverOpts.size) {
+        return await respond(conn, 500, `{"message":"quota size requested but no quota support"}`);
+      }
+      return await respond(conn, 201, JSON.stringify({ Name: body.Name }));
+    }
+    if ((match = /^\/volumes\/([^/]+)$/.exec(request.path)) && request.method === "DELETE") {
+      return match[1] === "missing"
+        ? await respond(conn, 404, `{"message":"get missing: no such volume"}`)
+        : await respond(conn, 204, "");
     }
     if ((match = /^\/containers\/([^/]+)\/json$/.exec(request.path))) {
       if (match[1] === "missing") {
@@ -283,35 +317,6 @@ Deno.test("execRequestOf() reads the exec forms the tool uses, and leaves every 
   }
 });
 
-Deno.test("inspectRequestOf() answers only the inspect forms whose output it can make exactly", () => {
-  assert.equal(inspectRequestOf(["container", "inspect", "box"])?.path, "/containers/box/json");
-  assert.equal(
-    inspectRequestOf(["volume", "inspect", "--format", "{{json .Options}}", "v"])?.path,
-    "/volumes/v",
-  );
-  assert.equal(
-    inspectRequestOf(["image", "inspect", "--format", "{{.Id}}", "sandbox-runtime:1"])?.path,
-    "/images/sandbox-runtime%3A1/json",
-  );
-  assert.equal(
-    inspectRequestOf(["image", "inspect", "--format", "{{.Id}}", "registry.local/team/img:2"])
-      ?.path,
-    "/images/registry.local/team/img%3A2/json",
-  );
-  for (
-    const args of [
-      ["container", "inspect", "a", "b"],
-      ["container", "inspect", "--format", "{{.Id}}", "box"],
-      ["volume", "inspect", "--format", "{{.Name}}", "v"],
-      ["image", "inspect", "img"],
-      ["network", "inspect", "n"],
-      ["container", "ls"],
-    ]
-  ) {
-    assert.equal(inspectRequestOf(args), undefined, args.join(" "));
-  }
-});
-
 Deno.test("an exec through the engine streams stdout, passes stderr lines on, and reports the command's exit code", async () => {
   await using engine = await fakeEngine();
   const lines: string[] = [];
@@ -370,18 +375,34 @@ Deno.test("an exec's variables travel in the request, taken by name from the cli
   assert.deepEqual(exec.body.Cmd, ["exit", "0"]);
 });
 
-Deno.test("an exec in a container that is missing or stopped fails as the CLI says it (exit 1, the daemon's message)", async () => {
+Deno.test("an exec in a container that is missing or stopped fails with a typed failure (not-found, not-running) and the engine's message", async () => {
   await using engine = await fakeEngine();
   const missing = apiExec(engine.socket, ["exec", "missing", "true"]);
   await new Response(missing.stdout).text();
   const gone = await missing.finished;
   assert.equal(gone.exitCode, 1);
-  assert.ok(isNoSuchObject(gone.stderrTail), gone.stderrTail);
+  assert.equal(gone.failure?.kind, "not-found");
+  assert.equal(gone.stderrTail.trim(), "No such container: missing");
   const stopped = apiExec(engine.socket, ["exec", "stopped", "true"]);
   await new Response(stopped.stdout).text();
   const down = await stopped.finished;
   assert.equal(down.exitCode, 1);
-  assert.match(down.stderrTail, /^Error response from daemon: Container 0123abcd is not running/);
+  assert.equal(down.failure?.kind, "not-running");
+  assert.equal(down.failure?.engineMessage, "Container 0123abcd is not running");
+});
+
+Deno.test("an exec whose process never started is the engine's failure (exec-failed); a command's own exit 126 is its result", async () => {
+  await using engine = await fakeEngine();
+  const never = apiExec(engine.socket, ["exec", "box", "sh", "never-starts"]);
+  await new Response(never.stdout).text();
+  const failed = await never.finished;
+  assert.equal(failed.exitCode, 126);
+  assert.equal(failed.failure?.kind, "exec-failed");
+  const own = apiExec(engine.socket, ["exec", "box", "exit", "126"]);
+  await new Response(own.stdout).text();
+  const ran = await own.finished;
+  assert.equal(ran.exitCode, 126);
+  assert.equal(ran.failure, undefined);
 });
 
 Deno.test("kill() ends the client's side at once (exit 143, as the CLI stopped by SIGTERM), and a deadline does too", async () => {
@@ -511,8 +532,11 @@ Deno.test("the engine's socket is used only where the CLI would reach that same 
   await withEngineEnv(base, () => assert.equal(engineSocket(), "/var/run/docker.sock"));
 });
 
-Deno.test("DockerCli answers inspects and execs through the engine when it may, as the CLI would have printed them", async () => {
-  await using engine = await fakeEngine();
+/** `fn` with `docker` a program on PATH and DOCKER_HOST the fake engine: the API path. */
+async function onFakeEngine(
+  engine: { socket: string },
+  fn: (programDir: string) => Promise<void>,
+): Promise<void> {
   // `docker` is `true` here: a call that went to the CLI would print nothing.
   await using program = await dockerOnPath("program");
   await using config = await tempDir("docker-config-");
@@ -522,45 +546,110 @@ Deno.test("DockerCli answers inspects and execs through the engine when it may, 
     DOCKER_CONTEXT: undefined,
     DOCKER_CONFIG: config.path,
     SANDBOX_DOCKER_API: undefined,
-  }, async () => {
+  }, () => fn(program.path));
+}
+
+async function rejectsWith(promise: Promise<unknown>, kind: EngineErrorKind): Promise<void> {
+  await assert.rejects(promise, (error) => {
+    assert.ok(error instanceof EngineError, String(error));
+    assert.equal(error.kind, kind);
+    return true;
+  });
+}
+
+Deno.test("the engine port answers through the API with typed results, and typed errors carrying the engine's message", async () => {
+  await using engine = await fakeEngine();
+  await onFakeEngine(engine, async () => {
+    const port = dockerEngine();
+    assert.equal((await port.inspectContainer("box")).Name, "/box");
+    await rejectsWith(port.inspectContainer("missing"), "not-found");
+    assert.deepEqual((await port.inspectVolume("v")).Options, { size: "1024" });
+    assert.equal((await port.inspectImage("sandbox-runtime:1")).Id, "sha256:abc");
+    await rejectsWith(port.inspectImage("missing:1"), "image-missing");
+    await port.startContainer("box");
+    await rejectsWith(port.startContainer("missing"), "not-found");
+    await port.removeContainer("box", { volumes: true });
+    await rejectsWith(port.removeContainer("missing"), "not-found");
+    await port.removeVolume("v");
+    await rejectsWith(port.removeVolume("missing"), "not-found");
+    await port.createVolume("v", { a: "b" });
+    await assert.rejects(port.createVolume("v", {}, { size: "1" }), (error) => {
+      assert.ok(error instanceof EngineError);
+      assert.equal(error.kind, "refused");
+      assert.equal(error.engineMessage, "quota size requested but no quota support");
+      return true;
+    });
+    const child = port.exec({ container: "box", cmd: ["echo-stdin"], env: [], interactive: true }, {
+      stdin: "piped\n",
+    });
+    const [out, outcome] = await Promise.all([new Response(child.stdout).text(), child.finished]);
+    assert.equal(out, "piped\n");
+    assert.equal(outcome.exitCode, 0);
+  });
+  assert.ok(engine.requests.includes("DELETE /containers/box?force=1&v=1"), engine.requests.join());
+});
+
+Deno.test("a sandbox exec the engine cannot start is exec_failed; in a missing container container_not_found", async () => {
+  await using engine = await fakeEngine();
+  const parsed = parseConfig("profiles: {work: {}}", undefined, () => undefined);
+  if (parsed.kind !== "ok") throw new Error("config");
+  const profile = resolveProfile(parsed.config, "work");
+  await onFakeEngine(engine, async () => {
+    const provider = new DockerSandboxProvider(profile);
+    await assert.rejects(
+      provider.exec(["never-starts"]),
+      (e: SandboxError) => e.code === "exec_failed",
+    );
+    const gone = new DockerSandboxProvider(profile, { existing: "missing" });
+    await assert.rejects(
+      gone.exec(["true"]),
+      (e: SandboxError) => e.code === "container_not_found",
+    );
+  });
+});
+
+Deno.test("DockerCli makes an exec through the engine when it may, and leaves it to the CLI when it names another program or changes the client's environment", async () => {
+  await using engine = await fakeEngine();
+  await onFakeEngine(engine, async (programDir) => {
     const docker = new DockerCli();
-    const container = await docker.run(["container", "inspect", "box"]);
-    assert.equal(container.exitCode, 0);
-    assert.equal(JSON.parse(container.stdout)[0].Name, "/box");
-    const missing = await docker.run(["container", "inspect", "missing"]);
-    assert.equal(missing.exitCode, 1);
-    assert.ok(isNoSuchObject(missing.stderr), missing.stderr);
-    const quota = await docker.run(["volume", "inspect", "--format", "{{json .Options}}", "v"]);
-    assert.deepEqual(JSON.parse(quota.stdout), { size: "1024" });
-    const image = await docker.run([
-      "image",
-      "inspect",
-      "--format",
-      "{{.Id}}",
-      "sandbox-runtime:1",
-    ]);
-    assert.equal(image.stdout, "sha256:abc\n");
-    const absent = await docker.run(["image", "inspect", "--format", "{{.Id}}", "missing:1"]);
-    assert.equal(absent.exitCode, 1);
-    assert.match(absent.stderr, /No such image/);
     const echoed = await docker.run(["exec", "--interactive", "box", "echo-stdin"], {
       stdin: "piped\n",
     });
     assert.equal(echoed.stdout, "piped\n");
-    // A call that names another program, or changes what the client reads, goes to the CLI.
-    const named = await new DockerCli(`${program.path}/docker`).run([
-      "container",
-      "inspect",
-      "box",
-    ]);
+    const named = await new DockerCli(`${programDir}/docker`).run(["exec", "box", "echo-stdin"]);
     assert.equal(named.stdout, "");
-    const own = await docker.run(["container", "inspect", "box"], {
+    const own = await docker.run(["exec", "box", "echo-stdin"], {
       env: { DOCKER_HOST: "tcp://elsewhere:2375" },
     });
     assert.equal(own.stdout, "");
   });
-  assert.deepEqual(engine.requests.filter((r) => r.startsWith("GET /containers")), [
-    "GET /containers/box/json",
-    "GET /containers/missing/json",
-  ]);
+  assert.equal(engine.requests.filter((r) => r.startsWith("POST /containers")).length, 1);
+});
+
+Deno.test("the engine port over the CLI types a failure by asking again in a structured form, never by reading stderr", async () => {
+  // An engine with container `box` and volume `v`; every failure says only "failed" on stderr.
+  await using docker = await fakeDocker(`
+case "$1 $2" in
+  "version --format") echo 20.10 ;;
+  "ps --all") echo "0123abcd box" ;;
+  "volume ls") echo v ;;
+  "container inspect"|"volume inspect"|"image inspect") echo failed >&2; exit 1 ;;
+  "rm --force") [ "\${@: -1}" = box ] && echo box ;;
+  "start box") echo failed >&2; exit 1 ;;
+esac`);
+  const port = dockerEngine(docker.program);
+  await rejectsWith(port.inspectContainer("gone"), "not-found");
+  await rejectsWith(port.inspectContainer("box"), "refused");
+  await rejectsWith(port.inspectVolume("gone"), "not-found");
+  await rejectsWith(port.inspectImage("img:1"), "image-missing");
+  await port.removeContainer("box");
+  // docker 20.10: `rm --force` of a missing container exits 0 and prints no name.
+  await rejectsWith(port.removeContainer("gone"), "not-found");
+  await rejectsWith(port.startContainer("box"), "refused");
+
+  await using down = await fakeDocker(`echo "failed" >&2; exit 1`);
+  await assert.rejects(
+    dockerEngine(down.program).inspectContainer("box"),
+    (e: SandboxError) => e.code === "daemon_down",
+  );
 });

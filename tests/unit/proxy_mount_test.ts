@@ -8,6 +8,7 @@ import {
   prepareProxyMountSource,
   PROXY_MOUNT_PATH,
   proxyMountSource,
+  removeProxyMountSource,
   sweepStaleSessionDirs,
 } from "../../lib/sandbox/proxy_mount.ts";
 import { tempDir, withEnv } from "../_helpers.ts";
@@ -164,4 +165,28 @@ Deno.test("the sweep removes what crashed sessions left (old, nothing listening)
   } finally {
     live?.close();
   }
+});
+
+Deno.test("removing a container's directory takes the user's directory with the last one, and a container made after it makes it again", async () => {
+  await using dir = await tempDir();
+  const clean = {
+    XDG_STATE_HOME: dir.path,
+    DOCKER_CONFIG: dir.path,
+    DOCKER_HOST: undefined,
+    DOCKER_CONTEXT: undefined,
+  };
+  await withEnv(clean, async () => {
+    const a = (await prepareProxyMountSource("sandbox-a"))!;
+    await using parent = parentOf(a);
+    const b = (await prepareProxyMountSource("sandbox-b"))!;
+    await removeProxyMountSource("sandbox-a");
+    // Another container's is still there: the user's directory stays.
+    assert.equal((await Deno.stat(b)).isDirectory, true);
+    await assert.rejects(Deno.stat(a), Deno.errors.NotFound);
+    await removeProxyMountSource("sandbox-b");
+    await assert.rejects(Deno.stat(parent.path), Deno.errors.NotFound);
+    // The next container's makes it again, closed as before.
+    assert.equal(await prepareProxyMountSource("sandbox-c"), await proxyMountSource("sandbox-c"));
+    assert.equal(await mode(parent.path), 0o700);
+  });
 });

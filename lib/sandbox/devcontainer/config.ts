@@ -128,62 +128,15 @@ export async function readDevcontainerConfig(
   options: ReadOptions = {},
 ): Promise<DevcontainerConfig> {
   const hostEnv = options.hostEnv ?? ((name: string) => Deno.env.get(name));
-  const workspaceSubdir = repoRelative(
-    "",
-    options.workspaceFolder ?? ".",
-    "sandbox.devcontainer.workspace_folder",
-  );
-  if (workspaceSubdir && (await treeEntry(repoPath, base, workspaceSubdir))?.type !== "tree") {
-    throw new SandboxError(
-      "usage",
-      `Workspace folder "${workspaceSubdir}" is not a directory of "${repoPath}" at ${
-        base.slice(0, 12)
-      }`,
-      {
-        detail:
-          "sandbox.devcontainer.workspace_folder names a folder of the repository, relative to its root",
-      },
-    );
-  }
+  const workspaceSubdir = await workspaceSubdirOf(repoPath, base, options.workspaceFolder);
   const file = await findConfigFile(repoPath, base, workspaceSubdir, options.config);
   const where = `${repoPath}/${file}`;
   const text = await git(repoPath, ["cat-file", "blob", `${base}:${file}`], `read ${file}`);
-  const errors: ParseError[] = [];
-  const doc = parse(text, errors, { allowTrailingComma: true, disallowComments: false });
-  if (errors.length > 0) {
-    throw new ConfigError(
-      where,
-      errors.map((e) => ({
-        path: "",
-        message: `JSONC syntax at ${position(text, e.offset)}: ${printParseErrorCode(e.error)}`,
-      })),
-    );
-  }
-  if (doc === null || typeof doc !== "object" || Array.isArray(doc)) {
-    throw new ConfigError(where, [{ path: "", message: "expected an object" }]);
-  }
-  const issues: ConfigIssue[] = [];
+  const raw = parseJsoncObject(text, where);
   const localFolder = workspaceSubdir ? `${repoPath}/${workspaceSubdir}` : repoPath;
-  const vars = {
-    localWorkspaceFolder: localFolder,
-    localWorkspaceFolderBasename: basename(localFolder),
-  };
-  const local = (value: unknown, path: string) =>
-    substituteLocal(value, vars, hostEnv, issues, path);
-  const raw = doc as Record<string, unknown>;
-  const workspaceFolder = normalizeAbsolute(
-    typeof raw.workspaceFolder === "string"
-      ? local(raw.workspaceFolder, "workspaceFolder") as string
-      : `/workspaces/${vars.localWorkspaceFolderBasename}`,
-  );
-  const allVars = {
-    ...vars,
-    containerWorkspaceFolder: workspaceFolder,
-    containerWorkspaceFolderBasename: basename(workspaceFolder),
-  };
-  const config = substituteLocal(raw, allVars, hostEnv, issues, "") as Record<string, unknown>;
-  if (issues.length > 0) throw new ConfigError(where, issues);
+  const { config, workspaceFolder } = substituteVariables(raw, localFolder, hostEnv, where);
 
+  const issues: ConfigIssue[] = [];
   const configDir = dirname(file);
   const checked = checkShape(config, issues);
   const warnings = neverApplied(config, "devcontainer.json");
@@ -214,6 +167,86 @@ export async function readDevcontainerConfig(
     entry: checked,
     warnings,
   };
+}
+
+/**
+ * sandbox.devcontainer.workspace_folder as a path relative to the repository's root ("" for the
+ * root itself), which must be a directory at `base`.
+ */
+async function workspaceSubdirOf(
+  repoPath: string,
+  base: string,
+  workspaceFolder: string | undefined,
+): Promise<string> {
+  const workspaceSubdir = repoRelative(
+    "",
+    workspaceFolder ?? ".",
+    "sandbox.devcontainer.workspace_folder",
+  );
+  if (workspaceSubdir && (await treeEntry(repoPath, base, workspaceSubdir))?.type !== "tree") {
+    throw new SandboxError(
+      "usage",
+      `Workspace folder "${workspaceSubdir}" is not a directory of "${repoPath}" at ${
+        base.slice(0, 12)
+      }`,
+      {
+        detail:
+          "sandbox.devcontainer.workspace_folder names a folder of the repository, relative to its root",
+      },
+    );
+  }
+  return workspaceSubdir;
+}
+
+/** The file's JSONC (comments and trailing commas allowed) as an object; `ConfigError` otherwise. */
+function parseJsoncObject(text: string, where: string): Record<string, unknown> {
+  const errors: ParseError[] = [];
+  const doc = parse(text, errors, { allowTrailingComma: true, disallowComments: false });
+  if (errors.length > 0) {
+    throw new ConfigError(
+      where,
+      errors.map((e) => ({
+        path: "",
+        message: `JSONC syntax at ${position(text, e.offset)}: ${printParseErrorCode(e.error)}`,
+      })),
+    );
+  }
+  if (doc === null || typeof doc !== "object" || Array.isArray(doc)) {
+    throw new ConfigError(where, [{ path: "", message: "expected an object" }]);
+  }
+  return doc as Record<string, unknown>;
+}
+
+/**
+ * The configuration with its `${...}` variables replaced. The container's workspace folder is
+ * resolved first (it may use the local variables only), since every other value may name it.
+ */
+function substituteVariables(
+  raw: Record<string, unknown>,
+  localFolder: string,
+  hostEnv: (name: string) => string | undefined,
+  where: string,
+): { config: Record<string, unknown>; workspaceFolder: string } {
+  const issues: ConfigIssue[] = [];
+  const vars = {
+    localWorkspaceFolder: localFolder,
+    localWorkspaceFolderBasename: basename(localFolder),
+  };
+  const local = (value: unknown, path: string) =>
+    substituteLocal(value, vars, hostEnv, issues, path);
+  const workspaceFolder = normalizeAbsolute(
+    typeof raw.workspaceFolder === "string"
+      ? local(raw.workspaceFolder, "workspaceFolder") as string
+      : `/workspaces/${vars.localWorkspaceFolderBasename}`,
+  );
+  const allVars = {
+    ...vars,
+    containerWorkspaceFolder: workspaceFolder,
+    containerWorkspaceFolderBasename: basename(workspaceFolder),
+  };
+  const config = substituteLocal(raw, allVars, hostEnv, issues, "") as Record<string, unknown>;
+  if (issues.length > 0) throw new ConfigError(where, issues);
+  return { config, workspaceFolder };
 }
 
 /** The configuration file: the profile's, else the first candidate the commit has. */

@@ -249,7 +249,7 @@ async function cliBuild(
     if (result.aborted) throw new SandboxError("interrupted", "Devcontainer build interrupted");
     if (result.exitCode !== 0) throw buildError(config, result, lines);
   } finally {
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await removeTemporary(dir, options.onProgress);
     await removeBuildLeftovers(docker, lines);
   }
 }
@@ -650,7 +650,7 @@ async function buildPrelude(
     }
     for (const line of result.stdout.split("\n")) if (line.trim()) options.onProgress?.(line);
   } finally {
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await removeTemporary(dir, options.onProgress);
   }
 }
 
@@ -694,4 +694,14 @@ function stableJson(value: unknown): string {
     }}`;
   }
   return JSON.stringify(value) ?? "null";
+}
+
+/** Removes a temporary build directory; one that stays behind is named in a warning. */
+async function removeTemporary(
+  dir: string,
+  onProgress: ((line: string) => void) | undefined,
+): Promise<void> {
+  await Deno.remove(dir, { recursive: true }).catch((error) =>
+    onProgress?.(`warning: cannot remove the temporary directory "${dir}": ${error.message}`)
+  );
 }

@@ -117,7 +117,7 @@ export class LocalLifecycle implements SandboxLifecycle {
   constructor(readonly profile: Profile) {}
 
   async acquire(request: SandboxRequest): Promise<RunSandbox> {
-    const cache = request.repo?.local ? await localCacheDir(request.repo.key) : undefined;
+    const cache = request.repo ? await localCacheDir(request.repo.key) : undefined;
     const [worker, relay] = await Promise.all([
       workerBundlePath(request.onProgress),
       relayBundlePath(request.onProgress),

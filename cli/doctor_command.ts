@@ -1,0 +1,74 @@
+/** `sandbox doctor`: attack a throwaway sandbox of the profile and say which defences hold. */
+import type { Command } from "commander";
+import { SandboxError } from "../lib/errors.ts";
+import { table } from "../lib/output.ts";
+import type { DoctorReport } from "../lib/doctor/doctor.ts";
+import { profileFor, signal, stdout } from "./context.ts";
+import { progress } from "./progress.ts";
+import { jsonOption, profileOption } from "./options.ts";
+
+const STATUS = { held: "HELD", broken: "BROKEN", not_applicable: "NOT APPLICABLE" } as const;
+
+export function registerDoctorCommand(program: Command): void {
+  program.command("doctor")
+    .description(
+      "attack a throwaway sandbox of the profile and report which defences hold on this machine",
+    )
+    .addOption(profileOption()).addOption(jsonOption())
+    .action(async (opts: { profile?: string; json?: boolean }, command: Command) => {
+      const { runDoctor } = await import("../lib/doctor/doctor.ts");
+      const profile = await profileFor(command, opts.profile);
+      const report = await runDoctor(profile, {
+        signal,
+        onProgress: (line) => progress(`doctor: ${line}`),
+      });
+      progress(`doctor: done in ${(report.durationMs / 1000).toFixed(1)}s`);
+      if (opts.json) await stdout.json(report);
+      else await printReport(report);
+      if (report.broken.length > 0) {
+        throw new SandboxError(
+          "defence_broken",
+          `${report.broken.length} defence(s) of profile "${report.profile}" that should hold are broken: ${
+            report.broken.join(", ")
+          }`,
+        );
+      }
+    });
+}
+
+async function printReport(report: DoctorReport): Promise<void> {
+  const env = report.environment;
+  if (env) {
+    const yesNo = (value: boolean | null) => value === null ? "unknown" : value ? "yes" : "no";
+    await stdout.line(table(["ENVIRONMENT", "VALUE"], [
+      ["engine", env.engineVersion ?? "unknown"],
+      ["rootless", yesNo(env.rootless)],
+      ["cgroup", env.cgroupVersion === null ? "unknown" : `v${env.cgroupVersion}`],
+      ["storage", env.storage ?? "unknown"],
+      [
+        "resources.disk",
+        env.diskQuota === null
+          ? "unknown"
+          : env.diskQuota
+          ? "kernel quota"
+          : "no quota: the container's init reports sizes",
+      ],
+      ["userns-remap", yesNo(env.usernsRemap)],
+      ["host user namespaces", yesNo(env.hostUserNamespaces)],
+      ["seccomp", env.seccomp ?? "off"],
+      ["other security options", env.securityOptions.join(", ") || "none"],
+    ]));
+    await stdout.line("");
+  }
+  await stdout.line(
+    `profile "${report.profile}": sandbox mode ${report.mode}, network mode ${report.network}`,
+  );
+  await stdout.line(table(
+    ["DEFENCE", "STATUS", "REASON / EVIDENCE"],
+    report.checks.map((c) => [
+      c.defence,
+      STATUS[c.status],
+      [c.reason, ...c.evidence].join(" | "),
+    ]),
+  ));
+}

@@ -1,0 +1,182 @@
+/**
+ * `sandbox shell`, `sandbox attach` and the hidden `sandbox session-supervise`: sessions you type
+ * into, leave, and come back to (docs/sessions.md). `shell` starts a session's supervisor detached
+ * (setsid: closing the terminal or killing this CLI does not end it), then attaches this terminal
+ * to it as its writer; with --detach it prints the session's id and leaves it running.
+ */
+import type { Command } from "commander";
+import { cliName } from "../lib/cli_name.ts";
+import { SandboxError } from "../lib/errors.ts";
+import type { SessionSpec } from "../lib/session/protocol.ts";
+import { cliState, globals, type Invocation, note, profileFor, signal, stdout } from "./context.ts";
+import { attachAction, attachTerminal, connectSession } from "./attach_command.ts";
+import { progress, stopSpinner } from "./progress.ts";
+
+/** How often `shell` looks for the supervisor's socket while the sandbox starts. */
+const START_POLL_MS = 100;
+
+export function registerShellCommands(program: Command): void {
+  program.command("shell")
+    .description("an interactive shell in a fresh sandbox, destroyed when the shell ends")
+    .option("-p, --profile <name>", "profile whose sandbox settings apply")
+    .option("-d, --detach", "start the session in the background and print its id")
+    .action(async (opts: { profile?: string; detach?: boolean }, command: Command) => {
+      await shellAction(opts, command);
+    });
+  program.command("attach")
+    .description(
+      "join a session from this terminal (a finished one is replayed); a run's (or an MCP environment's) events are replayed, then followed while it lives",
+    )
+    .argument("<session-id>", "as printed by shell --detach, or listed by sandbox runs")
+    .option("--view", "watch without typing")
+    .option("--from <seq|time>", "a run's events from this event number or time (default: 1)")
+    .action(async (id: string, opts: { view?: boolean; from?: string }) =>
+      await attachAction(id, opts)
+    );
+  program.command("session-supervise", { hidden: true })
+    .argument("<session-id>")
+    .action(async (id: string, _opts: unknown, command: Command) => {
+      cliState.exitCode = await superviseAction(id, command);
+    });
+}
+
+async function shellAction(
+  opts: { profile?: string; detach?: boolean },
+  command: Invocation,
+): Promise<void> {
+  if (!opts.detach && !Deno.stdin.isTerminal()) {
+    throw new SandboxError("usage", "sandbox shell needs a terminal: stdin is not one", {
+      detail: `Start it in the background with: ${cliName()} shell --detach`,
+    });
+  }
+  const profile = await profileFor(command, opts.profile);
+  if (profile.sandbox.mode !== "container") {
+    throw new SandboxError(
+      "usage",
+      `Profile "${profile.name}" uses sandbox mode "${profile.sandbox.mode}": sandbox shell needs mode "container"`,
+    );
+  }
+  const [{ newRunId }, { sessionDir, SESSION_DIR_MODE }] = await Promise.all([
+    import("../lib/run/run_log.ts"),
+    import("../lib/session/protocol.ts"),
+  ]);
+  const id = newRunId();
+  let size = { rows: 24, cols: 80 };
+  try {
+    const { rows, columns } = Deno.consoleSize();
+    size = { rows, cols: columns };
+  } catch {
+    // No terminal (--detach from a script): the writer who attaches later sets the size.
+  }
+  const spec: SessionSpec = {
+    id,
+    profile: profile.name,
+    config: globals(command).config,
+    argv: ["bash", "-l"],
+    ...size,
+    term: Deno.env.get("TERM") || "xterm-256color",
+  };
+  await Deno.mkdir(sessionDir(id), { recursive: true, mode: SESSION_DIR_MODE });
+  await Deno.writeTextFile(`${sessionDir(id)}/spec.json`, JSON.stringify(spec), { mode: 0o600 });
+  startSupervisor(id, spec.config);
+  const conn = await waitForSession(id);
+  if (opts.detach) {
+    conn.close();
+    await stdout.line(id);
+    return note(`session ${id} runs in the background: ${cliName()} attach ${id}`);
+  }
+  const code = await attachTerminal(conn, id, "writer");
+  if (code === undefined) return note(`detached; the session goes on (${cliName()} attach ${id})`);
+  cliState.exitCode = code;
+}
+
+/** The supervisor, in a session of its own (setsid), outliving this process. */
+function startSupervisor(id: string, config: string | undefined): void {
+  const main = Deno.mainModule;
+  const denoConfig = main.startsWith("file:") ? new URL("./deno.json", main) : undefined;
+  const args = [
+    Deno.execPath(),
+    "run",
+    "--allow-all",
+    "--quiet",
+    ...(denoConfig && existsSync(denoConfig) ? ["--config", denoConfig.pathname] : []),
+    main,
+    "session-supervise",
+    ...(config ? ["--config", config] : []),
+    id,
+  ];
+  const child = new Deno.Command("setsid", {
+    args,
+    stdin: "null",
+    stdout: "null",
+    stderr: "null",
+  }).spawn();
+  child.unref();
+}
+
+function existsSync(url: URL): boolean {
+  try {
+    Deno.statSync(url);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The session's socket once it listens; its failure when its supervisor ended first. */
+async function waitForSession(id: string): Promise<Deno.UnixConn> {
+  const { readRun } = await import("../lib/run/run_log.ts");
+  const { sessionDir } = await import("../lib/session/protocol.ts");
+  progress(`starting session ${id}`, "begin");
+  let recorded = false;
+  for (let polls = 0;; polls++) {
+    const conn = await connectSession(id);
+    if (conn) {
+      stopSpinner();
+      return conn;
+    }
+    const meta = await readRun(id);
+    recorded ||= meta !== undefined;
+    const gone = meta ? meta.status !== "running" : polls > 300;
+    if (gone || (recorded && !meta)) {
+      const log = await Deno.readTextFile(`${sessionDir(id)}/supervisor.log`).catch(() => "");
+      throw new SandboxError(
+        "exec_failed",
+        `Session "${id}" could not start: ${
+          meta?.error ?? (log.trim().split("\n").pop() || "its supervisor ended")
+        }`,
+      );
+    }
+    await new Promise((resolve) => setTimeout(resolve, START_POLL_MS));
+  }
+}
+
+/** The supervisor process: `spec.json` read, the session run to its end, diagnostics in its log. */
+async function superviseAction(id: string, command: Invocation): Promise<number> {
+  const [{ sessionDir }, { superviseSession }] = await Promise.all([
+    import("../lib/session/protocol.ts"),
+    import("../lib/session/supervisor.ts"),
+  ]);
+  const dir = sessionDir(id);
+  const log = await Deno.open(`${dir}/supervisor.log`, {
+    append: true,
+    create: true,
+    mode: 0o600,
+  });
+  const encoder = new TextEncoder();
+  const write = (line: string) =>
+    log.writeSync(encoder.encode(`${new Date().toISOString()} ${line}\n`));
+  try {
+    const spec = JSON.parse(await Deno.readTextFile(`${dir}/spec.json`)) as SessionSpec;
+    const profile = await profileFor(command, spec.profile);
+    write(`session ${id}: supervisor ${Deno.pid} for profile ${profile.name}`);
+    const code = await superviseSession(spec, profile, { log: write, signal });
+    write(`session ${id}: ended with ${code}`);
+    return code;
+  } catch (error) {
+    write(`session ${id}: ${error instanceof Error ? error.stack ?? error.message : error}`);
+    throw error;
+  } finally {
+    log.close();
+  }
+}

@@ -1,0 +1,34 @@
+/**
+ * What became of a dead run's work (`extra.recovery` in its metadata, written by
+ * lib/run/recover.ts), and how `sandbox runs` says it.
+ */
+
+export type Recovery =
+  /** Its branch came back through the normal branch return. */
+  | { outcome: "recovered"; branch: string; commit: string; commits: string[] }
+  /** Its container stays, with the work in `worktree` (branch `branch` in the sandbox). */
+  | {
+    outcome: "kept";
+    container: string;
+    worktree: string;
+    branch: string;
+    reason: string;
+    how: string;
+  }
+  /** Nothing to bring back: its container was removed. */
+  | { outcome: "none"; reason: string };
+
+/** `recovered: branch X`, `kept: container Y`, `nothing to recover`, or undefined for other runs. */
+export function describeRecovery(recovery: unknown): string | undefined {
+  const known = recovery as Recovery | undefined;
+  switch (known?.outcome) {
+    case "recovered":
+      return `recovered: branch ${known.branch}`;
+    case "kept":
+      return `kept: container ${known.container}`;
+    case "none":
+      return "nothing to recover";
+    default:
+      return undefined;
+  }
+}

@@ -1,0 +1,87 @@
+/**
+ * What a failed run failed of: the one error its closing record, its metadata, its stderr line and
+ * its exit code all say. What happened first decides, not whichever step noticed:
+ * 1. the user's interrupt (Ctrl-C, SIGTERM): whatever it cut short (an engine call killed mid-way,
+ *    a branch import whose `git` was stopped) is an interrupt, as the process exits 130;
+ * 2. the run's container stopped from outside (`docker kill`, `docker rm`, the engine): named so,
+ *    rather than as what noticed it (the disk watch, whose log ends with the container; the worker);
+ * 3. a limit watched while the run is live (`resources.disk`): its own error;
+ * 4. anything else: the error, as a `SandboxError`.
+ */
+import { SandboxError } from "../errors.ts";
+import { DockerCli } from "../sandbox/docker.ts";
+
+export const INTERRUPTED = "The run was interrupted";
+
+/** Codes that a stopped container produces in whatever was talking to it. */
+const CONTAINER_SYMPTOMS = new Set([
+  "disk_limit",
+  "docker_failed",
+  "exec_failed",
+  "worker_failed",
+  "container_not_found",
+]);
+
+export async function runFailure(
+  error: unknown,
+  context: {
+    /** The user's interrupt. */
+    interrupt?: AbortSignal;
+    /** Aborted, with the reason, when the run passed a watched limit. */
+    limits: AbortSignal;
+    /** The run's container, once it had one. */
+    container?: string;
+  },
+): Promise<SandboxError> {
+  if (context.interrupt?.aborted) {
+    return error instanceof SandboxError && error.message === INTERRUPTED
+      ? error
+      : new SandboxError("interrupted", INTERRUPTED, { cause: error });
+  }
+  const failure = context.limits.aborted
+    ? context.limits.reason as SandboxError
+    : !(error instanceof SandboxError)
+    ? new SandboxError("worker_failed", (error as Error)?.message ?? String(error), {
+      cause: error,
+    })
+    : error.code === "interrupted" && error.message !== INTERRUPTED
+    ? new SandboxError("interrupted", INTERRUPTED, { cause: error })
+    : error;
+  if (!context.container || !CONTAINER_SYMPTOMS.has(failure.code)) return failure;
+  return await stoppedContainer(context.container, failure) ?? failure;
+}
+
+/** The error for `container` stopped under the run, or undefined when it still runs. */
+async function stoppedContainer(
+  container: string,
+  symptom: SandboxError,
+): Promise<SandboxError | undefined> {
+  const inspected = await new DockerCli().run(
+    ["container", "inspect", "--format", "{{json .State}}", container],
+    { timeoutMs: 30_000 },
+  ).catch(() => undefined);
+  if (!inspected) return undefined; // the engine cannot say: what noticed it stands
+  let how: string;
+  if (inspected.exitCode !== 0) how = "it was removed";
+  else {
+    const state = JSON.parse(inspected.stdout) as {
+      Running?: boolean;
+      Status?: string;
+      ExitCode?: number;
+      OOMKilled?: boolean;
+    };
+    if (state.Running) return undefined;
+    how = `it is ${state.Status ?? "stopped"} (exit code ${state.ExitCode ?? "unknown"}${
+      state.OOMKilled ? ", killed for memory" : ""
+    })`;
+  }
+  return new SandboxError(
+    "docker_failed",
+    `The run's sandbox "${container}" stopped during the run: ${how}`,
+    {
+      cause: symptom,
+      detail:
+        `Killed or removed from outside the run (docker kill, docker rm, an engine restart); what noticed it: ${symptom.message}`,
+    },
+  );
+}

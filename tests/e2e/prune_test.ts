@@ -1,0 +1,167 @@
+/**
+ * `sandbox prune`, `sandbox runs` over the index of runs, and `state.retention`, as a user runs
+ * them: the real CLI as a subprocess on a private `$XDG_STATE_HOME` holding run records of known
+ * ages. The retention test makes one real run (Docker, the fake LLM).
+ */
+import assert from "node:assert/strict";
+import { processStartTicks } from "../../lib/process.ts";
+import { RunFixture } from "../_run_fixture.ts";
+import { FakeLlm, text } from "../_fake_llm.ts";
+import type { RunMeta, RunStatus } from "../../lib/run/run_log.ts";
+import { assertDocker, dockerTest, explain, runCli, tempDir } from "../_helpers.ts";
+
+console.error("e2e: sandbox prune tests starting");
+
+const DAY_MS = 86_400_000;
+const EVENTS = JSON.stringify({ type: "result", content: "x".repeat(1000) }) + "\n";
+
+/** A state directory with run records written as `RunLog` writes them. */
+class StateDir implements AsyncDisposable {
+  constructor(readonly dir: { path: string } & AsyncDisposable) {}
+
+  static async make(): Promise<StateDir> {
+    return new StateDir(await tempDir("sandbox-e2e-prune-"));
+  }
+
+  get runs(): string {
+    return `${this.dir.path}/sandbox/runs`;
+  }
+
+  /** A run that started `daysAgo` days ago; `pid` records it as this live process's when running. */
+  async add(daysAgo: number, status: RunStatus = "succeeded"): Promise<string> {
+    const started = new Date(Date.now() - daysAgo * DAY_MS);
+    const id = `${started.toISOString().replace(/[-:]/g, "").replace("T", "-").slice(0, 15)}-${
+      crypto.randomUUID().slice(0, 6)
+    }`;
+    const meta: RunMeta = {
+      id,
+      mode: "agentic",
+      profile: "e2e-prune",
+      model: "m",
+      sandbox: "container",
+      status,
+      startedAt: started.toISOString(),
+      endedAt: status === "running" ? null : new Date(started.getTime() + 60_000).toISOString(),
+      durationMs: status === "running" ? null : 60_000,
+      exitCode: status === "running" ? null : 0,
+      usage: null,
+      error: null,
+      pid: Deno.pid,
+      // This process's start: a running record is this live process's whatever its start date.
+      pidStartTicks: await processStartTicks(Deno.pid),
+      storeError: null,
+    };
+    await Deno.mkdir(`${this.runs}/${id}`, { recursive: true });
+    await Deno.writeTextFile(`${this.runs}/${id}/meta.json`, JSON.stringify(meta));
+    await Deno.writeTextFile(`${this.runs}/${id}/events.ndjson`, EVENTS);
+    return id;
+  }
+
+  cli(args: string[]) {
+    return runCli(args, { env: { XDG_STATE_HOME: this.dir.path } });
+  }
+
+  async ids(): Promise<string[]> {
+    return (await Array.fromAsync(Deno.readDir(this.runs))).map((e) => e.name).sort();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.dir[Symbol.asyncDispose]();
+  }
+}
+
+Deno.test("sandbox prune --older-than removes old finished runs, reports runs and bytes, and never a running run", async () => {
+  await using state = await StateDir.make();
+  const recent = await state.add(2);
+  const old = await state.add(40, "failed");
+  const older = await state.add(90);
+  const running = await state.add(400, "running");
+
+  const dry = await state.cli(["prune", "--older-than", "30d", "--dry-run", "--json"]);
+  assert.equal(dry.exitCode, 0, explain(dry));
+  const planned = JSON.parse(dry.stdout);
+  assert.deepEqual(planned.removed.map((r: { id: string }) => r.id), [old, older], explain(dry));
+  assert.equal(planned.dryRun, true);
+  assert.ok(planned.bytes >= 2 * EVENTS.length, explain(dry));
+  assert.deepEqual(await state.ids(), [recent, old, older, running].sort(), "a dry run removed");
+
+  const done = await state.cli(["prune", "--older-than", "30d"]);
+  assert.equal(done.exitCode, 0, explain(done));
+  assert.match(done.stdout, /^removed 2 runs, [\d.]+ KiB; 2 kept$/m, explain(done));
+  assert.deepEqual(await state.ids(), [recent, running].sort());
+  const listed = await state.cli(["runs", "--json"]);
+  assert.equal(listed.exitCode, 0, explain(listed));
+  assert.deepEqual(
+    JSON.parse(listed.stdout).map((r: RunMeta) => [r.id, r.status]),
+    [[recent, "succeeded"], [running, "running"]],
+  );
+});
+
+Deno.test("sandbox prune --keep keeps the newest finished runs; a usage mistake exits 2 and removes nothing", async () => {
+  await using state = await StateDir.make();
+  const newest = await state.add(1);
+  await state.add(2);
+  await state.add(3);
+  const none = await state.cli(["prune"]);
+  assert.equal(none.exitCode, 2, explain(none));
+  assert.match(none.stderr, /^sandbox: .*name --older-than, --keep or both/m);
+  const bad = await state.cli(["prune", "--older-than", "a month"]);
+  assert.equal(bad.exitCode, 2, explain(bad));
+  assert.match(bad.stderr, /Invalid --older-than "a month"/);
+  assert.equal((await state.ids()).length, 3);
+  const kept = await state.cli(["prune", "--keep", "1", "--json"]);
+  assert.equal(kept.exitCode, 0, explain(kept));
+  assert.equal(JSON.parse(kept.stdout).runs, 2);
+  assert.deepEqual(await state.ids(), [newest]);
+});
+
+Deno.test("sandbox runs rebuilds a missing index, says so on stderr, and takes --limit", async () => {
+  await using state = await StateDir.make();
+  const first = await state.add(2);
+  const second = await state.add(1);
+  const listed = await state.cli(["runs", "--json"]);
+  assert.equal(listed.exitCode, 0, explain(listed));
+  assert.match(listed.stderr, /index of runs was missing; rebuilt from 2 run directories/);
+  assert.deepEqual(JSON.parse(listed.stdout).map((r: RunMeta) => r.id), [second, first]);
+  const again = await state.cli(["runs", "--limit", "1"]);
+  assert.equal(again.exitCode, 0, explain(again));
+  assert.equal(again.stderr, "", "an index in good order is not rebuilt");
+  assert.match(again.stdout, new RegExp(second));
+  assert.doesNotMatch(again.stdout, new RegExp(first));
+});
+
+Deno.test({
+  name: "state.retention prunes finished runs past it at the end of a run, keeping the new one",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using llm = new FakeLlm([text("done")]);
+    await using fixture = await RunFixture.make({
+      prefix: "e2e-retention",
+      llmUrl: llm.baseUrl,
+      keyEnv: "SANDBOX_E2E_RETENTION_KEY",
+      prompt: "Say done.\n",
+    });
+    await Deno.writeTextFile(fixture.config, "state:\n  retention: {older_than: 30d}\n", {
+      append: true,
+    });
+    const state = new StateDir({ path: fixture.stateDir, [Symbol.asyncDispose]: async () => {} });
+    const old = await state.add(60);
+    const recent = await state.add(1);
+    const result = await fixture.cli([
+      "run",
+      "generate",
+      "--prompt-file",
+      fixture.promptFile,
+      "--profile",
+      fixture.profile,
+      "--format",
+      "ndjson",
+    ]);
+    assert.equal(result.exitCode, 0, explain(result));
+    assert.match(result.stderr, /state\.retention removed 1 finished runs/, explain(result));
+    const ids = await state.ids();
+    assert.equal(ids.length, 2, explain(result));
+    assert.ok(!ids.includes(old) && ids.includes(recent), ids.join(" "));
+  },
+});
