@@ -78,6 +78,7 @@ export interface HostPrograms {
 export interface LocalTools {
   bwrap: string;
   nsenter: string;
+  unshare: string;
 }
 
 let probed: Promise<LocalTools> | undefined;
@@ -100,7 +101,9 @@ async function which(program: string): Promise<string | undefined> {
 }
 
 async function probeTools(): Promise<LocalTools> {
-  const [bwrap, nsenter] = await Promise.all([which("bwrap"), which("nsenter")]);
+  const [bwrap, nsenter, unshare] = await Promise.all(
+    [which("bwrap"), which("nsenter"), which("unshare")],
+  );
   if (!bwrap) {
     throw new SandboxError(
       "unsupported",
@@ -112,8 +115,8 @@ async function probeTools(): Promise<LocalTools> {
       },
     );
   }
-  if (!nsenter) {
-    throw new SandboxError("unsupported", 'Sandbox mode "local" needs "nsenter" (util-linux)', {
+  if (!nsenter || !unshare) {
+    throw new SandboxError("unsupported", 'Sandbox mode "local" needs "nsenter" and "unshare" (util-linux)', {
       detail: "Install util-linux",
     });
   }
@@ -138,7 +141,7 @@ async function probeTools(): Promise<LocalTools> {
       },
     );
   }
-  return { bwrap, nsenter };
+  return { bwrap, nsenter, unshare };
 }
 
 /** The system read-only: /usr and its companions as they are on the host, and the /etc entries above. */
@@ -199,6 +202,11 @@ export function execArgv(
     "--net",
     "--pid",
     "--preserve-credentials",
+    "--",
+    // A /proc of the holder's pid namespace: bwrap finds its child by the pid it sees, and the
+    // host's /proc would give it another process (or none: it then waits forever).
+    tools.unshare,
+    "--mount-proc",
     "--",
     tools.bwrap,
     ...NAMESPACE_ARGS,
