@@ -116,9 +116,13 @@ async function probeTools(): Promise<LocalTools> {
     );
   }
   if (!nsenter || !unshare) {
-    throw new SandboxError("unsupported", 'Sandbox mode "local" needs "nsenter" and "unshare" (util-linux)', {
-      detail: "Install util-linux",
-    });
+    throw new SandboxError(
+      "unsupported",
+      'Sandbox mode "local" needs "nsenter" and "unshare" (util-linux)',
+      {
+        detail: "Install util-linux",
+      },
+    );
   }
   const probe = await run(
     [bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],

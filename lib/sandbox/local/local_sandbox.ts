@@ -364,7 +364,14 @@ export class LocalSandbox implements SandboxProvider {
       });
     }
     await Deno.mkdir(hostPath, { recursive: true });
-    const tar = this.execBytes(["tar", "-C", sandboxPath, "-cf", "-", "."], options);
+    // The directory's entries, not "." itself: the extractor refuses a member naming its root.
+    const tar = this.execBytes([
+      "sh",
+      "-c",
+      'cd -- "$1" && find . -mindepth 1 -maxdepth 1 -print0 | tar -cf - --null -T -',
+      "sh",
+      sandboxPath,
+    ], options);
     await extractTar(tar.stdout, hostPath, {
       what: `Cannot copy "${sandboxPath}" out of sandbox "${this.containerName}"`,
     });
@@ -424,6 +431,14 @@ export class LocalSandbox implements SandboxProvider {
     this.#destroyed = true;
     // The holder's death ends its pid namespace, and with it every command's (nested in it).
     this.#holder?.kill(0);
+    // Its init too, by pid: one killed before bwrap set its parent-death signal waits forever.
+    if (this.#holderPid > 0) {
+      try {
+        Deno.kill(this.#holderPid, "SIGKILL");
+      } catch {
+        // Already gone with the holder: nothing to end.
+      }
+    }
     for (const child of this.#running) child.kill(0);
     await this.#holder?.finished;
     await Promise.all([...this.#running].map((child) => child.finished));
