@@ -46,7 +46,7 @@ export function registerSandboxCommands(program: Command): void {
   registerExec(program);
   registerStats(program);
   registerTeardown(program);
-  registerImageBuild(program);
+  registerImagePush(registerImageBuild(program));
 }
 
 /** `up`: fills the profile's warm pool. */
@@ -172,6 +172,7 @@ function registerStop(program: Command): void {
       ) => {
         if (session !== undefined) {
           const { stopSession } = await import("./attach_command.ts");
+          // Stopped: its program's own exit code is the session's record, not this command's.
           return void await stopSession(session);
         }
         const provider = await sandboxByName(command, opts.profile);
@@ -190,21 +191,9 @@ function registerStart(program: Command): void {
     .description(
       "start the profile's development sandbox (exec, cp; runs never use it), making it if missing",
     )
-    .argument(
-      "[session-id]",
-      "stop this session (sandbox shell) instead: its program and sandbox end",
-    )
     .addOption(profileOption()).addOption(jsonOption())
     .action(
-      async (
-        session: string | undefined,
-        opts: { profile?: string; json?: boolean },
-        command: Command,
-      ) => {
-        if (session !== undefined) {
-          const { stopSession } = await import("./attach_command.ts");
-          return void await stopSession(session);
-        }
+      async (opts: { profile?: string; json?: boolean }, command: Command) => {
         const provider = await sandboxByName(command, opts.profile);
         const missing = (await provider.status({ signal })).state === "missing";
         const status = missing
@@ -333,7 +322,7 @@ function registerTeardown(program: Command): void {
 }
 
 /** `image build`: builds the sandbox image, a devcontainer's, or an agent CLI's layer. */
-function registerImageBuild(program: Command): void {
+function registerImageBuild(program: Command): Command {
   const image = program.command("image").description("manage the sandbox image");
   image.command("build")
     .description("build (or rebuild) the sandbox image for a profile")
@@ -346,6 +335,41 @@ function registerImageBuild(program: Command): void {
         .choices([...AGENT_CLIS]),
     )
     .action(imageBuildAction);
+  return image;
+}
+
+/** `image push`: the profile's images, tagged and pushed to a registry a cluster can pull from. */
+function registerImagePush(image: Command): void {
+  image.command("push")
+    .description(
+      "tag and push the profile's sandbox image (and the agent CLI layers built on it) to a registry",
+    )
+    .requiredOption(
+      "--registry <host[:port][/path]>",
+      "the registry, e.g. registry.example.com/team",
+    )
+    .addOption(profileOption()).addOption(jsonOption())
+    .action(imagePushAction);
+}
+
+/** Pushes, then names each reference; the sandbox image's is the one for `kubernetes.image`. */
+async function imagePushAction(
+  opts: { registry: string; profile?: string; json?: boolean },
+  command: Command,
+): Promise<void> {
+  const { parseRegistry, pushProfileImages } = await import("../lib/sandbox/image_push.ts");
+  // A malformed registry is refused before the profile is read or anything is built.
+  parseRegistry(opts.registry);
+  const profile = await profileFor(command, opts.profile);
+  const pushed = await pushProfileImages(new DockerCli(), profile.sandbox.image, opts.registry, {
+    onProgress: progress,
+    signal,
+  });
+  if (opts.json) return await stdout.json({ profile: profile.name, images: pushed });
+  for (const each of pushed) await stdout.line(`pushed ${each.reference} (${each.digest})`);
+  await stdout.line(
+    `set profiles.${profile.name}.sandbox.kubernetes.image to ${pushed[0].reference}`,
+  );
 }
 
 interface ImageBuildFlags {

@@ -8,6 +8,7 @@ import type { Command } from "commander";
 import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
 import type { SessionSpec } from "../lib/session/protocol.ts";
+import type { ShellRepo } from "../lib/session/shell_repo.ts";
 import { cliState, globals, type Invocation, note, profileFor, signal, stdout } from "./context.ts";
 import { attachAction, attachTerminal, connectSession } from "./attach_command.ts";
 import { progress, stopSpinner } from "./progress.ts";
@@ -17,10 +18,17 @@ const START_POLL_MS = 100;
 
 export function registerShellCommands(program: Command): void {
   program.command("shell")
-    .description("an interactive shell in a fresh sandbox, destroyed when the shell ends")
+    .description(
+      "an interactive shell in a fresh sandbox, destroyed when the shell ends (with --repo, its commits come back as a branch)",
+    )
     .option("-p, --profile <name>", "profile whose sandbox settings apply")
     .option("-d, --detach", "start the session in the background and print its id")
-    .action(async (opts: { profile?: string; detach?: boolean }, command: Command) => {
+    .option(
+      "--repo <path>",
+      "start in a checkout of this local repository; what is committed comes back as a branch",
+    )
+    .option("--branch <name>", "the branch the work becomes (with --repo; default sandbox/<id>)")
+    .action(async (opts: ShellOptions, command: Command) => {
       await shellAction(opts, command);
     });
   program.command("attach")
@@ -40,10 +48,14 @@ export function registerShellCommands(program: Command): void {
     });
 }
 
-async function shellAction(
-  opts: { profile?: string; detach?: boolean },
-  command: Invocation,
-): Promise<void> {
+interface ShellOptions {
+  profile?: string;
+  detach?: boolean;
+  repo?: string;
+  branch?: string;
+}
+
+async function shellAction(opts: ShellOptions, command: Invocation): Promise<void> {
   if (!opts.detach && !Deno.stdin.isTerminal()) {
     throw new SandboxError("usage", "sandbox shell needs a terminal: stdin is not one", {
       detail: `Start it in the background with: ${cliName()} shell --detach`,
@@ -61,6 +73,7 @@ async function shellAction(
     import("../lib/session/protocol.ts"),
   ]);
   const id = newRunId();
+  const repo = await shellRepo(opts, id);
   let size = { rows: 24, cols: 80 };
   try {
     const { rows, columns } = Deno.consoleSize();
@@ -75,6 +88,7 @@ async function shellAction(
     argv: ["bash", "-l"],
     ...size,
     term: Deno.env.get("TERM") || "xterm-256color",
+    repo,
   };
   await Deno.mkdir(sessionDir(id), { recursive: true, mode: SESSION_DIR_MODE });
   await Deno.writeTextFile(`${sessionDir(id)}/spec.json`, JSON.stringify(spec), { mode: 0o600 });
@@ -88,6 +102,36 @@ async function shellAction(
   const code = await attachTerminal(conn, id, "writer");
   if (code === undefined) return note(`detached; the session goes on (${cliName()} attach ${id})`);
   cliState.exitCode = code;
+}
+
+/** `--repo`, checked before anything starts: a local repository, and a branch it can take. */
+async function shellRepo(opts: ShellOptions, id: string): Promise<ShellRepo | undefined> {
+  if (!opts.repo) {
+    if (opts.branch) throw new SandboxError("usage", "--branch is for sandbox shell --repo");
+    return undefined;
+  }
+  const [{ isRemoteUrl }, { checkRunBranch, resolveLocalRepo }] = await Promise.all([
+    import("../lib/repo/remote.ts"),
+    import("../lib/repo/local.ts"),
+  ]);
+  if (isRemoteUrl(opts.repo)) {
+    throw new SandboxError(
+      "usage",
+      `sandbox shell --repo takes a local repository, not a URL: "${opts.repo}"`,
+      { detail: "Clone it and pass the clone's path, or use run agentic --repo URL" },
+    );
+  }
+  const local = await resolveLocalRepo(opts.repo);
+  const branch = opts.branch ?? `sandbox/${id}`;
+  await checkRunBranch(local, branch);
+  if (local.uncommitted > 0) {
+    note(
+      `warning: ${local.uncommitted} uncommitted change(s) in ${local.path} are NOT sent: the sandbox gets ${local.baseName} (${
+        local.base.slice(0, 12)
+      }) as committed`,
+    );
+  }
+  return { local, branch };
 }
 
 /** The supervisor, in a session of its own (setsid), outliving this process. */

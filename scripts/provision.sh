@@ -95,8 +95,19 @@ ensure_bubblewrap() {
   apt_install bubblewrap
 }
 
+# The tests of `sandbox image push` push to a registry of their own on loopback: Debian's.
+ensure_docker_registry() {
+  if command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ]; then
+    log "docker-registry present"
+    return
+  fi
+  log "installing docker-registry from Debian packages"
+  apt_install docker-registry
+}
+
 ensure_deno
 ensure_bubblewrap
 ensure_devcontainer_cli
+ensure_docker_registry
 ensure_docker
 "$here/build-base-image.sh"

@@ -1257,7 +1257,7 @@ export const MUTATIONS: Mutation[] = [
     find: `"fetch",
       "-q",`,
     replace:
-      `...(env.GIT_CONFIG_VALUE_1 ? ["-c", \`http.extraHeader=\${env.GIT_CONFIG_VALUE_1}\`] : []),
+      `...(env.GIT_CONFIG_VALUE_2 ? ["-c", \`http.extraHeader=\${env.GIT_CONFIG_VALUE_2}\`] : []),
       "fetch",
       "-q",`,
     tests: ["tests/unit/remote_mirror_test.ts"],
@@ -1275,5 +1275,12 @@ export const MUTATIONS: Mutation[] = [
     find: "export const VIEWERS_SOCKET_MODE = 0o600;",
     replace: "export const VIEWERS_SOCKET_MODE = 0o666;",
     tests: ["tests/security/session_socket_test.ts"],
+  },
+  {
+    name: "up keeps offering a pooled container that runs no command (a run that claims it waits)",
+    file: "lib/sandbox/pool.ts",
+    find: `options.probe && await isWedged(provider, options.signal)`,
+    replace: `false`,
+    tests: ["tests/e2e/pool_test.ts"],
   },
 ];

@@ -22,6 +22,7 @@ import type { AccessLogEntry } from "../proxy/access_log.ts";
 import { openSession, type SandboxSession } from "../proxy/session.ts";
 import { cacheVolumeName, updateCache } from "../repo/cache.ts";
 import {
+  AGENT_GIT_IDENTITY,
   checkRunBranch,
   collectResult,
   type LocalRepo,
@@ -38,13 +39,6 @@ import { claimPooled, coldSandbox, destroy, fillPool } from "../sandbox/pool.ts"
 import { confined } from "./confine.ts";
 import { captureBytes, type Captured, CapturedLines } from "./capture.ts";
 
-/** What commands in an environment commit as, unless they set another identity (as a run's agent). */
-const CLIENT_GIT_IDENTITY = {
-  GIT_AUTHOR_NAME: "sandbox agent",
-  GIT_AUTHOR_EMAIL: "agent@sandbox.localhost",
-  GIT_COMMITTER_NAME: "sandbox agent",
-  GIT_COMMITTER_EMAIL: "agent@sandbox.localhost",
-};
 /** Egress log entries an environment keeps (the newest). */
 const EGRESS_ENTRIES_KEPT = 1000;
 
@@ -150,7 +144,7 @@ export class Environment {
     const started = performance.now();
     const child = this.provider.execBytes(argv, {
       cwd,
-      env: { ...this.session.env, ...CLIENT_GIT_IDENTITY },
+      env: { ...this.session.env, ...AGENT_GIT_IDENTITY },
       timeoutMs: options.timeoutMs,
       signal,
       onStderrLine: (line) => stderr.add(line),

@@ -30,6 +30,13 @@ export const MAX_RESULT_PACK_BYTES = 2 * 1024 ** 3;
 export const SAFE_GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false";
 /** Identity of the commit the tool makes of changes the agent left uncommitted. */
 export const TOOL_IDENTITY = { name: "sandbox", email: "sandbox@localhost" } as const;
+/** What work in a checkout commits as (a run's agent, a shell, an MCP environment's commands). */
+export const AGENT_GIT_IDENTITY = {
+  GIT_AUTHOR_NAME: "sandbox agent",
+  GIT_AUTHOR_EMAIL: "agent@sandbox.localhost",
+  GIT_COMMITTER_NAME: "sandbox agent",
+  GIT_COMMITTER_EMAIL: "agent@sandbox.localhost",
+} as const;
 
 export interface LocalRepo {
   /** The repository's top-level directory on the host. */
@@ -339,6 +346,29 @@ export interface CollectResultOptions {
   maxBytes?: number;
   /** Warnings (a temporary repository that could not be removed). */
   onProgress?: (line: string) => void;
+}
+
+/**
+ * What came back into the repository at `path`, in lines for a person; `who` changed nothing
+ * when there is no commit. With `commits`, the commits are listed too.
+ */
+export function describeResult(
+  back: RepoResult,
+  path: string,
+  options: { who: string; commits?: boolean },
+): string[] {
+  const lines = back.ignoredRefs.map((ref) =>
+    `warning: the sandbox created ${ref}: not imported (only the run branch is)`
+  );
+  if (!back.commit) return [...lines, `${options.who} changed nothing: no branch created`];
+  lines.push(
+    `branch ${back.branch} in ${path}: ${back.commits.length} commit(s) on ${
+      back.base.slice(0, 12)
+    }${back.committedLeftovers ? " (uncommitted changes committed by sandbox)" : ""}`,
+  );
+  for (const commit of options.commits ? back.commits : []) lines.push(`  ${commit}`);
+  for (const line of back.diffstat.split("\n")) if (line) lines.push(`  ${line.trim()}`);
+  return lines;
 }
 
 /**

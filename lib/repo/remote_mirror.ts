@@ -77,19 +77,23 @@ export async function fetchRemote(
  * a fetch (the mirror is ours; its hooks directory is empty).
  */
 function gitEnv(authorization: string | undefined): Record<string, string> {
+  const config = [
+    ["core.hooksPath", "/dev/null"],
+    // The extra header goes with every request git makes: a redirect would carry the credential
+    // to another host, so none is followed.
+    ["http.followRedirects", "false"],
+    ...(authorization ? [["http.extraHeader", `Authorization: ${authorization}`]] : []),
+  ];
   const env: Record<string, string> = {
     GIT_TERMINAL_PROMPT: "0",
     GIT_ASKPASS: "",
     SSH_ASKPASS: "",
-    GIT_CONFIG_COUNT: "1",
-    GIT_CONFIG_KEY_0: "core.hooksPath",
-    GIT_CONFIG_VALUE_0: "/dev/null",
+    GIT_CONFIG_COUNT: String(config.length),
   };
-  if (authorization) {
-    env.GIT_CONFIG_COUNT = "2";
-    env.GIT_CONFIG_KEY_1 = "http.extraHeader";
-    env.GIT_CONFIG_VALUE_1 = `Authorization: ${authorization}`;
-  }
+  config.forEach(([key, value], i) => {
+    env[`GIT_CONFIG_KEY_${i}`] = key;
+    env[`GIT_CONFIG_VALUE_${i}`] = value;
+  });
   return env;
 }
 

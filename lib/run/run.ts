@@ -21,8 +21,10 @@ import { type AgenticMessage, agenticMessage, driverUsage } from "./protocol.ts"
 import { Redactor } from "../redact.ts";
 import { loadRecording, type LocalUpstream, startRecorder, startReplayUpstream } from "./replay.ts";
 import {
+  AGENT_GIT_IDENTITY,
   checkRunBranch,
   collectResult,
+  describeResult,
   type LocalRepo,
   prepareWorktree,
   type RepoResult,
@@ -57,13 +59,6 @@ const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
 export const REPLAY_PREFIX = "replay:";
 /** Where a run's agent works inside the sandbox when no repository is given. */
 export const RUNS_WORKSPACE = "/workspace/runs";
-/** So that an agent's own `git commit` works in its worktree. */
-const AGENT_GIT_IDENTITY = {
-  GIT_AUTHOR_NAME: "sandbox agent",
-  GIT_AUTHOR_EMAIL: "agent@sandbox.localhost",
-  GIT_COMMITTER_NAME: "sandbox agent",
-  GIT_COMMITTER_EMAIL: "agent@sandbox.localhost",
-};
 
 export interface RunRequest {
   mode: "agentic" | "generate";
@@ -652,17 +647,9 @@ async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
 }
 
 function reportResult(request: RunRequest, back: RepoResult, path: string): void {
-  const say = request.onProgress ?? (() => {});
-  for (const ref of back.ignoredRefs) {
-    say(`warning: the sandbox created ${ref}: not imported (only the run branch is)`);
+  for (const line of describeResult(back, path, { who: "the agent" })) {
+    request.onProgress?.(line);
   }
-  if (!back.commit) return say("the agent changed nothing: no branch created");
-  say(
-    `branch ${back.branch} in ${path}: ${back.commits.length} commit(s) on ${
-      back.base.slice(0, 12)
-    }${back.committedLeftovers ? " (uncommitted changes committed by sandbox)" : ""}`,
-  );
-  for (const line of back.diffstat.split("\n")) if (line) say(`  ${line.trim()}`);
 }
 
 function snake(back: RepoResult): Record<string, unknown> {

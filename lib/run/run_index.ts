@@ -143,7 +143,7 @@ export interface IndexQuery {
   profile?: string;
 }
 
-/** Indexed runs, newest first (run ids sort by start time). */
+/** Indexed runs, newest first (by start time to the millisecond; a run id's stamp has seconds). */
 export function queryRuns(db: DatabaseSync, query: IndexQuery = {}): RunMeta[] {
   const where = query.profile === undefined ? "" : "WHERE profile = ?";
   const limit = query.limit === undefined ? "" : "LIMIT ?";
@@ -151,7 +151,9 @@ export function queryRuns(db: DatabaseSync, query: IndexQuery = {}): RunMeta[] {
     ...(query.profile === undefined ? [] : [query.profile]),
     ...(query.limit === undefined ? [] : [query.limit]),
   ];
-  const rows = db.prepare(`SELECT meta FROM runs ${where} ORDER BY id DESC ${limit}`)
+  const rows = db.prepare(
+    `SELECT meta FROM runs ${where} ORDER BY started_at DESC, id DESC ${limit}`,
+  )
     .all(...params) as { meta: string }[];
   return rows.map((row) => JSON.parse(row.meta) as RunMeta);
 }

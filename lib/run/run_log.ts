@@ -458,11 +458,17 @@ async function reconcile(db: DatabaseSync, ids: string[]): Promise<number> {
   return metas.length;
 }
 
+/** Newest start first; two runs started in the same millisecond by id. */
+function newestFirst(a: RunMeta, b: RunMeta): number {
+  return b.startedAt.localeCompare(a.startedAt) || b.id.localeCompare(a.id);
+}
+
 /** Every run read from its own directory, newest first. */
 async function listRunsFromDirectories(ids: string[], query: IndexQuery): Promise<RunMeta[]> {
-  const metas = (await Promise.all([...ids].sort().reverse().map(readRun)))
+  const metas = (await Promise.all(ids.map(readRun)))
     .filter((m): m is RunMeta => m !== undefined)
-    .filter((m) => query.profile === undefined || m.profile === query.profile);
+    .filter((m) => query.profile === undefined || m.profile === query.profile)
+    .sort(newestFirst);
   return query.limit === undefined ? metas : metas.slice(0, query.limit);
 }
 

@@ -104,7 +104,10 @@ export async function claimPooled(
     const stale = await isStale(record, provider);
     if (!await claimReady(record.name)) continue;
     if (stale) {
-      await removeStale(provider, options);
+      options.onProgress?.(
+        `removing pooled sandbox ${provider.containerName}: made with another configuration or image`,
+      );
+      await destroy(provider);
       continue;
     }
     // Gone or stopped since it was made (removed by hand, the engine restarted): never used.
@@ -123,14 +126,42 @@ export async function claimPooled(
  * Remove the pool's ready containers made with another configuration or image than a run would
  * use now (after a configuration change, `sandbox image build` or `sandbox snapshot`).
  */
-async function dropStale(profile: Profile, key: string, options: PoolOptions): Promise<void> {
+async function dropStale(
+  profile: Profile,
+  key: string,
+  options: PoolOptions & { probe?: boolean },
+): Promise<void> {
   const isStale = staleness(options.signal);
   for (const record of await listReady()) {
     if (record.key !== key) continue;
     const provider = runSandbox(profile, instanceOf(record.name), { ...options, pooled: true });
-    if (!await isStale(record, provider)) continue;
-    if (!await claimReady(record.name)) continue;
-    await removeStale(provider, options);
+    const why = await isStale(record, provider)
+      ? "made with another configuration or image"
+      : options.probe && await isWedged(provider, options.signal)
+      ? "it runs no command (paused, or its engine cannot exec in it)"
+      : undefined;
+    if (!why || !await claimReady(record.name)) continue;
+    options.onProgress?.(`removing pooled sandbox ${provider.containerName}: ${why}`);
+    await destroy(provider);
+  }
+}
+
+/** How long a ready container has to run `true` before `up` calls it wedged. */
+const PROBE_TIMEOUT_MS = 10_000;
+
+/**
+ * Whether a ready container cannot run a command (paused, frozen, an engine that cannot exec in
+ * it): a run that claimed it would wait on it. `true`, as the sandbox's user, is our own code: the
+ * container stays one no run has touched.
+ */
+async function isWedged(provider: DockerSandboxProvider, signal?: AbortSignal): Promise<boolean> {
+  try {
+    const result = await provider.exec(["true"], { timeoutMs: PROBE_TIMEOUT_MS, signal });
+    return result.exitCode !== 0;
+  } catch (error) {
+    // Interrupted by the user: not the container's fault.
+    if (signal?.aborted) throw error;
+    return true;
   }
 }
 
@@ -153,13 +184,6 @@ function staleness(
     const now = await current;
     return record.configHash !== now.configHash || record.imageId !== now.imageId;
   };
-}
-
-async function removeStale(provider: DockerSandboxProvider, options: PoolOptions): Promise<void> {
-  options.onProgress?.(
-    `removing pooled sandbox ${provider.containerName}: made with another configuration or image`,
-  );
-  await destroy(provider);
 }
 
 /** A container of the run's own, made now (the pool had none): recorded as held by this process. */
@@ -210,7 +234,8 @@ export async function fillPool(
   const key = keyOf(profile, options);
   const lock = `pool-${(await sha256Hex(`${userStateDir()}\0${key}`)).slice(0, 16)}`;
   const fill = async () => {
-    await dropStale(profile, key, options);
+    // `up` (which waits) also asks each ready container to run a command; a run's refill does not.
+    await dropStale(profile, key, { ...options, probe: options.wait });
     const ready = (await listReady()).filter((record) => record.key === key);
     const missing = profile.sandbox.pool - ready.length;
     if (missing <= 0) return [];

@@ -16,6 +16,7 @@
  */
 import { SandboxError } from "../errors.ts";
 import { userStateDir } from "../paths.ts";
+import type { ShellRepo } from "./shell_repo.ts";
 
 export type Role = "writer" | "viewer";
 
@@ -63,6 +64,8 @@ export interface SessionSpec {
   rows: number;
   cols: number;
   term: string;
+  /** `--repo`: the shell starts in its checkout, whose commits come back as a branch. */
+  repo?: ShellRepo;
 }
 
 export function encodeBytes(bytes: Uint8Array): string {

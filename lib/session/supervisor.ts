@@ -10,13 +10,16 @@
  * 3. Listen for viewers on `viewers.sock` (protocol.ts), only the user's.
  * 4. Start the program with a terminal (tty_exec.ts); every byte it shows and every byte typed is
  *    committed to the store, then passed on.
- * 5. When the program ends, its timeout passes or someone stops it: a system event with the exit
- *    code, the viewers told, the record finished, the sandbox released.
+ *    With a repository (`--repo`), its checkout is made as a run's, and the program starts in it.
+ * 5. When the program ends, its timeout passes or someone stops it: with a repository, its work
+ *    brought back as a branch (shell_repo.ts; the sandbox kept when it cannot come back); a system
+ *    event with the exit code, the viewers told, the record finished, the sandbox released.
  */
 import type { Profile } from "../config.ts";
 import { closeQuietly, writeAll } from "../conn.ts";
 import { readLines } from "../lines.ts";
 import { openSession, type SandboxSession } from "../proxy/session.ts";
+import { AGENT_GIT_IDENTITY, type RunWorktree } from "../repo/local.ts";
 import { RunLog } from "../run/run_log.ts";
 import { sandboxLifecycle } from "../sandbox/providers.ts";
 import type { RunSandbox } from "../sandbox/provider.ts";
@@ -37,6 +40,7 @@ import {
   VIEWERS_SOCKET_MODE,
   viewersSocket,
 } from "./protocol.ts";
+import { bringShellBack, checkOutForShell, type ShellRepoOutcome } from "./shell_repo.ts";
 import { startTtyExec, type TtyExec } from "./tty_exec.ts";
 
 const encoder = new TextEncoder();
@@ -46,6 +50,13 @@ export interface SuperviseOptions {
   log: (line: string) => void;
   /** Stops the session (SIGTERM to the supervisor), as `sandbox stop ID` does. */
   signal?: AbortSignal;
+}
+
+/** What a session holds while it lives; each released (or kept) when it ends. */
+interface Held {
+  sandbox?: RunSandbox;
+  session?: SandboxSession;
+  worktree?: RunWorktree;
 }
 
 /** Run session `spec` to its end; the program's exit code. */
@@ -63,24 +74,13 @@ export async function superviseSession(
   });
   using events = new EventWriter(spec.id);
   const started = Date.now();
-  let sandbox: RunSandbox | undefined;
-  let session: SandboxSession | undefined;
+  const held: Held = {};
   let exitCode = 125;
   let error: string | null = null;
   const hub = new ViewerHub(events);
   let serving: Promise<void> | undefined;
   try {
-    sandbox = await (await sandboxLifecycle(profile)).acquire({ runId: spec.id });
-    await record.note({ sandbox: sandbox.name });
-    session = sandbox.relay
-      ? await openSession(profile, sandbox.relay, { runId: spec.id, onProgress: options.log })
-      : undefined;
-    const tty = await startTtyExec({
-      container: sandbox.name,
-      argv: spec.argv,
-      env: { ...session?.env, TERM: spec.term },
-      size: { rows: spec.rows, cols: spec.cols },
-    });
+    const tty = await startShell(spec, profile, held, record, options);
     hub.attach(tty);
     const listener = listenForViewers(spec.id);
     serving = hub.serve(listener);
@@ -93,11 +93,13 @@ export async function superviseSession(
     error = e instanceof Error ? e.message : String(e);
     options.log(`session ${spec.id} failed: ${error}`);
   }
+  const back = await bringBack(spec, profile, held, hub);
   const durationMs = Date.now() - started;
   hub.end(exitCode, durationMs);
   await serving;
-  await session?.close().catch((e) => options.log(`closing the proxies: ${e}`));
-  await sandbox?.release().catch((e) => options.log(`releasing the sandbox: ${e}`));
+  await held.session?.close().catch((e) => options.log(`closing the proxies: ${e}`));
+  await (back?.keep ? held.sandbox?.keep() : held.sandbox?.release())
+    ?.catch((e) => options.log(`releasing the sandbox: ${e}`));
   await record.finish({
     status: hub.stopped
       ? "interrupted"
@@ -109,9 +111,62 @@ export async function superviseSession(
     exitCode,
     usage: null,
     error,
+    extra: back?.extra,
   });
   await Deno.remove(viewersSocket(spec.id)).catch(() => {}); // never made when the start failed
   return exitCode;
+}
+
+/** The sandbox, its proxies and (with a repository) its checkout, then the program in it. */
+async function startShell(
+  spec: SessionSpec,
+  profile: Profile,
+  held: Held,
+  record: RunLog,
+  options: SuperviseOptions,
+): Promise<TtyExec> {
+  const repo = spec.repo && { key: spec.repo.local.key };
+  const sandbox = held.sandbox = await (await sandboxLifecycle(profile)).acquire({
+    runId: spec.id,
+    repo,
+  });
+  await record.note({ sandbox: sandbox.name });
+  const checkingOut = spec.repo && checkOutForShell(sandbox, spec.repo, spec.id);
+  checkingOut?.catch(() => {}); // awaited below, where its error counts
+  held.session = sandbox.relay
+    ? await openSession(profile, sandbox.relay, { runId: spec.id, onProgress: options.log })
+    : undefined;
+  held.worktree = await checkingOut;
+  if (spec.repo) await record.note({ repo: spec.repo.local.path, workdir: held.worktree!.path });
+  return await startTtyExec({
+    container: sandbox.name,
+    argv: spec.argv,
+    cwd: held.worktree?.path,
+    env: {
+      ...held.session?.env,
+      ...(held.worktree ? AGENT_GIT_IDENTITY : {}),
+      TERM: spec.term,
+    },
+    size: { rows: spec.rows, cols: spec.cols },
+  });
+}
+
+/** A repository shell's work, brought back (or kept) once the shell has ended; said to all. */
+async function bringBack(
+  spec: SessionSpec,
+  profile: Profile,
+  held: Held,
+  hub: ViewerHub,
+): Promise<ShellRepoOutcome | undefined> {
+  if (!spec.repo || !held.sandbox || !held.worktree) return undefined;
+  hub.say([`bringing the shell's work back to ${spec.repo.local.path}...`]);
+  const back = await bringShellBack(held.sandbox, spec.repo, held.worktree, {
+    runId: spec.id,
+    profile: profile.name,
+    maxBytes: profile.resources.diskBytes,
+  });
+  hub.say(back.lines);
+  return back;
 }
 
 /** The viewers' socket, in the session's directory: both only the user's. */
@@ -175,6 +230,13 @@ class ViewerHub {
     while (this.#tailBytes - this.#tail[0].byteLength >= REDRAW_BYTES) {
       this.#tailBytes -= this.#tail.shift()!.byteLength;
     }
+  }
+
+  /** Lines from the system: stored, and shown to the viewers. */
+  say(lines: string[]): void {
+    const data = lines.map((line) => `${line}\r\n`).join("");
+    this.#events.append({ channel: "terminal", type: "output", source: "system", data });
+    this.#send({ t: "out", data: encodeBytes(encoder.encode(data)) });
   }
 
   /** The system line, the viewers told and let go. */

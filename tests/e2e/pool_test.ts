@@ -1,7 +1,7 @@
 /**
  * The warm pool through the CLI: `up` fills it, runs claim from it (each its own container, also
  * when two start at once), a pooled container made with another configuration is removed and never
- * used, and `down` removes the pool.
+ * used, `up` replaces one that runs no command, and `down` removes the pool.
  */
 import assert from "node:assert/strict";
 import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
@@ -109,6 +109,32 @@ Deno.test({
           stale.every((name) => !left.includes(name)),
           `stale containers left: ${left.join(", ")}`,
         );
+      },
+    );
+
+    await t.step(
+      "up removes a ready container that runs no command (paused) and fills its place; its twin stays",
+      async () => {
+        const before = (await up()).ready;
+        assert.equal(before.length, 2);
+        const [wedged, healthy] = before;
+        await docker("pause", wedged);
+        try {
+          const result = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
+          assert.equal(result.exitCode, 0, explain(result));
+          assert.match(
+            result.stderr,
+            new RegExp(`removing pooled sandbox ${wedged}: it runs no command`),
+            explain(result),
+          );
+          const after = (JSON.parse(result.stdout) as { ready: string[] }).ready;
+          assert.equal(after.length, 2);
+          assert.ok(!after.includes(wedged), `the wedged ${wedged} is still offered`);
+          assert.ok(after.includes(healthy), `the healthy ${healthy} was removed`);
+        } finally {
+          // Removed by up; if the test failed before, unpaused so that down can remove it.
+          await docker("unpause", wedged).catch(() => {});
+        }
       },
     );
 

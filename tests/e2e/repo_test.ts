@@ -1177,7 +1177,11 @@ Deno.test({
           commit,
           diffstat,
           commits: lines.at(-2)!.commits,
+          // What the run spent, against no limit (lib/proxy/budget.ts).
+          budget: meta.extra?.budget,
         });
+        assert.deepEqual((meta.extra?.budget as { limits: unknown }).limits, {});
+        assert.equal((meta.extra?.budget as { exceeded: unknown }).exceeded, null);
       },
     );
 

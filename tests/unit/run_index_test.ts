@@ -141,6 +141,17 @@ Deno.test("listRuns() takes a limit and a profile, newest first", async () => {
   assert.deepEqual((await listRuns({ profile: "alpha", limit: 1 })).map((r) => r.id), [a3]);
 });
 
+Deno.test("listRuns() orders runs by their start, not their id (an id's stamp has seconds)", async () => {
+  await using _home = await stateHome();
+  // The second run's id sorts first, as either of two ids of the same second may.
+  const first = await finishedRun("gamma", new Date("2030-01-01T00:00:01Z"));
+  await new Promise((resolve) => setTimeout(resolve, 5));
+  const second = await finishedRun("gamma", new Date("2030-01-01T00:00:00Z"));
+  assert.ok(second < first);
+  assert.deepEqual((await listRuns({ limit: 1 })).map((r) => r.id), [second]);
+  assert.deepEqual((await listRuns()).map((r) => r.id), [second, first]);
+});
+
 Deno.test("listRuns() on a state directory that never held a run creates nothing", async () => {
   await using home = await stateHome();
   assert.deepEqual(await listRuns(), []);
