@@ -1,12 +1,12 @@
 /**
  * The bubblewrap command lines of sandbox mode local (docs/local.md).
  *
- * A sandbox is one *holder*: `bwrap --unshare-all … sleep` whose user, network (only `lo`) and pid
+ * A sandbox is one *holder*: `bwrap --unshare-all … sh` whose user, network (only `lo`) and pid
  * namespaces the sandbox's commands share — so that the relay one command runs serves the worker
  * another runs on the same loopback, and killing the holder ends every process of the sandbox. Each
  * command enters those namespaces (`nsenter`, from this process, with no more than the rights this
- * user has there) and is then started by a second `bwrap` of its own: a new user, pid, ipc, uts and
- * cgroup namespace, a new session, no new privileges, no capabilities, the seccomp filter
+ * user has there) and is then started by a second `bwrap` of its own: a new user, ipc, uts and
+ * cgroup namespace (the pid namespace stays the holder's), a new session, no new privileges, no capabilities, the seccomp filter
  * (seccomp.ts), and a filesystem made of the system read-only and the sandbox's own directories.
  * Nothing of this user's home is bound, only the paths below.
  */
@@ -164,8 +164,15 @@ export async function systemArgs(): Promise<string[]> {
   return args;
 }
 
-/** What the holder runs: nothing but a wait, until the sandbox is destroyed. */
-export const HOLDER_COMMAND = ["sleep", "infinity"] as const;
+/**
+ * What the holder runs: a read of its stdin, a pipe whose other end only the process that made it
+ * holds. That process's death (SIGKILL included) closes it: the read ends, the holder's init
+ * exits and its pid namespace, every command's included, dies with it. bwrap's
+ * `--die-with-parent` alone does not hold as root (the holder was seen left under init).
+ */
+export const HOLDER_COMMAND = ["sh", "-c", "read -r _ || true"] as const;
+/** The program name of the holder's command once it has started (holderReady). */
+export const HOLDER_PROGRAM = "sh";
 
 /** The holder's command line (`system`: `systemArgs()`): the namespaces every command shares. */
 export function holderArgv(tools: LocalTools, system: readonly string[]): string[] {
@@ -207,8 +214,8 @@ export function execArgv(
     "--pid",
     "--preserve-credentials",
     "--",
-    // A /proc of the holder's pid namespace: bwrap finds its child by the pid it sees, and the
-    // host's /proc would give it another process (or none: it then waits forever).
+    // A /proc of the holder's pid namespace: bwrap finds its child by the pid it sees there, and
+    // the host's /proc would give it another process (or none: it then waits forever).
     tools.unshare,
     "--mount-proc",
     "--",
@@ -243,13 +250,16 @@ export function execArgv(
   ];
 }
 
-/** Each command's own namespaces and session (the network is the holder's: only `lo`). */
+/**
+ * Each command's own namespaces and session. The network and the pid namespace are the holder's:
+ * only `lo`, and one pid namespace for the whole sandbox, so that what a command leaves behind is
+ * found (an orphan of the holder's init) and killed, and the holder's end ends everything.
+ */
 export const NAMESPACE_ARGS: readonly string[] = [
   "--unshare-user",
   "--unshare-ipc",
   "--unshare-uts",
   "--unshare-cgroup-try",
-  "--unshare-pid",
   "--die-with-parent",
   "--new-session",
   "--cap-drop",

@@ -42,7 +42,7 @@ export class LocalRelayTransport implements SandboxRelayTransport {
   }
 
   launchRelay(relayArgs: readonly string[]): RelayProcess {
-    // Its own pid namespace (every command has one): nothing the agent runs can see or signal it.
+    // A command like any other: in the sandbox's one pid namespace, as the agent's uid (docs/local.md).
     return spawnRelayProcess(relayArgv(relayArgs), {
       spawn: (argv, options) => this.sandbox.spawnInside(argv, options),
     });

@@ -13,6 +13,7 @@ import { SandboxError } from "../../errors.ts";
 import { userStateDir } from "../../paths.ts";
 import {
   type ChildProcess,
+  type ProcessOutcome,
   processStartTicks,
   run,
   spawn,
@@ -34,6 +35,7 @@ import type {
 } from "../provider.ts";
 import {
   execArgv,
+  HOLDER_PROGRAM,
   holderArgv,
   type HostPrograms,
   LOCAL_PATH,
@@ -118,7 +120,7 @@ async function holderChildPid(holder: ChildProcess): Promise<number> {
       if (found) return Number(found[1]);
     }
   } finally {
-    // The rest of stdout (sleep's, which says nothing) is not read.
+    // The rest of stdout (the holder's command says nothing) is not read.
     reader.releaseLock();
     holder.stdout.cancel().catch(() => {}); // cancelling an ended stream fails harmlessly
   }
@@ -130,17 +132,17 @@ async function holderChildPid(holder: ChildProcess): Promise<number> {
 }
 
 /**
- * Wait until the holder's first process `pid` has started `sleep`: only then are its namespaces
- * complete (the user namespace's id maps are written after the child-pid is said).
+ * Wait until the holder's first process `pid` has started its command: only then are its namespaces
+ * complete (the user namespace's id maps are written after the child-pid is said). The command's
+ * host pid.
  */
-async function holderReady(holder: ChildProcess, pid: number): Promise<void> {
+async function holderReady(holder: ChildProcess, pid: number): Promise<number> {
   let ended = false;
   holder.finished.then(() => ended = true, () => ended = true);
   for (let attempt = 0; attempt < 2_000 && !ended; attempt++) {
-    const children = await Deno.readTextFile(`/proc/${pid}/task/${pid}/children`).catch(() => "");
-    for (const child of children.split(" ").filter(Boolean)) {
+    for (const child of await childrenOf(pid)) {
       const comm = await Deno.readTextFile(`/proc/${child}/comm`).catch(() => "");
-      if (comm.trim() === "sleep") return;
+      if (comm.trim() === HOLDER_PROGRAM) return child;
     }
     await new Promise((resolve) => setTimeout(resolve, 5));
   }
@@ -153,10 +155,21 @@ async function holderReady(holder: ChildProcess, pid: number): Promise<void> {
   );
 }
 
+/** The host pids of process `pid`'s children (none once it is gone). */
+async function childrenOf(pid: number): Promise<number[]> {
+  // A process that is gone has no children: an unreadable file says so.
+  const text = await Deno.readTextFile(`/proc/${pid}/task/${pid}/children`).catch(() => "");
+  return text.split(" ").filter(Boolean).map(Number);
+}
+
 export class LocalSandbox implements SandboxProvider {
   readonly createdAt = new Date().toISOString();
   #holder?: ChildProcess;
   #holderPid = 0;
+  /** The holder's own command (the lifeline's reader): the one child of its init that is no orphan. */
+  #holderCommandPid = 0;
+  /** The holder's stdin: closed at destroy, it ends the holder (as this process's death would). */
+  #lifeline?: ReadableStreamDefaultController<Uint8Array>;
   #system: readonly string[] = [];
   #destroyed = false;
   /** Commands running now: stopped at destroy (their tree dies with the holder either way). */
@@ -175,10 +188,14 @@ export class LocalSandbox implements SandboxProvider {
   async start(_options: { signal?: AbortSignal } = {}): Promise<SandboxStatus> {
     if (this.#holder) return await this.status();
     this.#system = await systemArgs();
-    const holder = spawn(holderArgv(this.tools, this.#system), { clearEnv: true });
+    // Its stdin: a pipe this process never writes nor closes (HOLDER_COMMAND says why).
+    const holder = spawn(holderArgv(this.tools, this.#system), {
+      clearEnv: true,
+      stdin: new ReadableStream<Uint8Array>({ start: (c) => this.#lifeline = c }),
+    });
     this.#holder = holder;
     this.#holderPid = await holderChildPid(holder);
-    await holderReady(holder, this.#holderPid);
+    this.#holderCommandPid = await holderReady(holder, this.#holderPid);
     return await this.status();
   }
 
@@ -227,12 +244,42 @@ export class LocalSandbox implements SandboxProvider {
     return child;
   }
 
+  /**
+   * Kill every process of the sandbox that belongs to no live command, until none is left. A
+   * command's first process in the sandbox has its parent outside it (nsenter, on the host): what
+   * a stopped command leaves behind — its whole tree, `setsid` or double-forked — is reparented to
+   * the holder's init, whose only child of its own is the holder's command.
+   */
+  async #sweep(): Promise<void> {
+    for (let attempt = 0; attempt < 500; attempt++) {
+      const orphans = (await childrenOf(this.#holderPid)).filter((pid) =>
+        pid !== this.#holderCommandPid
+      );
+      if (orphans.length === 0) return;
+      for (const pid of orphans) {
+        try {
+          Deno.kill(pid, "SIGKILL");
+        } catch {
+          // Exited between the read and the kill: nothing to end.
+        }
+      }
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+  }
+
+  /** A command's end; one that was stopped (timeout, abort, kill) leaves nothing behind. */
+  async #ended(child: ChildProcess): Promise<ProcessOutcome> {
+    const ended = await child.finished;
+    if (ended.timedOut || ended.aborted || ended.signal !== null) await this.#sweep();
+    return ended;
+  }
+
   async #finish(
     child: ChildProcess,
     options: ExecOptions,
     oomBefore: number,
   ): Promise<ExecStreamOutcome> {
-    const ended = await child.finished;
+    const ended = await this.#ended(child);
     if (ended.timedOut) {
       throw new SandboxError("timeout", `Command timed out after ${options.timeoutMs} ms`);
     }
@@ -274,7 +321,7 @@ export class LocalSandbox implements SandboxProvider {
     let stderr = "";
     const [stdout, ended] = await Promise.all([
       new Response(child.stdout).text(),
-      child.finished,
+      this.#ended(child),
     ]);
     stderr = ended.stderrTail;
     if (ended.aborted) throw new SandboxError("interrupted", "Command interrupted");
@@ -430,6 +477,8 @@ export class LocalSandbox implements SandboxProvider {
   async destroy(): Promise<void> {
     this.#destroyed = true;
     // The holder's death ends its pid namespace, and with it every command's (nested in it).
+    this.#lifeline?.close();
+    this.#lifeline = undefined;
     this.#holder?.kill(0);
     // Its init too, by pid: one killed before bwrap set its parent-death signal waits forever.
     if (this.#holderPid > 0) {
