@@ -106,29 +106,42 @@ export async function createLocalSandbox(
   return sandbox;
 }
 
-/** Read the holder's `--info-fd` JSON from its stdout until it names the child's pid. */
+/**
+ * Read the holder's `--info-fd` JSON from its stdout until it names the child's pid. The rest of
+ * stdout is read to its end, never closed: bwrap writes more of its JSON after the pid, before it
+ * writes the child's id maps, and a closed pipe killed it there (SIGPIPE), leaving its child
+ * waiting forever for maps that never came — the holder that "did not come up".
+ */
 async function holderChildPid(holder: ChildProcess): Promise<number> {
   const reader = holder.stdout.getReader();
   const decoder = new TextDecoder();
   let text = "";
-  try {
-    while (true) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      text += decoder.decode(value, { stream: true });
-      const found = /"child-pid"\s*:\s*(\d+)/.exec(text);
-      if (found) return Number(found[1]);
+  while (true) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    text += decoder.decode(value, { stream: true });
+    const found = /"child-pid"\s*:\s*(\d+)/.exec(text);
+    if (found) {
+      void drain(reader);
+      return Number(found[1]);
     }
-  } finally {
-    // The rest of stdout (the holder's command says nothing) is not read.
-    reader.releaseLock();
-    holder.stdout.cancel().catch(() => {}); // cancelling an ended stream fails harmlessly
   }
   const ended = await holder.finished;
   throw new SandboxError(
     "exec_failed",
     `Cannot start the local sandbox: bwrap exited ${ended.exitCode}: ${ended.stderrTail.trim()}`,
   );
+}
+
+/** Read a stream to its end, discarding what it says (the holder's stdout: it ends with the holder). */
+async function drain(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<void> {
+  try {
+    while (!(await reader.read()).done) {
+      // Discarded: the rest of bwrap's JSON; the holder's command says nothing.
+    }
+  } catch {
+    // The pipe failed with the holder's end: nothing more to read.
+  }
 }
 
 /**
