@@ -4,11 +4,13 @@
  */
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
 import { profileFrom, uniqueProfile } from "../_helpers.ts";
+import { assertLocal, localTest } from "../_local.ts";
 import { type ConformanceSubject, providerContract } from "./_contract.ts";
 
 console.error("conformance: local provider tests starting");
 
 async function openLocal(): Promise<ConformanceSubject> {
+  assertLocal();
   const state = await Deno.makeTempDir({ prefix: "sandbox-conformance-state-" });
   const previous = Deno.env.get("XDG_STATE_HOME");
   Deno.env.set("XDG_STATE_HOME", state);
@@ -38,4 +40,4 @@ async function openLocal(): Promise<ConformanceSubject> {
   };
 }
 
-providerContract({ name: "local", isolated: true, open: openLocal });
+providerContract({ name: "local", isolated: true, testOptions: localTest(), open: openLocal });

@@ -197,6 +197,11 @@ export class LocalSandbox implements SandboxProvider {
     readonly limits: LocalLimits,
   ) {}
 
+  /** The host pid of the holder's init (0 before start): every process of the sandbox is under it. */
+  get holderPid(): number {
+    return this.#holderPid;
+  }
+
   /** Start the holder (once). */
   async start(_options: { signal?: AbortSignal } = {}): Promise<SandboxStatus> {
     if (this.#holder) return await this.status();
