@@ -84,9 +84,12 @@ export async function createLocalSandbox(
     workspace: `${root}/workspace`,
     home: `${root}/home`,
     tmp: `${root}/tmp`,
-    proxy: `${root}/proxy`,
+    // Short (a Unix socket's path has at most 107 bytes; the state directory can be deep): a
+    // directory of its own in the temporary directory, 0700, named in `proxy-dir` for the reaper.
+    proxy: await Deno.makeTempDir({ prefix: "sandbox-local-" }),
   };
-  for (const dir of [dirs.workspace, dirs.home, dirs.tmp, dirs.proxy]) {
+  await Deno.writeTextFile(`${root}/proxy-dir`, `${dirs.proxy}\n`);
+  for (const dir of [dirs.workspace, dirs.home, dirs.tmp]) {
     await Deno.mkdir(dir, { mode: 0o700 });
   }
   // Who made it: a sandbox whose owner is gone is an orphan (lifecycle.ts reapOrphans).
@@ -514,8 +517,18 @@ export class LocalSandbox implements SandboxProvider {
   }
 }
 
-/** Remove a sandbox's directory, whatever modes the agent left on what it made there. */
+/**
+ * Remove a sandbox's directory, whatever modes the agent left on what it made there, and its
+ * proxies' socket directory (named in its `proxy-dir`, made by this tool under the temporary
+ * directory: the name is checked before anything is removed).
+ */
 export async function removeSandboxDir(root: string): Promise<void> {
+  const proxy = (await Deno.readTextFile(`${root}/proxy-dir`).catch(() => "")).trim();
+  if (/^\/[^\n]*\/sandbox-local-[^/]+$/.test(proxy)) {
+    await Deno.remove(proxy, { recursive: true }).catch((error) => {
+      if (!(error instanceof Deno.errors.NotFound)) throw error;
+    });
+  }
   // chmod -R changes no link's target: it does not follow links met in the walk.
   await run(["chmod", "-R", "u+rwX", "--", root]);
   await Deno.remove(root, { recursive: true }).catch((error) => {
