@@ -146,6 +146,9 @@ test("the user's home is invisible and the system unwritable; the checkout, home
   try {
     await withLocal("", async (sandbox) => {
       const { provider } = sandbox;
+      const users = await provider.exec(["sh", "-c", "cat /etc/passwd; whoami"]);
+      assert.doesNotMatch(users.stdout, /^daemon:/m, "the host's user names are not listed");
+      assert.match(users.stdout, /\nsandbox\n$/, "twin: the sandbox's own user is");
       const read = await provider.exec(["cat", "--", secret]);
       assert.notEqual(read.exitCode, 0);
       assert.equal(read.stdout, "");

@@ -34,12 +34,10 @@ export const LOCAL_PATH = "/opt/sandbox/bin:/usr/local/bin:/usr/bin:/bin";
 /** Top-level system directories bound read-only (or re-made as the links they are). */
 const SYSTEM_DIRS = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 /**
- * What of /etc a command needs (users, name resolution, certificates, the dynamic linker, time
+ * What of /etc a command needs (name resolution, certificates, the dynamic linker, time
  * zone); never all of it: this user may be root, who can read /etc/shadow.
  */
 const ETC_ENTRIES = [
-  "passwd",
-  "group",
   "hosts",
   "nsswitch.conf",
   "resolv.conf",
@@ -55,6 +53,14 @@ const ETC_ENTRIES = [
   "mime.types",
   "gitconfig",
 ];
+
+/** The sandbox's own /etc/passwd and /etc/group: its users, none of the host's names. */
+export const LOCAL_USERS = {
+  passwd:
+    `root:x:0:0:root:/root:/bin/sh\nsandbox:x:${LOCAL_UID}:${LOCAL_UID}:sandbox:/home/sandbox:/bin/sh\n` +
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+  group: `root:x:0:\nsandbox:x:${LOCAL_UID}:\nnogroup:x:65534:\n`,
+} as const;
 
 /** The host directories of one sandbox (all made by the host, removed at release). */
 export interface SandboxDirs {
@@ -232,6 +238,8 @@ export function execArgv(
     "/proc",
     "--dev",
     "/dev",
+    ...bind(`${dirs.root}/passwd`, "/etc/passwd"),
+    ...bind(`${dirs.root}/group`, "/etc/group"),
     ...bind(dirs.workspace, LOCAL_PATHS.workspace, false),
     ...bind(dirs.home, LOCAL_PATHS.home, false),
     ...bind(dirs.tmp, LOCAL_PATHS.tmp, false),

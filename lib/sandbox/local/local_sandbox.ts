@@ -40,6 +40,7 @@ import {
   type HostPrograms,
   LOCAL_PATH,
   LOCAL_PATHS,
+  LOCAL_USERS,
   type LocalTools,
   localTools,
   type SandboxDirs,
@@ -98,6 +99,9 @@ export async function createLocalSandbox(
     `${Deno.pid} ${await processStartTicks(Deno.pid) ?? 0}\n`,
   );
   await Deno.writeFile(`${root}/seccomp.bpf`, seccompBytes(), { mode: 0o400 });
+  for (const [file, text] of Object.entries(LOCAL_USERS)) {
+    await Deno.writeTextFile(`${root}/${file}`, text, { mode: 0o444 });
+  }
   const limits = await applyLimits(name, profile);
   const sandbox = new LocalSandbox(profile, name, dirs, tools, options.programs, limits);
   try {
