@@ -295,13 +295,6 @@ const LOCAL_MUTATIONS: Mutation[] = [
     tests: LOCAL_TESTS,
   },
   {
-    name: "mode local: commands keep their capabilities",
-    file: LOCAL_BWRAP,
-    find: `  "--cap-drop",\n  "ALL",\n`,
-    replace: "",
-    tests: LOCAL_TESTS,
-  },
-  {
     name: "mode local: no seccomp filter",
     file: LOCAL_BWRAP,
     find: "    ...SECCOMP_ARGS,\n",
