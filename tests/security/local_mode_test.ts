@@ -230,6 +230,21 @@ test("a setsid survivor does not outlive the sandbox; until the release it lives
   assert.deepEqual(await untilGone(argv), []);
 });
 
+test("a timed-out command's detached setsid child is killed with it; a command that ends by itself keeps its own (twin)", async () => {
+  await withLocal("", async ({ provider }) => {
+    const detach = (seconds: number, then: string) =>
+      `setsid sh -c 'exec sleep ${seconds}' </dev/null >/dev/null 2>&1 & ${then}`;
+    const ended = await provider.exec(["sh", "-c", detach(4734, "true")]);
+    assert.equal(ended.exitCode, 0);
+    assert.equal((await untilSeen(["sleep", "4734"])).length, 1, "twin: it outlives its command");
+    const stopped = await provider.exec(["sh", "-c", detach(4735, "exec sleep 300")], {
+      timeoutMs: 1_500,
+    });
+    assert.equal(stopped.timedOut, true);
+    assert.deepEqual(await hostProcesses(["sleep", "4735"]), [], "gone when the timeout returns");
+  });
+});
+
 test("the sandbox dies with the process that owns it, SIGKILL included; until then it lives (twin)", async () => {
   assertLocal();
   const argv = ["sleep", "4733"];
