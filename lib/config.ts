@@ -148,7 +148,7 @@ const KubernetesSchema = z.object({
 }).strict();
 
 const SandboxSchema = z.object({
-  mode: z.enum(["none", "container", "devcontainer", "kubernetes"]).default("container"),
+  mode: z.enum(["none", "container", "devcontainer", "kubernetes", "local"]).default("container"),
   devcontainer: DevcontainerSchema.default({}),
   kubernetes: KubernetesSchema.default({}),
   /** The base image the sandbox image is layered on. */

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Provision what a fresh Debian 12 machine lacks to build and test sandbox:
-# Deno (from npm), a Docker engine (Debian's docker.io, started if none is
+# Deno (from npm), bubblewrap (mode local), a Docker engine (Debian's docker.io, started if none is
 # running) and the locally built base image. Idempotent: every step checks first.
 set -euo pipefail
 
@@ -85,6 +85,16 @@ ensure_devcontainer_cli() {
   DENO_DIR="$dir" deno cache --no-config --no-lock --quiet "$spec"
 }
 
+# Sandbox mode local isolates with bubblewrap (docs/local.md): Debian's package, when missing.
+ensure_bubblewrap() {
+  if command -v bwrap >/dev/null 2>&1; then
+    log "bubblewrap $(bwrap --version | cut -d' ' -f2) present"
+    return
+  fi
+  log "installing bubblewrap from Debian packages (sandbox mode local)"
+  apt_install bubblewrap
+}
+
 # The tests of `sandbox image push` push to a registry of their own on loopback: Debian's.
 ensure_docker_registry() {
   if command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ]; then
@@ -96,6 +106,7 @@ ensure_docker_registry() {
 }
 
 ensure_deno
+ensure_bubblewrap
 ensure_devcontainer_cli
 ensure_docker_registry
 ensure_docker

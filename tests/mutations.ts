@@ -268,6 +268,48 @@ const SECRET_NAME_RULES: Mutation[] = [
   })),
 ];
 
+const LOCAL_SANDBOX = "lib/sandbox/local/local_sandbox.ts";
+const LOCAL_BWRAP = "lib/sandbox/local/bwrap.ts";
+const LOCAL_TESTS = ["tests/security/local_mode_test.ts"];
+/** Sandbox mode local's defences (docs/local.md), each caught by its attack. */
+const LOCAL_MUTATIONS: Mutation[] = [
+  {
+    name: "mode local: a command inherits the host's environment",
+    file: LOCAL_SANDBOX,
+    find: "      env: { ...BASE_ENV, ...options.env },\n      clearEnv: true,",
+    replace: "      env: { ...BASE_ENV, ...options.env },\n      clearEnv: false,",
+    tests: LOCAL_TESTS,
+  },
+  {
+    name: "mode local: the sandbox shares the host's network",
+    file: LOCAL_BWRAP,
+    find: `    "--unshare-all",\n`,
+    replace: `    "--unshare-all",\n    "--share-net",\n`,
+    tests: LOCAL_TESTS,
+  },
+  {
+    name: "mode local: the sandbox's root stays writable",
+    file: LOCAL_BWRAP,
+    find: `    "--remount-ro",\n    "/",\n`,
+    replace: "",
+    tests: LOCAL_TESTS,
+  },
+  {
+    name: "mode local: no seccomp filter",
+    file: LOCAL_BWRAP,
+    find: "    ...SECCOMP_ARGS,\n",
+    replace: "",
+    tests: LOCAL_TESTS,
+  },
+  {
+    name: "mode local: a stopped command's leftovers are not swept",
+    file: LOCAL_SANDBOX,
+    find: "if (ended.timedOut || ended.aborted || ended.signal !== null) await this.#sweep();",
+    replace: "if (ended.timedOut && ended.aborted) await this.#sweep();",
+    tests: LOCAL_TESTS,
+  },
+];
+
 export const MUTATIONS: Mutation[] = [
   {
     name: "allowlist wildcard matches without the dot (evilexample.com for *.example.com)",
@@ -1283,6 +1325,7 @@ export const MUTATIONS: Mutation[] = [
   ...BUDGET_MUTATIONS,
   ...SECRET_NAME_RULES,
   ...DOCTOR_MUTATIONS,
+  ...LOCAL_MUTATIONS,
   {
     name: "the host's fetch of a remote carries the credential on git's command line",
     file: "lib/repo/remote_mirror.ts",

@@ -610,7 +610,7 @@ async function resolveRepo(request: RunRequest): Promise<ResolvedRepo> {
   } else if (request.profile.sandbox.mode === "none") {
     throw new SandboxError(
       "usage",
-      "--repo needs an isolated sandbox mode (container, kubernetes)",
+      "--repo needs an isolated sandbox mode (container, kubernetes, local)",
       {
         detail:
           "In mode none the agent would work on your checkout directly: run it there with --cwd instead",

@@ -34,6 +34,12 @@ export function createProvider(
           detail: "Set profiles." + profile.name + '.sandbox.mode to "container"',
         },
       );
+    case "local":
+      throw new SandboxError(
+        "usage",
+        `Profile "${profile.name}" uses sandbox mode "local": its sandboxes live for one run or command`,
+        { detail: "Use sandboxLifecycle(profile).acquire(...) (docs/local.md)" },
+      );
     case "devcontainer":
       throw new SandboxError(
         "usage",
@@ -119,6 +125,11 @@ export async function sandboxLifecycle(profile: Profile): Promise<SandboxLifecyc
     }
     case "none":
       return new HostLifecycle(profile.name);
+    case "local": {
+      // Loaded only here: commands in other modes are spared its modules.
+      const { LocalLifecycle } = await import("./local/lifecycle.ts");
+      return new LocalLifecycle(profile);
+    }
     case "devcontainer":
       throw new SandboxError(
         "usage",

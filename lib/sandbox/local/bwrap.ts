@@ -1,0 +1,278 @@
+/**
+ * The bubblewrap command lines of sandbox mode local (docs/local.md).
+ *
+ * A sandbox is one *holder*: `bwrap --unshare-all … sh` whose user, network (only `lo`) and pid
+ * namespaces the sandbox's commands share — so that the relay one command runs serves the worker
+ * another runs on the same loopback, and killing the holder ends every process of the sandbox. Each
+ * command enters those namespaces (`nsenter`, from this process, with no more than the rights this
+ * user has there) and is then started by a second `bwrap` of its own: a new user, ipc, uts and
+ * cgroup namespace (the pid namespace stays the holder's), a new session, no new privileges, no capabilities, the seccomp filter
+ * (seccomp.ts), and a filesystem made of the system read-only and the sandbox's own directories.
+ * Nothing of this user's home is bound, only the paths below.
+ */
+import { SandboxError } from "../../errors.ts";
+import { run } from "../../process.ts";
+
+/** The sandbox user inside (the container's sandbox uid, for the same file ownership). */
+export const LOCAL_UID = 10001;
+/** Where the sandbox's own directories appear inside. */
+export const LOCAL_PATHS = {
+  workspace: "/workspace",
+  home: "/home/sandbox",
+  tmp: "/tmp",
+  proxy: "/run/sandbox-proxy",
+  cache: "/cache",
+  /** Host programs bound in read-only: deno, the worker and relay bundles. */
+  deno: "/opt/sandbox/bin/deno",
+  worker: "/opt/sandbox/worker.js",
+  relay: "/opt/sandbox/relay.js",
+} as const;
+/** The file descriptor on which bwrap reads the seccomp program (a single digit: dash redirects no other). */
+export const SECCOMP_FD = 9;
+/** The PATH of every command in the sandbox: deno first. */
+export const LOCAL_PATH = "/opt/sandbox/bin:/usr/local/bin:/usr/bin:/bin";
+/** Top-level system directories bound read-only (or re-made as the links they are). */
+const SYSTEM_DIRS = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+/**
+ * What of /etc a command needs (name resolution, certificates, the dynamic linker, time
+ * zone); never all of it: this user may be root, who can read /etc/shadow.
+ */
+const ETC_ENTRIES = [
+  "hosts",
+  "nsswitch.conf",
+  "resolv.conf",
+  "ssl",
+  "ca-certificates",
+  "ca-certificates.conf",
+  "alternatives",
+  "ld.so.cache",
+  "ld.so.conf",
+  "ld.so.conf.d",
+  "localtime",
+  "os-release",
+  "mime.types",
+  "gitconfig",
+];
+
+/** The sandbox's own /etc/passwd and /etc/group: its users, none of the host's names. */
+export const LOCAL_USERS = {
+  passwd:
+    `root:x:0:0:root:/root:/bin/sh\nsandbox:x:${LOCAL_UID}:${LOCAL_UID}:sandbox:/home/sandbox:/bin/sh\n` +
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+  group: `root:x:0:\nsandbox:x:${LOCAL_UID}:\nnogroup:x:65534:\n`,
+} as const;
+
+/** The host directories of one sandbox (all made by the host, removed at release). */
+export interface SandboxDirs {
+  root: string;
+  workspace: string;
+  home: string;
+  tmp: string;
+  proxy: string;
+}
+
+/** What an exec binds besides the sandbox's own directories. */
+export interface HostPrograms {
+  deno: string;
+  worker?: string;
+  relay?: string;
+  /** The repository's object cache, read-only at /cache. */
+  cache?: string;
+}
+
+/** The host's programs this mode needs, found once per process. */
+export interface LocalTools {
+  bwrap: string;
+  nsenter: string;
+  unshare: string;
+}
+
+let probed: Promise<LocalTools> | undefined;
+
+/** The programs mode local needs, and a check that user namespaces work; else an exit-125 error. */
+export function localTools(): Promise<LocalTools> {
+  probed ??= probeTools();
+  // A failed probe is not kept: the user may install bwrap and try again in the same process.
+  probed.catch(() => probed = undefined);
+  return probed;
+}
+
+async function which(program: string): Promise<string | undefined> {
+  for (const dir of (Deno.env.get("PATH") ?? "/usr/bin:/bin").split(":")) {
+    const path = `${dir || "."}/${program}`;
+    const info = await Deno.stat(path).catch(() => undefined);
+    if (info?.isFile && ((info.mode ?? 0) & 0o111) !== 0) return path;
+  }
+  return undefined;
+}
+
+async function probeTools(): Promise<LocalTools> {
+  const [bwrap, nsenter, unshare] = await Promise.all(
+    [which("bwrap"), which("nsenter"), which("unshare")],
+  );
+  if (!bwrap) {
+    throw new SandboxError(
+      "unsupported",
+      'Sandbox mode "local" needs bubblewrap: "bwrap" not found',
+      {
+        detail:
+          "Install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)" +
+          ', or use sandbox mode "container"',
+      },
+    );
+  }
+  if (!nsenter || !unshare) {
+    throw new SandboxError(
+      "unsupported",
+      'Sandbox mode "local" needs "nsenter" and "unshare" (util-linux)',
+      {
+        detail: "Install util-linux",
+      },
+    );
+  }
+  const probe = await run(
+    [bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],
+    {
+      clearEnv: true,
+      timeoutMs: 30_000,
+    },
+  );
+  if (probe.exitCode !== 0) {
+    throw new SandboxError(
+      "unsupported",
+      `Sandbox mode "local" needs unprivileged user namespaces, which this machine refuses: ${
+        probe.stderr.trim().split("\n").at(-1) ?? `bwrap exited ${probe.exitCode}`
+      }`,
+      {
+        detail:
+          "Enable them (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0; " +
+          "Ubuntu 24.04+: kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for bwrap)" +
+          ', or use sandbox mode "container"',
+      },
+    );
+  }
+  return { bwrap, nsenter, unshare };
+}
+
+/** The system read-only: /usr and its companions as they are on the host, and the /etc entries above. */
+export async function systemArgs(): Promise<string[]> {
+  const args: string[] = [];
+  for (const name of SYSTEM_DIRS) {
+    const info = await Deno.lstat(`/${name}`).catch(() => undefined);
+    if (info?.isSymlink) args.push("--symlink", await Deno.readLink(`/${name}`), `/${name}`);
+    else if (info?.isDirectory) args.push("--ro-bind", `/${name}`, `/${name}`);
+  }
+  for (const name of ETC_ENTRIES) {
+    if (await Deno.lstat(`/etc/${name}`).then(() => true, () => false)) {
+      args.push("--ro-bind", `/etc/${name}`, `/etc/${name}`);
+    }
+  }
+  return args;
+}
+
+/**
+ * What the holder runs: a read of its stdin, a pipe whose other end only the process that made it
+ * holds. That process's death (SIGKILL included) closes it: the read ends, the holder's init
+ * exits and its pid namespace, every command's included, dies with it. bwrap's
+ * `--die-with-parent` alone does not hold as root (the holder was seen left under init).
+ */
+export const HOLDER_COMMAND = ["sh", "-c", "read -r _ || true"] as const;
+/** The program name of the holder's command once it has started (holderReady). */
+export const HOLDER_PROGRAM = "sh";
+
+/** The holder's command line (`system`: `systemArgs()`): the namespaces every command shares. */
+export function holderArgv(tools: LocalTools, system: readonly string[]): string[] {
+  return [
+    tools.bwrap,
+    "--unshare-all",
+    "--die-with-parent",
+    "--new-session",
+    ...system,
+    "--proc",
+    "/proc",
+    // The child's pid, as soon as its namespaces exist, on stdout (read by the host).
+    "--info-fd",
+    "1",
+    "--",
+    ...HOLDER_COMMAND,
+  ];
+}
+
+/**
+ * A command in the sandbox whose holder's first process is `holderPid`: entered into its
+ * namespaces, then confined by a bwrap of its own (see the module's comment). The seccomp program
+ * is read from `SECCOMP_FD`, which the caller opens (limits.ts `wrapperArgv`).
+ */
+export function execArgv(
+  sandbox: { tools: LocalTools; holderPid: number; system: readonly string[] },
+  dirs: SandboxDirs,
+  programs: HostPrograms,
+  command: { argv: readonly string[]; cwd?: string },
+): string[] {
+  const { tools, holderPid, system } = sandbox;
+  const bind = (from: string | undefined, to: string, ro = true): string[] =>
+    from === undefined ? [] : [ro ? "--ro-bind" : "--bind", from, to];
+  return [
+    tools.nsenter,
+    `--target=${holderPid}`,
+    "--user",
+    "--net",
+    "--pid",
+    "--preserve-credentials",
+    "--",
+    // A /proc of the holder's pid namespace: bwrap finds its child by the pid it sees there, and
+    // the host's /proc would give it another process (or none: it then waits forever).
+    tools.unshare,
+    "--mount-proc",
+    "--",
+    tools.bwrap,
+    ...NAMESPACE_ARGS,
+    "--uid",
+    String(LOCAL_UID),
+    "--gid",
+    String(LOCAL_UID),
+    "--hostname",
+    "sandbox",
+    ...system,
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    ...bind(`${dirs.root}/passwd`, "/etc/passwd"),
+    ...bind(`${dirs.root}/group`, "/etc/group"),
+    ...bind(dirs.workspace, LOCAL_PATHS.workspace, false),
+    ...bind(dirs.home, LOCAL_PATHS.home, false),
+    ...bind(dirs.tmp, LOCAL_PATHS.tmp, false),
+    ...bind(dirs.proxy, LOCAL_PATHS.proxy),
+    ...bind(programs.cache, LOCAL_PATHS.cache),
+    ...bind(programs.deno, LOCAL_PATHS.deno),
+    ...bind(programs.worker, LOCAL_PATHS.worker),
+    ...bind(programs.relay, LOCAL_PATHS.relay),
+    ...SECCOMP_ARGS,
+    "--remount-ro",
+    "/",
+    "--chdir",
+    command.cwd ?? LOCAL_PATHS.workspace,
+    "--",
+    ...command.argv,
+  ];
+}
+
+/**
+ * Each command's own namespaces and session. The network and the pid namespace are the holder's:
+ * only `lo`, and one pid namespace for the whole sandbox, so that what a command leaves behind is
+ * found (an orphan of the holder's init) and killed, and the holder's end ends everything.
+ */
+export const NAMESPACE_ARGS: readonly string[] = [
+  "--unshare-user",
+  "--unshare-ipc",
+  "--unshare-uts",
+  "--unshare-cgroup-try",
+  "--die-with-parent",
+  "--new-session",
+  "--cap-drop",
+  "ALL",
+];
+
+/** The seccomp filter, read from the descriptor the wrapper opens. */
+export const SECCOMP_ARGS: readonly string[] = ["--seccomp", String(SECCOMP_FD)];

@@ -1,0 +1,159 @@
+/**
+ * Sandbox mode local's implementation of the seam (provider.ts): a `LocalSandbox` made for each
+ * run and destroyed after it (no pool: a sandbox's holder lives only as long as the process that
+ * made it, `--die-with-parent`), its relay transport (the relay started by a command in the
+ * sandbox, its stdio the stream; the sandbox's socket directory bound in read-only), the disk of
+ * its checkout watched with `du` from the host, and a repository's object cache kept by the host
+ * and bound in read-only (lib/sandbox/local/cache.ts). Chosen by providers.ts.
+ */
+import type { Profile } from "../../config.ts";
+import type { SandboxError } from "../../errors.ts";
+import { isSameProcessAlive, spawn } from "../../process.ts";
+import { relayArgv, type RelayProcess, spawnRelayProcess } from "../../proxy/relay_host.ts";
+import type { LocalRepo } from "../../repo/local.ts";
+import { startDiskWatch } from "../disk_watch.ts";
+import type {
+  RunSandbox,
+  SandboxKind,
+  SandboxLifecycle,
+  SandboxRelayTransport,
+  SandboxRequest,
+} from "../provider.ts";
+import { denoBinaryPath, relayBundlePath, workerBundlePath } from "../worker_bundle.ts";
+import { LOCAL_PATHS } from "./bwrap.ts";
+import { localCacheDir, updateLocalCache } from "./cache.ts";
+import {
+  createLocalSandbox,
+  type LocalSandbox,
+  localSandboxesDir,
+  removeSandboxDir,
+} from "./local_sandbox.ts";
+import { applyLimits } from "./limits.ts";
+
+/** How often the checkout's size is measured. */
+const DISK_POLL_S = 1;
+
+/** The relay of a local sandbox: a command in it, its stdio the mux stream. */
+export class LocalRelayTransport implements SandboxRelayTransport {
+  constructor(readonly sandbox: LocalSandbox) {}
+
+  get sandboxName(): string {
+    return this.sandbox.containerName;
+  }
+
+  launchRelay(relayArgs: readonly string[]): RelayProcess {
+    // A command like any other: in the sandbox's one pid namespace, as the agent's uid (docs/local.md).
+    return spawnRelayProcess(relayArgv(relayArgs), {
+      spawn: (argv, options) => this.sandbox.spawnInside(argv, options),
+    });
+  }
+
+  /** No spare relays: a local sandbox serves one run, whose session starts its relay. */
+  startDetachedRelay(): Promise<undefined> {
+    return Promise.resolve(undefined);
+  }
+
+  stopRelay(): Promise<void> {
+    return Promise.resolve();
+  }
+
+  socketMount(): Promise<{ host: string; sandbox: string }> {
+    return Promise.resolve({ host: this.sandbox.dirs.proxy, sandbox: LOCAL_PATHS.proxy });
+  }
+}
+
+/** One run's local sandbox. */
+class LocalRunSandbox implements RunSandbox {
+  readonly fromPool = false;
+  readonly relay: LocalRelayTransport;
+  constructor(readonly provider: LocalSandbox, readonly repoKey?: string) {
+    this.relay = new LocalRelayTransport(provider);
+  }
+
+  get name(): string {
+    return this.provider.containerName;
+  }
+
+  attachWorker() {
+    return Promise.resolve(undefined);
+  }
+
+  watchDisk(options: { onAbort?: (reason: SandboxError) => void }) {
+    const { workspace } = this.provider.dirs;
+    return startDiskWatch(() =>
+      Promise.resolve(spawn([
+        "sh",
+        "-c",
+        'while :; do s=$(du -sk -- "$1" 2>/dev/null | cut -f1); echo "du ${s:-0}"; sleep "$2"; done',
+        "sh",
+        workspace,
+        String(DISK_POLL_S),
+      ])), {
+      limitBytes: this.provider.profile.resources.diskBytes,
+      sandbox: this.name,
+      profile: this.provider.profile.name,
+      onAbort: options.onAbort,
+    });
+  }
+
+  async updateCache(repo: LocalRepo, signal?: AbortSignal): Promise<number> {
+    if (!this.repoKey) throw new TypeError(`Sandbox "${this.name}" binds no object cache`);
+    return await updateLocalCache(this.repoKey, repo, signal);
+  }
+
+  release(): Promise<void> {
+    return this.provider.destroy();
+  }
+
+  /** Its holder ends with this process: what is kept is its directory, until `sandbox down`. */
+  keep(): Promise<void> {
+    return Promise.resolve();
+  }
+}
+
+/** Local sandboxes for runs of one profile. */
+export class LocalLifecycle implements SandboxLifecycle {
+  readonly isolated = true;
+  constructor(readonly profile: Profile) {}
+
+  async acquire(request: SandboxRequest): Promise<RunSandbox> {
+    const cache = request.repo ? await localCacheDir(request.repo.key) : undefined;
+    const [worker, relay] = await Promise.all([
+      workerBundlePath(request.onProgress),
+      relayBundlePath(request.onProgress),
+    ]);
+    const name = `local-${request.runId.replace(/[^A-Za-z0-9_-]/g, "").slice(0, 24)}-${
+      crypto.randomUUID().slice(0, 8)
+    }`;
+    const sandbox = await createLocalSandbox(this.profile, name, {
+      programs: { deno: denoBinaryPath(), worker, relay, cache },
+      signal: request.signal,
+    });
+    return new LocalRunSandbox(sandbox, cache ? request.repo!.key : undefined);
+  }
+
+  /** No pool: a holder cannot outlive the process that made it. */
+  fill(_kind: SandboxKind): Promise<string[]> {
+    return Promise.resolve([]);
+  }
+
+  ready(_kind: SandboxKind): Promise<string[]> {
+    return Promise.resolve([]);
+  }
+
+  /** Sandbox directories (and cgroups) whose maker is gone: removed; their names. */
+  async reapOrphans(): Promise<string[]> {
+    const reaped: string[] = [];
+    const dir = localSandboxesDir();
+    const entries = await Array.fromAsync(Deno.readDir(dir)).catch(() => []);
+    for (const entry of entries) {
+      const owner = await Deno.readTextFile(`${dir}/${entry.name}/owner`).catch(() => undefined);
+      const [pid, ticks] = (owner ?? "0 0").trim().split(" ").map(Number);
+      if (pid === Deno.pid || await isSameProcessAlive(pid, ticks || undefined)) continue;
+      await (await applyLimits(entry.name, this.profile)).remove();
+      await removeSandboxDir(`${dir}/${entry.name}`);
+      reaped.push(entry.name);
+    }
+    return reaped;
+  }
+}

@@ -1,0 +1,317 @@
+/**
+ * Attacks on sandbox mode local (lib/sandbox/local/, docs/local.md), each beside its positive twin:
+ * the same action, allowed, succeeding on the same path. They run against real bubblewrap
+ * sandboxes (tests/_local.ts gates them: skipped without bwrap, failing loudly under CI).
+ */
+import assert from "node:assert/strict";
+import type { LocalSandbox } from "../../lib/sandbox/local/local_sandbox.ts";
+import type { RunSandbox } from "../../lib/sandbox/provider.ts";
+import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
+import { run } from "../../lib/process.ts";
+import { profileFrom, uniqueProfile } from "../_helpers.ts";
+import { assertLocal, localTest } from "../_local.ts";
+
+console.error("security: mode local tests starting");
+
+/** A mode-local sandbox of a profile whose `sandbox:` is `{mode: local, ...extra}`, released after `fn`. */
+async function withLocal<T>(
+  extra: string,
+  fn: (sandbox: RunSandbox, provider: LocalSandbox) => Promise<T>,
+): Promise<T> {
+  assertLocal();
+  const state = await Deno.makeTempDir({ prefix: "sandbox-local-security-" });
+  const previous = Deno.env.get("XDG_STATE_HOME");
+  Deno.env.set("XDG_STATE_HOME", state);
+  try {
+    const name = uniqueProfile("local-sec");
+    const yaml = `profiles:\n  ${name}:\n    sandbox: {mode: local${extra}}\n`;
+    const lifecycle = await sandboxLifecycle(profileFrom(yaml, name));
+    const sandbox = await lifecycle.acquire({ runId: crypto.randomUUID().slice(0, 8) });
+    try {
+      return await fn(sandbox, sandbox.provider as LocalSandbox);
+    } finally {
+      await sandbox.release();
+    }
+  } finally {
+    if (previous === undefined) Deno.env.delete("XDG_STATE_HOME");
+    else Deno.env.set("XDG_STATE_HOME", previous);
+    await Deno.remove(state, { recursive: true });
+  }
+}
+
+/** Host pids whose command line is exactly `argv`. */
+async function hostProcesses(argv: string[]): Promise<number[]> {
+  const wanted = argv.join("\0") + "\0";
+  const found: number[] = [];
+  for await (const entry of Deno.readDir("/proc")) {
+    if (!/^\d+$/.test(entry.name)) continue;
+    // A process that ended during the walk has no command line: not one of ours.
+    const cmdline = await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => "");
+    if (cmdline === wanted) found.push(Number(entry.name));
+  }
+  return found;
+}
+
+/** Poll until a host process has command line `argv`; their pids. */
+async function untilSeen(argv: string[]): Promise<number[]> {
+  let found = await hostProcesses(argv);
+  for (let attempt = 0; attempt < 300 && found.length === 0; attempt++) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    found = await hostProcesses(argv);
+  }
+  return found;
+}
+
+/** Poll until no host process has command line `argv` (a generous cap: the machine is shared). */
+async function untilGone(argv: string[]): Promise<number[]> {
+  let left = await hostProcesses(argv);
+  for (let attempt = 0; attempt < 300 && left.length > 0; attempt++) {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    left = await hostProcesses(argv);
+  }
+  return left;
+}
+
+const test = (name: string, fn: () => Promise<void>) =>
+  Deno.test({ name: `local: ${name}`, ...localTest(), fn });
+
+test("a value in the host's environment is in no process, command line or file inside; a variable given to a command is (twin)", async () => {
+  const canary = `canary-${crypto.randomUUID()}`;
+  Deno.env.set("SANDBOX_LOCAL_CANARY", canary);
+  try {
+    await withLocal("", async (sandbox) => {
+      const { provider } = sandbox;
+      const look =
+        `cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -c -- "$1";
+        grep -rls -- "$1" /workspace /home/sandbox /tmp /run/sandbox-proxy /etc /opt 2>/dev/null | wc -l`;
+      // "[c]anary-…" matches the canary, not itself: the search's own command line is no hit.
+      const attack = await provider.exec(["sh", "-c", look, "sh", `[c]${canary.slice(1)}`]);
+      assert.deepEqual(attack.stdout.trim().split("\n"), ["0", "0"], attack.stderr);
+      const twin = await provider.exec(["sh", "-c", 'echo "$SANDBOX_LOCAL_CANARY"'], {
+        env: { SANDBOX_LOCAL_CANARY: canary },
+      });
+      assert.equal(twin.stdout.trim(), canary);
+      const inherited = await provider.exec(["sh", "-c", 'echo "${SANDBOX_LOCAL_CANARY:-unset}"']);
+      assert.equal(inherited.stdout.trim(), "unset");
+    });
+  } finally {
+    Deno.env.delete("SANDBOX_LOCAL_CANARY");
+  }
+});
+
+test("a server on the host's loopback is unreachable; a Unix socket in the proxies' directory is reached (twin)", async () => {
+  await withLocal("", async (sandbox, provider) => {
+    const server = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+    const socketPath = `${provider.dirs.proxy}/twin.sock`;
+    const unix = Deno.listen({ transport: "unix", path: socketPath });
+    const answer = async (listener: Deno.Listener) => {
+      for await (const conn of listener) {
+        await conn.write(new TextEncoder().encode("reached\n")).catch(() => 0);
+        conn.close();
+      }
+    };
+    const serving = Promise.all([answer(server), answer(unix)]);
+    try {
+      const connect = (target: string) =>
+        sandbox.provider.exec([
+          "deno",
+          "eval",
+          `const c = await Deno.connect(${target}); const b = new Uint8Array(16); ` +
+          `const n = await c.read(b); console.log(new TextDecoder().decode(b.subarray(0, n ?? 0)).trim());`,
+        ], { timeoutMs: 60_000 });
+      const port = (server.addr as Deno.NetAddr).port;
+      const attack = await connect(`{ hostname: "127.0.0.1", port: ${port} }`);
+      assert.notEqual(attack.exitCode, 0, attack.stdout);
+      assert.match(attack.stderr, /refused|unreachable/i);
+      const twin = await connect(`{ transport: "unix", path: "/run/sandbox-proxy/twin.sock" }`);
+      assert.equal(twin.stdout.trim(), "reached", twin.stderr);
+      const links = await sandbox.provider.exec([
+        "sh",
+        "-c",
+        "tail -n +3 /proc/net/dev | cut -d: -f1",
+      ]);
+      assert.deepEqual(links.stdout.trim().split(/\s+/), ["lo"]);
+    } finally {
+      server.close();
+      unix.close();
+      await serving.catch(() => {}); // a closed listener ends its loop with an error: expected
+    }
+  });
+});
+
+test("the user's home is invisible and the system unwritable; the checkout, home and /tmp of the sandbox are writable (twin)", async () => {
+  const home = Deno.env.get("HOME") ?? "/root";
+  const secret = `${home}/.sandbox-local-secret-${crypto.randomUUID().slice(0, 8)}`;
+  await Deno.writeTextFile(secret, "host secret\n");
+  try {
+    await withLocal("", async (sandbox) => {
+      const { provider } = sandbox;
+      const users = await provider.exec(["sh", "-c", "cat /etc/passwd; whoami"]);
+      assert.doesNotMatch(users.stdout, /^daemon:/m, "the host's user names are not listed");
+      assert.match(users.stdout, /\nsandbox\n$/, "twin: the sandbox's own user is");
+      const read = await provider.exec(["cat", "--", secret]);
+      assert.notEqual(read.exitCode, 0);
+      assert.equal(read.stdout, "");
+      await provider.copyIn(secret, "/workspace/copied");
+      assert.equal((await provider.exec(["cat", "/workspace/copied"])).stdout, "host secret\n");
+      const marker = `m-${crypto.randomUUID().slice(0, 8)}`;
+      for (const dir of ["/", "/usr/local", "/etc", "/opt/sandbox", home, "/run/sandbox-proxy"]) {
+        const write = await provider.exec(["touch", `${dir}/${marker}`]);
+        assert.notEqual(write.exitCode, 0, `${dir} is writable`);
+        assert.equal(await Deno.lstat(`${dir}/${marker}`).then(() => true, () => false), false);
+      }
+      for (const dir of ["/workspace", "/home/sandbox", "/tmp"]) {
+        const write = await provider.exec(["touch", `${dir}/${marker}`]);
+        assert.equal(write.exitCode, 0, `${dir}: ${write.stderr}`);
+      }
+    });
+  } finally {
+    await Deno.remove(secret);
+  }
+});
+
+test("no escalation: no capabilities, no new privileges, no new namespaces, host processes out of sight; the sandbox's own processes are seen (twin)", async () => {
+  await withLocal("", async (sandbox) => {
+    const { provider } = sandbox;
+    const status = (await provider.exec(["cat", "/proc/self/status"])).stdout;
+    assert.match(status, /^CapEff:\s+0000000000000000$/m);
+    assert.match(status, /^CapPrm:\s+0000000000000000$/m);
+    assert.match(status, /^NoNewPrivs:\s+1$/m);
+    const nested = await provider.exec(["unshare", "--user", "--map-root-user", "true"]);
+    assert.notEqual(nested.exitCode, 0);
+    assert.match(nested.stderr, /Operation not permitted/);
+    const onHost = await run(["unshare", "--user", "--map-root-user", "true"]);
+    assert.equal(onHost.exitCode, 0, `twin: the host may: ${onHost.stderr}`);
+    const mine = `${Deno.pid}`;
+    const all = await provider.exec(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]);
+    assert.doesNotMatch(all.stdout, /deno test|security\/local_mode_test/);
+    const trace = await provider.exec([
+      "perl",
+      "-e",
+      '$! = 0; syscall(101, 16, $ARGV[0], 0, 0); print $!+0, "\\n"',
+      mine,
+    ]);
+    assert.equal(trace.stdout.trim(), "1", "ptrace answers EPERM");
+    const held = provider.execBytes(["sh", "-c", "echo started; exec sleep 4731"]);
+    const reader = held.stdout.getReader();
+    assert.equal(new TextDecoder().decode((await reader.read()).value), "started\n");
+    const seen = await provider.exec(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]);
+    assert.match(seen.stdout, /sleep 4731/);
+    reader.releaseLock();
+    await held.stop();
+    await held.stdout.cancel();
+  });
+});
+
+test("terminal injection (TIOCSTI) is refused; another terminal ioctl reaches the kernel (twin)", async () => {
+  await withLocal("", async ({ provider }) => {
+    const ioctl = (request: number) =>
+      provider.exec([
+        "perl",
+        "-e",
+        `my $b = "x" x 8; $! = 0; ioctl(STDIN, ${request}, $b); print $!+0, "\\n"`,
+      ]);
+    assert.equal((await ioctl(0x5412)).stdout.trim(), "1", "TIOCSTI answers EPERM");
+    assert.equal((await ioctl(0x5413)).stdout.trim(), "25", "TIOCGWINSZ answers ENOTTY");
+  });
+});
+
+test("a setsid survivor does not outlive the sandbox; until the release it lives (twin)", async () => {
+  const argv = ["sleep", "4732"];
+  await withLocal("", async ({ provider }) => {
+    const started = await provider.exec([
+      "sh",
+      "-c",
+      "setsid sh -c 'exec sleep 4732' </dev/null >/dev/null 2>&1 &",
+    ]);
+    assert.equal(started.exitCode, 0);
+    assert.equal((await untilSeen(argv)).length, 1, "the survivor left its command and lives");
+  });
+  assert.deepEqual(await untilGone(argv), []);
+});
+
+test("a timed-out command's detached setsid child is killed with it; a command that ends by itself keeps its own (twin)", async () => {
+  await withLocal("", async ({ provider }) => {
+    const detach = (seconds: number, then: string) =>
+      `setsid sh -c 'exec sleep ${seconds}' </dev/null >/dev/null 2>&1 & ${then}`;
+    const ended = await provider.exec(["sh", "-c", detach(4734, "true")]);
+    assert.equal(ended.exitCode, 0);
+    assert.equal((await untilSeen(["sleep", "4734"])).length, 1, "twin: it outlives its command");
+    const stopped = await provider.exec(["sh", "-c", detach(4735, "exec sleep 300")], {
+      timeoutMs: 1_500,
+    });
+    assert.equal(stopped.timedOut, true);
+    assert.deepEqual(await hostProcesses(["sleep", "4735"]), [], "gone when the timeout returns");
+  });
+});
+
+test("the sandbox dies with the process that owns it, SIGKILL included; until then it lives (twin)", async () => {
+  assertLocal();
+  const argv = ["sleep", "4733"];
+  const state = await Deno.makeTempDir({ prefix: "sandbox-local-owner-" });
+  const owner = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", new URL("./_local_owner.ts", import.meta.url).pathname],
+    env: { XDG_STATE_HOME: state },
+    stdout: "piped",
+  }).spawn();
+  try {
+    const reader = owner.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    let said = "";
+    while (!said.includes("\n")) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      said += value;
+    }
+    const holder = Number(/^ready (\d+)$/m.exec(said)?.[1]);
+    assert.ok(holder > 0, `the owner said: ${said}`);
+    assert.equal((await untilSeen(argv)).length, 1, "the sandbox's survivor lives");
+    owner.kill("SIGKILL");
+    await owner.status;
+    reader.releaseLock();
+    await owner.stdout.cancel().catch(() => {}); // its writer is dead: nothing left to read
+    assert.deepEqual(await untilGone(argv), []);
+    let state = "";
+    for (let attempt = 0; attempt < 300; attempt++) {
+      // Gone (or a zombie its new parent has yet to reap): no process of the sandbox runs.
+      state = (await Deno.readTextFile(`/proc/${holder}/stat`).catch(() => "")).split(" ")[2] ?? "";
+      if (state === "" || state === "Z") break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    assert.ok(state === "" || state === "Z", `the holder's init is still ${state}`);
+  } finally {
+    try {
+      owner.kill("SIGKILL");
+    } catch {
+      // Killed by the test already.
+    }
+    await Deno.remove(state, { recursive: true });
+  }
+});
+
+test("pids and memory limits hold where a cgroup enforces them; below them commands run (twin)", async () => {
+  await withLocal(", resources: {pids: 32, memory: 96m}", async (sandbox, provider) => {
+    const spawnMany = (n: number) =>
+      sandbox.provider.exec([
+        "sh",
+        "-c",
+        `i=0; while [ $i -lt ${n} ]; do sleep 20 & i=$((i+1)); done; kill $(jobs -p) 2>/dev/null; wait`,
+      ], { timeoutMs: 120_000 });
+    const few = await spawnMany(8);
+    assert.equal(few.stderr, "");
+    const many = await spawnMany(64);
+    assert.match(many.stderr, /fork/i, "the 64 processes hit the limit of 32");
+    const hog = (size: string) =>
+      sandbox.provider.exec(["sh", "-c", `head -c ${size} /dev/zero | tail -n 1 | wc -c`], {
+        timeoutMs: 120_000,
+      });
+    const small = await hog("16m");
+    assert.equal(small.stdout.trim(), String(16 * 1024 * 1024));
+    if (provider.limits.kind === "rlimit") {
+      // Without a cgroup memory is not limited: the sandbox says so rather than pretend.
+      assert.equal((await provider.stats()).memoryLimitBytes, 0);
+    } else {
+      const big = await hog("400m");
+      assert.equal(big.oomKilled, true, `${big.exitCode} ${big.stdout} ${big.stderr}`);
+    }
+  });
+});
