@@ -1409,4 +1409,11 @@ export const MUTATIONS: Mutation[] = [
     replace: `    pooled: false,`,
     tests: ["tests/security/doctor_weakened_test.ts"],
   },
+  {
+    name: "mode local: a command inherits the host process's open descriptors",
+    file: "lib/sandbox/local/local_sandbox.ts",
+    find: "return withoutInheritedFds(this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`));",
+    replace: "return this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`);",
+    tests: ["tests/security/local_mode_test.ts"],
+  },
 ];

@@ -315,3 +315,20 @@ test("pids and memory limits hold where a cgroup enforces them; below them comma
     }
   });
 });
+
+test("a descriptor the host process leaves inheritable is not open in a command; a host child has it (twin)", async () => {
+  // ls's own descriptors: the directory it lists (`/proc/N/fd`, left out below) and stdio.
+  const list = "ls -l /proc/self/fd | awk 'NR > 1 { print $9, $11 }'";
+  const extra = (stdout: string) =>
+    stdout.trim().split("\n").filter((line) =>
+      Number(line.split(" ")[0]) > 2 && !/\/fd$/.test(line)
+    );
+  // The twin: a child of this process, on the host, inherits what this process leaves open
+  // (Deno leaves /dev/null on one descriptor; a parent may add its own).
+  const host = await run(["sh", "-c", list]);
+  assert.ok(extra(host.stdout).length > 0, `nothing inheritable here: ${host.stdout}`);
+  await withLocal("", async (sandbox) => {
+    const inside = await sandbox.provider.exec(["sh", "-c", list]);
+    assert.deepEqual(extra(inside.stdout), [], inside.stdout);
+  });
+});

@@ -107,8 +107,8 @@ async function which(program: string): Promise<string | undefined> {
 }
 
 async function probeTools(): Promise<LocalTools> {
-  const [bwrap, nsenter, unshare] = await Promise.all(
-    [which("bwrap"), which("nsenter"), which("unshare")],
+  const [bwrap, nsenter, unshare, bash] = await Promise.all(
+    [which("bwrap"), which("nsenter"), which("unshare"), which("bash")],
   );
   if (!bwrap) {
     throw new SandboxError(
@@ -121,13 +121,11 @@ async function probeTools(): Promise<LocalTools> {
       },
     );
   }
-  if (!nsenter || !unshare) {
+  if (!nsenter || !unshare || !bash) {
     throw new SandboxError(
       "unsupported",
-      'Sandbox mode "local" needs "nsenter" and "unshare" (util-linux)',
-      {
-        detail: "Install util-linux",
-      },
+      'Sandbox mode "local" needs "nsenter" and "unshare" (util-linux) and "bash"',
+      { detail: `Install ${!bash ? "bash" : "util-linux"}` },
     );
   }
   const probe = await run(
@@ -179,6 +177,19 @@ export async function systemArgs(): Promise<string[]> {
 export const HOLDER_COMMAND = ["sh", "-c", "read -r _ || true"] as const;
 /** The program name of the holder's command once it has started (holderReady). */
 export const HOLDER_PROGRAM = "sh";
+
+/**
+ * `argv` started with no descriptor of this process's but stdio. A child inherits whatever
+ * descriptor lacks close-on-exec: Deno leaves `/dev/null` open on one, and a parent of this
+ * process may leave a pipe of its own; in a sandbox either is a way out (a pipe another program
+ * reads). bash closes every one above 2 and becomes `argv` (dash can redirect single digits only).
+ */
+export function withoutInheritedFds(argv: readonly string[]): string[] {
+  return ["bash", "-c", CLOSE_INHERITED_FDS, "bash", ...argv];
+}
+
+const CLOSE_INHERITED_FDS = "for f in /proc/$$/fd/*; do n=${f##*/}; " +
+  'if [ "$n" -gt 2 ]; then eval "exec $n>&-"; fi; done; exec "$@"';
 
 /** The holder's command line (`system`: `systemArgs()`): the namespaces every command shares. */
 export function holderArgv(tools: LocalTools, system: readonly string[]): string[] {

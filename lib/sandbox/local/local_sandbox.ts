@@ -45,6 +45,7 @@ import {
   localTools,
   type SandboxDirs,
   systemArgs,
+  withoutInheritedFds,
 } from "./bwrap.ts";
 import { applyLimits, type LocalLimits } from "./limits.ts";
 import { seccompBytes } from "./seccomp.ts";
@@ -214,7 +215,7 @@ export class LocalSandbox implements SandboxProvider {
     if (this.#holder) return await this.status();
     this.#system = await systemArgs();
     // Its stdin: a pipe this process never writes nor closes (HOLDER_COMMAND says why).
-    const holder = spawn(holderArgv(this.tools, this.#system), {
+    const holder = spawn(withoutInheritedFds(holderArgv(this.tools, this.#system)), {
       clearEnv: true,
       stdin: new ReadableStream<Uint8Array>({ start: (c) => this.#lifeline = c }),
     });
@@ -248,7 +249,7 @@ export class LocalSandbox implements SandboxProvider {
       this.programs,
       { argv, cwd },
     );
-    return this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`);
+    return withoutInheritedFds(this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`));
   }
 
   /** A command in the sandbox, from the base environment plus `options.env` (nothing of the host's). */
