@@ -1,6 +1,7 @@
 /** `sandbox run agentic|generate`: an agent in the sandbox, its messages on stdout. */
 import { type Command, Option } from "commander";
 import { cliState } from "./context.ts";
+import { SandboxError } from "../lib/errors.ts";
 import { profileOption } from "./options.ts";
 import type { RunFlags } from "./run_action.ts";
 import { AGENTS } from "../lib/agents/packages.ts";
@@ -16,7 +17,10 @@ export function registerRunCommand(program: Command): void {
           ? "run a tool-using coding agent; one AgenticMessage JSON per line on stdout"
           : "one structured-output LLM call; with --schema the result is JSON valid against it",
       )
-      .requiredOption("--prompt-file <file>", 'the prompt ("-" reads stdin)')
+      .option(
+        "--prompt-file <file>",
+        'the prompt ("-" reads stdin; required but with --interactive)',
+      )
       .addOption(profileOption())
       .option(
         "-m, --model <model>",
@@ -63,11 +67,24 @@ export function registerRunCommand(program: Command): void {
         .option(
           "--lifecycle-events",
           "also print our own namespaced events (sandbox.branch) on stdout",
-        );
+        )
+        .option(
+          "--interactive",
+          "open the agent CLI's own terminal UI in the sandbox, as a session (see sandbox attach)",
+        )
+        .option("-d, --detach", "with --interactive: start the session in the background");
     } else {
       sub.option("--schema <file>", "JSON Schema the result must satisfy");
     }
-    sub.action(async (opts: RunFlags, command: Command) => {
+    sub.action(async (opts: RunFlags & { interactive?: boolean; detach?: boolean }, command) => {
+      if (opts.interactive) {
+        const { interactiveAction } = await import("./agent_session_command.ts");
+        return await interactiveAction(opts, command);
+      }
+      if (opts.detach) throw new SandboxError("usage", "--detach is for --interactive");
+      if (opts.promptFile === undefined) {
+        throw new SandboxError("usage", "required option '--prompt-file <file>' not specified");
+      }
       const { runAction } = await import("./run_action.ts");
       cliState.exitCode = await runAction(mode, opts, command);
     });

@@ -2,8 +2,8 @@ import assert from "node:assert/strict";
 import { AccessLog, type AccessLogEntry } from "../../lib/proxy/access_log.ts";
 import {
   ANTHROPIC_VERSION,
-  OAUTH_BETA,
   type CredentialProxy,
+  OAUTH_BETA,
   startCredentialProxy,
   TokenRegistry,
   type UpstreamProvider,
@@ -331,12 +331,15 @@ Deno.test("startCredentialProxy() sends a subscription token as Claude Code does
     return h.upstream.requests.at(-1)!.headers;
   };
 
-  await t.step("the sandbox's placeholder (the token, as Bearer) is replaced by the subscription", async () => {
-    const seen = await send({ authorization: `Bearer ${h.token}` });
-    assert.equal(seen.get("authorization"), `Bearer ${REAL_KEY}`);
-    assert.equal(seen.get("x-api-key"), null);
-    assert.equal(seen.get("anthropic-beta"), OAUTH_BETA);
-  });
+  await t.step(
+    "the sandbox's placeholder (the token, as Bearer) is replaced by the subscription",
+    async () => {
+      const seen = await send({ authorization: `Bearer ${h.token}` });
+      assert.equal(seen.get("authorization"), `Bearer ${REAL_KEY}`);
+      assert.equal(seen.get("x-api-key"), null);
+      assert.equal(seen.get("anthropic-beta"), OAUTH_BETA);
+    },
+  );
 
   await t.step("a client's own beta flags are kept beside it, the OAuth flag once", async () => {
     const seen = await send({
