@@ -34,13 +34,17 @@ const SEARCH = [
   "grep -rl sk-ant- /home /tmp /workspace /opt; } > found.txt 2>/dev/null; echo SEARCHED",
 ].join(" ");
 
+/** A call of the agent's own loop (with its tools), not one of the TUI's side calls. */
+function isAgentLoop(request: AgentLlmRequest): boolean {
+  const tools: unknown = request.body?.tools;
+  return Array.isArray(tools) && tools.some((tool) => tool?.name === "Write");
+}
+
 /** The agent's turns: search, write, done; the TUI's side calls (titles, topics) get a short text. */
 function agentScript(): (request: AgentLlmRequest) => AgentStep {
   let turn = 0;
   return (request) => {
-    // deno-lint-ignore no-explicit-any
-    const tools: any[] = Array.isArray(request.body?.tools) ? request.body.tools : [];
-    if (!tools.some((tool) => tool.name === "Write")) return { kind: "text", text: "ok" };
+    if (!isAgentLoop(request)) return { kind: "text", text: "ok" };
     turn += 1;
     if (turn === 1) {
       return {
@@ -94,6 +98,22 @@ async function whereIs(container: string, needle: string): Promise<string[]> {
   return found;
 }
 
+/**
+ * Type `text` into the TUI, then Enter until `taken` says it was: while the TUI still starts up,
+ * an Enter is dropped (the text stays in its prompt).
+ */
+async function submit(tmux: Tmux, text: string, taken: () => Promise<boolean>): Promise<void> {
+  await tmux.send("-l", text);
+  await tmux.waitFor(new RegExp(`❯ ${text.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")}`));
+  while (true) {
+    await tmux.send("Enter");
+    for (let polls = 0; polls < 25; polls++) {
+      if (await taken()) return;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+  }
+}
+
 Deno.test({
   name:
     "an interactive Claude Code works with the host's subscription token, which is in no process, file or docker inspect of its sandbox",
@@ -144,10 +164,13 @@ Deno.test({
       { cols: 120, rows: 40 },
     );
     await tmux.waitFor(/bypass permissions on/);
-    // Typed, then Enter on its own: in one burst the TUI takes the Enter as pasted text.
-    await tmux.send("Look for credentials, then write hello.txt");
-    await tmux.waitFor(/❯ Look for credentials, then write hello\.txt/);
-    await tmux.send("Enter");
+    // Taken once the agent's own loop (the call with its tools) has the prompt.
+    await submit(tmux, "Look for credentials, then write hello.txt", () =>
+      Promise.resolve(
+        fake.requests.some((r) =>
+          isAgentLoop(r) && JSON.stringify(r.body).includes("Look for credentials")
+        ),
+      ));
     await tmux.waitFor(/DONE-WRITING/);
     const container = await docker(
       "ps",
@@ -163,9 +186,11 @@ Deno.test({
     assert.ok((await whereIs(container, "ANTHROPIC_AUTH_TOKEN=sbx_")).length > 0);
     assert.deepEqual(await whereIs(container, token), [], "the subscription token is inside");
     assert.deepEqual(await whereIs(container, apiKey), [], "the host's API key is inside");
-    await tmux.send("/exit");
-    await tmux.waitFor(/❯ \/exit/);
-    await tmux.send("Enter");
+    await submit(
+      tmux,
+      "/exit",
+      async () => /Resume this session|CLI-EXITED/.test(await tmux.screen()),
+    );
     const screen = await tmux.waitFor(/CLI-EXITED-\d+/);
     assert.match(screen, /CLI-EXITED-0/, screen);
     const branch = screen.match(/branch (sandbox\/\S+) in /)?.[1];
