@@ -104,7 +104,7 @@ async function whereIs(container: string, needle: string): Promise<string[]> {
  */
 async function submit(tmux: Tmux, text: string, taken: () => Promise<boolean>): Promise<void> {
   await tmux.send("-l", text);
-  await tmux.waitFor(new RegExp(`❯ ${text.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")}`));
+  await tmux.waitFor(new RegExp(`❯\\s${text.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")}`));
   while (true) {
     await tmux.send("Enter");
     for (let polls = 0; polls < 25; polls++) {
@@ -163,7 +163,8 @@ Deno.test({
       { XDG_STATE_HOME: `${dir.path}/state` },
       { cols: 120, rows: 40 },
     );
-    await tmux.waitFor(/bypass permissions on/);
+    const started = await tmux.waitFor(/bypass permissions on|CLI-EXITED-\d+/);
+    assert.doesNotMatch(started, /CLI-EXITED/, `the session did not start:\n${started}`);
     // Taken once the agent's own loop (the call with its tools) has the prompt.
     await submit(tmux, "Look for credentials, then write hello.txt", () =>
       Promise.resolve(
