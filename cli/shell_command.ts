@@ -6,6 +6,7 @@
  */
 import type { Command } from "commander";
 import { cliName } from "../lib/cli_name.ts";
+import type { Profile } from "../lib/config.ts";
 import { SandboxError } from "../lib/errors.ts";
 import type { SessionSpec } from "../lib/session/protocol.ts";
 import type { ShellRepo } from "../lib/session/shell_repo.ts";
@@ -49,24 +50,47 @@ export function registerShellCommands(program: Command): void {
     });
 }
 
-interface ShellOptions {
+export interface ShellOptions {
   profile?: string;
   detach?: boolean;
   repo?: string;
   branch?: string;
 }
 
-async function shellAction(opts: ShellOptions, command: Invocation): Promise<void> {
+/** The program a terminal session runs: a login shell, or an agent's TUI (agent_session_command.ts). */
+export interface SessionProgram {
+  /** The command as the user typed it, for messages: "sandbox shell". */
+  what: string;
+  argv: string[];
+  /** Checks before anything starts, and what the spec adds (the agent's settings). */
+  prepare?: (profile: Profile, repo: ShellRepo | undefined) => Promise<Partial<SessionSpec>>;
+}
+
+function shellAction(opts: ShellOptions, command: Invocation): Promise<void> {
+  return openTerminalSession(opts, command, { what: "sandbox shell", argv: ["bash", "-l"] });
+}
+
+/**
+ * Start a session's supervisor for `program` (detached: it outlives this process), then attach
+ * this terminal as its writer, or with --detach print its id.
+ */
+export async function openTerminalSession(
+  opts: ShellOptions,
+  command: Invocation,
+  program: SessionProgram,
+): Promise<void> {
   if (!opts.detach && !Deno.stdin.isTerminal()) {
-    throw new SandboxError("usage", "sandbox shell needs a terminal: stdin is not one", {
-      detail: `Start it in the background with: ${cliName()} shell --detach`,
+    throw new SandboxError("usage", `${program.what} needs a terminal: stdin is not one`, {
+      detail: `Start it in the background with: ${cliName()} ${
+        program.what.replace(/^sandbox /, "")
+      } --detach`,
     });
   }
   const profile = await profileFor(command, opts.profile);
   if (profile.sandbox.mode !== "container") {
     throw new SandboxError(
       "usage",
-      `Profile "${profile.name}" uses sandbox mode "${profile.sandbox.mode}": sandbox shell needs mode "container"`,
+      `Profile "${profile.name}" uses sandbox mode "${profile.sandbox.mode}": ${program.what} needs mode "container"`,
     );
   }
   const [{ newRunId }, { sessionDir, SESSION_DIR_MODE }] = await Promise.all([
@@ -74,7 +98,8 @@ async function shellAction(opts: ShellOptions, command: Invocation): Promise<voi
     import("../lib/session/protocol.ts"),
   ]);
   const id = newRunId();
-  const repo = await shellRepo(opts, id);
+  const repo = await shellRepo(opts, id, program.what);
+  const extra = await program.prepare?.(profile, repo);
   let size = { rows: 24, cols: 80 };
   try {
     const { rows, columns } = Deno.consoleSize();
@@ -86,10 +111,11 @@ async function shellAction(opts: ShellOptions, command: Invocation): Promise<voi
     id,
     profile: profile.name,
     config: globals(command).config,
-    argv: ["bash", "-l"],
+    argv: program.argv,
     ...size,
     term: Deno.env.get("TERM") || "xterm-256color",
     repo,
+    ...extra,
   };
   await Deno.mkdir(sessionDir(id), { recursive: true, mode: SESSION_DIR_MODE });
   await Deno.writeTextFile(`${sessionDir(id)}/spec.json`, JSON.stringify(spec), { mode: 0o600 });
@@ -106,9 +132,13 @@ async function shellAction(opts: ShellOptions, command: Invocation): Promise<voi
 }
 
 /** `--repo`, checked before anything starts: a local repository, and a branch it can take. */
-async function shellRepo(opts: ShellOptions, id: string): Promise<ShellRepo | undefined> {
+async function shellRepo(
+  opts: ShellOptions,
+  id: string,
+  what: string,
+): Promise<ShellRepo | undefined> {
   if (!opts.repo) {
-    if (opts.branch) throw new SandboxError("usage", "--branch is for sandbox shell --repo");
+    if (opts.branch) throw new SandboxError("usage", `--branch is for ${what} --repo`);
     return undefined;
   }
   const [{ isRemoteUrl }, { checkRunBranch, resolveLocalRepo }] = await Promise.all([
@@ -118,7 +148,7 @@ async function shellRepo(opts: ShellOptions, id: string): Promise<ShellRepo | un
   if (isRemoteUrl(opts.repo)) {
     throw new SandboxError(
       "usage",
-      `sandbox shell --repo takes a local repository, not a URL: "${opts.repo}"`,
+      `${what} --repo takes a local repository, not a URL: "${opts.repo}"`,
       { detail: "Clone it and pass the clone's path, or use run agentic --repo URL" },
     );
   }

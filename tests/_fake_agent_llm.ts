@@ -173,6 +173,11 @@ export class FakeAgentLlm implements AsyncDisposable {
   #served = 0;
   #closed = false;
   #hold: { reached: () => void; released: Promise<void> } | undefined;
+  /**
+   * How the Anthropic API takes the credential: an API key as `x-api-key`, or a subscription
+   * (OAuth) token as `Authorization: Bearer`, which it takes only with the OAuth beta flag.
+   */
+  anthropicAuth: "x-api-key" | "oauth" = "x-api-key";
 
   constructor(
     readonly api: "anthropic" | "responses",
@@ -223,9 +228,16 @@ export class FakeAgentLlm implements AsyncDisposable {
       body = raw;
     }
     this.requests.push({ path: url.pathname, headers: new Headers(req.headers), body });
-    const keyed = this.api === "anthropic"
-      ? req.headers.get("x-api-key") === this.key
-      : req.headers.get("authorization") === `Bearer ${this.key}`;
+    const bearer = req.headers.get("authorization") === `Bearer ${this.key}`;
+    const oauth = bearer && req.headers.get("x-api-key") === null &&
+      (req.headers.get("anthropic-beta") ?? "").split(",").some((flag) =>
+        flag.trim() === "oauth-2025-04-20"
+      );
+    const keyed = this.api !== "anthropic"
+      ? bearer
+      : this.anthropicAuth === "oauth"
+      ? oauth
+      : req.headers.get("x-api-key") === this.key;
     if (!keyed) {
       return Response.json({
         type: "error",

@@ -1359,6 +1359,30 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/session_socket_test.ts"],
   },
   {
+    name: "subscription: the proxy sends Claude's OAuth token as x-api-key, without the OAuth flag",
+    file: CREDENTIAL_PROXY,
+    find: `} else if (options.provider.auth === "oauth") {`,
+    replace: `} else if (options.provider.auth === "oauth" && false) {`,
+    tests: CREDENTIAL_TESTS,
+  },
+  {
+    name: "subscription: a terminal session's exec passes a host secret into the sandbox unchecked",
+    file: "lib/session/tty_exec.ts",
+    find:
+      'assertNoSecrets(`sandbox "${request.container}"`, { env: request.env, argv: request.argv });',
+    replace: "",
+    tests: ["tests/unit/tty_exec_test.ts"],
+  },
+  {
+    name:
+      "subscription: Claude Code's TUI is given the host's subscription token, not the placeholder",
+    file: "lib/agents/interactive.ts",
+    find: "env: { ...CLAUDE_QUIET_ENV, ANTHROPIC_AUTH_TOKEN: token },",
+    replace:
+      'env: { ...CLAUDE_QUIET_ENV, ANTHROPIC_AUTH_TOKEN: Deno.env.get("CLAUDE_CODE_OAUTH_TOKEN") ?? token },',
+    tests: ["tests/security/subscription_token_test.ts"],
+  },
+  {
     name: "up keeps offering a pooled container that runs no command (a run that claims it waits)",
     file: "lib/sandbox/pool.ts",
     find: `options.probe && await isWedged(provider, options.signal)`,

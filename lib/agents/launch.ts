@@ -13,7 +13,7 @@ import { AGENT_PACKAGES, type AgentCliName, agentDir } from "./packages.ts";
 import type { ProjectConfigPath } from "./project_config.ts";
 
 /** Where the agents keep their state: the sandbox user's home, a tmpfs that dies with the container. */
-const SANDBOX_HOME = "/home/sandbox";
+export const SANDBOX_HOME = "/home/sandbox";
 export const CODEX_HOME = `${SANDBOX_HOME}/.codex`;
 
 export interface LaunchInput {
@@ -51,7 +51,7 @@ export function agentProgram(agent: AgentCliName): string {
 }
 
 /** The model the agent is told to use. */
-function modelFor(input: LaunchInput): string {
+export function modelFor(input: LaunchInput): string {
   const model = input.model || input.env.SANDBOX_LLM_MODEL;
   if (!model) {
     throw new SandboxError("usage", "No model for the agent: pass --model or set llm.model");
@@ -59,7 +59,7 @@ function modelFor(input: LaunchInput): string {
   return model;
 }
 
-function required(env: Record<string, string>, name: string, agent: AgentCliName): string {
+export function required(env: Record<string, string>, name: string, agent: AgentCliName): string {
   const value = env[name];
   if (!value) {
     throw new SandboxError("worker_failed", `Cannot start ${agent}: the session sets no ${name}`);
@@ -91,19 +91,22 @@ export function claudeCodeLaunch(input: LaunchInput): AgentLaunch {
       ...(input.instructionsFile ? ["--append-system-prompt-file", input.instructionsFile] : []),
       ...claudeProjectFlags(input),
     ],
-    env: {
-      // The umbrella switch: no telemetry, error reports, auto-update, feedback or release notes.
-      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: "1",
-      // And each of them by name, for versions that read only the specific one.
-      DISABLE_TELEMETRY: "1",
-      DISABLE_ERROR_REPORTING: "1",
-      DISABLE_AUTOUPDATER: "1",
-      DISABLE_BUG_COMMAND: "1",
-      CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY: "1",
-    },
+    env: { ...CLAUDE_QUIET_ENV },
     files: [],
   };
 }
+
+/** Claude Code's own traffic, off: the same in print mode and in its TUI. */
+export const CLAUDE_QUIET_ENV: Readonly<Record<string, string>> = {
+  // The umbrella switch: no telemetry, error reports, auto-update, feedback or release notes.
+  CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: "1",
+  // And each of them by name, for versions that read only the specific one.
+  DISABLE_TELEMETRY: "1",
+  DISABLE_ERROR_REPORTING: "1",
+  DISABLE_AUTOUPDATER: "1",
+  DISABLE_BUG_COMMAND: "1",
+  CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY: "1",
+};
 
 /**
  * What Claude Code reads of the project. Untrusted, `.claude/` stays out through the setting
@@ -113,7 +116,7 @@ export function claudeCodeLaunch(input: LaunchInput): AgentLaunch {
  * `.claude/` is named with `--mcp-config`. (Checked against 2.1.330: with `--setting-sources user`
  * no project hook, env, apiKeyHelper, skill, agent or MCP server is loaded.)
  */
-function claudeProjectFlags(input: LaunchInput): string[] {
+export function claudeProjectFlags(input: LaunchInput): string[] {
   const trusted = new Set(input.trustedConfig ?? []);
   const sources = trusted.has(".claude") ? [] : ["--setting-sources", "user"];
   if (!trusted.has(".mcp.json")) return [...sources, "--strict-mcp-config"];

@@ -45,7 +45,15 @@ export interface UpstreamProvider {
   baseUrl: string;
   /** The real API key; called per request (a `KeyStore` getter caches it). */
   key: () => Promise<string>;
+  /**
+   * "oauth": the key is a Claude subscription token, sent to an Anthropic-format upstream as
+   * `Authorization: Bearer` with the `oauth-2025-04-20` beta flag (as Claude Code sends it).
+   */
+  auth?: "oauth";
 }
+
+/** The beta flag Anthropic's API wants beside a subscription (OAuth) token. */
+export const OAUTH_BETA = "oauth-2025-04-20";
 
 /** What a token entitles its holder to. */
 export interface ProxyGrant {
@@ -602,6 +610,12 @@ function upstreamHeaders(
   }
   if (options.provider.kind === "openai") {
     headers.set("authorization", `Bearer ${options.key}`);
+  } else if (options.provider.auth === "oauth") {
+    headers.set("authorization", `Bearer ${options.key}`);
+    const flags = (headers.get("anthropic-beta") ?? "").split(",").map((f) => f.trim());
+    if (!flags.includes(OAUTH_BETA)) {
+      headers.set("anthropic-beta", [...flags.filter(Boolean), OAUTH_BETA].join(","));
+    }
   } else {
     headers.set("x-api-key", options.key);
   }

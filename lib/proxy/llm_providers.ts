@@ -35,6 +35,35 @@ export const BUILTIN_PROVIDERS: Readonly<
   },
 };
 
+/**
+ * Claude Code's long-lived subscription token (what `claude setup-token` prints), read on the host
+ * like a key. A key source naming this variable is a subscription: the credential proxy sends it
+ * as Claude Code does, `Authorization: Bearer` with the OAuth beta flag, never as `x-api-key`.
+ */
+export const OAUTH_TOKEN_ENV = "CLAUDE_CODE_OAUTH_TOKEN";
+
+/**
+ * Where a profile's key comes from: `llm.key`, else its built-in provider's variable; for the
+ * built-in `anthropic` provider, the subscription token when `ANTHROPIC_API_KEY` is not set and
+ * `CLAUDE_CODE_OAUTH_TOKEN` is.
+ */
+export function keySourceFor(
+  llm: Pick<LlmConfig, "provider" | "key">,
+  env: (name: string) => string | undefined = (name) => Deno.env.get(name),
+): KeySource {
+  if (llm.key) return llm.key;
+  // Schema validation guarantees a key for custom providers.
+  const builtin = BUILTIN_PROVIDERS[llm.provider as keyof typeof BUILTIN_PROVIDERS].key;
+  const subscription = llm.provider === "anthropic" && !env("ANTHROPIC_API_KEY")?.trim() &&
+    Boolean(env(OAUTH_TOKEN_ENV)?.trim());
+  return subscription ? { env: OAUTH_TOKEN_ENV } : builtin;
+}
+
+/** How the credential proxy presents a key from `source` to an Anthropic-format upstream. */
+export function authFor(source: KeySource): "oauth" | undefined {
+  return "env" in source && source.env === OAUTH_TOKEN_ENV ? "oauth" : undefined;
+}
+
 /** What the worker needs to know about the upstream: never the key. */
 export interface LlmTarget {
   upstream: UpstreamProvider;
@@ -62,18 +91,21 @@ export function llmTarget(llm: LlmConfig, keys: KeyStore): LlmTarget {
         kind: llm.api ?? "openai",
         baseUrl: llm.base_url!.replace(/\/+$/, ""),
         key: keys.getter(source),
+        auth: authFor(source),
       },
       model: model ?? "default",
       policy,
     };
   }
   const builtin = BUILTIN_PROVIDERS[llm.provider];
+  const source = keySourceFor(llm);
   return {
     upstream: {
       name: llm.provider,
       kind: builtin.kind,
       baseUrl: builtin.baseUrl,
-      key: keys.getter(llm.key ?? builtin.key),
+      key: keys.getter(source),
+      auth: authFor(source),
     },
     model: model ?? builtin.defaultModel,
     policy,

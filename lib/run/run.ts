@@ -16,7 +16,7 @@ import { EXIT, exitCodeFor, SandboxError } from "../errors.ts";
 import type { RunSandbox, SandboxKind, SandboxLifecycle } from "../sandbox/provider.ts";
 import { sandboxLifecycle } from "../sandbox/providers.ts";
 import { describeKeySource, type KeySource, KeyStore } from "../keys.ts";
-import { BUILTIN_PROVIDERS, llmTarget } from "../proxy/llm_providers.ts";
+import { keySourceFor, llmTarget } from "../proxy/llm_providers.ts";
 import { type AgenticMessage, agenticMessage, driverUsage } from "./protocol.ts";
 import { Redactor } from "../redact.ts";
 import { loadRecording, type LocalUpstream, startRecorder, startReplayUpstream } from "./replay.ts";
@@ -568,9 +568,7 @@ function outcomeOf(log: RunLog, exitCode: number, error: SandboxError | undefine
 
 /** The key source a profile's LLM calls use. */
 function keySourceOf(profile: Profile): KeySource {
-  const llm = profile.llm;
-  // Schema validation guarantees a key for custom providers.
-  return llm.key ?? BUILTIN_PROVIDERS[llm.provider as keyof typeof BUILTIN_PROVIDERS].key;
+  return keySourceFor(profile.llm);
 }
 
 /** Read the profile's API key now (it stays cached for the proxy); a missing one is a config error. */

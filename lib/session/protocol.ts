@@ -16,6 +16,8 @@
  */
 import { SandboxError } from "../errors.ts";
 import { userStateDir } from "../paths.ts";
+import type { AgentCliName } from "../agents/packages.ts";
+import type { ProjectConfigPath } from "../agents/project_config.ts";
 import type { ShellRepo } from "./shell_repo.ts";
 
 export type Role = "writer" | "viewer";
@@ -66,6 +68,19 @@ export interface SessionSpec {
   term: string;
   /** `--repo`: the shell starts in its checkout, whose commits come back as a branch. */
   repo?: ShellRepo;
+  /**
+   * `run agentic --interactive`: the program is this agent CLI's TUI (lib/agents/interactive.ts),
+   * from its image layer, instead of `argv`.
+   */
+  agent?: SessionAgent;
+}
+
+export interface SessionAgent {
+  name: AgentCliName;
+  /** `-m`; default: the profile's model. */
+  model?: string;
+  /** The repository's configuration for the agent that the user trusts (checked by the CLI). */
+  trustedConfig: ProjectConfigPath[];
 }
 
 export function encodeBytes(bytes: Uint8Array): string {

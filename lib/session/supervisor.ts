@@ -42,6 +42,7 @@ import {
 } from "./protocol.ts";
 import { bringShellBack, checkOutForShell, type ShellRepoOutcome } from "./shell_repo.ts";
 import { startTtyExec, type TtyExec } from "./tty_exec.ts";
+import { agentProgram } from "./agent_program.ts";
 
 const encoder = new TextEncoder();
 
@@ -129,6 +130,7 @@ async function startShell(
   const sandbox = held.sandbox = await (await sandboxLifecycle(profile)).acquire({
     runId: spec.id,
     repo,
+    agent: spec.agent?.name,
   });
   await record.note({ sandbox: sandbox.name });
   const checkingOut = spec.repo && checkOutForShell(sandbox, spec.repo, spec.id);
@@ -138,15 +140,16 @@ async function startShell(
     : undefined;
   held.worktree = await checkingOut;
   if (spec.repo) await record.note({ repo: spec.repo.local.path, workdir: held.worktree!.path });
+  const env = { ...held.session?.env, ...(held.worktree ? AGENT_GIT_IDENTITY : {}) };
+  const program = spec.agent
+    ? await agentProgram(sandbox, spec.agent, { env, cwd: held.worktree?.path, runId: spec.id })
+    : { argv: spec.argv, env };
+  if (spec.agent) await record.note({ agent: spec.agent.name });
   return await startTtyExec({
     container: sandbox.name,
-    argv: spec.argv,
+    argv: program.argv,
     cwd: held.worktree?.path,
-    env: {
-      ...held.session?.env,
-      ...(held.worktree ? AGENT_GIT_IDENTITY : {}),
-      TERM: spec.term,
-    },
+    env: { ...program.env, TERM: spec.term },
     size: { rows: spec.rows, cols: spec.cols },
   });
 }

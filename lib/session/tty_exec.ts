@@ -7,6 +7,7 @@
  */
 import { writeAll } from "../conn.ts";
 import { SandboxError } from "../errors.ts";
+import { assertNoSecrets } from "../secret_guard.ts";
 import { engineRequest, engineSocket, readHead, requestHead } from "../sandbox/engine_api.ts";
 import { SANDBOX_USER } from "../sandbox/users.ts";
 
@@ -39,6 +40,8 @@ export interface TtyExec {
 
 /** Start `request.argv` with a terminal in `request.container`. */
 export async function startTtyExec(request: TtyExecRequest): Promise<TtyExec> {
+  // No key or token the host holds goes in, whatever built the environment (an agent's TUI too).
+  assertNoSecrets(`sandbox "${request.container}"`, { env: request.env, argv: request.argv });
   const socket = engineSocket();
   if (!socket) {
     throw new SandboxError(

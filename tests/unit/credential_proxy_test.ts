@@ -3,6 +3,7 @@ import { AccessLog, type AccessLogEntry } from "../../lib/proxy/access_log.ts";
 import {
   ANTHROPIC_VERSION,
   type CredentialProxy,
+  OAUTH_BETA,
   startCredentialProxy,
   TokenRegistry,
   type UpstreamProvider,
@@ -20,6 +21,7 @@ interface HarnessOptions {
   maxBodyBytes?: number;
   upstreamTimeoutMs?: number;
   policy?: LlmPolicy;
+  auth?: "oauth";
 }
 
 /** A fake upstream, a proxy in front of it with one issued token, and its access log. */
@@ -50,6 +52,7 @@ class Harness implements AsyncDisposable {
       kind: options.kind ?? "openai",
       baseUrl: options.baseUrl ?? this.upstream.baseUrl,
       key: () => Promise.resolve(REAL_KEY),
+      auth: options.auth,
     };
     this.token = this.tokens.issue({
       profile: "work",
@@ -312,6 +315,40 @@ Deno.test("startCredentialProxy() gives anthropic providers x-api-key and anthro
     const seen = h.upstream.requests.at(-1)!;
     assert.equal(seen.headers.get("anthropic-version"), "2024-10-22");
     assert.equal(seen.headers.get("anthropic-beta"), "tools");
+  });
+});
+
+Deno.test("startCredentialProxy() sends a subscription token as Claude Code does: Bearer and the OAuth beta flag", async (t) => {
+  await using h = await Harness.start({ kind: "anthropic", auth: "oauth" });
+  const send = async (headers: Record<string, string>) => {
+    const response = await fetch(h.url("/messages"), {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify({ model: "claude", max_tokens: 5, messages: [] }),
+    });
+    assert.equal(response.status, 200);
+    await response.body?.cancel();
+    return h.upstream.requests.at(-1)!.headers;
+  };
+
+  await t.step(
+    "the sandbox's placeholder (the token, as Bearer) is replaced by the subscription",
+    async () => {
+      const seen = await send({ authorization: `Bearer ${h.token}` });
+      assert.equal(seen.get("authorization"), `Bearer ${REAL_KEY}`);
+      assert.equal(seen.get("x-api-key"), null);
+      assert.equal(seen.get("anthropic-beta"), OAUTH_BETA);
+    },
+  );
+
+  await t.step("a client's own beta flags are kept beside it, the OAuth flag once", async () => {
+    const seen = await send({
+      "x-api-key": h.token,
+      "anthropic-beta": `claude-code-20250219, ${OAUTH_BETA}`,
+    });
+    assert.equal(seen.get("authorization"), `Bearer ${REAL_KEY}`);
+    assert.equal(seen.get("x-api-key"), null);
+    assert.equal(seen.get("anthropic-beta"), `claude-code-20250219,${OAUTH_BETA}`);
   });
 });
 

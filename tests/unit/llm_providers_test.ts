@@ -1,7 +1,12 @@
 import assert from "node:assert/strict";
 import { type LlmConfig, parseConfig, resolveProfile } from "../../lib/config.ts";
 import { KeyStore } from "../../lib/keys.ts";
-import { llmTarget } from "../../lib/proxy/llm_providers.ts";
+import {
+  authFor,
+  keySourceFor,
+  llmTarget,
+  OAUTH_TOKEN_ENV,
+} from "../../lib/proxy/llm_providers.ts";
 
 const noEnv = () => undefined;
 
@@ -46,4 +51,32 @@ Deno.test("llm.models lists the allowed models, holds the chosen model, and give
   assert.deepEqual(issuesOf("{models: []}"), [
     "profiles.work.llm.models: expected at least one model",
   ]);
+});
+
+Deno.test("a Claude subscription token is a key source of its own, presented as OAuth", () => {
+  const env = (vars: Record<string, string>) => (name: string) => vars[name];
+  const anthropic = llmOf("{provider: anthropic}");
+  assert.deepEqual(keySourceFor(anthropic, env({ ANTHROPIC_API_KEY: "sk-ant-api" })), {
+    env: "ANTHROPIC_API_KEY",
+  });
+  assert.deepEqual(keySourceFor(anthropic, env({ CLAUDE_CODE_OAUTH_TOKEN: "sk-ant-oat" })), {
+    env: OAUTH_TOKEN_ENV,
+  });
+  // The API key wins when both are set; without either, the error names ANTHROPIC_API_KEY.
+  assert.deepEqual(
+    keySourceFor(anthropic, env({ ANTHROPIC_API_KEY: "a", CLAUDE_CODE_OAUTH_TOKEN: "b" })),
+    { env: "ANTHROPIC_API_KEY" },
+  );
+  assert.deepEqual(keySourceFor(anthropic, env({})), { env: "ANTHROPIC_API_KEY" });
+  // Only Anthropic's provider falls back to it.
+  assert.deepEqual(keySourceFor(llmOf("{}"), env({ CLAUDE_CODE_OAUTH_TOKEN: "b" })), {
+    env: "OPENAI_API_KEY",
+  });
+  assert.equal(authFor({ env: OAUTH_TOKEN_ENV }), "oauth");
+  assert.equal(authFor({ env: "ANTHROPIC_API_KEY" }), undefined);
+  assert.equal(authFor({ command: ["pass", "claude"] }), undefined);
+  const custom = llmOf(
+    '{provider: custom, api: anthropic, base_url: "http://127.0.0.1:9/v1", key: {env: CLAUDE_CODE_OAUTH_TOKEN}}',
+  );
+  assert.equal(llmTarget(custom, new KeyStore({ env: noEnv })).upstream.auth, "oauth");
 });
