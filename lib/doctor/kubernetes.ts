@@ -22,8 +22,8 @@ import type { RunSandbox } from "../sandbox/provider.ts";
 import { ESCALATION_PROBE, parseProbe, POD_REACH_PROBE, PROBE_ENV } from "./probes.ts";
 import {
   type DefenceCheck,
-  DEFENCES,
   type DefenceId,
+  DEFENCES,
   judgeEscalation,
   judgeReach,
 } from "./verdicts.ts";
@@ -100,7 +100,10 @@ export async function attackPod(
   profile: Profile,
   options: { signal?: AbortSignal; progress: (line: string) => void },
 ): Promise<KubernetesAttacked> {
-  const lifecycle = new KubernetesLifecycle({ ...profile, sandbox: { ...profile.sandbox, pool: 0 } });
+  const lifecycle = new KubernetesLifecycle({
+    ...profile,
+    sandbox: { ...profile.sandbox, pool: 0 },
+  });
   // Opening the cluster puts the deny-all NetworkPolicy in place, as for a run.
   const cluster = await lifecycle.cluster();
   const facts = await kubernetesFacts(cluster);
