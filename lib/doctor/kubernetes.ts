@@ -119,8 +119,7 @@ export async function attackPod(
     return { facts, image, checks };
   } finally {
     options.progress("deleting the throwaway pods");
-    await run.release();
-    if (twin) await deletePod(cluster, twin);
+    await Promise.all([run.release(), twin ? deletePod(cluster, twin) : undefined]);
   }
 }
 
