@@ -67,6 +67,17 @@ async function printReport(report: DoctorReport): Promise<void> {
     ]));
     await stdout.line("");
   }
+  const kube = report.kubernetes;
+  if (kube) {
+    const enforces = kube.enforcesNetworkPolicy;
+    await stdout.line(table(["ENVIRONMENT", "VALUE"], [
+      ["API server", `${kube.server} (${kube.apiServerVersion ?? "version unknown"})`],
+      ["namespace", kube.namespace],
+      ["network plugin", kube.networkPlugins.join(", ") || "unknown"],
+      ["enforces NetworkPolicy", enforces === null ? "unknown" : enforces ? "yes" : "no"],
+    ]));
+    await stdout.line("");
+  }
   await stdout.line(
     `profile "${report.profile}": sandbox mode ${report.mode}, network mode ${report.network}`,
   );

@@ -9,7 +9,12 @@
  * the first's network namespace, with the pod spec's hardening mapped to Docker's flags (user,
  * capabilities, no-new-privileges, read-only root, emptyDirs as tmpfs of their size limit,
  * memory and CPU limits). The network plugin is modelled too: a pod that a deny-all
- * NetworkPolicy selects gets no network; any other gets Docker's bridge.
+ * NetworkPolicy selects gets no network; any other gets Docker's bridge. `enforcesPolicies: false`
+ * models a plugin that ignores policies (every pod gets the bridge), and `networkPlugin` names the
+ * plugin's DaemonSet in kube-system (`GET /apis/apps/v1/namespaces/kube-system/daemonsets`). The
+ * server answers `GET /version`, and also listens on the Docker bridge's gateway when that address
+ * is this host's: every container gets it as `KUBERNETES_SERVICE_HOST`/`_PORT`, as a kubelet
+ * gives a pod the API server's service address.
  *
  * `refuse` makes it answer a request with an error (forbidden, quota exceeded); a pod whose image
  * Docker does not have stays pending with `ErrImagePull`; `unschedulable` keeps pods pending with
@@ -38,6 +43,10 @@ export interface KubeApiOptions {
   protocols?: string[];
   /** Serve agent-sandbox's resources, with its controllers (tests/_kube_agent_sandbox.ts). */
   agentSandbox?: boolean;
+  /** The network plugin enforces NetworkPolicy (default true). */
+  enforcesPolicies?: boolean;
+  /** The name of the network plugin's DaemonSet in kube-system (default `calico-node`). */
+  networkPlugin?: string;
 }
 
 function status(code: number, reason: string, message: string): Response {
@@ -87,8 +96,14 @@ export class KubeApiServer implements AsyncDisposable {
   #starting = new Set<Promise<unknown>>();
   /** agent-sandbox's resources and controllers; `served` false unless asked for. */
   readonly agentSandbox: AgentSandboxApi;
+  enforcesPolicies: boolean;
+  networkPlugin: string;
+  /** The listener on the bridge's gateway (the pods' service address), when there is one. */
+  #service: Promise<Deno.HttpServer<Deno.NetAddr> | undefined>;
 
   constructor(options: KubeApiOptions = {}) {
+    this.enforcesPolicies = options.enforcesPolicies ?? true;
+    this.networkPlugin = options.networkPlugin ?? "calico-node";
     this.#protocols = options.protocols ?? ["v5.channel.k8s.io", "v4.channel.k8s.io"];
     this.agentSandbox = new AgentSandboxApi({
       pods: this.pods,
@@ -100,6 +115,23 @@ export class KubeApiServer implements AsyncDisposable {
     this.agentSandbox.served = options.agentSandbox ?? false;
     this.#server = Deno.serve(
       { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      (request) => this.#handle(request),
+    );
+    this.#service = this.#listenOnGateway();
+  }
+
+  async #listenOnGateway(): Promise<Deno.HttpServer<Deno.NetAddr> | undefined> {
+    const inspected = await docker(
+      "network",
+      "inspect",
+      "bridge",
+      "--format",
+      "{{range .IPAM.Config}}{{.Gateway}} {{end}}",
+    );
+    const gateway = inspected.out.trim().split(/\s+/).find((a) => /^\d+(\.\d+){3}$/.test(a));
+    if (!gateway || !Deno.networkInterfaces().some((i) => i.address === gateway)) return undefined;
+    return Deno.serve(
+      { hostname: gateway, port: 0, onListen: () => {} },
       (request) => this.#handle(request),
     );
   }
@@ -150,6 +182,15 @@ export class KubeApiServer implements AsyncDisposable {
       }
     }
     if (url.pathname === "/apis") return this.#discovery();
+    if (url.pathname === "/version") {
+      return Response.json({ major: "1", minor: "31", gitVersion: "v1.31.0-kubefake" });
+    }
+    if (url.pathname === "/apis/apps/v1/namespaces/kube-system/daemonsets") {
+      const items = [this.networkPlugin, "kube-proxy"].map((name) => ({
+        metadata: { name, namespace: "kube-system" },
+      }));
+      return Response.json({ kind: "DaemonSetList", apiVersion: "apps/v1", metadata: {}, items });
+    }
     const custom = await this.agentSandbox.handle(request, url, status);
     if (custom) return custom;
     const pod = /^\/api\/v1\/namespaces\/([^/]+)\/pods(?:\/([^/]+))?(?:\/(exec))?$/.exec(
@@ -258,6 +299,7 @@ export class KubeApiServer implements AsyncDisposable {
    * selects it allows anything.
    */
   #isolated(pod: V1Pod): boolean {
+    if (!this.enforcesPolicies) return false;
     const labels = pod.metadata?.labels ?? {};
     const selecting = [...this.policies.values()].filter((policy) => {
       const spec = policy.spec!;
@@ -299,9 +341,10 @@ export class KubeApiServer implements AsyncDisposable {
       return;
     }
     const network = this.#isolated(pod) ? "none" : "bridge";
+    const service = (await this.#service)?.addr;
     let first: string | undefined;
     for (const container of spec.containers) {
-      const args = this.#runArgs(pod, container, first ?? network);
+      const args = this.#runArgs(pod, container, first ?? network, service);
       const started = await docker(...args);
       if (started.code !== 0) throw new Error(`docker run: ${started.err}`);
       first ??= `container:${this.containerOf(name, container.name)}`;
@@ -324,7 +367,12 @@ export class KubeApiServer implements AsyncDisposable {
   }
 
   /** `docker run` for one pod container: the pod spec's hardening as Docker flags. */
-  #runArgs(pod: V1Pod, container: V1Container, network: string): string[] {
+  #runArgs(
+    pod: V1Pod,
+    container: V1Container,
+    network: string,
+    service: Deno.NetAddr | undefined,
+  ): string[] {
     const spec = pod.spec!;
     const security = container.securityContext ?? {};
     const volumes = new Map((spec.volumes ?? []).map((v) => [v.name, v]));
@@ -338,6 +386,10 @@ export class KubeApiServer implements AsyncDisposable {
       "--network",
       network,
     ];
+    if (service) {
+      args.push("--env", `KUBERNETES_SERVICE_HOST=${service.hostname}`);
+      args.push("--env", `KUBERNETES_SERVICE_PORT=${service.port}`);
+    }
     if (security.runAsUser !== undefined) {
       args.push("--user", `${security.runAsUser}:${security.runAsGroup ?? security.runAsUser}`);
     }
@@ -437,6 +489,7 @@ export class KubeApiServer implements AsyncDisposable {
     );
     const ids = listed.out.split("\n").filter(Boolean);
     if (ids.length) await docker("rm", "--force", ...ids);
+    await (await this.#service)?.shutdown();
     await this.#server.shutdown();
   }
 }

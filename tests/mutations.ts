@@ -41,6 +41,20 @@ const DOCTOR_TESTS = ["tests/unit/doctor_verdicts_test.ts"];
 /** `sandbox doctor` must never call HELD what its attack got through. */
 const DOCTOR_MUTATIONS: Mutation[] = [
   {
+    name: "doctor (kubernetes): a connection out of the sandbox pod counts as refused",
+    file: "lib/doctor/kubernetes.ts",
+    find: `reached: code === "0" ? [`,
+    replace: `reached: code === "never" ? [`,
+    tests: ["tests/unit/doctor_kubernetes_test.ts", "tests/security/doctor_kubernetes_test.ts"],
+  },
+  {
+    name: "doctor (kubernetes): flannel alone is said to enforce NetworkPolicy",
+    file: "lib/doctor/kubernetes.ts",
+    find: `[/flannel/, "flannel", false],`,
+    replace: `[/flannel/, "flannel", true],`,
+    tests: ["tests/unit/doctor_kubernetes_test.ts", "tests/security/doctor_kubernetes_test.ts"],
+  },
+  {
     name: "doctor: the key check calls HELD an attack that found the canary",
     file: DOCTOR_VERDICTS,
     find: `if (seen.canaryFound.length > 0) {`,

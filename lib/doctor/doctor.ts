@@ -27,6 +27,7 @@ import { removeProxyMountSource } from "../sandbox/proxy_mount.ts";
 import { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { DockerCli } from "../sandbox/docker.ts";
 import { type EnvironmentFacts, environmentFacts } from "./environment.ts";
+import type { KubernetesFacts } from "./kubernetes.ts";
 import { type HostListeners, ordinaryReach, startListeners } from "./listeners.ts";
 import {
   DENIED_HOST,
@@ -84,6 +85,8 @@ export interface DoctorReport {
   image: string | null;
   /** Mode devcontainer: the devcontainer whose image was checked. */
   devcontainer?: DoctorDevcontainer;
+  /** Mode kubernetes: what the cluster gives (`environment` is then null). */
+  kubernetes?: KubernetesFacts;
   checks: DefenceCheck[];
   /** The checks that should hold and do not; the command exits non-zero when there is any. */
   broken: string[];
@@ -114,6 +117,13 @@ export async function runDoctor(
   if (profile.sandbox.mode === "none") {
     return report(null, { image: null, checks: nothingIsolated("none") });
   }
+  if (profile.sandbox.mode === "kubernetes") {
+    // Loaded only in this mode, as lib/sandbox/providers.ts loads the provider.
+    const { attackPod } = await import("./kubernetes.ts");
+    const progress = (line: string) => options.onProgress?.(line);
+    const attacked = await attackPod(profile, { signal: options.signal, progress });
+    return { ...report(null, attacked), kubernetes: attacked.facts };
+  }
   let target = profile;
   if (profile.sandbox.mode === "devcontainer") {
     const opened = await openDevcontainerOf(profile, options);
@@ -123,7 +133,7 @@ export async function runDoctor(
   if (target.sandbox.mode !== "container") {
     throw new SandboxError(
       "unsupported",
-      `Cannot check profile "${profile.name}": doctor checks sandbox modes "container", "devcontainer" and "none"`,
+      `Cannot check profile "${profile.name}": doctor checks sandbox modes "container", "devcontainer", "kubernetes" and "none"`,
       { detail: `Its mode is "${profile.sandbox.mode}"` },
     );
   }

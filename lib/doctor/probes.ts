@@ -15,6 +15,7 @@ export const PROBE_ENV = {
   marker: "DOCTOR_MARKER",
   hostTargets: "DOCTOR_HOST_TARGETS",
   egressPort: "DOCTOR_EGRESS_PORT",
+  target: "DOCTOR_TARGET",
 } as const;
 
 /** The name the egress twin reaches (mapped to the host's loopback in `network.hosts`). */
@@ -35,7 +36,7 @@ found "$token" /proc/$$/environ && printf 'key-twin\\tyes\\n'
 `;
 
 /** Escalate: capabilities, setuid programs, a user namespace. */
-const ESCALATION_PROBE = `
+export const ESCALATION_PROBE = `
 grep -E '^(CapEff|CapPrm|NoNewPrivs):' /proc/self/status | sed 's/:[[:space:]]*/\\t/'
 find / -xdev \\( -perm -4000 -o -perm -2000 \\) -type f 2>/dev/null | head -20 | sed 's/^/setuid\\t/'
 if command -v unshare >/dev/null; then
@@ -77,6 +78,25 @@ via internal-literal "http://2130706433:$p/"
 
 /** Every probe that runs while the sandbox is up, in one command. */
 export const PROBE_SCRIPT = [KEY_PROBE, ESCALATION_PROBE, NETWORK_PROBE, SURVIVOR_PROBE].join("\n");
+
+/**
+ * Mode kubernetes: connect (TCP) to `$DOCTOR_TARGET`, else to the API server's service address the
+ * kubelet gives every pod (`KUBERNETES_SERVICE_HOST`/`_PORT`, read from pid 1 when the exec's own
+ * environment lacks them). Prints `target` and `reach<TAB>exit<TAB>error` (exit 0: connected).
+ */
+export const POD_REACH_PROBE = `
+svc() { tr '\\0' '\\n' </proc/1/environ 2>/dev/null | sed -n "s/^$1=//p"; }
+t=\${${PROBE_ENV.target}:-}
+if [ -z "$t" ]; then
+  h=\${KUBERNETES_SERVICE_HOST:-$(svc KUBERNETES_SERVICE_HOST)}
+  p=\${KUBERNETES_SERVICE_PORT:-$(svc KUBERNETES_SERVICE_PORT)}
+  [ -n "$h" ] && [ -n "$p" ] && t="$h:$p"
+fi
+printf 'target\\t%s\\n' "$t"
+[ -n "$t" ] || exit 0
+out=$(timeout 5 bash -c 'exec 3<>"/dev/tcp/\${1%:*}/\${1##*:}"' _ "$t" 2>&1); rc=$?
+printf 'reach\\t%s\\t%s\\n' "$rc" "$(printf %s "$out" | tr '\\n\\t' '  ' | cut -c1-200)"
+`;
 
 /** After the probe's command ended: is its setsid child still there? */
 export const SURVIVOR_CHECK = `pgrep -af "^$${PROBE_ENV.marker}" || true`;

@@ -32,6 +32,7 @@ export const DEFENCES = {
   survivor: "nothing the agent starts survives the sandbox",
   disk: "the workspace cannot grow past resources.disk",
   git_grant: "a push cannot go beyond the git grant",
+  pod_network: "the pod reaches no address (the deny-all NetworkPolicy holds)",
 } as const;
 
 export type DefenceId = keyof typeof DEFENCES;
@@ -231,11 +232,15 @@ export function judgeDisk(seen: DiskObservation): DefenceCheck {
   return check("disk", "held", "the write past the limit was stopped", evidence);
 }
 
-/** Every defence BROKEN (git's NOT APPLICABLE): the sandbox mode isolates nothing. */
+/**
+ * Every defence BROKEN (git's NOT APPLICABLE): the sandbox mode isolates nothing. The pod network's
+ * row is mode kubernetes's alone.
+ */
 export function nothingIsolated(mode: string): DefenceCheck[] {
   const reason = `sandbox mode "${mode}" runs the agent on the host as your user: nothing is ` +
     "isolated (it can read this process's memory, reach the host, write your disk)";
-  return (Object.keys(DEFENCES) as DefenceId[]).map((id) =>
+  const ids = (Object.keys(DEFENCES) as DefenceId[]).filter((id) => id !== "pod_network");
+  return ids.map((id) =>
     id === "git_grant"
       ? check(id, "not_applicable", "no git remote is given", [])
       : check(id, "broken", reason, [])
