@@ -54,8 +54,9 @@ async function scratchCopy(): Promise<string> {
 }
 
 /** Unit tests by default; `--no-check`: a mutation is a text change, and type errors are not "caught". */
-function testArgv(tests: readonly string[]): string[] {
-  return ["deno", "test", "--allow-all", "--no-check", "--quiet", "--fail-fast", ...tests];
+function testArgv(tests: readonly string[], filter?: string): string[] {
+  const only = filter === undefined ? [] : ["--filter", filter];
+  return ["deno", "test", "--allow-all", "--no-check", "--quiet", "--fail-fast", ...only, ...tests];
 }
 
 function occurrences(text: string, find: string): number {
@@ -73,7 +74,7 @@ async function check(dir: string, mutation: Mutation): Promise<string | undefine
   }
   await Deno.writeTextFile(path, original.replace(mutation.find, () => mutation.replace));
   try {
-    const result = await output(testArgv(mutation.tests), dir);
+    const result = await output(testArgv(mutation.tests, mutation.filter), dir);
     if (result.code === 0) {
       return `the tests still pass with the defence removed (${mutation.tests.join(", ")})`;
     }
