@@ -95,10 +95,12 @@ export async function jobChannel(dir: string, ready: () => Promise<void>): Promi
   const path = `${dir}/${JOB_SOCKET}`;
   const connect = () =>
     Deno.connect({ transport: "unix", path }).catch((error: Error) => {
-      // Not made yet (or made and not listening yet): the watch below says when to try again.
-      if (error instanceof Deno.errors.NotFound || error instanceof Deno.errors.ConnectionRefused) {
-        return undefined;
-      }
+      // Not made yet, not listening yet, or not yet opened to this uid (the host makes it, then
+      // changes its mode): the watch below says when to try again.
+      if (
+        error instanceof Deno.errors.NotFound || error instanceof Deno.errors.ConnectionRefused ||
+        error instanceof Deno.errors.PermissionDenied
+      ) return undefined;
       throw error;
     });
   const watcher = Deno.watchFs(dir, { recursive: false });

@@ -54,16 +54,20 @@ export async function claimPooledWorker(
   options: PooledWorkerOptions,
 ): Promise<WorkerProcess | undefined> {
   const path = `${hostDir}/${JOB_SOCKET}`;
-  const listener = Deno.listen({ transport: "unix", path });
+  // Made under another name, opened to every uid (the worker's is the sandbox's, whatever it maps
+  // to here), then renamed: the worker, woken by the name, never finds it closed to it.
+  const making = `${hostDir}/.${JOB_SOCKET}`;
+  const listener = Deno.listen({ transport: "unix", path: making });
   let conn: Deno.UnixConn | undefined;
   try {
-    // The worker's uid is the sandbox's: whatever it maps to on the host, it may connect.
-    await Deno.chmod(path, 0o666);
+    await Deno.chmod(making, 0o666);
+    await Deno.rename(making, path);
     conn = await acceptWithin(listener, options.connectWaitMs ?? CONNECT_WAIT_MS, options.signal);
   } finally {
     listener.close();
     // One connection was wanted; the directory goes with the container's mount in any case.
     await Deno.remove(path).catch(() => {});
+    await Deno.remove(making).catch(() => {});
   }
   if (!conn) {
     await options.stop().catch(() => {}); // a worker that never came carries nothing: best effort

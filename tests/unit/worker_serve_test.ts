@@ -243,6 +243,18 @@ function pooledWorker(llmPort: number, dir: string) {
   return { pid: child.pid, finished: child.output() };
 }
 
+/** Until process `pid` watches a directory (inotify): a pooled worker waiting for its job. */
+async function untilWatching(pid: number): Promise<void> {
+  for (const deadline = Date.now() + 60_000; Date.now() < deadline;) {
+    for (const entry of Deno.readDirSync(`/proc/${pid}/fd`)) {
+      const target = await Deno.readLink(`/proc/${pid}/fd/${entry.name}`).catch(() => "");
+      if (target === "anon_inode:inotify") return;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  throw new Error(`worker ${pid} never began to wait`);
+}
+
 /** The host's side of a claim, as lib/sandbox/pool.ts makes it, with the kills it would do noted. */
 function claim(dir: string, stops: string[], connectWaitMs?: number) {
   return claimPooledWorker(dir, {
@@ -257,6 +269,8 @@ Deno.test("a pooled worker waits holding no secret, takes its job from the socke
   await using dir = await tempDir("sandbox-pooled-");
   await using fake = new FakeLlm([text("hello from the pool")]);
   const worker = pooledWorker(fake.port, dir.path);
+  // Claimed once it waits (its watch open), as a pooled container's is: the socket's name wakes it.
+  await untilWatching(worker.pid);
   const stops: string[] = [];
   const claimed = await claim(dir.path, stops);
   assert.ok(claimed, "the worker connected to the host's socket");
