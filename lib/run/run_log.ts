@@ -86,6 +86,10 @@ export function runsDir(): string {
 
 export { newRunId } from "./run_id.ts";
 
+/** The store's batches of a run's events (RunLog #storeLine). */
+const STORE_BATCH_EVENTS = 256;
+const STORE_BATCH_MS = 20;
+
 /** An append-only file of the run's record, with the length of its whole lines. */
 interface RecordFile {
   name: string;
@@ -102,6 +106,9 @@ export class RunLog implements AsyncDisposable {
   #agentEvents: RecordFile | undefined;
   /** The run's stream in the event store (lib/session/event_store.ts); null once it failed. */
   #store: EventWriter | null | undefined;
+  /** Lines for the store not committed yet, and the timer that commits them (#storeLine). */
+  #storePending: string[] = [];
+  #storeTimer: ReturnType<typeof setTimeout> | undefined;
   /** The first failed write to the record: nothing is appended after it. */
   #lost: string | undefined;
 
@@ -185,12 +192,31 @@ export class RunLog implements AsyncDisposable {
     return Promise.resolve();
   }
 
-  /** The event into the store too, best effort: `events.ndjson` is the run's record. */
+  /**
+   * The event into the store too, best effort: `events.ndjson` is the run's record. Committed in
+   * batches (one transaction each costs about what a hundred rows do): at STORE_BATCH_EVENTS
+   * events, or STORE_BATCH_MS after the first of a batch, and at the run's end. A follower of the
+   * store (`attach`) sees an event that much later; an ended run whose store lacks events (its
+   * process killed before a commit) is completed from its file by `logs`.
+   */
   #storeLine(line: string): void {
     if (this.#store === null) return;
+    this.#storePending.push(line);
+    if (this.#storePending.length >= STORE_BATCH_EVENTS) this.#commitStore();
+    else this.#storeTimer ??= setTimeout(() => this.#commitStore(), STORE_BATCH_MS);
+  }
+
+  #commitStore(): void {
+    clearTimeout(this.#storeTimer);
+    this.#storeTimer = undefined;
+    const lines = this.#storePending;
+    this.#storePending = [];
+    if (this.#store === null || lines.length === 0) return;
     try {
       this.#store ??= new EventWriter(this.meta.id);
-      this.#store.append({ channel: "agent", type: "output", source: "agent", data: line });
+      this.#store.appendMany(
+        lines.map((data) => ({ channel: "agent", type: "output", source: "agent", data })),
+      );
     } catch {
       // A store that cannot be written: `sandbox logs --from` imports events.ndjson instead.
       this.#store?.[Symbol.dispose]();
@@ -256,6 +282,7 @@ export class RunLog implements AsyncDisposable {
       extra?: Record<string, unknown>;
     },
   ): Promise<void> {
+    this.#commitStore();
     await this.#events.file.sync().catch(() => {}); // the lines are written; only a power cut could lose them
     await this.#agentEvents?.file.sync().catch(() => {}); // as above
     const ended = new Date();
@@ -324,6 +351,7 @@ export class RunLog implements AsyncDisposable {
   }
 
   [Symbol.asyncDispose](): Promise<void> {
+    this.#commitStore();
     this.#events.file.close();
     this.#agentEvents?.file.close();
     this.#store?.[Symbol.dispose]();
