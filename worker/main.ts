@@ -26,6 +26,7 @@ import {
   inputEnded,
   jobChannel,
   readJob,
+  sayWarm,
   stdioChannel,
 } from "./serve.ts";
 import { StdoutWriter } from "../lib/output.ts";
@@ -157,6 +158,8 @@ async function serve(awaitJob: string | undefined): Promise<number> {
       import("./generate.ts"),
     ]);
     warming = warmUpAgentic();
+    // Warm: the host that filled the pool may be waiting to hear it (its container is ready then).
+    if (awaitJob !== undefined) void warming.then(() => sayWarm(awaitJob));
   };
   let channel: Channel;
   try {

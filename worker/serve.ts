@@ -85,6 +85,17 @@ export function stdioChannel(): Channel {
 
 /** The socket the host of the claiming run makes in a pooled worker's directory. */
 export const JOB_SOCKET = "job.sock";
+/** The socket the host filling the pool makes there, to hear that the worker is warm. */
+export const WARM_SOCKET = "warm.sock";
+
+/** Tell the host that filled the pool (if it listens in `dir`) that this worker is warm. */
+export async function sayWarm(dir: string): Promise<void> {
+  try {
+    (await Deno.connect({ transport: "unix", path: `${dir}/${WARM_SOCKET}` })).close();
+  } catch {
+    // Nobody listens (the filler gave up waiting, or went): the container is ready all the same.
+  }
+}
 
 /**
  * Run `ready` (the worker loads its code), then wait for `dir/job.sock` (inotify: an idle worker

@@ -33,7 +33,12 @@ import type { AgentCliName } from "../agents/packages.ts";
 import { WORKER_COMMAND } from "../run/container_driver.ts";
 import type { WorkerProcess } from "../run/worker_process.ts";
 import type { WorkerOptions } from "./provider.ts";
-import { claimPooledWorker, POOL_WORKER_DIR, POOL_WORKER_EXEC_ID } from "./pooled_worker.ts";
+import {
+  claimPooledWorker,
+  POOL_WORKER_DIR,
+  POOL_WORKER_EXEC_ID,
+  startedWarm,
+} from "./pooled_worker.ts";
 import { DockerRelayTransport } from "./docker_relay.ts";
 import { DockerSandboxProvider, SANDBOX_USER, type SandboxRepo } from "./docker_provider.ts";
 import { removeProxyMountSource } from "./proxy_mount.ts";
@@ -312,26 +317,36 @@ async function startWaitingWorker(provider: DockerSandboxProvider): Promise<void
   // Readable (0755): the worker watches it for the job's socket. Nothing in it is secret.
   await Deno.mkdir(`${mount.host}/${POOL_WORKER_DIR}`, { mode: 0o755 });
   await Deno.chmod(`${mount.host}/${POOL_WORKER_DIR}`, 0o755);
-  const child = provider.engine.exec({
-    container: provider.containerName,
-    cmd: [
-      "sandbox-exec",
-      POOL_WORKER_EXEC_ID,
-      ...WORKER_COMMAND,
-      "serve",
-      "--await-job",
-      `${mount.sandbox}/${POOL_WORKER_DIR}`,
-    ],
-    user: SANDBOX_USER,
-    env: [],
-    interactive: false,
-    detach: true,
-  }, { timeoutMs: 30_000 });
-  const [, outcome] = await Promise.all([new Response(child.stdout).text(), child.finished]);
-  if (outcome.exitCode === 0 && !outcome.failure) return;
-  const message = `Cannot start the waiting worker in sandbox "${provider.containerName}"`;
-  if (outcome.failure) throw sandboxErrorOf(outcome.failure, "exec_failed", message);
-  throw new CommandExitError("exec_failed", message, outcome);
+  const start = async () => {
+    const child = provider.engine.exec({
+      container: provider.containerName,
+      cmd: [
+        "sandbox-exec",
+        POOL_WORKER_EXEC_ID,
+        ...WORKER_COMMAND,
+        "serve",
+        "--await-job",
+        `${mount.sandbox}/${POOL_WORKER_DIR}`,
+      ],
+      user: SANDBOX_USER,
+      env: [],
+      interactive: false,
+      detach: true,
+    }, { timeoutMs: 30_000 });
+    const [, outcome] = await Promise.all([new Response(child.stdout).text(), child.finished]);
+    if (outcome.exitCode === 0 && !outcome.failure) return;
+    const message = `Cannot start the waiting worker in sandbox "${provider.containerName}"`;
+    if (outcome.failure) throw sandboxErrorOf(outcome.failure, "exec_failed", message);
+    throw new CommandExitError("exec_failed", message, outcome);
+  };
+  // Recorded ready only once warm: a run that claims it (right after the run that filled it, say)
+  // then waits for nothing.
+  if (!await startedWarm(`${mount.host}/${POOL_WORKER_DIR}`, start)) {
+    throw new SandboxError(
+      "exec_failed",
+      `The waiting worker in sandbox "${provider.containerName}" did not load`,
+    );
+  }
 }
 
 /**

@@ -17,7 +17,7 @@
  */
 import { SandboxError } from "../errors.ts";
 import { readLines } from "../lines.ts";
-import { JOB_SOCKET } from "../../worker/serve.ts";
+import { JOB_SOCKET, WARM_SOCKET } from "../../worker/serve.ts";
 import { hostInput, type WorkerProcess, workerProcess } from "../run/worker_process.ts";
 import type { ExecStream, ExecStreamOutcome } from "./provider.ts";
 
@@ -27,6 +27,8 @@ export const POOL_WORKER_DIR = "worker";
 export const POOL_WORKER_EXEC_ID = "worker-pool";
 /** How long a claimed container's worker may take to connect: it may still be loading its code. */
 const CONNECT_WAIT_MS = 15_000;
+/** How long a pool's filler waits for a new worker to load and warm up (two cores, eight at once). */
+const WARM_WAIT_MS = 120_000;
 /** Diagnostic lines kept for the outcome's `stderrTail`. */
 const STDERR_TAIL_LINES = 20;
 
@@ -53,22 +55,12 @@ export async function claimPooledWorker(
   hostDir: string,
   options: PooledWorkerOptions,
 ): Promise<WorkerProcess | undefined> {
-  const path = `${hostDir}/${JOB_SOCKET}`;
-  // Made under another name, opened to every uid (the worker's is the sandbox's, whatever it maps
-  // to here), then renamed: the worker, woken by the name, never finds it closed to it.
-  const making = `${hostDir}/.${JOB_SOCKET}`;
-  const listener = Deno.listen({ transport: "unix", path: making });
-  let conn: Deno.UnixConn | undefined;
-  try {
-    await Deno.chmod(making, 0o666);
-    await Deno.rename(making, path);
-    conn = await acceptWithin(listener, options.connectWaitMs ?? CONNECT_WAIT_MS, options.signal);
-  } finally {
-    listener.close();
-    // One connection was wanted; the directory goes with the container's mount in any case.
-    await Deno.remove(path).catch(() => {});
-    await Deno.remove(making).catch(() => {});
-  }
+  const conn = await firstConnection(
+    hostDir,
+    JOB_SOCKET,
+    options.connectWaitMs ?? CONNECT_WAIT_MS,
+    options.signal,
+  );
   if (!conn) {
     await options.stop().catch(() => {}); // a worker that never came carries nothing: best effort
     return undefined;
@@ -76,6 +68,50 @@ export async function claimPooledWorker(
   const input = hostInput();
   void pump(input.stream, conn);
   return workerProcess(framedStream(conn, options), input);
+}
+
+/**
+ * While `start()` starts the pooled worker: wait until it says it is warm (worker/serve.ts
+ * `sayWarm`), so that the container is recorded ready only once a run claiming it starts at once.
+ * False when it did not within `waitMs`.
+ */
+export async function startedWarm(
+  hostDir: string,
+  start: () => Promise<void>,
+  waitMs = WARM_WAIT_MS,
+): Promise<boolean> {
+  const heard = firstConnection(hostDir, WARM_SOCKET, waitMs);
+  await start();
+  const conn = await heard;
+  conn?.close();
+  return conn !== undefined;
+}
+
+/**
+ * Listen on `hostDir/name` and take the first connection (then stop listening), or undefined after
+ * `waitMs` or an abort. The socket is made under another name, opened to every uid (the worker's
+ * is the sandbox's, whatever it maps to here), then renamed: the worker, woken by the name, never
+ * finds it closed to it.
+ */
+async function firstConnection(
+  hostDir: string,
+  name: string,
+  waitMs: number,
+  signal?: AbortSignal,
+): Promise<Deno.UnixConn | undefined> {
+  const path = `${hostDir}/${name}`;
+  const making = `${hostDir}/.${name}`;
+  const listener = Deno.listen({ transport: "unix", path: making });
+  try {
+    await Deno.chmod(making, 0o666);
+    await Deno.rename(making, path);
+    return await acceptWithin(listener, waitMs, signal);
+  } finally {
+    listener.close();
+    // One connection was wanted; the directory goes with the container's mount in any case.
+    await Deno.remove(path).catch(() => {});
+    await Deno.remove(making).catch(() => {});
+  }
 }
 
 /** The first connection to `listener`, or undefined after `waitMs` or an abort. */

@@ -9,7 +9,7 @@ import { type AgenticMessage, decodeMessage } from "../../lib/run/protocol.ts";
 import { spawn } from "../../lib/process.ts";
 import { encodeJob, parseJob, type WorkerJob } from "../../worker/job.ts";
 import { frame } from "../../worker/serve.ts";
-import { claimPooledWorker } from "../../lib/sandbox/pooled_worker.ts";
+import { claimPooledWorker, startedWarm } from "../../lib/sandbox/pooled_worker.ts";
 import { ROOT, tempDir } from "../_helpers.ts";
 import { FAKE_LLM_KEY, FakeLlm, text, toolCall, writeThenExecute } from "../_fake_llm.ts";
 
@@ -18,7 +18,9 @@ const WORKER = `${ROOT}/worker/main.ts`;
 /** With only the permissions it needs: no network but the LLM's port (and a pooled one's socket). */
 function workerArgv(llmPort: number, ...args: string[]): string[] {
   const dir = args.indexOf("--await-job");
-  const socket = dir === -1 ? "" : `,unix:${args[dir + 1]}/job.sock`;
+  const socket = dir === -1
+    ? ""
+    : `,unix:${args[dir + 1]}/job.sock,unix:${args[dir + 1]}/warm.sock`;
   return [
     Deno.execPath(),
     "run",
@@ -364,6 +366,23 @@ Deno.test("a pooled worker the host leaves stops; at its deadline its tree is st
       await assert.rejects(Deno.lstat(`${dir.path}/job.sock`), Deno.errors.NotFound);
     },
   );
+});
+
+Deno.test("a pool's filler hears when its worker is warm; a worker that never says so is reported", async () => {
+  await using dir = await tempDir("sandbox-pooled-");
+  await using fake = new FakeLlm([text("unused")]);
+  let worker: ReturnType<typeof pooledWorker> | undefined;
+  const warm = await startedWarm(dir.path, () => {
+    worker = pooledWorker(fake.port, dir.path);
+    return Promise.resolve();
+  });
+  assert.equal(warm, true);
+  // Still waiting for its job after saying so: the claim reaches it, and its end is the host's.
+  const claimed = await claim(dir.path, []);
+  assert.ok(claimed, "the warm worker took the claim");
+  claimed.close();
+  await worker!.finished;
+  assert.equal(await startedWarm(dir.path, () => Promise.resolve(), 50), false);
 });
 
 Deno.test("frame() tags every line of a multi-line diagnostic", () => {
