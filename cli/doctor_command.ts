@@ -103,7 +103,10 @@ async function printLocal(local: LocalFacts): Promise<void> {
   const namespaces = local.maxUserNamespaces;
   await stdout.line(table(["ENVIRONMENT", "VALUE"], [
     ["bubblewrap", local.bwrap ?? "unknown"],
-    ["user namespaces", namespaces === null ? "unknown" : `at most ${namespaces}`],
+    [
+      "user namespaces",
+      namespaces === null ? "unknown" : `user.max_user_namespaces ${namespaces}`,
+    ],
     ["cgroup", local.cgroupVersion === null ? "unknown" : `v${local.cgroupVersion}`],
     ["limits held by", local.limits],
     ["resources.memory", local.memory],

@@ -248,6 +248,7 @@ function judgeLocal(observed: Observed, afterRelease: string, profile: Profile):
     judgeKey({
       canaryFound: (probe.get("key-found") ?? []).map((f) => f.join(" ")),
       tokenFound: probe.has("key-twin"),
+      searched: "any readable environment, command line or file of the sandbox",
     }),
     judgeHostService(observed),
     ...judgeEgress(probe, observed.nonce, profile),

@@ -51,6 +51,8 @@ export interface KeyObservation {
   canaryFound: string[];
   /** The same search found the session token in the probe's own environment. */
   tokenFound: boolean;
+  /** Where the search looked (default: the container's processes, files and configuration). */
+  searched?: string;
 }
 
 export function judgeKey(seen: KeyObservation): DefenceCheck {
@@ -70,7 +72,10 @@ export function judgeKey(seen: KeyObservation): DefenceCheck {
     ]);
   }
   return check("key", "held", "the canary key is in no process, command line or file", [
-    "attack: not found in any readable environment, command line or file, nor in the container's configuration",
+    `attack: not found in ${
+      seen.searched ??
+        "any readable environment, command line or file, nor in the container's configuration"
+    }`,
     twin,
   ]);
 }
