@@ -26,14 +26,7 @@ import type { RunSandbox } from "../sandbox/provider.ts";
 import { sandboxLifecycle } from "../sandbox/providers.ts";
 import { formatBytes } from "../units.ts";
 import { canaryKeys, doctorProfile, fill, type FillOutcome, judgeEgress } from "./doctor.ts";
-import {
-  escalationSeen,
-  fillScript,
-  parseProbe,
-  PROBE_ENV,
-  PROBE_SCRIPT,
-  SURVIVOR_CHECK,
-} from "./probes.ts";
+import { escalationSeen, parseProbe, PROBE_ENV, PROBE_SCRIPT, SURVIVOR_CHECK } from "./probes.ts";
 import {
   type DefenceCheck,
   DEFENCES,
