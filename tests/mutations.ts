@@ -122,6 +122,15 @@ const DOCTOR_MUTATIONS: Mutation[] = [
     filter: "shares the host's network",
   },
   {
+    name:
+      "doctor (local): network mode full is NOT APPLICABLE even where the sandbox has a network",
+    file: "lib/doctor/local.ts",
+    find: `if (profile.sandbox.network.mode !== "full" || interfaces !== "lo") return checks;`,
+    replace: `if (profile.sandbox.network.mode !== "full") return checks;`,
+    tests: ["tests/security/doctor_local_test.ts"],
+    filter: "network mode full when the sandbox shares",
+  },
+  {
     name: "doctor: a user namespace the probe made is read as refused",
     file: "lib/doctor/probes.ts",
     find: `unshare[0] === "0" ? "succeeded" : "refused",`,

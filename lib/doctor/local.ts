@@ -244,7 +244,7 @@ function judgeLocal(observed: Observed, afterRelease: string, profile: Profile):
       searched: "any readable environment, command line or file of the sandbox",
     }),
     judgeHostService(observed),
-    ...judgeEgress(probe, observed.nonce, profile),
+    ...judgeLocalEgress(probe, observed.nonce, profile),
     judgeEscalation(escalationSeen(probe)),
     judgeSurvivor({
       seenDuring: probe.has("survivor"),
@@ -273,6 +273,27 @@ function judgeLocal(observed: Observed, afterRelease: string, profile: Profile):
     evidence: [],
   });
   return checks;
+}
+
+/**
+ * The egress proxy's rows. Network mode full has no egress proxy: BROKEN where the sandbox has a
+ * network of its own, but a local sandbox's holder has only its loopback (seen by the probe), so
+ * that nothing outside is reachable, allowed or not: NOT APPLICABLE, saying so.
+ */
+function judgeLocalEgress(
+  probe: Map<string, string[][]>,
+  nonce: string,
+  profile: Profile,
+): DefenceCheck[] {
+  const checks = judgeEgress(probe, nonce, profile);
+  const interfaces = (probe.get("interfaces")?.[0]?.[0] ?? "").trim();
+  if (profile.sandbox.network.mode !== "full" || interfaces !== "lo") return checks;
+  return checks.map((c) => ({
+    ...c,
+    status: "not_applicable",
+    reason: 'network mode "full" in mode local: no egress proxy, and the sandbox has no network ' +
+      "but its own loopback (interfaces: lo), so nothing outside is reachable, allowed or not",
+  }));
 }
 
 /** The host's listeners from inside: refused, while the same requests on the host got answers. */

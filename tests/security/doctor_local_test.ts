@@ -80,13 +80,13 @@ async function shimDir(dir: string, weakening: Weakening): Promise<string> {
   return bin;
 }
 
-async function localDoctor(weakening: Weakening) {
+async function localDoctor(weakening: Weakening, sandboxYaml = "{mode: local}") {
   assertLocal();
   await using dir = await tempDir();
   const profile = uniqueProfile(`doc-l-${weakening}`);
   const config = await writeConfig(
     dir.path,
-    `profiles:\n  ${profile}:\n    sandbox: {mode: local}\n`,
+    `profiles:\n  ${profile}:\n    sandbox: ${sandboxYaml}\n`,
   );
   try {
     const bin = await shimDir(dir.path, weakening);
@@ -184,6 +184,39 @@ Deno.test({
     assert.equal(result.exitCode, 3, explain(result));
     assert.deepEqual(status, expected("disk"), explain(result));
     assert.match(check("disk").evidence[0], /ran to its end/);
+    assert.deepEqual(leftover, []);
+  },
+});
+
+Deno.test({
+  name:
+    "doctor calls the egress rows NOT APPLICABLE in network mode full, where the local sandbox has only its loopback (exit 0)",
+  ...localTest(),
+  async fn() {
+    const full = "{mode: local, network: {mode: full}}";
+    const { result, status, check, leftover } = await localDoctor("none", full);
+    assert.equal(result.exitCode, 0, explain(result));
+    assert.deepEqual(status, {
+      ...expected(),
+      egress_allowlist: "not_applicable",
+      address_guard: "not_applicable",
+    }, explain(result));
+    assert.match(check("egress_allowlist").reason, /interfaces: lo/);
+    assert.deepEqual(leftover, []);
+  },
+});
+
+Deno.test({
+  name:
+    "doctor reports the egress rows BROKEN with exit 3 in network mode full when the sandbox shares the host's network",
+  ...localTest(),
+  async fn() {
+    const full = "{mode: local, network: {mode: full}}";
+    const { result, status, leftover } = await localDoctor("network", full);
+    assert.equal(result.exitCode, 3, explain(result));
+    assert.equal(status.egress_allowlist, "broken", explain(result));
+    assert.equal(status.address_guard, "broken", explain(result));
+    assert.equal(status.host_service, "broken", explain(result));
     assert.deepEqual(leftover, []);
   },
 });
