@@ -131,6 +131,13 @@ const DOCTOR_MUTATIONS: Mutation[] = [
     filter: "network mode full when the sandbox shares",
   },
   {
+    name: "doctor (local): rlimits are said to hold memory and CPU as a cgroup would",
+    file: "lib/doctor/local.ts",
+    find: 'const cgroup = limits === "rlimit" ? undefined : `its cgroup (${limits})`;',
+    replace: "const cgroup = `its cgroup (${limits})`;",
+    tests: ["tests/unit/doctor_local_test.ts"],
+  },
+  {
     name: "doctor: a user namespace the probe made is read as refused",
     file: "lib/doctor/probes.ts",
     find: `unshare[0] === "0" ? "succeeded" : "refused",`,

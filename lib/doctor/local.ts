@@ -317,6 +317,31 @@ function judgeHostService(observed: Observed): DefenceCheck {
   });
 }
 
+/**
+ * What holds `resources.memory`, `cpus` and `pids` under the mechanism `limits`, in words: a limit
+ * no mechanism holds is said to be not limited, and why (rlimits hold processes only, and
+ * `RLIMIT_NPROC` binds no root).
+ */
+export function limitsHeld(
+  limits: LocalLimits["kind"],
+  r: Pick<Profile["resources"], "memoryBytes" | "cpus" | "pids">,
+  isRoot: boolean,
+): Pick<LocalFacts, "memory" | "cpu" | "pids"> {
+  const cgroup = limits === "rlimit" ? undefined : `its cgroup (${limits})`;
+  const noCgroup = "not limited: no cgroup this user may make (rlimits hold processes only)";
+  return {
+    memory: cgroup ? `${formatBytes(r.memoryBytes)} for the sandbox, by ${cgroup}` : noCgroup,
+    cpu: cgroup
+      ? r.cpus > 0 ? `${r.cpus} CPU(s), by ${cgroup}` : "not limited: resources.cpus is 0"
+      : noCgroup,
+    pids: cgroup
+      ? `${r.pids} processes for the sandbox, by ${cgroup}`
+      : isRoot
+      ? "not limited: RLIMIT_NPROC does not bind root"
+      : `${r.pids} processes of your user, all of them counted (RLIMIT_NPROC)`,
+  };
+}
+
 /** The environment's facts, with what the limits' mechanism holds and what it leaves open. */
 async function localFacts(
   profile: Profile,
@@ -334,25 +359,13 @@ async function localFacts(
     (text) => Number(text.trim()),
     () => null,
   );
-  const r = profile.resources;
-  const cgroup = limits === "rlimit" ? undefined : `its cgroup (${limits})`;
-  const noCgroup = "not limited: no cgroup this user may make (rlimits hold processes only)";
-  const isRoot = Deno.uid() === 0;
   const [mode, filters] = [probe.get("Seccomp")?.[0]?.[0], probe.get("Seccomp_filters")?.[0]?.[0]];
   return {
     bwrap,
     maxUserNamespaces: max !== null && Number.isFinite(max) ? max : null,
     cgroupVersion,
     limits,
-    memory: cgroup ? `${formatBytes(r.memoryBytes)} for the sandbox, by ${cgroup}` : noCgroup,
-    cpu: cgroup
-      ? r.cpus > 0 ? `${r.cpus} CPU(s), by ${cgroup}` : "not limited: resources.cpus is 0"
-      : noCgroup,
-    pids: cgroup
-      ? `${r.pids} processes for the sandbox, by ${cgroup}`
-      : isRoot
-      ? "not limited: RLIMIT_NPROC does not bind root"
-      : `${r.pids} processes of your user, all of them counted (RLIMIT_NPROC)`,
+    ...limitsHeld(limits, profile.resources, Deno.uid() === 0),
     seccomp: mode === "2"
       ? `filter applied (${filters ?? "?"} filter(s))`
       : mode === "0"
