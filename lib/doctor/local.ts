@@ -21,7 +21,7 @@ import { openSession, type SandboxSession } from "../proxy/session.ts";
 import type { DiskWatch } from "../sandbox/disk_watch.ts";
 import { localTools } from "../sandbox/local/bwrap.ts";
 import type { LocalLimits } from "../sandbox/local/limits.ts";
-import { LocalSandbox } from "../sandbox/local/local_sandbox.ts";
+import type { LocalSandbox } from "../sandbox/local/local_sandbox.ts";
 import type { RunSandbox } from "../sandbox/provider.ts";
 import { sandboxLifecycle } from "../sandbox/providers.ts";
 import { formatBytes } from "../units.ts";
@@ -99,10 +99,15 @@ export async function attackLocal(
   const { canary, keys, redactor } = await canaryKeys();
   progress(`starting a throwaway local sandbox of profile "${user.name}"`);
   const lifecycle = await sandboxLifecycle(profile);
-  const sandbox = await lifecycle.acquire({ runId: `doctor${randomHex(4)}`, signal });
-  const marker = `doctor-survivor-${randomHex(6)}`;
-  const limits = sandbox.provider instanceof LocalSandbox ? sandbox.provider.limits.kind : "rlimit";
   const logDir = await Deno.makeTempDir({ prefix: "sandbox-doctor-" });
+  const sandbox = await lifecycle.acquire({ runId: `doctor${randomHex(4)}`, signal })
+    .catch(async (error) => {
+      await Deno.remove(logDir, { recursive: true });
+      throw error;
+    });
+  const marker = `doctor-survivor-${randomHex(6)}`;
+  // LocalLifecycle's sandboxes are LocalSandboxes: what holds their limits is theirs to say.
+  const limits = (sandbox.provider as LocalSandbox).limits.kind;
   let observed: Observed;
   try {
     await using session = await openSession(profile, sandbox.relay!, {
