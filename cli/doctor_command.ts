@@ -3,6 +3,7 @@ import { type Command, Option } from "commander";
 import { SandboxError } from "../lib/errors.ts";
 import { table } from "../lib/output.ts";
 import type { DoctorReport } from "../lib/doctor/doctor.ts";
+import type { LocalFacts } from "../lib/doctor/local.ts";
 import { profileFor, signal, stdout } from "./context.ts";
 import { progress } from "./progress.ts";
 import { jsonOption, profileOption } from "./options.ts";
@@ -78,6 +79,7 @@ async function printReport(report: DoctorReport): Promise<void> {
     ]));
     await stdout.line("");
   }
+  if (report.local) await printLocal(report.local);
   await stdout.line(
     `profile "${report.profile}": sandbox mode ${report.mode}, network mode ${report.network}`,
   );
@@ -94,4 +96,24 @@ async function printReport(report: DoctorReport): Promise<void> {
       [c.reason, ...c.evidence].join(" | "),
     ]),
   ));
+}
+
+/** Mode local: what bubblewrap and this host give, and what holds each limit. */
+async function printLocal(local: LocalFacts): Promise<void> {
+  const namespaces = local.maxUserNamespaces;
+  await stdout.line(table(["ENVIRONMENT", "VALUE"], [
+    ["bubblewrap", local.bwrap ?? "unknown"],
+    [
+      "user namespaces",
+      namespaces === null ? "unknown" : `user.max_user_namespaces ${namespaces}`,
+    ],
+    ["cgroup", local.cgroupVersion === null ? "unknown" : `v${local.cgroupVersion}`],
+    ["limits held by", local.limits],
+    ["resources.memory", local.memory],
+    ["resources.cpus", local.cpu],
+    ["resources.pids", local.pids],
+    ["seccomp", local.seccomp],
+    ["landlock", local.landlock],
+  ]));
+  await stdout.line("");
 }

@@ -101,9 +101,49 @@ const DOCTOR_MUTATIONS: Mutation[] = [
   {
     name: "doctor: a setsid child alive after the sandbox was destroyed is not BROKEN",
     file: DOCTOR_VERDICTS,
-    find: `if (seen.aliveAfterCommand || seen.aliveAfterDestroy) {`,
-    replace: `if (seen.aliveAfterCommand) {`,
+    find: `if (seen.aliveAfterDestroy) {`,
+    replace: `if (seen.aliveAfterDestroy && !seen.aliveAfterDestroy) {`,
     tests: DOCTOR_TESTS,
+  },
+  {
+    name:
+      "doctor: a setsid child alive after its command is excused in every mode, not mode local's",
+    file: DOCTOR_VERDICTS,
+    find: `if (seen.aliveAfterCommand && excused === undefined) {`,
+    replace: `if (seen.aliveAfterCommand && excused === "never") {`,
+    tests: DOCTOR_TESTS,
+  },
+  {
+    name: "doctor (local): the host's listeners answering the sandbox count as refused",
+    file: "lib/doctor/local.ts",
+    find: `if (rest?.includes(observed.nonce)) reached.push(target);`,
+    replace: `if (rest === observed.nonce) reached.push(target);`,
+    tests: ["tests/security/doctor_local_test.ts"],
+    filter: "shares the host's network",
+  },
+  {
+    name:
+      "doctor (local): network mode full is NOT APPLICABLE even where the sandbox has a network",
+    file: "lib/doctor/local.ts",
+    find: `if (profile.sandbox.network.mode !== "full" || interfaces !== "lo") return checks;`,
+    replace: `if (profile.sandbox.network.mode !== "full") return checks;`,
+    tests: ["tests/security/doctor_local_test.ts"],
+    filter: "network mode full when the sandbox shares",
+  },
+  {
+    name: "doctor (local): rlimits are said to hold memory and CPU as a cgroup would",
+    file: "lib/doctor/local.ts",
+    find: 'const cgroup = limits === "rlimit" ? undefined : `its cgroup (${limits})`;',
+    replace: "const cgroup = `its cgroup (${limits})`;",
+    tests: ["tests/unit/doctor_local_test.ts"],
+  },
+  {
+    name: "doctor: a user namespace the probe made is read as refused",
+    file: "lib/doctor/probes.ts",
+    find: `unshare[0] === "0" ? "succeeded" : "refused",`,
+    replace: `unshare[0] === "never" ? "succeeded" : "refused",`,
+    tests: ["tests/security/doctor_local_test.ts"],
+    filter: "no seccomp filter",
   },
   {
     name: "doctor: a write past resources.disk that ran to its end is HELD",

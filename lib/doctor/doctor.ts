@@ -15,6 +15,7 @@
  *    the verdicts come from lib/doctor/verdicts.ts.
  * 4. The sandbox is destroyed whatever happens (an error, Ctrl-C), and the setsid child is looked
  *    for once more after it.
+ * Modes kubernetes and local: lib/doctor/kubernetes.ts and lib/doctor/local.ts.
  */
 import type { Profile } from "../config.ts";
 import { SandboxError } from "../errors.ts";
@@ -26,8 +27,10 @@ import { forget, holdOwn } from "../sandbox/pool_records.ts";
 import { removeProxyMountSource } from "../sandbox/proxy_mount.ts";
 import { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
 import { DockerCli } from "../sandbox/docker.ts";
+import type { SandboxProvider } from "../sandbox/provider.ts";
 import { type EnvironmentFacts, environmentFacts } from "./environment.ts";
 import type { KubernetesFacts } from "./kubernetes.ts";
+import type { LocalFacts } from "./local.ts";
 import { type HostListeners, ordinaryReach, startListeners } from "./listeners.ts";
 import {
   DENIED_HOST,
@@ -87,6 +90,8 @@ export interface DoctorReport {
   devcontainer?: DoctorDevcontainer;
   /** Mode kubernetes: what the cluster gives (`environment` is then null). */
   kubernetes?: KubernetesFacts;
+  /** Mode local: what bubblewrap and this host give (`environment` is then null). */
+  local?: LocalFacts;
   checks: DefenceCheck[];
   /** The checks that should hold and do not; the command exits non-zero when there is any. */
   broken: string[];
@@ -124,6 +129,13 @@ export async function runDoctor(
     const attacked = await attackPod(profile, { signal: options.signal, progress });
     return { ...report(null, attacked), kubernetes: attacked.facts };
   }
+  if (profile.sandbox.mode === "local") {
+    // Loaded only in this mode, as lib/sandbox/providers.ts loads the provider.
+    const { attackLocal } = await import("./local.ts");
+    const progress = (line: string) => options.onProgress?.(line);
+    const attacked = await attackLocal(profile, { signal: options.signal, progress });
+    return { ...report(null, { image: null, checks: attacked.checks }), local: attacked.facts };
+  }
   let target = profile;
   if (profile.sandbox.mode === "devcontainer") {
     const opened = await openDevcontainerOf(profile, options);
@@ -133,7 +145,7 @@ export async function runDoctor(
   if (target.sandbox.mode !== "container") {
     throw new SandboxError(
       "unsupported",
-      `Cannot check profile "${profile.name}": doctor checks sandbox modes "container", "devcontainer", "kubernetes" and "none"`,
+      `Cannot check profile "${profile.name}": doctor checks sandbox modes "container", "devcontainer", "kubernetes", "local" and "none"`,
       { detail: `Its mode is "${profile.sandbox.mode}"` },
     );
   }
@@ -199,6 +211,20 @@ export function doctorProfile(profile: Profile, egressPort: number): Profile {
   };
 }
 
+/** The canary key, in a key store that has read it as a run reads its key (from `CANARY_ENV`). */
+export async function canaryKeys(): Promise<{
+  canary: string;
+  keys: KeyStore;
+  redactor: Redactor;
+}> {
+  const canary = `sk-doctor-canary-${randomHex(24)}`;
+  const redactor = new Redactor();
+  const keys = new KeyStore({ redactor, env: (name) => name === CANARY_ENV ? canary : undefined });
+  // Read now, as a run reads its key: from here on the key is in this process, as in a real run.
+  await keys.resolve({ env: CANARY_ENV });
+  return { canary, keys, redactor };
+}
+
 async function attackSandbox(
   user: Profile,
   listeners: HostListeners,
@@ -206,11 +232,7 @@ async function attackSandbox(
   onQuota: (quota: boolean) => Promise<void>,
 ): Promise<{ image: string; checks: DefenceCheck[] }> {
   const profile = doctorProfile(user, listeners.loopbackPort);
-  const canary = `sk-doctor-canary-${randomHex(24)}`;
-  const redactor = new Redactor();
-  const keys = new KeyStore({ redactor, env: (name) => name === CANARY_ENV ? canary : undefined });
-  // Read now, as a run reads its key: from here on the key is in this process, as in a real run.
-  await keys.resolve({ env: CANARY_ENV });
+  const { canary, keys, redactor } = await canaryKeys();
   const progress = (line: string) => options.onProgress?.(line);
   progress(`starting a throwaway sandbox of profile "${user.name}"`);
   const sandbox = await throwawaySandbox(profile, options);
@@ -266,7 +288,7 @@ interface Observed {
   disk: { twin: FillOutcome; attack: FillOutcome; limitBytes: number };
 }
 
-interface FillOutcome {
+export interface FillOutcome {
   completed: boolean;
   stoppedBy: string;
   writtenBytes?: number;
@@ -335,14 +357,22 @@ async function observe(
   };
 }
 
+/** What the disk attack needs of a sandbox: its commands, and the disk watch a run has. */
+export interface FillTarget {
+  exec: SandboxProvider["exec"];
+  /** `ready`, when given, resolves once the watch can see the write (it has a size from before). */
+  watchDisk(): { readonly signal: AbortSignal; close(): Promise<void>; ready?: Promise<void> };
+}
+
 /** Write `mib` MiB into the workspace while the disk watch runs, as a run's command would. */
-async function fill(
-  sandbox: DockerSandboxProvider,
+export async function fill(
+  sandbox: FillTarget,
   mib: number,
   signal?: AbortSignal,
 ): Promise<FillOutcome> {
   const watch = sandbox.watchDisk();
   try {
+    await watch.ready;
     const result = await sandbox.exec(["bash", "-c", fillScript(mib)], {
       signal: signal ? AbortSignal.any([signal, watch.signal]) : watch.signal,
       timeoutMs: 120_000,
@@ -456,7 +486,7 @@ function judgeHostService(observed: Observed): DefenceCheck {
 }
 
 /** The egress proxy's two defences: the allowlist, and the address guard behind an allowed name. */
-function judgeEgress(
+export function judgeEgress(
   probe: Map<string, string[][]>,
   nonce: string,
   profile: Profile,

@@ -7,6 +7,7 @@
  * in its environment and decodes it into an unexported variable, handing it to `grep` on a file
  * descriptor, so that no environment or command line of the probe itself holds what it looks for.
  */
+import type { EscalationObservation } from "./verdicts.ts";
 
 /** Variables the probes read (values set by lib/doctor/doctor.ts). */
 export const PROBE_ENV = {
@@ -121,4 +122,19 @@ export function parseProbe(stdout: string): Map<string, string[][]> {
     lines.set(name, list);
   }
   return lines;
+}
+
+/** What `ESCALATION_PROBE`'s lines say, for `judgeEscalation`. */
+export function escalationSeen(probe: Map<string, string[][]>): EscalationObservation {
+  const field = (name: string) => probe.get(name)?.[0] ?? [];
+  const unshare = field("unshare");
+  return {
+    statusRead: probe.has("CapEff"),
+    capEff: field("CapEff")[0] ?? "?",
+    capPrm: field("CapPrm")[0] ?? "?",
+    noNewPrivs: field("NoNewPrivs")[0] === "1",
+    setuidFiles: (probe.get("setuid") ?? []).map((f) => f[0]),
+    unshare: unshare[0] === "missing" ? "missing" : unshare[0] === "0" ? "succeeded" : "refused",
+    unshareDetail: unshare[1] ?? unshare[0] ?? "",
+  };
 }

@@ -51,6 +51,8 @@ export interface KeyObservation {
   canaryFound: string[];
   /** The same search found the session token in the probe's own environment. */
   tokenFound: boolean;
+  /** Where the search looked (default: the container's processes, files and configuration). */
+  searched?: string;
 }
 
 export function judgeKey(seen: KeyObservation): DefenceCheck {
@@ -70,7 +72,10 @@ export function judgeKey(seen: KeyObservation): DefenceCheck {
     ]);
   }
   return check("key", "held", "the canary key is in no process, command line or file", [
-    "attack: not found in any readable environment, command line or file, nor in the container's configuration",
+    `attack: not found in ${
+      seen.searched ??
+        "any readable environment, command line or file, nor in the container's configuration"
+    }`,
     twin,
   ]);
 }
@@ -177,6 +182,11 @@ export interface SurvivorObservation {
   /** It, or the container, was still there after the sandbox was destroyed. */
   aliveAfterDestroy: boolean;
   detail: string;
+  /**
+   * Why a child alive after its command is no breach here, when it is not (mode local keeps what a
+   * command leaves until the sandbox is released, docs/local.md): then only the release counts.
+   */
+  leftoversUntilRelease?: string;
 }
 
 export function judgeSurvivor(seen: SurvivorObservation): DefenceCheck {
@@ -186,12 +196,23 @@ export function judgeSurvivor(seen: SurvivorObservation): DefenceCheck {
     } (${seen.detail})`,
     `twin: ${seen.seenDuring ? "running while its command ran" : "never seen running"}`,
   ];
-  if (seen.aliveAfterCommand || seen.aliveAfterDestroy) {
-    const when = seen.aliveAfterDestroy ? "the sandbox was destroyed" : "its command ended";
-    return check("survivor", "broken", `a setsid child outlived ${when}`, evidence);
+  if (seen.aliveAfterDestroy) {
+    return check("survivor", "broken", "a setsid child outlived the sandbox", evidence);
+  }
+  const excused = seen.leftoversUntilRelease;
+  if (seen.aliveAfterCommand && excused === undefined) {
+    return check("survivor", "broken", "a setsid child outlived its command", evidence);
   }
   if (!seen.seenDuring) {
     return check("survivor", "not_applicable", "the setsid child never started", evidence);
+  }
+  if (seen.aliveAfterCommand) {
+    return check(
+      "survivor",
+      "held",
+      `the setsid child ended with the sandbox (${excused})`,
+      evidence,
+    );
   }
   return check("survivor", "held", "the setsid child ended with its command", evidence);
 }

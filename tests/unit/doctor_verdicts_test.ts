@@ -61,6 +61,24 @@ Deno.test("judgeSurvivor() is BROKEN when the setsid child outlived its command 
   assert.equal(judgeSurvivor({ ...seen, seenDuring: false }).status, "not_applicable");
 });
 
+Deno.test("judgeSurvivor() in mode local excuses a child alive after its command, never one alive after the release", () => {
+  const seen = {
+    seenDuring: true,
+    aliveAfterCommand: true,
+    aliveAfterDestroy: false,
+    detail: "",
+    leftoversUntilRelease: "mode local keeps leftovers until the release",
+  };
+  const held = judgeSurvivor(seen);
+  assert.equal(held.status, "held");
+  assert.match(held.reason, /ended with the sandbox \(mode local keeps leftovers/);
+  assert.match(held.evidence[0], /after its command alive, after the sandbox gone/);
+  assert.equal(judgeSurvivor({ ...seen, aliveAfterDestroy: true }).status, "broken");
+  assert.equal(judgeSurvivor({ ...seen, seenDuring: false }).status, "not_applicable");
+  // Without the excuse (a container), the same child is BROKEN.
+  assert.equal(judgeSurvivor({ ...seen, leftoversUntilRelease: undefined }).status, "broken");
+});
+
 Deno.test("judgeDisk() is BROKEN when the write past the limit ran to its end", () => {
   const seen = { limitBytes: 64, twinCompleted: true, attackCompleted: false, stoppedBy: "limit" };
   assert.equal(judgeDisk(seen).status, "held");
