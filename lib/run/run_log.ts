@@ -355,6 +355,8 @@ export class RunLog implements AsyncDisposable {
     this.#events.file.close();
     this.#agentEvents?.file.close();
     this.#store?.[Symbol.dispose]();
+    // Closed: a line appended after this (a late event of an MCP environment) is not stored.
+    this.#store = null;
     return Promise.resolve();
   }
 }

@@ -124,8 +124,9 @@ export class EventWriter implements Disposable {
     return stored;
   }
 
+  /** Close the database; again is nothing. */
   [Symbol.dispose](): void {
-    this.#db.close();
+    if (this.#db.isOpen) this.#db.close();
   }
 }
 

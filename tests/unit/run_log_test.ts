@@ -17,6 +17,8 @@ import {
 } from "../../lib/run/run_log.ts";
 import { tempDir } from "../_helpers.ts";
 import { fillDisk, mountTmpfs } from "../_tmpfs.ts";
+import { lastSeq } from "../../lib/session/event_store.ts";
+import { openIndex } from "../../lib/run/run_index.ts";
 import { EXIT, SandboxError } from "../../lib/errors.ts";
 
 /** `XDG_STATE_HOME` pointed at a fresh temporary directory until disposed. */
@@ -108,6 +110,24 @@ Deno.test("RunLog.append() writes one JSON line per event, in order, readable at
   await log.append(result);
   const events: AgenticMessage[] = (await eventLines(id)).map((l) => JSON.parse(l));
   assert.deepEqual(events, [toolCall, toolResult, result]);
+});
+
+Deno.test("a run's events reach the store in batches, all of them by its end; one appended after the log is closed is dropped quietly", async () => {
+  await using _home = await stateHome();
+  const id = newRunId();
+  const log = await RunLog.create(init(id));
+  for (let i = 0; i < 300; i++) await log.append(toolCall);
+  await log.finish({ status: "succeeded", exitCode: 0, usage: null, error: null });
+  const db = openIndex();
+  try {
+    assert.equal(lastSeq(db, id), 300);
+  } finally {
+    db.close();
+  }
+  await log[Symbol.asyncDispose]();
+  // An MCP environment's late event: before, its commit ran on a closed database in a timer.
+  await log.append(result);
+  await new Promise((resolve) => setTimeout(resolve, 50));
 });
 
 Deno.test("RunLog.finish() records the outcome in meta.json", async () => {
