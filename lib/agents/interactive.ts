@@ -66,11 +66,12 @@ export const INTERACTIVE_HIDDEN_ENV: Readonly<Record<AgentCliName, readonly stri
 
 /**
  * Codex's TUI, started as `codex exec` is for a headless run but without `exec`: approvals and
- * its own sandbox off (`--dangerously-bypass-approvals-and-sandbox`, which also answers its
- * folder-trust screen), the run's profile file naming the credential proxy as its only model
- * provider with the session token read from `SANDBOX_LLM_TOKEN`, and the project explicitly
- * untrusted unless the user trusts `.codex/`. A provider of its own needs no OpenAI sign-in, so
- * its sign-in screens are not shown. (Checked against 0.169.0.)
+ * its own sandbox off (`--dangerously-bypass-approvals-and-sandbox`), the run's profile file
+ * naming the credential proxy as its only model provider with the session token read from
+ * `SANDBOX_LLM_TOKEN`, and the project explicitly untrusted unless the user trusts `.codex/`. A
+ * provider of its own needs no OpenAI sign-in, so no sign-in screen is shown. An untrusted folder
+ * makes Codex ask, at every start, how to open it: "Open restricted" (its default, Enter) is the
+ * only way on; no configuration answers it but trusting the folder. (Checked against 0.169.0.)
  */
 export function codexInteractive(input: LaunchInput): AgentLaunch {
   const profile = codexProfileName(input.runId);
