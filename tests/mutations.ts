@@ -1407,6 +1407,13 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/agent_interactive_test.ts"],
   },
   {
+    name: "Codex's TUI is given the host's API key, not the placeholder",
+    file: "lib/agents/interactive.ts",
+    find: "env: { CODEX_HOME },",
+    replace: 'env: { CODEX_HOME, SANDBOX_LLM_TOKEN: Deno.env.get("OPENAI_API_KEY") ?? "" },',
+    tests: ["tests/security/codex_tui_key_test.ts"],
+  },
+  {
     name: "up keeps offering a pooled container that runs no command (a run that claims it waits)",
     file: "lib/sandbox/pool.ts",
     find: `options.probe && await isWedged(provider, options.signal)`,
