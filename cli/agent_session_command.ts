@@ -56,11 +56,9 @@ export async function interactiveAction(
   if (!isAgentCli(agent)) {
     throw new SandboxError(
       "usage",
-      `--interactive needs an agent CLI: --agent claude-code (the built-in worker "${agent}" has no terminal UI)`,
+      `--interactive needs an agent CLI: --agent claude-code or codex (the built-in worker "${agent}" has no terminal UI)`,
     );
   }
-  const { checkInteractiveAgent } = await import("../lib/agents/interactive.ts");
-  checkInteractiveAgent(agent);
   await openTerminalSession(opts, command, {
     what: "sandbox run agentic --interactive",
     argv: [],
@@ -81,18 +79,20 @@ async function prepareAgent(
       import("../lib/keys.ts"),
     ]);
   const keys = new KeyStore();
+  const { upstream } = llmTarget(profile.llm, keys);
   checkAgentRun(options.agent, {
     mode: "agentic",
     sandboxMode: profile.sandbox.mode,
-    api: llmTarget(profile.llm, keys).upstream.kind,
+    api: upstream.kind,
     profile: profile.name,
     replay: false,
   });
-  // The key is read here only to fail now, not in the agent's first call: the supervisor reads
-  // it again for its credential proxy, on the host.
+  // The key is read here only to fail now, not in the agent's first call (and to tell a ChatGPT
+  // sign-in from a key): the supervisor reads it again for its credential proxy, on the host.
   const source = keySourceFor(profile.llm);
+  let key: string;
   try {
-    await keys.resolve(source);
+    key = await keys.resolve(source);
   } catch (error) {
     if (!(error instanceof SandboxError) || error.code !== "config_invalid") throw error;
     throw new SandboxError(
@@ -104,6 +104,10 @@ async function prepareAgent(
           : `Check that ${describeKeySource(source)} prints the key`,
       },
     );
+  }
+  if (options.agent === "codex") {
+    const { checkCodexSignIn } = await import("../lib/agents/interactive.ts");
+    checkCodexSignIn(profile.name, upstream.baseUrl, key);
   }
   const { checkAgentProjectConfig, describeIgnored } = await import(
     "../lib/agents/project_config.ts"

@@ -1439,6 +1439,21 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/subscription_token_test.ts"],
   },
   {
+    name:
+      "Codex's TUI gets no projects table: what the agent writes in ~/.codex decides whether the repository's .codex/ loads",
+    file: "lib/agents/interactive.ts",
+    find: "      modelFor(input),\n      ...codexProjectFlags(input),\n",
+    replace: "      modelFor(input),\n",
+    tests: ["tests/unit/agent_interactive_test.ts"],
+  },
+  {
+    name: "Codex's TUI is given the host's API key, not the placeholder",
+    file: "lib/agents/interactive.ts",
+    find: "env: { CODEX_HOME },",
+    replace: 'env: { CODEX_HOME, SANDBOX_LLM_TOKEN: Deno.env.get("OPENAI_API_KEY") ?? "" },',
+    tests: ["tests/security/codex_tui_key_test.ts"],
+  },
+  {
     name: "up keeps offering a pooled container that runs no command (a run that claims it waits)",
     file: "lib/sandbox/pool.ts",
     find: `options.probe && await isWedged(provider, options.signal)`,

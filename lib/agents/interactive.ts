@@ -5,7 +5,7 @@
  * sandbox), its own traffic is off, and its only way to its LLM is the credential proxy, with the
  * session token as its credential; the project's configuration for it is kept out unless trusted.
  *
- * Only Claude Code: Codex's TUI is not offered (see `interactiveLaunch`).
+ * Claude Code and Codex, Codex with an API key only (see `checkCodexSignIn`).
  */
 import { SandboxError } from "../errors.ts";
 import {
@@ -13,6 +13,10 @@ import {
   agentProgram,
   CLAUDE_QUIET_ENV,
   claudeProjectFlags,
+  CODEX_HOME,
+  codexConfig,
+  codexProfileName,
+  codexProjectFlags,
   type LaunchInput,
   modelFor,
   required,
@@ -61,25 +65,97 @@ export const INTERACTIVE_HIDDEN_ENV: Readonly<Record<AgentCliName, readonly stri
 };
 
 /**
- * Refuse an agent whose TUI is not offered, before anything starts. Codex 0.169's TUI is not:
- * its ChatGPT sign-in keeps an OAuth token pair in `auth.json` that Codex refreshes itself
- * against auth.openai.com and sends to chatgpt.com's own backend, so the sign-in cannot stay on
- * the host behind the credential proxy; and its TUI's first-start screens are not checked here.
+ * Codex's TUI, started as `codex exec` is for a headless run but without `exec`: approvals and
+ * its own sandbox off (`--dangerously-bypass-approvals-and-sandbox`), the run's profile file
+ * naming the credential proxy as its only model provider with the session token read from
+ * `SANDBOX_LLM_TOKEN`, and the project explicitly untrusted unless the user trusts `.codex/`. A
+ * provider of its own needs no OpenAI sign-in, so no sign-in screen is shown. An untrusted folder
+ * makes Codex ask, at every start, how to open it: "Open restricted" (its default, Enter) is the
+ * only way on; no configuration answers it but trusting the folder. (Checked against 0.169.0.)
  */
-export function checkInteractiveAgent(agent: AgentCliName): void {
-  if (agent === "claude-code") return;
+export function codexInteractive(input: LaunchInput): AgentLaunch {
+  const profile = codexProfileName(input.runId);
+  return {
+    argv: [
+      agentProgram("codex"),
+      "--dangerously-bypass-approvals-and-sandbox",
+      "--profile",
+      profile,
+      "--model",
+      modelFor(input),
+      ...codexProjectFlags(input),
+    ],
+    env: { CODEX_HOME },
+    files: [{ path: `${CODEX_HOME}/${profile}.config.toml`, content: codexConfig(input) }],
+  };
+}
+
+/** ChatGPT's own backend, which takes only a ChatGPT sign-in. */
+const CHATGPT_HOST = /(^|\.)chatgpt\.com$/i;
+
+/** The issuer of a ChatGPT sign-in's tokens. */
+const CHATGPT_ISSUER = "https://auth.openai.com";
+
+/** What shows that `key` (for an upstream at `baseUrl`) is a ChatGPT sign-in, if it is one. */
+export function chatGptSignIn(baseUrl: string, key: string): string | undefined {
+  const host = URL.parse(baseUrl)?.hostname ?? "";
+  if (CHATGPT_HOST.test(host)) return `its base URL is ChatGPT's backend (${host})`;
+  const json = parseJson(key.trim());
+  if (isRecord(json) && ("tokens" in json || "auth_mode" in json)) {
+    return "its key is Codex's auth.json";
+  }
+  const parts = key.trim().split(".");
+  if (parts.length !== 3) return undefined;
+  const claims = parseJson(decodeBase64Url(parts[1]));
+  if (
+    isRecord(claims) &&
+    (claims.iss === CHATGPT_ISSUER || "https://api.openai.com/auth" in claims)
+  ) {
+    return "its key is a ChatGPT sign-in's access token (issued by auth.openai.com)";
+  }
+  return undefined;
+}
+
+/**
+ * Refuse Codex's TUI with a ChatGPT sign-in (`codex login`), before anything starts: Codex 0.169
+ * keeps it as an OAuth token pair in `auth.json`, refreshes it itself against auth.openai.com and
+ * sends it to chatgpt.com's own backend, so it cannot stay on the host behind the credential
+ * proxy. With an API key, the TUI runs as a headless run does.
+ */
+export function checkCodexSignIn(profile: string, baseUrl: string, key: string): void {
+  const sign = chatGptSignIn(baseUrl, key);
+  if (!sign) return;
   throw new SandboxError(
     "usage",
-    `--interactive is not available for agent "${agent}": only claude-code's TUI runs in a sandbox`,
+    `--interactive --agent codex cannot use a ChatGPT sign-in: profile "${profile}": ${sign}`,
     {
       detail:
-        "Codex keeps its ChatGPT sign-in in auth.json and refreshes it itself, so it cannot stay outside the sandbox; run codex headless: run agentic --agent codex --prompt-file FILE",
+        "Codex refreshes its ChatGPT sign-in itself (auth.json), so it cannot stay outside the sandbox; use an OpenAI API key (llm.key, or OPENAI_API_KEY)",
     },
   );
 }
 
+function parseJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined; // not JSON: not a sign-in's file or claims
+  }
+}
+
+function decodeBase64Url(text: string): string {
+  try {
+    return atob(text.replaceAll("-", "+").replaceAll("_", "/"));
+  } catch {
+    return ""; // not base64url: not a token's claims
+  }
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
 /** The launch of `agent`'s TUI for one session. */
 export function interactiveLaunch(agent: AgentCliName, input: LaunchInput): AgentLaunch {
-  checkInteractiveAgent(agent);
-  return claudeCodeInteractive(input);
+  return agent === "claude-code" ? claudeCodeInteractive(input) : codexInteractive(input);
 }

@@ -179,7 +179,7 @@ export function codexProfileName(runId: string): string {
  * `sandbox trust` of every file stands for Codex's own review of each hook, which a run without a
  * terminal cannot give. (Checked against 0.169.0.)
  */
-function codexProjectFlags(input: LaunchInput): string[] {
+export function codexProjectFlags(input: LaunchInput): string[] {
   const trusted = (input.trustedConfig ?? []).includes(".codex");
   const table = `projects={${tomlString(input.cwd)}={trust_level="${
     trusted ? "trusted" : "untrusted"

@@ -1,7 +1,8 @@
 /**
  * `sandbox run agentic --interactive` refuses, before anything starts (no session, no sandbox),
- * what it cannot do: exit 2 and one line naming the problem. (The TUI itself, in a real terminal
- * against the real engine: tests/security/subscription_token_test.ts.)
+ * what it cannot do: exit 2 and one line naming the problem. (The TUIs themselves, in a real
+ * terminal against the real engine: tests/security/subscription_token_test.ts,
+ * tests/security/codex_tui_key_test.ts.)
  */
 import assert from "node:assert/strict";
 import { explain, runCli, tempDir, writeConfig } from "../_helpers.ts";
@@ -16,16 +17,30 @@ Deno.test("run agentic --interactive refuses what it cannot do, before anything 
       '    llm: {provider: custom, api: anthropic, base_url: "http://127.0.0.1:9/v1", key: {env: SANDBOX_TEST_NO_SUCH_TOKEN}, model: m}',
       "  openai:",
       '    llm: {provider: custom, api: openai, base_url: "http://127.0.0.1:9/v1", key: {env: SANDBOX_TEST_KEY}, model: m}',
+      "  chatgpt:",
+      '    llm: {provider: custom, api: openai, base_url: "http://127.0.0.1:9/v1", key: {env: SANDBOX_TEST_CHATGPT_TOKEN}, model: m}',
       "",
     ].join("\n"),
   );
-  const env = { XDG_STATE_HOME: `${dir.path}/state`, SANDBOX_TEST_KEY: "sk-test-0123456789abcdef" };
+  // A ChatGPT sign-in's access token, as `codex login` keeps it in auth.json (a JWT from auth.openai.com).
+  const claims = btoa(JSON.stringify({ iss: "https://auth.openai.com", exp: 4102444800 }))
+    .replace(/=+$/, "");
+  const env = {
+    XDG_STATE_HOME: `${dir.path}/state`,
+    SANDBOX_TEST_KEY: "sk-test-0123456789abcdef",
+    SANDBOX_TEST_CHATGPT_TOKEN: `eyJhbGciOiJSUzI1NiJ9.${claims}.c2ln`,
+  };
   const cases: { name: string; args: string[]; says: RegExp }[] = [
     {
-      name: "Codex, whose ChatGPT sign-in cannot stay on the host",
-      args: ["--agent", "codex", "-p", "openai", "--detach"],
+      name: "Codex with a ChatGPT sign-in, which cannot stay on the host",
+      args: ["--agent", "codex", "-p", "chatgpt", "--detach"],
       says:
-        /^sandbox: error: --interactive is not available for agent "codex": .*\nsandbox: {3}Codex keeps its ChatGPT sign-in/m,
+        /^sandbox: error: --interactive --agent codex cannot use a ChatGPT sign-in: profile "chatgpt": its key is a ChatGPT sign-in's access token .*\nsandbox: {3}Codex refreshes its ChatGPT sign-in itself/m,
+    },
+    {
+      name: "Codex against a provider of another API",
+      args: ["--agent", "codex", "-p", "claude", "--detach"],
+      says: /^sandbox: error: Agent "codex" speaks the OpenAI Responses API/m,
     },
     {
       name: "the built-in worker, which has no terminal UI",

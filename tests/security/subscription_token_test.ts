@@ -13,12 +13,11 @@
  * from the host's credential proxy on every call, so the agent worked with it.
  */
 import assert from "node:assert/strict";
-import { run } from "../../lib/process.ts";
+import { agentContainer, createRepo, git, submit, whereIs } from "../_agent_tui.ts";
 import { type AgentLlmRequest, type AgentStep, FakeAgentLlm } from "../_fake_agent_llm.ts";
 import {
   assertDocker,
   CLI,
-  docker,
   dockerTest,
   removeProfile,
   tempDir,
@@ -64,56 +63,6 @@ function agentScript(): (request: AgentLlmRequest) => AgentStep {
   };
 }
 
-async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")}: ${result.stderr}`);
-  return result.stdout.trim();
-}
-
-/** `script` in the container as the sandbox user, `stdin` on its stdin (secrets never on argv). */
-async function inContainer(container: string, script: string, stdin: string): Promise<string> {
-  const result = await run(
-    ["docker", "exec", "--interactive", "--user", "10001:10001", container, "sh", "-c", script],
-    { stdin },
-  );
-  return result.stdout;
-}
-
-/** Where `needle` is in the live sandbox: processes, readable files, `docker inspect`. */
-async function whereIs(container: string, needle: string): Promise<string[]> {
-  const found: string[] = [];
-  const procs = await inContainer(
-    container,
-    "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; done 2>/dev/null | grep -cF -f /dev/stdin; true",
-    needle,
-  );
-  if (Number(procs.trim()) > 0) found.push(`${procs.trim()} process environments or command lines`);
-  const files = await inContainer(
-    container,
-    "grep -rlF -f /dev/stdin -- /home/sandbox /tmp /workspace /opt 2>/dev/null; true",
-    needle,
-  );
-  found.push(...files.split("\n").filter(Boolean));
-  if ((await docker("container", "inspect", container)).includes(needle)) found.push("inspect");
-  return found;
-}
-
-/**
- * Type `text` into the TUI, then Enter until `taken` says it was: while the TUI still starts up,
- * an Enter is dropped (the text stays in its prompt).
- */
-async function submit(tmux: Tmux, text: string, taken: () => Promise<boolean>): Promise<void> {
-  await tmux.send("-l", text);
-  await tmux.waitFor(new RegExp(`❯\\s${text.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")}`));
-  while (true) {
-    await tmux.send("Enter");
-    for (let polls = 0; polls < 25; polls++) {
-      if (await taken()) return;
-      await new Promise((resolve) => setTimeout(resolve, 200));
-    }
-  }
-}
-
 Deno.test({
   name:
     "an interactive Claude Code works with the host's subscription token, which is in no process, file or docker inspect of its sandbox",
@@ -132,12 +81,7 @@ Deno.test({
     dir.path,
     `profiles:\n  ${profile}:\n    llm: {provider: custom, api: anthropic, model: claude-sonnet-4-5, base_url: "${fake.baseUrl}", key: {env: CLAUDE_CODE_OAUTH_TOKEN}}\n`,
   );
-  const repo = `${dir.path}/repo`;
-  await Deno.mkdir(repo);
-  await git(repo, "init", "-q", "-b", "main");
-  await Deno.writeTextFile(`${repo}/README`, "hello\n");
-  await git(repo, "add", "-A");
-  await git(repo, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-qm", "init");
+  const repo = await createRepo(`${dir.path}/repo`);
   // The host's secrets reach the CLI through a file it sources, never a command line.
   const secrets = `${dir.path}/secrets.env`;
   await Deno.writeTextFile(
@@ -173,15 +117,7 @@ Deno.test({
         ),
       ));
     await tmux.waitFor(/DONE-WRITING/);
-    const container = await docker(
-      "ps",
-      "--format",
-      "{{.Names}}",
-      "--filter",
-      `label=dev.sandbox.profile=${profile}`,
-      "--filter",
-      "name=-claude-code-",
-    ).then((out) => out.split("\n").find((name) => name !== ""));
+    const container = await agentContainer(profile, "claude-code");
     assert.ok(container, "the session's sandbox is running");
     // The searches read what is there: the placeholder the TUI was given.
     assert.ok((await whereIs(container, "ANTHROPIC_AUTH_TOKEN=sbx_")).length > 0);
