@@ -50,7 +50,7 @@ Deno.test("validation errors name the path of the offending value", () => {
   );
   assert.deepEqual(
     issuesOf("profiles:\n  work:\n    sandbox:\n      mode: vm\n"),
-    ['profiles.work.sandbox.mode: expected one of "none", "container", "devcontainer", "kubernetes"'],
+    ['profiles.work.sandbox.mode: expected one of "none", "container", "devcontainer", "kubernetes", "local"'],
   );
   assert.deepEqual(
     issuesOf("profiles:\n  work:\n    sandbox:\n      resources:\n        timeout: soon\n"),
