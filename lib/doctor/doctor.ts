@@ -450,20 +450,7 @@ function judgeAll(observed: Observed | undefined, afterDestroy: string, profile:
     detail: [observed.survivorAfterCommand, afterDestroy].filter(Boolean).join("; ") ||
       "no process with its marker",
   }));
-  checks.push(judgeDisk({
-    limitBytes: disk.limitBytes,
-    twinCompleted: disk.twin.completed,
-    attackCompleted: disk.attack.completed,
-    stoppedBy: disk.attack.stoppedBy,
-    writtenBytes: disk.attack.writtenBytes,
-  }));
-  checks.push({
-    id: "git_grant",
-    defence: DEFENCES.git_grant,
-    status: "not_applicable",
-    reason: "no git remote: the git proxy serves only runs on a remote repository (run --repo URL)",
-    evidence: [],
-  });
+  checks.push(judgeFill(disk), NO_GIT_REMOTE);
   return checks;
 }
 
@@ -526,3 +513,25 @@ export function judgeEgress(
   }
   return [allowlist, judgeReach("address_guard", { reached, refused, ...twinSeen })];
 }
+
+/** The disk check from what the two fills did (the twin under the limit, the attack past it). */
+export function judgeFill(
+  disk: { twin: FillOutcome; attack: FillOutcome; limitBytes: number },
+): DefenceCheck {
+  return judgeDisk({
+    limitBytes: disk.limitBytes,
+    twinCompleted: disk.twin.completed,
+    attackCompleted: disk.attack.completed,
+    stoppedBy: disk.attack.stoppedBy,
+    writtenBytes: disk.attack.writtenBytes,
+  });
+}
+
+/** The git grant where the doctor has no remote to push to. */
+export const NO_GIT_REMOTE: DefenceCheck = {
+  id: "git_grant",
+  defence: DEFENCES.git_grant,
+  status: "not_applicable",
+  reason: "no git remote: the git proxy serves only runs on a remote repository (run --repo URL)",
+  evidence: [],
+};

@@ -25,12 +25,18 @@ import type { LocalSandbox } from "../sandbox/local/local_sandbox.ts";
 import type { RunSandbox } from "../sandbox/provider.ts";
 import { sandboxLifecycle } from "../sandbox/providers.ts";
 import { formatBytes } from "../units.ts";
-import { canaryKeys, doctorProfile, fill, type FillOutcome, judgeEgress } from "./doctor.ts";
+import {
+  canaryKeys,
+  doctorProfile,
+  fill,
+  type FillOutcome,
+  judgeEgress,
+  judgeFill,
+  NO_GIT_REMOTE,
+} from "./doctor.ts";
 import { escalationSeen, parseProbe, PROBE_ENV, PROBE_SCRIPT, SURVIVOR_CHECK } from "./probes.ts";
 import {
   type DefenceCheck,
-  DEFENCES,
-  judgeDisk,
   judgeEscalation,
   judgeKey,
   judgeReach,
@@ -262,21 +268,9 @@ function judgeLocal(observed: Observed, afterRelease: string, profile: Profile):
     }),
   ];
   if (disk) {
-    checks.push(judgeDisk({
-      limitBytes: disk.limitBytes,
-      twinCompleted: disk.twin.completed,
-      attackCompleted: disk.attack.completed,
-      stoppedBy: disk.attack.stoppedBy,
-      writtenBytes: disk.attack.writtenBytes,
-    }));
+    checks.push(judgeFill(disk));
   }
-  checks.push({
-    id: "git_grant",
-    defence: DEFENCES.git_grant,
-    status: "not_applicable",
-    reason: "no git remote: the git proxy serves only runs on a remote repository (run --repo URL)",
-    evidence: [],
-  });
+  checks.push(NO_GIT_REMOTE);
   return checks;
 }
 
