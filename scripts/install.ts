@@ -1,8 +1,9 @@
 /**
  * `deno task install`: put `sandbox` on the PATH.
  *
- * Builds the bundle (scripts/bundle.sh), copies it to `<prefix>/lib/sandbox/sandbox.js` and writes
- * a small launcher, `<prefix>/bin/sandbox`, that runs it with `deno run -A --quiet --no-config` and
+ * Builds the bundle (scripts/bundle.sh), copies it and its start file to `<prefix>/lib/sandbox/`
+ * (`sandbox.js`, `sandbox-start.js`) and writes a small launcher, `<prefix>/bin/sandbox`, that runs
+ * the start file with `deno run -A --quiet --no-config` and
  * the unstable flags listed in deno.json (a bundle cannot carry them; without them Deno warns on
  * every run). The bin directory is `$SANDBOX_INSTALL_DIR`, else `~/.local/bin`; `<prefix>` is its
  * parent. Says so when the directory is not on PATH. Run it again to update.
@@ -28,10 +29,13 @@ if (!bundled.success) {
 
 await Deno.mkdir(binDir, { recursive: true });
 await Deno.mkdir(libDir, { recursive: true });
-const bundle = `${libDir}/sandbox.js`;
-// Replace by rename, so that a `sandbox` running while it is updated keeps its old file.
-await Deno.copyFile(`${root}/dist/sandbox.js`, `${bundle}.${Deno.pid}.tmp`);
-await Deno.rename(`${bundle}.${Deno.pid}.tmp`, bundle);
+// Replace by rename, so that a `sandbox` running while it is updated keeps its old file; the
+// bundle before the start file that imports it.
+for (const file of ["sandbox.js", "sandbox-start.js"]) {
+  await Deno.copyFile(`${root}/dist/${file}`, `${libDir}/${file}.${Deno.pid}.tmp`);
+  await Deno.rename(`${libDir}/${file}.${Deno.pid}.tmp`, `${libDir}/${file}`);
+}
+const start = `${libDir}/sandbox-start.js`;
 
 const unstable = ((denoJson as { unstable?: string[] }).unstable ?? []).map((feature) =>
   `--unstable-${feature}`
@@ -41,13 +45,13 @@ const launcher = `${binDir}/sandbox`;
 const script = `#!/bin/sh
 # sandbox ${denoJson.version}: written by \`deno task install\` in ${root}; run it again to update.
 deno_bin="$(command -v deno || echo ${quote(Deno.execPath())})"
-exec "$deno_bin" run -A --quiet --no-config ${unstable.join(" ")} ${quote(bundle)} "$@"
+exec "$deno_bin" run -A --quiet --no-config ${unstable.join(" ")} ${quote(start)} "$@"
 `;
 await Deno.writeTextFile(`${launcher}.${Deno.pid}.tmp`, script, { mode: 0o755 });
 await Deno.chmod(`${launcher}.${Deno.pid}.tmp`, 0o755);
 await Deno.rename(`${launcher}.${Deno.pid}.tmp`, launcher);
 
-say(`installed sandbox ${denoJson.version}: ${launcher} (runs ${bundle})`);
+say(`installed sandbox ${denoJson.version}: ${launcher} (runs ${start})`);
 const onPath = (Deno.env.get("PATH") ?? "").split(":").some((dir) =>
   dir.replace(/\/+$/, "") === binDir
 );

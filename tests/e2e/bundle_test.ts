@@ -85,8 +85,11 @@ Deno.test({
           for (const feature of denoJson.unstable) {
             assert.ok(launcher.includes(`--unstable-${feature}`), launcher);
           }
-          assert.ok(launcher.includes(`${prefix.path}/lib/sandbox/sandbox.js`), launcher);
+          // The launcher runs the small start file, which imports the bundle beside it.
+          assert.ok(launcher.includes(`${prefix.path}/lib/sandbox/sandbox-start.js`), launcher);
           await Deno.stat(`${prefix.path}/lib/sandbox/sandbox.js`);
+          const startBytes = (await Deno.stat(`${prefix.path}/lib/sandbox/sandbox-start.js`)).size;
+          assert.ok(startBytes < 64 * 1024, `the start file is ${startBytes} bytes`);
         },
       );
 
