@@ -54,8 +54,8 @@ const MAX_CHUNK_LINE_BYTES = 8 * 1024;
 const READ_BUFFER_BYTES = 64 * 1024;
 /**
  * Piping buffers start at READ_BUFFER_BYTES and double while reads fill them, up to this: through
- * the relay, a 64 KiB read-then-write loop held a bulk download to 0.57x of a direct one and 1 MiB
- * reached par (issue 10), while an idle or chatty connection never pays for the large buffer.
+ * the relay, a 64 KiB read-then-write loop holds a bulk download to 0.57x of a direct one and 1 MiB
+ * reaches par, while an idle or chatty connection never pays for the large buffer.
  */
 const MAX_PIPE_BUFFER_BYTES = 1024 * 1024;
 /** After an error response, how long and how much of the client's unread input is drained. */
