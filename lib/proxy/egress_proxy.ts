@@ -981,6 +981,8 @@ async function pump(from: Deno.Conn, to: Deno.Conn, count: (n: number) => void):
     count(chunk.length);
     await writeAll(to, chunk);
   }
+  // Fails only when `to` is already closed (the other direction failed) or reset by its peer:
+  // nothing more can be sent on it, and the other direction's read from it ends that pump too.
   await to.closeWrite().catch(() => {});
 }
 
@@ -1113,6 +1115,8 @@ function errorResponse(status: number, message: string): Uint8Array {
  * the client reads it; the client would never learn why it was refused.
  */
 async function lingeringClose(conn: Deno.Conn, tally: Tally): Promise<void> {
+  // Fails only when the client already closed or reset the connection: nothing is left to
+  // deliver, and the drain below ends at once (or the timer closes it).
   await conn.closeWrite().catch(() => {});
   const giveUp = setTimeout(() => closeQuietly(conn), LINGER_MS);
   const buffer = new Uint8Array(READ_BUFFER_BYTES);
