@@ -340,7 +340,7 @@ async function serveSpare(dir: string, services: [string, number][]): Promise<ne
 async function main(args: string[]): Promise<never> {
   // The image build's check: exit on the next turn, once this module's evaluation is complete,
   // so that Deno writes its V8 code cache into the image's cache (an exit inside the evaluation
-  // left none, and every relay start compiled the relay again).
+  // leaves none, and every relay start would compile the relay again).
   if (args[0] === "--check") {
     setTimeout(() => Deno.exit(0), 0);
     return await new Promise<never>(() => {});

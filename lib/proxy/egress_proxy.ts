@@ -54,8 +54,8 @@ const MAX_CHUNK_LINE_BYTES = 8 * 1024;
 const READ_BUFFER_BYTES = 64 * 1024;
 /**
  * Piping buffers start at READ_BUFFER_BYTES and double while reads fill them, up to this: through
- * the relay, a 64 KiB read-then-write loop held a bulk download to 0.57x of a direct one and 1 MiB
- * reached par (issue 10), while an idle or chatty connection never pays for the large buffer.
+ * the relay, a 64 KiB read-then-write loop holds a bulk download to 0.57x of a direct one and 1 MiB
+ * reaches par, while an idle or chatty connection never pays for the large buffer.
  */
 const MAX_PIPE_BUFFER_BYTES = 1024 * 1024;
 /** After an error response, how long and how much of the client's unread input is drained. */
@@ -981,6 +981,8 @@ async function pump(from: Deno.Conn, to: Deno.Conn, count: (n: number) => void):
     count(chunk.length);
     await writeAll(to, chunk);
   }
+  // Fails only when `to` is already closed (the other direction failed) or reset by its peer:
+  // nothing more can be sent on it, and the other direction's read from it ends that pump too.
   await to.closeWrite().catch(() => {});
 }
 
@@ -1113,6 +1115,8 @@ function errorResponse(status: number, message: string): Uint8Array {
  * the client reads it; the client would never learn why it was refused.
  */
 async function lingeringClose(conn: Deno.Conn, tally: Tally): Promise<void> {
+  // Fails only when the client already closed or reset the connection: nothing is left to
+  // deliver, and the drain below ends at once (or the timer closes it).
   await conn.closeWrite().catch(() => {});
   const giveUp = setTimeout(() => closeQuietly(conn), LINGER_MS);
   const buffer = new Uint8Array(READ_BUFFER_BYTES);

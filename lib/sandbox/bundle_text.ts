@@ -4,12 +4,12 @@
  * bundles the worker on first use, so that both put the same bytes in the image.
  *
  * Three things. The first keeps the bytes the same wherever they are built: an unminified bundle
- * names each npm module it inlines by its path relative to where `deno bundle` ran, so it named
+ * names each npm module it inlines by its path relative to where `deno bundle` ran, which names
  * the Deno cache's location (`../../root/.cache/deno/npm/…` from one checkout, `../../../root/…`
- * from a deeper one, another path under another DENO_DIR). The bundles of two checkouts of the
- * same sources differed, and so did the images they built (CI saw a checkout's worker differ
- * from the one the bundled CLI carried). Each such name now starts at the cache's `npm/` instead.
- * The other two were found by measuring starts:
+ * from a deeper one, another path under another DENO_DIR), so that two checkouts of the same
+ * sources would bundle, and build images, differently (a checkout's worker would differ from the
+ * one the bundled CLI carries). Each such name is made to start at the cache's `npm/`.
+ * The other two make every start cheaper:
  * - The bundler gives the CommonJS packages it inlines a `require` for Node's built-in modules.
  *   Minified, it is one that throws ("Dynamic require of … is not supported"); unminified, it is
  *   a static import of `node:module` that every start pays for (~15 ms). Either is replaced by the

@@ -2,7 +2,7 @@
  * The Docker Engine API over its Unix socket, for the few `docker` calls on every run's path
  * (`exec`, `container inspect`, `volume inspect`, `image inspect`): made here, they cost a
  * connection and a few milliseconds instead of starting the docker CLI (tens of milliseconds of
- * CPU each, which a run used to pay six or seven times, and concurrent runs all at once).
+ * CPU each, six or seven times a run, and for concurrent runs all at once).
  *
  * Only where it reaches the very engine the CLI would, with the same request the CLI makes for
  * the same argv (DockerCli decides per call, see docker.ts):

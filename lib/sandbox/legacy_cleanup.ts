@@ -1,7 +1,7 @@
 /**
  * What older versions left on the host and no version creates any more: `SBX-<bridge>` iptables
  * chains (with their jumps from INPUT) that kept sandboxes on per-profile Docker networks away
- * from host ports. Sandboxes now have no network at all, so nothing needs them.
+ * from host ports. Sandboxes have no network at all, so nothing needs them.
  *
  * Best effort and never required: only a root process can see them, so for anyone else (and
  * where iptables is missing) this does nothing. A chain whose bridge still exists is left alone:

@@ -15,8 +15,6 @@ import {
 } from "../_helpers.ts";
 import { type ConformanceSubject, providerContract } from "./_contract.ts";
 
-console.error("conformance: docker provider tests starting");
-
 /** The files under `dir` (recursively) whose name starts with `prefix`. */
 async function filesNamed(dir: string, prefix: string): Promise<string[]> {
   const found: string[] = [];
