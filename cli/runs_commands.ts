@@ -115,7 +115,9 @@ export function registerRunsCommands(program: Command): void {
 
 function registerPruneCommand(program: Command): void {
   program.command("prune")
-    .description("remove finished runs' logs and metadata, never a running run's")
+    .description(
+      "remove finished runs' logs and metadata (never a running run's); with an age, old build and access logs too",
+    )
     .option("--older-than <age>", 'runs that ended longer ago than this, like "30d", "12h", "2w"')
     .option("--keep <n>", "keep the newest N finished runs, whatever their age", count("--keep", 0))
     .option("--dry-run", "say what would be removed, remove nothing")
@@ -158,5 +160,15 @@ function pruneSummary(report: PruneReport): string {
     })`
   );
   lines.push(`${verb} ${runs}, ${formatBytes(report.bytes)}; ${report.kept} kept`);
+  for (const log of report.buildLogs) {
+    lines.push(`${verb} build log ${log.name} (${formatBytes(log.bytes)})`);
+  }
+  if (report.accessLog.entries > 0) {
+    lines.push(
+      `${verb} ${report.accessLog.entries} access log entries (${
+        formatBytes(report.accessLog.bytes)
+      })`,
+    );
+  }
   return lines.join("\n");
 }

@@ -434,6 +434,14 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/unit/retention_test.ts"],
   },
   {
+    name: "the access log keeps appending to a file sandbox prune has moved aside (entries lost)",
+    file: "lib/proxy/access_log.ts",
+    find: "if (current?.ino === open.ino) {",
+    replace: "if (current !== undefined || open !== undefined) {",
+    tests: ["tests/e2e/prune_test.ts"],
+    filter: "loses no access log entry",
+  },
+  {
     name: "sandbox prune removes a running run",
     file: "lib/run/retention.ts",
     find: `const finished = runs.filter((run) => run.status !== "running");`,

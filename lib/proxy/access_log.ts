@@ -99,10 +99,33 @@ export class AccessLog {
     await this.close();
   }
 
+  /**
+   * Under a shared lock, and to the file that is at the path now: `sandbox prune` moves the file
+   * aside and takes an exclusive lock on it before reading it (lib/run/retention.ts), so a line
+   * is either in what it reads or in the new file, never lost between them.
+   */
   async #append(bytes: Uint8Array): Promise<void> {
-    this.#file ??= await Deno.open(this.#path!, { append: true, create: true, mode: 0o600 });
-    // One write per line: with O_APPEND, a line from another process cannot land inside ours.
-    const written = await this.#file.write(bytes);
-    if (written < bytes.length) await this.#file.write(bytes.subarray(written));
+    const path = this.#path!;
+    while (true) {
+      this.#file ??= await Deno.open(path, { append: true, create: true, mode: 0o600 });
+      const file = this.#file;
+      await file.lock(false);
+      try {
+        const [open, current] = await Promise.all([
+          file.stat(),
+          Deno.stat(path).catch(() => undefined), // moved aside and not yet recreated
+        ]);
+        if (current?.ino === open.ino) {
+          // One write per line: with O_APPEND, a line from another process cannot land inside ours.
+          const written = await file.write(bytes);
+          if (written < bytes.length) await file.write(bytes.subarray(written));
+          return;
+        }
+      } finally {
+        await file.unlock();
+      }
+      file.close();
+      this.#file = undefined;
+    }
   }
 }

@@ -8,6 +8,7 @@ import { processStartTicks } from "../../lib/process.ts";
 import { RunFixture } from "../_run_fixture.ts";
 import { FakeLlm, text } from "../_fake_llm.ts";
 import type { RunMeta, RunStatus } from "../../lib/run/run_log.ts";
+import { AccessLog, type AccessLogEntry } from "../../lib/proxy/access_log.ts";
 import { assertDocker, dockerTest, explain, runCli, tempDir } from "../_helpers.ts";
 
 console.error("e2e: sandbox prune tests starting");
@@ -113,6 +114,102 @@ Deno.test("sandbox prune --keep keeps the newest finished runs; a usage mistake 
   assert.equal(kept.exitCode, 0, explain(kept));
   assert.equal(JSON.parse(kept.stdout).runs, 2);
   assert.deepEqual(await state.ids(), [newest]);
+});
+
+/** An access log line as the proxies write it, for a request that started `daysAgo` days ago. */
+function accessLine(daysAgo: number, id: string): string {
+  const entry: AccessLogEntry = {
+    time: new Date(Date.now() - daysAgo * DAY_MS).toISOString(),
+    kind: "egress",
+    decision: "allow",
+    method: "GET",
+    host: `${id}.test`,
+    port: 80,
+    profile: "e2e-prune",
+    runId: null,
+    bytesIn: 1,
+    bytesOut: 1,
+    durationMs: 1,
+  };
+  return JSON.stringify(entry) + "\n";
+}
+
+Deno.test("sandbox prune --older-than also removes build logs and access log entries past the age, --keep alone leaves them", async () => {
+  await using state = await StateDir.make();
+  const builds = `${state.dir.path}/sandbox/builds`;
+  const accessLog = `${state.dir.path}/sandbox/access.ndjson`;
+  await Deno.mkdir(builds, { recursive: true });
+  await Deno.writeTextFile(`${builds}/sandbox-runtime-old.log`, "old build\n");
+  await Deno.writeTextFile(`${builds}/sandbox-runtime-new.log`, "new build\n");
+  const fortyDaysAgo = new Date(Date.now() - 40 * DAY_MS);
+  await Deno.utime(`${builds}/sandbox-runtime-old.log`, fortyDaysAgo, fortyDaysAgo);
+  const recent = accessLine(2, "new1");
+  const lines = [accessLine(40, "old1"), recent, "not an entry\n", accessLine(35, "old2")];
+  await Deno.writeTextFile(accessLog, lines.join(""));
+  await state.add(40);
+
+  const keepOnly = await state.cli(["prune", "--keep", "0", "--json"]);
+  assert.equal(keepOnly.exitCode, 0, explain(keepOnly));
+  assert.deepEqual(JSON.parse(keepOnly.stdout).buildLogs, [], explain(keepOnly));
+  assert.equal(
+    (await Deno.readTextFile(accessLog)).split("\n").length,
+    5,
+    "--keep touched the log",
+  );
+
+  const dry = await state.cli(["prune", "--older-than", "30d", "--dry-run", "--json"]);
+  assert.equal(dry.exitCode, 0, explain(dry));
+  const planned = JSON.parse(dry.stdout);
+  assert.deepEqual(planned.buildLogs.map((l: { name: string }) => l.name), [
+    "sandbox-runtime-old.log",
+  ]);
+  assert.equal(planned.accessLog.entries, 2, explain(dry));
+  assert.equal((await Array.fromAsync(Deno.readDir(builds))).length, 2, "a dry run removed");
+
+  const done = await state.cli(["prune", "--older-than", "30d"]);
+  assert.equal(done.exitCode, 0, explain(done));
+  assert.match(done.stdout, /^removed build log sandbox-runtime-old\.log /m, explain(done));
+  assert.match(done.stdout, /^removed 2 access log entries /m, explain(done));
+  assert.deepEqual((await Array.fromAsync(Deno.readDir(builds))).map((e) => e.name), [
+    "sandbox-runtime-new.log",
+  ]);
+  assert.equal(await Deno.readTextFile(accessLog), recent + "not an entry\n");
+});
+
+Deno.test("sandbox prune loses no access log entry that a live proxy writes while it prunes", async () => {
+  await using state = await StateDir.make();
+  const accessLog = `${state.dir.path}/sandbox/access.ndjson`;
+  await Deno.mkdir(`${state.dir.path}/sandbox`, { recursive: true });
+  const old = Array.from({ length: 2000 }, (_, i) => accessLine(40, `old${i}`)).join("");
+  await Deno.writeTextFile(accessLog, old);
+  console.error("e2e: writing access log entries while sandbox prune runs");
+  const log = new AccessLog({ path: accessLog });
+  const pruning = state.cli(["prune", "--older-than", "30d", "--json"]);
+  let written = 0;
+  let finished = false;
+  pruning.finally(() => (finished = true));
+  // Entries keep coming until the prune has ended, and some more after it.
+  while (!finished || written % 100 !== 50) {
+    log.write(JSON.parse(accessLine(0, `live${written++}`)));
+    await log.flush();
+  }
+  await log.close();
+  const done = await pruning;
+  assert.equal(done.exitCode, 0, explain(done));
+  assert.equal(JSON.parse(done.stdout).accessLog.entries, 2000, explain(done));
+  const hosts = (await Deno.readTextFile(accessLog)).split("\n").filter(Boolean)
+    .map((line) => (JSON.parse(line) as AccessLogEntry).host);
+  assert.equal(hosts.length, written, "entries lost or doubled");
+  assert.deepEqual(
+    new Set(hosts),
+    new Set(Array.from({ length: written }, (_, i) => `live${i}.test`)),
+  );
+  assert.deepEqual(
+    await Array.fromAsync(Deno.readDir(`${state.dir.path}/sandbox`)).then((es) =>
+      es.map((e) => e.name).filter((name) => name.startsWith("access"))
+    ),
+    ["access.ndjson"],
+  );
 });
 
 Deno.test("sandbox runs rebuilds a missing index, says so on stderr, and takes --limit", async () => {
