@@ -54,6 +54,8 @@ export class AccessLog {
   #file: Deno.FsFile | undefined;
   /** Writes are chained so that lines keep their order and never interleave. */
   #pending: Promise<void> = Promise.resolve();
+  /** Lines not yet handed to a write: those that arrive while one is under way go in the next. */
+  #queued: Uint8Array[] = [];
   #error: unknown = undefined;
   #closed = false;
 
@@ -69,10 +71,13 @@ export class AccessLog {
     const redacted = this.#redactor ? this.#redactor.redactValue(entry) : entry;
     const line = JSON.stringify(redacted) + "\n";
     if (this.#path !== undefined) {
-      const bytes = this.#encoder.encode(line);
-      this.#pending = this.#pending.then(() => this.#append(bytes)).catch((error) => {
-        this.#error ??= error;
-      });
+      this.#queued.push(this.#encoder.encode(line));
+      if (this.#queued.length === 1) {
+        this.#pending = this.#pending.then(() => this.#append(joinQueued(this.#queued.splice(0))))
+          .catch((error) => {
+            this.#error ??= error;
+          });
+      }
     }
     this.#onEntry?.(redacted);
   }
@@ -116,7 +121,7 @@ export class AccessLog {
           Deno.stat(path).catch(() => undefined), // moved aside and not yet recreated
         ]);
         if (current?.ino === open.ino) {
-          // One write per line: with O_APPEND, a line from another process cannot land inside ours.
+          // One write of whole lines: with O_APPEND, another process's cannot land inside ours.
           const written = await file.write(bytes);
           if (written < bytes.length) await file.write(bytes.subarray(written));
           return;
@@ -128,4 +133,14 @@ export class AccessLog {
       this.#file = undefined;
     }
   }
+}
+
+function joinQueued(lines: Uint8Array[]): Uint8Array {
+  const joined = new Uint8Array(lines.reduce((sum, line) => sum + line.length, 0));
+  let offset = 0;
+  for (const line of lines) {
+    joined.set(line, offset);
+    offset += line.length;
+  }
+  return joined;
 }
