@@ -442,6 +442,14 @@ export const MUTATIONS: Mutation[] = [
     filter: "loses no access log entry",
   },
   {
+    name: "sandbox prune --images removes an image a container was created from",
+    file: "lib/sandbox/image_prune.ts",
+    find: "if (used.has(image.id)) {",
+    replace: "if (used.has(image.id) && false) {",
+    tests: ["tests/e2e/prune_test.ts"],
+    filter: "--images",
+  },
+  {
     name: "sandbox prune removes a running run",
     file: "lib/run/retention.ts",
     find: `const finished = runs.filter((run) => run.status !== "running");`,

@@ -4,7 +4,8 @@
  * ages. The retention test makes one real run (Docker, the fake LLM).
  */
 import assert from "node:assert/strict";
-import { processStartTicks } from "../../lib/process.ts";
+import { processStartTicks, run } from "../../lib/process.ts";
+import { pruneImages } from "../../lib/sandbox/image_prune.ts";
 import { RunFixture } from "../_run_fixture.ts";
 import { FakeLlm, text } from "../_fake_llm.ts";
 import type { RunMeta, RunStatus } from "../../lib/run/run_log.ts";
@@ -225,6 +226,52 @@ Deno.test("sandbox runs rebuilds a missing index, says so on stderr, and takes -
   assert.equal(again.stderr, "", "an index in good order is not rebuilt");
   assert.match(again.stdout, new RegExp(second));
   assert.doesNotMatch(again.stdout, new RegExp(first));
+});
+
+Deno.test({
+  name:
+    "sandbox prune --images lists a stale sandbox-runtime tag, keeps one a container was created from, and removes only stale ones",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using state = await StateDir.make();
+    const rand = crypto.randomUUID().slice(0, 8);
+    const mine = `e2e-prune-${rand}`;
+    const stale = `sandbox-runtime:${mine}-stale`;
+    const used = `sandbox-runtime:${mine}-used`;
+    const docker = async (...args: string[]) => {
+      const result = await run(["docker", ...args]);
+      assert.equal(result.exitCode, 0, `docker ${args.join(" ")}: ${result.stderr}`);
+      return result.stdout.trim();
+    };
+    try {
+      // Images of their own (new ids, no network): committed from a container never started.
+      await docker("create", "--name", `${mine}-src`, "sandbox-base:bookworm", "true");
+      for (const tag of [stale, used]) {
+        await docker("commit", "--change", `LABEL e2e.prune=${tag}`, `${mine}-src`, tag);
+      }
+      await docker("rm", `${mine}-src`);
+      await docker("create", "--name", `${mine}-user`, used, "true");
+
+      // On the shared engine the CLI only lists: a real prune could remove others' images.
+      const dry = await state.cli(["prune", "--images", "--dry-run", "--json"]);
+      assert.equal(dry.exitCode, 0, explain(dry));
+      const planned = JSON.parse(dry.stdout).images;
+      assert.ok(planned.removed.some((i: { tag: string }) => i.tag === stale), explain(dry));
+      assert.ok(planned.inUse.includes(used), explain(dry));
+      assert.ok(!planned.removed.some((i: { tag: string }) => !i.tag.startsWith("sandbox-")));
+      await docker("image", "inspect", stale);
+
+      const report = await pruneImages({ keep: new Set(), only: (tag) => tag.includes(mine) });
+      assert.deepEqual(report.removed.map((i) => i.tag), [stale]);
+      assert.deepEqual(report.inUse, [used]);
+      assert.notEqual((await run(["docker", "image", "inspect", stale])).exitCode, 0);
+      await docker("image", "inspect", used);
+    } finally {
+      await run(["docker", "rm", "-f", `${mine}-src`, `${mine}-user`]);
+      await run(["docker", "image", "rm", stale, used]);
+    }
+  },
 });
 
 Deno.test({
