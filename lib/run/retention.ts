@@ -158,26 +158,37 @@ async function pruneAccessLog(
   cutoffMs: number,
   dryRun: boolean,
 ): Promise<PruneReport["accessLog"]> {
-  const aside = `${path}.pruning-${crypto.randomUUID().slice(0, 8)}`;
-  let file: Deno.FsFile;
+  const split = (text: string) => {
+    const lines = text.split("\n").filter(Boolean);
+    const old = lines.filter((line) => entryTimeMs(line) < cutoffMs);
+    const bytes = old.reduce((sum, line) => sum + new TextEncoder().encode(line).length + 1, 0);
+    return {
+      old: old.length,
+      bytes,
+      kept: lines.filter((line) => !(entryTimeMs(line) < cutoffMs)),
+    };
+  };
+  let before: string;
   try {
-    if (!dryRun) await Deno.rename(path, aside);
-    file = await Deno.open(dryRun ? path : aside, { read: true, write: !dryRun });
+    before = await Deno.readTextFile(path);
   } catch (error) {
     if (error instanceof Deno.errors.NotFound) return { entries: 0, bytes: 0 };
     throw error;
   }
+  const planned = split(before);
+  // Nothing old (or only a look): the file is left where it is, as it is.
+  if (dryRun || planned.old === 0) return { entries: planned.old, bytes: planned.bytes };
+  const aside = `${path}.pruning-${crypto.randomUUID().slice(0, 8)}`;
+  await Deno.rename(path, aside);
+  const file = await Deno.open(aside, { read: true, write: true });
   try {
-    if (!dryRun) await file.lock(true);
-    const lines = (await Deno.readTextFile(dryRun ? path : aside)).split("\n").filter(Boolean);
-    const old = lines.filter((line) => entryTimeMs(line) < cutoffMs);
-    const kept = lines.filter((line) => !(entryTimeMs(line) < cutoffMs));
-    if (!dryRun && kept.length > 0) await appendLocked(path, kept.join("\n") + "\n");
-    const bytes = old.reduce((sum, line) => sum + new TextEncoder().encode(line).length + 1, 0);
-    return { entries: old.length, bytes };
+    await file.lock(true);
+    const { old, bytes, kept } = split(await Deno.readTextFile(aside));
+    if (kept.length > 0) await appendLocked(path, kept.join("\n") + "\n");
+    return { entries: old, bytes };
   } finally {
     file.close();
-    if (!dryRun) await Deno.remove(aside);
+    await Deno.remove(aside);
   }
 }
 
