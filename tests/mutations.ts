@@ -416,6 +416,14 @@ export const MUTATIONS: Mutation[] = [
     filter: "Connection: close",
   },
   {
+    name: "egress proxy: a POST that a pooled connection dropped unanswered is sent again",
+    file: EGRESS_PROXY,
+    find: "RETRYABLE_METHODS.has(exchange.head.method);",
+    replace: "true;",
+    tests: [UPSTREAM_POOL_TESTS],
+    filter: "drops unanswered",
+  },
+  {
     name: "egress proxy: only the first request of a kept-alive connection is logged",
     file: EGRESS_PROXY,
     find: `if (tally.bytesOut > 0) {

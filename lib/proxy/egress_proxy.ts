@@ -17,8 +17,8 @@
  *   sent after it) goes to the proxy's pool (lib/proxy/upstream_pool.ts), and a next request for
  *   the same canonical host and port, on any client connection, takes it instead of connecting
  *   (the policy is applied all the same). Anything else is closed. A pooled connection the
- *   upstream closed meanwhile costs a request without a body nothing: it is sent again on a new
- *   connection.
+ *   upstream closed meanwhile costs a GET, HEAD or OPTIONS without a body nothing: it is sent
+ *   again on a new connection.
  *
  * Both go through one decision (`#reach`): the allowlist on the canonical name, then the
  * name is resolved once and every address checked (lib/proxy/address_guard.ts); the proxy
@@ -68,6 +68,8 @@ const MAX_PIPE_BUFFER_BYTES = 1024 * 1024;
 /** After an error response, how long and how much of the client's unread input is drained. */
 const LINGER_MS = 2_000;
 const LINGER_MAX_BYTES = 1024 * 1024;
+/** Methods that change nothing (RFC 9110 section 9.2.1): sent again when a pooled connection fails. */
+const RETRYABLE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
 /** Idle upstream connections kept per proxy (so per session), for all destinations together. */
 export const MAX_IDLE_UPSTREAMS = 8;
 /** Below the 5 s after which Node and Deno servers close an idle kept-alive connection. */
@@ -432,8 +434,9 @@ class ProxySession {
    * Forward one plain-HTTP request over an idle connection of the pool opened for the same
    * canonical host and port (the policy is applied to this request all the same), else over a new
    * one from `#reach`; give the connection back to the pool if it ended the exchange cleanly.
-   * A pooled connection the upstream closed while idle answers nothing: a request without a body
-   * is then sent again on a new connection, nothing having reached the client.
+   * A pooled connection the upstream closed while idle answers nothing: a safe request (GET, HEAD,
+   * OPTIONS) without a body is then sent again on a new connection, nothing having reached the
+   * client; any other ends as such a failure always did.
    */
   async #forward(
     exchange: PlainExchange,
@@ -447,7 +450,8 @@ class ProxySession {
     try {
       while (true) {
         entry.address = upstream.address;
-        const retry = upstream.reused && framing.kind === "none";
+        const retry = upstream.reused && framing.kind === "none" &&
+          RETRYABLE_METHODS.has(exchange.head.method);
         const forwarded = await forwardPlainHttp(exchange, upstream, { retry });
         if (forwarded !== "no_response") {
           if (forwarded.upstreamReusable) {

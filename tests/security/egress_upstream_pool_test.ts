@@ -21,7 +21,9 @@ const MAX_CONNECTIONS = 5;
  * - `/close`: the same, with `Connection: close`, yet the socket is kept open (the proxy must go
  *   by the header, not by the upstream closing);
  * - `/unframed`: a body without length, ended by closing;
- * - `/bye`: an ordinary answer, then the connection is closed as an idle timeout would.
+ * - `/bye`: an ordinary answer, then the connection is closed as an idle timeout would;
+ * - `/arm`: an ordinary answer, then the next request on the connection is met by closing it
+ *   unanswered (an upstream that closed the idle connection just as the request was sent).
  */
 class CountingUpstream implements AsyncDisposable {
   accepted = 0;
@@ -53,6 +55,7 @@ class CountingUpstream implements AsyncDisposable {
 
   async #serve(conn: Deno.Conn, id: number): Promise<void> {
     let pending = "";
+    let armed = false;
     const buffer = new Uint8Array(16 * 1024);
     try {
       while (true) {
@@ -65,6 +68,8 @@ class CountingUpstream implements AsyncDisposable {
         }
         const path = pending.slice(0, end).split(" ")[1];
         pending = pending.slice(end + 4);
+        if (armed) return;
+        armed = path === "/arm";
         const body = `conn ${id} ${path}`;
         if (path === "/unframed") {
           await write(conn, `HTTP/1.1 200 OK\r\n\r\n${body}`);
@@ -236,4 +241,36 @@ Deno.test("egress proxy: a pooled connection the upstream closed while idle cost
     const next = connectionOf(await getOnce(proxy, web, `/after-bye${i}`), `/after-bye${i}`);
     assert.notEqual(next, bye);
   }
+});
+
+Deno.test("egress proxy: a GET that a pooled connection drops unanswered is sent again on a new connection", async (t) => {
+  await using upstream = new CountingUpstream();
+  await using proxy = await startProxy(upstream);
+  const web = `web.test:${upstream.port}`;
+  const armed = connectionOf(await getOnce(proxy, web, "/arm"), "/arm");
+  const retried = connectionOf(await getOnce(proxy, web, "/after-arm"), "/after-arm");
+  assert.notEqual(retried, armed);
+
+  await t.step("twin: a POST dropped the same way is not sent again", async () => {
+    connectionOf(await getOnce(proxy, web, "/arm"), "/arm");
+    const before = upstream.accepted;
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port: proxy.port });
+    try {
+      await write(conn, `POST http://${web}/once HTTP/1.1\r\nHost: ${web}\r\n\r\n`);
+      const timer = setTimeout(() => closeQuietly(conn), DEADLINE_MS);
+      let answer = "";
+      const buffer = new Uint8Array(1024);
+      try {
+        for (let n; (n = await conn.read(buffer)) !== null;) {
+          answer += decoder.decode(buffer.subarray(0, n));
+        }
+      } finally {
+        clearTimeout(timer);
+      }
+      assert.doesNotMatch(answer, /conn \d+ \/once/, "the POST was sent again");
+      assert.equal(upstream.accepted, before);
+    } finally {
+      closeQuietly(conn);
+    }
+  });
 });
