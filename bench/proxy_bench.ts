@@ -14,7 +14,10 @@ import { parseConfig, resolveProfile } from "../lib/config.ts";
 import { KeyStore } from "../lib/keys.ts";
 import { Redactor } from "../lib/redact.ts";
 import { startHostProxies } from "../lib/proxy/session.ts";
+import { MAX_IDLE_UPSTREAMS, startEgressProxy } from "../lib/proxy/egress_proxy.ts";
 
+/** Plain-HTTP requests through the egress proxy, each on a client connection of its own. */
+const EGRESS_REQUESTS = 500;
 const LATENCY_WARMUP = 50;
 const LATENCY_REQUESTS = 500;
 const FIRST_CHUNK_WARMUP = 10;
@@ -312,6 +315,45 @@ async function firstEvent(
   }
 }
 
+/**
+ * 4. Upstream connections the egress proxy opens for EGRESS_REQUESTS sequential plain-HTTP
+ * requests, each on a new client connection: with its pool of idle upstream connections, and with
+ * the pool off (each client connection then has an upstream connection of its own).
+ */
+async function measureEgressConnections(
+  context: BenchContext,
+): Promise<{ unpooled: number; pooled: number }> {
+  context.progress(
+    `egress: ${EGRESS_REQUESTS} requests on new client connections, pool off and on`,
+  );
+  const count = async (maxIdleUpstreams: number) => {
+    const connections = new Set<number>();
+    await using server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      (_request, info) => {
+        connections.add((info.remoteAddr as Deno.NetAddr).port);
+        return new Response("ok");
+      },
+    );
+    const host = `bench.test:${server.addr.port}`;
+    await using proxy = await startEgressProxy({
+      hostnames: ["127.0.0.1"],
+      mode: "allowlist",
+      allow: [host],
+      hosts: { "bench.test": "127.0.0.1" },
+      profile: "bench",
+      maxIdleUpstreams,
+    });
+    for (let i = 0; i < EGRESS_REQUESTS; i++) {
+      context.signal.throwIfAborted();
+      using client = Deno.createHttpClient({ proxy: { url: proxy.url("127.0.0.1") } });
+      await (await fetch(`http://${host}/${i}`, { client })).text();
+    }
+    return connections.size;
+  };
+  return { unpooled: await count(0), pooled: await count(MAX_IDLE_UPSTREAMS) };
+}
+
 /** Run `measure` on both endpoints `count` times, alternating which goes first. */
 async function interleaved<T>(
   count: number,
@@ -357,10 +399,18 @@ async function run(context: BenchContext): Promise<BenchResult> {
     const latency = await measureLatency(client, endpoints, context);
     const first = await measureFirstEvent(client, upstream, endpoints, context);
     const throughput = await measureThroughput(client, endpoints, context);
+    const connections = await measureEgressConnections(context);
     return {
       figures: [
         ...latencyFigures(latency, first),
         ...throughputFigures(throughput),
+        {
+          name: `egress upstream connections opened for ${EGRESS_REQUESTS} requests`,
+          unit: "connections",
+          baseline: connections.unpooled,
+          measured: connections.pooled,
+          better: "lower",
+        },
       ],
       notes: proxyNotes(),
     };
@@ -555,6 +605,7 @@ function proxyNotes(): string[] {
     } events × ${EVENT.byteLength} B (${megabytes} MB) written one by one, and of ${
       BULK_EVENTS.toLocaleString("en-US")
     } events (${bulkMegabytes} MB) written ${BULK_BATCH} at a time; counted by the client; MB = 10^6 bytes`,
+    `egress connections: ${EGRESS_REQUESTS} sequential GETs through the egress proxy, each from a new HTTP client, to a Deno.serve upstream that counts source ports; baseline with the proxy's pool of idle upstream connections off`,
     "client, proxy (startHostProxies: token, KeyStore key, access log on disk) and upstream share one process on 127.0.0.1",
   ];
 }

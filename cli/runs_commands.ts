@@ -8,8 +8,9 @@ import { cliName } from "../lib/cli_name.ts";
 import { table } from "../lib/output.ts";
 import { formatBytes } from "../lib/units.ts";
 import type { IndexRebuild } from "../lib/run/run_index.ts";
-import type { PruneReport, RetentionPolicy } from "../lib/run/retention.ts";
-import { cliState, note, signal, stdout } from "./context.ts";
+import { parseAge, type PruneReport, type RetentionPolicy } from "../lib/run/retention.ts";
+import type { ImagePruneReport } from "../lib/sandbox/image_prune.ts";
+import { cliState, configFor, type Invocation, note, signal, stdout } from "./context.ts";
 import { jsonOption } from "./options.ts";
 
 /** A whole number of at least `min`, for `--limit` and `--keep`; a usage error otherwise. */
@@ -115,38 +116,75 @@ export function registerRunsCommands(program: Command): void {
 
 function registerPruneCommand(program: Command): void {
   program.command("prune")
-    .description("remove finished runs' logs and metadata, never a running run's")
+    .description(
+      "remove finished runs' logs and metadata (never a running run's); with an age, old build and access logs too",
+    )
     .option("--older-than <age>", 'runs that ended longer ago than this, like "30d", "12h", "2w"')
     .option("--keep <n>", "keep the newest N finished runs, whatever their age", count("--keep", 0))
+    .option(
+      "--images",
+      "also remove sandbox-runtime and sandbox-agent images no profile's current configuration uses and no container was created from",
+    )
     .option("--dry-run", "say what would be removed, remove nothing")
     .addOption(jsonOption())
-    .action(
-      async (opts: { olderThan?: string; keep?: number; dryRun?: boolean; json?: boolean }) => {
-        const { parseAge, pruneRuns } = await import("../lib/run/retention.ts");
-        const policy: RetentionPolicy = { keep: opts.keep };
-        if (opts.olderThan !== undefined) {
-          policy.olderThanMs = parseAge(opts.olderThan);
-          if (policy.olderThanMs === undefined) {
-            throw new SandboxError(
-              "usage",
-              `Invalid --older-than "${opts.olderThan}": expected an age like "30d", "12h" or "2w"`,
-            );
-          }
-        }
-        if (policy.olderThanMs === undefined && policy.keep === undefined) {
-          throw new SandboxError(
-            "usage",
-            "Nothing to prune by: name --older-than, --keep or both",
-            {
-              detail: `For example: ${cliName()} prune --older-than 30d --dry-run`,
-            },
-          );
-        }
-        const report = await pruneRuns(policy, { dryRun: opts.dryRun });
-        if (opts.json) return void await stdout.json(report);
-        await stdout.line(pruneSummary(report));
-      },
-    );
+    .action(async (opts: PruneOptions, command: Invocation) => {
+      const { pruneRuns } = await import("../lib/run/retention.ts");
+      const policy = prunePolicy(opts);
+      const report = policy === undefined ? undefined : await pruneRuns(policy, opts);
+      const images = opts.images ? await pruneStaleImages(command, opts.dryRun) : undefined;
+      if (opts.json) return void await stdout.json({ ...report, images });
+      const lines = [
+        ...(report ? [pruneSummary(report)] : []),
+        ...(images ? [imagesSummary(images, opts.dryRun)] : []),
+      ];
+      await stdout.line(lines.join("\n"));
+    });
+}
+
+interface PruneOptions {
+  olderThan?: string;
+  keep?: number;
+  images?: boolean;
+  dryRun?: boolean;
+  json?: boolean;
+}
+
+/** The runs' policy the flags name; undefined with `--images` alone; a usage error with nothing. */
+function prunePolicy(opts: PruneOptions): RetentionPolicy | undefined {
+  const policy: RetentionPolicy = { keep: opts.keep };
+  if (opts.olderThan !== undefined) {
+    policy.olderThanMs = parseAge(opts.olderThan);
+    if (policy.olderThanMs === undefined) {
+      throw new SandboxError(
+        "usage",
+        `Invalid --older-than "${opts.olderThan}": expected an age like "30d", "12h" or "2w"`,
+      );
+    }
+  }
+  if (policy.olderThanMs !== undefined || policy.keep !== undefined) return policy;
+  if (opts.images) return undefined;
+  throw new SandboxError("usage", "Nothing to prune by: name --older-than, --keep or both", {
+    detail: `For example: ${cliName()} prune --older-than 30d --dry-run`,
+  });
+}
+
+async function pruneStaleImages(
+  command: Invocation,
+  dryRun: boolean | undefined,
+): Promise<ImagePruneReport> {
+  const { currentImageTags, pruneImages } = await import("../lib/sandbox/image_prune.ts");
+  const keep = await currentImageTags((await configFor(command)).config);
+  return await pruneImages({ keep, dryRun, signal });
+}
+
+function imagesSummary(report: ImagePruneReport, dryRun: boolean | undefined): string {
+  const verb = dryRun ? "would remove" : "removed";
+  return [
+    ...report.removed.map((image) => `${verb} image ${image.tag} (${image.size})`),
+    ...report.inUse.map((tag) => `kept image ${tag}: a container was created from it`),
+    ...report.failed.map(({ tag, reason }) => `could not remove image ${tag}: ${reason}`),
+    `${verb} ${report.removed.length} image${report.removed.length === 1 ? "" : "s"}`,
+  ].join("\n");
 }
 
 function pruneSummary(report: PruneReport): string {
@@ -158,5 +196,15 @@ function pruneSummary(report: PruneReport): string {
     })`
   );
   lines.push(`${verb} ${runs}, ${formatBytes(report.bytes)}; ${report.kept} kept`);
+  for (const log of report.buildLogs) {
+    lines.push(`${verb} build log ${log.name} (${formatBytes(log.bytes)})`);
+  }
+  if (report.accessLog.entries > 0) {
+    lines.push(
+      `${verb} ${report.accessLog.entries} access log entries (${
+        formatBytes(report.accessLog.bytes)
+      })`,
+    );
+  }
   return lines.join("\n");
 }

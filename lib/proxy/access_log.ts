@@ -54,6 +54,8 @@ export class AccessLog {
   #file: Deno.FsFile | undefined;
   /** Writes are chained so that lines keep their order and never interleave. */
   #pending: Promise<void> = Promise.resolve();
+  /** Lines not yet handed to a write: those that arrive while one is under way go in the next. */
+  #queued: Uint8Array[] = [];
   #error: unknown = undefined;
   #closed = false;
 
@@ -69,10 +71,13 @@ export class AccessLog {
     const redacted = this.#redactor ? this.#redactor.redactValue(entry) : entry;
     const line = JSON.stringify(redacted) + "\n";
     if (this.#path !== undefined) {
-      const bytes = this.#encoder.encode(line);
-      this.#pending = this.#pending.then(() => this.#append(bytes)).catch((error) => {
-        this.#error ??= error;
-      });
+      this.#queued.push(this.#encoder.encode(line));
+      if (this.#queued.length === 1) {
+        this.#pending = this.#pending.then(() => this.#append(joinQueued(this.#queued.splice(0))))
+          .catch((error) => {
+            this.#error ??= error;
+          });
+      }
     }
     this.#onEntry?.(redacted);
   }
@@ -99,10 +104,43 @@ export class AccessLog {
     await this.close();
   }
 
+  /**
+   * Under a shared lock, and to the file that is at the path now: `sandbox prune` moves the file
+   * aside and takes an exclusive lock on it before reading it (lib/run/retention.ts), so a line
+   * is either in what it reads or in the new file, never lost between them.
+   */
   async #append(bytes: Uint8Array): Promise<void> {
-    this.#file ??= await Deno.open(this.#path!, { append: true, create: true, mode: 0o600 });
-    // One write per line: with O_APPEND, a line from another process cannot land inside ours.
-    const written = await this.#file.write(bytes);
-    if (written < bytes.length) await this.#file.write(bytes.subarray(written));
+    const path = this.#path!;
+    while (true) {
+      this.#file ??= await Deno.open(path, { append: true, create: true, mode: 0o600 });
+      const file = this.#file;
+      await file.lock(false);
+      try {
+        const [open, current] = await Promise.all([
+          file.stat(),
+          Deno.stat(path).catch(() => undefined), // moved aside and not yet recreated
+        ]);
+        if (current?.ino === open.ino) {
+          // One write of whole lines: with O_APPEND, another process's cannot land inside ours.
+          const written = await file.write(bytes);
+          if (written < bytes.length) await file.write(bytes.subarray(written));
+          return;
+        }
+      } finally {
+        await file.unlock();
+      }
+      file.close();
+      this.#file = undefined;
+    }
   }
+}
+
+function joinQueued(lines: Uint8Array[]): Uint8Array {
+  const joined = new Uint8Array(lines.reduce((sum, line) => sum + line.length, 0));
+  let offset = 0;
+  for (const line of lines) {
+    joined.set(line, offset);
+    offset += line.length;
+  }
+  return joined;
 }

@@ -8,11 +8,17 @@
  * - `GET http://host/path` (absolute-form plain HTTP): policy check, then the request is forwarded
  *   in origin form with `Host` set from the checked URL, and the response relayed back framed as
  *   its headers say. HTTP/1.1 keep-alive: the client's connection then carries its next request,
- *   which is read, checked, forwarded and logged exactly as the first; the upstream connection is
- *   reused only by a next request for the same canonical host and port (any other closes it and
- *   goes through the whole decision). Requests are answered one at a time: bytes that arrive
- *   before the previous response is complete (pipelining, or a request smuggled behind a body)
- *   end the connection unread, and so does any response or body whose end cannot be told.
+ *   which is read, checked, forwarded and logged exactly as the first. Requests are answered one
+ *   at a time: bytes that arrive before the previous response is complete (pipelining, or a
+ *   request smuggled behind a body) end the connection unread, and so does any response or body
+ *   whose end cannot be told.
+ * - Upstream connections outlive the client's: one that ended an exchange cleanly (request body
+ *   sent, response read to exactly its framed end, HTTP/1.1 without `Connection: close`, nothing
+ *   sent after it) goes to the proxy's pool (lib/proxy/upstream_pool.ts), and a next request for
+ *   the same canonical host and port, on any client connection, takes it instead of connecting
+ *   (the policy is applied all the same). Anything else is closed. A pooled connection the
+ *   upstream closed meanwhile costs a GET, HEAD or OPTIONS without a body nothing: it is sent
+ *   again on a new connection.
  *
  * Both go through one decision (`#reach`): the allowlist on the canonical name, then the
  * name is resolved once and every address checked (lib/proxy/address_guard.ts); the proxy
@@ -36,6 +42,7 @@ import {
   isUnspecifiedAddress,
   splitHostPort,
 } from "./egress_policy.ts";
+import { type PooledUpstream, UpstreamPool } from "./upstream_pool.ts";
 import {
   hostInterfaceAddresses,
   type RefusedAddress,
@@ -61,6 +68,12 @@ const MAX_PIPE_BUFFER_BYTES = 1024 * 1024;
 /** After an error response, how long and how much of the client's unread input is drained. */
 const LINGER_MS = 2_000;
 const LINGER_MAX_BYTES = 1024 * 1024;
+/** Methods that change nothing (RFC 9110 section 9.2.1): sent again when a pooled connection fails. */
+const RETRYABLE_METHODS = new Set(["GET", "HEAD", "OPTIONS"]);
+/** Idle upstream connections kept per proxy (so per session), for all destinations together. */
+export const MAX_IDLE_UPSTREAMS = 8;
+/** Below the 5 s after which Node and Deno servers close an idle kept-alive connection. */
+export const UPSTREAM_IDLE_TIMEOUT_MS = 4_000;
 
 export interface EgressProxyOptions {
   /** Addresses to listen on, all on the same port. Never "0.0.0.0" or "::". */
@@ -97,6 +110,8 @@ export interface EgressProxyOptions {
    * connection is cut.
    */
   budget?: RunBudget;
+  /** Idle plain-HTTP upstream connections kept for later requests (default MAX_IDLE_UPSTREAMS). */
+  maxIdleUpstreams?: number;
 }
 
 /** Connect to `address` (an IP literal, never a name) on `port`. */
@@ -254,6 +269,7 @@ class ProxySession {
   readonly #handlers = new Set<Promise<void>>();
   /** Aborted by `closeAll()`: cancels pending upstream connects. */
   readonly #closing = new AbortController();
+  readonly #pool: UpstreamPool<Upstream>;
 
   constructor(options: EgressProxyOptions) {
     this.#options = options;
@@ -268,6 +284,11 @@ class ProxySession {
       // Keyed by canonical name, since that is what requests are looked up by.
       this.#hosts.set(canonicalHost(name) ?? name, ip);
     }
+    this.#pool = new UpstreamPool({
+      maxIdle: options.maxIdleUpstreams ?? MAX_IDLE_UPSTREAMS,
+      idleTimeoutMs: UPSTREAM_IDLE_TIMEOUT_MS,
+      discard: (upstream) => this.#untrack(upstream.conn),
+    });
   }
 
   async acceptFrom(listener: Deno.Listener): Promise<void> {
@@ -288,6 +309,7 @@ class ProxySession {
 
   async closeAll(): Promise<void> {
     this.#closing.abort();
+    this.#pool.clear();
     for (const conn of this.#liveConns) closeQuietly(conn);
     await Promise.allSettled([...this.#handlers]);
   }
@@ -307,28 +329,19 @@ class ProxySession {
     this.#track(clientConn);
     noDelay(clientConn);
     const client = new BufferedConn(clientConn, { bytesIn: 0, bytesOut: 0 });
-    let upstream: Upstream | undefined;
     try {
       // One request after another while both ends keep the connection (see the module's comment).
-      while (true) {
-        const next = await this.#exchange(client, upstream);
-        upstream = next.upstream;
-        if (!next.keepAlive) break;
-      }
+      while (await this.#exchange(client));
     } finally {
-      this.#untrack(upstream?.conn);
       this.#untrack(clientConn);
     }
   }
 
   /**
-   * One request on the client's connection, checked, forwarded and logged on its own. Returns the
-   * upstream connection to keep for the next request (if any) and whether there may be one.
+   * One request on the client's connection, checked, forwarded and logged on its own. Returns
+   * whether the connection may carry another.
    */
-  async #exchange(
-    client: BufferedConn,
-    open: Upstream | undefined,
-  ): Promise<{ upstream: Upstream | undefined; keepAlive: boolean }> {
+  async #exchange(client: BufferedConn): Promise<boolean> {
     const started = performance.now();
     let tally: Tally = { bytesIn: 0, bytesOut: 0 };
     client.tally = tally;
@@ -343,23 +356,26 @@ class ProxySession {
       profile: this.#options.profile,
       runId: this.#options.runId ?? null,
     };
-    let upstream = open;
     try {
       const head = await this.#readHead(client, clientConn);
       if (head === undefined) {
         entry.reason = "the client closed or stalled before sending a complete request";
-        return { upstream, keepAlive: false };
+        return false;
       }
       entry.method = head.method;
       const target = this.#parseTarget(head);
       Object.assign(entry, { host: target.host, port: target.port, path: target.path });
       tally = this.#admit(client, tally);
-      const framing = head.method === "CONNECT" ? undefined : bodyFraming(head.headers);
-      // On a refusal `open` is returned as it is, and closed with the client's connection.
-      upstream = await this.#upstreamFor(target, open);
-      entry.decision = "allow";
-      entry.address = upstream.address;
-      if (framing === undefined) {
+      if (head.method !== "CONNECT") {
+        const framing = bodyFraming(head.headers);
+        const forwarded = await this.#forward({ head, target, framing, client, tally }, entry);
+        entry.status = forwarded.status;
+        return forwarded.keepAlive;
+      }
+      const upstream = await this.#open(target);
+      try {
+        entry.decision = "allow";
+        entry.address = upstream.address;
         await writeAll(
           clientConn,
           latin1Encode("HTTP/1.1 200 Connection Established\r\n\r\n"),
@@ -367,15 +383,10 @@ class ProxySession {
         );
         entry.status = 200;
         await tunnel(client, upstream.conn, tally);
-        return { upstream, keepAlive: false };
-      }
-      const forwarded = await forwardPlainHttp(head, target, framing, client, upstream, tally);
-      entry.status = forwarded.status;
-      if (!forwarded.upstreamReusable) {
+        return false;
+      } finally {
         this.#untrack(upstream.conn);
-        upstream = undefined;
       }
-      return { upstream, keepAlive: forwarded.keepAlive };
     } catch (error) {
       if (error instanceof ProxyRefusal) {
         entry.decision = error.decision;
@@ -388,7 +399,7 @@ class ProxySession {
         // A reset or broken pipe mid-stream: the connection simply ends.
         entry.reason ??= `connection ended: ${errorName(error)}`;
       }
-      return { upstream, keepAlive: false };
+      return false;
     } finally {
       // A port scan, a health check or a kept-alive connection closed while idle is not an access.
       if (tally.bytesOut > 0) {
@@ -420,26 +431,50 @@ class ProxySession {
   }
 
   /**
-   * The upstream connection for `target`: the connection kept from the previous request when it
-   * was made for this same canonical host and port (the policy is applied to this request all the
-   * same), else a new one from `#reach`, the kept one being closed first.
+   * Forward one plain-HTTP request over an idle connection of the pool opened for the same
+   * canonical host and port (the policy is applied to this request all the same), else over a new
+   * one from `#reach`; give the connection back to the pool if it ended the exchange cleanly.
+   * A pooled connection the upstream closed while idle answers nothing: a safe request (GET, HEAD,
+   * OPTIONS) without a body is then sent again on a new connection, nothing having reached the
+   * client; any other ends as such a failure always did.
    */
-  async #upstreamFor(target: Target, open: Upstream | undefined): Promise<Upstream> {
-    const key = `${target.host}:${target.port}`;
-    if (open?.key === key) {
-      this.#checkPolicy(target);
-      return open;
+  async #forward(
+    exchange: PlainExchange,
+    entry: Pick<AccessLogEntry, "decision" | "address">,
+  ): Promise<Forwarded> {
+    const { target, framing } = exchange;
+    let upstream = this.#pool.take(upstreamKey(target));
+    if (upstream !== undefined) this.#checkPolicy(target);
+    upstream ??= await this.#open(target);
+    entry.decision = "allow";
+    try {
+      while (true) {
+        entry.address = upstream.address;
+        const retry = upstream.reused && framing.kind === "none" &&
+          RETRYABLE_METHODS.has(exchange.head.method);
+        const forwarded = await forwardPlainHttp(exchange, upstream, { retry });
+        if (forwarded !== "no_response") {
+          if (forwarded.upstreamReusable) {
+            this.#pool.put(upstream);
+            upstream = undefined;
+          }
+          return forwarded;
+        }
+        this.#untrack(upstream.conn);
+        upstream = undefined;
+        upstream = await this.#open(target);
+      }
+    } finally {
+      if (upstream !== undefined) this.#untrack(upstream.conn);
     }
-    this.#untrack(open?.conn);
+  }
+
+  /** A new upstream connection for `target`, from the whole decision (`#reach`). */
+  async #open(target: Target): Promise<Upstream> {
     const connected = await this.#reach(target);
     const conn = this.#track(connected.conn);
     noDelay(conn);
-    return {
-      conn,
-      reader: new BufferedConn(conn, { bytesIn: 0, bytesOut: 0 }),
-      key,
-      address: connected.address,
-    };
+    return new Upstream(conn, upstreamKey(target), connected.address);
   }
 
   /** The request head, or `undefined` when the client closed or stalled before sending one. */
@@ -608,15 +643,32 @@ function describe(refused: readonly RefusedAddress[]): string {
   return refused.map(({ address, why }) => `${address} (${why})`).join(", ");
 }
 
-/** An upstream connection, kept between the requests of one client connection. */
-interface Upstream {
-  conn: Deno.Conn;
+/** The pool's key for `target`: its canonical host and port (the destination the policy judged). */
+function upstreamKey(target: Target): string {
+  return `${target.host}:${target.port}`;
+}
+
+/** An upstream connection, kept in the pool between requests. */
+class Upstream implements PooledUpstream {
   /** Reads the responses, keeping what one read brought past a response's end. */
-  reader: BufferedConn;
-  /** The canonical `host:port` it was opened for: only requests for the same reuse it. */
-  key: string;
-  /** The checked address it is connected to. */
-  address: string;
+  readonly reader: BufferedConn;
+  /** True once it has been in the pool: the upstream may have closed it meanwhile. */
+  reused = false;
+
+  constructor(
+    readonly conn: Deno.Conn,
+    /** The canonical `host:port` it was opened for: only requests for the same reuse it. */
+    readonly key: string,
+    /** The checked address it is connected to. */
+    readonly address: string,
+  ) {
+    this.reader = new BufferedConn(conn, { bytesIn: 0, bytesOut: 0 });
+  }
+
+  watchIdle(): Promise<unknown> {
+    this.reused = true;
+    return this.reader.watchIdle();
+  }
 }
 
 interface Target {
@@ -723,15 +775,25 @@ interface Forwarded {
   upstreamReusable: boolean;
 }
 
-/** Forward one plain-HTTP request and relay its response back. */
+/** One plain-HTTP request read from the client, checked and admitted. */
+interface PlainExchange {
+  head: RequestHead;
+  target: Target;
+  framing: BodyFraming;
+  client: BufferedConn;
+  tally: Tally;
+}
+
+/**
+ * Forward one plain-HTTP request and relay its response back; with `retry`, "no_response" when
+ * the upstream ended (or refused the request's head) before answering anything, the client's
+ * connection untouched.
+ */
 async function forwardPlainHttp(
-  head: RequestHead,
-  target: Target,
-  framing: BodyFraming,
-  client: BufferedConn,
+  { head, target, framing, client, tally }: PlainExchange,
   upstream: Upstream,
-  tally: Tally,
-): Promise<Forwarded> {
+  options: { retry: boolean },
+): Promise<Forwarded | "no_response"> {
   const named = connectionTokens(head.headers);
   const kept = head.headers.filter(([name]) => {
     const lower = name.toLowerCase();
@@ -743,9 +805,15 @@ async function forwardPlainHttp(
     // Host comes from the URL that was checked, so a Host header cannot front for another site.
     `Host: ${target.hostHeader}`,
     ...kept.map(([name, value]) => `${name}: ${value}`),
-    ...(clientKeepsAlive ? [] : ["Connection: close"]),
+    // An HTTP/1.1 client's `close` is for its own connection: the upstream one may be pooled.
+    ...(head.version === "HTTP/1.1" ? [] : ["Connection: close"]),
   ];
-  await writeAll(upstream.conn, latin1Encode(lines.join("\r\n") + "\r\n\r\n"));
+  try {
+    await writeAll(upstream.conn, latin1Encode(lines.join("\r\n") + "\r\n\r\n"));
+  } catch (error) {
+    if (options.retry) return "no_response";
+    throw error;
+  }
 
   // Body up, response down, at the same time: an upstream may answer before the body is sent.
   let bodySent = false;
@@ -755,7 +823,12 @@ async function forwardPlainHttp(
   );
   const response = await relayResponse(head.method, upstream.reader, client.conn, tally, {
     clientKeepsAlive,
+    retry: options.retry,
   });
+  if (response === "no_response") {
+    await sendBody;
+    return response;
+  }
   // The client's connection carries another request only when this one ended exactly where its
   // framing said, and nothing came after it yet: requests are answered one at a time, and bytes
   // sent before this response was complete (pipelining, or a smuggling attempt) are never read.
@@ -765,10 +838,12 @@ async function forwardPlainHttp(
     client.conn.close();
   }
   await sendBody;
+  // The upstream's exchange is complete whatever the client does next: its own connection's
+  // keep-alive does not decide the upstream's.
   return {
     status: response.status,
     keepAlive,
-    upstreamReusable: keepAlive && response.upstreamReusable,
+    upstreamReusable: bodySent && response.upstreamReusable,
   };
 }
 
@@ -850,7 +925,9 @@ function responseFraming(method: string, response: ResponseHead): BodyFraming | 
     return status === 101 ? { kind: "close" } : { kind: "none" };
   }
   try {
-    return bodyFraming(response.headers);
+    const framing = bodyFraming(response.headers);
+    // Neither length nor chunked: the body ends where the upstream closes (ibid., item 8).
+    return framing.kind === "none" ? { kind: "close" } : framing;
   } catch {
     // Ambiguous or unsupported framing: read to the end, and reuse nothing after it.
     return { kind: "close" };
@@ -867,10 +944,20 @@ async function relayResponse(
   upstream: BufferedConn,
   clientConn: Deno.Conn,
   tally: Tally,
-  options: { clientKeepsAlive: boolean },
-): Promise<{ status: number | undefined; keepAlive: boolean; upstreamReusable: boolean }> {
+  options: { clientKeepsAlive: boolean; retry: boolean },
+): Promise<
+  { status: number | undefined; keepAlive: boolean; upstreamReusable: boolean } | "no_response"
+> {
+  let answered = false;
   while (true) {
-    const bytes = await upstream.readHead(MAX_REQUEST_HEAD_BYTES);
+    const bytes = await upstream.readHead(MAX_REQUEST_HEAD_BYTES).catch((error) => {
+      if (options.retry && !answered) return "no_response" as const;
+      throw error;
+    });
+    if (bytes === "no_response" || (bytes === "eof" && options.retry && !answered)) {
+      return "no_response";
+    }
+    answered = true;
     if (bytes === "eof") return { status: undefined, keepAlive: false, upstreamReusable: false };
     const response = bytes === "too_large" ? undefined : parseResponseHead(latin1Decode(bytes));
     if (response === undefined) {
@@ -899,7 +986,8 @@ async function relayResponse(
       status: response.status,
       keepAlive,
       // Bytes the upstream sent past its response were not asked for: nothing more is read there.
-      upstreamReusable: keepAlive && upstreamKeepsAlive && upstream.bufferedBytes === 0,
+      upstreamReusable: framing.kind !== "close" && upstreamKeepsAlive &&
+        upstream.bufferedBytes === 0,
     };
   }
 }
@@ -921,6 +1009,7 @@ function responseHeadBytes(response: ResponseHead, keepAlive: boolean): Uint8Arr
 
 /** What `from` has buffered, then everything it sends until it closes. */
 async function pumpRest(from: BufferedConn, to: Deno.Conn, tally: Tally): Promise<void> {
+  await from.settle();
   const early = from.takeBuffered();
   if (early.length > 0) await writeAll(to, early, tally);
   const buffer = new PipeBuffer();
@@ -989,6 +1078,8 @@ async function pump(from: Deno.Conn, to: Deno.Conn, count: (n: number) => void):
 /** Reads from the client with a buffer, so that what was read past the head is not lost. */
 class BufferedConn {
   #buffered = new Uint8Array(0);
+  /** A read started while idle (`watchIdle`), which the next read takes over. */
+  #pending: Promise<boolean> | undefined;
 
   /** Counts what is read (`bytesOut`: on the client's connection, what the sandbox sent). */
   constructor(readonly conn: Deno.Conn, public tally: Tally) {}
@@ -998,8 +1089,28 @@ class BufferedConn {
     return this.#buffered.length;
   }
 
+  /**
+   * Start reading while nothing is expected: settles when something arrives or the stream ends
+   * (or fails). What it reads is kept for the next reader.
+   */
+  watchIdle(): Promise<boolean> {
+    this.#pending ??= this.#read();
+    return this.#pending;
+  }
+
+  /** Let the read started by `watchIdle` finish, so that nothing reads the connection beside it. */
+  async settle(): Promise<void> {
+    if (this.#pending !== undefined) await this.#fill();
+  }
+
   /** Read more into the buffer; false at end of stream. */
-  async #fill(): Promise<boolean> {
+  #fill(): Promise<boolean> {
+    const pending = this.#pending;
+    this.#pending = undefined;
+    return pending ?? this.#read();
+  }
+
+  async #read(): Promise<boolean> {
     const chunk = new Uint8Array(READ_BUFFER_BYTES);
     const n = await this.conn.read(chunk);
     if (n === null) return false;
@@ -1043,6 +1154,7 @@ class BufferedConn {
    * brings past `count` is kept buffered for the next reader.
    */
   async copyExactly(count: number, to: Deno.Conn, tally?: Tally): Promise<void> {
+    if (count > this.#buffered.length) await this.settle();
     let remaining = count;
     if (remaining > 0 && this.#buffered.length > 0) {
       const piece = this.#take(Math.min(remaining, this.#buffered.length));

@@ -6,8 +6,13 @@
  * A policy names an age (`olderThanMs`: a run ended, or started when it has no end, longer ago
  * than that), a count (`keep`: the newest that many finished runs stay), or both (a run goes only
  * when it is older than the age and not among the newest `keep`).
+ *
+ * The age also applies to the state directory's other logs, which belong to no run: build logs
+ * (`builds/*.log`) last written longer ago, and access log entries (`access.ndjson`) whose request
+ * started longer ago. `keep` counts runs only.
  */
 import type { RunMeta } from "./run_log.ts";
+import { userStateDir } from "../paths.ts";
 
 export interface RetentionPolicy {
   olderThanMs?: number;
@@ -66,6 +71,10 @@ export interface PruneReport {
   bytes: number;
   /** Runs left. */
   kept: number;
+  /** Build logs (file names in `builds/`) removed by age, with their bytes. */
+  buildLogs: { name: string; bytes: number }[];
+  /** Entries of `access.ndjson` removed by age, and their bytes. */
+  accessLog: { entries: number; bytes: number };
 }
 
 /**
@@ -94,13 +103,115 @@ export async function pruneRuns(
     removed.push({ id: run.id, status: run.status, startedAt: run.startedAt, bytes });
   }
   const bytes = removed.reduce((sum, run) => sum + run.bytes, 0);
+  const dryRun = options.dryRun ?? false;
+  const cutoffMs = policy.olderThanMs === undefined
+    ? undefined
+    : (options.now ?? new Date()).getTime() - policy.olderThanMs;
   return {
-    dryRun: options.dryRun ?? false,
+    dryRun,
     removed,
     runs: removed.length,
     bytes,
     kept: runs.length - removed.length,
+    buildLogs: cutoffMs === undefined ? [] : await pruneBuildLogs(cutoffMs, dryRun),
+    accessLog: cutoffMs === undefined
+      ? { entries: 0, bytes: 0 }
+      : await pruneAccessLog(`${userStateDir()}/access.ndjson`, cutoffMs, dryRun),
   };
+}
+
+/**
+ * Remove the build logs last written before `cutoffMs`. A build in progress writes its log as it
+ * goes, so it is never among them.
+ */
+async function pruneBuildLogs(
+  cutoffMs: number,
+  dryRun: boolean,
+): Promise<PruneReport["buildLogs"]> {
+  const dir = `${userStateDir()}/builds`;
+  const removed: PruneReport["buildLogs"] = [];
+  let entries: Deno.DirEntry[];
+  try {
+    entries = await Array.fromAsync(Deno.readDir(dir));
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return removed;
+    throw error;
+  }
+  for (const entry of entries.sort((a, b) => a.name.localeCompare(b.name))) {
+    if (!entry.isFile || !entry.name.endsWith(".log")) continue;
+    const info = await Deno.lstat(`${dir}/${entry.name}`);
+    if ((info.mtime?.getTime() ?? Infinity) >= cutoffMs) continue;
+    if (!dryRun) await Deno.remove(`${dir}/${entry.name}`);
+    removed.push({ name: entry.name, bytes: info.size });
+  }
+  return removed;
+}
+
+/**
+ * Remove the access log's entries whose request started before `cutoffMs` (a line that is not an
+ * entry with a time stays). Live proxies keep appending: the file is moved aside, and once no
+ * append to it is in flight (each holds a shared lock, lib/proxy/access_log.ts, and moves on to
+ * the file at the path when it has changed), the entries it keeps are appended to the new one.
+ */
+async function pruneAccessLog(
+  path: string,
+  cutoffMs: number,
+  dryRun: boolean,
+): Promise<PruneReport["accessLog"]> {
+  const split = (text: string) => {
+    const lines = text.split("\n").filter(Boolean);
+    const old = lines.filter((line) => entryTimeMs(line) < cutoffMs);
+    const bytes = old.reduce((sum, line) => sum + new TextEncoder().encode(line).length + 1, 0);
+    return {
+      old: old.length,
+      bytes,
+      kept: lines.filter((line) => !(entryTimeMs(line) < cutoffMs)),
+    };
+  };
+  let before: string;
+  try {
+    before = await Deno.readTextFile(path);
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return { entries: 0, bytes: 0 };
+    throw error;
+  }
+  const planned = split(before);
+  // Nothing old (or only a look): the file is left where it is, as it is.
+  if (dryRun || planned.old === 0) return { entries: planned.old, bytes: planned.bytes };
+  const aside = `${path}.pruning-${crypto.randomUUID().slice(0, 8)}`;
+  await Deno.rename(path, aside);
+  const file = await Deno.open(aside, { read: true, write: true });
+  try {
+    await file.lock(true);
+    const { old, bytes, kept } = split(await Deno.readTextFile(aside));
+    if (kept.length > 0) await appendLocked(path, kept.join("\n") + "\n");
+    return { entries: old, bytes };
+  } finally {
+    file.close();
+    await Deno.remove(aside);
+  }
+}
+
+/** An access log line's `time` in milliseconds; NaN for a line that has none. */
+function entryTimeMs(line: string): number {
+  try {
+    const time = (JSON.parse(line) as { time?: unknown }).time;
+    return typeof time === "string" ? Date.parse(time) : NaN;
+  } catch {
+    return NaN; // not JSON: kept, since no age can be told
+  }
+}
+
+/** Append `text` to `path` under an exclusive lock, so that no proxy's line lands inside it. */
+async function appendLocked(path: string, text: string): Promise<void> {
+  const file = await Deno.open(path, { append: true, create: true, mode: 0o600 });
+  try {
+    await file.lock(true);
+    let bytes = new TextEncoder().encode(text);
+    while (bytes.length > 0) bytes = bytes.subarray(await file.write(bytes));
+  } finally {
+    file.close();
+  }
 }
 
 /** The bytes of the files under `dir` (links not followed). */

@@ -4,10 +4,12 @@
  * ages. The retention test makes one real run (Docker, the fake LLM).
  */
 import assert from "node:assert/strict";
-import { processStartTicks } from "../../lib/process.ts";
+import { processStartTicks, run } from "../../lib/process.ts";
+import { pruneImages } from "../../lib/sandbox/image_prune.ts";
 import { RunFixture } from "../_run_fixture.ts";
 import { FakeLlm, text } from "../_fake_llm.ts";
 import type { RunMeta, RunStatus } from "../../lib/run/run_log.ts";
+import { AccessLog, type AccessLogEntry } from "../../lib/proxy/access_log.ts";
 import { assertDocker, dockerTest, explain, runCli, tempDir } from "../_helpers.ts";
 
 console.error("e2e: sandbox prune tests starting");
@@ -115,6 +117,102 @@ Deno.test("sandbox prune --keep keeps the newest finished runs; a usage mistake 
   assert.deepEqual(await state.ids(), [newest]);
 });
 
+/** An access log line as the proxies write it, for a request that started `daysAgo` days ago. */
+function accessLine(daysAgo: number, id: string): string {
+  const entry: AccessLogEntry = {
+    time: new Date(Date.now() - daysAgo * DAY_MS).toISOString(),
+    kind: "egress",
+    decision: "allow",
+    method: "GET",
+    host: `${id}.test`,
+    port: 80,
+    profile: "e2e-prune",
+    runId: null,
+    bytesIn: 1,
+    bytesOut: 1,
+    durationMs: 1,
+  };
+  return JSON.stringify(entry) + "\n";
+}
+
+Deno.test("sandbox prune --older-than also removes build logs and access log entries past the age, --keep alone leaves them", async () => {
+  await using state = await StateDir.make();
+  const builds = `${state.dir.path}/sandbox/builds`;
+  const accessLog = `${state.dir.path}/sandbox/access.ndjson`;
+  await Deno.mkdir(builds, { recursive: true });
+  await Deno.writeTextFile(`${builds}/sandbox-runtime-old.log`, "old build\n");
+  await Deno.writeTextFile(`${builds}/sandbox-runtime-new.log`, "new build\n");
+  const fortyDaysAgo = new Date(Date.now() - 40 * DAY_MS);
+  await Deno.utime(`${builds}/sandbox-runtime-old.log`, fortyDaysAgo, fortyDaysAgo);
+  const recent = accessLine(2, "new1");
+  const lines = [accessLine(40, "old1"), recent, "not an entry\n", accessLine(35, "old2")];
+  await Deno.writeTextFile(accessLog, lines.join(""));
+  await state.add(40);
+
+  const keepOnly = await state.cli(["prune", "--keep", "0", "--json"]);
+  assert.equal(keepOnly.exitCode, 0, explain(keepOnly));
+  assert.deepEqual(JSON.parse(keepOnly.stdout).buildLogs, [], explain(keepOnly));
+  assert.equal(
+    (await Deno.readTextFile(accessLog)).split("\n").length,
+    5,
+    "--keep touched the log",
+  );
+
+  const dry = await state.cli(["prune", "--older-than", "30d", "--dry-run", "--json"]);
+  assert.equal(dry.exitCode, 0, explain(dry));
+  const planned = JSON.parse(dry.stdout);
+  assert.deepEqual(planned.buildLogs.map((l: { name: string }) => l.name), [
+    "sandbox-runtime-old.log",
+  ]);
+  assert.equal(planned.accessLog.entries, 2, explain(dry));
+  assert.equal((await Array.fromAsync(Deno.readDir(builds))).length, 2, "a dry run removed");
+
+  const done = await state.cli(["prune", "--older-than", "30d"]);
+  assert.equal(done.exitCode, 0, explain(done));
+  assert.match(done.stdout, /^removed build log sandbox-runtime-old\.log /m, explain(done));
+  assert.match(done.stdout, /^removed 2 access log entries /m, explain(done));
+  assert.deepEqual((await Array.fromAsync(Deno.readDir(builds))).map((e) => e.name), [
+    "sandbox-runtime-new.log",
+  ]);
+  assert.equal(await Deno.readTextFile(accessLog), recent + "not an entry\n");
+});
+
+Deno.test("sandbox prune loses no access log entry that a live proxy writes while it prunes", async () => {
+  await using state = await StateDir.make();
+  const accessLog = `${state.dir.path}/sandbox/access.ndjson`;
+  await Deno.mkdir(`${state.dir.path}/sandbox`, { recursive: true });
+  const old = Array.from({ length: 2000 }, (_, i) => accessLine(40, `old${i}`)).join("");
+  await Deno.writeTextFile(accessLog, old);
+  console.error("e2e: writing access log entries while sandbox prune runs");
+  const log = new AccessLog({ path: accessLog });
+  const pruning = state.cli(["prune", "--older-than", "30d", "--json"]);
+  let written = 0;
+  let finished = false;
+  pruning.finally(() => (finished = true));
+  // Entries keep coming until the prune has ended, and some more after it.
+  while (!finished || written % 100 !== 50) {
+    log.write(JSON.parse(accessLine(0, `live${written++}`)));
+    await log.flush();
+  }
+  await log.close();
+  const done = await pruning;
+  assert.equal(done.exitCode, 0, explain(done));
+  assert.equal(JSON.parse(done.stdout).accessLog.entries, 2000, explain(done));
+  const hosts = (await Deno.readTextFile(accessLog)).split("\n").filter(Boolean)
+    .map((line) => (JSON.parse(line) as AccessLogEntry).host);
+  assert.equal(hosts.length, written, "entries lost or doubled");
+  assert.deepEqual(
+    new Set(hosts),
+    new Set(Array.from({ length: written }, (_, i) => `live${i}.test`)),
+  );
+  assert.deepEqual(
+    await Array.fromAsync(Deno.readDir(`${state.dir.path}/sandbox`)).then((es) =>
+      es.map((e) => e.name).filter((name) => name.startsWith("access"))
+    ),
+    ["access.ndjson"],
+  );
+});
+
 Deno.test("sandbox runs rebuilds a missing index, says so on stderr, and takes --limit", async () => {
   await using state = await StateDir.make();
   const first = await state.add(2);
@@ -128,6 +226,52 @@ Deno.test("sandbox runs rebuilds a missing index, says so on stderr, and takes -
   assert.equal(again.stderr, "", "an index in good order is not rebuilt");
   assert.match(again.stdout, new RegExp(second));
   assert.doesNotMatch(again.stdout, new RegExp(first));
+});
+
+Deno.test({
+  name:
+    "sandbox prune --images lists a stale sandbox-runtime tag, keeps one a container was created from, and removes only stale ones",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using state = await StateDir.make();
+    const rand = crypto.randomUUID().slice(0, 8);
+    const mine = `e2e-prune-${rand}`;
+    const stale = `sandbox-runtime:${mine}-stale`;
+    const used = `sandbox-runtime:${mine}-used`;
+    const docker = async (...args: string[]) => {
+      const result = await run(["docker", ...args]);
+      assert.equal(result.exitCode, 0, `docker ${args.join(" ")}: ${result.stderr}`);
+      return result.stdout.trim();
+    };
+    try {
+      // Images of their own (new ids, no network): committed from a container never started.
+      await docker("create", "--name", `${mine}-src`, "sandbox-base:bookworm", "true");
+      for (const tag of [stale, used]) {
+        await docker("commit", "--change", `LABEL e2e.prune=${tag}`, `${mine}-src`, tag);
+      }
+      await docker("rm", `${mine}-src`);
+      await docker("create", "--name", `${mine}-user`, used, "true");
+
+      // On the shared engine the CLI only lists: a real prune could remove others' images.
+      const dry = await state.cli(["prune", "--images", "--dry-run", "--json"]);
+      assert.equal(dry.exitCode, 0, explain(dry));
+      const planned = JSON.parse(dry.stdout).images;
+      assert.ok(planned.removed.some((i: { tag: string }) => i.tag === stale), explain(dry));
+      assert.ok(planned.inUse.includes(used), explain(dry));
+      assert.ok(!planned.removed.some((i: { tag: string }) => !i.tag.startsWith("sandbox-")));
+      await docker("image", "inspect", stale);
+
+      const report = await pruneImages({ keep: new Set(), only: (tag) => tag.includes(mine) });
+      assert.deepEqual(report.removed.map((i) => i.tag), [stale]);
+      assert.deepEqual(report.inUse, [used]);
+      assert.notEqual((await run(["docker", "image", "inspect", stale])).exitCode, 0);
+      await docker("image", "inspect", used);
+    } finally {
+      await run(["docker", "rm", "-f", `${mine}-src`, `${mine}-user`]);
+      await run(["docker", "image", "rm", stale, used]);
+    }
+  },
 });
 
 Deno.test({
