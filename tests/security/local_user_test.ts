@@ -35,9 +35,9 @@ async function must(argv: string[]): Promise<string> {
 }
 
 /**
- * The user's own deno cache: the host's npm packages, compiled modules and esbuild, hard-linked (the files
- * stay root's, read-only to the user, and are never changed: deno replaces, it does not rewrite),
- * in directories the user owns. No download: the run is `--cached-only`.
+ * The user's own deno cache: the host's npm packages, compiled modules and esbuild, hard-linked
+ * into directories the user owns (the files stay root's and read-only to the user: the host's
+ * cache cannot be changed through them). No download: the run is `--cached-only`.
  */
 async function userDenoDir(user: string, denoDir: string): Promise<void> {
   const info = await run([Deno.execPath(), "info", "--json"], { timeoutMs: 60_000 });
@@ -45,7 +45,12 @@ async function userDenoDir(user: string, denoDir: string): Promise<void> {
   await Deno.mkdir(denoDir);
   for (const part of ["npm", "gen", "dl"]) {
     if (await Deno.stat(`${host}/${part}`).then(() => true, () => false)) {
-      await must(["cp", "-al", `${host}/${part}`, `${denoDir}/${part}`]);
+      // Hard links need one filesystem; a copy elsewhere (slower, the same files).
+      const linked = await run(["cp", "-al", `${host}/${part}`, `${denoDir}/${part}`]);
+      if (linked.exitCode !== 0) {
+        await Deno.remove(`${denoDir}/${part}`, { recursive: true }).catch(() => {}); // maybe none
+        await must(["cp", "-R", `${host}/${part}`, `${denoDir}/${part}`]);
+      }
     }
   }
   await must(["find", denoDir, "-type", "d", "-exec", "chown", `${user}:${user}`, "{}", "+"]);
