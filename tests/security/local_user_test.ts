@@ -94,9 +94,17 @@ Deno.test({
   },
 });
 
-async function runAsUser(user: string, home: string): Promise<void> {
+/** The user is in no docker group and cannot connect to the Docker socket, which root can (twin). */
+async function assertNoDocker(user: string, env: Record<string, string>): Promise<void> {
   const groups = await must(["id", "-Gn", user]);
   assert.doesNotMatch(groups, /\bdocker\b/, "the user is in no docker group");
+  const docker = await asUser(user, env, ["perl", "-e", CONNECT, DOCKER_SOCKET]);
+  assert.match(docker.stdout, /^refused: Permission denied/, explain(docker));
+  const rootDocker = await run(["perl", "-e", CONNECT, DOCKER_SOCKET]);
+  assert.equal(rootDocker.stdout, "connected\n", `twin: root reaches Docker: ${rootDocker.stderr}`);
+}
+
+async function runAsUser(user: string, home: string): Promise<void> {
   const env = {
     HOME: home,
     PATH: "/usr/local/bin:/usr/bin:/bin",
@@ -106,10 +114,7 @@ async function runAsUser(user: string, home: string): Promise<void> {
     XDG_CACHE_HOME: `${home}/cache`,
     XDG_CONFIG_HOME: `${home}/config`,
   };
-  const docker = await asUser(user, env, ["perl", "-e", CONNECT, DOCKER_SOCKET]);
-  assert.match(docker.stdout, /^refused: Permission denied/, explain(docker));
-  const rootDocker = await run(["perl", "-e", CONNECT, DOCKER_SOCKET]);
-  assert.equal(rootDocker.stdout, "connected\n", `twin: root reaches Docker: ${rootDocker.stderr}`);
+  await assertNoDocker(user, env);
 
   const secret = `${home}/secret.txt`;
   const canary = `user-secret-${crypto.randomUUID()}`;
