@@ -365,6 +365,22 @@ const LOCAL_MUTATIONS: Mutation[] = [
     replace: "if (ended.timedOut && ended.aborted) await this.#sweep();",
     tests: LOCAL_TESTS,
   },
+  {
+    name: "mode local: no Landlock ruleset on the command (the mount namespace alone)",
+    file: LOCAL_SANDBOX,
+    find: `const confined = "abi" in this.landlock ? landlockArgv(this.landlock.abi, argv) : argv;`,
+    replace: "const confined = argv;",
+    tests: LOCAL_TESTS,
+    filter: "Landlock",
+  },
+  {
+    name: "mode local: Landlock's ruleset lets everything beneath / be read and written",
+    file: "lib/sandbox/local/landlock.ts",
+    find: `  ["/usr", READ_EXEC],\n`,
+    replace: `  ["/", ALL],\n  ["/usr", READ_EXEC],\n`,
+    tests: LOCAL_TESTS,
+    filter: "Landlock",
+  },
 ];
 
 export const MUTATIONS: Mutation[] = [

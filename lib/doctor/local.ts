@@ -59,8 +59,8 @@ export interface LocalFacts {
   pids: string;
   /** The seccomp filter as a command of the sandbox sees it (`/proc/self/status`). */
   seccomp: string;
-  /** Landlock is not applied in mode local (docs/local.md). */
-  landlock: "not applied";
+  /** Landlock as every command of the sandbox has it: `applied (ABI N)`, or `absent: why`. */
+  landlock: string;
 }
 
 export interface LocalAttacked {
@@ -113,7 +113,7 @@ export async function attackLocal(
     });
   const marker = `doctor-survivor-${randomHex(6)}`;
   // LocalLifecycle's sandboxes are LocalSandboxes: what holds their limits is theirs to say.
-  const limits = (sandbox.provider as LocalSandbox).limits.kind;
+  const { limits: { kind: limits }, landlock } = sandbox.provider as LocalSandbox;
   let observed: Observed;
   try {
     await using session = await openSession(profile, sandbox.relay!, {
@@ -135,7 +135,10 @@ export async function attackLocal(
   }
   const afterRelease = await survivorAfterRelease(marker);
   const bwrap = await run([tools.bwrap, "--version"], { clearEnv: true, timeoutMs: 30_000 });
-  const facts = await localFacts(profile, limits, observed.probe, bwrap.stdout.trim() || null);
+  const facts = await localFacts(profile, limits, observed.probe, {
+    bwrap: bwrap.stdout.trim() || null,
+    landlock: "abi" in landlock ? `applied (ABI ${landlock.abi})` : `absent: ${landlock.absent}`,
+  });
   return { facts, checks: judgeLocal(observed, afterRelease, profile) };
 }
 
@@ -346,7 +349,7 @@ async function localFacts(
   profile: Profile,
   limits: LocalLimits["kind"],
   probe: Map<string, string[][]>,
-  bwrap: string | null,
+  { bwrap, landlock }: { bwrap: string | null; landlock: string },
 ): Promise<LocalFacts> {
   const exists = (path: string) => Deno.stat(path).then(() => true, () => false);
   const cgroupVersion = await exists("/sys/fs/cgroup/cgroup.controllers")
@@ -370,6 +373,6 @@ async function localFacts(
       : mode === "0"
       ? "not applied"
       : "unknown",
-    landlock: "not applied",
+    landlock,
   };
 }

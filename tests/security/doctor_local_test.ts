@@ -16,6 +16,7 @@
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
+import { landlockSupport } from "../../lib/sandbox/local/landlock.ts";
 import {
   explain,
   removeProfile,
@@ -56,7 +57,13 @@ interface Report {
   checks: Check[];
   broken: string[];
   durationMs: number;
-  local: { limits: string; seccomp: string; memory: string; bwrap: string | null };
+  local: {
+    limits: string;
+    seccomp: string;
+    memory: string;
+    landlock: string;
+    bwrap: string | null;
+  };
 }
 
 /** The bundles are built once, into a state directory every test of this file shares. */
@@ -143,6 +150,11 @@ Deno.test({
     assert.match(check("survivor").reason, /ended with (the sandbox|its command)/);
     assert.match(report.local.seccomp, /^filter applied/);
     assert.match(report.local.bwrap ?? "", /bubblewrap/);
+    const landlock = await landlockSupport();
+    assert.equal(
+      report.local.landlock,
+      "abi" in landlock ? `applied (ABI ${landlock.abi})` : `absent: ${landlock.absent}`,
+    );
     assert.deepEqual(leftover, [], "the doctor's sandbox was left behind");
     assert.match(result.stderr, /doctor: releasing the throwaway sandbox/);
   },

@@ -8,6 +8,7 @@ import type { LocalSandbox } from "../../lib/sandbox/local/local_sandbox.ts";
 import type { RunSandbox } from "../../lib/sandbox/provider.ts";
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
 import { run } from "../../lib/process.ts";
+import { landlockSupport } from "../../lib/sandbox/local/landlock.ts";
 import { profileFrom, uniqueProfile } from "../_helpers.ts";
 import { assertLocal, localTest } from "../_local.ts";
 
@@ -304,6 +305,16 @@ test("pids and memory limits hold where a cgroup enforces them; below them comma
       sandbox.provider.exec(["sh", "-c", `head -c ${size} /dev/zero | tail -n 1 | wc -c`], {
         timeoutMs: 120_000,
       });
+    if (Deno.uid() === 0) {
+      // Root, where a cgroup hierarchy has the memory controller, gets that cgroup: never rlimits.
+      const has = (path: string) => Deno.stat(path).then(() => true, () => false);
+      const offered = await has("/sys/fs/cgroup/cgroup.controllers")
+        ? "cgroup2"
+        : await has("/sys/fs/cgroup/memory/cgroup.procs")
+        ? "cgroup1"
+        : "rlimit";
+      assert.equal(provider.limits.kind, offered);
+    }
     const small = await hog("16m");
     assert.equal(small.stdout.trim(), String(16 * 1024 * 1024));
     if (provider.limits.kind === "rlimit") {
@@ -336,5 +347,62 @@ test("a descriptor the host process leaves inheritable is not open in a command;
   } finally {
     libc.symbols.close(fd);
     libc.close();
+  }
+});
+
+/** The kernel's Landlock ABI by the syscall itself (libc's syscall(2)): 0 where it has none. */
+function kernelLandlockAbi(): number {
+  const libc = Deno.dlopen("libc.so.6", {
+    syscall: { parameters: ["i64", "i64", "i64", "i64"], result: "i64" },
+  });
+  try {
+    // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    const abi = Number(libc.symbols.syscall(444n, 0n, 0n, 1n));
+    return abi > 0 ? abi : 0;
+  } finally {
+    libc.close();
+  }
+}
+
+test("Landlock refuses a path the sandbox's mounts show but its ruleset does not name; the checkout beside it is written, and without Landlock the same path is (twins)", async () => {
+  const abi = kernelLandlockAbi();
+  const support = await landlockSupport();
+  assert.deepEqual(support, abi > 0 ? { abi } : support, "the sandbox sees the kernel's Landlock");
+  const extra = await Deno.makeTempDir({ prefix: "sandbox-landlock-extra-" });
+  await Deno.writeTextFile(`${extra}/existing`, "bound but not allowed\n");
+  try {
+    await withLocal("", async (_sandbox, provider) => {
+      const script = 'cat "$1/existing"; echo written >"$1/new" && echo wrote; ls "$1" >/dev/null';
+      // The command's own argv, with one more bind added to its bwrap: a directory the mount
+      // namespace shows read-write and the Landlock ruleset does not name.
+      const argvWithExtra = (dir: string, landlock: boolean) => {
+        const argv = provider.argvFor(["sh", "-c", script, "sh", dir]);
+        const at = argv.indexOf(provider.tools.bwrap);
+        argv.splice(at + 1, 0, "--bind", extra, "/mnt/extra");
+        const perl = argv.indexOf("/usr/bin/perl");
+        // Without Landlock: its program and rules removed, up to the "--" before the command.
+        if (!landlock && perl >= 0) argv.splice(perl, argv.indexOf("--", perl) - perl + 1);
+        return run(argv, { clearEnv: true, env: { PATH: "/usr/bin:/bin" }, timeoutMs: 60_000 });
+      };
+      const attack = await argvWithExtra("/mnt/extra", true);
+      const inside = `${attack.stdout}${attack.stderr}`;
+      if (abi === 0) {
+        // No Landlock on this kernel: the mount namespace stands alone, and says so.
+        assert.ok("absent" in provider.landlock);
+        assert.match(inside, /wrote/);
+        return;
+      }
+      assert.deepEqual(provider.landlock, { abi });
+      assert.doesNotMatch(inside, /bound but not allowed|wrote/);
+      assert.match(attack.stderr, /Permission denied/);
+      assert.equal(await Deno.lstat(`${extra}/new`).then(() => true, () => false), false);
+      await Deno.writeTextFile(`${provider.dirs.workspace}/existing`, "the checkout\n");
+      const twin = await argvWithExtra("/workspace", true);
+      assert.equal(twin.stdout, "the checkout\nwrote\n", twin.stderr);
+      const bare = await argvWithExtra("/mnt/extra", false);
+      assert.equal(bare.stdout, "bound but not allowed\nwrote\n", `bwrap alone: ${bare.stderr}`);
+    });
+  } finally {
+    await Deno.remove(extra, { recursive: true });
   }
 });

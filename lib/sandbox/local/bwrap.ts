@@ -196,6 +196,13 @@ export function holderArgv(tools: LocalTools, system: readonly string[]): string
   return [
     tools.bwrap,
     "--unshare-all",
+    // Root of the holder's user namespace: a command entering it (nsenter, credentials kept) then
+    // keeps there the capabilities its own bwrap needs (a mount namespace for /proc, a nested user
+    // namespace). As an ordinary user's uid it would lose them at its first exec.
+    "--uid",
+    "0",
+    "--gid",
+    "0",
     "--die-with-parent",
     "--new-session",
     ...system,

@@ -47,6 +47,7 @@ import {
   systemArgs,
   withoutInheritedFds,
 } from "./bwrap.ts";
+import { landlockArgv, landlockSupport } from "./landlock.ts";
 import { applyLimits, type LocalLimits } from "./limits.ts";
 import { seccompBytes } from "./seccomp.ts";
 
@@ -104,7 +105,8 @@ export async function createLocalSandbox(
     await Deno.writeTextFile(`${root}/${file}`, text, { mode: 0o444 });
   }
   const limits = await applyLimits(name, profile);
-  const sandbox = new LocalSandbox(profile, name, dirs, tools, options.programs, limits);
+  const landlock = await landlockSupport();
+  const sandbox = new LocalSandbox(profile, name, dirs, tools, options.programs, limits, landlock);
   try {
     await sandbox.start(options);
   } catch (error) {
@@ -203,6 +205,8 @@ export class LocalSandbox implements SandboxProvider {
     readonly tools: LocalTools,
     readonly programs: HostPrograms,
     readonly limits: LocalLimits,
+    /** The kernel's Landlock ABI, applied to every command; or why Landlock is absent here. */
+    readonly landlock: { abi: number } | { absent: string },
   ) {}
 
   /** The host pid of the holder's init (0 before start): every process of the sandbox is under it. */
@@ -243,11 +247,13 @@ export class LocalSandbox implements SandboxProvider {
         `Local sandbox "${this.containerName}" is not running`,
       );
     }
+    // Landlock's ruleset is made inside the command's bwrap, on the paths as the sandbox sees them.
+    const confined = "abi" in this.landlock ? landlockArgv(this.landlock.abi, argv) : argv;
     const inner = execArgv(
       { tools: this.tools, holderPid: this.#holderPid, system: this.#system },
       this.dirs,
       this.programs,
-      { argv, cwd },
+      { argv: confined, cwd },
     );
     return withoutInheritedFds(this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`));
   }

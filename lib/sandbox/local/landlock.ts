@@ -1,0 +1,161 @@
+/**
+ * Landlock, the second layer of sandbox mode local's filesystem (docs/local.md): inside each
+ * command's bwrap, before the command runs, a small Perl program (perl-base is in every Debian
+ * system, and /usr is bound into the sandbox) makes a Landlock ruleset of the paths the sandbox
+ * may use, restricts itself with it and execs the command. The mount namespace already shows
+ * nothing else; Landlock keeps the same promise should a path be bound that the ruleset does not
+ * name (a bind added by mistake, a mount namespace escaped). Applied where the kernel has Landlock
+ * (`landlockAbi`); elsewhere the mount namespace stands alone and `sandbox doctor` says so.
+ *
+ * The Perl program loads no module (a `PERL5LIB` of the command's environment changes nothing)
+ * and calls the kernel by number: landlock_create_ruleset, landlock_add_rule and
+ * landlock_restrict_self are 444, 445 and 446 on every architecture; openat and prctl differ.
+ */
+import { run } from "../../process.ts";
+import { LOCAL_PATHS } from "./bwrap.ts";
+
+/** Filesystem access rights (linux/landlock.h), each with the ABI version that added it. */
+const FS = {
+  execute: 1 << 0,
+  writeFile: 1 << 1,
+  readFile: 1 << 2,
+  readDir: 1 << 3,
+  removeDir: 1 << 4,
+  removeFile: 1 << 5,
+  makeChar: 1 << 6,
+  makeDir: 1 << 7,
+  makeReg: 1 << 8,
+  makeSock: 1 << 9,
+  makeFifo: 1 << 10,
+  makeBlock: 1 << 11,
+  makeSym: 1 << 12,
+  refer: 1 << 13, // ABI 2
+  truncate: 1 << 14, // ABI 3
+  ioctlDev: 1 << 15, // ABI 5
+} as const;
+
+/** Every right the kernel of ABI `abi` knows: what the ruleset handles (denies unless granted). */
+export function handledRights(abi: number): number {
+  if (abi >= 5) return (1 << 16) - 1;
+  if (abi >= 3) return (1 << 15) - 1;
+  if (abi >= 2) return (1 << 14) - 1;
+  return (1 << 13) - 1;
+}
+
+const READ = FS.readFile | FS.readDir;
+const READ_EXEC = READ | FS.execute;
+/** All rights: the sandbox's own directories. */
+const ALL = (1 << 16) - 1;
+/** Device files: read, write, truncate (`>/dev/null`) and their ioctls; nothing made in /dev. */
+const DEVICES = READ | FS.writeFile | FS.truncate | FS.ioctlDev;
+
+/**
+ * The paths a command may use, as they are inside the sandbox (bwrap.ts `execArgv` binds them),
+ * and the rights beneath each. A path missing inside (no /cache, a system without /lib64) is
+ * skipped. Nothing else is reachable, even where a mount shows it.
+ */
+export const LANDLOCK_RULES: readonly (readonly [path: string, rights: number])[] = [
+  ["/usr", READ_EXEC],
+  ["/bin", READ_EXEC],
+  ["/sbin", READ_EXEC],
+  ["/lib", READ_EXEC],
+  ["/lib32", READ_EXEC],
+  ["/lib64", READ_EXEC],
+  ["/libx32", READ_EXEC],
+  ["/etc", READ],
+  ["/opt/sandbox", READ_EXEC],
+  // Processes read their own and each other's entries, and write a few of their own
+  // (oom_score_adj, comm); what /proc must not let them change bwrap mounts read-only.
+  ["/proc", READ | FS.writeFile],
+  ["/dev", DEVICES],
+  ["/dev/shm", ALL],
+  [LOCAL_PATHS.workspace, ALL],
+  [LOCAL_PATHS.home, ALL],
+  [LOCAL_PATHS.tmp, ALL],
+  // The proxies' sockets: connecting to one needs no Landlock right, only the path.
+  [LOCAL_PATHS.proxy, READ],
+  [LOCAL_PATHS.cache, READ],
+];
+
+/**
+ * The Perl program. Arguments: the handled rights, openat's and prctl's numbers, then pairs of
+ * rights and path, then `--` and the command. Exit 125 when the ruleset cannot be applied (the
+ * command must not run without it), 127 when the command is not found, 126 when it cannot run.
+ */
+const PROGRAM = `
+my ($handled, $openat, $prctl) = map { $_ + 0 } splice(@ARGV, 0, 3);
+sub fail { print STDERR "sandbox: landlock: $_[0]: $!\\n"; exit 125 }
+my $ruleset = syscall(444, pack("QQQ", $handled, 0, 0), 8, 0);
+fail("landlock_create_ruleset") if $ruleset < 0;
+while (@ARGV && $ARGV[0] ne "--") {
+  my ($rights, $path) = splice(@ARGV, 0, 2);
+  my $fd = syscall($openat, -100, $path, 0x200000 | 0x80000);
+  if ($fd < 0) { next if $! + 0 == 2; fail("open $path") }
+  syscall(445, $ruleset, 1, pack("QL", $rights + 0, $fd), 0) == 0 or fail("add $path");
+}
+shift @ARGV;
+syscall($prctl, 38, 1, 0, 0, 0) == 0 or fail("prctl(PR_SET_NO_NEW_PRIVS)");
+syscall(446, $ruleset, 0) == 0 or fail("landlock_restrict_self");
+exec { $ARGV[0] } @ARGV;
+print STDERR "sandbox: cannot run $ARGV[0]: $!\\n";
+exit($! + 0 == 2 ? 127 : 126);
+`;
+
+/** openat and prctl by architecture (those seccomp.ts supports). */
+const SYSCALLS: Record<string, { openat: number; prctl: number }> = {
+  x86_64: { openat: 257, prctl: 157 },
+  aarch64: { openat: 56, prctl: 167 },
+};
+
+/**
+ * The argv that runs `argv` inside the sandbox under the Landlock ruleset of `LANDLOCK_RULES`, for
+ * a kernel of ABI `abi` (from `landlockAbi`).
+ */
+export function landlockArgv(abi: number, argv: readonly string[]): string[] {
+  const numbers = SYSCALLS[Deno.build.arch];
+  const handled = handledRights(abi);
+  const rules = LANDLOCK_RULES.flatMap(([path, rights]) => [String(rights & handled), path]);
+  return [
+    "/usr/bin/perl",
+    "-e",
+    PROGRAM,
+    String(handled),
+    String(numbers.openat),
+    String(numbers.prctl),
+    ...rules,
+    "--",
+    ...argv,
+  ];
+}
+
+let probed: Promise<{ abi: number } | { absent: string }> | undefined;
+
+/** `landlockAbi()`, probed once per process. */
+export function landlockSupport(): Promise<{ abi: number } | { absent: string }> {
+  probed ??= landlockAbi();
+  return probed;
+}
+
+/**
+ * The Landlock ABI version of this kernel, or why Landlock cannot be applied here: a kernel
+ * without it (or with it disabled), an architecture without known syscall numbers, no Perl.
+ */
+export async function landlockAbi(): Promise<{ abi: number } | { absent: string }> {
+  if (!SYSCALLS[Deno.build.arch]) return { absent: `no syscall numbers for ${Deno.build.arch}` };
+  const exists = await Deno.stat("/usr/bin/perl").then((info) => info.isFile, () => false);
+  if (!exists) return { absent: "/usr/bin/perl not found (Debian: perl-base)" };
+  // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION): the ABI, or an error.
+  const probe = await run([
+    "/usr/bin/perl",
+    "-e",
+    'my $v = syscall(444, 0, 0, 1); print $v < 0 ? "-" . ($! + 0) : $v',
+  ], { clearEnv: true, timeoutMs: 30_000 });
+  const answer = Number(probe.stdout.trim());
+  if (probe.exitCode === 0 && answer > 0) return { abi: answer };
+  const reason = answer === -38
+    ? "this kernel has no Landlock (ENOSYS)"
+    : answer === -95
+    ? "Landlock is disabled on this kernel (EOPNOTSUPP: not in the lsm= boot list)"
+    : `the probe answered ${probe.stdout.trim() || probe.stderr.trim() || probe.exitCode}`;
+  return { absent: reason };
+}
