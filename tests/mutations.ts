@@ -1397,6 +1397,15 @@ export const MUTATIONS: Mutation[] = [
     tests: MCP_TESTS,
   },
   {
+    name:
+      "sandbox mcp ends an environment without releasing its sandbox (mode local: its directory stays)",
+    file: "lib/mcp/environment.ts",
+    find: `context.cleanups.push(() => sandbox.release());`,
+    replace: `context.cleanups.push(() => Promise.resolve());`,
+    tests: ["tests/e2e/mcp_local_test.ts"],
+    filter: "vanishing",
+  },
+  {
     name: "a run goes on in a namespace whose sandbox NetworkPolicy is weaker than deny-all",
     file: "lib/sandbox/kubernetes/lifecycle.ts",
     find: "    if (deniesAll(found)) return;\n",

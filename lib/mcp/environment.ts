@@ -5,14 +5,16 @@
  *
  * How it works:
  * 1. `openEnvironment` resolves the repository and the branch the work becomes (refused before any
- *    sandbox when taken), creates the run record (`sandbox runs` lists it, mode `mcp`), claims a
- *    sandbox from the profile's warm pool or starts one (lib/sandbox/pool.ts), and, at once, checks
- *    the base out from the repository's cache (lib/repo/local.ts) and opens the session.
+ *    sandbox when taken), creates the run record (`sandbox runs` lists it, mode `mcp`), acquires a
+ *    sandbox from the profile's lifecycle as a run does (`sandboxLifecycle(profile).acquire`: from
+ *    the warm pool or started now, in any isolated mode; mode devcontainer builds the repository's
+ *    devcontainer first), and, at once, checks the base out from the repository's cache
+ *    (lib/repo/local.ts) and opens the session on the sandbox's relay.
  * 2. Commands and file operations run in the sandbox as the sandbox user, with the session's
  *    variables; file paths are confined to the checkout inside the sandbox (confine.ts).
  * 3. `finish` brings the branch back exactly as a run's comes back (`collectResult`: leftovers
  *    committed, the pack through the quarantine and git's checks, one branch fetched), then
- *    destroys the sandbox. `close` destroys it and brings nothing back.
+ *    releases the sandbox (nothing of it is left). `close` releases it and brings nothing back.
  */
 import type { Profile } from "../config.ts";
 import { SandboxError } from "../errors.ts";
@@ -20,7 +22,6 @@ import { KeyStore } from "../keys.ts";
 import { Redactor } from "../redact.ts";
 import type { AccessLogEntry } from "../proxy/access_log.ts";
 import { openSession, type SandboxSession } from "../proxy/session.ts";
-import { cacheVolumeName, updateCache } from "../repo/cache.ts";
 import {
   AGENT_GIT_IDENTITY,
   checkRunBranch,
@@ -34,8 +35,8 @@ import {
 } from "../repo/local.ts";
 import { type AgenticMessage, agenticMessage } from "../run/protocol.ts";
 import { newRunId, RunLog, type RunStatus } from "../run/run_log.ts";
-import { type DockerSandboxProvider, sandboxRepo } from "../sandbox/docker_provider.ts";
-import { claimPooled, coldSandbox, destroy, fillPool } from "../sandbox/pool.ts";
+import type { RunSandbox, SandboxKind, SandboxProvider } from "../sandbox/provider.ts";
+import { sandboxLifecycle } from "../sandbox/providers.ts";
 import { confined } from "./confine.ts";
 import { captureBytes, type Captured, CapturedLines } from "./capture.ts";
 
@@ -70,7 +71,8 @@ export class Environment {
   readonly profile: Profile;
   readonly repo: LocalRepo;
   readonly worktree: RunWorktree;
-  readonly provider: DockerSandboxProvider;
+  /** The sandbox the environment holds alone, from open until it ends. */
+  readonly sandbox: RunSandbox;
   readonly session: SandboxSession;
   readonly log: RunLog;
   /** Aborted when the environment ends: its running commands are stopped (their trees killed). */
@@ -85,7 +87,7 @@ export class Environment {
     profile: Profile;
     repo: LocalRepo;
     worktree: RunWorktree;
-    provider: DockerSandboxProvider;
+    sandbox: RunSandbox;
     session: SandboxSession;
     log: RunLog;
     cleanups: (() => Promise<unknown>)[];
@@ -97,12 +99,17 @@ export class Environment {
     this.profile = parts.profile;
     this.repo = parts.repo;
     this.worktree = parts.worktree;
-    this.provider = parts.provider;
+    this.sandbox = parts.sandbox;
     this.session = parts.session;
     this.log = parts.log;
     this.#cleanups = parts.cleanups;
     this.#egress = parts.egress;
     this.#limits = parts.limits;
+  }
+
+  /** The sandbox's operations (exec, files). */
+  get provider(): SandboxProvider {
+    return this.sandbox.provider;
   }
 
   /** The checkout inside the sandbox. */
@@ -306,7 +313,7 @@ export class Environment {
   }
 
   /**
-   * End the environment: running commands stopped, the session closed, the sandbox destroyed,
+   * End the environment: running commands stopped, the session closed, the sandbox released,
    * the run record finished. Brings nothing back. Never raises; a second call does nothing.
    */
   async close(
@@ -328,28 +335,36 @@ export class Environment {
       exitCode: failed ? 1 : 0,
       usage: null,
       error: failed ? outcome.content : null,
-      extra: { container: this.provider.containerName, workdir: this.checkout, ...outcome.extra },
+      extra: { container: this.sandbox.name, workdir: this.checkout, ...outcome.extra },
     });
     await this.log[Symbol.asyncDispose]();
   }
 }
 
+/**
+ * An environment is a sandbox: a profile in mode none (this machine, no isolation) has none to
+ * give, and is refused as the user's mistake.
+ */
+export function requireSandboxed(profile: Profile): void {
+  if (profile.sandbox.mode !== "none") return;
+  throw new SandboxError(
+    "usage",
+    `Profile "${profile.name}" has sandbox mode "none": MCP environments need a sandbox`,
+    { detail: "Use a profile in mode container, devcontainer, local or kubernetes (docs/mcp.md)" },
+  );
+}
+
 /** Open an environment (see the module's comment); nothing of it is left when this fails. */
 export async function openEnvironment(options: OpenEnvironmentOptions): Promise<Environment> {
   const { profile, signal } = options;
-  if (profile.sandbox.mode !== "container") {
-    throw new SandboxError(
-      "unsupported",
-      `Profile "${profile.name}" has sandbox mode "${profile.sandbox.mode}": MCP environments need mode "container"`,
-    );
-  }
+  requireSandboxed(profile);
   const repo = await resolveLocalRepo(options.repoPath, options.base);
   const id = newRunId();
   const branch = options.branch ?? `sandbox/${id}`;
   await checkRunBranch(repo, branch);
   const redactor = options.redactor ?? new Redactor();
   const log = await RunLog.create(
-    { id, mode: "mcp", profile: profile.name, model: "mcp", sandbox: "container" },
+    { id, mode: "mcp", profile: profile.name, model: "mcp", sandbox: profile.sandbox.mode },
     redactor,
   );
   const cleanups: (() => Promise<unknown>)[] = [];
@@ -371,46 +386,46 @@ export async function openEnvironment(options: OpenEnvironmentOptions): Promise<
   }
 }
 
-/** The sandbox, checkout and session of a new environment, their cleanups pushed on `cleanups`. */
-async function acquire(
-  options: OpenEnvironmentOptions,
-  context: {
-    id: string;
-    branch: string;
-    repo: LocalRepo;
-    log: RunLog;
-    redactor: Redactor;
-    cleanups: (() => Promise<unknown>)[];
-  },
-) {
-  const { profile, signal } = options;
-  const repository = await sandboxRepo(context.repo.key);
-  const poolOptions = {
-    repository,
-    cacheVolume: cacheVolumeName(repository),
-    onProgress: options.onProgress,
-  };
-  const claimed = profile.sandbox.pool > 0
-    ? await claimPooled(profile, { ...poolOptions, signal })
-    : undefined;
-  const provider = claimed ??
-    await coldSandbox(profile, context.id, { ...poolOptions, signal });
-  context.cleanups.push(() => destroy(provider));
-  await context.log.note({ container: provider.containerName });
+/** What `acquire` registers its steps with. */
+interface AcquireContext {
+  id: string;
+  branch: string;
+  repo: LocalRepo;
+  log: RunLog;
+  redactor: Redactor;
+  cleanups: (() => Promise<unknown>)[];
+}
+
+/**
+ * The sandbox, checkout and session of a new environment, as a run gets them (lib/run/run.ts
+ * `prepare`), each cleanup pushed on `cleanups` as soon as its step has begun.
+ */
+async function acquire(options: OpenEnvironmentOptions, context: AcquireContext) {
+  const { signal } = options;
+  // Mode devcontainer: the repository's devcontainer image, run as mode container from here on.
+  const devcontainer = await openDevcontainerFor(options, context.repo);
+  const profile = devcontainer?.profile ?? options.profile;
+  const sandboxes = await sandboxLifecycle(profile);
+  const kind: SandboxKind = { repo: { key: context.repo.key }, onProgress: options.onProgress };
+  // A sandbox no run or other environment has touched, released when the environment ends.
+  const sandbox = await sandboxes.acquire({ ...kind, runId: context.id, signal });
+  context.cleanups.push(() => sandbox.release());
+  await context.log.note({ container: sandbox.name });
   if (profile.sandbox.pool > 0) {
     // A refill that fails costs only a colder next environment, which starts its own sandbox.
-    const refilling = fillPool(profile, poolOptions).catch(() => {});
+    const refilling = sandboxes.fill(kind).catch(() => {});
     context.cleanups.push(() => refilling);
   }
   const egress: AccessLogEntry[] = [];
-  const checkingOut = prepareWorktree(provider, context.repo, {
+  const checkingOut = prepareWorktree(sandbox.provider, context.repo, {
     runId: context.id,
     branch: context.branch,
     signal,
-    updateCache: () => updateCache(provider, poolOptions.cacheVolume, context.repo, signal),
+    updateCache: () => sandbox.updateCache(context.repo, signal),
   });
   checkingOut.catch(() => {}); // awaited below, where its error counts
-  const session = await openSession(profile, provider, {
+  // Every isolated sandbox has a relay; mode none, which has none, was refused before.
+  const session = await openSession(profile, sandbox.relay!, {
     runId: context.id,
     redactor: context.redactor,
     keys: options.keys ?? new KeyStore({ redactor: context.redactor }),
@@ -423,8 +438,51 @@ async function acquire(
   });
   context.cleanups.push(() => session.close());
   const limits = new AbortController();
-  const watch = provider.watchDisk({ onAbort: (reason) => limits.abort(reason) });
+  const watch = sandbox.watchDisk({ onAbort: (reason) => limits.abort(reason) });
   context.cleanups.push(() => watch.close());
   const worktree = await checkingOut;
-  return { worktree, provider, session, egress, limits: limits.signal };
+  if (devcontainer) {
+    await prepareWorkspace(sandbox.provider, devcontainer, worktree, session, options);
+  }
+  return { worktree, sandbox, session, egress, limits: limits.signal };
+}
+
+// Loaded only in mode devcontainer: its modules (jsonc-parser among them) cost other modes time.
+const devcontainerModule = () => import("../sandbox/devcontainer/provider.ts");
+type Devcontainer = Awaited<
+  ReturnType<Awaited<ReturnType<typeof devcontainerModule>>["openDevcontainer"]>
+>;
+
+/** Mode devcontainer: the repository's devcontainer, built (or found current) now, at the base. */
+async function openDevcontainerFor(
+  options: OpenEnvironmentOptions,
+  repo: LocalRepo,
+): Promise<Devcontainer | undefined> {
+  if (options.profile.sandbox.mode !== "devcontainer") return undefined;
+  return await (await devcontainerModule()).openDevcontainer(options.profile, {
+    repo: repo.path,
+    base: repo.base,
+    onProgress: options.onProgress,
+    signal: options.signal,
+  });
+}
+
+/**
+ * The devcontainer's workspace folder pointed at the checkout and its lifecycle commands run, as
+ * for a run; the environment's commands still start at the checkout's root.
+ */
+async function prepareWorkspace(
+  provider: SandboxProvider,
+  devcontainer: Devcontainer,
+  worktree: RunWorktree,
+  session: SandboxSession,
+  options: OpenEnvironmentOptions,
+): Promise<void> {
+  await (await devcontainerModule()).prepareDevcontainerWorkspace(provider, devcontainer, {
+    worktree: worktree.path,
+    env: session.env,
+    timeoutMs: options.profile.resources.timeoutMs,
+    signal: options.signal,
+    onProgress: options.onProgress,
+  });
 }

@@ -4,7 +4,7 @@
  *
  * The server owns every environment it opened: when the client disconnects (its input ends) or
  * the server is stopped (`signal`), each one is ended — running commands killed, the sandbox
- * destroyed, nothing brought back — before `serveMcp` returns.
+ * released, nothing brought back — before `serveMcp` returns.
  */
 import type { Readable, Writable } from "node:stream";
 import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
@@ -16,7 +16,7 @@ import { KeyStore } from "../keys.ts";
 import { Redactor } from "../redact.ts";
 import { resolveLocalRepo } from "../repo/local.ts";
 import { agenticMessage } from "../run/protocol.ts";
-import { type Environment, openEnvironment } from "./environment.ts";
+import { type Environment, openEnvironment, requireSandboxed } from "./environment.ts";
 import { registerFileTools } from "./file_tools.ts";
 
 export const SERVER_NAME = "sandbox";
@@ -30,9 +30,10 @@ export const LIMITS = {
 
 /** What every tool's description says about the place the client works in. */
 export const SANDBOX_NOTE =
-  "Environments are sandboxes (hardened containers) on the user's machine, each with the repository " +
-  "checked out on a branch of its own. Commands run there as an unprivileged user; nothing of the " +
-  "host is visible (no host files; localhost is the sandbox's own, not the host's). There is no " +
+  "Environments are sandboxes (hardened containers, bubblewrap namespaces or Kubernetes pods, as " +
+  "the user's profile chooses), each with the repository checked out on a branch of its own. " +
+  "Commands run there as an unprivileged user; nothing of the host is visible (no host files but, " +
+  "in some modes, read-only system programs; localhost is the sandbox's own, not the host's). There is no " +
   "network except through an egress proxy (HTTP_PROXY/HTTPS_PROXY are set) that allows only the " +
   "hosts the user's profile lists; API keys never enter: an LLM proxy URL and a session token " +
   "stand in for them. Work comes back only through environment_finish, as a git branch in the " +
@@ -161,7 +162,9 @@ export async function onEnvironment(
 
 /** Serve until the client disconnects or `signal` aborts; every environment is gone on return. */
 export async function serveMcp(options: ServeMcpOptions): Promise<void> {
-  // A repository that is not one is the user's mistake, said before any client talks to us.
+  // A profile without a sandbox and a repository that is not one are the user's mistakes, said
+  // before any client talks to us.
+  requireSandboxed(options.profile);
   const repoPath = (await resolveLocalRepo(options.repoPath)).path;
   const environments = new Environments();
   const redactor = new Redactor();
@@ -241,7 +244,7 @@ function registerLifecycleTools(
         branch: environment.worktree.targetBranch,
         sandbox_branch: environment.worktree.branch,
         base: environment.worktree.base,
-        container: environment.provider.containerName,
+        container: environment.sandbox.name,
       });
     } catch (error) {
       return errorResult(error);

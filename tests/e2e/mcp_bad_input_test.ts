@@ -5,7 +5,7 @@
  * the server goes on serving.
  */
 import assert from "node:assert/strict";
-import { assertDocker, dockerTest, explain, tempDir } from "../_helpers.ts";
+import { assertDocker, dockerTest, explain, tempDir, writeConfig } from "../_helpers.ts";
 import { type McpClient, McpFixture } from "../_mcp_fixture.ts";
 import { run } from "../../lib/process.ts";
 
@@ -107,6 +107,33 @@ Deno.test({
     assert.match(
       result.stderr,
       /^sandbox: error: Not a git repository: ".*sandbox-mcp-plain-/,
+      explain(result),
+    );
+  },
+});
+
+Deno.test({
+  name: "sandbox mcp with a profile in sandbox mode none exits 2 before serving",
+  ...dockerTest(),
+  async fn() {
+    await using fixture = await McpFixture.open("mcpnone");
+    // Its twin: the same command on the fixture's profile (mode container) serves, until its
+    // input (empty here) ends.
+    const served = await fixture.cli(["mcp", "-p", fixture.profile, "--repo", fixture.repo]);
+    assert.equal(served.exitCode, 0, explain(served));
+    assert.match(served.stderr, /the MCP client disconnected/, explain(served));
+    fixture.config = await writeConfig(
+      fixture.dir.path,
+      `profiles:\n  ${fixture.profile}:\n` +
+        `    llm: {provider: custom, base_url: "http://127.0.0.1:9/v1", key: {env: UNUSED}}\n` +
+        "    sandbox: {mode: none}\n",
+    );
+    const result = await fixture.cli(["mcp", "-p", fixture.profile, "--repo", fixture.repo]);
+    assert.equal(result.exitCode, 2, explain(result));
+    assert.equal(result.stdout, "");
+    assert.match(
+      result.stderr,
+      /^sandbox: error: Profile "[^"]+" has sandbox mode "none": MCP environments need a sandbox/,
       explain(result),
     );
   },
