@@ -1039,6 +1039,8 @@ Deno.test({
       all_proxy: proxy.url,
       NO_PROXY: "",
       no_proxy: "",
+      // Deno's own once-a-day update check is not the CLI's: it would go through that proxy.
+      DENO_NO_UPDATE_CHECK: "1",
     };
     const host = gitHost.url.replace("http://", "");
     const cases: [string, RegExp][] = [
