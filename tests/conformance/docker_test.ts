@@ -14,6 +14,7 @@ import {
   uniqueProfile,
 } from "../_helpers.ts";
 import { type ConformanceSubject, providerContract } from "./_contract.ts";
+import { bridgeGateway, PIDS_YAML } from "./_holds.ts";
 
 console.error("conformance: docker provider tests starting");
 
@@ -42,9 +43,14 @@ async function openDocker(): Promise<ConformanceSubject> {
   const previous = Deno.env.get("XDG_STATE_HOME");
   Deno.env.set("XDG_STATE_HOME", state);
   const name = uniqueProfile("conformance");
-  const profile = profileFrom(`profiles:\n  ${name}:\n    sandbox: {pool: 1}\n`, name);
+  const profile = profileFrom(
+    `profiles:\n  ${name}:\n    sandbox: {pool: 1}\n    ${PIDS_YAML}\n`,
+    name,
+  );
   return {
     lifecycle: await sandboxLifecycle(profile),
+    profile,
+    hostAddress: bridgeGateway,
     scratch: () => Promise.resolve("/workspace"),
     writable: ["/workspace", "/tmp", "/home/sandbox"],
     async traces(container) {
@@ -79,4 +85,10 @@ async function openDocker(): Promise<ConformanceSubject> {
   };
 }
 
-providerContract({ name: "docker", isolated: true, testOptions: dockerTest(), open: openDocker });
+providerContract({
+  name: "docker",
+  isolated: true,
+  holds: { pidsLimit: true, noNetwork: true, relay: true, keyAbsent: true },
+  testOptions: dockerTest(),
+  open: openDocker,
+});
