@@ -14,7 +14,7 @@ import { FakeUpstream } from "../unit/_fake_upstream.ts";
 
 /** The `resources.pids` every target's profile sets (`PIDS_YAML`). */
 export const PIDS_LIMIT = 128;
-/** The profile's `resources` line for `PIDS_LIMIT`, for a target's YAML. */
+/** The `sandbox.resources` entry for `PIDS_LIMIT`, for a target's YAML flow mapping. */
 export const PIDS_YAML = `resources: {pids: ${PIDS_LIMIT}}`;
 
 /** An item a target holds (`true`), or why it does not. */

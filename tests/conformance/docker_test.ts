@@ -44,7 +44,7 @@ async function openDocker(): Promise<ConformanceSubject> {
   Deno.env.set("XDG_STATE_HOME", state);
   const name = uniqueProfile("conformance");
   const profile = profileFrom(
-    `profiles:\n  ${name}:\n    sandbox: {pool: 1}\n    ${PIDS_YAML}\n`,
+    `profiles:\n  ${name}:\n    sandbox: {pool: 1, ${PIDS_YAML}}\n`,
     name,
   );
   return {

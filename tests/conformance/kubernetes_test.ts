@@ -25,8 +25,8 @@ async function openKubernetes(pool: "own" | "agent-sandbox" = "own"): Promise<Co
   Deno.env.set("KUBECONFIG", `${dir}/kubeconfig`);
   const name = uniqueProfile("conformance");
   const profile = profileFrom(
-    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, kubernetes: {image: "${image}", pool: ${pool}}}\n` +
-      `    ${PIDS_YAML}\n`,
+    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, ${PIDS_YAML}, ` +
+      `kubernetes: {image: "${image}", pool: ${pool}}}\n`,
     name,
   );
   return {
@@ -59,9 +59,8 @@ async function openRealCluster(): Promise<ConformanceSubject> {
   const namespace = Deno.env.get("SANDBOX_TEST_KUBE_NAMESPACE") ?? "default";
   const name = uniqueProfile("conformance");
   const profile = profileFrom(
-    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, ` +
-      `kubernetes: {image: "${image}", namespace: ${namespace}, start_timeout_s: 600}}\n` +
-      `    ${PIDS_YAML}\n`,
+    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, ${PIDS_YAML}, ` +
+      `kubernetes: {image: "${image}", namespace: ${namespace}, start_timeout_s: 600}}\n`,
     name,
   );
   const cluster = await openCluster(profile);

@@ -17,7 +17,7 @@ async function openLocal(): Promise<ConformanceSubject> {
   Deno.env.set("XDG_STATE_HOME", state);
   const name = uniqueProfile("conformance");
   const profile = profileFrom(
-    `profiles:\n  ${name}:\n    sandbox: {mode: local}\n    ${PIDS_YAML}\n`,
+    `profiles:\n  ${name}:\n    sandbox: {mode: local, ${PIDS_YAML}}\n`,
     name,
   );
   return {

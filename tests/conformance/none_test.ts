@@ -13,7 +13,7 @@ import { loopback, PIDS_YAML } from "./_holds.ts";
 async function openNone(): Promise<ConformanceSubject> {
   const name = uniqueProfile("conformance");
   const profile = profileFrom(
-    `profiles:\n  ${name}:\n    sandbox: {mode: none}\n    ${PIDS_YAML}\n`,
+    `profiles:\n  ${name}:\n    sandbox: {mode: none, ${PIDS_YAML}}\n`,
     name,
   );
   const dirs: string[] = [];
