@@ -78,11 +78,17 @@ const LLM_REQUEST = `curl -s -m 60 -o /dev/null -w '%{http_code} %{exitcode}' ` 
 
 /**
  * The files (of the sandbox user's reading) containing the pattern given on stdin: every
- * process's environment and command line, and the filesystem but /proc, /sys and /dev. The
- * pattern comes on stdin, so that it is on no argv.
+ * process's environment and command line, and every file but under /proc, /sys and /dev whose
+ * inode changed since `$1` (epoch seconds; the pattern did not exist before, so no older file can
+ * hold it, and a change time cannot be set back as a modification time can). The pattern is held
+ * in the shell and given to each grep on stdin, so that it is on no argv.
  */
-const FIND = "grep -rlsF --devices=skip -f /dev/stdin /proc/[0-9]*/environ /proc/[0-9]*/cmdline " +
-  "/ --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev; exit 0";
+const FIND = `k=$(cat)
+{ for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do echo "$f"; done
+  find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type f -newerct "@$1" -print 2>/dev/null
+} | while IFS= read -r f; do
+  printf '%s' "$k" | grep -qsF --devices=skip -f - "$f" && echo "$f"
+done; exit 0`;
 
 /** The pids limit: held (below it processes start, beyond it they do not) or reported absent. */
 export async function checkPidsLimit(subject: HoldsSubject, sandbox: RunSandbox): Promise<void> {
@@ -148,6 +154,7 @@ export async function checkNoNetwork(subject: HoldsSubject, sandbox: RunSandbox)
  */
 export async function checkRelayAndKey(subject: HoldsSubject, sandbox: RunSandbox): Promise<void> {
   const { provider } = sandbox;
+  const before = Math.floor(Date.now() / 1000) - 1;
   await using upstream = new FakeUpstream();
   const previous = Deno.env.get(KEY_ENV);
   Deno.env.set(KEY_ENV, upstream.key);
@@ -174,7 +181,10 @@ export async function checkRelayAndKey(subject: HoldsSubject, sandbox: RunSandbo
       const forwarded = upstream.requests.at(-1);
       assert.equal(forwarded?.headers.get("authorization"), `Bearer ${upstream.key}`);
       if (subject.holds.keyAbsent === true) {
-        await checkKeyAbsent(sandbox, upstream.key, session.env);
+        await checkKeyAbsent(sandbox, upstream.key, {
+          env: session.env,
+          since: before,
+        });
       }
     } finally {
       await Deno.remove(dir, { recursive: true });
@@ -185,17 +195,27 @@ export async function checkRelayAndKey(subject: HoldsSubject, sandbox: RunSandbo
   }
 }
 
+/** Where the twin of the key's search writes the session's token (writable in every target). */
+const TOKEN_FILE = "/tmp/conformance-token.txt";
+
 /** The key is nowhere the sandbox user reads; the same search finds the session's token. */
 async function checkKeyAbsent(
   sandbox: RunSandbox,
   key: string,
-  env: Record<string, string>,
+  { env, since }: { env: Record<string, string>; since: number },
 ): Promise<void> {
   const find = (pattern: string) =>
-    sandbox.provider.exec(["sh", "-c", FIND], { stdin: pattern, env, timeoutMs: 300_000 });
+    sandbox.provider.exec(["sh", "-c", FIND, "sh", String(since)], {
+      stdin: pattern,
+      env,
+      timeoutMs: 300_000,
+    });
   const forKey = await find(key);
   assert.equal(forKey.stdout, "", `the key is in the sandbox: ${forKey.stdout}`);
-  // The twin: the token, in the searching command's own environment, is found.
+  // The twin: the token, in the searching command's own environment and in a file written now,
+  // is found in both.
+  await sandbox.provider.writeFile(TOKEN_FILE, env.SANDBOX_LLM_TOKEN);
   const forToken = await find(env.SANDBOX_LLM_TOKEN);
   assert.match(forToken.stdout, /^\/proc\/\d+\/environ$/m, forToken.stderr);
+  assert.match(forToken.stdout, new RegExp(`^${TOKEN_FILE}$`, "m"), forToken.stderr);
 }
