@@ -93,7 +93,10 @@ const REAL = Deno.env.get("SANDBOX_TEST_REAL_CLUSTER") === "1";
 /**
  * A pod spec has no pids limit (a node's kubelet sets one for all its pods: `podPidsLimit`), so
  * the profile's cannot hold; the test server's pods have none. The rest holds: the pod's deny-all
- * NetworkPolicy, the relay on an exec stream into the relay container, the key on the host.
+ * NetworkPolicy, the relay on an exec stream into the relay container, the key on the host. What
+ * the test server shows of the network is that the lifecycle's policy selects the pod (its
+ * modelled plugin then gives the pod no network); that a cluster's plugin enforces it, only a run
+ * against that cluster shows (`SANDBOX_TEST_REAL_CLUSTER=1`).
  */
 const HOLDS: Holds = {
   pidsLimit: { not: "a pod spec sets no pids limit (the kubelet's podPidsLimit is the node's)" },
