@@ -69,8 +69,8 @@ export function loopback(): Promise<string> {
 const FORK =
   'pids=""; trap \'kill $pids 2>/dev/null\' EXIT; i=0; while [ "$i" -lt "$1" ]; do sleep 120 & pids="$pids $!"; i=$((i + 1)); done; echo "$i"';
 
-/** One HTTP request from inside: "<http code> <curl exit code>". */
-const CURL = (url: string) => `curl -s -m 20 -o /dev/null -w '%{http_code} %{exitcode}' ${url}`;
+/** One HTTP request from inside, printing "<http code> <curl exit code>". */
+const CURL = ["curl", "-s", "-m", "20", "-o", "/dev/null", "-w", "%{http_code} %{exitcode}"];
 
 /** The LLM request of a session, from inside. */
 const LLM_REQUEST = `curl -s -m 60 -o /dev/null -w '%{http_code} %{exitcode}' ` +
@@ -129,7 +129,7 @@ export async function checkNoNetwork(subject: HoldsSubject, sandbox: RunSandbox)
     },
   );
   const url = `http://${address}:${server.addr.port}`;
-  const inside = await sandbox.provider.exec(["sh", "-c", CURL(`${url}/from-sandbox`)], {
+  const inside = await sandbox.provider.exec([...CURL, `${url}/from-sandbox`], {
     timeoutMs: 120_000,
   });
   const [code, exit] = inside.stdout.trim().split(" ");
