@@ -9,9 +9,14 @@
  * ends the command's whole tree, a `setsid` child included; no acquire sees what an earlier one
  * did; release leaves nothing) are registered only for a target that declares itself isolated:
  * mode none runs on the host itself and has none of them (it says so: `isolated` is false).
+ *
+ * The items a target may not hold (the pids limit, no network, the relay, the key kept out) it
+ * declares in `holds` (_holds.ts), and each is checked against that declaration, held or not.
  */
 import assert from "node:assert/strict";
 import type { RunSandbox, SandboxLifecycle } from "../../lib/sandbox/provider.ts";
+import { checkNoNetwork, checkPidsLimit, checkRelayAndKey, type HoldsSubject } from "./_holds.ts";
+import type { Holds } from "./_holds.ts";
 
 /** One implementation under test, opened afresh for every test. */
 export interface ConformanceTarget {
@@ -19,13 +24,15 @@ export interface ConformanceTarget {
   name: string;
   /** Whether it isolates (the lifecycle's `isolated`): the isolation tests are registered only then. */
   isolated: boolean;
+  /** What it holds of the pids limit, no network, the relay and the key kept out, and why not. */
+  holds: Holds;
   /** Deno.test options, e.g. `ignore` where its engine is not available outside CI. */
   testOptions?: { ignore?: boolean };
   /** A lifecycle whose state is the test's own (its own state directory, a unique profile). */
   open(): Promise<ConformanceSubject>;
 }
 
-export interface ConformanceSubject extends AsyncDisposable {
+export interface ConformanceSubject extends AsyncDisposable, Omit<HoldsSubject, "holds"> {
   lifecycle: SandboxLifecycle;
   /** A directory inside `sandbox` that the sandbox user may write (made if needed). */
   scratch(sandbox: RunSandbox): Promise<string>;
@@ -63,6 +70,23 @@ export function providerContract(target: ConformanceTarget): void {
       const scratch = await subject.scratch(sandbox);
       await operations(t, sandbox, scratch);
       await files(t, sandbox, scratch);
+    });
+  });
+  test("the sandbox holds what the target declares of limits, network, relay and key", async (t) => {
+    await using subject = await target.open();
+    const held = { ...subject, holds: target.holds };
+    const says = (item: keyof Holds) => {
+      const declared = target.holds[item];
+      return declared === true ? "held" : `declared not held: ${declared.not}`;
+    };
+    await withSandbox(subject, async (sandbox) => {
+      await t.step(`no network (${says("noNetwork")})`, () => checkNoNetwork(held, sandbox));
+      await t.step(
+        `relay reachable (${says("relay")}), key absent (${says("keyAbsent")})`,
+        () => checkRelayAndKey(held, sandbox),
+      );
+      // Last: past the limit, the sandbox's processes may linger until it is released.
+      await t.step(`the pids limit (${says("pidsLimit")})`, () => checkPidsLimit(held, sandbox));
     });
   });
   if (target.isolated) isolation(test, target);

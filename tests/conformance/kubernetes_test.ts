@@ -11,9 +11,8 @@ import { ensureSandboxImage } from "../_kube_fixture.ts";
 import { dockerTest, profileFrom, uniqueProfile } from "../_helpers.ts";
 import { KubeApiServer } from "../_kube_api.ts";
 import { type ConformanceSubject, providerContract } from "./_contract.ts";
+import { bridgeGateway, type Holds, PIDS_YAML } from "./_holds.ts";
 import { isNotFound, openCluster } from "../../lib/sandbox/kubernetes/cluster.ts";
-
-console.error("conformance: kubernetes provider tests starting");
 
 async function openKubernetes(pool: "own" | "agent-sandbox" = "own"): Promise<ConformanceSubject> {
   const image = await ensureSandboxImage();
@@ -24,11 +23,16 @@ async function openKubernetes(pool: "own" | "agent-sandbox" = "own"): Promise<Co
   Deno.env.set("KUBECONFIG", `${dir}/kubeconfig`);
   const name = uniqueProfile("conformance");
   const profile = profileFrom(
-    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, kubernetes: {image: "${image}", pool: ${pool}}}\n`,
+    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, ${PIDS_YAML}, ` +
+      `kubernetes: {image: "${image}", pool: ${pool}}}\n`,
     name,
   );
   return {
     lifecycle: await sandboxLifecycle(profile),
+    profile,
+    // The test server's pods are containers on this engine: a pod with a network would have
+    // Docker's bridge.
+    hostAddress: bridgeGateway,
     scratch: () => Promise.resolve("/workspace"),
     writable: ["/workspace", "/tmp", "/home/sandbox", "/cache"],
     traces(pod) {
@@ -53,7 +57,7 @@ async function openRealCluster(): Promise<ConformanceSubject> {
   const namespace = Deno.env.get("SANDBOX_TEST_KUBE_NAMESPACE") ?? "default";
   const name = uniqueProfile("conformance");
   const profile = profileFrom(
-    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, ` +
+    `profiles:\n  ${name}:\n    sandbox: {mode: kubernetes, pool: 1, ${PIDS_YAML}, ` +
       `kubernetes: {image: "${image}", namespace: ${namespace}, start_timeout_s: 600}}\n`,
     name,
   );
@@ -61,6 +65,8 @@ async function openRealCluster(): Promise<ConformanceSubject> {
   const lifecycle = await sandboxLifecycle(profile);
   return {
     lifecycle,
+    profile,
+    hostAddress: machineAddress,
     scratch: () => Promise.resolve("/workspace"),
     writable: ["/workspace", "/tmp", "/home/sandbox", "/cache"],
     async traces(pod) {
@@ -82,9 +88,34 @@ async function openRealCluster(): Promise<ConformanceSubject> {
 
 const REAL = Deno.env.get("SANDBOX_TEST_REAL_CLUSTER") === "1";
 
+/**
+ * A pod spec has no pids limit (a node's kubelet sets one for all its pods: `podPidsLimit`), so
+ * the profile's cannot hold; the test server's pods have none. The rest holds: the pod's deny-all
+ * NetworkPolicy, the relay on an exec stream into the relay container, the key on the host. What
+ * the test server shows of the network is that the lifecycle's policy selects the pod (its
+ * modelled plugin then gives the pod no network); that a cluster's plugin enforces it, only a run
+ * against that cluster shows (`SANDBOX_TEST_REAL_CLUSTER=1`).
+ */
+const HOLDS: Holds = {
+  pidsLimit: { not: "a pod spec sets no pids limit (the kubelet's podPidsLimit is the node's)" },
+  noNetwork: true,
+  relay: true,
+  keyAbsent: true,
+};
+
+/** An address of this machine other than loopback: what a pod of a cluster reaches it by. */
+function machineAddress(): Promise<string> {
+  const found = Deno.networkInterfaces().find((each) =>
+    each.family === "IPv4" && !each.address.startsWith("127.")
+  );
+  if (!found) throw new Error("This machine has no IPv4 address but loopback");
+  return Promise.resolve(found.address);
+}
+
 providerContract({
   name: REAL ? "kubernetes (the cluster $KUBECONFIG names)" : "kubernetes",
   isolated: true,
+  holds: HOLDS,
   testOptions: REAL ? { ignore: false } : dockerTest(),
   open: REAL ? openRealCluster : openKubernetes,
 });
@@ -95,6 +126,7 @@ if (!REAL) {
   providerContract({
     name: "kubernetes with agent-sandbox",
     isolated: true,
+    holds: HOLDS,
     testOptions: dockerTest(),
     open: () => openKubernetes("agent-sandbox"),
   });

@@ -6,8 +6,7 @@ import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
 import { profileFrom, uniqueProfile } from "../_helpers.ts";
 import { assertLocal, localTest } from "../_local.ts";
 import { type ConformanceSubject, providerContract } from "./_contract.ts";
-
-console.error("conformance: local provider tests starting");
+import { loopback, PIDS_YAML } from "./_holds.ts";
 
 async function openLocal(): Promise<ConformanceSubject> {
   assertLocal();
@@ -15,9 +14,15 @@ async function openLocal(): Promise<ConformanceSubject> {
   const previous = Deno.env.get("XDG_STATE_HOME");
   Deno.env.set("XDG_STATE_HOME", state);
   const name = uniqueProfile("conformance");
-  const profile = profileFrom(`profiles:\n  ${name}:\n    sandbox: {mode: local}\n`, name);
+  const profile = profileFrom(
+    `profiles:\n  ${name}:\n    sandbox: {mode: local, ${PIDS_YAML}}\n`,
+    name,
+  );
   return {
     lifecycle: await sandboxLifecycle(profile),
+    profile,
+    // Its network namespace has a loopback of its own: this machine's is what it must not reach.
+    hostAddress: loopback,
     scratch: () => Promise.resolve("/workspace"),
     writable: ["/workspace", "/tmp", "/home/sandbox"],
     async traces(sandbox) {
@@ -40,4 +45,10 @@ async function openLocal(): Promise<ConformanceSubject> {
   };
 }
 
-providerContract({ name: "local", isolated: true, testOptions: localTest(), open: openLocal });
+providerContract({
+  name: "local",
+  isolated: true,
+  holds: { pidsLimit: true, noNetwork: true, relay: true, keyAbsent: true },
+  testOptions: localTest(),
+  open: openLocal,
+});
