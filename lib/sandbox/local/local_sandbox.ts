@@ -68,6 +68,12 @@ const BASE_ENV: Record<string, string> = {
 export interface LocalSandboxOptions {
   /** Programs and the object cache bound in read-only. */
   programs: HostPrograms;
+  /**
+   * Host directories (made, 0700, by the caller) to use as the sandbox's workspace and home
+   * instead of empty ones of its own: they are kept at destroy (a profile's development
+   * sandbox, dev_sandbox.ts). Its /tmp is still its own.
+   */
+  kept?: { workspace: string; home: string };
   signal?: AbortSignal;
 }
 
@@ -83,15 +89,15 @@ export async function createLocalSandbox(
   await Deno.mkdir(root, { mode: 0o700 });
   const dirs: SandboxDirs = {
     root,
-    workspace: `${root}/workspace`,
-    home: `${root}/home`,
+    workspace: options.kept?.workspace ?? `${root}/workspace`,
+    home: options.kept?.home ?? `${root}/home`,
     tmp: `${root}/tmp`,
     // Short (a Unix socket's path has at most 107 bytes; the state directory can be deep): a
     // directory of its own in the temporary directory, 0700, named in `proxy-dir` for the reaper.
     proxy: await Deno.makeTempDir({ prefix: "sandbox-local-" }),
   };
   await Deno.writeTextFile(`${root}/proxy-dir`, `${dirs.proxy}\n`);
-  for (const dir of [dirs.workspace, dirs.home, dirs.tmp]) {
+  for (const dir of options.kept ? [dirs.tmp] : [dirs.workspace, dirs.home, dirs.tmp]) {
     await Deno.mkdir(dir, { mode: 0o700 });
   }
   // Who made it: a sandbox whose owner is gone is an orphan (lifecycle.ts reapOrphans).
