@@ -17,6 +17,7 @@ import {
 import { progress } from "./progress.ts";
 import { startSupervised, supervisedRunId } from "./supervise.ts";
 import { exitCodeFor } from "../lib/errors.ts";
+import { trace } from "../lib/trace.ts";
 import type { ExecStream, ExecStreamOutcome } from "../lib/sandbox/provider.ts";
 import type { Profile } from "../lib/config.ts";
 
@@ -171,11 +172,13 @@ async function execLocal(
     import("../lib/proxy/session.ts"),
   ]);
   const sandbox = await openLocalDevSandbox(profile, { signal, onProgress: progress });
+  trace("exec: local sandbox up");
   try {
     await using session = await openSession(profile, sandbox.relay, {
       signal,
       onProgress: note,
     });
+    trace("exec: session open");
     const watch = sandbox.watchDisk({});
     try {
       const stream = sandbox.provider.execStream(argv, {
@@ -196,6 +199,7 @@ async function execLocal(
         watch.signal,
         sink,
       );
+      trace("exec: command ended");
       if (outcome.oomKilled) noteOom(profile);
       return outcome.exitCode;
     } finally {
@@ -203,6 +207,7 @@ async function execLocal(
     }
   } finally {
     await sandbox.release();
+    trace("exec: local sandbox released");
   }
 }
 

@@ -1506,9 +1506,9 @@ export const MUTATIONS: Mutation[] = [
   },
   {
     name: "mode local: a command inherits the host process's open descriptors",
-    file: "lib/sandbox/local/local_sandbox.ts",
-    find: "return withoutInheritedFds(this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`));",
-    replace: "return this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`);",
+    file: "lib/sandbox/local/limits.ts",
+    find: "const WRAPPER = CLOSE_FDS + 'f=$1; shift; ",
+    replace: "const WRAPPER = 'f=$1; shift; ",
     tests: ["tests/security/local_mode_test.ts"],
     filter: "descriptor the host process leaves",
   },

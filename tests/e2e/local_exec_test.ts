@@ -113,3 +113,35 @@ Deno.test({
     assert.doesNotMatch(direct.stdout, /upstream says hi/);
   },
 });
+
+Deno.test({
+  name:
+    "sandbox exec in mode local says what to enable, exit 125, where bwrap is refused user namespaces",
+  ...localTest(),
+  async fn() {
+    assertLocal();
+    await using dir = await tempDir("sandbox-e2e-local-exec-");
+    const profile = uniqueProfile("e2e-lexec");
+    const config = await localConfig(dir.path, profile, 9);
+    await Deno.mkdir(`${dir.path}/bin`);
+    await Deno.writeTextFile(
+      `${dir.path}/bin/bwrap`,
+      "#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n",
+      { mode: 0o755 },
+    );
+    const env = { XDG_STATE_HOME: `${dir.path}/state` };
+    const refused = await runCli(["exec", "-p", profile, "--", "true"], {
+      config,
+      env: { ...env, PATH: `${dir.path}/bin:${Deno.env.get("PATH")}` },
+    });
+    assert.equal(refused.exitCode, 125, explain(refused));
+    assert.match(
+      refused.stderr,
+      /needs unprivileged user namespaces.*No permissions/,
+      explain(refused),
+    );
+    assert.match(refused.stderr, /Enable them/, explain(refused));
+    const twin = await runCli(["exec", "-p", profile, "--", "true"], { config, env });
+    assert.equal(twin.exitCode, 0, explain(twin));
+  },
+});

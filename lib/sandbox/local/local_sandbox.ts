@@ -41,6 +41,7 @@ import {
   LOCAL_PATH,
   LOCAL_PATHS,
   LOCAL_USERS,
+  localPrograms,
   type LocalTools,
   localTools,
   type SandboxDirs,
@@ -83,7 +84,7 @@ export async function createLocalSandbox(
   name: string,
   options: LocalSandboxOptions,
 ): Promise<LocalSandbox> {
-  const tools = await localTools();
+  const tools = await localPrograms();
   const root = `${localSandboxesDir()}/${name}`;
   await Deno.mkdir(localSandboxesDir(), { recursive: true, mode: 0o700 });
   await Deno.mkdir(root, { mode: 0o700 });
@@ -115,6 +116,8 @@ export async function createLocalSandbox(
     await sandbox.start(options);
   } catch (error) {
     await sandbox.destroy();
+    // Said when this machine refuses user namespaces (asked only now: the probe costs a bwrap).
+    await localTools();
     throw error;
   }
   return sandbox;
@@ -255,7 +258,8 @@ export class LocalSandbox implements SandboxProvider {
       this.programs,
       { argv, cwd },
     );
-    return withoutInheritedFds(this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`));
+    // The wrapper closes every inherited descriptor itself (limits.ts).
+    return this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`);
   }
 
   /** A command in the sandbox, from the base environment plus `options.env` (nothing of the host's). */
