@@ -171,6 +171,7 @@ async function execLocal(
     import("../lib/sandbox/local/dev_sandbox.ts"),
     import("../lib/proxy/session.ts"),
   ]);
+  trace("exec: local modules loaded");
   const sandbox = await openLocalDevSandbox(profile, { signal, onProgress: progress });
   trace("exec: local sandbox up");
   try {
