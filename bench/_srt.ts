@@ -1,16 +1,18 @@
 /**
  * Anthropic's sandbox-runtime (`srt`, @anthropic-ai/sandbox-runtime) for bench/local_bench.ts:
- * installed from npm into a directory of the bench's own (once per version), run the way its
+ * installed from npm into a directory of the bench's own (once per version, under $TMPDIR), run the way its
  * README says (`srt --settings FILE COMMAND`), and the memory of a process tree (ours or srt's).
  */
 import { run } from "../lib/process.ts";
 
 export const SRT_VERSION = "0.0.78";
 
-/** Where the bench keeps its srt: `$XDG_CACHE_HOME/sandbox/bench/srt-VERSION`. */
+/**
+ * Where the bench keeps its srt: `$TMPDIR/sandbox-bench-srt-VERSION`, outside the user's home,
+ * whose reads srt is told to deny (as our sandbox sees none of it): its own files must stay readable.
+ */
 function srtDir(): string {
-  const cache = Deno.env.get("XDG_CACHE_HOME") || `${Deno.env.get("HOME") ?? "/tmp"}/.cache`;
-  return `${cache}/sandbox/bench/srt-${SRT_VERSION}`;
+  return `${Deno.env.get("TMPDIR") || "/tmp"}/sandbox-bench-srt-${SRT_VERSION}`;
 }
 
 async function onPath(program: string): Promise<boolean> {

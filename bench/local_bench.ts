@@ -101,16 +101,32 @@ function traced(stderr: string, label: string): number {
  * it (its modules loaded → its sandbox released, from the CLI's trace): the rest is the CLI's own
  * start (deno, the CLI's modules, the configuration) and exit.
  */
-async function execTrue(dir: string): Promise<{ wholeMs: number; sandboxMs: number }> {
+/** The steps of the sandbox's part of `sandbox exec`: trace labels, each ending one. */
+const EXEC_STEPS = [
+  ["holder up", "exec: local sandbox up"],
+  ["relay ready", "exec: session open"],
+  ["command", "exec: command ended"],
+  ["release", "exec: local sandbox released"],
+] as const;
+
+interface ExecTimes {
+  wholeMs: number;
+  sandboxMs: number;
+  /** ms of each of EXEC_STEPS. */
+  steps: number[];
+}
+
+async function execTrue(dir: string): Promise<ExecTimes> {
   const start = performance.now();
   const result = await run(cliArgv(dir, ["exec", "-p", "bench-local", "--", "true"]), {
     env: { XDG_STATE_HOME: `${dir}/state`, SANDBOX_TRACE: "1" },
   });
   const wholeMs = performance.now() - start;
   if (result.exitCode !== 0) throw new Error(`sandbox exec failed: ${result.stderr}`);
-  const sandboxMs = traced(result.stderr, "exec: local sandbox released") -
-    traced(result.stderr, "exec: local modules loaded");
-  return { wholeMs, sandboxMs };
+  const marks = ["exec: local modules loaded", ...EXEC_STEPS.map(([, label]) => label)]
+    .map((label) => traced(result.stderr, label));
+  const steps = marks.slice(1).map((mark, i) => mark - marks[i]);
+  return { wholeMs, sandboxMs: marks.at(-1)! - marks[0], steps };
 }
 
 /** A server on loopback answering every request with `DOWNLOAD_BYTES` bytes. */
@@ -277,12 +293,15 @@ async function measure(context: BenchContext): Promise<BenchResult> {
     const { warm, cold } = await inProcess(context, yaml);
     context.progress(`sandbox exec -- true ×${STARTS} (+1 to bundle the relay)`);
     await execTrue(dir);
-    const execs: { wholeMs: number; sandboxMs: number }[] = [];
+    const execs: ExecTimes[] = [];
     for (let i = 0; i < STARTS; i++) execs.push(await execTrue(dir));
     const exec = {
       wholeMs: median(execs.map((e) => e.wholeMs)),
       sandboxMs: median(execs.map((e) => e.sandboxMs)),
     };
+    const steps = EXEC_STEPS.map(([name], i) =>
+      `${name} ${Math.round(median(execs.map((e) => e.steps[i])))} ms`
+    );
     context.progress(`replayed runs to their first event ×${RUNS} (+1 to bundle)`);
     await runToFirstEvent(dir);
     const runs: number[] = [];
@@ -312,6 +331,9 @@ async function measure(context: BenchContext): Promise<BenchResult> {
       notes: [
         `medians: ${SAMPLES} commands, ${STARTS} execs and srt starts, ${RUNS} sandboxes and runs; ` +
         "baseline: bare bwrap true unless the row says srt",
+        `the sandbox's part of \`sandbox exec -- true\`, step by step (medians): ${
+          steps.join(", ")
+        }`,
         ...srt.notes,
       ],
     };

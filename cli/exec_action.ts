@@ -16,7 +16,7 @@ import {
 } from "./context.ts";
 import { progress } from "./progress.ts";
 import { startSupervised, supervisedRunId } from "./supervise.ts";
-import { exitCodeFor } from "../lib/errors.ts";
+import { exitCodeFor, SandboxError } from "../lib/errors.ts";
 import { trace } from "../lib/trace.ts";
 import type { ExecStream, ExecStreamOutcome } from "../lib/sandbox/provider.ts";
 import type { Profile } from "../lib/config.ts";
@@ -167,6 +167,13 @@ async function execLocal(
   profile: Profile,
   sink?: ExecSink,
 ): Promise<number> {
+  if (opts.repo !== undefined) {
+    throw new SandboxError(
+      "usage",
+      `sandbox exec --repo: profile "${profile.name}" uses sandbox mode "local", whose development sandbox is the profile's alone`,
+      { detail: "Leave out --repo (docs/local.md)" },
+    );
+  }
   const [{ openLocalDevSandbox }, { openSession }] = await Promise.all([
     import("../lib/sandbox/local/dev_sandbox.ts"),
     import("../lib/proxy/session.ts"),

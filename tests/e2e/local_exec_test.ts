@@ -57,6 +57,12 @@ Deno.test({
       env,
     });
     assert.notEqual(other.exitCode, 0, explain(other));
+    const repo = await runCli(["exec", "-p", profile, "--repo", dir.path, "--", "true"], {
+      config,
+      env,
+    });
+    assert.equal(repo.exitCode, 2, explain(repo));
+    assert.match(repo.stderr, /^sandbox: .*--repo.*mode "local"/, explain(repo));
   },
 });
 
