@@ -1512,4 +1512,20 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/local_mode_test.ts"],
     filter: "descriptor the host process leaves",
   },
+  {
+    name: "mode local: sandbox exec's kept home is the user's own home",
+    file: "lib/sandbox/local/dev_sandbox.ts",
+    find: "const kept = { workspace: `${dir}/workspace`, home: `${dir}/home` };",
+    replace: 'const kept = { workspace: `${dir}/workspace`, home: Deno.env.get("HOME")! };',
+    tests: ["tests/e2e/local_exec_test.ts"],
+    filter: "cannot read a file of the user's home",
+  },
+  {
+    name: "mode local: sandbox exec runs its command with no sandbox of its own",
+    file: "lib/sandbox/local/local_sandbox.ts",
+    find: "    return this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`);",
+    replace: "    return this.limits.wrap(argv.slice(), `${this.dirs.root}/seccomp.bpf`);",
+    tests: ["tests/e2e/local_exec_test.ts"],
+    filter: "cannot read a file of the user's home",
+  },
 ];

@@ -81,7 +81,18 @@ Deno.test({
     try {
       assert.equal(await Deno.readTextFile(secret), "host secret\n", "twin: the host reads it");
       const result = await runCli(
-        ["exec", "-p", profile, "--", "sh", "-c", 'echo marker; cat -- "$1"', "sh", secret],
+        // By its host path, and where the sandbox's home is (the user's must not be bound there).
+        [
+          "exec",
+          "-p",
+          profile,
+          "--",
+          "sh",
+          "-c",
+          'echo marker; cat -- "$1"; cat -- "$HOME/${1##*/}"',
+          "sh",
+          secret,
+        ],
         { config, env: { XDG_STATE_HOME: `${dir.path}/state` } },
       );
       assert.match(result.stdout, /^marker$/m, explain(result));
