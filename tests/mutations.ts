@@ -1523,8 +1523,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "mode local: sandbox exec runs its command with no sandbox of its own",
     file: "lib/sandbox/local/local_sandbox.ts",
-    find: "    return this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`);",
-    replace: "    return this.limits.wrap(argv.slice(), `${this.dirs.root}/seccomp.bpf`);",
+    find: "    return this.limits.wrap(inner, `${this.dirs.files}/seccomp.bpf`);",
+    replace: "    return this.limits.wrap(argv.slice(), `${this.dirs.files}/seccomp.bpf`);",
     tests: ["tests/e2e/local_exec_test.ts"],
     filter: "cannot read a file of the user's home",
   },

@@ -65,6 +65,8 @@ export const LOCAL_USERS = {
 /** The host directories of one sandbox (all made by the host, removed at release). */
 export interface SandboxDirs {
   root: string;
+  /** The files every sandbox reads the same: seccomp.bpf, passwd, group (shared_files.ts). */
+  files: string;
   workspace: string;
   home: string;
   tmp: string;
@@ -270,8 +272,8 @@ export function execArgv(
     "/proc",
     "--dev",
     "/dev",
-    ...bind(`${dirs.root}/passwd`, "/etc/passwd"),
-    ...bind(`${dirs.root}/group`, "/etc/group"),
+    ...bind(`${dirs.files}/passwd`, "/etc/passwd"),
+    ...bind(`${dirs.files}/group`, "/etc/group"),
     ...bind(dirs.workspace, LOCAL_PATHS.workspace, false),
     ...bind(dirs.home, LOCAL_PATHS.home, false),
     ...bind(dirs.tmp, LOCAL_PATHS.tmp, false),

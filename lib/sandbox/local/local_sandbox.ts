@@ -40,7 +40,6 @@ import {
   type HostPrograms,
   LOCAL_PATH,
   LOCAL_PATHS,
-  LOCAL_USERS,
   localPrograms,
   type LocalTools,
   localTools,
@@ -49,7 +48,7 @@ import {
   withoutInheritedFds,
 } from "./bwrap.ts";
 import { applyLimits, type LocalLimits } from "./limits.ts";
-import { seccompBytes } from "./seccomp.ts";
+import { sharedFiles } from "./shared_files.ts";
 
 /** Where local sandboxes' directories are: `<state>/local/<name>`. */
 export function localSandboxesDir(): string {
@@ -90,6 +89,7 @@ export async function createLocalSandbox(
   await Deno.mkdir(root, { mode: 0o700 });
   const dirs: SandboxDirs = {
     root,
+    files: await sharedFiles(),
     workspace: options.kept?.workspace ?? `${root}/workspace`,
     home: options.kept?.home ?? `${root}/home`,
     tmp: `${root}/tmp`,
@@ -106,10 +106,6 @@ export async function createLocalSandbox(
     `${root}/owner`,
     `${Deno.pid} ${await processStartTicks(Deno.pid) ?? 0}\n`,
   );
-  await Deno.writeFile(`${root}/seccomp.bpf`, seccompBytes(), { mode: 0o400 });
-  for (const [file, text] of Object.entries(LOCAL_USERS)) {
-    await Deno.writeTextFile(`${root}/${file}`, text, { mode: 0o444 });
-  }
   const limits = await applyLimits(name, profile);
   const sandbox = new LocalSandbox(profile, name, dirs, tools, options.programs, limits);
   try {
@@ -259,7 +255,7 @@ export class LocalSandbox implements SandboxProvider {
       { argv, cwd },
     );
     // The wrapper closes every inherited descriptor itself (limits.ts).
-    return this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`);
+    return this.limits.wrap(inner, `${this.dirs.files}/seccomp.bpf`);
   }
 
   /** A command in the sandbox, from the base environment plus `options.env` (nothing of the host's). */
