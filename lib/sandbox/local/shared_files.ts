@@ -10,32 +10,23 @@ import { userStateDir } from "../../paths.ts";
 import { LOCAL_USERS } from "./bwrap.ts";
 import { seccompBytes } from "./seccomp.ts";
 
-let written: Promise<string> | undefined;
-
-/** The directory of the shared files, written if this content has none yet (once per process). */
-export function sharedFiles(): Promise<string> {
-  written ??= writeSharedFiles();
-  // A failed write is not kept: the next sandbox tries again.
-  written.catch(() => written = undefined);
-  return written;
+interface Content {
+  files: Record<string, { bytes: Uint8Array; mode: number }>;
+  hash: string;
 }
 
-async function writeSharedFiles(): Promise<string> {
-  const encoder = new TextEncoder();
-  const files: Record<string, { bytes: Uint8Array; mode: number }> = {
-    "seccomp.bpf": { bytes: seccompBytes(), mode: 0o400 },
-    passwd: { bytes: encoder.encode(LOCAL_USERS.passwd), mode: 0o444 },
-    group: { bytes: encoder.encode(LOCAL_USERS.group), mode: 0o444 },
-  };
-  const all = Object.entries(files).flatMap(([name, { bytes }]) => [encoder.encode(name), bytes]);
-  const joined = new Uint8Array(all.reduce((n, part) => n + part.length + 1, 0));
-  let at = 0;
-  for (const part of all) {
-    joined.set(part, at);
-    at += part.length + 1;
-  }
+let content: Promise<Content> | undefined;
+
+/**
+ * The directory of the shared files under the state directory in effect, written if this content
+ * has none there yet. Its existence is checked every time (a stat): the state directory may change
+ * or be emptied while this process lives.
+ */
+export async function sharedFiles(): Promise<string> {
+  content ??= contentOf();
+  const { files, hash } = await content;
   const parent = `${userStateDir()}/local-files`;
-  const dir = `${parent}/${(await sha256HexOf(joined)).slice(0, 16)}`;
+  const dir = `${parent}/${hash}`;
   if (await Deno.stat(dir).then(() => true, () => false)) return dir;
   await Deno.mkdir(parent, { recursive: true, mode: 0o700 });
   const partial = await Deno.makeTempDir({ dir: parent, prefix: ".partial-" });
@@ -51,4 +42,23 @@ async function writeSharedFiles(): Promise<string> {
     if (!await Deno.stat(dir).then(() => true, () => false)) throw error;
   }
   return dir;
+}
+
+/** The files and a hash of their names and contents (computed once per process). */
+async function contentOf(): Promise<Content> {
+  const encoder = new TextEncoder();
+  const files: Record<string, { bytes: Uint8Array; mode: number }> = {
+    "seccomp.bpf": { bytes: seccompBytes(), mode: 0o400 },
+    passwd: { bytes: encoder.encode(LOCAL_USERS.passwd), mode: 0o444 },
+    group: { bytes: encoder.encode(LOCAL_USERS.group), mode: 0o444 },
+  };
+  const all = Object.entries(files).flatMap(([name, { bytes }]) => [encoder.encode(name), bytes]);
+  // Each part followed by a zero byte: no two contents join to the same bytes.
+  const joined = new Uint8Array(all.reduce((n, part) => n + part.length + 1, 0));
+  let at = 0;
+  for (const part of all) {
+    joined.set(part, at);
+    at += part.length + 1;
+  }
+  return { files, hash: (await sha256HexOf(joined)).slice(0, 16) };
 }
