@@ -16,8 +16,10 @@ import {
 } from "./context.ts";
 import { progress } from "./progress.ts";
 import { startSupervised, supervisedRunId } from "./supervise.ts";
-import { exitCodeFor } from "../lib/errors.ts";
+import { exitCodeFor, SandboxError } from "../lib/errors.ts";
+import { trace } from "../lib/trace.ts";
 import type { ExecStream, ExecStreamOutcome } from "../lib/sandbox/provider.ts";
+import type { Profile } from "../lib/config.ts";
 
 export interface ExecFlags {
   profile?: string;
@@ -118,6 +120,9 @@ async function execIn(
   ]);
   modules.catch(() => {}); // awaited below; a configuration error first must not leave it unhandled
   const profile = await profileFor(command, opts.profile);
+  if (profile.sandbox.mode === "local") {
+    return await execLocal(argv, { ...opts, env, timeoutMs }, profile, sink);
+  }
   const [{ openProvider }, { openSession }] = await modules;
   // The profile's development sandbox (runs never use it: each has one of its own).
   const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
@@ -147,14 +152,79 @@ async function execIn(
   // one runs, so that its start does not wait for one (lib/proxy/spare_relay.ts).
   session.leaveSpareRelay();
   const outcome = await relayOutput(stream, provider, watch.signal, sink);
-  if (outcome.oomKilled) {
-    note(
-      `the command was killed by the sandbox memory limit (${
-        formatBytes(profile.resources.memoryBytes)
-      }); raise resources.memory in profile ${profile.name}`,
+  if (outcome.oomKilled) noteOom(profile);
+  return outcome.exitCode;
+}
+
+/**
+ * The command in a sandbox of mode local made for it, with the profile's kept development
+ * workspace and home (lib/sandbox/local/dev_sandbox.ts), its proxies served by this process, and
+ * released after it: nothing of it but its files in the workspace and home outlives it.
+ */
+async function execLocal(
+  argv: string[],
+  opts: Omit<ExecFlags, "env"> & { env: Record<string, string>; timeoutMs: number | undefined },
+  profile: Profile,
+  sink?: ExecSink,
+): Promise<number> {
+  if (opts.repo !== undefined) {
+    throw new SandboxError(
+      "usage",
+      `sandbox exec --repo: profile "${profile.name}" uses sandbox mode "local", whose development sandbox is the profile's alone`,
+      { detail: "Leave out --repo (docs/local.md)" },
     );
   }
-  return outcome.exitCode;
+  const [{ openLocalDevSandbox }, { openSession }] = await Promise.all([
+    import("../lib/sandbox/local/dev_sandbox.ts"),
+    import("../lib/proxy/session.ts"),
+  ]);
+  trace("exec: local modules loaded");
+  const sandbox = await openLocalDevSandbox(profile, { signal, onProgress: progress });
+  trace("exec: local sandbox up");
+  try {
+    await using session = await openSession(profile, sandbox.relay, {
+      signal,
+      onProgress: note,
+    });
+    trace("exec: session open");
+    const watch = sandbox.watchDisk({});
+    try {
+      const stream = sandbox.provider.execStream(argv, {
+        cwd: opts.cwd,
+        env: { ...session.env, ...opts.env },
+        stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
+        signal: AbortSignal.any([signal, watch.signal]),
+        timeoutMs: opts.timeoutMs ?? profile.resources.timeoutMs,
+        onStderrLine: (line: string) => {
+          sink?.errorLine(line);
+          stderrLine(line);
+        },
+      });
+      // What a command leaves behind ends with the sandbox, released below: no sweep of its own.
+      const outcome = await relayOutput(
+        stream,
+        { sweep: () => Promise.resolve() },
+        watch.signal,
+        sink,
+      );
+      trace("exec: command ended");
+      if (outcome.oomKilled) noteOom(profile);
+      return outcome.exitCode;
+    } finally {
+      await watch.close();
+    }
+  } finally {
+    await sandbox.release();
+    trace("exec: local sandbox released");
+  }
+}
+
+function noteOom(profile: Profile): void {
+  note(
+    `the command was killed by the sandbox memory limit (${
+      formatBytes(profile.resources.memoryBytes)
+    }); raise resources.memory in profile ${profile.name}`,
+  );
 }
 
 /**

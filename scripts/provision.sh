@@ -95,6 +95,17 @@ ensure_bubblewrap() {
   apt_install bubblewrap
 }
 
+# bench/local_bench.ts compares mode local with srt (@anthropic-ai/sandbox-runtime, which the bench
+# fetches from npm itself); srt refuses to start on Linux without socat and ripgrep.
+ensure_srt_dependencies() {
+  if command -v socat >/dev/null 2>&1 && command -v rg >/dev/null 2>&1; then
+    log "socat and ripgrep present"
+    return
+  fi
+  log "installing socat and ripgrep from Debian packages (the srt comparison of bench/local_bench.ts)"
+  apt_install socat ripgrep
+}
+
 # The tests of `sandbox image push` push to a registry of their own on loopback: Debian's.
 ensure_docker_registry() {
   if command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ]; then
@@ -107,6 +118,7 @@ ensure_docker_registry() {
 
 ensure_deno
 ensure_bubblewrap
+ensure_srt_dependencies
 ensure_devcontainer_cli
 ensure_docker_registry
 ensure_docker

@@ -65,6 +65,8 @@ export const LOCAL_USERS = {
 /** The host directories of one sandbox (all made by the host, removed at release). */
 export interface SandboxDirs {
   root: string;
+  /** The files every sandbox reads the same: seccomp.bpf, passwd, group (shared_files.ts). */
+  files: string;
   workspace: string;
   home: string;
   tmp: string;
@@ -87,7 +89,19 @@ export interface LocalTools {
   unshare: string;
 }
 
+let found: Promise<LocalTools> | undefined;
 let probed: Promise<LocalTools> | undefined;
+
+/**
+ * The programs mode local needs, found on PATH; else an exit-125 error. Whether user namespaces
+ * work is not checked (that costs a bwrap): a sandbox that fails to start asks `localTools()` why.
+ */
+export function localPrograms(): Promise<LocalTools> {
+  found ??= findTools();
+  // A failed search is not kept: the user may install bwrap and try again in the same process.
+  found.catch(() => found = undefined);
+  return found;
+}
 
 /** The programs mode local needs, and a check that user namespaces work; else an exit-125 error. */
 export function localTools(): Promise<LocalTools> {
@@ -106,7 +120,7 @@ async function which(program: string): Promise<string | undefined> {
   return undefined;
 }
 
-async function probeTools(): Promise<LocalTools> {
+async function findTools(): Promise<LocalTools> {
   const [bwrap, nsenter, unshare, bash] = await Promise.all(
     [which("bwrap"), which("nsenter"), which("unshare"), which("bash")],
   );
@@ -128,6 +142,12 @@ async function probeTools(): Promise<LocalTools> {
       { detail: `Install ${!bash ? "bash" : "util-linux"}` },
     );
   }
+  return { bwrap, nsenter, unshare };
+}
+
+async function probeTools(): Promise<LocalTools> {
+  const tools = await localPrograms();
+  const { bwrap } = tools;
   const probe = await run(
     [bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],
     {
@@ -149,7 +169,7 @@ async function probeTools(): Promise<LocalTools> {
       },
     );
   }
-  return { bwrap, nsenter, unshare };
+  return tools;
 }
 
 /** The system read-only: /usr and its companions as they are on the host, and the /etc entries above. */
@@ -188,8 +208,11 @@ export function withoutInheritedFds(argv: readonly string[]): string[] {
   return ["bash", "-c", CLOSE_INHERITED_FDS, "bash", ...argv];
 }
 
-const CLOSE_INHERITED_FDS = "for f in /proc/$$/fd/*; do n=${f##*/}; " +
-  'if [ "$n" -gt 2 ]; then eval "exec $n>&-"; fi; done; exec "$@"';
+/** bash: close every descriptor above stdio (the start of every script that wraps a command). */
+export const CLOSE_FDS = "for f in /proc/$$/fd/*; do n=${f##*/}; " +
+  'if [ "$n" -gt 2 ]; then eval "exec $n>&-"; fi; done; ';
+
+const CLOSE_INHERITED_FDS = CLOSE_FDS + 'exec "$@"';
 
 /** The holder's command line (`system`: `systemArgs()`): the namespaces every command shares. */
 export function holderArgv(tools: LocalTools, system: readonly string[]): string[] {
@@ -256,8 +279,8 @@ export function execArgv(
     "/proc",
     "--dev",
     "/dev",
-    ...bind(`${dirs.root}/passwd`, "/etc/passwd"),
-    ...bind(`${dirs.root}/group`, "/etc/group"),
+    ...bind(`${dirs.files}/passwd`, "/etc/passwd"),
+    ...bind(`${dirs.files}/group`, "/etc/group"),
     ...bind(dirs.workspace, LOCAL_PATHS.workspace, false),
     ...bind(dirs.home, LOCAL_PATHS.home, false),
     ...bind(dirs.tmp, LOCAL_PATHS.tmp, false),

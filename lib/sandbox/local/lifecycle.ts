@@ -63,7 +63,7 @@ export class LocalRelayTransport implements SandboxRelayTransport {
 }
 
 /** One run's local sandbox. */
-class LocalRunSandbox implements RunSandbox {
+export class LocalRunSandbox implements RunSandbox {
   readonly fromPool = false;
   readonly relay: LocalRelayTransport;
   constructor(readonly provider: LocalSandbox, readonly repoKey?: string) {

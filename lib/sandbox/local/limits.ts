@@ -7,7 +7,7 @@
  * leave memory and CPU unlimited. `LocalLimits.kind` says which held (docs/local.md).
  */
 import type { Profile } from "../../config.ts";
-import { SECCOMP_FD } from "./bwrap.ts";
+import { CLOSE_FDS, SECCOMP_FD } from "./bwrap.ts";
 
 const CGROUP_ROOT = "/sys/fs/cgroup";
 const PARENT = "sandbox-local";
@@ -16,7 +16,10 @@ const CPU_PERIOD_US = 100_000;
 export interface LocalLimits {
   /** What enforces the limits: a cgroup (v2 or v1), or rlimits per command. */
   readonly kind: "cgroup2" | "cgroup1" | "rlimit";
-  /** The wrapper's argv for `argv`: join the cgroup (or apply rlimits), open the seccomp program, exec. */
+  /**
+   * The wrapper's argv for `argv`: close inherited descriptors, join the cgroup (or apply
+   * rlimits), open the seccomp program, exec.
+   */
   wrap(argv: readonly string[], seccompFile: string): string[];
   /** Times the memory limit killed a process of the sandbox (0 without a memory cgroup). */
   oomKills(): Promise<number>;
@@ -27,11 +30,12 @@ export interface LocalLimits {
 }
 
 /**
- * Sandbox wrapper, run on the host: `$1` the seccomp program, then the cgroup.procs files to join
- * up to `--`, then the command. A file that cannot be joined fails the command (125): a limit
- * that cannot be applied must not be skipped silently.
+ * Sandbox wrapper, a bash script run on the host: every descriptor above stdio closed (bwrap.ts
+ * `withoutInheritedFds` says why; one process does both, not two per command), `$1` the seccomp
+ * program, then the cgroup.procs files to join up to `--`, then the command. A file that cannot
+ * be joined fails the command (125): a limit that cannot be applied must not be skipped silently.
  */
-const WRAPPER = 'f=$1; shift; while [ "$1" != -- ]; do echo $$ >"$1" || ' +
+const WRAPPER = CLOSE_FDS + 'f=$1; shift; while [ "$1" != -- ]; do echo $$ >"$1" || ' +
   '{ echo "sandbox: cannot join the sandbox cgroup $1" >&2; exit 125; }; shift; done; shift; ' +
   `exec "$@" ${SECCOMP_FD}<"$f"`;
 
@@ -104,10 +108,10 @@ function cgroupLimits(
   return {
     kind,
     wrap: (argv, seccompFile) => [
-      "sh",
+      "bash",
       "-c",
       WRAPPER,
-      "sh",
+      "bash",
       seccompFile,
       ...dirs.map((dir) => `${dir}/cgroup.procs`),
       "--",
@@ -157,10 +161,10 @@ function rlimitLimits(pids: number): LocalLimits {
   return {
     kind: "rlimit",
     wrap: (argv, seccompFile) => [
-      "sh",
+      "bash",
       "-c",
       WRAPPER,
-      "sh",
+      "bash",
       seccompFile,
       "--",
       "prlimit",

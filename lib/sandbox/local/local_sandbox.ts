@@ -40,7 +40,7 @@ import {
   type HostPrograms,
   LOCAL_PATH,
   LOCAL_PATHS,
-  LOCAL_USERS,
+  localPrograms,
   type LocalTools,
   localTools,
   type SandboxDirs,
@@ -49,7 +49,7 @@ import {
 } from "./bwrap.ts";
 import { landlockArgv, landlockSupport } from "./landlock.ts";
 import { applyLimits, type LocalLimits } from "./limits.ts";
-import { seccompBytes } from "./seccomp.ts";
+import { sharedFiles } from "./shared_files.ts";
 
 /** Where local sandboxes' directories are: `<state>/local/<name>`. */
 export function localSandboxesDir(): string {
@@ -69,6 +69,12 @@ const BASE_ENV: Record<string, string> = {
 export interface LocalSandboxOptions {
   /** Programs and the object cache bound in read-only. */
   programs: HostPrograms;
+  /**
+   * Host directories (made, 0700, by the caller) to use as the sandbox's workspace and home
+   * instead of empty ones of its own: they are kept at destroy (a profile's development
+   * sandbox, dev_sandbox.ts). Its /tmp is still its own.
+   */
+  kept?: { workspace: string; home: string };
   signal?: AbortSignal;
 }
 
@@ -78,21 +84,22 @@ export async function createLocalSandbox(
   name: string,
   options: LocalSandboxOptions,
 ): Promise<LocalSandbox> {
-  const tools = await localTools();
+  const tools = await localPrograms();
   const root = `${localSandboxesDir()}/${name}`;
   await Deno.mkdir(localSandboxesDir(), { recursive: true, mode: 0o700 });
   await Deno.mkdir(root, { mode: 0o700 });
   const dirs: SandboxDirs = {
     root,
-    workspace: `${root}/workspace`,
-    home: `${root}/home`,
+    files: await sharedFiles(),
+    workspace: options.kept?.workspace ?? `${root}/workspace`,
+    home: options.kept?.home ?? `${root}/home`,
     tmp: `${root}/tmp`,
     // Short (a Unix socket's path has at most 107 bytes; the state directory can be deep): a
     // directory of its own in the temporary directory, 0700, named in `proxy-dir` for the reaper.
     proxy: await Deno.makeTempDir({ prefix: "sandbox-local-" }),
   };
   await Deno.writeTextFile(`${root}/proxy-dir`, `${dirs.proxy}\n`);
-  for (const dir of [dirs.workspace, dirs.home, dirs.tmp]) {
+  for (const dir of options.kept ? [dirs.tmp] : [dirs.workspace, dirs.home, dirs.tmp]) {
     await Deno.mkdir(dir, { mode: 0o700 });
   }
   // Who made it: a sandbox whose owner is gone is an orphan (lifecycle.ts reapOrphans).
@@ -100,10 +107,6 @@ export async function createLocalSandbox(
     `${root}/owner`,
     `${Deno.pid} ${await processStartTicks(Deno.pid) ?? 0}\n`,
   );
-  await Deno.writeFile(`${root}/seccomp.bpf`, seccompBytes(), { mode: 0o400 });
-  for (const [file, text] of Object.entries(LOCAL_USERS)) {
-    await Deno.writeTextFile(`${root}/${file}`, text, { mode: 0o444 });
-  }
   const limits = await applyLimits(name, profile);
   const landlock = await landlockSupport();
   const sandbox = new LocalSandbox(profile, name, dirs, tools, options.programs, limits, landlock);
@@ -111,6 +114,8 @@ export async function createLocalSandbox(
     await sandbox.start(options);
   } catch (error) {
     await sandbox.destroy();
+    // Said when this machine refuses user namespaces (asked only now: the probe costs a bwrap).
+    await localTools();
     throw error;
   }
   return sandbox;
@@ -255,7 +260,8 @@ export class LocalSandbox implements SandboxProvider {
       this.programs,
       { argv: confined, cwd },
     );
-    return withoutInheritedFds(this.limits.wrap(inner, `${this.dirs.root}/seccomp.bpf`));
+    // The wrapper closes every inherited descriptor itself (limits.ts).
+    return this.limits.wrap(inner, `${this.dirs.files}/seccomp.bpf`);
   }
 
   /** A command in the sandbox, from the base environment plus `options.env` (nothing of the host's). */
