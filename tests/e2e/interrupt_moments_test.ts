@@ -205,3 +205,51 @@ Deno.test({
     assert.match(meta.error, says, context);
   },
 });
+
+/**
+ * What a SIGINT at `ms` after the CLI started the run's supervisor leads to, whatever phase it
+ * lands in (the supervisor loading, the run starting, its sandbox being made): exit 130, one line saying so, no stack trace,
+ * and `runs --json` agreeing with what the CLI said — the run it named recorded `interrupted`,
+ * with stdout's closing record; or, when it named none, no run recorded and nothing on stdout.
+ */
+async function interruptAt(ms: number): Promise<void> {
+  await using live = await start(`e2e-int-${ms}ms`, [text("never reached")], [], {
+    SANDBOX_TRACE: "1",
+  });
+  await stderrWhere(live.cli, /cli: supervisor started/);
+  await new Promise((resolve) => setTimeout(resolve, ms));
+  Deno.kill(live.cli.pid, "SIGINT");
+  const code = await live.cli.finish();
+  const context = `SIGINT at ${ms} ms\n${live.cli.explain(code)}`;
+  assert.equal(code, 130, context);
+  assert.doesNotMatch(live.cli.stderr, /^\s+at |internal error|Uncaught/m, context);
+  const id = /^sandbox: run (\S+) \(profile/m.exec(live.cli.stderr)?.[1];
+  const said = live.cli.stderr.split("\n").filter((line) =>
+    line !== "" && !/^sandbox: (run \S+ \(profile|trace )/.test(line)
+  );
+  const runs = await live.fixture.cli(["runs", "--json"]);
+  assert.equal(runs.exitCode, 0, explain(runs));
+  const recorded: Wire[] = JSON.parse(runs.stdout);
+  assert.equal(said.length, 1, context);
+  assert.match(said[0], /^sandbox: (error: The run was interrupted|interrupted)$/, context);
+  if (id === undefined) {
+    assert.deepEqual([recorded, live.cli.stdoutLines], [[], []], context);
+    return;
+  }
+  assertClosing(live.cli.stdoutLines, /^The run was interrupted$/, context);
+  assert.deepEqual(recorded.map((meta) => meta.id), [id], context);
+  assert.equal(recorded[0].status, "interrupted", context);
+  assert.equal(recorded[0].exitCode, 130, context);
+}
+
+for (const ms of [50, 150, 300]) {
+  Deno.test({
+    name:
+      `SIGINT ${ms} ms after a run's supervisor started exits 130 with one line, no stack trace, and a record that agrees`,
+    ...dockerTest(),
+    async fn() {
+      assertDocker();
+      await interruptAt(ms);
+    },
+  });
+}
