@@ -730,7 +730,12 @@ async function prepare(request: RunRequest, context: PrepareContext): Promise<Pr
   };
   // A sandbox no other run has touched: one started ahead for the pool and claimed by this run
   // alone, or one made now. It is released (or kept) when the run ends.
-  const sandbox = await sandboxes.acquire({ ...kind, runId: context.id, signal: request.signal });
+  const sandbox = await sandboxes.acquire({
+    ...kind,
+    runId: context.id,
+    signal: request.signal,
+    onNamed: context.onSandbox,
+  });
   context.cleanups.push(() => finishSandbox(sandbox, profile, keep, request.onProgress));
   await context.onSandbox?.(sandbox.name);
   trace(sandbox.fromPool ? "run: sandbox claimed from the pool" : "run: sandbox started");

@@ -25,6 +25,7 @@ async function start(
   script: FakeStep[],
   extra: string[] = [],
   env: Record<string, string> = {},
+  sandboxYaml?: string,
 ) {
   const llm = new FakeLlm(script);
   const fixture = await RunFixture.make({
@@ -32,6 +33,7 @@ async function start(
     llmUrl: llm.baseUrl,
     keyEnv: KEY_ENV,
     prompt: "Work\n",
+    sandboxYaml,
   });
   const cli = new LiveCli([
     "run",
@@ -253,3 +255,47 @@ for (const ms of [50, 150, 300]) {
     },
   });
 }
+
+/** Names of the docker objects (`container` or `volume`) labelled with `profile`. */
+async function labelled(kind: "container" | "volume", profile: string): Promise<string[]> {
+  const listed = await docker(
+    kind,
+    "ls",
+    ...(kind === "container" ? ["--all"] : []),
+    "--filter",
+    `label=dev.sandbox.profile=${profile}`,
+    "--format",
+    kind === "container" ? "{{.Names}}" : "{{.Name}}",
+  );
+  return listed.split("\n").filter(Boolean);
+}
+
+Deno.test({
+  name:
+    "SIGINT while a run's own container is being made (pool 0) leaves no container or workspace volume behind",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using live = await start("e2e-int-cold", [text("never reached")], [], {}, "{pool: 0}");
+    const id = await runIdOf(live.cli);
+    let ended = false;
+    live.cli.child.status.then(() => ended = true);
+    // The moment the engine has made something of it (its volume, then its container).
+    while (!ended && (await labelled("volume", live.fixture.profile)).length === 0) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    Deno.kill(live.cli.pid, "SIGINT");
+    await assertInterrupted(live.fixture, live.cli, id);
+    const meta = await live.fixture.meta(id);
+    assert.equal(
+      meta.extra?.container,
+      `sandbox-${live.fixture.profile}-${id}`,
+      JSON.stringify(meta),
+    );
+    const left = [
+      ...await labelled("container", live.fixture.profile),
+      ...await labelled("volume", live.fixture.profile),
+    ];
+    assert.deepEqual(left, [], live.cli.explain());
+  },
+});
