@@ -13,6 +13,14 @@ import { DockerCli } from "../sandbox/docker.ts";
 
 export const INTERRUPTED = "The run was interrupted";
 
+/** The errors that say the run's container stopped under it (made by stoppedContainer). */
+const STOPPED = new WeakSet<SandboxError>();
+
+/** Whether `failure` (from runFailure) is the run's container stopped or removed from outside. */
+export function isContainerStopped(failure: SandboxError): boolean {
+  return STOPPED.has(failure);
+}
+
 /** Codes that a stopped container produces in whatever was talking to it. */
 const CONTAINER_SYMPTOMS = new Set([
   "disk_limit",
@@ -75,7 +83,7 @@ async function stoppedContainer(
       state.OOMKilled ? ", killed for memory" : ""
     })`;
   }
-  return new SandboxError(
+  const stopped = new SandboxError(
     "docker_failed",
     `The run's sandbox "${container}" stopped during the run: ${how}`,
     {
@@ -84,4 +92,6 @@ async function stoppedContainer(
         `Killed or removed from outside the run (docker kill, docker rm, an engine restart); what noticed it: ${symptom.message}`,
     },
   );
+  STOPPED.add(stopped);
+  return stopped;
 }

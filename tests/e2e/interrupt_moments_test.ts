@@ -299,3 +299,74 @@ Deno.test({
     assert.deepEqual(left, [], live.cli.explain());
   },
 });
+
+Deno.test({
+  name:
+    "a --repo run whose container is killed fails with 125, keeps that container, and says where the agent's commit is",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    const repo = await Deno.makeTempDir({ prefix: "sandbox-e2e-int-killed-repo-" });
+    try {
+      for (
+        const args of [
+          ["init", "-q", "-b", "main"],
+          [
+            "-c",
+            "user.name=O",
+            "-c",
+            "user.email=o@e.test",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "b",
+          ],
+        ]
+      ) assert.equal((await run(["git", "-C", repo, ...args])).exitCode, 0);
+      await using live = await start(
+        "e2e-int-killed-repo",
+        [
+          toolCall("execute", {
+            command:
+              "echo kept > work.txt && git add work.txt && git commit -qm 'agent work' && sleep 600",
+          }),
+          text("never reached"),
+        ],
+        ["--repo", repo],
+      );
+      const id = await runIdOf(live.cli);
+      await live.cli.lineWhere((line) => JSON.parse(line).type === "tool_call");
+      const container = await live.fixture.liveContainer();
+      // The agent's command has committed once it sleeps.
+      while (!(await docker("top", container)).includes("sleep 600")) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      await docker("kill", container);
+      const code = await live.cli.finish();
+      const context = live.cli.explain(code);
+      assert.equal(code, 125, context);
+      assert.match(
+        live.cli.stderr,
+        new RegExp(`^sandbox: the run's work is kept in its stopped container ${container}: `, "m"),
+        context,
+      );
+      const meta = await listed(live.fixture, id);
+      assert.equal(meta.status, "failed", context);
+      assert.equal(meta.exitCode, 125, context);
+      assert.equal(meta.extra?.kept, true, context);
+      assert.equal(meta.extra?.recovery?.outcome, "kept", context);
+      assert.equal(meta.extra?.recovery?.container, container, context);
+      // As said: start it, then copy the run's checkout out; its branch holds the agent's commit.
+      await docker("start", container);
+      const copy = `${live.fixture.dir.path}/copy`;
+      const copied = await live.fixture.cli(["cp", `${id}:.`, copy]);
+      assert.equal(copied.exitCode, 0, explain(copied));
+      assert.equal(await Deno.readTextFile(`${copy}/work.txt`), "kept\n");
+      const commit = await run(["git", "-C", copy, "cat-file", "-p", meta.extra.recovery.branch]);
+      assert.match(commit.stdout, /^agent work$/m, explain(commit));
+    } finally {
+      await Deno.remove(repo, { recursive: true });
+    }
+  },
+});
