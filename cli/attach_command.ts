@@ -174,7 +174,13 @@ async function saidEnded(id: string, followed: boolean): Promise<void> {
   const what = meta.mode === "exec" ? "command" : "run";
   const exit = meta.exitCode === null ? "" : `, exit ${meta.exitCode}`;
   if (meta.status === "crashed") {
-    note(`${what} ${id} crashed: its supervisor died (above, all it recorded)`);
+    const { describeUnreaped } = await import("../lib/run/recovery.ts");
+    const work = describeUnreaped(meta);
+    note(
+      `${what} ${id} crashed: its supervisor died (above, all it recorded)${
+        work ? `; ${work}` : ""
+      }`,
+    );
     cliState.exitCode = EXIT.failure;
   } else if (followed) {
     note(`${what} ${id} ended (${meta.status}${exit})`);

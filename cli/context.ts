@@ -22,6 +22,7 @@ import { escapeControls } from "../lib/run/transcript.ts";
 import { parseDuration } from "../lib/units.ts";
 import { trace } from "../lib/trace.ts";
 import { clearSpinner, redrawSpinner } from "./progress.ts";
+import { tellSupervisorReady } from "./supervise_first.ts";
 
 /** Buffered: events join the write in flight instead of one awaited write each; flushed in main. */
 export const stdout = new StdoutWriter(Deno.stdout, { buffered: true });
@@ -73,6 +74,8 @@ export function onSecondInterrupt(handler: () => void): void {
 }
 Deno.addSignalListener("SIGINT", onSignal);
 Deno.addSignalListener("SIGTERM", onSignal);
+// A run's supervisor: the CLI that holds its signals until now may pass them on.
+tellSupervisorReady();
 export const signal: AbortSignal = interrupt.signal;
 
 /** What the command that ran decided, for `main` to turn into the exit code. */

@@ -41,7 +41,7 @@ export function registerRunsCommands(program: Command): void {
     .option("-n, --limit <n>", "only the newest N runs", count("--limit", 1))
     .option("-p, --profile <name>", "only runs of this profile")
     .action(async (opts: { json?: boolean; limit?: number; profile?: string }) => {
-      const [{ listRuns }, { describeRecovery }] = await Promise.all([
+      const [{ listRuns }, { describeRecovery, describeUnreaped }] = await Promise.all([
         import("../lib/run/run_log.ts"),
         import("../lib/run/recovery.ts"),
       ]);
@@ -62,11 +62,7 @@ export function registerRunsCommands(program: Command): void {
           r.id,
           r.profile,
           r.mode,
-          r.storeError
-            ? `${r.status} (log incomplete)`
-            : describeRecovery(r.extra?.recovery)
-            ? `${r.status} (${describeRecovery(r.extra?.recovery)})`
-            : r.status,
+          statusOf(r, describeRecovery(r.extra?.recovery) ?? describeUnreaped(r)),
           r.startedAt.replace("T", " ").slice(0, 19),
           r.durationMs === null ? "-" : `${(r.durationMs / 1000).toFixed(1)}s`,
           r.usage ? `${r.usage.input_tokens ?? 0}/${r.usage.output_tokens ?? 0}` : "-",
@@ -207,4 +203,13 @@ function pruneSummary(report: PruneReport): string {
     );
   }
   return lines.join("\n");
+}
+
+/** A run's STATUS cell: its status, with what became of its work or its log when there is more. */
+function statusOf(
+  meta: { status: string; storeError?: unknown },
+  more: string | undefined,
+): string {
+  if (meta.storeError) return `${meta.status} (log incomplete)`;
+  return more ? `${meta.status} (${more})` : meta.status;
 }

@@ -51,37 +51,84 @@ export async function superviseRunFirst(args: string[]): Promise<number | undefi
   return await superviseForeground(newRunId(), args);
 }
 
-/** Start run `id`'s supervisor with this process's stdio, pass signals on, and wait for it. */
-export async function superviseForeground(id: string, args: string[]): Promise<number> {
-  const child = new Deno.Command("setsid", {
-    args: supervisorArgs(args),
-    env: { [SUPERVISED_RUN_ENV]: id },
-    stdin: "inherit",
-    stdout: "inherit",
-    stderr: "inherit",
-  }).spawn();
-  trace("cli: supervisor started");
-  // Each Ctrl-C or SIGTERM is the run's: the supervisor decides what it does (as the CLI did).
-  const forwarders = (["SIGINT", "SIGTERM"] as const).map((name) => {
-    const forward = () => {
-      try {
-        child.kill(name);
-      } catch {
-        // The supervisor has ended: its status below is the answer.
-      }
-    };
-    Deno.addSignalListener(name, forward);
-    return () => Deno.removeSignalListener(name, forward);
-  });
+/**
+ * The supervisor tells the CLI that started it (whose pid this variable holds) that it listens for
+ * Ctrl-C and SIGTERM, with `READY_SIGNAL` (cli/context.ts, once its listeners are in place).
+ * Before that, a signal's default action would end it before it recorded anything.
+ */
+export const SUPERVISOR_READY_ENV = "SANDBOX_SUPERVISOR_READY";
+const READY_SIGNAL = "SIGUSR2";
+
+/**
+ * In a supervisor started by a foreground CLI: tell that CLI its signals may come now. Only that
+ * CLI is told (its pid checked against the parent's): a CLI gone has left the supervisor to a
+ * reaper, which must not get a signal it did not ask for.
+ */
+export function tellSupervisorReady(): void {
+  const cli = Deno.env.get(SUPERVISOR_READY_ENV);
+  if (cli === undefined) return;
+  Deno.env.delete(SUPERVISOR_READY_ENV);
+  if (Number(cli) !== Deno.ppid) return;
   try {
-    const status = await child.status;
-    if (status.signal !== null) {
-      const line = `${cliName()}: run ${id}: its supervisor was ended by ${status.signal}; ` +
-        `what it recorded: ${cliName()} logs ${id}\n`;
-      await Deno.stderr.write(new TextEncoder().encode(line));
+    Deno.kill(Deno.ppid, READY_SIGNAL);
+  } catch {
+    // The CLI has just gone: no one to tell.
+  }
+}
+
+/**
+ * Start run `id`'s supervisor with this process's stdio, pass signals on, and wait for it. A signal
+ * that comes before the supervisor is ready for it is held until it is (tellSupervisorReady); a
+ * second one while it is held is the user insisting, and goes at once.
+ */
+export async function superviseForeground(id: string, args: string[]): Promise<number> {
+  let child: Deno.ChildProcess | undefined;
+  let becameReady = () => {};
+  const ready = new Promise<void>((resolve) => becameReady = resolve);
+  let held = 0;
+  const pass = (name: Deno.Signal) => {
+    try {
+      child?.kill(name);
+    } catch {
+      // The supervisor has ended: its status is the answer.
     }
+  };
+  // Listening before the supervisor exists: no signal meets this process's default action, which
+  // would end it and leave the supervisor running with no one to pass signals on.
+  const listeners: [Deno.Signal, () => void][] = [
+    [READY_SIGNAL, () => becameReady()],
+    ...(["SIGINT", "SIGTERM"] as const).map((name): [Deno.Signal, () => void] => [name, () => {
+      if (held++ === 0) void ready.then(() => pass(name));
+      else pass(name);
+    }]),
+  ];
+  for (const [name, listener] of listeners) Deno.addSignalListener(name, listener);
+  try {
+    child = new Deno.Command("setsid", {
+      args: supervisorArgs(args),
+      env: { [SUPERVISED_RUN_ENV]: id, [SUPERVISOR_READY_ENV]: String(Deno.pid) },
+      stdin: "inherit",
+      stdout: "inherit",
+      stderr: "inherit",
+    }).spawn();
+    trace("cli: supervisor started");
+    const status = await child.status;
+    becameReady();
+    if (status.signal !== null) await Deno.stderr.write(await endedBySignal(id, status.signal));
     return status.code;
   } finally {
-    for (const remove of forwarders) remove();
+    for (const [name, listener] of listeners) Deno.removeSignalListener(name, listener);
   }
+}
+
+/** What to say of a supervisor that a signal ended: where its record is, or that there is none. */
+async function endedBySignal(id: string, signal: Deno.Signal): Promise<Uint8Array> {
+  const { readRun } = await import("../lib/run/run_log.ts");
+  const recorded = await readRun(id).catch(() => undefined);
+  const what = recorded
+    ? `what it recorded: ${cliName()} logs ${id}`
+    : "it ended before recording the run: nothing was recorded";
+  return new TextEncoder().encode(
+    `${cliName()}: run ${id}: its supervisor was ended by ${signal}; ${what}\n`,
+  );
 }

@@ -934,8 +934,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "the workspace volume is created without asking for a kernel quota",
     file: DOCKER_PROVIDER,
-    find: "{ size: String(this.profile.resources.diskBytes) },",
-    replace: "{},",
+    find: "const quota = { size: String(this.profile.resources.diskBytes) };",
+    replace: "const quota = {};",
     tests: ["tests/unit/docker_provider_test.ts"],
   },
   {

@@ -49,7 +49,8 @@ import { agentCli, checkAgentRun } from "../agents/agent_cli.ts";
 import { checkAgentProjectConfig, describeIgnored } from "../agents/project_config.ts";
 import { checkPromptFits } from "../input_file.ts";
 import { branchReturnNote } from "./recover.ts";
-import { runFailure } from "./run_failure.ts";
+import { isContainerStopped, runFailure } from "./run_failure.ts";
+import type { Recovery } from "./recovery.ts";
 import type { BudgetLimits, RunBudget } from "../proxy/budget.ts";
 import { type RunSpending, startRunSpending } from "./period_budget.ts";
 
@@ -296,8 +297,9 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
   if (plan.chosen.local) cleanups.push(() => plan.chosen.local!.close());
   cleanups.push(() => plan.spending.record(plan.id));
   const stream = new RunStream(log, request, plan.budget);
+  let prepared: Prepared | undefined;
   try {
-    const prepared = await prepare(request, {
+    prepared = await prepare(request, {
       ...plan,
       cleanups,
       onAccess: stream.countLlmCall,
@@ -315,7 +317,7 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
     const extra = await bringBack(prepared, plan, stream);
     return await finishSucceeded(prepared.driver, plan, stream, extra);
   } catch (error) {
-    return await finishFailed(error, plan, stream);
+    return await finishFailed(error, plan, stream, prepared);
   } finally {
     trace("run: cleaning up");
     // Each cleanup is independent: one that fails (a container already gone, a closed proxy)
@@ -509,7 +511,12 @@ async function finishSucceeded(
  * A run that failed: the stream closed as promised (an error result saying what happened, then
  * the usage so far, each only if not sent yet) and the record finished with the failure's code.
  */
-async function finishFailed(error: unknown, plan: RunPlan, stream: RunStream): Promise<RunOutcome> {
+async function finishFailed(
+  error: unknown,
+  plan: RunPlan,
+  stream: RunStream,
+  prepared: Prepared | undefined,
+): Promise<RunOutcome> {
   const { interrupt, limits, model, request } = plan;
   const { log } = stream;
   const failure = await runFailure(error, {
@@ -517,6 +524,7 @@ async function finishFailed(error: unknown, plan: RunPlan, stream: RunStream): P
     limits: limits.signal,
     container: log.meta.extra?.container as string | undefined,
   });
+  const recovery = isContainerStopped(failure) ? keepStoppedWork(prepared, plan) : undefined;
   const usage = driverUsage({
     ...plan.budget.driverUsage(),
     duration_ms: Math.round(performance.now() - stream.started),
@@ -541,9 +549,35 @@ async function finishFailed(error: unknown, plan: RunPlan, stream: RunStream): P
     exitCode: exitCodeFor(failure),
     usage,
     error: failure.message,
-    extra: stream.placed(),
+    extra: { ...stream.placed(), ...(recovery ? { recovery } : {}) },
   });
   return outcomeOf(log, exitCodeFor(failure), failure);
+}
+
+/**
+ * A repository run whose container was stopped from outside (`docker kill`): its checkout, with
+ * the agent's commits, is in that container's workspace. The container is kept (never removed
+ * with the run), and where the work is and how to get it is said and recorded, as for a dead
+ * run's (lib/run/recover.ts). Undefined for a run without a checkout: nothing to keep.
+ */
+function keepStoppedWork(prepared: Prepared | undefined, plan: RunPlan): Recovery | undefined {
+  const { sandbox, worktree } = prepared ?? {};
+  if (!prepared || !sandbox || !worktree) return undefined;
+  prepared.keep.worktree = true;
+  const cli = cliName();
+  const recovery: Recovery = {
+    outcome: "kept",
+    container: sandbox.name,
+    worktree: worktree.path,
+    branch: worktree.branch,
+    reason: "its container was stopped during the run",
+    how: `docker start ${sandbox.name}, then ${cli} cp ${plan.id}:. DIR copies its files ` +
+      `(the commits are on branch ${worktree.branch}); ${cli} down -p ${plan.request.profile.name} removes it`,
+  };
+  plan.request.onProgress?.(
+    `the run's work is kept in its stopped container ${sandbox.name}: ${worktree.path} (branch ${worktree.branch}); to get it: ${recovery.how}`,
+  );
+  return recovery;
 }
 
 /**
@@ -730,7 +764,12 @@ async function prepare(request: RunRequest, context: PrepareContext): Promise<Pr
   };
   // A sandbox no other run has touched: one started ahead for the pool and claimed by this run
   // alone, or one made now. It is released (or kept) when the run ends.
-  const sandbox = await sandboxes.acquire({ ...kind, runId: context.id, signal: request.signal });
+  const sandbox = await sandboxes.acquire({
+    ...kind,
+    runId: context.id,
+    signal: request.signal,
+    onNamed: context.onSandbox,
+  });
   context.cleanups.push(() => finishSandbox(sandbox, profile, keep, request.onProgress));
   await context.onSandbox?.(sandbox.name);
   trace(sandbox.fromPool ? "run: sandbox claimed from the pool" : "run: sandbox started");

@@ -13,6 +13,14 @@ import { DockerCli } from "../sandbox/docker.ts";
 
 export const INTERRUPTED = "The run was interrupted";
 
+/** The errors that say the run's container stopped under it (made by stoppedContainer). */
+const STOPPED = new WeakSet<SandboxError>();
+
+/** Whether `failure` (from runFailure) is the run's container stopped or removed from outside. */
+export function isContainerStopped(failure: SandboxError): boolean {
+  return STOPPED.has(failure);
+}
+
 /** Codes that a stopped container produces in whatever was talking to it. */
 const CONTAINER_SYMPTOMS = new Set([
   "disk_limit",
@@ -51,31 +59,47 @@ export async function runFailure(
   return await stoppedContainer(context.container, failure) ?? failure;
 }
 
+/** How many times, `STOP_SETTLE_STEP_MS` apart, a container that still runs is asked again. */
+const STOP_SETTLE_ASKS = 15;
+const STOP_SETTLE_STEP_MS = 200;
+
+interface ContainerState {
+  Running?: boolean;
+  Status?: string;
+  ExitCode?: number;
+  OOMKilled?: boolean;
+}
+
+/** What the engine says of `container`'s state; undefined when it cannot say. */
+async function containerState(container: string): Promise<ContainerState | "removed" | undefined> {
+  const inspected = await new DockerCli().run(
+    ["container", "inspect", "--format", "{{json .State}}", container],
+    { timeoutMs: 30_000 },
+  ).catch(() => undefined);
+  if (!inspected) return undefined;
+  return inspected.exitCode !== 0 ? "removed" : JSON.parse(inspected.stdout) as ContainerState;
+}
+
 /** The error for `container` stopped under the run, or undefined when it still runs. */
 async function stoppedContainer(
   container: string,
   symptom: SandboxError,
 ): Promise<SandboxError | undefined> {
-  const inspected = await new DockerCli().run(
-    ["container", "inspect", "--format", "{{json .State}}", container],
-    { timeoutMs: 30_000 },
-  ).catch(() => undefined);
-  if (!inspected) return undefined; // the engine cannot say: what noticed it stands
-  let how: string;
-  if (inspected.exitCode !== 0) how = "it was removed";
-  else {
-    const state = JSON.parse(inspected.stdout) as {
-      Running?: boolean;
-      Status?: string;
-      ExitCode?: number;
-      OOMKilled?: boolean;
-    };
-    if (state.Running) return undefined;
-    how = `it is ${state.Status ?? "stopped"} (exit code ${state.ExitCode ?? "unknown"}${
-      state.OOMKilled ? ", killed for memory" : ""
-    })`;
+  let how: string | undefined;
+  // A killed container's processes die before the engine marks it exited (a moment later, more
+  // under load): one that still reads as running is asked again, for a bounded while.
+  for (let ask = 0; how === undefined; ask++) {
+    if (ask > 0) await new Promise((resolve) => setTimeout(resolve, STOP_SETTLE_STEP_MS));
+    const state = await containerState(container);
+    if (state === undefined) return undefined; // the engine cannot say: what noticed it stands
+    if (state === "removed") how = "it was removed";
+    else if (!state.Running) {
+      how = `it is ${state.Status ?? "stopped"} (exit code ${state.ExitCode ?? "unknown"}${
+        state.OOMKilled ? ", killed for memory" : ""
+      })`;
+    } else if (ask === STOP_SETTLE_ASKS) return undefined;
   }
-  return new SandboxError(
+  const stopped = new SandboxError(
     "docker_failed",
     `The run's sandbox "${container}" stopped during the run: ${how}`,
     {
@@ -84,4 +108,6 @@ async function stoppedContainer(
         `Killed or removed from outside the run (docker kill, docker rm, an engine restart); what noticed it: ${symptom.message}`,
     },
   );
+  STOPPED.add(stopped);
+  return stopped;
 }

@@ -89,7 +89,8 @@ export class DockerLifecycle implements SandboxLifecycle {
     const claimed = this.profile.sandbox.pool > 0
       ? await claimPooled(this.profile, options)
       : undefined;
-    const provider = claimed ?? await coldSandbox(this.profile, request.runId, options);
+    const provider = claimed ??
+      await coldSandbox(this.profile, request.runId, { ...options, onNamed: request.onNamed });
     return new DockerRunSandbox(provider, claimed !== undefined, options.cacheVolume);
   }
 

@@ -476,7 +476,10 @@ export class DockerSandboxProvider implements SandboxProvider {
     argv: string[],
     options: { env: Record<string, string>; signal?: AbortSignal },
   ): Promise<{ exitCode: number; stderr: string; exists: boolean }> {
-    const created = await this.docker.run(argv, options);
+    // Not cut short by `signal`: a create the engine has received goes on without its client and
+    // would leave a container no one removes. It is quick (#prepare made the image); an interrupt
+    // is seen once it has settled, and what it made is removed.
+    const created = await this.docker.run(argv, { env: options.env });
     if (created.exitCode !== 0) {
       // Refused before anything was made: because the name is taken, or for another reason.
       const exists = await this.#inspect(options.signal) !== undefined;
@@ -484,6 +487,10 @@ export class DockerSandboxProvider implements SandboxProvider {
     }
     // `docker create` prints the new container's id; by name if it printed nothing else.
     const id = created.stdout.trim().split("\n").at(-1) || this.names.container;
+    if (options.signal?.aborted) {
+      await this.#removeById(id);
+      options.signal.throwIfAborted();
+    }
     try {
       await this.engine.startContainer(id, options.signal);
       return { exitCode: 0, stderr: "", exists: false };
@@ -625,22 +632,22 @@ export class DockerSandboxProvider implements SandboxProvider {
   async #ensureVolume(signal?: AbortSignal): Promise<void> {
     const name = this.names.volume;
     if (await this.#volumeExists(name, signal)) return;
-    try {
-      await this.engine.createVolume(
-        name,
-        this.labels(),
-        { size: String(this.profile.resources.diskBytes) },
-        signal,
-      );
-      return;
-    } catch (error) {
-      if (!isEngineError(error) || error.kind === "engine-unreachable") {
-        throw sandboxErrorOf(error, "docker_failed", `Cannot create volume "${name}"`);
-      }
-      // Refused: storage without project quotas (the usual reason), or the name taken meanwhile.
-      // Either way a plain volume, or the one that exists, follows; watchDisk enforces the size.
-    }
-    await this.#createVolumeIfMissing(name, this.labels(), signal);
+    // The creates are not cut short by `signal` (as a container's create): one the engine has
+    // received goes on without its client, and a volume made after its run's cleanup stays.
+    const quota = { size: String(this.profile.resources.diskBytes) };
+    const made = await this.engine.createVolume(name, this.labels(), quota).then(
+      () => true,
+      (error) => {
+        if (!isEngineError(error) || error.kind === "engine-unreachable") {
+          throw sandboxErrorOf(error, "docker_failed", `Cannot create volume "${name}"`);
+        }
+        // Refused: storage without project quotas (the usual reason), or the name taken meanwhile.
+        // Either way a plain volume, or the one that exists, follows; watchDisk enforces the size.
+        return false;
+      },
+    );
+    if (!made) await this.#createVolumeIfMissing(name, this.labels());
+    signal?.throwIfAborted();
   }
 
   /** The workspace volume's kernel quota in bytes, or undefined when it has none. */

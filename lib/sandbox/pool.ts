@@ -192,15 +192,36 @@ function staleness(
   };
 }
 
-/** A container of the run's own, made now (the pool had none): recorded as held by this process. */
+/**
+ * A container of the run's own, made now (the pool had none): recorded as held by this process,
+ * its name told to `onNamed` before it is made. A start that fails or is interrupted leaves
+ * nothing: what it made of the container and its workspace volume is removed (each engine call
+ * has settled by then), and so is the record.
+ */
 export async function coldSandbox(
   profile: Profile,
   runId: string,
-  options: PoolOptions = {},
+  options: PoolOptions & { onNamed?: (name: string) => Promise<void> } = {},
 ): Promise<DockerSandboxProvider> {
   const provider = runSandbox(profile, runId.toLowerCase(), { ...options, pooled: false });
   await holdOwn(provider.containerName);
-  await provider.ensureRunning({ signal: options.signal });
+  try {
+    await options.onNamed?.(provider.containerName);
+    await provider.ensureRunning({ signal: options.signal });
+  } catch (error) {
+    try {
+      await provider.teardown({ volumes: true });
+      await forget(provider.containerName);
+    } catch (cleanup) {
+      // The engine would not remove it now: the held record stays, and the next `up` reaps it.
+      options.onProgress?.(
+        `warning: cannot remove the half-made sandbox ${provider.containerName}: ${
+          (cleanup as Error).message
+        }`,
+      );
+    }
+    throw error;
+  }
   return provider;
 }
 

@@ -222,6 +222,8 @@ export interface SandboxKind {
 export interface SandboxRequest extends SandboxKind {
   /** The run's id: it names a sandbox started for the run alone. */
   runId: string;
+  /** Told a sandbox's name once it has one, before it is made (recorded in the run's metadata). */
+  onNamed?: (name: string) => Promise<void>;
 }
 
 /** A sandbox one run holds alone, from `acquire` until `release` or `keep`. */

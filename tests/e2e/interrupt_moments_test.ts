@@ -25,6 +25,7 @@ async function start(
   script: FakeStep[],
   extra: string[] = [],
   env: Record<string, string> = {},
+  sandboxYaml?: string,
 ) {
   const llm = new FakeLlm(script);
   const fixture = await RunFixture.make({
@@ -32,6 +33,7 @@ async function start(
     llmUrl: llm.baseUrl,
     keyEnv: KEY_ENV,
     prompt: "Work\n",
+    sandboxYaml,
   });
   const cli = new LiveCli([
     "run",
@@ -203,5 +205,168 @@ Deno.test({
     assert.equal(meta.status, "failed", context);
     assert.equal(meta.exitCode, 125, context);
     assert.match(meta.error, says, context);
+  },
+});
+
+/**
+ * What a SIGINT at `ms` after the CLI started the run's supervisor leads to, whatever phase it
+ * lands in (the supervisor loading, the run starting, its sandbox being made): exit 130, one line saying so, no stack trace,
+ * and `runs --json` agreeing with what the CLI said — the run it named recorded `interrupted`,
+ * with stdout's closing record; or, when it named none, no run recorded and nothing on stdout.
+ */
+async function interruptAt(ms: number): Promise<void> {
+  await using live = await start(`e2e-int-${ms}ms`, [text("never reached")], [], {
+    SANDBOX_TRACE: "1",
+  });
+  await stderrWhere(live.cli, /cli: supervisor started/);
+  await new Promise((resolve) => setTimeout(resolve, ms));
+  Deno.kill(live.cli.pid, "SIGINT");
+  const code = await live.cli.finish();
+  const context = `SIGINT at ${ms} ms\n${live.cli.explain(code)}`;
+  assert.equal(code, 130, context);
+  assert.doesNotMatch(live.cli.stderr, /^\s+at |internal error|Uncaught/m, context);
+  const id = /^sandbox: run (\S+) \(profile/m.exec(live.cli.stderr)?.[1];
+  const said = live.cli.stderr.split("\n").filter((line) =>
+    line !== "" && !/^sandbox: (run \S+ \(profile|trace )/.test(line)
+  );
+  const runs = await live.fixture.cli(["runs", "--json"]);
+  assert.equal(runs.exitCode, 0, explain(runs));
+  const recorded: Wire[] = JSON.parse(runs.stdout);
+  assert.equal(said.length, 1, context);
+  assert.match(said[0], /^sandbox: (error: The run was interrupted|interrupted)$/, context);
+  if (id === undefined) {
+    assert.deepEqual([recorded, live.cli.stdoutLines], [[], []], context);
+    return;
+  }
+  assertClosing(live.cli.stdoutLines, /^The run was interrupted$/, context);
+  assert.deepEqual(recorded.map((meta) => meta.id), [id], context);
+  assert.equal(recorded[0].status, "interrupted", context);
+  assert.equal(recorded[0].exitCode, 130, context);
+}
+
+for (const ms of [50, 150, 300]) {
+  Deno.test({
+    name:
+      `SIGINT ${ms} ms after a run's supervisor started exits 130 with one line, no stack trace, and a record that agrees`,
+    ...dockerTest(),
+    async fn() {
+      assertDocker();
+      await interruptAt(ms);
+    },
+  });
+}
+
+/** Names of the docker objects (`container` or `volume`) labelled with `profile`. */
+async function labelled(kind: "container" | "volume", profile: string): Promise<string[]> {
+  const listed = await docker(
+    kind,
+    "ls",
+    ...(kind === "container" ? ["--all"] : []),
+    "--filter",
+    `label=dev.sandbox.profile=${profile}`,
+    "--format",
+    kind === "container" ? "{{.Names}}" : "{{.Name}}",
+  );
+  return listed.split("\n").filter(Boolean);
+}
+
+Deno.test({
+  name:
+    "SIGINT while a run's own container is being made (pool 0) leaves no container or workspace volume behind",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    await using live = await start("e2e-int-cold", [text("never reached")], [], {}, "{pool: 0}");
+    const id = await runIdOf(live.cli);
+    let ended = false;
+    live.cli.child.status.then(() => ended = true);
+    // The moment the engine has made something of it (its volume, then its container).
+    while (!ended && (await labelled("volume", live.fixture.profile)).length === 0) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    Deno.kill(live.cli.pid, "SIGINT");
+    await assertInterrupted(live.fixture, live.cli, id);
+    const meta = await live.fixture.meta(id);
+    assert.equal(
+      meta.extra?.container,
+      `sandbox-${live.fixture.profile}-${id}`,
+      JSON.stringify(meta),
+    );
+    const left = [
+      ...await labelled("container", live.fixture.profile),
+      ...await labelled("volume", live.fixture.profile),
+    ];
+    assert.deepEqual(left, [], live.cli.explain());
+  },
+});
+
+Deno.test({
+  name:
+    "a --repo run whose container is killed fails with 125, keeps that container, and says where the agent's commit is",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    const repo = await Deno.makeTempDir({ prefix: "sandbox-e2e-int-killed-repo-" });
+    try {
+      for (
+        const args of [
+          ["init", "-q", "-b", "main"],
+          [
+            "-c",
+            "user.name=O",
+            "-c",
+            "user.email=o@e.test",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "b",
+          ],
+        ]
+      ) assert.equal((await run(["git", "-C", repo, ...args])).exitCode, 0);
+      await using live = await start(
+        "e2e-int-killed-repo",
+        [
+          toolCall("execute", {
+            command:
+              "echo kept > work.txt && git add work.txt && git commit -qm 'agent work' && sleep 600",
+          }),
+          text("never reached"),
+        ],
+        ["--repo", repo],
+      );
+      const id = await runIdOf(live.cli);
+      await live.cli.lineWhere((line) => JSON.parse(line).type === "tool_call");
+      const container = await live.fixture.liveContainer();
+      // The agent's command has committed once it sleeps.
+      while (!(await docker("top", container)).includes("sleep 600")) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      await docker("kill", container);
+      const code = await live.cli.finish();
+      const context = live.cli.explain(code);
+      assert.equal(code, 125, context);
+      assert.match(
+        live.cli.stderr,
+        new RegExp(`^sandbox: the run's work is kept in its stopped container ${container}: `, "m"),
+        context,
+      );
+      const meta = await listed(live.fixture, id);
+      assert.equal(meta.status, "failed", context);
+      assert.equal(meta.exitCode, 125, context);
+      assert.equal(meta.extra?.kept, true, context);
+      assert.equal(meta.extra?.recovery?.outcome, "kept", context);
+      assert.equal(meta.extra?.recovery?.container, container, context);
+      // As said: start it, then copy the run's checkout out; its branch holds the agent's commit.
+      await docker("start", container);
+      const copy = `${live.fixture.dir.path}/copy`;
+      const copied = await live.fixture.cli(["cp", `${id}:.`, copy]);
+      assert.equal(copied.exitCode, 0, explain(copied));
+      assert.equal(await Deno.readTextFile(`${copy}/work.txt`), "kept\n");
+      const commit = await run(["git", "-C", copy, "cat-file", "-p", meta.extra.recovery.branch]);
+      assert.match(commit.stdout, /^agent work$/m, explain(commit));
+    } finally {
+      await Deno.remove(repo, { recursive: true });
+    }
   },
 });

@@ -220,3 +220,34 @@ Deno.test({
     assert.ok(await containerExists(killed.container));
   },
 });
+
+Deno.test({
+  name:
+    "before anything reaps it, a killed run's record says which container holds its work and that up brings it back",
+  ...dockerTest(),
+  async fn() {
+    assertDocker();
+    const planted = plantedContent(crypto.randomUUID());
+    await using killed = await killedRun("sec-recover-unreaped", agentScript(planted, false));
+    const says =
+      `crashed (work in container ${killed.container}: sandbox up -p ${killed.fixture.profile} brings it back)`;
+    const table = await killed.fixture.cli(["runs"]);
+    assert.equal(table.exitCode, 0, explain(table));
+    assert.ok(table.stdout.includes(says), explain(table));
+    const attach = await killed.fixture.cli(["attach", killed.id]);
+    assert.equal(attach.exitCode, 1, explain(attach));
+    assert.ok(
+      attach.stderr.includes(
+        `; work in container ${killed.container}: sandbox up -p ${killed.fixture.profile} brings it back`,
+      ),
+      explain(attach),
+    );
+    // As said: `up -p P` brings the branch back.
+    const upped = await killed.fixture.cli(["up", "-p", killed.fixture.profile, "--json"]);
+    assert.equal(upped.exitCode, 0, explain(upped));
+    const branch = `sandbox/${killed.id}`;
+    assert.equal(await git(killed.repo, "log", "--format=%s", `main..${branch}`), "agent work");
+    const after = await killed.fixture.cli(["runs"]);
+    assert.ok(after.stdout.includes(`crashed (recovered: branch ${branch})`), explain(after));
+  },
+});
