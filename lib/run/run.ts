@@ -243,6 +243,8 @@ class RunStream {
   underWay?: () => void;
   /** Where the agent worked, and whether its sandbox stays (`kept`). */
   place: Record<string, unknown> = {};
+  /** The run's sandbox, once it has one (a failure asks whether it was stopped from outside). */
+  sandbox?: RunSandbox;
   kept?: { worktree: boolean; branch: boolean };
   #events = 0;
 
@@ -302,7 +304,10 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       cleanups,
       onAccess: stream.countLlmCall,
       onAgentEvent: (line) => log.appendAgentEvent(line),
-      onSandbox: (container) => log.note({ container }),
+      onSandbox: (sandbox) => {
+        stream.sandbox = sandbox;
+        return log.note({ container: sandbox.name });
+      },
     });
     stream.underWay = prepared.underWay;
     stream.place = { container: prepared.sandbox?.name ?? null, workdir: prepared.cwd };
@@ -515,7 +520,7 @@ async function finishFailed(error: unknown, plan: RunPlan, stream: RunStream): P
   const failure = await runFailure(error, {
     interrupt,
     limits: limits.signal,
-    container: log.meta.extra?.container as string | undefined,
+    sandbox: stream.sandbox,
   });
   const usage = driverUsage({
     ...plan.budget.driverUsage(),
@@ -684,7 +689,7 @@ interface PrepareContext extends RunPlan {
   onAccess?: (entry: { kind: string; decision: string; path?: string }) => void;
   onAgentEvent?: (line: string) => void;
   /** Told the run's sandbox as soon as it has one (recorded in the run's metadata). */
-  onSandbox?: (container: string) => Promise<void>;
+  onSandbox?: (sandbox: RunSandbox) => Promise<void>;
 }
 
 type Devcontainer = Awaited<
@@ -732,7 +737,7 @@ async function prepare(request: RunRequest, context: PrepareContext): Promise<Pr
   // alone, or one made now. It is released (or kept) when the run ends.
   const sandbox = await sandboxes.acquire({ ...kind, runId: context.id, signal: request.signal });
   context.cleanups.push(() => finishSandbox(sandbox, profile, keep, request.onProgress));
-  await context.onSandbox?.(sandbox.name);
+  await context.onSandbox?.(sandbox);
   trace(sandbox.fromPool ? "run: sandbox claimed from the pool" : "run: sandbox started");
   const underWay = refillBehind(sandboxes, profile, kind, context.cleanups);
   // The worker, the session and the checkout go at once: they are independent.

@@ -9,7 +9,10 @@
  * 4. anything else: the error, as a `SandboxError`.
  */
 import { SandboxError } from "../errors.ts";
-import { DockerCli } from "../sandbox/docker.ts";
+import type { RunSandbox } from "../sandbox/provider.ts";
+
+/** What a failure needs of the run's sandbox: its name, and whether it was stopped from outside. */
+export type RunFailureSandbox = Pick<RunSandbox, "name" | "stoppedFromOutside">;
 
 export const INTERRUPTED = "The run was interrupted";
 
@@ -29,8 +32,8 @@ export async function runFailure(
     interrupt?: AbortSignal;
     /** Aborted, with the reason, when the run passed a watched limit. */
     limits: AbortSignal;
-    /** The run's container, once it had one. */
-    container?: string;
+    /** The run's sandbox, once it had one. */
+    sandbox?: RunFailureSandbox;
   },
 ): Promise<SandboxError> {
   if (context.interrupt?.aborted) {
@@ -47,37 +50,20 @@ export async function runFailure(
     : error.code === "interrupted" && error.message !== INTERRUPTED
     ? new SandboxError("interrupted", INTERRUPTED, { cause: error })
     : error;
-  if (!context.container || !CONTAINER_SYMPTOMS.has(failure.code)) return failure;
-  return await stoppedContainer(context.container, failure) ?? failure;
+  if (!context.sandbox || !CONTAINER_SYMPTOMS.has(failure.code)) return failure;
+  return await stoppedSandbox(context.sandbox, failure) ?? failure;
 }
 
-/** The error for `container` stopped under the run, or undefined when it still runs. */
-async function stoppedContainer(
-  container: string,
+/** The error for `sandbox` stopped under the run, or undefined when it still runs. */
+async function stoppedSandbox(
+  sandbox: RunFailureSandbox,
   symptom: SandboxError,
 ): Promise<SandboxError | undefined> {
-  const inspected = await new DockerCli().run(
-    ["container", "inspect", "--format", "{{json .State}}", container],
-    { timeoutMs: 30_000 },
-  ).catch(() => undefined);
-  if (!inspected) return undefined; // the engine cannot say: what noticed it stands
-  let how: string;
-  if (inspected.exitCode !== 0) how = "it was removed";
-  else {
-    const state = JSON.parse(inspected.stdout) as {
-      Running?: boolean;
-      Status?: string;
-      ExitCode?: number;
-      OOMKilled?: boolean;
-    };
-    if (state.Running) return undefined;
-    how = `it is ${state.Status ?? "stopped"} (exit code ${state.ExitCode ?? "unknown"}${
-      state.OOMKilled ? ", killed for memory" : ""
-    })`;
-  }
+  const how = await sandbox.stoppedFromOutside();
+  if (how === undefined) return undefined;
   return new SandboxError(
     "docker_failed",
-    `The run's sandbox "${container}" stopped during the run: ${how}`,
+    `The run's sandbox "${sandbox.name}" stopped during the run: ${how}`,
     {
       cause: symptom,
       detail:
