@@ -7,7 +7,7 @@
  */
 import type { AgentCliName } from "../agents/packages.ts";
 import type { AgentImageInfo } from "../agents/agent_image.ts";
-import type { Profile } from "../config.ts";
+import { bareProfile, type Profile } from "../config.ts";
 import { DockerCli } from "./docker.ts";
 import { listSandboxes, statsAll, teardownAll, teardownProfile } from "./docker_provider.ts";
 import type { ImageInfo } from "./image.ts";
@@ -33,7 +33,8 @@ export async function removeProfileSandboxes(
     const { teardownCluster } = await import("./kubernetes/manage.ts");
     return await teardownCluster(profile);
   }
-  return await teardownProfile(new DockerCli(), name, options);
+  // A name no profile could have (`../x`) is a usage error, not a label to look for.
+  return await teardownProfile(new DockerCli(), bareProfile(name).name, options);
 }
 
 /** Every sandbox this tool owns: on this machine, or with a profile in mode kubernetes, its pods. */
