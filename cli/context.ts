@@ -183,11 +183,11 @@ export async function profileToRemove(command: Invocation, name?: string): Promi
 export async function sandboxByName(
   command: Invocation,
   name?: string,
-  existing?: string,
+  options: { existing?: string } = {},
 ): Promise<ProfileSandbox> {
   const profile = await profileFor(command, name);
   const { namedSandbox } = await import("../lib/sandbox/providers.ts");
-  return namedSandbox(profile, { existing });
+  return namedSandbox(profile, options);
 }
 
 export function collect(value: string, previous: string[] = []): string[] {

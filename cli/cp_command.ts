@@ -99,7 +99,7 @@ async function resolveSandbox(
     base = (workspace) => workdir ?? `${workspace}/runs/${meta.id}`;
     run = extra.container;
   }
-  const provider = await sandboxByName(command, name, run);
+  const provider = await sandboxByName(command, name, { existing: run });
   const profile = provider.profile.name;
   const status = await provider.status({ signal });
   if (status.state === "missing") {
