@@ -68,6 +68,7 @@ export type {
   ExecResult,
   ExecStream,
   ExecStreamOutcome,
+  ProfileSandbox,
   RunSandbox,
   SandboxHealth,
   SandboxKind,
@@ -79,6 +80,9 @@ export type {
   SandboxStats,
   SandboxStatus,
   TeardownReport,
+  Terminal,
+  TerminalRequest,
+  WindowSize,
 } from "./lib/sandbox/provider.ts";
 
 export { CommandExitError, ConfigError, EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";

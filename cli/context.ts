@@ -4,7 +4,6 @@
  */
 import type { OptionValues } from "commander";
 import {
-  bareProfile,
   type Config,
   type ConfigSource,
   DEFAULT_PROFILE,
@@ -15,7 +14,7 @@ import {
 } from "../lib/config.ts";
 import { shellQuote } from "../lib/config_summary.ts";
 import { ConfigError, EXIT, SandboxError } from "../lib/errors.ts";
-import type { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
+import type { ProfileSandbox } from "../lib/sandbox/provider.ts";
 import { isSecretName } from "../lib/secret_guard.ts";
 import { isGoneOutput, StdoutWriter } from "../lib/output.ts";
 import { escapeControls } from "../lib/run/transcript.ts";
@@ -155,14 +154,11 @@ export async function profileFor(command: Invocation, name?: string) {
 }
 
 /**
- * The sandbox `down` removes, found by profile name alone: a broken, changed or removed
+ * The profile whose sandboxes `down` removes, found by name alone: a broken, changed or removed
  * configuration never stops a cleanup. The name is `-p`, else `$SANDBOX_PROFILE`, else the
  * configuration's `default_profile` (which needs a valid configuration), else "default".
  */
-export async function sandboxToRemove(
-  command: Invocation,
-  name?: string,
-): Promise<DockerSandboxProvider> {
+export async function profileToRemove(command: Invocation, name?: string): Promise<string> {
   let chosen = name ?? (Deno.env.get("SANDBOX_PROFILE") || undefined);
   if (chosen === undefined) {
     try {
@@ -179,32 +175,22 @@ export async function sandboxToRemove(
       );
     }
   }
-  const { DockerSandboxProvider } = await import("../lib/sandbox/docker_provider.ts");
-  return new DockerSandboxProvider(bareProfile(chosen));
+  return chosen;
 }
 
 /**
- * The profile's sandbox container, found by its name (`sandbox-P`) as in every mode that has one:
- * `stop`, `start` and `cp` act on what exists and build nothing (a devcontainer's image included).
+ * The profile's sandbox, found by its name as in every mode that has one (lib/sandbox/providers.ts
+ * `namedSandbox`): `stop`, `start` and `cp` act on what exists and build nothing (a devcontainer's
+ * image included). With `existing`, a run's own sandbox of that profile instead.
  */
 export async function sandboxByName(
   command: Invocation,
   name?: string,
-): Promise<DockerSandboxProvider> {
+  options: { existing?: string } = {},
+): Promise<ProfileSandbox> {
   const profile = await profileFor(command, name);
-  if (profile.sandbox.mode === "none") {
-    throw new SandboxError(
-      "usage",
-      `Profile "${profile.name}" uses sandbox mode "none": there is no sandbox`,
-      {
-        detail: `Set profiles.${profile.name}.sandbox.mode to "container"`,
-      },
-    );
-  }
-  const { DockerSandboxProvider } = await import("../lib/sandbox/docker_provider.ts");
-  return new DockerSandboxProvider(
-    profile.sandbox.mode === "container" ? profile : bareProfile(profile.name),
-  );
+  const { namedSandbox } = await import("../lib/sandbox/providers.ts");
+  return namedSandbox(profile, options);
 }
 
 export function collect(value: string, previous: string[] = []): string[] {

@@ -1,6 +1,6 @@
 /**
- * `sandbox cp SRC DST`: files between the host and a sandbox, in either direction, tar-streamed
- * through `docker exec` (the provider's `copyIn`/`copyOut`; nothing is bind-mounted).
+ * `sandbox cp SRC DST`: files between the host and a sandbox, in either direction, through the
+ * provider's `copyIn`/`copyOut` (Docker: tar-streamed through `docker exec`; nothing is bind-mounted).
  *
  * One side names the sandbox, like `docker cp`: `:PATH` is in the profile's sandbox (`-p P`;
  * relative to /workspace), `RUN_ID:PATH` in a run's working directory (relative to it). A colon
@@ -9,7 +9,7 @@
 import type { Command } from "commander";
 import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
-import type { DockerSandboxProvider } from "../lib/sandbox/docker_provider.ts";
+import type { ProfileSandbox } from "../lib/sandbox/provider.ts";
 import { note, sandboxByName, signal } from "./context.ts";
 import { profileOption } from "./options.ts";
 
@@ -29,7 +29,7 @@ export function parseSide(arg: string): Side {
 const RUN_ID = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 
 interface SandboxTarget {
-  provider: DockerSandboxProvider;
+  provider: ProfileSandbox;
   /** Absolute path in the sandbox. */
   path: string;
   /** For messages: `sandbox-P:/workspace/x`. */
@@ -56,12 +56,10 @@ async function resolveSandbox(
   command: Command,
   profileName?: string,
 ): Promise<SandboxTarget> {
-  const [{ WORKSPACE_DIR, DockerSandboxProvider }, { readRun }] = await Promise.all([
-    import("../lib/sandbox/docker_provider.ts"),
-    import("../lib/run/run_log.ts"),
-  ]);
+  const { readRun } = await import("../lib/run/run_log.ts");
   let name = profileName;
-  let base = WORKSPACE_DIR;
+  /** The directory a relative path is in, given the sandbox's workspace. */
+  let base = (workspace: string) => workspace;
   /** A run's own container, when the side is RUN_ID:PATH. */
   let run: string | undefined;
   if (side.run !== undefined) {
@@ -79,12 +77,12 @@ async function resolveSandbox(
       );
     }
     const extra = meta.extra ?? {};
-    const workdir = typeof extra.workdir === "string"
-      ? extra.workdir
-      : `${WORKSPACE_DIR}/runs/${meta.id}`;
+    const workdir = typeof extra.workdir === "string" ? extra.workdir : undefined;
     if (meta.sandbox === "none") {
       throw usage(
-        `Run "${meta.id}" ran on this host (sandbox mode "none"): its files are in ${workdir}`,
+        `Run "${meta.id}" ran on this host (sandbox mode "none"): its files are in ${
+          workdir ?? "its working directory"
+        }`,
       );
     }
     // A run's sandbox is its own, removed when it ends unless kept.
@@ -98,13 +96,10 @@ async function resolveSandbox(
       );
     }
     name = meta.profile;
-    base = workdir;
+    base = (workspace) => workdir ?? `${workspace}/runs/${meta.id}`;
     run = extra.container;
   }
-  const named = await sandboxByName(command, name);
-  const provider = run === undefined
-    ? named
-    : new DockerSandboxProvider(named.profile, { existing: run });
+  const provider = await sandboxByName(command, name, { existing: run });
   const profile = provider.profile.name;
   const status = await provider.status({ signal });
   if (status.state === "missing") {
@@ -119,8 +114,9 @@ async function resolveSandbox(
       `Start it with: ${cliName()} start -p ${profile}`,
     );
   }
+  const dir = base(status.workspacePath);
   const relative = side.path.replace(/^\.\/?/, "");
-  const path = side.path.startsWith("/") ? side.path : relative ? `${base}/${relative}` : base;
+  const path = side.path.startsWith("/") ? side.path : relative ? `${dir}/${relative}` : dir;
   return { provider, path, label: `${provider.containerName}:${path}` };
 }
 

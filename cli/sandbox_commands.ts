@@ -2,10 +2,9 @@
 // The engine's modules are imported by the action that needs them (`await import(...)`), so that
 // starting the CLI loads only what the command it runs uses.
 import { type Command, Option } from "commander";
-import { DockerCli } from "../lib/sandbox/docker.ts";
 import type { Profile } from "../lib/config.ts";
 import { ConfigError, SandboxError } from "../lib/errors.ts";
-import type { SandboxStatus, TeardownReport } from "../lib/sandbox/provider.ts";
+import type { TeardownReport } from "../lib/sandbox/provider.ts";
 import { cliName } from "../lib/cli_name.ts";
 import { AGENT_CLIS, type AgentCliName } from "../lib/agents/packages.ts";
 import { table } from "../lib/output.ts";
@@ -15,8 +14,8 @@ import {
   type Invocation,
   note,
   profileFor,
+  profileToRemove,
   sandboxByName,
-  sandboxToRemove,
   signal,
   stdout,
 } from "./context.ts";
@@ -100,21 +99,22 @@ function registerDown(program: Command): void {
     .action(
       async (opts: { profile?: string; json?: boolean; volumes?: boolean }, command: Command) => {
         const onCluster = await kubernetesProfile(command, opts.profile, true);
-        if (onCluster) return await downOnCluster(onCluster, opts.json);
-        const provider = await sandboxToRemove(command, opts.profile);
-        // Every container of the profile: its shared one, one per repository, per-run ones, and
+        const name = onCluster?.name ?? await profileToRemove(command, opts.profile);
+        // Every sandbox of the profile: its shared one, one per repository, per-run ones, and
         // its agent CLIs' (sandbox-PROFILE-AGENT…): all carry the profile's label.
-        const { teardownProfile } = await import("../lib/sandbox/docker_provider.ts");
-        const report = await teardownProfile(provider.docker, provider.profile.name, {
+        const { removeProfileSandboxes } = await import("../lib/sandbox/manage.ts");
+        const report = await removeProfileSandboxes(name, onCluster, {
           volumes: opts.volumes,
           signal,
         });
+        // A cluster's NetworkPolicies go unnamed: its pods are what the user made.
+        const removed = onCluster
+          ? report.containers
+          : [...report.containers, ...report.networks, ...report.volumes];
         if (opts.json) await stdout.json(report);
         else if (report.containers.length === 0) {
-          await stdout.line(`no sandbox for profile ${provider.profile.name}`);
-        } else {await stdout.line(
-            `removed ${[...report.containers, ...report.networks, ...report.volumes].join(", ")}`,
-          );}
+          await stdout.line(`no sandbox for profile ${name}`);
+        } else await stdout.line(`removed ${removed.join(", ")}`);
       },
     );
 }
@@ -130,7 +130,7 @@ function registerSnapshot(program: Command): void {
     .action(
       async (opts: { profile?: string; json?: boolean; drop?: boolean }, command: Command) => {
         const provider = await sandboxByName(command, opts.profile);
-        const { takeSnapshot, dropSnapshot } = await import("../lib/sandbox/snapshot.ts");
+        const { snapshotSandbox, dropSnapshot } = await import("../lib/sandbox/snapshot.ts");
         if (opts.drop) {
           const dropped = await dropSnapshot(provider);
           if (opts.json) await stdout.json({ dropped });
@@ -141,10 +141,7 @@ function registerSnapshot(program: Command): void {
             );}
           return;
         }
-        const record = await takeSnapshot(provider, await provider.runImageTag(), {
-          signal,
-          onProgress: progress,
-        });
+        const record = await snapshotSandbox(provider, { signal, onProgress: progress });
         if (opts.json) await stdout.json(record);
         else {await stdout.line(
             `profile ${provider.profile.name}: runs start from ${record.tag} (built on ${record.base}); refill the pool with: ${cliName()} up -p ${provider.profile.name}`,
@@ -211,7 +208,8 @@ function registerStart(program: Command): void {
 function registerStatus(program: Command): void {
   const listAction = async (opts: { json?: boolean; profile?: string }, command: Command) => {
     const onCluster = opts.profile ? await kubernetesProfile(command, opts.profile) : undefined;
-    const sandboxes = onCluster ? await clusterList(onCluster) : await dockerList();
+    const { listAllSandboxes } = await import("../lib/sandbox/manage.ts");
+    const sandboxes = await listAllSandboxes(onCluster, signal);
     if (opts.json) return void await stdout.json(sandboxes);
     if (sandboxes.length === 0) {
       return void await stdout.line(
@@ -279,8 +277,8 @@ function registerStats(program: Command): void {
     .description("memory, CPU and processes of each running sandbox")
     .addOption(jsonOption())
     .action(async (opts: { json?: boolean }) => {
-      const { statsAll } = await import("../lib/sandbox/docker_provider.ts");
-      const stats = await statsAll(new DockerCli(), signal);
+      const { statsOfAll } = await import("../lib/sandbox/manage.ts");
+      const stats = await statsOfAll(signal);
       if (opts.json) return void await stdout.json(stats);
       if (stats.length === 0) return void await stdout.line("no running sandboxes");
       await stdout.line(table(
@@ -309,18 +307,8 @@ function registerTeardown(program: Command): void {
     .addOption(jsonOption()).addOption(clusterOption())
     .action(async (opts: { json?: boolean; profile?: string }, command: Command) => {
       const onCluster = opts.profile ? await kubernetesProfile(command, opts.profile) : undefined;
-      if (onCluster) {
-        const { teardownCluster } = await import("../lib/sandbox/kubernetes/manage.ts");
-        const report = await teardownCluster(onCluster, { all: true });
-        return void await (opts.json ? stdout.json(report) : printRemoved(report));
-      }
-      const [{ teardownAll }, { removeLegacyFirewall }] = await Promise.all([
-        import("../lib/sandbox/docker_provider.ts"),
-        import("../lib/sandbox/legacy_cleanup.ts"),
-      ]);
-      const report = await teardownAll(new DockerCli(), signal);
-      // Chains older versions made (root only; nothing to do for anyone else).
-      await removeLegacyFirewall();
+      const { teardownEverything } = await import("../lib/sandbox/manage.ts");
+      const report = await teardownEverything(onCluster, signal);
       if (opts.json) return void await stdout.json(report);
       await printRemoved(report);
     });
@@ -362,11 +350,14 @@ async function imagePushAction(
   opts: { registry: string; profile?: string; json?: boolean },
   command: Command,
 ): Promise<void> {
-  const { parseRegistry, pushProfileImages } = await import("../lib/sandbox/image_push.ts");
+  const [{ parseRegistry }, { pushProfileImagesTo }] = await Promise.all([
+    import("../lib/sandbox/image_push.ts"),
+    import("../lib/sandbox/manage.ts"),
+  ]);
   // A malformed registry is refused before the profile is read or anything is built.
   parseRegistry(opts.registry);
   const profile = await profileFor(command, opts.profile);
-  const pushed = await pushProfileImages(new DockerCli(), profile.sandbox.image, opts.registry, {
+  const pushed = await pushProfileImagesTo(profile, opts.registry, {
     onProgress: progress,
     signal,
   });
@@ -389,50 +380,29 @@ interface ImageBuildFlags {
  * the agent CLI's layer on it.
  */
 async function imageBuildAction(opts: ImageBuildFlags, command: Command): Promise<void> {
-  const [{ ensureImage }, { ensureAgentImage }] = await Promise.all([
-    import("../lib/sandbox/image.ts"),
-    import("../lib/agents/agent_image.ts"),
-  ]);
+  const { buildProfileImage } = await import("../lib/sandbox/manage.ts");
   const profile = await profileFor(command, opts.profile);
-  const docker = new DockerCli();
-  // With --agent only the layer is rebuilt: a rebuilt sandbox image would make it stale again.
-  const layer = async (base: string) => {
-    const built = await ensureAgentImage(docker, base, opts.agent!, {
-      force: true,
-      onProgress: progress,
-      signal,
-    });
-    if (opts.json) await stdout.json(built);
-    else await stdout.line(`built ${built.tag} (${opts.agent} ${built.version} on ${base})`);
-  };
-  if (profile.sandbox.mode === "devcontainer") {
-    const { openDevcontainer } = await import("../lib/sandbox/devcontainer/provider.ts");
-    const devcontainer = await openDevcontainer(profile, {
-      repo: opts.repo ?? Deno.cwd(),
-      force: !opts.agent,
-      onProgress: progress,
-      signal,
-    });
-    const info = await ensureImage(docker, devcontainer.profile.sandbox.image, {
-      force: !opts.agent,
-      onProgress: progress,
-      signal,
-    });
-    if (opts.agent) return await layer(info.tag);
-    if (opts.json) await stdout.json({ ...info, devcontainer: devcontainer.image.tag });
-    else {note(
-        `built ${info.tag} (on ${devcontainer.image.tag}, from ${devcontainer.config.file})`,
-      );}
-    return;
-  }
-  const info = await ensureImage(docker, profile.sandbox.image, {
-    force: !opts.agent,
+  const built = await buildProfileImage(profile, {
+    agent: opts.agent,
+    repo: opts.repo,
     onProgress: progress,
     signal,
   });
-  if (opts.agent) return await layer(info.tag);
-  if (opts.json) await stdout.json(info);
-  else await stdout.line(`built ${info.tag} (on ${profile.sandbox.image}; log: ${info.log})`);
+  switch (built.kind) {
+    case "agent":
+      if (opts.json) return await stdout.json(built.layer);
+      return await stdout.line(
+        `built ${built.layer.tag} (${opts.agent} ${built.layer.version} on ${built.base})`,
+      );
+    case "devcontainer":
+      if (opts.json) return await stdout.json({ ...built.image, devcontainer: built.devcontainer });
+      return note(`built ${built.image.tag} (on ${built.devcontainer}, from ${built.file})`);
+    case "sandbox":
+      if (opts.json) return await stdout.json(built.image);
+      return await stdout.line(
+        `built ${built.image.tag} (on ${profile.sandbox.image}; log: ${built.image.log})`,
+      );
+  }
 }
 
 /**
@@ -449,7 +419,7 @@ async function kubernetesProfile(
     const profile = await profileFor(command, name);
     return profile.sandbox.mode === "kubernetes" ? profile : undefined;
   } catch (error) {
-    // `down` removes a profile's containers whatever its configuration says (sandboxToRemove).
+    // `down` removes a profile's containers whatever its configuration says (profileToRemove).
     if (lenient && (error instanceof ConfigError || error instanceof SandboxError)) {
       return undefined;
     }
@@ -466,24 +436,4 @@ async function printRemoved(report: TeardownReport): Promise<void> {
       await stdout.line(`removed ${kind}: ${(names as string[]).join(", ")}`);
     }
   }
-}
-
-/** `down` of a profile in mode kubernetes: its pods, by label, from its cluster. */
-async function downOnCluster(profile: Profile, json?: boolean): Promise<void> {
-  const { teardownCluster } = await import("../lib/sandbox/kubernetes/manage.ts");
-  const report = await teardownCluster(profile);
-  if (json) await stdout.json(report);
-  else if (report.containers.length === 0) {
-    await stdout.line(`no sandbox for profile ${profile.name}`);
-  } else await stdout.line(`removed ${report.containers.join(", ")}`);
-}
-
-async function dockerList(): Promise<SandboxStatus[]> {
-  const { listSandboxes } = await import("../lib/sandbox/docker_provider.ts");
-  return await listSandboxes(new DockerCli(), signal);
-}
-
-async function clusterList(profile: Profile): Promise<SandboxStatus[]> {
-  const { clusterSandboxes } = await import("../lib/sandbox/kubernetes/manage.ts");
-  return await clusterSandboxes(profile);
 }

@@ -1490,7 +1490,7 @@ export const MUTATIONS: Mutation[] = [
   },
   {
     name: "subscription: a terminal session's exec passes a host secret into the sandbox unchecked",
-    file: "lib/session/tty_exec.ts",
+    file: "lib/sandbox/docker_tty.ts",
     find:
       'assertNoSecrets(`sandbox "${request.container}"`, { env: request.env, argv: request.argv });',
     replace: "",

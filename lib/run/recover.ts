@@ -8,8 +8,8 @@
  *    (`extra.branchReturn`: repository, base, target branch, the checkout's path in the sandbox),
  *    written by the run's own process on the host.
  * 2. A reaper takes over each container whose holder is dead with one rename in the pool's book
- *    (`adoptOrphan`: of reapers racing, one handles it), and finds the run whose metadata names
- *    that container and that dead process.
+ *    (lib/sandbox/pool.ts `recoverOrphan`: of reapers racing, one handles it), and finds the run
+ *    whose metadata names that container and that dead process.
  * 3. A local repository's run: its branch comes back through `collectResult`, the very code of a
  *    finished run's return (quarantine, `index-pack --strict`, the `.gitmodules` check, only that
  *    branch fetched), into the branch the run would have created. Nothing but the container's name
@@ -20,10 +20,8 @@
  *    A run that changed nothing, or never got its checkout, has its container removed.
  * The run is then recorded `crashed`, with `extra.recovery` saying which.
  */
-import type { Profile } from "../config.ts";
 import { cliName } from "../cli_name.ts";
-import { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
-import { adoptOrphan, type ClaimedRecord, keepSandbox } from "../sandbox/pool_records.ts";
+import type { SandboxProvider } from "../sandbox/provider.ts";
 import {
   checkRunBranch,
   collectResult,
@@ -65,28 +63,37 @@ export function branchReturnNote(
 }
 
 /**
- * Before the container of a dead holder is removed: bring back or keep its run's work. "remove"
- * when the container may go, "kept" when it stays with the work, "taken" when another process
- * adopted it first (and handles it).
+ * The sandbox of a dead holder, adopted by this process (lib/sandbox/pool.ts `recoverOrphan`: of
+ * reapers racing, one has it).
  */
-export async function recoverOrphan(
-  profile: Profile,
-  held: ClaimedRecord,
-): Promise<"remove" | "kept" | "taken"> {
-  if (!await adoptOrphan(held)) return "taken";
-  const meta = await runOf(held);
+export interface OrphanedSandbox {
+  /** Its name, as the run's metadata records it (`extra.container`). */
+  readonly name: string;
+  /** The dead process that held it. */
+  readonly pid: number;
+  readonly provider: SandboxProvider;
+  isRunning(): Promise<boolean>;
+  /** Keep it, with its work, until the user removes it (`sandbox down`). */
+  keep(): Promise<void>;
+}
+
+/**
+ * Before an adopted sandbox of a dead holder is removed: bring back or keep its run's work.
+ * "remove" when the sandbox may go, "kept" when it stays with the work.
+ */
+export async function recoverRun(orphan: OrphanedSandbox): Promise<"remove" | "kept"> {
+  const meta = await runOf(orphan);
   if (!meta) return "remove";
   const note = meta.extra?.branchReturn as BranchReturnNote | undefined;
-  const sandbox = new DockerSandboxProvider(profile, { existing: held.name });
   let recovery: Recovery;
   try {
     recovery = note
-      ? await recoverWork(sandbox, meta, note)
+      ? await recoverWork(orphan, meta, note)
       : { outcome: "none", reason: "the run had no checkout yet" };
   } catch (error) {
-    recovery = kept(sandbox, meta, note, `it could not be brought back: ${describe(error)}`);
+    recovery = kept(orphan, meta, note, `it could not be brought back: ${describe(error)}`);
   }
-  if (recovery.outcome === "kept") await keepSandbox(held.name);
+  if (recovery.outcome === "kept") await orphan.keep();
   await recordCrashed(meta.id, {
     error: "The run's process ended before the run did (killed or crashed)",
     extra: {
@@ -99,7 +106,7 @@ export async function recoverOrphan(
 }
 
 /** The run recorded as held in `held.name` by the dead process `held.pid`. */
-async function runOf(held: ClaimedRecord): Promise<RunMeta | undefined> {
+async function runOf(held: { name: string; pid: number }): Promise<RunMeta | undefined> {
   return (await listRuns()).find((meta) =>
     meta.status === "crashed" && meta.pid === held.pid && meta.extra?.container === held.name
   );
@@ -107,7 +114,7 @@ async function runOf(held: ClaimedRecord): Promise<RunMeta | undefined> {
 
 /** Bring the run's branch back (local) or keep the container when it holds changes. */
 async function recoverWork(
-  sandbox: DockerSandboxProvider,
+  sandbox: OrphanedSandbox,
   meta: RunMeta,
   note: BranchReturnNote,
 ): Promise<Recovery> {
@@ -124,7 +131,7 @@ async function recoverWork(
     sentBytes: 0,
   };
   if (note.kind === "remote") {
-    const { head } = await commitLeftovers(sandbox, worktree, { runId: meta.id });
+    const { head } = await commitLeftovers(sandbox.provider, worktree, { runId: meta.id });
     if (head === note.base) return { outcome: "none", reason: "the agent changed nothing" };
     return kept(sandbox, meta, note, "a remote run's commits are pushed only by the run itself");
   }
@@ -135,13 +142,13 @@ async function recoverWork(
     return kept(sandbox, meta, note, describe(error));
   }
   // (At most what any run may send back: the dead run's own limit is not this profile's.)
-  const back = await collectResult(sandbox, local, worktree, { runId: meta.id });
+  const back = await collectResult(sandbox.provider, local, worktree, { runId: meta.id });
   if (!back.commit) return { outcome: "none", reason: "the agent changed nothing" };
   return { outcome: "recovered", branch: back.branch, commit: back.commit, commits: back.commits };
 }
 
 function kept(
-  sandbox: DockerSandboxProvider,
+  sandbox: OrphanedSandbox,
   meta: RunMeta,
   note: BranchReturnNote | undefined,
   reason: string,
@@ -149,7 +156,7 @@ function kept(
   const worktree = note?.worktree ?? "/workspace";
   return {
     outcome: "kept",
-    container: sandbox.containerName,
+    container: sandbox.name,
     worktree,
     branch: sandboxBranch(meta.id),
     reason,

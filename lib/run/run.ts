@@ -244,6 +244,8 @@ class RunStream {
   underWay?: () => void;
   /** Where the agent worked, and whether its sandbox stays (`kept`). */
   place: Record<string, unknown> = {};
+  /** The run's sandbox, once it has one (a failure asks whether it was stopped from outside). */
+  sandbox?: RunSandbox;
   kept?: { worktree: boolean; branch: boolean };
   #events = 0;
 
@@ -304,7 +306,11 @@ export async function runAgent(request: RunRequest): Promise<RunOutcome> {
       cleanups,
       onAccess: stream.countLlmCall,
       onAgentEvent: (line) => log.appendAgentEvent(line),
-      onSandbox: (container) => log.note({ container }),
+      onNamed: (name) => log.note({ container: name }),
+      onSandbox: (sandbox) => {
+        stream.sandbox = sandbox;
+        return log.note({ container: sandbox.name });
+      },
     });
     stream.underWay = prepared.underWay;
     stream.place = { container: prepared.sandbox?.name ?? null, workdir: prepared.cwd };
@@ -522,7 +528,7 @@ async function finishFailed(
   const failure = await runFailure(error, {
     interrupt,
     limits: limits.signal,
-    container: log.meta.extra?.container as string | undefined,
+    sandbox: stream.sandbox,
   });
   const recovery = isContainerStopped(failure) ? keepStoppedWork(prepared, plan) : undefined;
   const usage = driverUsage({
@@ -718,7 +724,9 @@ interface PrepareContext extends RunPlan {
   onAccess?: (entry: { kind: string; decision: string; path?: string }) => void;
   onAgentEvent?: (line: string) => void;
   /** Told the run's sandbox as soon as it has one (recorded in the run's metadata). */
-  onSandbox?: (container: string) => Promise<void>;
+  /** The run's sandbox is named, before it is made: recorded, so that a leftover is found. */
+  onNamed?: (name: string) => Promise<void>;
+  onSandbox?: (sandbox: RunSandbox) => Promise<void>;
 }
 
 type Devcontainer = Awaited<
@@ -768,10 +776,10 @@ async function prepare(request: RunRequest, context: PrepareContext): Promise<Pr
     ...kind,
     runId: context.id,
     signal: request.signal,
-    onNamed: context.onSandbox,
+    onNamed: context.onNamed,
   });
   context.cleanups.push(() => finishSandbox(sandbox, profile, keep, request.onProgress));
-  await context.onSandbox?.(sandbox.name);
+  await context.onSandbox?.(sandbox);
   trace(sandbox.fromPool ? "run: sandbox claimed from the pool" : "run: sandbox started");
   const underWay = refillBehind(sandboxes, profile, kind, context.cleanups);
   // The worker, the session and the checkout go at once: they are independent.

@@ -9,14 +9,17 @@
  * 4. anything else: the error, as a `SandboxError`.
  */
 import { SandboxError } from "../errors.ts";
-import { DockerCli } from "../sandbox/docker.ts";
+import type { RunSandbox } from "../sandbox/provider.ts";
+
+/** What a failure needs of the run's sandbox: its name, and whether it was stopped from outside. */
+export type RunFailureSandbox = Pick<RunSandbox, "name" | "stoppedFromOutside">;
 
 export const INTERRUPTED = "The run was interrupted";
 
-/** The errors that say the run's container stopped under it (made by stoppedContainer). */
+/** The errors that say the run's sandbox stopped under it (made by stoppedSandbox). */
 const STOPPED = new WeakSet<SandboxError>();
 
-/** Whether `failure` (from runFailure) is the run's container stopped or removed from outside. */
+/** Whether `failure` (from runFailure) is the run's sandbox stopped or removed from outside. */
 export function isContainerStopped(failure: SandboxError): boolean {
   return STOPPED.has(failure);
 }
@@ -37,8 +40,8 @@ export async function runFailure(
     interrupt?: AbortSignal;
     /** Aborted, with the reason, when the run passed a watched limit. */
     limits: AbortSignal;
-    /** The run's container, once it had one. */
-    container?: string;
+    /** The run's sandbox, once it had one. */
+    sandbox?: RunFailureSandbox;
   },
 ): Promise<SandboxError> {
   if (context.interrupt?.aborted) {
@@ -55,53 +58,20 @@ export async function runFailure(
     : error.code === "interrupted" && error.message !== INTERRUPTED
     ? new SandboxError("interrupted", INTERRUPTED, { cause: error })
     : error;
-  if (!context.container || !CONTAINER_SYMPTOMS.has(failure.code)) return failure;
-  return await stoppedContainer(context.container, failure) ?? failure;
+  if (!context.sandbox || !CONTAINER_SYMPTOMS.has(failure.code)) return failure;
+  return await stoppedSandbox(context.sandbox, failure) ?? failure;
 }
 
-/** How many times, `STOP_SETTLE_STEP_MS` apart, a container that still runs is asked again. */
-const STOP_SETTLE_ASKS = 15;
-const STOP_SETTLE_STEP_MS = 200;
-
-interface ContainerState {
-  Running?: boolean;
-  Status?: string;
-  ExitCode?: number;
-  OOMKilled?: boolean;
-}
-
-/** What the engine says of `container`'s state; undefined when it cannot say. */
-async function containerState(container: string): Promise<ContainerState | "removed" | undefined> {
-  const inspected = await new DockerCli().run(
-    ["container", "inspect", "--format", "{{json .State}}", container],
-    { timeoutMs: 30_000 },
-  ).catch(() => undefined);
-  if (!inspected) return undefined;
-  return inspected.exitCode !== 0 ? "removed" : JSON.parse(inspected.stdout) as ContainerState;
-}
-
-/** The error for `container` stopped under the run, or undefined when it still runs. */
-async function stoppedContainer(
-  container: string,
+/** The error for `sandbox` stopped under the run, or undefined when it still runs. */
+async function stoppedSandbox(
+  sandbox: RunFailureSandbox,
   symptom: SandboxError,
 ): Promise<SandboxError | undefined> {
-  let how: string | undefined;
-  // A killed container's processes die before the engine marks it exited (a moment later, more
-  // under load): one that still reads as running is asked again, for a bounded while.
-  for (let ask = 0; how === undefined; ask++) {
-    if (ask > 0) await new Promise((resolve) => setTimeout(resolve, STOP_SETTLE_STEP_MS));
-    const state = await containerState(container);
-    if (state === undefined) return undefined; // the engine cannot say: what noticed it stands
-    if (state === "removed") how = "it was removed";
-    else if (!state.Running) {
-      how = `it is ${state.Status ?? "stopped"} (exit code ${state.ExitCode ?? "unknown"}${
-        state.OOMKilled ? ", killed for memory" : ""
-      })`;
-    } else if (ask === STOP_SETTLE_ASKS) return undefined;
-  }
+  const how = await sandbox.stoppedFromOutside();
+  if (how === undefined) return undefined;
   const stopped = new SandboxError(
     "docker_failed",
-    `The run's sandbox "${container}" stopped during the run: ${how}`,
+    `The run's sandbox "${sandbox.name}" stopped during the run: ${how}`,
     {
       cause: symptom,
       detail:

@@ -10,6 +10,7 @@ import type { LocalRepo } from "../repo/local.ts";
 import { cacheVolumeName, updateCache } from "../repo/cache.ts";
 import { type DockerSandboxProvider, sandboxRepo } from "./docker_provider.ts";
 import { DockerRelayTransport } from "./docker_relay.ts";
+import { startTtyExec } from "./docker_tty.ts";
 import {
   attachPooledWorker,
   claimPooled,
@@ -25,9 +26,15 @@ import type {
   SandboxKind,
   SandboxLifecycle,
   SandboxRequest,
+  Terminal,
+  TerminalRequest,
   WorkerOptions,
 } from "./provider.ts";
 import type { SandboxError } from "../errors.ts";
+
+/** How many times, `STOP_SETTLE_STEP_MS` apart, a container that still runs is asked again. */
+const STOP_SETTLE_ASKS = 15;
+const STOP_SETTLE_STEP_MS = 200;
 
 /** One run's Docker container, from the pool or started for it. */
 class DockerRunSandbox implements RunSandbox {
@@ -56,6 +63,35 @@ class DockerRunSandbox implements RunSandbox {
   async updateCache(repo: LocalRepo, signal?: AbortSignal): Promise<number> {
     if (!this.cacheVolume) throw new TypeError(`Sandbox "${this.name}" mounts no object cache`);
     return await updateCache(this.provider, this.cacheVolume, repo, signal);
+  }
+
+  startTerminal(request: TerminalRequest): Promise<Terminal> {
+    return startTtyExec({ ...request, container: this.name });
+  }
+
+  async stoppedFromOutside(): Promise<string | undefined> {
+    // A killed container's processes die before the engine marks it exited (a moment later, more
+    // under load): one that still reads as running is asked again, for a bounded while.
+    for (let ask = 0; ask <= STOP_SETTLE_ASKS; ask++) {
+      if (ask > 0) await new Promise((resolve) => setTimeout(resolve, STOP_SETTLE_STEP_MS));
+      const inspected = await this.provider.docker.run(
+        ["container", "inspect", "--format", "{{json .State}}", this.name],
+        { timeoutMs: 30_000 },
+      ).catch(() => undefined);
+      if (!inspected) return undefined; // the engine cannot say: what noticed it stands
+      if (inspected.exitCode !== 0) return "it was removed";
+      const state = JSON.parse(inspected.stdout) as {
+        Running?: boolean;
+        Status?: string;
+        ExitCode?: number;
+        OOMKilled?: boolean;
+      };
+      if (state.Running) continue;
+      return `it is ${state.Status ?? "stopped"} (exit code ${state.ExitCode ?? "unknown"}${
+        state.OOMKilled ? ", killed for memory" : ""
+      })`;
+    }
+    return undefined;
   }
 
   release(): Promise<void> {

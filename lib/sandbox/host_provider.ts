@@ -221,6 +221,14 @@ export class HostLifecycle implements SandboxLifecycle {
         Promise.reject(
           new SandboxError("unsupported", 'Sandbox mode "none" has no object cache to update'),
         ),
+      startTerminal: () =>
+        Promise.reject(
+          new SandboxError(
+            "unsupported",
+            'Sandbox mode "none" has no terminals: a shell needs mode "container"',
+          ),
+        ),
+      stoppedFromOutside: () => Promise.resolve(undefined),
       release: () => Promise.resolve(),
       keep: () => Promise.resolve(),
     });

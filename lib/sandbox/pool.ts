@@ -44,9 +44,12 @@ import { DockerSandboxProvider, SANDBOX_USER, type SandboxRepo } from "./docker_
 import { removeProxyMountSource } from "./proxy_mount.ts";
 import {
   addReady,
+  adoptOrphan,
+  type ClaimedRecord,
   claimReady,
   forget,
   holdOwn,
+  keepSandbox,
   listReady,
   orphaned,
   poolKey,
@@ -56,7 +59,7 @@ import { randomHex, sha256Hex } from "../hash.ts";
 import { tryHostLock, withHostLock } from "../lock.ts";
 import { userStateDir } from "../paths.ts";
 import { trace } from "../trace.ts";
-import { recoverOrphan } from "../run/recover.ts";
+import { recoverRun } from "../run/recover.ts";
 
 export interface PoolOptions {
   agent?: AgentCliName;
@@ -368,6 +371,26 @@ async function startWaitingWorker(provider: DockerSandboxProvider): Promise<void
       `The waiting worker in sandbox "${provider.containerName}" did not load`,
     );
   }
+}
+
+/**
+ * Before the container of a dead holder is removed: bring back or keep its run's work
+ * (lib/run/recover.ts). "remove" when the container may go, "kept" when it stays with the work,
+ * "taken" when another process adopted it first (and handles it).
+ */
+async function recoverOrphan(
+  profile: Profile,
+  held: ClaimedRecord,
+): Promise<"remove" | "kept" | "taken"> {
+  if (!await adoptOrphan(held)) return "taken";
+  const provider = new DockerSandboxProvider(profile, { existing: held.name });
+  return await recoverRun({
+    name: held.name,
+    pid: held.pid,
+    provider,
+    isRunning: () => provider.isRunning(),
+    keep: () => keepSandbox(held.name),
+  });
 }
 
 /**

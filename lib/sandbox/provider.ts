@@ -17,6 +17,7 @@ import type { RelayProcess } from "../proxy/relay_host.ts";
 import type { LocalRepo } from "../repo/local.ts";
 import type { WorkerProcess } from "../run/worker_process.ts";
 import type { SandboxError } from "../errors.ts";
+import type { Profile } from "../config.ts";
 
 export interface ExecOptions {
   /** Working directory inside the sandbox. */
@@ -175,6 +176,49 @@ export interface SandboxProvider {
 }
 
 /**
+ * A profile's own sandbox, which commands use (`exec`, `cp`, `stop`, `start`, `snapshot`); runs
+ * never do. `openProvider` opens it (making it on `ensureRunning`), `namedSandbox` finds it by name.
+ */
+export interface ProfileSandbox extends SandboxProvider {
+  readonly profile: Profile;
+  /** Its name, for messages (Docker: the container's). */
+  readonly containerName: string;
+  /** The last `ensureRunning` found it running as it was (else it started, made or replaced it). */
+  readonly wasRunning: boolean;
+  /** Enforce `resources.disk` while a command runs: `signal` aborts with the reason. */
+  watchDisk(): { readonly signal: AbortSignal; close(): Promise<void> };
+  /** End whatever commands left running in it (their wrappers may not have). */
+  sweep(): Promise<void>;
+}
+
+/** A terminal's size in characters. */
+export interface WindowSize {
+  rows: number;
+  cols: number;
+}
+
+/** What a command with a terminal is started with (`RunSandbox.startTerminal`). */
+export interface TerminalRequest {
+  argv: readonly string[];
+  env: Record<string, string>;
+  cwd?: string;
+  size: WindowSize;
+}
+
+/** A running command with a terminal. */
+export interface Terminal {
+  /** What the terminal shows, as bytes, until the command ends. */
+  readonly output: ReadableStream<Uint8Array>;
+  /** Type into the terminal. */
+  write(bytes: Uint8Array): Promise<void>;
+  resize(size: WindowSize): Promise<void>;
+  /** The command's exit code, once its output has ended. */
+  readonly exitCode: Promise<number>;
+  /** Stop attaching (the wrapper then ends the command: it loses its terminal). */
+  close(): void;
+}
+
+/**
  * How the host reaches the relay (relay/main.ts) inside one sandbox. The relay always runs as a
  * uid of its own, not the sandbox user's, so that nothing the agent runs can ptrace, read or kill it.
  */
@@ -241,6 +285,16 @@ export interface RunSandbox {
   watchDisk(options: { onAbort?: (reason: SandboxError) => void }): { close(): Promise<void> };
   /** Add `repo`'s base commit to the object cache the sandbox mounts; the bytes sent. */
   updateCache(repo: LocalRepo, signal?: AbortSignal): Promise<number>;
+  /**
+   * Start `request.argv` in it with a terminal (a shell, an agent's TUI), as the sandbox user under
+   * its exec wrapper; an "unsupported" `SandboxError` where the sandbox has no terminals.
+   */
+  startTerminal(request: TerminalRequest): Promise<Terminal>;
+  /**
+   * How it stopped when something from outside ended it under its run (killed, removed), or
+   * undefined while it runs or when that cannot be told.
+   */
+  stoppedFromOutside(): Promise<string | undefined>;
   /** Remove it and everything of it (workspace, host records); returns without waiting for all. */
   release(): Promise<void>;
   /** Keep it, with its work, until the user removes it (`sandbox down`). */

@@ -3,7 +3,7 @@
  * (provider.ts): the `SandboxProvider` of a profile's own sandbox, the `SandboxLifecycle` of its
  * runs' sandboxes, and the `SandboxRelayTransport` of a sandbox a session serves.
  */
-import type { Profile } from "../config.ts";
+import { bareProfile, type Profile } from "../config.ts";
 import { DockerCli } from "./docker.ts";
 import {
   type DockerProviderOptions,
@@ -12,7 +12,12 @@ import {
   sandboxRepo,
 } from "./docker_provider.ts";
 import { SandboxError } from "../errors.ts";
-import type { SandboxLifecycle, SandboxProvider, SandboxRelayTransport } from "./provider.ts";
+import type {
+  ProfileSandbox,
+  SandboxLifecycle,
+  SandboxProvider,
+  SandboxRelayTransport,
+} from "./provider.ts";
 import { DockerRelayTransport } from "./docker_relay.ts";
 import { HostLifecycle } from "./host_provider.ts";
 
@@ -74,7 +79,7 @@ export interface OpenProviderOptions extends DockerProviderOptions {
 export async function openProvider(
   profile: Profile,
   options: OpenProviderOptions = {},
-): Promise<DockerSandboxProvider> {
+): Promise<ProfileSandbox> {
   const { repo, signal, force, ...rest } = options;
   if (profile.sandbox.mode !== "devcontainer") {
     const repository = repo === undefined ? undefined : await repositoryOf(repo);
@@ -94,6 +99,36 @@ export async function openProvider(
     ...rest,
     repository: await repositoryOf(repo ?? Deno.cwd()),
   });
+}
+
+/**
+ * The profile's own sandbox, found by its name (`sandbox-P`; with `existing`, that run's sandbox
+ * of the profile): what exists is acted on, nothing is built (mode devcontainer's image included).
+ * Modes without one are a usage error naming the mode.
+ */
+export function namedSandbox(
+  profile: Profile,
+  options: { existing?: string } = {},
+): ProfileSandbox {
+  switch (profile.sandbox.mode) {
+    case "container":
+      return new DockerSandboxProvider(profile, options);
+    case "devcontainer":
+      return new DockerSandboxProvider(bareProfile(profile.name), options);
+    case "none":
+      throw new SandboxError(
+        "usage",
+        `Profile "${profile.name}" uses sandbox mode "none": there is no sandbox`,
+        { detail: `Set profiles.${profile.name}.sandbox.mode to "container"` },
+      );
+    case "local":
+    case "kubernetes":
+      throw new SandboxError(
+        "usage",
+        `Profile "${profile.name}" uses sandbox mode "${profile.sandbox.mode}": its sandboxes live for one run, with no sandbox of the profile's own`,
+        { detail: "stop, start, cp and snapshot need a profile in mode container or devcontainer" },
+      );
+  }
 }
 
 /**

@@ -17,7 +17,8 @@
 import { userStateDir } from "../paths.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { randomHex } from "../hash.ts";
-import type { DockerSandboxProvider } from "./docker_provider.ts";
+import { DockerSandboxProvider } from "./docker_provider.ts";
+import type { ProfileSandbox } from "./provider.ts";
 
 export const SNAPSHOT_REPOSITORY = "sandbox-snapshot";
 /** Where a snapshot's home lives in its image (scripts/sandbox-exec's init copies it). */
@@ -43,6 +44,28 @@ export async function readSnapshot(profile: string): Promise<SnapshotRecord | un
     if (error instanceof Deno.errors.NotFound) return undefined;
     throw error;
   }
+}
+
+/**
+ * Save `dev` (a profile's running development sandbox, `namedSandbox`'s) as the image its runs
+ * start from, built on the image a run of the profile would use now; a usage error for a sandbox
+ * that is not a Docker container. Returns the record.
+ */
+export async function snapshotSandbox(
+  sandbox: ProfileSandbox,
+  options: { signal?: AbortSignal; onProgress?: (line: string) => void } = {},
+): Promise<SnapshotRecord> {
+  const dev = dockerSandbox(sandbox);
+  return await takeSnapshot(dev, await dev.runImageTag(), options);
+}
+
+/** `sandbox` as the Docker container a snapshot is made of, or a usage error. */
+function dockerSandbox(sandbox: ProfileSandbox): DockerSandboxProvider {
+  if (sandbox instanceof DockerSandboxProvider) return sandbox;
+  throw new SandboxError(
+    "usage",
+    `Sandbox "${sandbox.containerName}" is not a Docker container: only one has a snapshot`,
+  );
 }
 
 /**
@@ -100,7 +123,8 @@ export async function takeSnapshot(
  * Forget the profile's snapshot and remove its tag (its layers go once no container uses them; a
  * pooled container made from it is replaced when next claimed); false when it had none.
  */
-export async function dropSnapshot(dev: DockerSandboxProvider): Promise<boolean> {
+export async function dropSnapshot(sandbox: ProfileSandbox): Promise<boolean> {
+  const dev = dockerSandbox(sandbox);
   const record = await readSnapshot(dev.profile.name);
   if (!record) return false;
   await Deno.remove(recordPath(dev.profile.name));

@@ -8,7 +8,7 @@
  *    session whose supervisor died as crashed), its events in the event store.
  * 2. Acquire a virgin sandbox from the profile's lifecycle, open its proxy session.
  * 3. Listen for viewers on `viewers.sock` (protocol.ts), only the user's.
- * 4. Start the program with a terminal (tty_exec.ts); every byte it shows and every byte typed is
+ * 4. Start the program with a terminal (`RunSandbox.startTerminal`); every byte it shows and every byte typed is
  *    committed to the store, then passed on.
  *    With a repository (`--repo`), its checkout is made as a run's, and the program starts in it.
  * 5. When the program ends, its timeout passes or someone stops it: with a repository, its work
@@ -22,7 +22,7 @@ import { openSession, type SandboxSession } from "../proxy/session.ts";
 import { AGENT_GIT_IDENTITY, type RunWorktree } from "../repo/local.ts";
 import { RunLog } from "../run/run_log.ts";
 import { sandboxLifecycle } from "../sandbox/providers.ts";
-import type { RunSandbox } from "../sandbox/provider.ts";
+import type { RunSandbox, Terminal } from "../sandbox/provider.ts";
 import { EventWriter } from "./event_store.ts";
 import {
   clampSize,
@@ -41,7 +41,6 @@ import {
   viewersSocket,
 } from "./protocol.ts";
 import { bringShellBack, checkOutForShell, type ShellRepoOutcome } from "./shell_repo.ts";
-import { startTtyExec, type TtyExec } from "./tty_exec.ts";
 import { agentProgram } from "./agent_program.ts";
 
 const encoder = new TextEncoder();
@@ -125,7 +124,7 @@ async function startShell(
   held: Held,
   record: RunLog,
   options: SuperviseOptions,
-): Promise<TtyExec> {
+): Promise<Terminal> {
   const repo = spec.repo && { key: spec.repo.local.key };
   const sandbox = held.sandbox = await (await sandboxLifecycle(profile)).acquire({
     runId: spec.id,
@@ -145,8 +144,7 @@ async function startShell(
     ? await agentProgram(sandbox, spec.agent, { env, cwd: held.worktree?.path, runId: spec.id })
     : { argv: spec.argv, env };
   if (spec.agent) await record.note({ agent: spec.agent.name });
-  return await startTtyExec({
-    container: sandbox.name,
+  return await sandbox.startTerminal({
     argv: program.argv,
     cwd: held.worktree?.path,
     env: { ...program.env, TERM: spec.term },
@@ -195,7 +193,7 @@ class ViewerHub {
   readonly #events: EventWriter;
   readonly #viewers = new Set<Viewer>();
   readonly #decoder = new TextDecoder();
-  #tty: TtyExec | undefined;
+  #tty: Terminal | undefined;
   /** The latest output, for a new viewer's redraw. */
   #tail: Uint8Array[] = [];
   #tailBytes = 0;
@@ -205,7 +203,7 @@ class ViewerHub {
     this.#events = events;
   }
 
-  attach(tty: TtyExec): void {
+  attach(tty: Terminal): void {
     this.#tty = tty;
   }
 

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { SandboxError } from "../../lib/errors.ts";
 import { registerSecret } from "../../lib/secret_guard.ts";
-import { startTtyExec } from "../../lib/session/tty_exec.ts";
+import { startTtyExec } from "../../lib/sandbox/docker_tty.ts";
 import { resetEngineSocket } from "../../lib/sandbox/engine_api.ts";
 
 Deno.test("startTtyExec() refuses a key the host holds in the terminal's environment or argv, before the engine is asked", async (t) => {

@@ -26,6 +26,7 @@ import type {
   SandboxLifecycle,
   SandboxRelayTransport,
   SandboxRequest,
+  Terminal,
 } from "../provider.ts";
 import { type Cluster, clusterError, isConflict, isNotFound, openCluster } from "./cluster.ts";
 import {
@@ -159,6 +160,20 @@ class KubernetesRunSandbox implements RunSandbox {
   }
 
   /** The claim goes (its Sandbox with it) and the pod at once, not when the collector gets to it. */
+  startTerminal(): Promise<Terminal> {
+    return Promise.reject(
+      new SandboxError(
+        "unsupported",
+        'Sandbox mode "kubernetes" has no terminals: a shell needs mode "container"',
+      ),
+    );
+  }
+
+  /** A pod the cluster stopped says so through `watchDisk`'s poll; nothing more is told here. */
+  stoppedFromOutside(): Promise<string | undefined> {
+    return Promise.resolve(undefined);
+  }
+
   async release(): Promise<void> {
     if (this.claim) await deleteObject(this.provider.cluster, PLURALS.claim, this.claim);
     await deletePod(this.provider.cluster, this.name);

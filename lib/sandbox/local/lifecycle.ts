@@ -7,7 +7,7 @@
  * and bound in read-only (lib/sandbox/local/cache.ts). Chosen by providers.ts.
  */
 import type { Profile } from "../../config.ts";
-import type { SandboxError } from "../../errors.ts";
+import { SandboxError } from "../../errors.ts";
 import { isSameProcessAlive, spawn } from "../../process.ts";
 import { relayArgv, type RelayProcess, spawnRelayProcess } from "../../proxy/relay_host.ts";
 import type { LocalRepo } from "../../repo/local.ts";
@@ -18,6 +18,7 @@ import type {
   SandboxLifecycle,
   SandboxRelayTransport,
   SandboxRequest,
+  Terminal,
 } from "../provider.ts";
 import { denoBinaryPath, relayBundlePath, workerBundlePath } from "../worker_bundle.ts";
 import { LOCAL_PATHS } from "./bwrap.ts";
@@ -99,6 +100,20 @@ export class LocalRunSandbox implements RunSandbox {
   async updateCache(repo: LocalRepo, signal?: AbortSignal): Promise<number> {
     if (!this.repoKey) throw new TypeError(`Sandbox "${this.name}" binds no object cache`);
     return await updateLocalCache(this.repoKey, repo, signal);
+  }
+
+  startTerminal(): Promise<Terminal> {
+    return Promise.reject(
+      new SandboxError(
+        "unsupported",
+        'Sandbox mode "local" has no terminals: a shell needs mode "container"',
+      ),
+    );
+  }
+
+  /** Its processes are this host's: nothing outside the run stops them but the user. */
+  stoppedFromOutside(): Promise<string | undefined> {
+    return Promise.resolve(undefined);
   }
 
   release(): Promise<void> {

@@ -1,42 +1,25 @@
 /**
- * A command in a container with a terminal: an exec made with `Tty: true` through the Engine API
- * on the engine's Unix socket. Its attached stream is the terminal's raw bytes both ways (no
- * multiplexing headers); its window size is set with the exec resize endpoint; its exit code is
- * the engine's once the stream ends. The command runs under the sandbox's exec wrapper
- * (scripts/sandbox-exec), as the sandbox user, like every other command the tool starts there.
+ * A command in a container with a terminal (`RunSandbox.startTerminal` of docker_lifecycle.ts): an
+ * exec made with `Tty: true` through the Engine API on the engine's Unix socket. Its attached
+ * stream is the terminal's raw bytes both ways (no multiplexing headers); its window size is set
+ * with the exec resize endpoint; its exit code is the engine's once the stream ends. The command
+ * runs under the sandbox's exec wrapper (scripts/sandbox-exec), as the sandbox user, like every
+ * other command the tool starts there.
  */
 import { writeAll } from "../conn.ts";
 import { SandboxError } from "../errors.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
-import { engineRequest, engineSocket, readHead, requestHead } from "../sandbox/engine_api.ts";
-import { SANDBOX_USER } from "../sandbox/users.ts";
+import { engineRequest, engineSocket, readHead, requestHead } from "./engine_api.ts";
+import type { Terminal, TerminalRequest } from "./provider.ts";
+import { SANDBOX_USER } from "./users.ts";
 
-/** A terminal's size in characters. */
-export interface WindowSize {
-  rows: number;
-  cols: number;
-}
-
-export interface TtyExecRequest {
+/** What a terminal in a container is started with. */
+export interface TtyExecRequest extends TerminalRequest {
   container: string;
-  argv: readonly string[];
-  env: Record<string, string>;
-  cwd?: string;
-  size: WindowSize;
 }
 
 /** A running command with a terminal. */
-export interface TtyExec {
-  /** What the terminal shows, as bytes, until the command ends. */
-  readonly output: ReadableStream<Uint8Array>;
-  /** Type into the terminal. */
-  write(bytes: Uint8Array): Promise<void>;
-  resize(size: WindowSize): Promise<void>;
-  /** The command's exit code, once its output has ended. */
-  readonly exitCode: Promise<number>;
-  /** Stop attaching (the wrapper then ends the command: it loses its terminal). */
-  close(): void;
-}
+export type TtyExec = Terminal;
 
 /** Start `request.argv` with a terminal in `request.container`. */
 export async function startTtyExec(request: TtyExecRequest): Promise<TtyExec> {
