@@ -16,7 +16,7 @@ import {
 } from "./context.ts";
 import { progress } from "./progress.ts";
 import { startSupervised, supervisedRunId } from "./supervise.ts";
-import { exitCodeFor, SandboxError } from "../lib/errors.ts";
+import { EXIT, exitCodeFor, SandboxError } from "../lib/errors.ts";
 import { trace } from "../lib/trace.ts";
 import type { ExecStream, ExecStreamOutcome } from "../lib/sandbox/provider.ts";
 import type { Profile } from "../lib/config.ts";
@@ -94,6 +94,9 @@ async function recordedExec(
     exitCode = exitCodeFor(failure);
     event("error", "system", error);
   }
+  // Stopped (`sandbox stop`, Ctrl-C, SIGTERM): whatever the command made of its end, or whatever
+  // step the signal cut short, the command was interrupted, as a foreground exec exits.
+  if (signal.aborted) exitCode = EXIT.interrupted;
   event("output", "system", `[Process exited with code ${exitCode} in ${Date.now() - started}ms]`);
   await record.finish({
     status: signal.aborted ? "interrupted" : exitCode === 0 ? "succeeded" : "failed",

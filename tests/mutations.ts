@@ -1373,6 +1373,7 @@ export const MUTATIONS: Mutation[] = [
     find: `'case "$r" in "$root"|"$root"/*) ;; *) exit 92 ;; esac; '`,
     replace: `''`,
     tests: MCP_TESTS,
+    filter: "file tools refuse",
   },
   {
     name:
@@ -1381,6 +1382,7 @@ export const MUTATIONS: Mutation[] = [
     find: `'r=$(realpath -m -- "$p") || exit 91; '`,
     replace: `'r=$(realpath -m -s -- "$p") || exit 91; '`,
     tests: MCP_TESTS,
+    filter: "file tools refuse",
   },
   {
     name: "sandbox mcp does not notice the client vanish (its sandboxes stay while it waits)",
@@ -1388,6 +1390,7 @@ export const MUTATIONS: Mutation[] = [
     find: `const gone = () => resolve("the MCP client disconnected");`,
     replace: `const gone = () => {};`,
     tests: MCP_TESTS,
+    filter: "mid-command",
   },
   {
     name: "sandbox mcp ends without destroying its environments' sandboxes",
@@ -1395,6 +1398,7 @@ export const MUTATIONS: Mutation[] = [
     find: `environment.close({ status: "interrupted", content: reason })`,
     replace: `Promise.resolve()`,
     tests: MCP_TESTS,
+    filter: "mid-command",
   },
   {
     name:

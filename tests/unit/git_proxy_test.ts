@@ -670,6 +670,8 @@ Deno.test("the git proxy streams a push's pack and the remote's answer instead o
   };
   const head = pushBody(`${OLD} ${NEW} ${RUN_REF}\0report-status\n`);
   const chunk = new Uint8Array(1024 * 1024).fill(7);
+  // 8 MiB after the head: a proxy that held the body would never forward the head (see below).
+  const PACK_CHUNKS = 8;
   const released = Promise.withResolvers<void>();
   let sent = 0;
   const body = new ReadableStream<Uint8Array>({
@@ -682,7 +684,7 @@ Deno.test("the git proxy streams a push's pack and the remote's answer instead o
         await released.promise;
         return;
       }
-      if (sent > 32) return controller.close();
+      if (sent > PACK_CHUNKS) return controller.close();
       controller.enqueue(chunk);
       sent++;
     },
@@ -713,7 +715,7 @@ Deno.test("the git proxy streams a push's pack and the remote's answer instead o
   assert.equal(rest, "second");
   assert.equal(
     await within(packEnded.promise, "the end of the pack"),
-    head.byteLength + 32 * chunk.byteLength,
+    head.byteLength + PACK_CHUNKS * chunk.byteLength,
   );
 });
 
