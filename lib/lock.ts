@@ -86,6 +86,32 @@ export async function withHostLock<T>(name: string, fn: () => Promise<T>): Promi
   }
 }
 
+/**
+ * Remove the lock files no one holds (left by holders killed before they could remove them): the
+ * names unique to one state directory or container (`pool-…`, `container-…`) are never taken
+ * again, so no next holder would remove them. Each file is taken without waiting and removed by
+ * `tryHostLock`'s release, as any holder's: a file whose lock is held stays, and a process that
+ * opened the file just before its removal finds, once it has the lock, that the file is no longer
+ * at the path, and takes the new one (`lockFile`). So removal never lets two holders in at once.
+ */
+export async function removeFreeLocks(): Promise<void> {
+  let names: string[];
+  try {
+    names = (await Array.fromAsync(Deno.readDir(hostLockDir())))
+      .filter((entry) => entry.isFile && entry.name.endsWith(".lock"))
+      .map((entry) => entry.name.slice(0, -".lock".length));
+  } catch {
+    return; // No lock directory (no lock taken on this host yet), or none this user may list.
+  }
+  for (const name of names) {
+    try {
+      (await tryHostLock(name))?.release();
+    } catch {
+      // Another user's file this user may not open: its owner's processes remove it.
+    }
+  }
+}
+
 /** A lock held until `release` (or this process's end: the OS releases it). */
 export interface HeldLock {
   release(): void;

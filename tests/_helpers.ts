@@ -105,12 +105,18 @@ export async function docker(...args: string[]): Promise<string> {
   return result.stdout.trim();
 }
 
-/** Remove every container, network and volume of a profile, by label (test cleanup). */
+/**
+ * Remove every container, network and volume of a profile, by label (test cleanup), and the host
+ * directories mounted into its containers for the proxies' sockets (which the CLI's own removal
+ * takes with the container: lib/sandbox/proxy_mount.ts).
+ */
 export async function removeProfile(profile: string): Promise<void> {
   const filter = `label=dev.sandbox.profile=${profile}`;
   const containers = (await run(["docker", "ps", "-aq", "--filter", filter])).stdout.split("\n")
     .filter(Boolean);
+  const proxyDirs = containers.length ? await proxyMountSources(containers) : [];
   if (containers.length) await run(["docker", "rm", "-f", ...containers]);
+  await Promise.all(proxyDirs.map(removeProxyDir));
   const networks = (await run(["docker", "network", "ls", "-q", "--filter", filter])).stdout.split(
     "\n",
   ).filter(Boolean);
@@ -119,6 +125,28 @@ export async function removeProfile(profile: string): Promise<void> {
     "\n",
   ).filter(Boolean);
   if (volumes.length) await run(["docker", "volume", "rm", "-f", ...volumes]);
+}
+
+/** The host directories bind-mounted at the proxies' socket path into `containers`. */
+async function proxyMountSources(containers: string[]): Promise<string[]> {
+  const format =
+    `{{range .Mounts}}{{if eq .Destination "${PROXY_MOUNT_PATH}"}}{{.Source}}\n{{end}}{{end}}`;
+  const result = await run(["docker", "inspect", "--format", format, ...containers]);
+  // A container removed meanwhile fails the inspect of it alone: the others' lines still come.
+  return result.stdout.split("\n").map((line) => line.trim()).filter((line) =>
+    line.startsWith("/tmp/sandbox-proxy-")
+  );
+}
+
+/**
+ * A container's proxy directory and its spare relay's record; its parent (the user's, per state
+ * directory) too when no other container's is left in it.
+ */
+async function removeProxyDir(dir: string): Promise<void> {
+  // Gone already (removed by the CLI's own cleanup) is as good.
+  await Deno.remove(dir, { recursive: true }).catch(() => {});
+  await Deno.remove(`${dir}.spare-relay.json`).catch(() => {}); // absent without a spare relay
+  await Deno.remove(dir.slice(0, dir.lastIndexOf("/"))).catch(() => {}); // NotEmpty: another's is in it
 }
 
 /** Write a config file with one profile and return its path. */

@@ -70,6 +70,9 @@ export async function teardownEverything(
   const report = await teardownAll(new DockerCli(), signal);
   // Chains older versions made (root only; nothing to do for anyone else).
   await removeLegacyFirewall();
+  // Lock files that killed holders left; a lock held now stays (lib/lock.ts).
+  const { removeFreeLocks } = await import("../lock.ts");
+  await removeFreeLocks();
   return report;
 }
 

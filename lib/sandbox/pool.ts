@@ -56,7 +56,7 @@ import {
   releaseOwn,
 } from "./pool_records.ts";
 import { randomHex, sha256Hex } from "../hash.ts";
-import { tryHostLock, withHostLock } from "../lock.ts";
+import { removeFreeLocks, tryHostLock, withHostLock } from "../lock.ts";
 import { userStateDir } from "../paths.ts";
 import { trace } from "../trace.ts";
 import { recoverRun } from "../run/recover.ts";
@@ -394,8 +394,9 @@ async function recoverOrphan(
 }
 
 /**
- * Remove the containers of runs whose process is gone (killed before it could remove them): the
- * containers are found by name in the host's book; their labels also let `teardown --all` find them.
+ * Remove the containers of runs whose process is gone (killed before it could remove them), and
+ * the lock files no process holds (lib/lock.ts `removeFreeLocks`): the containers are found by
+ * name in the host's book; their labels also let `teardown --all` find them.
  */
 export async function reapOrphans(
   profile: Profile,
@@ -418,5 +419,7 @@ export async function reapOrphans(
     await Promise.all([removeProxyMountSource(held.name), forget(held.name)]);
     reaped.push(held.name);
   }
+  // And the lock files killed holders left (their names may never be taken again).
+  await removeFreeLocks();
   return reaped;
 }

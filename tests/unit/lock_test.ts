@@ -1,11 +1,13 @@
 /**
  * The host's advisory locks (lib/lock.ts): `tryHostLock` takes a lock only when no one holds it,
  * without waiting, whether the holder is this process or another, and a holder that dies lets go.
- * A lock's file goes with its last holder, and removing it never lets two holders in at once.
+ * A lock's file goes with its last holder, and removing it never lets two holders in at once; the
+ * reap of orphans removes the files killed holders left, never one a live process holds.
  */
 import assert from "node:assert/strict";
-import { tryHostLock, withHostLock } from "../../lib/lock.ts";
-import { tempDir, withEnv } from "../_helpers.ts";
+import { removeFreeLocks, tryHostLock, withHostLock } from "../../lib/lock.ts";
+import { reapOrphans } from "../../lib/sandbox/pool.ts";
+import { profileFrom, tempDir, withEnv } from "../_helpers.ts";
 
 /** A process that takes `name`'s lock in `dir`, says "held", and holds it until killed. */
 function holder(dir: string, name: string): Deno.ChildProcess {
@@ -144,5 +146,48 @@ Deno.test("a waiter that gets the lock of a file its holder removed does not ent
     await Promise.all([b, c]);
     assert.equal(most, 1, "two holders were inside at once");
     assert.deepEqual(await entries(dir.path), []);
+  });
+});
+
+Deno.test("the pool's reap removes the lock file a SIGKILLed holder left, and not one a live process holds", async () => {
+  await using dir = await tempDir();
+  await using state = await tempDir();
+  await withEnv({ SANDBOX_LOCK_DIR: dir.path, XDG_STATE_HOME: state.path }, async () => {
+    const dead = holder(dir.path, "pool-0123456789abcdef");
+    const live = holder(dir.path, "container-sandbox-x");
+    try {
+      assert.equal(await firstLine(dead), "held");
+      assert.equal(await firstLine(live), "held");
+      dead.kill("SIGKILL");
+      await dead.status;
+      assert.deepEqual(await entries(dir.path), [
+        "container-sandbox-x.lock",
+        "pool-0123456789abcdef.lock",
+      ]);
+      assert.deepEqual(
+        await reapOrphans(profileFrom("profiles:\n  p: {}\n", "p")),
+        [],
+        "no container to reap",
+      );
+      assert.deepEqual(
+        await entries(dir.path),
+        ["container-sandbox-x.lock"],
+        "the dead holder's file stayed, or the live holder's went",
+      );
+      assert.equal(await tryHostLock("container-sandbox-x"), undefined, "the live lock was lost");
+    } finally {
+      for (const child of [dead, live]) {
+        try {
+          child.kill("SIGKILL");
+        } catch {
+          // Killed already (the dead holder).
+        }
+        await child.status;
+        await child.stdout.cancel().catch(() => {});
+      }
+    }
+    assert.deepEqual(await entries(dir.path), ["container-sandbox-x.lock"]);
+    await removeFreeLocks();
+    assert.deepEqual(await entries(dir.path), [], "a file whose holder died since stayed");
   });
 });
