@@ -1345,7 +1345,7 @@ function throwIfExecFailed(outcome: ExecOutcome, container: string): void {
   if (!failure) return;
   if (failure.kind === "not-found") throw notFound(container);
   if (failure.kind === "not-running") {
-    throw new SandboxError("container_not_found", `Sandbox "${container}" is not running`, {
+    throw new SandboxError("invalid_state", `Sandbox "${container}" is not running`, {
       detail: `Start it with: ${cliName()} start`,
     });
   }

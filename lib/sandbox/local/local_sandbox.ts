@@ -249,7 +249,7 @@ export class LocalSandbox implements SandboxProvider {
   argvFor(argv: readonly string[], cwd?: string): string[] {
     if (!this.#holder || this.#destroyed) {
       throw new SandboxError(
-        "container_not_found",
+        this.#destroyed ? "container_not_found" : "invalid_state",
         `Local sandbox "${this.containerName}" is not running`,
       );
     }
