@@ -85,7 +85,14 @@ export type {
   WindowSize,
 } from "./lib/sandbox/provider.ts";
 
-export { CommandExitError, ConfigError, EXIT, exitCodeFor, SandboxError } from "./lib/errors.ts";
+export {
+  CommandExitError,
+  ConfigError,
+  EXIT,
+  exitCodeFor,
+  ResourceLimitError,
+  SandboxError,
+} from "./lib/errors.ts";
 export type { ConfigIssue, SandboxErrorCode } from "./lib/errors.ts";
 
 export { ContainerDriver, PROMPT_ROOT, WORKER_COMMAND } from "./lib/run/container_driver.ts";

@@ -18,6 +18,10 @@ export type SandboxErrorCode =
   | "image_build_failed"
   /** The sandbox container does not exist. */
   | "container_not_found"
+  /** A file or directory named in the sandbox (read, copied out) does not exist. */
+  | "file_not_found"
+  /** The sandbox exists but is in the wrong state for the operation (exec on a stopped one). */
+  | "invalid_state"
   /** `docker exec` itself failed, or the command inside could not be started. */
   | "exec_failed"
   /** Any other failed docker operation (run, network, volume, inspect). */
@@ -81,6 +85,35 @@ export class CommandExitError extends SandboxError {
   }
 }
 
+/**
+ * A sandbox passed a resource limit: `out_of_memory` or `disk_limit`, with the limit and the use
+ * that passed it, in bytes, for callers to read without parsing the message (which names both).
+ */
+export class ResourceLimitError extends SandboxError {
+  override name = "ResourceLimitError";
+  readonly resource: "memory" | "disk";
+  /** The limit, in bytes. */
+  readonly limit: number;
+  /** The use that passed it, in bytes. */
+  readonly actual: number;
+
+  constructor(
+    init: { resource: "memory" | "disk"; limit: number; actual: number },
+    message: string,
+    options?: SandboxErrorOptions,
+  ) {
+    super(init.resource === "memory" ? "out_of_memory" : "disk_limit", message, options);
+    this.resource = init.resource;
+    this.limit = init.limit;
+    this.actual = init.actual;
+  }
+}
+
+/** The sandbox has no file or directory at `path`. */
+export function fileNotFound(path: string, where: string): SandboxError {
+  return new SandboxError("file_not_found", `No file "${path}" in ${where}`);
+}
+
 /** One problem found in a configuration file, with the path to the offending value. */
 export interface ConfigIssue {
   path: string;
@@ -125,6 +158,7 @@ export function exitCodeFor(error: unknown): number {
   switch (error.code) {
     case "usage":
     case "config_invalid":
+    case "file_not_found":
       return EXIT.usage;
     case "timeout":
       return EXIT.timeout;

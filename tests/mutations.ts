@@ -1017,8 +1017,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "sandbox cp out archives holes as data",
     file: DOCKER_PROVIDER,
-    find: `"tar", "-C", dir, "--sparse", "-c", "--", base`,
-    replace: `"tar", "-C", dir, "-c", "--", base`,
+    find: `exec tar -C "$1" --sparse -c -- "$2"`,
+    replace: `exec tar -C "$1" -c -- "$2"`,
     tests: ["tests/security/copy_out_test.ts"],
   },
   {

@@ -31,6 +31,7 @@ const CONTAINER_SYMPTOMS = new Set([
   "exec_failed",
   "worker_failed",
   "container_not_found",
+  "invalid_state",
 ]);
 
 export async function runFailure(

@@ -15,7 +15,7 @@
  * still be cleaned up, but not grown. The host starts following `delayMs` after the watch (a
  * quarter of a second by default), and not at all for a command that is over by then.
  */
-import { SandboxError } from "../errors.ts";
+import { ResourceLimitError, SandboxError } from "../errors.ts";
 import type { Child } from "../process.ts";
 import { formatBytes } from "../units.ts";
 
@@ -194,8 +194,8 @@ function watcherStopped(
 }
 
 function exceeded(options: DiskWatchOptions, bytes: number): SandboxError {
-  return new SandboxError(
-    "disk_limit",
+  return new ResourceLimitError(
+    { resource: "disk", limit: options.limitBytes, actual: bytes },
     `Sandbox "${options.sandbox}" exceeded resources.disk: /workspace holds ${
       formatBytes(bytes)
     }, the limit is ${formatBytes(options.limitBytes)}`,

@@ -9,7 +9,8 @@
 import { withoutRefusedEnv } from "../refused_env.ts";
 import type { Profile } from "../config.ts";
 import { daemonDown, type DockerCli, LABEL, labelArgs, OWNER, OWNER_FILTER } from "./docker.ts";
-import { CommandExitError, SandboxError } from "../errors.ts";
+import { CommandExitError, fileNotFound, SandboxError } from "../errors.ts";
+import { NO_SUCH_FILE_EXIT, readFileArgv } from "./provider.ts";
 import {
   type ContainerInspect,
   type DockerEngine,
@@ -968,7 +969,7 @@ export class DockerSandboxProvider implements SandboxProvider {
 
   async readFile(path: string, options: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
     const child = this.docker.spawn(
-      ["exec", "--user", SANDBOX_USER, ...this.#wrapped("cat", "--", path)],
+      ["exec", "--user", SANDBOX_USER, ...this.#wrapped(...readFileArgv(path))],
       { signal: options.signal },
     );
     const [bytes, outcome] = await Promise.all([
@@ -977,6 +978,9 @@ export class DockerSandboxProvider implements SandboxProvider {
     ]);
     if (outcome.exitCode !== 0) {
       throwIfExecFailed(outcome, this.names.container);
+      if (outcome.exitCode === NO_SUCH_FILE_EXIT) {
+        throw fileNotFound(path, `sandbox "${this.names.container}"`);
+      }
       throw new CommandExitError(
         "exec_failed",
         `Cannot read "${path}" in sandbox "${this.names.container}"`,
@@ -1090,7 +1094,14 @@ export class DockerSandboxProvider implements SandboxProvider {
         "exec",
         "--user",
         SANDBOX_USER,
-        ...this.#wrapped("tar", "-C", dir, "--sparse", "-c", "--", base),
+        ...this.#wrapped(
+          "sh",
+          "-c",
+          `[ -e "$1/$2" ] || exit ${NO_SUCH_FILE_EXIT}; exec tar -C "$1" --sparse -c -- "$2"`,
+          "sh",
+          dir,
+          base,
+        ),
       ],
       { signal },
     );
@@ -1136,6 +1147,9 @@ export class DockerSandboxProvider implements SandboxProvider {
       // A packer that failed on its own explains a cut archive; one we ended for a refused member does not.
       if (packed.exitCode !== 0 && !(packed.aborted && failure)) {
         throwIfExecFailed(packed, this.names.container);
+        if (packed.exitCode === NO_SUCH_FILE_EXIT) {
+          throw fileNotFound(sandboxPath, `sandbox "${this.names.container}"`);
+        }
         throw new CommandExitError(
           "exec_failed",
           `Cannot read "${sandboxPath}" in sandbox "${this.names.container}"`,
@@ -1331,7 +1345,7 @@ function throwIfExecFailed(outcome: ExecOutcome, container: string): void {
   if (!failure) return;
   if (failure.kind === "not-found") throw notFound(container);
   if (failure.kind === "not-running") {
-    throw new SandboxError("container_not_found", `Sandbox "${container}" is not running`, {
+    throw new SandboxError("invalid_state", `Sandbox "${container}" is not running`, {
       detail: `Start it with: ${cliName()} start`,
     });
   }

@@ -165,13 +165,18 @@ export function dockerEngine(program?: string): DockerEngine {
 
 /**
  * `error` for callers: an `EngineError` as a `SandboxError` (absent container: container_not_found;
+ * a stopped one: invalid_state;
  * unreachable engine: daemon_down; else `code` with `message` and the engine's message); any other
  * error as it is.
  */
 export function sandboxErrorOf(error: unknown, code: SandboxErrorCode, message: string): unknown {
   if (!(error instanceof EngineError)) return error;
   if (error.kind === "engine-unreachable") return daemonDown(error.engineMessage);
-  const kindCode: SandboxErrorCode = error.kind === "not-found" ? "container_not_found" : code;
+  const kindCode: SandboxErrorCode = error.kind === "not-found"
+    ? "container_not_found"
+    : error.kind === "not-running"
+    ? "invalid_state"
+    : code;
   return new SandboxError(
     kindCode,
     message ? `${message}: ${error.engineMessage}` : error.engineMessage,

@@ -7,7 +7,7 @@
  * passes — the proxy URL and token, never a key), and LLM calls still go through the credential
  * proxy on loopback.
  */
-import { SandboxError } from "../errors.ts";
+import { fileNotFound, SandboxError } from "../errors.ts";
 import { execStreamOf } from "./exec_stream.ts";
 import { run, spawn, type SpawnOptions } from "../process.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
@@ -128,7 +128,12 @@ export class HostProvider implements SandboxProvider {
   }
 
   async readFile(path: string): Promise<Uint8Array> {
-    return await Deno.readFile(path);
+    try {
+      return await Deno.readFile(path);
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound) throw fileNotFound(path, "the host (mode none)");
+      throw error;
+    }
   }
 
   async writeFile(
@@ -148,6 +153,13 @@ export class HostProvider implements SandboxProvider {
   }
 
   async copyOut(sandboxPath: string, hostPath: string): Promise<void> {
+    // Asked first, so that a missing source is told by its error type, not by cp's message.
+    await Deno.lstat(sandboxPath).catch((error: unknown) => {
+      if (error instanceof Deno.errors.NotFound) {
+        throw fileNotFound(sandboxPath, "the host (mode none)");
+      }
+      throw error;
+    });
     await this.#copy(sandboxPath, hostPath);
   }
 

@@ -97,6 +97,14 @@ export async function pushImage(
   return { image, reference, digest };
 }
 
+/*
+ * The push goes through the `docker` CLI, and its failure is told from the CLI's stderr, because
+ * the Engine API's push (`POST /images/{name}/push`) takes the registry's credentials in an
+ * `X-Registry-Auth` header: the caller must resolve them itself from ~/.docker/config.json and its
+ * credential helpers (`credsStore`, `credHelpers`), which the CLI does and we would have to copy.
+ * The API's `errorDetail` would be typed, but the words that tell unreachable from refused are the
+ * registry's either way; the patterns below match those words, not an imitation of CLI output.
+ */
 const UNREACHABLE =
   /connection refused|no such host|i\/o timeout|no route to host|network is unreachable|connection reset|server gave HTTP response to HTTPS client|tls: |x509: /i;
 const REFUSED =

@@ -321,3 +321,14 @@ export interface SandboxLifecycle {
   /** Remove the sandboxes of runs whose process is gone; their names. */
   reapOrphans(): Promise<string[]>;
 }
+
+/** The exit code of `readFileArgv` when its path names nothing (EX_NOINPUT of sysexits.h). */
+export const NO_SUCH_FILE_EXIT = 66;
+
+/**
+ * `cat PATH` for a provider's `readFile`, exiting `NO_SUCH_FILE_EXIT` when PATH names nothing: a
+ * missing file is told apart by the exit code, never by the text of cat's message.
+ */
+export function readFileArgv(path: string): string[] {
+  return ["sh", "-c", `[ -e "$1" ] || exit ${NO_SUCH_FILE_EXIT}; exec cat -- "$1"`, "sh", path];
+}

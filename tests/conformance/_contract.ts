@@ -15,6 +15,7 @@
  */
 import assert from "node:assert/strict";
 import type { RunSandbox, SandboxLifecycle } from "../../lib/sandbox/provider.ts";
+import { SandboxError } from "../../lib/errors.ts";
 import { checkNoNetwork, checkPidsLimit, checkRelayAndKey, type HoldsSubject } from "./_holds.ts";
 import type { Holds } from "./_holds.ts";
 
@@ -70,6 +71,7 @@ export function providerContract(target: ConformanceTarget): void {
       const scratch = await subject.scratch(sandbox);
       await operations(t, sandbox, scratch);
       await files(t, sandbox, scratch);
+      await missingFiles(t, sandbox, scratch);
     });
   });
   test("the sandbox holds what the target declares of limits, network, relay and key", async (t) => {
@@ -181,6 +183,37 @@ async function files(t: Deno.TestContext, sandbox: RunSandbox, scratch: string) 
       }
     },
   );
+}
+
+/** A missing path is a `file_not_found`, read or copied out; beside it an existing file reads. */
+async function missingFiles(t: Deno.TestContext, sandbox: RunSandbox, scratch: string) {
+  const { provider } = sandbox;
+  const isFileNotFound = (error: unknown) =>
+    error instanceof SandboxError && error.code === "file_not_found" &&
+    error.message.includes(`${scratch}/absent.txt`);
+  await t.step(
+    "readFile of a missing file raises file_not_found; an existing one reads",
+    async () => {
+      await assert.rejects(provider.readFile(`${scratch}/absent.txt`), isFileNotFound);
+      await provider.writeFile(`${scratch}/present.txt`, "here\n");
+      assert.equal(
+        new TextDecoder().decode(await provider.readFile(`${scratch}/present.txt`)),
+        "here\n",
+      );
+    },
+  );
+  await t.step("copyOut of a missing path raises file_not_found and writes nothing", async () => {
+    const host = await Deno.makeTempDir({ prefix: "sandbox-conformance-" });
+    try {
+      await assert.rejects(
+        provider.copyOut(`${scratch}/absent.txt`, `${host}/out`),
+        isFileNotFound,
+      );
+      await assert.rejects(Deno.lstat(`${host}/out`), Deno.errors.NotFound);
+    } finally {
+      await Deno.remove(host, { recursive: true });
+    }
+  });
 }
 
 /** What a path is, resolved inside the sandbox (a temporary directory may be reached by a link). */

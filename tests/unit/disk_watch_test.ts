@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { startDiskWatch } from "../../lib/sandbox/disk_watch.ts";
-import type { SandboxError } from "../../lib/errors.ts";
+import { ResourceLimitError, type SandboxError } from "../../lib/errors.ts";
 import { spawn } from "../../lib/process.ts";
 
 const MIB = 1024 ** 2;
@@ -44,6 +44,11 @@ Deno.test("the watch fires when the workspace grows past the limit, naming resou
     /exceeded resources\.disk: \/workspace holds 12(\.0)? MiB, the limit is 10(\.0)? MiB/,
   );
   assert.match(reason.detail ?? "", /sandbox down -p w --volumes/);
+  assert.ok(reason instanceof ResourceLimitError, "the reason carries the limit and the size");
+  assert.deepEqual(
+    { resource: reason.resource, limit: reason.limit, actual: reason.actual },
+    { resource: "disk", limit: 10 * MIB, actual: 12288 * 1024 },
+  );
   assert.deepEqual(reasons, [reason]);
   assert.equal(watch.usedBytes, 12288 * 1024);
 });

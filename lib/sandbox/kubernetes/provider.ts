@@ -5,7 +5,8 @@
  * `stop` is refused, `teardown` deletes it.
  */
 import type { V1Pod } from "@kubernetes/client-node";
-import { SandboxError } from "../../errors.ts";
+import { fileNotFound, SandboxError } from "../../errors.ts";
+import { NO_SUCH_FILE_EXIT, readFileArgv } from "../provider.ts";
 import { assertNoSecrets } from "../../secret_guard.ts";
 import { execStreamOf } from "../exec_stream.ts";
 import { spawn } from "../../process.ts";
@@ -147,11 +148,12 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   }
 
   async readFile(path: string, options: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
-    const child = this.spawn(["cat", "--", path], options);
+    const child = this.spawn(readFileArgv(path), options);
     const [bytes, ended] = await Promise.all([
       new Response(child.stdout).arrayBuffer(),
       child.finished,
     ]);
+    if (ended.exitCode === NO_SUCH_FILE_EXIT) throw fileNotFound(path, `pod "${this.podName}"`);
     if (ended.exitCode !== 0) {
       throw new SandboxError(
         "exec_failed",

@@ -9,7 +9,8 @@
  * not on the host. What comes out as a tar is extracted by the host's strict reader.
  */
 import type { Profile } from "../../config.ts";
-import { SandboxError } from "../../errors.ts";
+import { fileNotFound, SandboxError } from "../../errors.ts";
+import { NO_SUCH_FILE_EXIT, readFileArgv } from "../provider.ts";
 import { userStateDir } from "../../paths.ts";
 import {
   type ChildProcess,
@@ -248,7 +249,7 @@ export class LocalSandbox implements SandboxProvider {
   argvFor(argv: readonly string[], cwd?: string): string[] {
     if (!this.#holder || this.#destroyed) {
       throw new SandboxError(
-        "container_not_found",
+        this.#destroyed ? "container_not_found" : "invalid_state",
         `Local sandbox "${this.containerName}" is not running`,
       );
     }
@@ -374,9 +375,12 @@ export class LocalSandbox implements SandboxProvider {
   }
 
   async readFile(path: string, options: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
-    const bytes = this.execBytes(["cat", "--", path], options);
+    const bytes = this.execBytes(readFileArgv(path), options);
     const data = new Uint8Array(await new Response(bytes.stdout).arrayBuffer());
     const outcome = await bytes.outcome;
+    if (outcome.exitCode === NO_SUCH_FILE_EXIT) {
+      throw fileNotFound(path, `local sandbox "${this.containerName}"`);
+    }
     if (outcome.exitCode !== 0) {
       throw new SandboxError(
         "exec_failed",
