@@ -81,11 +81,15 @@ const LLM_REQUEST = `curl -s -m 60 -o /dev/null -w '%{http_code} %{exitcode}' ` 
  * process's environment and command line, and every file but under /proc, /sys and /dev whose
  * inode changed since `$1` (epoch seconds; the pattern did not exist before, so no older file can
  * hold it, and a change time cannot be set back as a modification time can). The pattern is held
- * in the shell and given to each grep on stdin, so that it is on no argv.
+ * in the shell and given to each grep on stdin, so that it is on no argv. The top-level directories
+ * are named too: where Landlock holds (mode local) `/` itself cannot be listed, while what is under
+ * the directories it allows can be read.
  */
 const FIND = `k=$(cat)
 { for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do echo "$f"; done
-  find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type f -newerct "@$1" -print 2>/dev/null
+  find / /cache /etc /home /opt /root /run /srv /tmp /usr /var /workspace \\
+    \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type f -newerct "@$1" -print 2>/dev/null |
+    sort -u
 } | while IFS= read -r f; do
   printf '%s' "$k" | grep -qsF --devices=skip -f - "$f" && echo "$f"
 done; exit 0`;
