@@ -102,9 +102,9 @@ export class McpFixture extends RunFixture {
     return listed.stdout.split("\n").filter(Boolean);
   }
 
-  /** Wait (polling, up to two minutes) until `name` no longer exists. */
+  /** Wait (polling, up to a minute: a release takes seconds) until `name` no longer exists. */
   async containerGone(name: string): Promise<boolean> {
-    for (let i = 0; i < 1200; i++) {
+    for (let i = 0; i < 600; i++) {
       const found = await run(["docker", "container", "inspect", name]);
       if (found.exitCode !== 0) return true;
       await new Promise((resolve) => setTimeout(resolve, 100));
