@@ -38,6 +38,11 @@ function existsSync(url: URL): boolean {
   }
 }
 
+/** Whether this process is the supervisor of a `run` (not of an `exec --detach`). */
+export function supervisesRun(args: string[]): boolean {
+  return Deno.env.get(SUPERVISED_RUN_ENV) !== undefined && parseFastPath(args)?.kind === "run";
+}
+
 /**
  * When `args` is a plain foreground `run` (what the fast path reads, without --detach) and this
  * process is not its supervisor already: start the supervisor, wait for it, and return its exit
@@ -45,27 +50,10 @@ function existsSync(url: URL): boolean {
  * itself, cli/supervise.ts).
  */
 export async function superviseRunFirst(args: string[]): Promise<number | undefined> {
+  if (Deno.env.get(SUPERVISED_RUN_ENV) !== undefined) return undefined;
   const fast = parseFastPath(args);
-  if (Deno.env.get(SUPERVISED_RUN_ENV) !== undefined) {
-    if (fast?.kind === "run") preloadRun();
-    return undefined;
-  }
   if (fast?.kind !== "run" || fast.opts.detach || fast.opts.json) return undefined;
   return await superviseForeground(newRunId(), args);
-}
-
-/**
- * In a run's supervisor: the run's modules start loading now, while the CLI's own load and the
- * configuration is read (cli/run_action.ts imports them when it needs them: the same modules).
- */
-function preloadRun(): void {
-  for (
-    const loading of [
-      import("../lib/run/run.ts"),
-      import("../lib/run/protocol.ts"),
-      import("../lib/run/transcript.ts"),
-    ]
-  ) loading.catch(() => {}); // run_action.ts imports them again, and reports a failure there
 }
 
 /**

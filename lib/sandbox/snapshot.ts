@@ -17,7 +17,7 @@
 import { userStateDir } from "../paths.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { randomHex } from "../hash.ts";
-import { DockerSandboxProvider } from "./docker_provider.ts";
+import type { DockerSandboxProvider } from "./docker_provider.ts";
 import type { ProfileSandbox } from "./provider.ts";
 
 export const SNAPSHOT_REPOSITORY = "sandbox-snapshot";
@@ -59,9 +59,13 @@ export async function snapshotSandbox(
   return await takeSnapshot(dev, await dev.runImageTag(), options);
 }
 
-/** `sandbox` as the Docker container a snapshot is made of, or a usage error. */
+/**
+ * `sandbox` as the Docker container a snapshot is made of, or a usage error. Told by its Docker
+ * method, not `instanceof`: docker_provider.ts imports this module, and a value import back would
+ * be a cycle of modules, which in the bundle wait for each other's start for ever.
+ */
 function dockerSandbox(sandbox: ProfileSandbox): DockerSandboxProvider {
-  if (sandbox instanceof DockerSandboxProvider) return sandbox;
+  if ("runImageTag" in sandbox) return sandbox as DockerSandboxProvider;
   throw new SandboxError(
     "usage",
     `Sandbox "${sandbox.containerName}" is not a Docker container: only one has a snapshot`,
