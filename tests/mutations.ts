@@ -1010,8 +1010,8 @@ export const MUTATIONS: Mutation[] = [
     name:
       "sandbox cp out takes any amount the sandbox sends (a file of holes fills the host's disk)",
     file: DOCKER_PROVIDER,
-    find: "          if (received > limitBytes) {",
-    replace: "          if (false) {",
+    find: "        if (received > limitBytes) {",
+    replace: "        if (false) {",
     tests: ["tests/security/copy_out_test.ts"],
   },
   {

@@ -1105,20 +1105,7 @@ export class DockerSandboxProvider implements SandboxProvider {
       ],
       { signal },
     );
-    let received = 0;
-    const capped = pack.stdout.pipeThrough(
-      new TransformStream<Uint8Array, Uint8Array>({
-        transform(chunk, controller) {
-          received += chunk.byteLength;
-          if (received > limitBytes) {
-            tooLarge.abort();
-            controller.terminate();
-            return;
-          }
-          controller.enqueue(chunk);
-        },
-      }),
-    );
+    const capped = cappedStream(pack.stdout, limitBytes, () => tooLarge.abort());
     const { dir: targetDir, base: targetBase } = splitPath(hostPath);
     const what = `Cannot copy "${sandboxPath}" out of sandbox "${this.names.container}"`;
     const staging = await Deno.makeTempDir({ dir: targetDir, prefix: ".sandbox-copy-" });
@@ -1609,4 +1596,26 @@ export async function teardownAll(
     report.volumes = volumes;
   }
   return report;
+}
+
+/** `stream`, ended once more than `limitBytes` went through it; `onOver` is called then. */
+function cappedStream(
+  stream: ReadableStream<Uint8Array>,
+  limitBytes: number,
+  onOver: () => void,
+): ReadableStream<Uint8Array> {
+  let received = 0;
+  return stream.pipeThrough(
+    new TransformStream<Uint8Array, Uint8Array>({
+      transform(chunk, controller) {
+        received += chunk.byteLength;
+        if (received > limitBytes) {
+          onOver();
+          controller.terminate();
+          return;
+        }
+        controller.enqueue(chunk);
+      },
+    }),
+  );
 }
