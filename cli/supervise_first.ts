@@ -10,6 +10,7 @@ import { parseFastPath } from "./fast_path.ts";
 import { newRunId } from "../lib/run/run_id.ts";
 import { trace } from "../lib/trace.ts";
 import { cliName } from "../lib/cli_name.ts";
+import { userStateDir } from "../lib/paths.ts";
 import denoJson from "../deno.json" with { type: "json" };
 
 /** The environment variable that makes a `sandbox run` the supervisor of run ID (its value). */
@@ -128,8 +129,12 @@ export async function superviseForeground(id: string, args: string[]): Promise<n
 
 /** What to say of a supervisor that a signal ended: where its record is, or that there is none. */
 async function endedBySignal(id: string, signal: Deno.Signal): Promise<Uint8Array> {
-  const { readRun } = await import("../lib/run/run_log.ts");
-  const recorded = await readRun(id).catch(() => undefined);
+  // The record's file, not the run log's reader: this module is the installed start file's, whose
+  // every import is on every run's path (lib/run/run_log.ts keeps runs in the same place).
+  const recorded = await Deno.stat(`${userStateDir()}/runs/${id}/meta.json`).then(
+    () => true,
+    () => false,
+  );
   const what = recorded
     ? `what it recorded: ${cliName()} logs ${id}`
     : "it ended before recording the run: nothing was recorded";
