@@ -186,12 +186,13 @@ Deno.test({
         }],
       },
     });
-    // Planted, then the run waits (up to 100 s) while the test starts the twin in its container.
+    // Planted, then the run waits (up to 200 s: a loaded machine) while the test starts the twin in
+    // its container; the test ends the wait as soon as the twin is done.
     const plant =
       `mkdir -p ~/.claude && echo ${
         btoa(settings)
       } | base64 -d > ~/.claude/settings.json && echo PLANTED; ` +
-      "for i in $(seq 500); do [ -e /tmp/.twin-done ] && break; sleep 0.2; done";
+      "for i in $(seq 1000); do [ -e /tmp/.twin-done ] && break; sleep 0.2; done";
     const look = "echo STOLEN; cat /workspace/.stolen-prompts 2>/dev/null; echo STOLEN-END; " +
       "echo SETTINGS; grep -l stolen-prompts ~/.claude/settings.json 2>/dev/null; echo SETTINGS-END";
     const key = `sk-sec-${crypto.randomUUID().replaceAll("-", "")}`;
@@ -240,7 +241,7 @@ Deno.test({
         async () => {
           for (
             let i = 0;
-            i < 600 &&
+            i < 1200 &&
             !(await readIn(container, "/home/sandbox/.claude/settings.json")).includes(
               "stolen-prompts",
             );
