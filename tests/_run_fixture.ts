@@ -106,7 +106,9 @@ export class RunFixture implements AsyncDisposable {
       for (const entry of ids) {
         const meta = await this.meta(entry.name).catch(() => undefined);
         const container = meta?.status === "running" ? meta.extra?.container : undefined;
-        if (typeof container === "string") return container;
+        // Named in the record before the engine makes it (so that a leftover is found): live once
+        // the engine says it runs.
+        if (typeof container === "string" && await runningContainer(container)) return container;
       }
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
@@ -149,4 +151,10 @@ export class RunFixture implements AsyncDisposable {
       await this.dir[Symbol.asyncDispose]();
     }
   }
+}
+
+/** Whether the engine has `name` running. */
+async function runningContainer(name: string): Promise<boolean> {
+  const inspected = await run(["docker", "container", "inspect", "-f", "{{.State.Running}}", name]);
+  return inspected.exitCode === 0 && inspected.stdout.trim() === "true";
 }
