@@ -155,6 +155,14 @@ test("the user's home is invisible and the system unwritable; the checkout, home
       assert.equal(read.stdout, "");
       await provider.copyIn(secret, "/workspace/copied");
       assert.equal((await provider.exec(["cat", "/workspace/copied"])).stdout, "host secret\n");
+      // bwrap's own layer, apart from Landlock's (which refuses the same writes): the root is
+      // mounted read-only.
+      const root = await provider.exec([
+        "sh",
+        "-c",
+        `awk '$5 == "/" { print $6 }' /proc/self/mountinfo`,
+      ]);
+      assert.match(root.stdout, /^ro(,|$)/m, `the root's mount options: ${root.stdout}`);
       const marker = `m-${crypto.randomUUID().slice(0, 8)}`;
       for (const dir of ["/", "/usr/local", "/etc", "/opt/sandbox", home, "/run/sandbox-proxy"]) {
         const write = await provider.exec(["touch", `${dir}/${marker}`]);
