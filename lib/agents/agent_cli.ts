@@ -53,9 +53,12 @@ export const AGENT_API: Readonly<Record<AgentCliName, "openai" | "anthropic">> =
   codex: "openai",
 };
 
+/** The sandbox modes an agent CLI runs in. */
+const AGENT_SANDBOX_MODES: readonly string[] = ["container", "devcontainer", "kubernetes", "local"];
+
 /**
  * Refuse, before anything starts, a run an agent CLI cannot do: anything but `run agentic` in a
- * container (or a devcontainer), or an upstream in another wire format (Claude Code speaks only Anthropic Messages,
+ * sandbox (container, devcontainer, kubernetes, local), or an upstream in another wire format (Claude Code speaks only Anthropic Messages,
  * Codex only the OpenAI Responses API).
  */
 export function checkAgentRun(
@@ -72,13 +75,14 @@ export function checkAgentRun(
     throw new SandboxError("usage", `--agent ${agent} is for run agentic`);
   }
   // A devcontainer run is a container run on the repository's image: the layer goes on top of it;
-  // a kubernetes run's pod runs the layer pushed beside the sandbox image.
-  if (!["container", "devcontainer", "kubernetes"].includes(run.sandboxMode)) {
+  // a kubernetes run's pod runs the layer pushed beside the sandbox image; a local run binds the
+  // same package, unpacked on the host (host_agent.ts).
+  if (!AGENT_SANDBOX_MODES.includes(run.sandboxMode)) {
     throw new SandboxError(
       "usage",
-      `Agent "${agent}" needs sandbox mode "container", "devcontainer" or "kubernetes", not "${run.sandboxMode}"`,
+      `Agent "${agent}" needs sandbox mode "container", "devcontainer", "kubernetes" or "local", not "${run.sandboxMode}"`,
       {
-        detail: "Agent CLIs run from an image layer on the sandbox image",
+        detail: "Agent CLIs run isolated, from their pinned package: never with no sandbox",
       },
     );
   }

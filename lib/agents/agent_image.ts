@@ -14,7 +14,6 @@ import type { DockerCli } from "../sandbox/docker.ts";
 import { LABEL, labelArgs } from "../sandbox/docker.ts";
 import { CommandExitError, SandboxError, tail } from "../errors.ts";
 import { sha256Hex } from "../hash.ts";
-import { run } from "../process.ts";
 import type { ProgressPhase } from "../sandbox/image.ts";
 import {
   AGENT_PACKAGES,
@@ -23,7 +22,13 @@ import {
   type Architecture,
   type PlatformTarball,
 } from "./packages.ts";
-import { cachedTarballName, fetchTarball, npmCacheDir, RegistryError } from "./npm_tarball.ts";
+import {
+  cachedTarballName,
+  fetchTarball,
+  npmCacheDir,
+  RegistryError,
+  unpackTarball,
+} from "./npm_tarball.ts";
 
 export const AGENT_IMAGE_REPOSITORY = "sandbox-agent";
 
@@ -202,23 +207,7 @@ async function buildLayer(
   const dir = await Deno.makeTempDir({ prefix: "sandbox-agent-image-" });
   try {
     await Deno.mkdir(`${dir}/agent`);
-    const root = tarball.root.split("/").filter(Boolean);
-    // GNU tar refuses absolute and `..` member names by default; the tarball matched its pin anyway.
-    const unpacked = await run([
-      "tar",
-      "-x",
-      "-z",
-      "-f",
-      path,
-      "-C",
-      `${dir}/agent`,
-      "--no-same-owner",
-      `--strip-components=${root.length}`,
-      tarball.root,
-    ], { signal: options.signal });
-    if (unpacked.exitCode !== 0) {
-      throw new CommandExitError("image_build_failed", `Cannot unpack ${tarball.spec}`, unpacked);
-    }
+    await unpackTarball(tarball, path, `${dir}/agent`, options.signal);
     await Deno.stat(`${dir}/agent/${pkg.entrypoint}`).catch(() => {
       throw new SandboxError(
         "image_build_failed",

@@ -7,7 +7,8 @@
  * rebuilt sandbox image does not download the agent again, and lets a machine without the
  * registry build the layer from a tarball copied there by hand.
  */
-import { SandboxError } from "../errors.ts";
+import { CommandExitError, SandboxError } from "../errors.ts";
+import { run } from "../process.ts";
 import type { PlatformTarball } from "./packages.ts";
 
 export const DEFAULT_NPM_REGISTRY = "https://registry.npmjs.org";
@@ -105,6 +106,38 @@ export async function fetchTarball(
   }
   await Deno.rename(partial, path);
   return path;
+}
+
+/**
+ * Unpack the installed files of `tarball` (its `root`) from the checked tarball at `path` into the
+ * existing directory `dest`, owned by this user. GNU tar refuses absolute and `..` member names by
+ * default; the tarball matched its pin anyway.
+ */
+export async function unpackTarball(
+  tarball: PlatformTarball,
+  path: string,
+  dest: string,
+  signal?: AbortSignal,
+): Promise<void> {
+  const root = tarball.root.split("/").filter(Boolean);
+  const unpacked = await run([
+    "tar",
+    "-x",
+    "-z",
+    "-f",
+    path,
+    "-C",
+    dest,
+    "--no-same-owner",
+    `--strip-components=${root.length}`,
+    tarball.root,
+  ], { signal });
+  if (unpacked.aborted) {
+    throw new SandboxError("interrupted", `Unpacking ${tarball.spec} was interrupted`);
+  }
+  if (unpacked.exitCode !== 0) {
+    throw new CommandExitError("image_build_failed", `Cannot unpack ${tarball.spec}`, unpacked);
+  }
 }
 
 /**

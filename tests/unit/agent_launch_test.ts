@@ -165,7 +165,7 @@ Deno.test("An agent is refused, before anything starts, where it cannot run", as
     [
       "sandbox mode none",
       () => checkAgentRun("codex", { ...ok, api: "openai", sandboxMode: "none" }),
-      /needs sandbox mode "container", "devcontainer" or "kubernetes", not "none"/,
+      /needs sandbox mode "container", "devcontainer", "kubernetes" or "local", not "none"/,
     ],
     [
       "run generate",

@@ -80,6 +80,11 @@ export interface HostPrograms {
   relay?: string;
   /** The repository's object cache, read-only at /cache. */
   cache?: string;
+  /**
+   * An agent CLI's unpacked files (lib/agents/host_agent.ts), read-only at `at` (its
+   * `agentDir`, under /opt/sandbox): only in the sandboxes of runs with that agent.
+   */
+  agent?: { dir: string; at: string };
 }
 
 /** The host's programs this mode needs, found once per process. */
@@ -289,6 +294,7 @@ export function execArgv(
     ...bind(programs.deno, LOCAL_PATHS.deno),
     ...bind(programs.worker, LOCAL_PATHS.worker),
     ...bind(programs.relay, LOCAL_PATHS.relay),
+    ...(programs.agent ? bind(programs.agent.dir, programs.agent.at) : []),
     ...SECCOMP_ARGS,
     "--remount-ro",
     "/",

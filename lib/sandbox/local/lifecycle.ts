@@ -21,6 +21,8 @@ import type {
   Terminal,
 } from "../provider.ts";
 import { denoBinaryPath, relayBundlePath, workerBundlePath } from "../worker_bundle.ts";
+import { ensureHostAgent } from "../../agents/host_agent.ts";
+import { agentDir } from "../../agents/packages.ts";
 import { LOCAL_PATHS } from "./bwrap.ts";
 import { localCacheDir, updateLocalCache } from "./cache.ts";
 import {
@@ -133,15 +135,23 @@ export class LocalLifecycle implements SandboxLifecycle {
 
   async acquire(request: SandboxRequest): Promise<RunSandbox> {
     const cache = request.repo ? await localCacheDir(request.repo.key) : undefined;
-    const [worker, relay] = await Promise.all([
-      workerBundlePath(request.onProgress),
-      relayBundlePath(request.onProgress),
+    const { agent: cli, onProgress, signal } = request;
+    const [worker, relay, agent] = await Promise.all([
+      workerBundlePath(onProgress),
+      relayBundlePath(onProgress),
+      cli ? ensureHostAgent(cli, { onProgress, signal }) : undefined,
     ]);
     const name = `local-${request.runId.replace(/[^A-Za-z0-9_-]/g, "").slice(0, 24)}-${
       crypto.randomUUID().slice(0, 8)
     }`;
     const sandbox = await createLocalSandbox(this.profile, name, {
-      programs: { deno: denoBinaryPath(), worker, relay, cache },
+      programs: {
+        deno: denoBinaryPath(),
+        worker,
+        relay,
+        cache,
+        agent: cli && agent ? { dir: agent, at: agentDir(cli) } : undefined,
+      },
       signal: request.signal,
     });
     return new LocalRunSandbox(sandbox, cache ? request.repo!.key : undefined);
