@@ -381,6 +381,14 @@ const LOCAL_MUTATIONS: Mutation[] = [
     tests: LOCAL_TESTS,
     filter: "Landlock",
   },
+  {
+    name: "mode local: an agent CLI's files are bound read-write (the agent changes its own program)",
+    file: LOCAL_BWRAP,
+    find: "...(programs.agent ? bind(programs.agent.dir, programs.agent.at) : []),",
+    replace: "...(programs.agent ? bind(programs.agent.dir, programs.agent.at, false) : []),",
+    tests: ["tests/e2e/local_agent_cli_test.ts"],
+    filter: "Claude Code",
+  },
 ];
 
 export const MUTATIONS: Mutation[] = [

@@ -16,7 +16,8 @@ import { explain, writeConfig } from "../_helpers.ts";
 import { assertLocal, localTest } from "../_local.ts";
 import { run } from "../../lib/process.ts";
 import { agentProgram } from "../../lib/agents/launch.ts";
-import { hostAgentName, hostAgentsDir, hostArchitecture } from "../../lib/agents/host_agent.ts";
+import { hostAgentName, hostArchitecture } from "../../lib/agents/host_agent.ts";
+import { cachedTarballName, npmCacheDir } from "../../lib/agents/npm_tarball.ts";
 import { AGENT_PACKAGES } from "../../lib/agents/packages.ts";
 import { LOCAL_UID } from "../../lib/sandbox/local/bwrap.ts";
 
@@ -86,6 +87,21 @@ async function inside(pid: number, script: string, needle?: string): Promise<str
   return result.stdout;
 }
 
+/**
+ * A cache directory of the run's own (`XDG_CACHE_HOME`), holding only the agent's pinned tarball,
+ * linked (else copied) from this user's npm cache: the run unpacks it there, and what it does to
+ * its files stays in the test's directory.
+ */
+async function ownCache(dir: string, agent: "claude-code" | "codex"): Promise<string> {
+  const tarball = AGENT_PACKAGES[agent].tarballs[hostArchitecture()!];
+  const name = cachedTarballName(tarball);
+  await Deno.mkdir(`${dir}/sandbox/npm`, { recursive: true });
+  await Deno.link(`${npmCacheDir()}/${name}`, `${dir}/sandbox/npm/${name}`).catch(() =>
+    Deno.copyFile(`${npmCacheDir()}/${name}`, `${dir}/sandbox/npm/${name}`)
+  );
+  return dir;
+}
+
 interface Scenario {
   agent: "claude-code" | "codex";
   api: "anthropic" | "responses";
@@ -108,6 +124,12 @@ async function scenario(s: Scenario): Promise<void> {
     prompt: "Write greet.sh, then run it.\n",
   });
   fixture.env[KEY_ENV] = key;
+  const cache = await ownCache(`${fixture.dir.path}/cache`, s.agent);
+  fixture.env.XDG_CACHE_HOME = cache;
+  // The unpacked agent is read-only: made writable again so that the fixture's removal takes it.
+  await using _unlock = {
+    [Symbol.asyncDispose]: async () => void await run(["chmod", "-R", "u+w", "--", cache]),
+  };
   fixture.config = await writeConfig(
     fixture.dir.path,
     `profiles:\n  ${fixture.profile}:\n` +
@@ -163,13 +185,17 @@ async function scenario(s: Scenario): Promise<void> {
   assert.match(ran.tool_output, /Read-only file system/, context);
   assert.match(ran.tool_output, /hello from the agent/, "the script in /workspace ran");
   assert.equal(lines.at(-1).type, "usage", context);
+  assert.match(result.stderr, /Unpacking \S+ into /, "the first unpack is said on stderr");
 
   const id = result.stderr.match(/^sandbox: run (\S+) \(/m)?.[1];
   assert.ok(id, context);
   assert.equal(await git(repo, "show", `sandbox/${id}:greet.sh`), SCRIPT_BODY.trimEnd(), context);
   assert.ok(fake.served >= s.script.length, "every scripted answer was used");
 
-  const host = `${hostAgentsDir()}/${await hostAgentName(s.agent, hostArchitecture()!)}`;
+  const host = `${cache}/sandbox/agents/${await hostAgentName(
+    s.agent,
+    hostArchitecture()!,
+  )}`;
   const file = await Deno.stat(`${host}/${AGENT_PACKAGES[s.agent].entrypoint}`);
   assert.equal((file.mode ?? 0) & 0o222, 0, "the host's copy of the program stays read-only");
   assert.ok(file.size > 1_000_000, "the host's copy of the program is whole");
