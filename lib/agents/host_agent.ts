@@ -19,7 +19,13 @@ import {
   RegistryError,
   unpackTarball,
 } from "./npm_tarball.ts";
-import { AGENT_PACKAGES, type AgentCliName, type Architecture } from "./packages.ts";
+import {
+  AGENT_PACKAGES,
+  type AgentCliName,
+  type AgentPackage,
+  type Architecture,
+  type PlatformTarball,
+} from "./packages.ts";
 
 export interface HostAgentOptions {
   /** Progress for stderr (a download, an unpack). */
@@ -31,6 +37,8 @@ export interface HostAgentOptions {
   cacheDir?: string;
   /** Where unpacked agents are kept (default: `hostAgentsDir()`). */
   agentsDir?: string;
+  /** The package (default: the agent's pin in `AGENT_PACKAGES`; tests give their own). */
+  package?: AgentPackage;
 }
 
 /** Where unpacked agents are kept on the host. */
@@ -45,14 +53,13 @@ export function hostArchitecture(): Architecture | undefined {
   return names[Deno.build.arch];
 }
 
-/** The name of `agent`'s directory for `arch`: its package, version, architecture and content. */
-export async function hostAgentName(agent: AgentCliName, arch: Architecture): Promise<string> {
-  const pkg = AGENT_PACKAGES[agent];
+/** The name of `pkg`'s directory for `arch`: its agent, version, architecture and content. */
+export async function hostAgentName(pkg: AgentPackage, arch: Architecture): Promise<string> {
   const tarball = pkg.tarballs[arch];
   const hash = await sha256Hex(
     [pkg.name, pkg.version, tarball.integrity, tarball.root, pkg.entrypoint].join("\0"),
   );
-  return `${agent}-${pkg.version}-${arch}-${hash.slice(0, 12)}`;
+  return `${pkg.agent}-${pkg.version}-${arch}-${hash.slice(0, 12)}`;
 }
 
 /**
@@ -64,9 +71,9 @@ export async function ensureHostAgent(
   agent: AgentCliName,
   options: HostAgentOptions = {},
 ): Promise<string> {
-  const pkg = AGENT_PACKAGES[agent];
+  const pkg = options.package ?? AGENT_PACKAGES[agent];
   const arch = hostArchitecture();
-  if (!arch) {
+  if (!arch || !pkg.tarballs[arch]) {
     throw new SandboxError(
       "unsupported",
       `Cannot run ${agent} in sandbox mode local: ${pkg.name} has no pinned build for architecture "${Deno.build.arch}"`,
@@ -74,11 +81,11 @@ export async function ensureHostAgent(
     );
   }
   const agentsDir = options.agentsDir ?? hostAgentsDir();
-  const dir = `${agentsDir}/${await hostAgentName(agent, arch)}`;
+  const dir = `${agentsDir}/${await hostAgentName(pkg, arch)}`;
   if (await isComplete(dir, pkg.entrypoint)) return dir;
 
   const tarball = pkg.tarballs[arch];
-  const path = await fetchForLocal(agent, arch, options);
+  const path = await fetchForLocal(agent, tarball, options);
   await Deno.mkdir(agentsDir, { recursive: true, mode: 0o755 });
   const partial = `${dir}.${Deno.pid}-${crypto.randomUUID().slice(0, 8)}.partial`;
   await Deno.mkdir(partial, { mode: 0o755 });
@@ -141,10 +148,9 @@ async function removeTree(path: string): Promise<void> {
 /** The pinned tarball's path in the npm cache, fetched when missing; offline help when it cannot be. */
 async function fetchForLocal(
   agent: AgentCliName,
-  arch: Architecture,
+  tarball: PlatformTarball,
   options: HostAgentOptions,
 ): Promise<string> {
-  const tarball = AGENT_PACKAGES[agent].tarballs[arch];
   try {
     return await fetchTarball(tarball, options);
   } catch (error) {

@@ -193,7 +193,7 @@ async function scenario(s: Scenario): Promise<void> {
   assert.ok(fake.served >= s.script.length, "every scripted answer was used");
 
   const host = `${cache}/sandbox/agents/${await hostAgentName(
-    s.agent,
+    AGENT_PACKAGES[s.agent],
     hostArchitecture()!,
   )}`;
   const file = await Deno.stat(`${host}/${AGENT_PACKAGES[s.agent].entrypoint}`);
