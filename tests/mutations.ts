@@ -382,7 +382,8 @@ const LOCAL_MUTATIONS: Mutation[] = [
     filter: "Landlock",
   },
   {
-    name: "mode local: an agent CLI's files are bound read-write (the agent changes its own program)",
+    name:
+      "mode local: an agent CLI's files are bound read-write (the agent changes its own program)",
     file: LOCAL_BWRAP,
     find: "...(programs.agent ? bind(programs.agent.dir, programs.agent.at) : []),",
     replace: "...(programs.agent ? bind(programs.agent.dir, programs.agent.at, false) : []),",
