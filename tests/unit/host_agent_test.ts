@@ -152,7 +152,10 @@ Deno.test("ensureHostAgent() with a tarball neither cached nor reachable stops w
     ),
   );
   assert.match(error.detail ?? "", /npm pack @x\/agent@1\.0\.0/);
-  assert.ok(error.detail?.includes(`copy x-agent-1.0.0.tgz into ${cacheDir}/`), error.detail);
+  assert.ok(
+    error.detail?.includes(`copy x-agent-1.0.0.tgz into ${cacheDir}/`),
+    String(error.detail),
+  );
   assert.deepEqual(await Array.fromAsync(Deno.readDir(`${dir.path}/agents`)).catch(() => []), []);
 });
 
