@@ -126,6 +126,10 @@ async function scenario(s: Scenario): Promise<void> {
   fixture.env[KEY_ENV] = key;
   const cache = await ownCache(`${fixture.dir.path}/cache`, s.agent);
   fixture.env.XDG_CACHE_HOME = cache;
+  // Deno's own cache stays the user's (it follows XDG_CACHE_HOME): bundling the worker needs its
+  // npm packages, which a fresh cache would fetch from the registry.
+  fixture.env.DENO_DIR = Deno.env.get("DENO_DIR") ||
+    `${Deno.env.get("XDG_CACHE_HOME") || `${Deno.env.get("HOME")}/.cache`}/deno`;
   // The unpacked agent is read-only: made writable again so that the fixture's removal takes it.
   await using _unlock = {
     [Symbol.asyncDispose]: async () => void await run(["chmod", "-R", "u+w", "--", cache]),
