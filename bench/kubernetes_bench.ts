@@ -15,6 +15,7 @@
  * What this cannot show: a real API server's and kubelet's costs (scheduling, image pulls, the
  * exec path through the kubelet and the container runtime), which dominate on a cluster.
  */
+import { relayTransportFor } from "../lib/sandbox/providers.ts";
 import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
 import { describe, snapshotSources, summarize, timeCliRun, timeRepeated } from "./_run_helpers.ts";
 import { parseConfig, type Profile, resolveProfile } from "../lib/config.ts";
@@ -203,13 +204,13 @@ async function measureRelay(
   );
   const pod = await (await sandboxLifecycle(profiles.pod)).acquire({ runId: "relaybench" });
   cleanups.push(() => pod.release());
-  const podSession = await openSession(profiles.pod, pod.relay ?? pod.provider, options);
+  const podSession = await openSession(profiles.pod, pod.relay!, options);
   cleanups.push(() => podSession.close());
 
   const docker = new DockerSandboxProvider(profiles.docker, { onProgress: context.progress });
   cleanups.push(() => removeProfile(profiles.docker.name));
   await docker.ensureRunning({ signal: context.signal });
-  const dockerSession = await openSession(profiles.docker, docker, {
+  const dockerSession = await openSession(profiles.docker, relayTransportFor(docker), {
     ...options,
     relayTransport: "stream",
   });

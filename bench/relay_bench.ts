@@ -18,6 +18,7 @@
  * script for requests, curl for downloads), rounds interleaved so that drift hits every path
  * alike.
  */
+import { relayTransportFor } from "../lib/sandbox/providers.ts";
 import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
 import { parseConfig, resolveProfile } from "../lib/config.ts";
 import { KeyStore } from "../lib/keys.ts";
@@ -290,7 +291,7 @@ async function setUp(
   const accessLogPath = `${stateDir}/access.ndjson`;
   const sessions = {} as Record<typeof SANDBOX_PATHS[number], SandboxSession>;
   for (const path of SANDBOX_PATHS) {
-    sessions[path] = await openSession(profile, provider, {
+    sessions[path] = await openSession(profile, relayTransportFor(provider), {
       keys,
       redactor,
       accessLogPath,

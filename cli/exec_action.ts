@@ -116,22 +116,20 @@ async function execIn(
 ): Promise<number> {
   const env = parseEnvPairs(opts.env);
   const timeoutMs = parseTimeout(opts.timeout);
-  // Loaded while the configuration is read.
-  const modules = Promise.all([
-    import("../lib/sandbox/providers.ts"),
-    import("../lib/proxy/session.ts"),
-  ]);
-  modules.catch(() => {}); // awaited below; a configuration error first must not leave it unhandled
   const profile = await profileFor(command, opts.profile);
   if (profile.sandbox.mode === "local") {
     return await execLocal(argv, { ...opts, env, timeoutMs }, profile, sink);
   }
-  const [{ openProvider }, { openSession }] = await modules;
+  // Loaded once the mode is known: mode local's commands never load the Docker provider's modules.
+  const [{ openProvider, relayTransportFor }, { openSession }] = await Promise.all([
+    import("../lib/sandbox/providers.ts"),
+    import("../lib/proxy/session.ts"),
+  ]);
   // The profile's development sandbox (runs never use it: each has one of its own).
   const provider = await openProvider(profile, { onProgress: progress, repo: opts.repo, signal });
   const session = await sessionWhileRunning(
     provider,
-    () => openSession(profile, provider, { signal, onProgress: note }),
+    () => openSession(profile, relayTransportFor(provider), { signal, onProgress: note }),
   );
   // resources.disk: a workspace growing past it stops the command (exit 125). Its watcher starts
   // 250 ms into the command, and never for a command over by then (lib/sandbox/disk_watch.ts).

@@ -26,6 +26,7 @@ import { openSession, type SandboxSession } from "../proxy/session.ts";
 import { forget, holdOwn } from "../sandbox/pool_records.ts";
 import { removeProxyMountSource } from "../sandbox/proxy_mount.ts";
 import { DockerSandboxProvider } from "../sandbox/docker_provider.ts";
+import { DockerRelayTransport } from "../sandbox/docker_relay.ts";
 import { DockerCli } from "../sandbox/docker.ts";
 import type { SandboxProvider } from "../sandbox/provider.ts";
 import { type EnvironmentFacts, environmentFacts } from "./environment.ts";
@@ -241,7 +242,7 @@ async function attackSandbox(
   const logDir = await Deno.makeTempDir({ prefix: "sandbox-doctor-" });
   try {
     await onQuota((await sandbox.workspaceQuota(options.signal)) !== undefined);
-    await using session = await openSession(profile, sandbox, {
+    await using session = await openSession(profile, new DockerRelayTransport(sandbox), {
       keys,
       redactor,
       signal: options.signal,

@@ -53,8 +53,7 @@ import {
   type SessionSocketDir,
   sweepStaleSessionDirs,
 } from "../sandbox/proxy_mount.ts";
-import type { SandboxProvider, SandboxRelayTransport } from "../sandbox/provider.ts";
-import { relayTransportFor } from "../sandbox/providers.ts";
+import type { SandboxRelayTransport } from "../sandbox/provider.ts";
 import { SandboxError } from "../errors.ts";
 import { trace } from "../trace.ts";
 
@@ -198,22 +197,22 @@ export function sessionServices(profile: Profile, options: { git?: boolean } = {
 }
 
 /**
- * A spare relay for the first session of `provider`'s sandbox, which `up` has just made or
- * started (a session leaves one only as it ends): on the first ports, serving what a session
- * without a remote serves. Only where the sandbox has its socket directory bound in; best
- * effort, as every spare.
+ * A spare relay for the first session of a sandbox of `profile`, which `up` has just made or
+ * started (a session leaves one only as it ends), reached by `transport`: on the first ports,
+ * serving what a session without a remote serves. Only where the sandbox has its socket
+ * directory bound in; best effort, as every spare.
  */
 export async function readySpareRelay(
-  provider: SandboxProvider & { readonly profile: Profile },
+  profile: Profile,
+  transport: SandboxRelayTransport,
   signal?: AbortSignal,
 ): Promise<void> {
-  const transport = relayTransportFor(provider);
   const mount = await transport.socketMount({ confirm: true, signal });
   if (!mount) return;
   await startSpareRelay(
     transport,
     mount,
-    portsFor(sessionServices(provider.profile), DEFAULT_RELAY_BASE_PORT),
+    portsFor(sessionServices(profile), DEFAULT_RELAY_BASE_PORT),
   );
 }
 
@@ -609,17 +608,17 @@ async function sessionOf(
 }
 
 /**
- * Open a session for a running sandbox (`sandbox`, or how its relay is reached): its proxies on
+ * Open a session for a running sandbox, whose relay `transport` reaches (a run's sandbox comes
+ * with its own, `RunSandbox.relay`; a Docker container's is `relayTransportFor`): its proxies on
  * Unix sockets, a relay inside the sandbox that listens on loopback there and carries
  * connections to them, and the variables that point the sandbox's tools at the relay. Returns
  * once the relay listens.
  */
 export async function openSession(
   profile: Profile,
-  sandbox: SandboxProvider | SandboxRelayTransport,
+  transport: SandboxRelayTransport,
   options: SessionOptions = {},
 ): Promise<SandboxSession> {
-  const transport = "launchRelay" in sandbox ? sandbox : relayTransportFor(sandbox);
   const end = new SessionEnd(await placeSession(transport, options.relayTransport));
   try {
     const proxies = await startProxies(profile, { socketDir: end.place.dir }, options);

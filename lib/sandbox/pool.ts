@@ -306,7 +306,7 @@ async function startPooled(profile: Profile, key: string, options: PoolOptions):
     const { readySpareRelay } = await import("../proxy/session.ts");
     await Promise.all([
       options.agent ? undefined : startWaitingWorker(provider),
-      readySpareRelay(provider, options.signal),
+      readySpareRelay(profile, new DockerRelayTransport(provider), options.signal),
     ]);
     const imageId = await provider.imageId(options.signal);
     if (!imageId) {

@@ -7,6 +7,7 @@
  * both ways the relay's exec is made: through the docker CLI (a client process on the host, which
  * can be killed) and through the engine's socket (lib/sandbox/engine_api.ts: no client process).
  */
+import { relayTransportFor } from "../../lib/sandbox/providers.ts";
 import assert from "node:assert/strict";
 import { parseConfig, resolveProfile } from "../../lib/config.ts";
 import { openSession } from "../../lib/proxy/session.ts";
@@ -91,7 +92,7 @@ for (const { transport, exec } of VARIANTS) {
       Deno.env.set(KEY_ENV, "sk-test-relay");
       try {
         await provider.ensureRunning();
-        await using session = await openSession(profile, provider, {
+        await using session = await openSession(profile, relayTransportFor(provider), {
           accessLogPath: `${dir.path}/access.ndjson`,
           onProgress: (line) => events.push(line),
           relayTransport: transport === "stream" ? "stream" : "auto",
@@ -206,7 +207,7 @@ Deno.test({
     Deno.env.delete("XDG_RUNTIME_DIR");
     try {
       await provider.ensureRunning();
-      const session = await openSession(profile, provider, {
+      const session = await openSession(profile, relayTransportFor(provider), {
         accessLogPath: `${dir.path}/access.ndjson`,
       });
       assert.ok(!session.socketDir.startsWith(longState), session.socketDir);
@@ -286,7 +287,7 @@ Deno.test({
       const provider = new DockerSandboxProvider(profile);
       await provider.ensureRunning();
       assert.ok(provider.wasRunning, "the container without the mount was replaced");
-      await using session = await openSession(profile, provider, {
+      await using session = await openSession(profile, relayTransportFor(provider), {
         accessLogPath: `${dir.path}/access.ndjson`,
       });
       assert.equal(session.relay.transport, "stream");

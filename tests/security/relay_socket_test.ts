@@ -6,6 +6,7 @@
  * container's or another session's sockets — and show that it gains nothing, each beside its
  * positive twin on the same path.
  */
+import { relayTransportFor } from "../../lib/sandbox/providers.ts";
 import assert from "node:assert/strict";
 import { openSession, type SandboxSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, SANDBOX_UID } from "../../lib/sandbox/docker_provider.ts";
@@ -98,7 +99,7 @@ Deno.test({
     Deno.env.set(KEY_ENV, "sk-test-socket");
     try {
       await provider.ensureRunning();
-      await using session = await openSession(profile, provider, {
+      await using session = await openSession(profile, relayTransportFor(provider), {
         accessLogPath: `${dir.path}/access.ndjson`,
       });
       assert.equal(session.relay.transport, "socket");
@@ -224,7 +225,7 @@ Deno.test({
       await t.step(
         "two sessions on one container each have their own sockets: one's token is refused by the other's proxies, on either path",
         async () => {
-          await using other = await openSession(profile, provider, {
+          await using other = await openSession(profile, relayTransportFor(provider), {
             accessLogPath: `${dir.path}/access.ndjson`,
           });
           assert.equal(other.relay.transport, "socket");
@@ -247,7 +248,7 @@ Deno.test({
       await t.step(
         "closing the session removes its sockets, on the host and in the sandbox",
         async () => {
-          const closing = await openSession(profile, provider, {
+          const closing = await openSession(profile, relayTransportFor(provider), {
             accessLogPath: `${dir.path}/access.ndjson`,
           });
           const probe =
@@ -282,7 +283,7 @@ Deno.test({
         const profile = profileFor(name, upstream, server.port);
         const provider = new DockerSandboxProvider(profile);
         await provider.ensureRunning();
-        const session = await openSession(profile, provider, {
+        const session = await openSession(profile, relayTransportFor(provider), {
           accessLogPath: `${dir.path}/access.ndjson`,
         });
         opened.push({ provider, session });

@@ -6,6 +6,7 @@
  * connection still needs the session token on the host, and a relay of its own reaches nothing at
  * all. Each beside its positive twin.
  */
+import { relayTransportFor } from "../../lib/sandbox/providers.ts";
 import assert from "node:assert/strict";
 import { openSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, RELAY_USER } from "../../lib/sandbox/docker_provider.ts";
@@ -95,7 +96,7 @@ Deno.test({
     Deno.env.set(KEY_ENV, "sk-test-inject");
     try {
       await provider.ensureRunning();
-      await using session = await openSession(profile, provider, {
+      await using session = await openSession(profile, relayTransportFor(provider), {
         accessLogPath: logPath,
         onProgress: (line) => events.push(line),
       });
@@ -278,7 +279,7 @@ Deno.test({
     try {
       await provider.ensureRunning();
       await t.step("in the container's mounted directory (the socket path)", async () => {
-        await using session = await openSession(profile, provider, {
+        await using session = await openSession(profile, relayTransportFor(provider), {
           accessLogPath: `${dir.path}/access.ndjson`,
         });
         assert.equal(session.relay.transport, "socket");
@@ -297,7 +298,7 @@ Deno.test({
         await attack(session);
       });
       await t.step("kept to the stream: a 0700 directory of the session's own", async () => {
-        await using session = await openSession(profile, provider, {
+        await using session = await openSession(profile, relayTransportFor(provider), {
           accessLogPath: `${dir.path}/access.ndjson`,
           relayTransport: "stream",
         });

@@ -8,6 +8,7 @@
  * the kernel (no Yama here) allows it, so the refusals are the uid's doing. And the relay's wrapper
  * keeps no state where the agent could have planted it.
  */
+import { relayTransportFor } from "../../lib/sandbox/providers.ts";
 import assert from "node:assert/strict";
 import { openSession } from "../../lib/proxy/session.ts";
 import {
@@ -93,7 +94,7 @@ Deno.test({
       await provider.writeFile("/tmp/probe.pl", PROBE);
       for (const transport of ["socket", "stream"] as const) {
         await t.step(`${transport} path`, async () => {
-          await using session = await openSession(profile, provider, {
+          await using session = await openSession(profile, relayTransportFor(provider), {
             accessLogPath: `${dir.path}/access.ndjson`,
             relayTransport: transport === "stream" ? "stream" : "auto",
           });
@@ -188,7 +189,7 @@ Deno.test({
 
       // A run's session: its relay is named after the run (\`relay-RUN-…\`).
       const runId = `plant-${crypto.randomUUID().slice(0, 8)}`;
-      await using session = await openSession(profile, provider, {
+      await using session = await openSession(profile, relayTransportFor(provider), {
         accessLogPath: `${dir.path}/access.ndjson`,
         runId,
       });

@@ -15,6 +15,7 @@
  * - killed mid-session, it is replaced on the same ports, and requests work again;
  * - a spare that died with its container is found dead, and the session starts a relay itself.
  */
+import { relayTransportFor } from "../../lib/sandbox/providers.ts";
 import assert from "node:assert/strict";
 import { openSession, type SandboxSession } from "../../lib/proxy/session.ts";
 import { DockerSandboxProvider, RELAY_USER } from "../../lib/sandbox/docker_provider.ts";
@@ -120,7 +121,7 @@ Deno.test({
     const options = { accessLogPath: `${dir.path}/access.ndjson` };
     /** Open a session, let `use` have it, and close it leaving a spare relay; the spare's record. */
     const session = async (use: (session: SandboxSession) => Promise<void>) => {
-      const opened = await openSession(profile, provider, options);
+      const opened = await openSession(profile, relayTransportFor(provider), options);
       try {
         await use(opened);
         opened.leaveSpareRelay();
@@ -280,7 +281,7 @@ Deno.test({
           async () => {
             const restarted = await run(["docker", "restart", "--time", "1", container]);
             assert.equal(restarted.exitCode, 0, restarted.stderr);
-            await using fifth = await openSession(profile, provider, options);
+            await using fifth = await openSession(profile, relayTransportFor(provider), options);
             assert.match(
               fifth.sandboxSocketDir ?? "",
               new RegExp(`^${PROXY_MOUNT_PATH}/[0-9a-f]{8}$`),
