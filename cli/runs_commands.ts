@@ -119,7 +119,7 @@ function registerPruneCommand(program: Command): void {
     .option("--keep <n>", "keep the newest N finished runs, whatever their age", count("--keep", 0))
     .option(
       "--images",
-      "also remove sandbox-runtime and sandbox-agent images no profile's current configuration uses and no container was created from",
+      "also remove sandbox-runtime and sandbox-agent images no profile's current configuration uses and no container was created from, and mode local's agent files no current pin names",
     )
     .option("--dry-run", "say what would be removed, remove nothing")
     .addOption(jsonOption())
@@ -127,11 +127,19 @@ function registerPruneCommand(program: Command): void {
       const { pruneRuns } = await import("../lib/run/retention.ts");
       const policy = prunePolicy(opts);
       const report = policy === undefined ? undefined : await pruneRuns(policy, opts);
-      const images = opts.images ? await pruneStaleImages(command, opts.dryRun) : undefined;
-      if (opts.json) return void await stdout.json({ ...report, images });
+      // Mode local's agent files first: they need no Docker engine, which a local user may lack.
+      const agents = opts.images ? await pruneAgentFiles(opts.dryRun) : undefined;
+      const images = opts.images
+        ? await pruneStaleImages(command, opts.dryRun).catch(async (error) => {
+          if (agents && !opts.json) await stdout.line(agentFilesSummary(agents, opts.dryRun));
+          throw error;
+        })
+        : undefined;
+      if (opts.json) return void await stdout.json({ ...report, images, agents });
       const lines = [
         ...(report ? [pruneSummary(report)] : []),
         ...(images ? [imagesSummary(images, opts.dryRun)] : []),
+        ...(agents ? [agentFilesSummary(agents, opts.dryRun)] : []),
       ];
       await stdout.line(lines.join("\n"));
     });
@@ -171,6 +179,25 @@ async function pruneStaleImages(
   const { currentImageTags, pruneImages } = await import("../lib/sandbox/image_prune.ts");
   const keep = await currentImageTags((await configFor(command)).config);
   return await pruneImages({ keep, dryRun, signal });
+}
+
+/** Mode local's unpacked agent CLIs that no current pin names (lib/agents/host_agent.ts). */
+async function pruneAgentFiles(
+  dryRun: boolean | undefined,
+): Promise<{ removed: { name: string; bytes: number }[] }> {
+  const { pruneHostAgents } = await import("../lib/agents/host_agent.ts");
+  return await pruneHostAgents({ dryRun });
+}
+
+function agentFilesSummary(
+  report: { removed: { name: string; bytes: number }[] },
+  dryRun: boolean | undefined,
+): string {
+  const verb = dryRun ? "would remove" : "removed";
+  return [
+    ...report.removed.map((dir) => `${verb} agent files ${dir.name} (${formatBytes(dir.bytes)})`),
+    `${verb} ${report.removed.length} agent director${report.removed.length === 1 ? "y" : "ies"}`,
+  ].join("\n");
 }
 
 function imagesSummary(report: ImagePruneReport, dryRun: boolean | undefined): string {

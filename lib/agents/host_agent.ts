@@ -174,3 +174,56 @@ async function fetchForLocal(
     );
   }
 }
+
+export interface HostAgentPruneOptions {
+  dryRun?: boolean;
+  /** Where unpacked agents are kept (default: `hostAgentsDir()`). */
+  agentsDir?: string;
+  /** The packages whose directories stay (default: every agent's pin in `AGENT_PACKAGES`). */
+  packages?: readonly AgentPackage[];
+}
+
+/**
+ * Remove (or, dry, list) what `sandbox prune --images` finds in the host's agent directory: an
+ * agent's files that no current pin names (left by an earlier version of the tool), and a partial
+ * unpack whose process is gone (killed mid-unpack). A partial unpack whose process lives stays.
+ */
+export async function pruneHostAgents(
+  options: HostAgentPruneOptions = {},
+): Promise<{ removed: { name: string; bytes: number }[] }> {
+  const agentsDir = options.agentsDir ?? hostAgentsDir();
+  const arch = hostArchitecture();
+  const packages = options.packages ?? Object.values(AGENT_PACKAGES);
+  const current = new Set<string>();
+  for (const pkg of packages) if (arch) current.add(await hostAgentName(pkg, arch));
+  const removed: { name: string; bytes: number }[] = [];
+  const entries = await Array.fromAsync(Deno.readDir(agentsDir)).catch((error) => {
+    if (error instanceof Deno.errors.NotFound) return [];
+    throw error;
+  });
+  for (const entry of entries) {
+    if (current.has(entry.name) || await unpackingNow(entry.name)) continue;
+    const path = `${agentsDir}/${entry.name}`;
+    removed.push({ name: entry.name, bytes: await treeBytes(path) });
+    if (!options.dryRun) await removeTree(path);
+  }
+  return { removed };
+}
+
+/** Is `name` a partial unpack (`<dir>.<pid>-<id>.partial`) whose process still runs? */
+async function unpackingNow(name: string): Promise<boolean> {
+  const pid = /\.(\d+)-[\w-]+\.partial$/.exec(name)?.[1];
+  if (pid === undefined) return false;
+  return await Deno.stat(`/proc/${pid}`).then(() => true, () => false);
+}
+
+/** Bytes of the files under `path` (symbolic links not followed). */
+async function treeBytes(path: string): Promise<number> {
+  let bytes = 0;
+  for await (const entry of Deno.readDir(path)) {
+    const child = `${path}/${entry.name}`;
+    if (entry.isDirectory) bytes += await treeBytes(child);
+    else if (entry.isFile) bytes += (await Deno.lstat(child)).size;
+  }
+  return bytes;
+}

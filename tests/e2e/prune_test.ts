@@ -59,8 +59,8 @@ class StateDir implements AsyncDisposable {
     return id;
   }
 
-  cli(args: string[]) {
-    return runCli(args, { env: { XDG_STATE_HOME: this.dir.path } });
+  cli(args: string[], env: Record<string, string> = {}) {
+    return runCli(args, { env: { XDG_STATE_HOME: this.dir.path, ...env } });
   }
 
   async ids(): Promise<string[]> {
@@ -230,7 +230,7 @@ Deno.test("sandbox runs rebuilds a missing index, says so on stderr, and takes -
 
 Deno.test({
   name:
-    "sandbox prune --images lists a stale sandbox-runtime tag, keeps one a container was created from, and removes only stale ones",
+    "sandbox prune --images lists a stale sandbox-runtime tag, keeps one a container was created from, and removes only stale ones; mode local's stale agent files too",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -253,9 +253,20 @@ Deno.test({
       await docker("rm", `${mine}-src`);
       await docker("create", "--name", `${mine}-user`, used, "true");
 
+      // Mode local's agent files of an earlier pin, in a cache directory of the test's own.
+      await using cache = await tempDir("sandbox-e2e-prune-cache-");
+      const oldAgent = "codex-0.1.0-amd64-0123456789ab";
+      await Deno.mkdir(`${cache.path}/sandbox/agents/${oldAgent}/bin`, { recursive: true });
+      await Deno.writeTextFile(`${cache.path}/sandbox/agents/${oldAgent}/bin/codex`, "old\n");
+      const env = { XDG_CACHE_HOME: cache.path };
+
       // On the shared engine the CLI only lists: a real prune could remove others' images.
-      const dry = await state.cli(["prune", "--images", "--dry-run", "--json"]);
+      const dry = await state.cli(["prune", "--images", "--dry-run", "--json"], env);
       assert.equal(dry.exitCode, 0, explain(dry));
+      assert.deepEqual(JSON.parse(dry.stdout).agents, { removed: [{ name: oldAgent, bytes: 4 }] });
+      const said = await state.cli(["prune", "--images", "--dry-run"], env);
+      assert.match(said.stdout, new RegExp(`would remove agent files ${oldAgent} \\(4 B\\)`));
+      await Deno.stat(`${cache.path}/sandbox/agents/${oldAgent}/bin/codex`);
       const planned = JSON.parse(dry.stdout).images;
       assert.ok(planned.removed.some((i: { tag: string }) => i.tag === stale), explain(dry));
       assert.ok(planned.inUse.includes(used), explain(dry));

@@ -6,7 +6,12 @@
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { ensureHostAgent, hostAgentName, hostArchitecture } from "../../lib/agents/host_agent.ts";
+import {
+  ensureHostAgent,
+  hostAgentName,
+  hostArchitecture,
+  pruneHostAgents,
+} from "../../lib/agents/host_agent.ts";
 import { cachedTarballName } from "../../lib/agents/npm_tarball.ts";
 import type { AgentPackage, PlatformTarball } from "../../lib/agents/packages.ts";
 import { exitCodeFor, SandboxError } from "../../lib/errors.ts";
@@ -175,4 +180,45 @@ Deno.test("ensureHostAgent() refuses a tarball without the agent's program and k
       error.message.endsWith('@x/agent@1.0.0 has no "bin/agent"'),
   );
   assert.deepEqual(await Array.fromAsync(Deno.readDir(`${dir.path}/agents`)), []);
+});
+
+Deno.test("pruneHostAgents() removes agent files no current pin names and partial unpacks of processes gone, keeps the current ones and a live unpack, and a dry run removes nothing", async () => {
+  await using dir = await workDir();
+  const { pkg, bytes } = await fakePackage(dir.path);
+  await using registry = fakeRegistry(pkg.tarballs.amd64.path, bytes);
+  const agentsDir = `${dir.path}/agents`;
+  const current = await ensureHostAgent("codex", {
+    package: pkg,
+    registry: registry.url,
+    cacheDir: `${dir.path}/npm`,
+    agentsDir,
+  });
+  const currentName = current.slice(agentsDir.length + 1);
+  const old = "codex-0.1.0-amd64-0123456789ab";
+  await Deno.mkdir(`${agentsDir}/${old}/bin`, { recursive: true });
+  await Deno.writeTextFile(`${agentsDir}/${old}/bin/codex`, "12345");
+  // Made read-only, as an unpack leaves it: the prune must still remove it.
+  assert.equal((await run(["chmod", "-R", "a-w", `${agentsDir}/${old}`])).exitCode, 0);
+  // A pid no process has (above the kernel's pid_max), and this test's own.
+  const deadUnpack = `${currentName}.99999999-abcdef12.partial`;
+  const liveUnpack = `${currentName}.${Deno.pid}-abcdef12.partial`;
+  for (const name of [deadUnpack, liveUnpack]) await Deno.mkdir(`${agentsDir}/${name}`);
+  const names = async () =>
+    (await Array.fromAsync(Deno.readDir(agentsDir))).map((e) => e.name).sort();
+
+  const dry = await pruneHostAgents({ agentsDir, packages: [pkg], dryRun: true });
+  assert.deepEqual(
+    dry.removed.sort((a, b) => a.name.localeCompare(b.name)),
+    [{ name: old, bytes: 5 }, { name: deadUnpack, bytes: 0 }].sort((a, b) =>
+      a.name.localeCompare(b.name)
+    ),
+  );
+  assert.deepEqual(await names(), [currentName, deadUnpack, liveUnpack, old].sort());
+
+  const done = await pruneHostAgents({ agentsDir, packages: [pkg] });
+  assert.equal(done.removed.length, 2);
+  assert.deepEqual(await names(), [currentName, liveUnpack].sort());
+  assert.equal(await Deno.readTextFile(`${current}/bin/agent`), "#!/bin/sh\necho agent\n");
+  // No directory at all: nothing to prune, no error.
+  assert.deepEqual(await pruneHostAgents({ agentsDir: `${dir.path}/none` }), { removed: [] });
 });
