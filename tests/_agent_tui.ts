@@ -2,16 +2,11 @@
  * For the tests that drive an agent CLI's real TUI in a sandbox under tmux: look for a secret in
  * the live sandbox, type a prompt until the TUI has taken it, read the repository it worked on.
  */
-import assert from "node:assert/strict";
+export { git } from "./_git.ts";
+import { git } from "./_git.ts";
 import { run } from "../lib/process.ts";
 import { docker } from "./_helpers.ts";
 import type { Tmux } from "./_tmux.ts";
-
-export async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")}: ${result.stderr}`);
-  return result.stdout.trim();
-}
 
 /** A repository at `path` with one commit on main. */
 export async function createRepo(path: string): Promise<string> {

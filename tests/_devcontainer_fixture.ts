@@ -3,6 +3,8 @@
  * configuration committed), a profile in mode devcontainer talking to the fake LLM, and cleanup of
  * everything built for that repository (its images carry the repository's path as a label).
  */
+export { git } from "./_git.ts";
+import { git } from "./_git.ts";
 import assert from "node:assert/strict";
 import { run, type RunResult } from "../lib/process.ts";
 import { SOURCE_LABEL } from "../lib/sandbox/devcontainer/image.ts";
@@ -22,11 +24,6 @@ const USER_GIT = [
 export type Wire = Record<string, any>;
 
 /** `git ARGS` in `cwd`; stdout, or a failure with stderr. */
-export async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")} failed in ${cwd}: ${result.stderr}`);
-  return result.stdout.trim();
-}
 
 /** Write `files` (executable when the name ends in .sh) and commit them all; returns the commit. */
 export async function commitFiles(

@@ -3,6 +3,8 @@
  * and the real CLI as the server — driven by the MCP SDK's own client over stdio, or spoken to
  * line by line on a raw pipe (to vanish mid-call as a crashed client does).
  */
+export { git } from "./_git.ts";
+import { git } from "./_git.ts";
 import assert from "node:assert/strict";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
@@ -13,11 +15,6 @@ import { run } from "../lib/process.ts";
 export const MCP_KEY_ENV = "SANDBOX_E2E_MCP_KEY";
 
 /** `git ARGS` in `cwd`; stdout, trimmed, or a failure with stderr. */
-export async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")} failed in ${cwd}: ${result.stderr}`);
-  return result.stdout.trim();
-}
 
 /** A fixture with a repository (`repo`: README.md committed on main). */
 export class McpFixture extends RunFixture {

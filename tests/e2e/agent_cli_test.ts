@@ -12,6 +12,7 @@
  * and no fake: the same work, offline. Both streams validate against the seeds' schema, and both
  * branches come back.
  */
+import { createRepo, git } from "../_git.ts";
 import assert from "node:assert/strict";
 import { CLI_TIMEOUT_MS, RunFixture } from "../_run_fixture.ts";
 import { type AgentStep, FakeAgentLlm } from "../_fake_agent_llm.ts";
@@ -119,33 +120,6 @@ function runIdFrom(stderr: string): string {
   const match = stderr.split("\n")[0].match(/^sandbox: run (\S+) \(/);
   assert.ok(match, `stderr names no run:\n${stderr}`);
   return match[1];
-}
-
-async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")}: ${result.stderr}`);
-  return result.stdout.trim();
-}
-
-async function createRepo(path: string): Promise<string> {
-  await Deno.mkdir(path, { recursive: true });
-  await git(path, "init", "-q", "-b", "main");
-  await Deno.writeTextFile(`${path}/README.md`, "# demo\n");
-  await git(path, "add", "-A");
-  await git(
-    path,
-    "-c",
-    "user.name=Owner",
-    "-c",
-    "user.email=owner@example.test",
-    "-c",
-    "commit.gpgsign=false",
-    "commit",
-    "-q",
-    "-m",
-    "initial",
-  );
-  return await Deno.realPath(path);
 }
 
 /** `sh -c SCRIPT` in the container as the sandbox user, `stdin` on its stdin: its stdout. */

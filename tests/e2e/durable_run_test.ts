@@ -5,6 +5,7 @@
  * crashed in `runs` and `runs --json`, its events intact, and `attach` says so. The real CLI, a
  * real engine, a real repository, the scripted fake LLM on 127.0.0.1 (held between two turns).
  */
+import { git } from "../_git.ts";
 import assert from "node:assert/strict";
 import { RunFixture } from "../_run_fixture.ts";
 import { HeldLlm } from "../_held_llm.ts";
@@ -18,12 +19,6 @@ console.error("e2e: durable run tests starting");
 const KEY_ENV = "SANDBOX_E2E_DURABLE_KEY";
 const USER_GIT = ["-c", "user.name=Owner", "-c", "user.email=o@example.test"];
 const COMMIT = "echo work > work.txt && git add work.txt && git commit -qm 'agent work'";
-
-async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")}: ${result.stderr}`);
-  return result.stdout.trim();
-}
 
 /** A fixture with a repository, and an LLM that holds its second request (after the commit). */
 async function start(prefix: string, script: FakeStep[]) {

@@ -7,6 +7,7 @@
  * the pod (every process's environment and command line, the files the sandbox user can read),
  * in every pod spec and every exec the API server received, and finds none; the branch comes back.
  */
+import { createRepo, git } from "../_git.ts";
 import assert from "node:assert/strict";
 import { RunFixture } from "../_run_fixture.ts";
 import { type AgentStep, FakeAgentLlm } from "../_fake_agent_llm.ts";
@@ -21,20 +22,6 @@ console.error("e2e: kubernetes agent CLI tests starting");
 
 const KEY_ENV = "SANDBOX_KUBE_AGENT_KEY";
 const SCRIPT_BODY = "echo hello from the agent\n";
-
-async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")}: ${result.stderr}`);
-  return result.stdout.trim();
-}
-
-async function createRepo(path: string): Promise<void> {
-  await Deno.mkdir(path, { recursive: true });
-  await git(path, "init", "-q", "-b", "main");
-  await Deno.writeTextFile(`${path}/README.md`, "# demo\n");
-  await git(path, "add", "-A");
-  await git(path, "-c", "user.name=O", "-c", "user.email=o@example.test", "commit", "-qm", "b");
-}
 
 /** `sh -c SCRIPT` in the pod's sandbox container as the sandbox user, `needle` on stdin. */
 async function inPod(container: string, script: string, needle?: string): Promise<string> {

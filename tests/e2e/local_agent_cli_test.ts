@@ -9,6 +9,7 @@
  * requests carried it. The agent then tries to change its own program (refused: read-only) and
  * writes and runs a script in /workspace (its twin); the branch comes back with the script.
  */
+import { createRepo, git } from "../_git.ts";
 import assert from "node:assert/strict";
 import { RunFixture } from "../_run_fixture.ts";
 import { type AgentStep, FakeAgentLlm } from "../_fake_agent_llm.ts";
@@ -27,20 +28,6 @@ const KEY_ENV = "SANDBOX_LOCAL_AGENT_KEY";
 const SCRIPT_BODY = "echo hello from the agent\n";
 /** What the agent's command prints after its attempts on its own program. */
 const ATTACK_DONE = "attack on the program done";
-
-async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")}: ${result.stderr}`);
-  return result.stdout.trim();
-}
-
-async function createRepo(path: string): Promise<void> {
-  await Deno.mkdir(path, { recursive: true });
-  await git(path, "init", "-q", "-b", "main");
-  await Deno.writeTextFile(`${path}/README.md`, "# demo\n");
-  await git(path, "add", "-A");
-  await git(path, "-c", "user.name=O", "-c", "user.email=o@example.test", "commit", "-qm", "b");
-}
 
 /** A shell command: change the agent's own program (each attempt must fail), then run greet.sh. */
 function attackThenRun(program: string): string {

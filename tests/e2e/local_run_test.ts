@@ -3,17 +3,11 @@
  * a bubblewrap sandbox with no Docker, its model reached through the relay and the host's proxies,
  * and `--repo` brings its commit back as a branch of the user's repository.
  */
+import { git } from "../_git.ts";
 import assert from "node:assert/strict";
-import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
 import { explain, ROOT, runCli, tempDir, uniqueProfile } from "../_helpers.ts";
 import { assertLocal, localTest } from "../_local.ts";
-
-async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, result.stderr);
-  return result.stdout.trim();
-}
 
 Deno.test({
   name: "a replayed run in mode local streams its events and brings its branch back",

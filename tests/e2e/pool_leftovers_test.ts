@@ -5,6 +5,7 @@
  * directory is empty; the only proxy directory is that container's. After `down`, the profile
  * has no proxy directory at all.
  */
+import { createRepo } from "../_git.ts";
 import assert from "node:assert/strict";
 import { FakeLlm, text } from "../_fake_llm.ts";
 import { assertDocker, docker, dockerTest, explain, tempDir } from "../_helpers.ts";
@@ -19,28 +20,6 @@ const RUNS = 4;
 const SETTLE_MS = 180_000;
 
 /** A repository with one commit on main. */
-async function createRepo(path: string): Promise<string> {
-  const git = async (...args: string[]) => {
-    const result = await run(["git", "-C", path, ...args]);
-    assert.equal(result.exitCode, 0, `git ${args.join(" ")}: ${result.stderr}`);
-  };
-  await Deno.mkdir(path, { recursive: true });
-  await git("init", "-q", "-b", "main");
-  await Deno.writeTextFile(`${path}/README.md`, "a repository\n");
-  await git("add", "-A");
-  await git(
-    "-c",
-    "user.name=Owner",
-    "-c",
-    "user.email=owner@example.test",
-    "-c",
-    "commit.gpgsign=false",
-    "commit",
-    "-qm",
-    "initial",
-  );
-  return await Deno.realPath(path);
-}
 
 async function entries(dir: string): Promise<string[]> {
   return (await Array.fromAsync(Deno.readDir(dir)).catch(() => [])).map((entry) => entry.name);
@@ -81,7 +60,7 @@ Deno.test({
     });
     await using locks = await tempDir("sandbox-e2e-burst-locks-");
     const env = { SANDBOX_LOCK_DIR: locks.path };
-    const repo = await createRepo(`${fixture.dir.path}/repo`);
+    const repo = await createRepo(`${fixture.dir.path}/repo`, "a repository\n");
     const results = await Promise.all(Array.from({ length: RUNS }, () =>
       fixture.cli([
         "run",

@@ -6,6 +6,7 @@
  * change, whatever the agent does in the sandbox. Every test has its own profile (removed
  * afterwards), its own repository and its own `$XDG_STATE_HOME`.
  */
+import { git } from "../_git.ts";
 import { RunFixture } from "../_run_fixture.ts";
 import { localRepoKey } from "../../lib/repo/local.ts";
 import assert from "node:assert/strict";
@@ -37,11 +38,6 @@ const USER_GIT = [
 type Wire = Record<string, any>;
 
 /** `git ARGS` in `cwd`; stdout, or a failure with stderr. */
-async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")} failed in ${cwd}: ${result.stderr}`);
-  return result.stdout.trim();
-}
 
 /** A new repository at `path` (branch main) with `files` in its first commit. */
 async function createRepo(

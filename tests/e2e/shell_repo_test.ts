@@ -4,8 +4,8 @@
  * uncommitted, committed by the tool) comes back as its branch when it ends; the user's working
  * tree and branch are untouched. Mistakes in --repo are refused before anything starts.
  */
+import { git } from "../_git.ts";
 import assert from "node:assert/strict";
-import { run } from "../../lib/process.ts";
 import {
   assertDocker,
   CLI,
@@ -20,12 +20,6 @@ import {
 import { Tmux } from "../_tmux.ts";
 
 const USER_GIT = ["-c", "user.name=Test User", "-c", "user.email=user@example.com"];
-
-async function git(cwd: string, ...args: string[]): Promise<string> {
-  const result = await run(["git", "-C", cwd, ...args]);
-  assert.equal(result.exitCode, 0, `git ${args.join(" ")} failed in ${cwd}: ${result.stderr}`);
-  return result.stdout.trim();
-}
 
 Deno.test({
   name:

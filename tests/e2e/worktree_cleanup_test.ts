@@ -8,6 +8,7 @@
  * meta.json names (`extra.container`), not a name assumed here. Live runs are watched on their
  * stdout and in their container, so each step waits on the event it needs.
  */
+import { createRepo } from "../_git.ts";
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
 import { FakeLlm, type FakeStep, httpError, text, toolCall } from "../_fake_llm.ts";
@@ -58,28 +59,6 @@ const ENDINGS: Record<
 };
 
 /** A repository with one commit on main. */
-async function createRepo(path: string): Promise<string> {
-  const git = async (...args: string[]) => {
-    const result = await run(["git", "-C", path, ...args]);
-    assert.equal(result.exitCode, 0, `git ${args.join(" ")}: ${result.stderr}`);
-  };
-  await Deno.mkdir(path, { recursive: true });
-  await git("init", "-q", "-b", "main");
-  await Deno.writeTextFile(`${path}/README.md`, "a repository\n");
-  await git("add", "-A");
-  await git(
-    "-c",
-    "user.name=Owner",
-    "-c",
-    "user.email=owner@example.test",
-    "-c",
-    "commit.gpgsign=false",
-    "commit",
-    "-qm",
-    "initial",
-  );
-  return await Deno.realPath(path);
-}
 
 /**
  * `docker exec CONTAINER ARGS`, as root (no capability: it reads what others may read): exit code
@@ -129,7 +108,7 @@ for (const ending of ["failure", "timeout", "interrupt"] as const) {
           keyEnv: KEY_ENV,
           prompt: "Leave a file.\n",
         });
-        const repo = await createRepo(`${f.dir.path}/repo`);
+        const repo = await createRepo(`${f.dir.path}/repo`, "a repository\n");
         const args = [
           "run",
           "agentic",
