@@ -8,7 +8,7 @@
  * proxy on loopback.
  */
 import { fileNotFound, SandboxError } from "../errors.ts";
-import { execStreamOf } from "./exec_stream.ts";
+import { execBytesOf, execStreamOf } from "./exec_stream.ts";
 import { run, spawn, type SpawnOptions } from "../process.ts";
 import { assertNoSecrets } from "../secret_guard.ts";
 import type {
@@ -101,17 +101,7 @@ export class HostProvider implements SandboxProvider {
         stderrTail: ended.stderrTail,
       };
     });
-    // Read by the caller (`outcome`); this only keeps an unread failure from being unhandled.
-    outcome.catch(() => {});
-    return {
-      stdout: child.stdout,
-      outcome,
-      stop: async () => {
-        child.kill();
-        // Stopped on purpose: how it then ended (killed) is no error of the caller's.
-        await outcome.catch(() => {});
-      },
-    };
+    return execBytesOf(child, outcome);
   }
 
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {

@@ -8,7 +8,7 @@ import type { V1Pod } from "@kubernetes/client-node";
 import { fileNotFound, SandboxError } from "../../errors.ts";
 import { NO_SUCH_FILE_EXIT, readFileArgv } from "../provider.ts";
 import { assertNoSecrets } from "../../secret_guard.ts";
-import { execStreamOf } from "../exec_stream.ts";
+import { execBytesOf, execStreamOf } from "../exec_stream.ts";
 import { spawn } from "../../process.ts";
 import { extractTar } from "../../tar_extract.ts";
 import type {
@@ -116,17 +116,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   execBytes(argv: readonly string[], options: ExecOptions = {}): ExecBytes {
     const child = this.spawn(argv, options);
     const outcome = child.finished.then((ended) => outcomeOf(ended, options.timeoutMs));
-    // Read by the caller (`outcome`); this only keeps an unread failure from being unhandled.
-    outcome.catch(() => {});
-    return {
-      stdout: child.stdout,
-      outcome,
-      stop: async () => {
-        child.kill();
-        // Stopped on purpose: how it then ended is no error of the caller's.
-        await outcome.catch(() => {});
-      },
-    };
+    return execBytesOf(child, outcome);
   }
 
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {

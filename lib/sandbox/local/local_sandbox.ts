@@ -22,7 +22,7 @@ import {
 } from "../../process.ts";
 import { assertNoSecrets } from "../../secret_guard.ts";
 import { extractTar } from "../../tar_extract.ts";
-import { execStreamOf } from "../exec_stream.ts";
+import { execBytesOf, execStreamOf } from "../exec_stream.ts";
 import type {
   ExecBytes,
   ExecOptions,
@@ -341,17 +341,7 @@ export class LocalSandbox implements SandboxProvider {
   execBytes(argv: readonly string[], options: ExecOptions = {}): ExecBytes {
     const child = this.spawnInside(argv, options);
     const outcome = this.limits.oomKills().then((before) => this.#finish(child, options, before));
-    // Read by the caller (`outcome`); this only keeps an unread failure from being unhandled.
-    outcome.catch(() => {});
-    return {
-      stdout: child.stdout,
-      outcome,
-      stop: async () => {
-        child.kill();
-        // Stopped on purpose: how it then ended (killed) is no error of the caller's.
-        await outcome.catch(() => {});
-      },
-    };
+    return execBytesOf(child, outcome);
   }
 
   async exec(argv: readonly string[], options: ExecOptions = {}): Promise<ExecResult> {
