@@ -106,6 +106,14 @@ ensure_srt_dependencies() {
   apt_install socat ripgrep
 }
 
+# The agent CLIs' pinned tarballs (Claude Code, Codex), into the tool's npm cache: the agents' image
+# layers and mode local unpack them, and the tests then reach no registry. Without a registry, the
+# tests that run the agents fail and say what to bring instead.
+ensure_agent_packages() {
+  deno run --allow-all --quiet --config "$here/../deno.json" "$here/fetch_agent_packages.ts" ||
+    log "warning: the agent CLIs' npm tarballs could not be fetched (tests of Claude Code and Codex will fail)"
+}
+
 # The tests of `sandbox image push` push to a registry of their own on loopback: Debian's.
 ensure_docker_registry() {
   if command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ]; then
@@ -121,5 +129,6 @@ ensure_bubblewrap
 ensure_srt_dependencies
 ensure_devcontainer_cli
 ensure_docker_registry
+ensure_agent_packages
 ensure_docker
 "$here/build-base-image.sh"

@@ -18,7 +18,7 @@ import { assertLocal, localTest } from "../_local.ts";
 import { run } from "../../lib/process.ts";
 import { agentProgram } from "../../lib/agents/launch.ts";
 import { hostAgentName, hostArchitecture } from "../../lib/agents/host_agent.ts";
-import { cachedTarballName, npmCacheDir } from "../../lib/agents/npm_tarball.ts";
+import { cachedTarballName, fetchTarball } from "../../lib/agents/npm_tarball.ts";
 import { AGENT_PACKAGES } from "../../lib/agents/packages.ts";
 import { LOCAL_UID } from "../../lib/sandbox/local/bwrap.ts";
 
@@ -76,15 +76,17 @@ async function inside(pid: number, script: string, needle?: string): Promise<str
 
 /**
  * A cache directory of the run's own (`XDG_CACHE_HOME`), holding only the agent's pinned tarball,
- * linked (else copied) from this user's npm cache: the run unpacks it there, and what it does to
- * its files stays in the test's directory.
+ * linked (else copied) from this user's npm cache (fetched there first when missing, as the agent's
+ * image layer is): the run unpacks it there, and what it does to its files stays in the test's
+ * directory.
  */
 async function ownCache(dir: string, agent: "claude-code" | "codex"): Promise<string> {
   const tarball = AGENT_PACKAGES[agent].tarballs[hostArchitecture()!];
+  const cached = await fetchTarball(tarball);
   const name = cachedTarballName(tarball);
   await Deno.mkdir(`${dir}/sandbox/npm`, { recursive: true });
-  await Deno.link(`${npmCacheDir()}/${name}`, `${dir}/sandbox/npm/${name}`).catch(() =>
-    Deno.copyFile(`${npmCacheDir()}/${name}`, `${dir}/sandbox/npm/${name}`)
+  await Deno.link(cached, `${dir}/sandbox/npm/${name}`).catch(() =>
+    Deno.copyFile(cached, `${dir}/sandbox/npm/${name}`)
   );
   return dir;
 }
