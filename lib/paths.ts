@@ -11,6 +11,12 @@ export function userStateDir(): string {
   return joinPath(base, "sandbox");
 }
 
+/** `$XDG_CACHE_HOME/sandbox`, else `~/.cache/sandbox`: what can be fetched or made again. */
+export function userCacheDir(): string {
+  const base = Deno.env.get("XDG_CACHE_HOME") || joinPath(homeDir(), ".cache");
+  return joinPath(base, "sandbox");
+}
+
 export function homeDir(): string {
   return Deno.env.get("HOME") ?? "/tmp";
 }

@@ -9,6 +9,7 @@
  * beside it, checked, made read-only and renamed into place. A run that finds the directory uses
  * it without reading the tarball again; a run that loses the race to rename uses the winner's.
  */
+import { userCacheDir } from "../paths.ts";
 import { SandboxError } from "../errors.ts";
 import { sha256Hex } from "../hash.ts";
 import { run } from "../process.ts";
@@ -43,8 +44,7 @@ export interface HostAgentOptions {
 
 /** Where unpacked agents are kept on the host. */
 export function hostAgentsDir(): string {
-  const base = Deno.env.get("XDG_CACHE_HOME") || `${Deno.env.get("HOME") ?? "/tmp"}/.cache`;
-  return `${base}/sandbox/agents`;
+  return `${userCacheDir()}/agents`;
 }
 
 /** Docker's name for this host's architecture, if a pinned build exists for it. */

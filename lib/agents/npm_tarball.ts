@@ -7,6 +7,7 @@
  * rebuilt sandbox image does not download the agent again, and lets a machine without the
  * registry build the layer from a tarball copied there by hand.
  */
+import { userCacheDir } from "../paths.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { run } from "../process.ts";
 import type { PlatformTarball } from "./packages.ts";
@@ -25,8 +26,7 @@ export function npmRegistry(
 
 /** Where fetched tarballs are kept. */
 export function npmCacheDir(): string {
-  const base = Deno.env.get("XDG_CACHE_HOME") || `${Deno.env.get("HOME") ?? "/tmp"}/.cache`;
-  return `${base}/sandbox/npm`;
+  return `${userCacheDir()}/npm`;
 }
 
 /**

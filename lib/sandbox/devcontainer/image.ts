@@ -8,6 +8,7 @@
  * of an `image`, the CLI's version and the prelude script — so a change rebuilds and nothing else
  * does: an unchanged configuration costs a few `git` calls and one `docker image inspect`.
  */
+import { userCacheDir } from "../../paths.ts";
 import { DEVCONTAINER_PRELUDE_SCRIPT } from "../assets.ts";
 import { type DockerCli, LABEL, labelArgs, OWNER } from "../docker.ts";
 import { ensureBaseImage } from "../image.ts";
@@ -85,8 +86,7 @@ interface InspectedImage {
 
 /** `$XDG_CACHE_HOME/sandbox/devcontainer-cli`: the CLI's own deno cache, filled once from npm. */
 export function cliCacheDir(): string {
-  const base = Deno.env.get("XDG_CACHE_HOME") || `${Deno.env.get("HOME") ?? "/tmp"}/.cache`;
-  return `${base}/sandbox/devcontainer-cli`;
+  return `${userCacheDir()}/devcontainer-cli`;
 }
 
 /** Make sure the devcontainer's image exists for the configuration's current content. */

@@ -4,6 +4,7 @@
  * bound read-only at /cache into every local sandbox of a run on that repository. A run's
  * checkout borrows its objects (git alternates, lib/repo/local.ts) as in a container.
  */
+import { userCacheDir } from "../../paths.ts";
 import { CommandExitError } from "../../errors.ts";
 import { readLines } from "../../lines.ts";
 import { spawn } from "../../process.ts";
@@ -19,8 +20,7 @@ const UPDATE = '[ -d "$4" ] || git init -q --bare "$4"; ' +
   'git -C "$4" update-ref "refs/cache/$1" "$1"';
 
 function cacheRoot(): string {
-  const base = Deno.env.get("XDG_CACHE_HOME") || `${Deno.env.get("HOME") ?? "/tmp"}/.cache`;
-  return `${base}/sandbox/local-cache`;
+  return `${userCacheDir()}/local-cache`;
 }
 
 /** The directory bound at /cache for repository `key` (made, empty, when missing). */
