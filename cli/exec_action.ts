@@ -19,6 +19,8 @@ import { startSupervised, supervisedRunId } from "./supervise.ts";
 import { EXIT, exitCodeFor, SandboxError } from "../lib/errors.ts";
 import { trace } from "../lib/trace.ts";
 import type { ExecStream, ExecStreamOutcome } from "../lib/sandbox/provider.ts";
+import type { DiskWatch } from "../lib/sandbox/disk_watch.ts";
+import type { SandboxSession } from "../lib/proxy/session.ts";
 import type { Profile } from "../lib/config.ts";
 
 export interface ExecFlags {
@@ -175,47 +177,46 @@ async function execLocal(
       { detail: "Leave out --repo (docs/local.md)" },
     );
   }
-  const [{ openLocalDevSandbox }, { openSession }] = await Promise.all([
-    import("../lib/sandbox/local/dev_sandbox.ts"),
-    import("../lib/proxy/session.ts"),
-  ]);
+  const { openLocalDevSandbox } = await import("../lib/sandbox/local/dev_sandbox.ts");
   trace("exec: local modules loaded");
-  const sandbox = await openLocalDevSandbox(profile, { signal, onProgress: progress });
+  // The session's modules load while the sandbox starts, which mostly waits for processes.
+  const opening = openLocalDevSandbox(profile, { signal, onProgress: progress });
+  const sessionModule = import("../lib/proxy/session.ts");
+  // Awaited once the sandbox is up (and released, should it fail to load).
+  sessionModule.catch(() => {});
+  const sandbox = await opening;
   trace("exec: local sandbox up");
+  let session: SandboxSession | undefined;
+  let watch: DiskWatch | undefined;
   try {
-    await using session = await openSession(profile, sandbox.relay, {
-      signal,
-      onProgress: note,
-    });
+    const { openSession } = await sessionModule;
+    session = await openSession(profile, sandbox.relay, { signal, onProgress: note });
     trace("exec: session open");
-    const watch = sandbox.watchDisk({});
-    try {
-      const stream = sandbox.provider.execStream(argv, {
-        cwd: opts.cwd,
-        env: { ...session.env, ...opts.env },
-        stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
-        signal: AbortSignal.any([signal, watch.signal]),
-        timeoutMs: opts.timeoutMs ?? profile.resources.timeoutMs,
-        onStderrLine: (line: string) => {
-          sink?.errorLine(line);
-          stderrLine(line);
-        },
-      });
-      // What a command leaves behind ends with the sandbox, released below: no sweep of its own.
-      const outcome = await relayOutput(
-        stream,
-        { sweep: () => Promise.resolve() },
-        watch.signal,
-        sink,
-      );
-      trace("exec: command ended");
-      if (outcome.oomKilled) noteOom(profile);
-      return outcome.exitCode;
-    } finally {
-      await watch.close();
-    }
+    watch = sandbox.watchDisk({});
+    const stream = sandbox.provider.execStream(argv, {
+      cwd: opts.cwd,
+      env: { ...session.env, ...opts.env },
+      stdin: Deno.stdin.isTerminal() ? undefined : Deno.stdin.readable,
+      signal: AbortSignal.any([signal, watch.signal]),
+      timeoutMs: opts.timeoutMs ?? profile.resources.timeoutMs,
+      onStderrLine: (line: string) => {
+        sink?.errorLine(line);
+        stderrLine(line);
+      },
+    });
+    // What a command leaves behind ends with the sandbox, released below: no sweep of its own.
+    const outcome = await relayOutput(
+      stream,
+      { sweep: () => Promise.resolve() },
+      watch.signal,
+      sink,
+    );
+    trace("exec: command ended");
+    if (outcome.oomKilled) noteOom(profile);
+    return outcome.exitCode;
   } finally {
-    await sandbox.release();
+    // All at once: the sandbox's end ends its relay too, so the session's close waits for nothing.
+    await Promise.all([session?.close(), watch?.close(), sandbox.release()]);
     trace("exec: local sandbox released");
   }
 }

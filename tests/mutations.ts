@@ -1608,4 +1608,11 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/e2e/local_exec_test.ts"],
     filter: "cannot read a file of the user's home",
   },
+  {
+    name: "mode local: a sandbox's directories the agent locked are not mended before removal",
+    file: LOCAL_SANDBOX,
+    find: '    await run(["chmod", "-R", "u+rwX", "--", root]);\n',
+    replace: "",
+    tests: ["tests/security/local_user_test.ts"],
+  },
 ];

@@ -182,4 +182,41 @@ async function runAsUser(user: string, home: string): Promise<void> {
   assert.ok(branch, explain(result));
   const show = await asUser(user, env, ["git", "-C", `${home}/repo`, "show", `${branch}:greet.sh`]);
   assert.match(show.stdout, /Hello from the sandbox/, explain(show));
+  await assertLockedDirsRemoved(user, env, home, profile);
+}
+
+/**
+ * A command that leaves directories no one may enter or change (mode 0, as the user's own uid
+ * outside) still leaves no sandbox directory behind: the host mends the modes, then removes it.
+ */
+async function assertLockedDirsRemoved(
+  user: string,
+  env: Record<string, string>,
+  home: string,
+  profile: string,
+): Promise<void> {
+  const exec = await asUser(user, env, [
+    Deno.execPath(),
+    "run",
+    "-A",
+    "--quiet",
+    "--cached-only",
+    "--frozen",
+    `${ROOT}/cli.ts`,
+    "--config",
+    `${home}/sandbox.yaml`,
+    "exec",
+    "-p",
+    profile,
+    "--",
+    "sh",
+    "-c",
+    "mkdir -p /tmp/locked/sub && touch /tmp/locked/sub/f && chmod 0 /tmp/locked/sub /tmp/locked && " +
+    "rm -rf /tmp/locked 2>/dev/null; test -d /tmp/locked && echo still-there",
+  ], ROOT);
+  // Twin: the user's own uid cannot remove them as they are.
+  assert.equal(exec.stdout, "still-there\n", explain(exec));
+  assert.equal(exec.exitCode, 0, explain(exec));
+  const left = await Array.fromAsync(Deno.readDir(`${home}/state/sandbox/local`));
+  assert.deepEqual(left.map((entry) => entry.name), [], "no sandbox directory is left");
 }

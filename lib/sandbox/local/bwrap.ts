@@ -199,9 +199,13 @@ export async function systemArgs(): Promise<string[]> {
  * exits and its pid namespace, every command's included, dies with it. bwrap's
  * `--die-with-parent` alone does not hold as root (the holder was seen left under init).
  */
-export const HOLDER_COMMAND = ["sh", "-c", "read -r _ || true"] as const;
-/** The program name of the holder's command once it has started (holderReady). */
-export const HOLDER_PROGRAM = "sh";
+export const HOLDER_COMMAND = ["sh", "-c", "echo holder-ready >&2; read -r _ || true"] as const;
+/**
+ * What the holder's command says first, on stderr (bwrap closes its `--info-fd`, stdout, in the
+ * child): it has started, so its namespaces are complete (the user namespace's id maps are
+ * written before it runs).
+ */
+export const HOLDER_READY = "holder-ready";
 
 /**
  * `argv` started with no descriptor of this process's but stdio. A child inherits whatever

@@ -32,6 +32,9 @@ export async function openLocalDevSandbox(
 ): Promise<LocalRunSandbox> {
   const dir = localDevDir(profile.name);
   const kept = { workspace: `${dir}/workspace`, home: `${dir}/home` };
+  const relaying = relayBundlePath(options.onProgress);
+  // Awaited below; a failure here is the one reported.
+  relaying.catch(() => {});
   await Deno.mkdir(`${userStateDir()}/local-dev`, { recursive: true, mode: 0o700 });
   for (const path of [dir, kept.workspace, kept.home]) {
     await Deno.mkdir(path, { mode: 0o700 }).catch((error) => {
@@ -39,7 +42,7 @@ export async function openLocalDevSandbox(
       if (!(error instanceof Deno.errors.AlreadyExists)) throw error;
     });
   }
-  const relay = await relayBundlePath(options.onProgress);
+  const relay = await relaying;
   const name = `local-dev-${profile.name.replace(/[^A-Za-z0-9_-]/g, "").slice(0, 20)}-${
     crypto.randomUUID().slice(0, 8)
   }`;

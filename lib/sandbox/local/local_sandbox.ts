@@ -36,7 +36,7 @@ import type {
 } from "../provider.ts";
 import {
   execArgv,
-  HOLDER_PROGRAM,
+  HOLDER_READY,
   holderArgv,
   type HostPrograms,
   LOCAL_PATH,
@@ -123,29 +123,33 @@ export async function createLocalSandbox(
 }
 
 /**
- * Read the holder's `--info-fd` JSON from its stdout until it names the child's pid. The rest of
- * stdout is read to its end, never closed: bwrap writes more of its JSON after the pid, before it
- * writes the child's id maps, and a closed pipe killed it there (SIGPIPE), leaving its child
- * waiting forever for maps that never came — the holder that "did not come up".
+ * Wait until the holder has named its init's pid (bwrap's `--info-fd` JSON, on stdout) and its
+ * command has said it runs (`ready`: `HOLDER_READY` on stderr): only then are its namespaces
+ * complete. The init's host pid. The rest of stdout is read to its end, never closed: bwrap writes
+ * more of its JSON after the pid, and a closed pipe killed it there (SIGPIPE), leaving its child
+ * waiting forever for id maps that never came — the holder that "did not come up".
  */
-async function holderChildPid(holder: ChildProcess): Promise<number> {
+async function holderUp(holder: ChildProcess, ready: Promise<void>): Promise<number> {
   const reader = holder.stdout.getReader();
   const decoder = new TextDecoder();
   let text = "";
-  while (true) {
+  let pid: number | undefined;
+  while (pid === undefined) {
     const { value, done } = await reader.read();
     if (done) break;
     text += decoder.decode(value, { stream: true });
     const found = /"child-pid"\s*:\s*(\d+)/.exec(text);
-    if (found) {
-      void drain(reader);
-      return Number(found[1]);
-    }
+    if (found) pid = Number(found[1]);
+  }
+  if (pid !== undefined) {
+    void drain(reader);
+    const up = await Promise.race([ready.then(() => true), holder.finished.then(() => false)]);
+    if (up) return pid;
   }
   const ended = await holder.finished;
   throw new SandboxError(
     "exec_failed",
-    `Cannot start the local sandbox: bwrap exited ${ended.exitCode}: ${ended.stderrTail.trim()}`,
+    `Cannot start the local sandbox: its holder did not come up: bwrap exited ${ended.exitCode}: ${ended.stderrTail.trim()}`,
   );
 }
 
@@ -153,35 +157,11 @@ async function holderChildPid(holder: ChildProcess): Promise<number> {
 async function drain(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<void> {
   try {
     while (!(await reader.read()).done) {
-      // Discarded: the rest of bwrap's JSON; the holder's command says nothing.
+      // Discarded: the rest of bwrap's JSON; the holder's command says nothing more.
     }
   } catch {
     // The pipe failed with the holder's end: nothing more to read.
   }
-}
-
-/**
- * Wait until the holder's first process `pid` has started its command: only then are its namespaces
- * complete (the user namespace's id maps are written after the child-pid is said). The command's
- * host pid.
- */
-async function holderReady(holder: ChildProcess, pid: number): Promise<number> {
-  let ended = false;
-  holder.finished.then(() => ended = true, () => ended = true);
-  for (let attempt = 0; attempt < 2_000 && !ended; attempt++) {
-    for (const child of await childrenOf(pid)) {
-      const comm = await Deno.readTextFile(`/proc/${child}/comm`).catch(() => "");
-      if (comm.trim() === HOLDER_PROGRAM) return child;
-    }
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
-  const outcome = await Promise.race([holder.finished, Promise.resolve(undefined)]);
-  throw new SandboxError(
-    "exec_failed",
-    `Cannot start the local sandbox: its holder did not come up${
-      outcome ? `: bwrap exited ${outcome.exitCode}: ${outcome.stderrTail.trim()}` : ""
-    }`,
-  );
 }
 
 /** The host pids of process `pid`'s children (none once it is gone). */
@@ -225,13 +205,18 @@ export class LocalSandbox implements SandboxProvider {
     if (this.#holder) return await this.status();
     this.#system = await systemArgs();
     // Its stdin: a pipe this process never writes nor closes (HOLDER_COMMAND says why).
+    let ready!: () => void;
+    const said = new Promise<void>((resolve) => ready = resolve);
     const holder = spawn(withoutInheritedFds(holderArgv(this.tools, this.#system)), {
       clearEnv: true,
       stdin: new ReadableStream<Uint8Array>({ start: (c) => this.#lifeline = c }),
+      onStderrLine: (line) => line === HOLDER_READY && ready(),
     });
     this.#holder = holder;
-    this.#holderPid = await holderChildPid(holder);
-    this.#holderCommandPid = await holderReady(holder, this.#holderPid);
+    this.#holderPid = await holderUp(holder, said);
+    // The init's one child: the command that has just said it runs.
+    const [command] = await childrenOf(this.#holderPid);
+    this.#holderCommandPid = command ?? 0;
     return await this.status();
   }
 
@@ -540,9 +525,17 @@ export async function removeSandboxDir(root: string): Promise<void> {
       if (!(error instanceof Deno.errors.NotFound)) throw error;
     });
   }
-  // chmod -R changes no link's target: it does not follow links met in the walk.
-  await run(["chmod", "-R", "u+rwX", "--", root]);
-  await Deno.remove(root, { recursive: true }).catch((error) => {
-    if (!(error instanceof Deno.errors.NotFound)) throw error;
-  });
+  const remove = () =>
+    Deno.remove(root, { recursive: true }).catch((error) => {
+      if (!(error instanceof Deno.errors.NotFound)) throw error;
+    });
+  try {
+    await remove();
+  } catch (error) {
+    if (!(error instanceof Deno.errors.PermissionDenied)) throw error;
+    // A directory the agent made unwritable or unreadable: its modes are mended, then it goes.
+    // chmod -R changes no link's target: it does not follow links met in the walk.
+    await run(["chmod", "-R", "u+rwX", "--", root]);
+    await remove();
+  }
 }
