@@ -30,7 +30,8 @@ import {
 } from "deepagents";
 import { modelCallLimitMiddleware } from "langchain";
 import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langchain/core/messages";
-import type { Emitter } from "./emit.ts";
+import { Emitter } from "./emit.ts";
+import { StdoutWriter } from "../lib/output.ts";
 import { normalizeToolName } from "../lib/run/tool_names.ts";
 import {
   createChatModel,
@@ -38,7 +39,7 @@ import {
   emitOutcome,
   type LlmSettings,
   messageText,
-  UsageTracker,
+  type UsageTracker,
 } from "./llm.ts";
 
 /** Seconds one `execute` command may run before it is killed. */
@@ -60,44 +61,56 @@ export interface AgenticOptions {
   llm: LlmSettings;
 }
 
-/** Where the warm-up's model call goes: port 9 (discard), which fetch refuses before connecting. */
-const WARM_UP_URL = "http://127.0.0.1:9/v1";
+/** The warm-up model's one answer: a final message, no tool call (OpenAI's chat completion). */
+const WARM_UP_ANSWER = JSON.stringify({
+  id: "warm-up",
+  object: "chat.completion",
+  created: 0,
+  model: "warm-up",
+  choices: [{ index: 0, message: { role: "assistant", content: "done" }, finish_reason: "stop" }],
+  usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
+});
 
 /**
- * Build an agent and start it once, against a model address that fails at once, emitting nothing:
- * what a worker waiting for its job in a pooled container does so that the job's own agent is built and run
- * by code that is already compiled (~65 ms sooner to its first model call). Holds no secret and
- * reaches nothing; never throws.
+ * Run an agent once, to its end, the way a job's runs (`runAgentic`), against a model served by
+ * this process on loopback that answers at once, its events discarded: what a worker waiting for
+ * its job in a pooled container does so that the job's agent is built and run — its first HTTP
+ * connection, the answer's parsing, the middleware, the events' encoding — by code that is already
+ * compiled. Holds no secret, reaches nothing outside this process (the server is gone when it
+ * returns); never throws.
  */
 export async function warmUpAgentic(): Promise<void> {
-  const llm: LlmSettings = {
-    api: "openai",
-    baseUrl: WARM_UP_URL,
-    token: "warm-up",
-    model: "warm-up",
-    maxRetries: 0,
-  };
-  const agent = createDeepAgent({
-    model: createChatModel(llm, new UsageTracker(llm.model)),
-    backend: new LocalShellBackend({
-      rootDir: "/",
-      virtualMode: false,
-      timeout: 1,
-      inheritEnv: false,
-      env: {},
-    }),
-    systemPrompt: systemPrompt({ prompt: "", cwd: "/", toolEnv: {}, llm }),
-  });
+  let server: Deno.HttpServer<Deno.NetAddr>;
   try {
-    const stream = await agent.stream(
-      { messages: [new HumanMessage("warm-up")] },
-      { streamMode: "values", signal: AbortSignal.timeout(5_000) },
+    server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      async (request) => {
+        await request.body?.cancel();
+        return new Response(WARM_UP_ANSWER, { headers: { "content-type": "application/json" } });
+      },
     );
-    for await (const _ of stream) {
-      // Nothing to keep: the point is to have run it.
-    }
   } catch {
-    // Expected: the model address refuses.
+    // Not allowed to listen (a worker run with fewer permissions than the tool gives it): no warm-up.
+    return;
+  }
+  const discarded = new StdoutWriter({ write: (bytes) => Promise.resolve(bytes.byteLength) });
+  try {
+    await runAgentic({
+      prompt: "warm-up",
+      cwd: "/",
+      toolEnv: {},
+      llm: {
+        api: "openai",
+        baseUrl: `http://127.0.0.1:${server.addr.port}/v1`,
+        token: "warm-up",
+        model: "warm-up",
+        maxRetries: 0,
+      },
+    }, new Emitter(discarded));
+  } catch {
+    // A warm-up that fails leaves the job to compile what it did not reach: nothing else changes.
+  } finally {
+    await server.shutdown();
   }
 }
 
@@ -117,6 +130,7 @@ async function streamAgent(
   tracker: UsageTracker,
 ): Promise<{ content: string; isError: boolean }> {
   const evicted = await Deno.makeTempDir({ prefix: "sandbox-agent-files-" });
+
   try {
     for (const route of EVICTION_ROUTES) await Deno.mkdir(`${evicted}${route}`);
     return await streamAgentWith(options, emit, tracker, evicted);
@@ -150,6 +164,7 @@ async function streamAgentWith(
   evicted: string,
 ): Promise<{ content: string; isError: boolean }> {
   const model = options.llm.model;
+
   const agent = createDeepAgent({
     model: createChatModel(options.llm, tracker),
     backend: agentBackend(options, evicted),
@@ -160,6 +175,7 @@ async function streamAgentWith(
   });
 
   const seen = new Set<string>();
+
   const seenWithoutId = new WeakSet<BaseMessage>();
   const toolNames = new Map<string, string>();
   let finalText = "";
@@ -171,6 +187,7 @@ async function streamAgentWith(
     { streamMode: "values", signal: hostGone.signal },
   );
   for await (const state of stream) {
+
     const messages: BaseMessage[] = (state as { messages?: BaseMessage[] }).messages ?? [];
     for (const message of messages) {
       if (message.id ? seen.has(message.id) : seenWithoutId.has(message)) continue;

@@ -31,7 +31,8 @@ function workerArgv(llmPort: number, ...args: string[]): string[] {
     "--allow-env",
     "--allow-run",
     "--allow-sys",
-    `--allow-net=127.0.0.1:${llmPort}${socket}`,
+    // A pooled worker's warm-up serves itself on a loopback port of its own.
+    `--allow-net=127.0.0.1${dir === -1 ? `:${llmPort}` : ""}${socket}`,
     WORKER,
     ...args,
   ];
@@ -303,6 +304,28 @@ Deno.test("a pooled worker waits holding no secret, takes its job from the socke
   const outcome = await worker.finished;
   assert.equal(outcome.code, 0, new TextDecoder().decode(outcome.stderr));
   assert.equal(outcome.stdout.byteLength, 0, "its output went to the connection, not its stdout");
+  assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker));
+});
+
+Deno.test("a pooled worker's warm-up reaches only its own loopback server: the LLM it is given sees the job's request and nothing else, even claimed mid-warm-up", async () => {
+  await using dir = await tempDir("sandbox-pooled-");
+  await using fake = new FakeLlm([text("agent done")]);
+  const worker = pooledWorker(fake.port, dir.path);
+  // Claimed as soon as it waits: its warm-up rounds are under way then.
+  await untilWatching(worker.pid);
+  const claimed = await claim(dir.path, []);
+  assert.ok(claimed, "the worker connected to the host's socket");
+  const marker = `PROMPT-${crypto.randomUUID()}`;
+  const cwd = await Deno.makeTempDir({ dir: dir.path });
+  claimed.send({ mode: "agentic", prompt: marker, cwd, env: llmEnv(fake.proxyBaseUrl) });
+  const events = (await Array.fromAsync(claimed.stream)).map((line, i) =>
+    decodeMessage(line, i + 1)
+  );
+  claimed.close();
+  const result = events.find((m) => m.type === "result");
+  assert.equal(result?.content, "agent done", JSON.stringify(events));
+  assert.equal((await worker.finished).code, 0);
+  assert.equal(fake.requests.length, 1, "one request: the job's");
   assert.ok(JSON.stringify(fake.requests[0].body.messages).includes(marker));
 });
 
