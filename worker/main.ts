@@ -144,10 +144,12 @@ export async function main(args: readonly string[]): Promise<number> {
 
 /**
  * How many times a pooled worker runs an agent before its job (worker/agentic.ts `warmUpAgentic`):
- * V8 optimises what has run often. Measured (a pooled worker, a local upstream): from the job to
- * its first model request 45–59 ms after 1 round, 24–27 ms after 5, which take ~280 ms in all.
+ * V8 optimises what has run often. Measured (a pooled worker, a local upstream; medians of 5):
+ * from the job to its first model request 52 ms after 1 round, 35 after 2, 38 after 3, ~30 after 5.
+ * Each round is time the pool's refill takes, which a run's exit awaits: 5 rounds (~280 ms in all)
+ * made exits ~200 ms longer for ~10 ms more.
  */
-const WARM_UP_ROUNDS = 5;
+const WARM_UP_ROUNDS = 2;
 
 /**
  * `worker serve`: the job from stdin, or (with `awaitJob`, a directory) from the host that claims
