@@ -216,7 +216,10 @@ async function execLocal(
     return outcome.exitCode;
   } finally {
     // All at once: the sandbox's end ends its relay too, so the session's close waits for nothing.
-    await Promise.all([session?.close(), watch?.close(), sandbox.release()]);
+    // Each runs to its end whatever another does; then the first failure is the one reported.
+    const closed = await Promise.allSettled([session?.close(), watch?.close(), sandbox.release()]);
+    const failed = closed.find((outcome) => outcome.status === "rejected");
+    if (failed) throw failed.reason;
     trace("exec: local sandbox released");
   }
 }

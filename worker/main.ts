@@ -144,12 +144,13 @@ export async function main(args: readonly string[]): Promise<number> {
 
 /**
  * How many times a pooled worker runs an agent before its job (worker/agentic.ts `warmUpAgentic`):
- * V8 optimises what has run often. Measured (a pooled worker, a local upstream; medians of 5):
- * from the job to its first model request 52 ms after 1 round, 35 after 2, 38 after 3, ~30 after 5.
- * Each round is time the pool's refill takes, which a run's exit awaits: 5 rounds (~280 ms in all)
- * made exits ~200 ms longer for ~10 ms more.
+ * V8 optimises what has run often. Measured on a pooled worker with a local upstream (medians of
+ * 5), from the job to its first model request: 52 ms after 1 round, 35 after 2, ~30 after 5; and a
+ * whole warm run to its first event (`sandbox run`, medians of 9, two alternations): 381 and 376 ms
+ * after 2 rounds, 359 and 330 after 5. The rounds run while the container waits in the pool; a
+ * run's exit, which awaits its refill, measured the same (1,395 ms after 2, 1,397 after 5).
  */
-const WARM_UP_ROUNDS = 2;
+const WARM_UP_ROUNDS = 5;
 
 /**
  * `worker serve`: the job from stdin, or (with `awaitJob`, a directory) from the host that claims
