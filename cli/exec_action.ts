@@ -216,12 +216,16 @@ async function execLocal(
     return outcome.exitCode;
   } finally {
     // All at once: the sandbox's end ends its relay too, so the session's close waits for nothing.
-    // Each runs to its end whatever another does; then the first failure is the one reported.
-    const closed = await Promise.allSettled([session?.close(), watch?.close(), sandbox.release()]);
-    const failed = closed.find((outcome) => outcome.status === "rejected");
-    if (failed) throw failed.reason;
+    await allSettled([session?.close(), watch?.close(), sandbox.release()]);
     trace("exec: local sandbox released");
   }
+}
+
+/** Wait for every one of `steps` to end, whatever another does; then raise the first failure. */
+async function allSettled(steps: (Promise<void> | undefined)[]): Promise<void> {
+  const ended = await Promise.allSettled(steps);
+  const failed = ended.find((outcome) => outcome.status === "rejected");
+  if (failed) throw failed.reason;
 }
 
 function noteOom(profile: Profile): void {

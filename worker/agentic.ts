@@ -187,7 +187,6 @@ async function streamAgentWith(
     { streamMode: "values", signal: hostGone.signal },
   );
   for await (const state of stream) {
-
     const messages: BaseMessage[] = (state as { messages?: BaseMessage[] }).messages ?? [];
     for (const message of messages) {
       if (message.id ? seen.has(message.id) : seenWithoutId.has(message)) continue;
