@@ -119,7 +119,7 @@ function registerPruneCommand(program: Command): void {
     .option("--keep <n>", "keep the newest N finished runs, whatever their age", count("--keep", 0))
     .option(
       "--images",
-      "also remove sandbox-runtime and sandbox-agent images no profile's current configuration uses and no container was created from, and mode local's agent files no current pin names",
+      "also remove sandbox-runtime and sandbox-agent images no profile's current configuration uses and no container was created from, mode local's agent files no current pin names, and worker and relay bundles of other sources",
     )
     .option("--dry-run", "say what would be removed, remove nothing")
     .addOption(jsonOption())
@@ -127,19 +127,25 @@ function registerPruneCommand(program: Command): void {
       const { pruneRuns } = await import("../lib/run/retention.ts");
       const policy = prunePolicy(opts);
       const report = policy === undefined ? undefined : await pruneRuns(policy, opts);
-      // Mode local's agent files first: they need no Docker engine, which a local user may lack.
+      // Files first (mode local's agent files, the worker and relay bundles): they need no Docker
+      // engine, which a local user may lack.
       const agents = opts.images ? await pruneAgentFiles(opts.dryRun) : undefined;
+      const bundles = opts.images ? await pruneBundleFiles(opts.dryRun) : undefined;
+      const files = [
+        ...(agents ? [filesSummary(agents, "agent files", "agent directory", opts.dryRun)] : []),
+        ...(bundles ? [filesSummary(bundles, "bundle", "bundle", opts.dryRun)] : []),
+      ];
       const images = opts.images
         ? await pruneStaleImages(command, opts.dryRun).catch(async (error) => {
-          if (agents && !opts.json) await stdout.line(agentFilesSummary(agents, opts.dryRun));
+          if (!opts.json) await stdout.line(files.join("\n"));
           throw error;
         })
         : undefined;
-      if (opts.json) return void await stdout.json({ ...report, images, agents });
+      if (opts.json) return void await stdout.json({ ...report, images, agents, bundles });
       const lines = [
         ...(report ? [pruneSummary(report)] : []),
         ...(images ? [imagesSummary(images, opts.dryRun)] : []),
-        ...(agents ? [agentFilesSummary(agents, opts.dryRun)] : []),
+        ...files,
       ];
       await stdout.line(lines.join("\n"));
     });
@@ -189,14 +195,27 @@ async function pruneAgentFiles(
   return await pruneHostAgents({ dryRun });
 }
 
-function agentFilesSummary(
+/** The worker and relay bundles this CLI would not use (lib/sandbox/worker_bundle.ts). */
+async function pruneBundleFiles(
+  dryRun: boolean | undefined,
+): Promise<{ removed: { name: string; bytes: number }[] }> {
+  const { pruneBundles } = await import("../lib/sandbox/worker_bundle.ts");
+  return await pruneBundles({ dryRun });
+}
+
+/** One line per removed file or directory (`what NAME (SIZE)`), then the count of `unit`s. */
+function filesSummary(
   report: { removed: { name: string; bytes: number }[] },
+  what: string,
+  unit: string,
   dryRun: boolean | undefined,
 ): string {
   const verb = dryRun ? "would remove" : "removed";
+  const count = report.removed.length;
+  const plural = count === 1 ? unit : unit.endsWith("y") ? `${unit.slice(0, -1)}ies` : `${unit}s`;
   return [
-    ...report.removed.map((dir) => `${verb} agent files ${dir.name} (${formatBytes(dir.bytes)})`),
-    `${verb} ${report.removed.length} agent director${report.removed.length === 1 ? "y" : "ies"}`,
+    ...report.removed.map((file) => `${verb} ${what} ${file.name} (${formatBytes(file.bytes)})`),
+    `${verb} ${count} ${plural}`,
   ].join("\n");
 }
 

@@ -227,3 +227,42 @@ async function bundlePath(
 export function denoBinaryPath(): string {
   return Deno.execPath();
 }
+
+/** A bundle file in the state directory: `worker-HASH.js`, `relay-HASH.js`, or a partial of one. */
+const BUNDLE_FILE = /^(worker|relay)-([0-9a-f]{16})\.js(?:\.(\d+)\.partial\.js)?$/;
+
+/**
+ * Remove the bundles of the state directory that this CLI would not use — those of other sources
+ * (each change of a checkout makes a new one; each installed version has its own) — and the
+ * partial files a killed bundling left (its process gone). A bundle being written now stays. Another
+ * version's CLI that needs its bundle again makes it again. Files the tool did not name stay.
+ */
+export async function pruneBundles(
+  options: { dryRun?: boolean } = {},
+): Promise<{ removed: { name: string; bytes: number }[] }> {
+  const dir = `${userStateDir()}/worker`;
+  const current = (await workerIdentity()).slice(0, 16);
+  const entries = await Array.fromAsync(Deno.readDir(dir)).catch((error) => {
+    if (error instanceof Deno.errors.NotFound) return [];
+    throw error;
+  });
+  const removed: { name: string; bytes: number }[] = [];
+  for (const entry of entries) {
+    const found = BUNDLE_FILE.exec(entry.name);
+    if (!entry.isFile || !found) continue;
+    const [, , hash, pid] = found;
+    const writing = pid !== undefined &&
+      await Deno.stat(`/proc/${pid}`).then(() => true, () => false);
+    if (writing || (pid === undefined && hash === current)) continue;
+    const path = `${dir}/${entry.name}`;
+    const info = await Deno.lstat(path).catch(() => undefined);
+    if (!info) continue; // removed meanwhile (another prune)
+    removed.push({ name: entry.name, bytes: info.size });
+    if (!options.dryRun) {
+      await Deno.remove(path).catch((error) => {
+        if (!(error instanceof Deno.errors.NotFound)) throw error;
+      });
+    }
+  }
+  return { removed };
+}

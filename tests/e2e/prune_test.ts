@@ -230,7 +230,7 @@ Deno.test("sandbox runs rebuilds a missing index, says so on stderr, and takes -
 
 Deno.test({
   name:
-    "sandbox prune --images lists a stale sandbox-runtime tag, keeps one a container was created from, and removes only stale ones; mode local's stale agent files too",
+    "sandbox prune --images lists a stale sandbox-runtime tag, keeps one a container was created from, and removes only stale ones; mode local's stale agent files and other sources' bundles too",
   ...dockerTest(),
   async fn() {
     assertDocker();
@@ -259,6 +259,10 @@ Deno.test({
       await Deno.mkdir(`${cache.path}/sandbox/agents/${oldAgent}/bin`, { recursive: true });
       await Deno.writeTextFile(`${cache.path}/sandbox/agents/${oldAgent}/bin/codex`, "old\n");
       const env = { XDG_CACHE_HOME: cache.path };
+      // A worker bundle of other sources, in the test's state directory.
+      const oldBundle = "worker-0123456789abcdef.js";
+      await Deno.mkdir(`${state.dir.path}/sandbox/worker`, { recursive: true });
+      await Deno.writeTextFile(`${state.dir.path}/sandbox/worker/${oldBundle}`, "old\n");
 
       // On the shared engine the CLI only lists: a real prune could remove others' images.
       const dry = await state.cli(["prune", "--images", "--dry-run", "--json"], env);
@@ -266,6 +270,11 @@ Deno.test({
       assert.deepEqual(JSON.parse(dry.stdout).agents, { removed: [{ name: oldAgent, bytes: 4 }] });
       const said = await state.cli(["prune", "--images", "--dry-run"], env);
       assert.match(said.stdout, new RegExp(`would remove agent files ${oldAgent} \\(4 B\\)`));
+      assert.deepEqual(JSON.parse(dry.stdout).bundles, {
+        removed: [{ name: oldBundle, bytes: 4 }],
+      });
+      assert.match(said.stdout, new RegExp(`would remove bundle ${oldBundle} \\(4 B\\)`));
+      await Deno.stat(`${state.dir.path}/sandbox/worker/${oldBundle}`);
       await Deno.stat(`${cache.path}/sandbox/agents/${oldAgent}/bin/codex`);
       const planned = JSON.parse(dry.stdout).images;
       assert.ok(planned.removed.some((i: { tag: string }) => i.tag === stale), explain(dry));
