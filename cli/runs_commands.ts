@@ -129,19 +129,30 @@ function registerPruneCommand(program: Command): void {
       const report = policy === undefined ? undefined : await pruneRuns(policy, opts);
       // Files first (mode local's agent files, the worker and relay bundles): they need no Docker
       // engine, which a local user may lack.
-      const agents = opts.images ? await pruneAgentFiles(opts.dryRun) : undefined;
-      const bundles = opts.images ? await pruneBundleFiles(opts.dryRun) : undefined;
-      const files = [
-        ...(agents ? [filesSummary(agents, "agent files", "agent directory", opts.dryRun)] : []),
-        ...(bundles ? [filesSummary(bundles, "bundle", "bundle", opts.dryRun)] : []),
+      // Not while a sandbox of mode local lives: each of its commands binds those files again.
+      const live = opts.images ? await liveLocalSandboxNames() : [];
+      const files = live.length === 0 ? [] : [
+        `kept agent files and bundles: mode local sandboxes are running (${live.join(", ")}); ` +
+        "prune again once they have ended",
       ];
+      const agents = opts.images && live.length === 0
+        ? await pruneAgentFiles(opts.dryRun)
+        : undefined;
+      const bundles = opts.images && live.length === 0
+        ? await pruneBundleFiles(opts.dryRun)
+        : undefined;
+      if (agents) files.push(filesSummary(agents, "agent files", "agent directory", opts.dryRun));
+      if (bundles) files.push(filesSummary(bundles, "bundle", "bundle", opts.dryRun));
       const images = opts.images
         ? await pruneStaleImages(command, opts.dryRun).catch(async (error) => {
           if (!opts.json) await stdout.line(files.join("\n"));
           throw error;
         })
         : undefined;
-      if (opts.json) return void await stdout.json({ ...report, images, agents, bundles });
+      if (opts.json) {
+        const kept = live.length > 0 ? { keptForLocalSandboxes: live } : {};
+        return void await stdout.json({ ...report, images, agents, bundles, ...kept });
+      }
       const lines = [
         ...(report ? [pruneSummary(report)] : []),
         ...(images ? [imagesSummary(images, opts.dryRun)] : []),
@@ -193,6 +204,12 @@ async function pruneAgentFiles(
 ): Promise<{ removed: { name: string; bytes: number }[] }> {
   const { pruneHostAgents } = await import("../lib/agents/host_agent.ts");
   return await pruneHostAgents({ dryRun });
+}
+
+/** The local sandboxes alive now (lib/sandbox/local/local_sandbox.ts). */
+async function liveLocalSandboxNames(): Promise<string[]> {
+  const { liveLocalSandboxes } = await import("../lib/sandbox/local/local_sandbox.ts");
+  return await liveLocalSandboxes();
 }
 
 /** The worker and relay bundles this CLI would not use (lib/sandbox/worker_bundle.ts). */

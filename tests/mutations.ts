@@ -1615,4 +1615,12 @@ export const MUTATIONS: Mutation[] = [
     replace: "",
     tests: ["tests/security/local_user_test.ts"],
   },
+  {
+    name: "prune --images removes agent files and bundles while a mode local sandbox binds them",
+    file: "cli/runs_commands.ts",
+    find: "      const live = opts.images ? await liveLocalSandboxNames() : [];",
+    replace: "      const live: string[] = [];",
+    tests: ["tests/e2e/prune_test.ts"],
+    filter: "sandbox prune --images",
+  },
 ];

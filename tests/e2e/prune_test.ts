@@ -275,6 +275,26 @@ Deno.test({
       });
       assert.match(said.stdout, new RegExp(`would remove bundle ${oldBundle} \\(4 B\\)`));
       await Deno.stat(`${state.dir.path}/sandbox/worker/${oldBundle}`);
+      // A live sandbox of mode local (its owner is this test's process) binds such files into each
+      // command it starts: they are kept while it lives, and the output says why.
+      const liveSandbox = `${state.dir.path}/sandbox/local/local-e2e-prune-live`;
+      await Deno.mkdir(liveSandbox, { recursive: true });
+      await Deno.writeTextFile(
+        `${liveSandbox}/owner`,
+        `${Deno.pid} ${await processStartTicks(Deno.pid)}\n`,
+      );
+      const kept = await state.cli(["prune", "--images", "--dry-run", "--json"], env);
+      assert.equal(kept.exitCode, 0, explain(kept));
+      const keptReport = JSON.parse(kept.stdout);
+      assert.deepEqual(keptReport.keptForLocalSandboxes, ["local-e2e-prune-live"], kept.stdout);
+      assert.equal(keptReport.agents, undefined);
+      assert.equal(keptReport.bundles, undefined);
+      const keptText = await state.cli(["prune", "--images", "--dry-run"], env);
+      assert.match(
+        keptText.stdout,
+        /kept agent files and bundles: mode local sandboxes are running/,
+      );
+      await Deno.remove(liveSandbox, { recursive: true });
       await Deno.stat(`${cache.path}/sandbox/agents/${oldAgent}/bin/codex`);
       const planned = JSON.parse(dry.stdout).images;
       assert.ok(planned.removed.some((i: { tag: string }) => i.tag === stale), explain(dry));

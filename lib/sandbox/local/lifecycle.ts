@@ -8,7 +8,7 @@
  */
 import type { Profile } from "../../config.ts";
 import { SandboxError } from "../../errors.ts";
-import { isSameProcessAlive, spawn } from "../../process.ts";
+import { spawn } from "../../process.ts";
 import { relayArgv, type RelayProcess, spawnRelayProcess } from "../../proxy/relay_host.ts";
 import type { LocalRepo } from "../../repo/local.ts";
 import { startDiskWatch } from "../disk_watch.ts";
@@ -30,6 +30,7 @@ import {
   type LocalSandbox,
   localSandboxesDir,
   removeSandboxDir,
+  sandboxOwnerAlive,
 } from "./local_sandbox.ts";
 import { applyLimits } from "./limits.ts";
 
@@ -172,9 +173,8 @@ export class LocalLifecycle implements SandboxLifecycle {
     const dir = localSandboxesDir();
     const entries = await Array.fromAsync(Deno.readDir(dir)).catch(() => []);
     for (const entry of entries) {
-      const owner = await Deno.readTextFile(`${dir}/${entry.name}/owner`).catch(() => undefined);
-      const [pid, ticks] = (owner ?? "0 0").trim().split(" ").map(Number);
-      if (pid === Deno.pid || await isSameProcessAlive(pid, ticks || undefined)) continue;
+      // Its owner runs (this process included): a live sandbox.
+      if (await sandboxOwnerAlive(`${dir}/${entry.name}`)) continue;
       await (await applyLimits(entry.name, this.profile)).remove();
       await removeSandboxDir(`${dir}/${entry.name}`);
       reaped.push(entry.name);

@@ -14,6 +14,7 @@ import { NO_SUCH_FILE_EXIT, readFileArgv } from "../provider.ts";
 import { userStateDir } from "../../paths.ts";
 import {
   type ChildProcess,
+  isSameProcessAlive,
   type ProcessOutcome,
   processStartTicks,
   run,
@@ -55,6 +56,27 @@ import { sharedFiles } from "./shared_files.ts";
 /** Where local sandboxes' directories are: `<state>/local/<name>`. */
 export function localSandboxesDir(): string {
   return `${userStateDir()}/local`;
+}
+
+/** Whether the process that made the sandbox at `root` (its `owner` file) still runs. */
+export async function sandboxOwnerAlive(root: string): Promise<boolean> {
+  const owner = await Deno.readTextFile(`${root}/owner`).catch(() => undefined);
+  const [pid, ticks] = (owner ?? "0 0").trim().split(" ").map(Number);
+  return pid > 0 && await isSameProcessAlive(pid, ticks || undefined);
+}
+
+/**
+ * The names of the local sandboxes whose maker still runs: live sandboxes, which bind host files
+ * (bundles, agent files) into each command they start, so those files must stay while they live.
+ */
+export async function liveLocalSandboxes(): Promise<string[]> {
+  const dir = localSandboxesDir();
+  const entries = await Array.fromAsync(Deno.readDir(dir)).catch(() => []);
+  const live: string[] = [];
+  for (const entry of entries) {
+    if (await sandboxOwnerAlive(`${dir}/${entry.name}`)) live.push(entry.name);
+  }
+  return live.sort();
 }
 
 /** The environment every command starts from (the caller's variables are added). */
