@@ -28,6 +28,22 @@ function asUser(user: string, env: Record<string, string>, argv: string[], cwd?:
   });
 }
 
+/** The checkout's CLI as `user`, with the configuration in `home` (its deno cache only: no download). */
+function cliAsUser(user: string, env: Record<string, string>, home: string, args: string[]) {
+  return asUser(user, env, [
+    Deno.execPath(),
+    "run",
+    "-A",
+    "--quiet",
+    "--cached-only",
+    "--frozen",
+    `${ROOT}/cli.ts`,
+    "--config",
+    `${home}/sandbox.yaml`,
+    ...args,
+  ], ROOT);
+}
+
 async function must(argv: string[]): Promise<string> {
   const result = await run(argv, { timeoutMs: 120_000 });
   assert.equal(result.exitCode, 0, `${argv.join(" ")}: ${explain(result)}`);
@@ -148,16 +164,7 @@ async function runAsUser(user: string, home: string): Promise<void> {
       .map((f) => `${home}/${f}`),
   ]);
 
-  const result = await asUser(user, env, [
-    Deno.execPath(),
-    "run",
-    "-A",
-    "--quiet",
-    "--cached-only",
-    "--frozen",
-    `${ROOT}/cli.ts`,
-    "--config",
-    `${home}/sandbox.yaml`,
+  const result = await cliAsUser(user, env, home, [
     "run",
     "agentic",
     "-p",
@@ -170,7 +177,7 @@ async function runAsUser(user: string, home: string): Promise<void> {
     "ndjson",
     "--repo",
     `${home}/repo`,
-  ], ROOT);
+  ]);
   assert.equal(result.exitCode, 0, explain(result));
   const messages = result.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
   const ran = messages.find((m) => m.type === "tool_result" && m.tool_name === "execute");
@@ -195,16 +202,7 @@ async function assertLockedDirsRemoved(
   home: string,
   profile: string,
 ): Promise<void> {
-  const exec = await asUser(user, env, [
-    Deno.execPath(),
-    "run",
-    "-A",
-    "--quiet",
-    "--cached-only",
-    "--frozen",
-    `${ROOT}/cli.ts`,
-    "--config",
-    `${home}/sandbox.yaml`,
+  const exec = await cliAsUser(user, env, home, [
     "exec",
     "-p",
     profile,
@@ -213,7 +211,7 @@ async function assertLockedDirsRemoved(
     "-c",
     "mkdir -p /tmp/locked/sub && touch /tmp/locked/sub/f && chmod 0 /tmp/locked/sub /tmp/locked && " +
     "rm -rf /tmp/locked 2>/dev/null; test -d /tmp/locked && echo still-there",
-  ], ROOT);
+  ]);
   // Twin: the user's own uid cannot remove them as they are.
   assert.equal(exec.stdout, "still-there\n", explain(exec));
   assert.equal(exec.exitCode, 0, explain(exec));
