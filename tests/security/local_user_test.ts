@@ -3,7 +3,9 @@
  * end, whatever happens), with no access to any Docker socket, runs a replayed agentic run with
  * `--repo` on a repository of its own. The run succeeds and its branch comes back; the agent, in
  * the sandbox, cannot read a file of that user's home outside the checkout, which the user reads on
- * the host (twin); the user cannot connect to the Docker socket, which root can (twin).
+ * the host (twin); the user cannot connect to the Docker socket, which root can (twin). The same user
+ * runs Claude Code and Codex from their pinned packages, unpacked in its own cache, against a fake
+ * LLM on loopback: the branch comes back and the user's file stays out of the agent's reach.
  *
  * It needs root (to create the user): CI runs as root, so there it must run; on a developer
  * machine as another user it is skipped, like the other mode-local tests without bubblewrap.
@@ -13,6 +15,10 @@ import { run } from "../../lib/process.ts";
 import { decodeMessage } from "../../lib/run/protocol.ts";
 import { explain, IN_CI, ROOT, uniqueProfile } from "../_helpers.ts";
 import { assertLocal, LOCAL_UNAVAILABLE } from "../_local.ts";
+import { type AgentStep, FakeAgentLlm } from "../_fake_agent_llm.ts";
+import { hostAgentName, hostArchitecture } from "../../lib/agents/host_agent.ts";
+import { cachedTarballName, fetchTarball } from "../../lib/agents/npm_tarball.ts";
+import { AGENT_PACKAGES } from "../../lib/agents/packages.ts";
 
 const DOCKER_SOCKET = "/var/run/docker.sock";
 /** Connect to a Unix socket: "connected", or the error (perl-base's Socket: any user has it). */
@@ -92,23 +98,39 @@ Deno.test({
   name:
     "an ordinary user without Docker runs mode local: the branch comes back, the user's home stays out of the sandbox and the Docker socket out of reach (twins: the user reads it on the host, root reaches Docker)",
   ignore: (LOCAL_UNAVAILABLE !== undefined || Deno.uid() !== 0) && !IN_CI,
-  async fn() {
-    assertLocal();
-    assert.equal(Deno.uid(), 0, "creating the test's user needs root");
-    const user = `sbxt${crypto.randomUUID().replaceAll("-", "").slice(0, 10)}`;
-    const home = await Deno.makeTempDir({ prefix: "sandbox-user-" });
-    await must(["useradd", "--no-create-home", "--home-dir", home, "--shell", "/bin/sh", user]);
-    try {
-      await must(["chown", `${user}:${user}`, home]);
-      await must(["chmod", "0700", home]);
-      await runAsUser(user, home);
-    } finally {
-      // -f: even if a process of the user is left (it must not be; the test failed then anyway).
-      await run(["userdel", "-f", user], { timeoutMs: 60_000 });
-      await Deno.remove(home, { recursive: true });
-    }
-  },
+  fn: () => withTestUser(runAsUser),
 });
+
+for (const agent of ["claude-code", "codex"] as const) {
+  Deno.test({
+    name:
+      `an ordinary user runs ${agent} in mode local from the package cached in its own home: the branch comes back, the key went upstream and the user's home stays out of the agent's reach (twin: the user reads it on the host)`,
+    ignore: (LOCAL_UNAVAILABLE !== undefined || Deno.uid() !== 0) && !IN_CI,
+    sanitizeResources: false,
+    sanitizeOps: false,
+    fn: () => withTestUser((user, home) => agentAsUser(agent, user, home)),
+  });
+}
+
+/** `body` with a user this test creates (no Docker group), its home a new directory; both removed after. */
+async function withTestUser(body: (user: string, home: string) => Promise<void>): Promise<void> {
+  assertLocal();
+  assert.equal(Deno.uid(), 0, "creating the test's user needs root");
+  const user = `sbxt${crypto.randomUUID().replaceAll("-", "").slice(0, 10)}`;
+  const home = await Deno.makeTempDir({ prefix: "sandbox-user-" });
+  await must(["useradd", "--no-create-home", "--home-dir", home, "--shell", "/bin/sh", user]);
+  try {
+    await must(["chown", `${user}:${user}`, home]);
+    await must(["chmod", "0700", home]);
+    await body(user, home);
+  } finally {
+    // -f: even if a process of the user is left (it must not be; the test failed then anyway).
+    await run(["userdel", "-f", user], { timeoutMs: 60_000 });
+    // The agent's unpacked program is read-only: writable again so that its removal goes through.
+    await run(["chmod", "-R", "u+w", "--", home]);
+    await Deno.remove(home, { recursive: true });
+  }
+}
 
 /** The user is in no docker group and cannot connect to the Docker socket, which root can (twin). */
 async function assertNoDocker(user: string, env: Record<string, string>): Promise<void> {
@@ -120,8 +142,9 @@ async function assertNoDocker(user: string, env: Record<string, string>): Promis
   assert.equal(rootDocker.stdout, "connected\n", `twin: root reaches Docker: ${rootDocker.stderr}`);
 }
 
-async function runAsUser(user: string, home: string): Promise<void> {
-  const env = {
+/** The user's environment: its own home, state, caches and configuration, nothing of root's. */
+function userEnv(home: string) {
+  return {
     HOME: home,
     PATH: "/usr/local/bin:/usr/bin:/bin",
     DENO_DIR: `${home}/deno`,
@@ -130,8 +153,17 @@ async function runAsUser(user: string, home: string): Promise<void> {
     XDG_CACHE_HOME: `${home}/cache`,
     XDG_CONFIG_HOME: `${home}/config`,
   };
-  await assertNoDocker(user, env);
+}
 
+/**
+ * A file only the user may read (`home`/secret.txt) holding a canary, and a git repository of the
+ * user's (`home`/repo). Twin: the user reads the file on the host.
+ */
+async function userFiles(
+  user: string,
+  env: Record<string, string>,
+  home: string,
+): Promise<{ secret: string; canary: string }> {
   const secret = `${home}/secret.txt`;
   const canary = `user-secret-${crypto.randomUUID()}`;
   const files = await asUser(user, env, [
@@ -149,6 +181,13 @@ async function runAsUser(user: string, home: string): Promise<void> {
     `${canary}\n`,
     `twin: the user reads it on the host: ${explain(files)}`,
   );
+  return { secret, canary };
+}
+
+async function runAsUser(user: string, home: string): Promise<void> {
+  const env = userEnv(home);
+  await assertNoDocker(user, env);
+  const { secret, canary } = await userFiles(user, env, home);
   const profile = uniqueProfile("local-user");
   await Deno.writeTextFile(
     `${home}/sandbox.yaml`,
@@ -217,4 +256,127 @@ async function assertLockedDirsRemoved(
   assert.equal(exec.exitCode, 0, explain(exec));
   const left = await Array.fromAsync(Deno.readDir(`${home}/state/sandbox/local`));
   assert.deepEqual(left.map((entry) => entry.name), [], "no sandbox directory is left");
+}
+
+const KEY_ENV = "SANDBOX_USER_TEST_KEY";
+
+const GREET = "echo hello from the agent\n";
+
+/** What each agent is told, and how its key travels upstream (tests/e2e/local_agent_cli_test.ts). */
+const AGENTS = {
+  "claude-code": {
+    api: "anthropic",
+    llm: "provider: custom, api: anthropic, model: claude-sonnet-4-5",
+    flags: ["--agent", "claude-code"],
+    steps: (command: string): AgentStep[] => [
+      { kind: "tool", name: "Write", input: { file_path: "greet.sh", content: GREET } },
+      { kind: "tool", name: "Bash", input: { command, description: "Run it" } },
+      { kind: "text", text: "Done." },
+    ],
+    key: ["x-api-key", (key: string) => key],
+  },
+  codex: {
+    api: "responses",
+    llm: "provider: custom, api: openai, model: gpt-5.5, agent: codex",
+    flags: [],
+    steps: (command: string): AgentStep[] => [
+      {
+        kind: "tool",
+        name: "exec_command",
+        input: { cmd: `printf 'echo hello from the agent\\n' > greet.sh` },
+      },
+      { kind: "tool", name: "exec_command", input: { cmd: command } },
+      { kind: "text", text: "Done." },
+    ],
+    key: ["authorization", (key: string) => `Bearer ${key}`],
+  },
+} as const;
+
+/**
+ * An agent CLI run by the user: its pinned tarball in the user's own cache (linked from this
+ * machine's npm cache, where the image layer would fetch it), unpacked there by the run and bound
+ * read-only into the sandbox. A fake LLM on the host's loopback, reached only through the relay
+ * and the user's credential proxy, has the agent write greet.sh, then try the user's file and run
+ * the script.
+ */
+async function agentAsUser(
+  name: keyof typeof AGENTS,
+  user: string,
+  home: string,
+): Promise<void> {
+  const env = { ...userEnv(home), [KEY_ENV]: `sk-user-${crypto.randomUUID().replaceAll("-", "")}` };
+  const { secret, canary } = await userFiles(user, env, home);
+  const how = AGENTS[name];
+  const script = how.steps(`cat ${secret} 2>&1; echo "home-read-exit:$?"; sh greet.sh`);
+  await using fake = new FakeAgentLlm(how.api, script, env[KEY_ENV], "fake-model");
+  const agent = AGENT_PACKAGES[name];
+  const tarball = agent.tarballs[hostArchitecture()!];
+  const npm = `${env.XDG_CACHE_HOME}/sandbox/npm`;
+  await Deno.mkdir(npm, { recursive: true });
+  const cached = await fetchTarball(tarball);
+  // The link stays root's and read-only to the user: this machine's cache cannot change through it.
+  await Deno.link(cached, `${npm}/${cachedTarballName(tarball)}`).catch(() =>
+    Deno.copyFile(cached, `${npm}/${cachedTarballName(tarball)}`)
+  );
+  const profile = uniqueProfile(`local-user-${name}`);
+  await Deno.writeTextFile(
+    `${home}/sandbox.yaml`,
+    `profiles:\n  ${profile}:\n    llm: {${how.llm}, ` +
+      `base_url: "${fake.baseUrl}", key: {env: ${KEY_ENV}}}\n    sandbox: {mode: local}\n`,
+  );
+  await Deno.writeTextFile(`${home}/prompt.txt`, "Write greet.sh, then run it.\n");
+  await userDenoDir(user, env.DENO_DIR);
+  await must([
+    "find",
+    `${home}/cache`,
+    "-type",
+    "d",
+    "-exec",
+    "chown",
+    `${user}:${user}`,
+    "{}",
+    "+",
+  ]);
+  await must(["chown", `${user}:${user}`, `${home}/sandbox.yaml`, `${home}/prompt.txt`]);
+
+  const result = await cliAsUser(user, env, home, [
+    "run",
+    "agentic",
+    "-p",
+    profile,
+    ...how.flags,
+    "--prompt-file",
+    `${home}/prompt.txt`,
+    "--format",
+    "ndjson",
+    "--repo",
+    `${home}/repo`,
+  ]);
+  const context = explain(result);
+  assert.equal(result.exitCode, 0, context);
+  const messages = result.stdout.trim().split("\n").map((line, i) => decodeMessage(line, i + 1));
+  const ran = messages.find((m) =>
+    m.type === "tool_result" && String(m.tool_output).includes("home-read-exit")
+  );
+  assert.ok(ran, `the agent's command ran\n${context}`);
+  assert.match(String(ran.tool_output), /hello from the agent/, context);
+  assert.match(
+    String(ran.tool_output),
+    /home-read-exit:[1-9]/,
+    "the user's file is unreadable inside",
+  );
+  assert.doesNotMatch(result.stdout, new RegExp(canary));
+  const [header, value] = how.key;
+  assert.equal(fake.requests[0]?.headers.get(header), value(env[KEY_ENV]), "the key went upstream");
+  const branch = /branch (sandbox\/\S+) in /.exec(result.stderr)?.[1];
+  assert.ok(branch, context);
+  const show = await asUser(user, env, ["git", "-C", `${home}/repo`, "show", `${branch}:greet.sh`]);
+  assert.equal(show.stdout, GREET, explain(show));
+  const unpacked = `${env.XDG_CACHE_HOME}/sandbox/agents/${await hostAgentName(
+    agent,
+    hostArchitecture()!,
+  )}/${agent.entrypoint}`;
+  const program = await Deno.stat(unpacked);
+  assert.equal(program.uid, Number(await must(["id", "-u", user])), "unpacked by the user");
+  assert.equal((program.mode ?? 0) & 0o222, 0, "the user's copy of the program is read-only");
 }
