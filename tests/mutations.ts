@@ -1534,6 +1534,14 @@ export const MUTATIONS: Mutation[] = [
     tests: ["tests/security/codex_tui_key_test.ts"],
   },
   {
+    name:
+      "two ups of one pool at once do not take its lock (each fills the whole gap: twice the pool)",
+    file: "lib/sandbox/pool.ts",
+    find: "  if (options.wait) return await withHostLock(lock, fill);",
+    replace: "  if (options.wait) return await fill();",
+    tests: ["tests/e2e/pool_test.ts"],
+  },
+  {
     name: "up keeps offering a pooled container that runs no command (a run that claims it waits)",
     file: "lib/sandbox/pool.ts",
     find: `options.probe && await isWedged(provider, options.signal)`,

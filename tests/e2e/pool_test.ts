@@ -1,6 +1,6 @@
 /**
- * The warm pool through the CLI: `up` fills it, runs claim from it (each its own container, also
- * when two start at once), a pooled container made with another configuration is removed and never
+ * The warm pool through the CLI: `up` fills it (two at once make the pool once between them), runs
+ * claim from it (each its own container, also when two start at once), a pooled container made with another configuration is removed and never
  * used, `up` replaces one that runs no command, and `down` removes the pool.
  */
 import assert from "node:assert/strict";
@@ -49,6 +49,24 @@ Deno.test({
       assert.equal(result.exitCode, 0, explain(result));
       return JSON.parse(result.stdout) as { reaped: string[]; ready: string[] };
     };
+
+    await t.step(
+      "two ups at once make sandbox.pool containers between them, and each returns once all are ready",
+      async () => {
+        const [first, second] = await Promise.all([up(), up()]);
+        assert.equal(first.ready.length, 2, JSON.stringify(first));
+        assert.deepEqual([...second.ready].sort(), [...first.ready].sort());
+        const made = (await docker(
+          "ps",
+          "-a",
+          "--filter",
+          `label=dev.sandbox.profile=${fixture.profile}`,
+          "--format",
+          "{{.Names}}",
+        )).split("\n").filter(Boolean);
+        assert.deepEqual(made.sort(), [...first.ready].sort(), "no container was made twice");
+      },
+    );
 
     let ready: string[] = [];
     await t.step("up makes sandbox.pool containers, ready; a second up makes none", async () => {
