@@ -23,7 +23,7 @@
  */
 import { cliName } from "../lib/cli_name.ts";
 import { SandboxError } from "../lib/errors.ts";
-import { trace } from "../lib/trace.ts";
+import { trace, traceClock } from "../lib/trace.ts";
 import { note, stdout } from "./context.ts";
 import { SUPERVISED_RUN_ENV, superviseForeground, supervisorArgs } from "./supervise_first.ts";
 
@@ -62,7 +62,7 @@ export async function startSupervised(opts: SupervisedOptions): Promise<number> 
   if (!opts.detach) return await superviseForeground(id, Deno.args);
   const child = new Deno.Command("setsid", {
     args: supervisorArgs(Deno.args),
-    env: { [SUPERVISED_RUN_ENV]: id },
+    env: { [SUPERVISED_RUN_ENV]: id, ...traceClock() },
     stdin: opts.stdin ? "inherit" : "null",
     stdout: "null",
     stderr: "piped",

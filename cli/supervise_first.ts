@@ -8,7 +8,7 @@
  */
 import { parseFastPath } from "./fast_path.ts";
 import { newRunId } from "../lib/run/run_id.ts";
-import { trace } from "../lib/trace.ts";
+import { trace, traceClock } from "../lib/trace.ts";
 import { cliName } from "../lib/cli_name.ts";
 import { userStateDir } from "../lib/paths.ts";
 import denoJson from "../deno.json" with { type: "json" };
@@ -112,7 +112,7 @@ export async function superviseForeground(id: string, args: string[]): Promise<n
   try {
     child = new Deno.Command("setsid", {
       args: supervisorArgs(args),
-      env: { [SUPERVISED_RUN_ENV]: id, [SUPERVISOR_READY_ENV]: String(Deno.pid) },
+      env: { [SUPERVISED_RUN_ENV]: id, [SUPERVISOR_READY_ENV]: String(Deno.pid), ...traceClock() },
       stdin: "inherit",
       stdout: "inherit",
       stderr: "inherit",
