@@ -1535,10 +1535,17 @@ export const MUTATIONS: Mutation[] = [
   },
   {
     name:
-      "two ups of one pool at once do not take its lock (each fills the whole gap: twice the pool)",
+      "a filler does not count what other processes are starting for the pool (two ups at once make it twice)",
     file: "lib/sandbox/pool.ts",
-    find: "  if (options.wait) return await withHostLock(lock, fill);",
-    replace: "  if (options.wait) return await fill();",
+    find: "const missing = profile.sandbox.pool - ready - (await startingFor(key)).length;",
+    replace: "const missing = profile.sandbox.pool - ready;",
+    tests: ["tests/e2e/pool_test.ts"],
+  },
+  {
+    name: "up returns while other processes are still starting the pool's containers",
+    file: "lib/sandbox/pool.ts",
+    find: "if (!options.wait || (await startingFor(key)).length === 0) return started;",
+    replace: "return started;",
     tests: ["tests/e2e/pool_test.ts"],
   },
   {

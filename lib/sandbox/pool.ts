@@ -54,9 +54,10 @@ import {
   orphaned,
   poolKey,
   releaseOwn,
+  startingFor,
 } from "./pool_records.ts";
 import { randomHex, sha256Hex } from "../hash.ts";
-import { removeFreeLocks, tryHostLock, withHostLock } from "../lock.ts";
+import { removeFreeLocks, withHostLock } from "../lock.ts";
 import { userStateDir } from "../paths.ts";
 import { trace } from "../trace.ts";
 import { recoverRun } from "../run/recover.ts";
@@ -261,9 +262,12 @@ export async function destroy(provider: DockerSandboxProvider): Promise<void> {
  * Bring the pool for runs of `profile` (with `options`) up to `sandbox.pool` ready containers,
  * after removing the containers of runs whose process is gone. Returns the names it started.
  *
- * One process fills a pool at a time (a host lock per pool): runs that end together would each
- * count the same gap and fill it twice. A run's refill (`wait: false`) leaves the pool to the
- * process already filling it; `up` waits for it, then fills what is still missing.
+ * What the pool lacks (its ready containers, and those live processes are starting for it, count)
+ * is reserved under a host lock per pool — each new name held by this process as starting for the
+ * pool — and the containers then start outside the lock, side by side. So runs that end together
+ * each start what is missing when they look, never the same gap twice, and none is skipped. With
+ * `wait` (`up`), it then waits for what other processes are starting, and fills again what they
+ * failed to make: it returns once the pool is full.
  */
 export async function fillPool(
   profile: Profile,
@@ -272,41 +276,60 @@ export async function fillPool(
   await reapOrphans(profile);
   const key = keyOf(profile, options);
   const lock = `pool-${(await sha256Hex(`${userStateDir()}\0${key}`)).slice(0, 16)}`;
-  const fill = async () => {
-    // `up` (which waits) also asks each ready container to run a command; a run's refill does not.
-    await dropStale(profile, key, { ...options, probe: options.wait });
-    const ready = (await listReady()).filter((record) => record.key === key);
-    const missing = profile.sandbox.pool - ready.length;
-    if (missing <= 0) return [];
+  const started: string[] = [];
+  // `up` also asks each ready container to run a command, once; a run's refill does not.
+  let probe = options.wait;
+  while (true) {
+    const reserved = await withHostLock(lock, async () => {
+      await dropStale(profile, key, { ...options, probe });
+      const ready = (await listReady()).filter((record) => record.key === key).length;
+      const missing = profile.sandbox.pool - ready - (await startingFor(key)).length;
+      return await Promise.all(
+        Array.from({ length: Math.max(0, missing) }, () => reservePooled(profile, key, options)),
+      );
+    });
+    probe = false;
     // Side by side; one that fails leaves nothing behind, and the first failure is raised once
     // the others are settled.
     const made = await Promise.allSettled(
-      Array.from({ length: missing }, () => startPooled(profile, key, options)),
+      reserved.map((provider) => startPooled(provider, key, options)),
     );
     const failed = made.find((each) => each.status === "rejected");
     if (failed) throw failed.reason;
-    return made.map((each) => (each as PromiseFulfilledResult<string>).value);
-  };
-  if (options.wait) return await withHostLock(lock, fill);
-  const held = await tryHostLock(lock);
-  if (!held) return [];
-  try {
-    return await fill();
-  } finally {
-    held.release();
+    started.push(...reserved.map((provider) => provider.containerName));
+    if (!options.wait || (await startingFor(key)).length === 0) return started;
+    while ((await startingFor(key)).length > 0) {
+      await new Promise((resolve) => setTimeout(resolve, STARTING_POLL_MS));
+    }
   }
 }
 
-/** One pooled container, started and recorded; when it fails, nothing of it is left. */
-async function startPooled(profile: Profile, key: string, options: PoolOptions): Promise<string> {
+/** How often `up` looks whether what other processes start for its pool is ready. */
+const STARTING_POLL_MS = 100;
+
+/** A new pooled container's provider, its name held by this process as starting for `key`. */
+async function reservePooled(
+  profile: Profile,
+  key: string,
+  options: PoolOptions,
+): Promise<DockerSandboxProvider> {
   const provider = runSandbox(profile, `p${randomHex(4)}`, { ...options, pooled: true });
+  await holdOwn(provider.containerName, key);
+  return provider;
+}
+
+/** One reserved pooled container, started and recorded; when it fails, nothing of it is left. */
+async function startPooled(
+  provider: DockerSandboxProvider,
+  key: string,
+  options: PoolOptions,
+): Promise<void> {
   try {
-    await holdOwn(provider.containerName);
     await provider.ensureRunning({ signal: options.signal });
     const { readySpareRelay } = await import("../proxy/session.ts");
     await Promise.all([
       options.agent ? undefined : startWaitingWorker(provider),
-      readySpareRelay(profile, new DockerRelayTransport(provider), options.signal),
+      readySpareRelay(provider.profile, new DockerRelayTransport(provider), options.signal),
     ]);
     const imageId = await provider.imageId(options.signal);
     if (!imageId) {
@@ -315,6 +338,8 @@ async function startPooled(profile: Profile, key: string, options: PoolOptions):
         `Cannot start a pooled sandbox: the image of "${provider.containerName}" is gone`,
       );
     }
+    // Ready, then no longer starting: a filler looking in between counts it twice (one short,
+    // made up by the next refill), never not at all (one too many).
     await addReady({
       name: provider.containerName,
       key,
@@ -322,7 +347,6 @@ async function startPooled(profile: Profile, key: string, options: PoolOptions):
       imageId,
     });
     await releaseOwn(provider.containerName);
-    return provider.containerName;
   } catch (error) {
     await destroy(provider);
     throw error;

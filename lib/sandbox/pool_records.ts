@@ -5,7 +5,8 @@
  * | file                                  | means                                              |
  * |---------------------------------------|----------------------------------------------------|
  * | `pool/ready/<container>.json`         | started ahead, never used: `{key, configHash}`     |
- * | `pool/claimed/<container>.<pid>-<t>`  | in use by process `pid` that started at tick `t`   |
+ * | `pool/claimed/<container>.<pid>-<t>`  | in use by process `pid` that started at tick `t`,  |
+ * |                                       | or being started by it for a pool (`startingFor`)  |
  * | `pool/kept/<container>`               | a run's container kept with its work (until `down`)|
  *
  * A claim is a `rename` from `ready/` to `claimed/`: of two processes that race for one container,
@@ -109,12 +110,31 @@ export async function claimReady(name: string): Promise<boolean> {
   }
 }
 
-/** Record that this process holds `name`, a container it made for itself (a cold run). */
-export async function holdOwn(name: string): Promise<void> {
+/**
+ * Record that this process holds `name`, a container it makes: for itself (a cold run), or, with
+ * `startingFor`, for the pool of that key (the record says so until the container is ready).
+ */
+export async function holdOwn(name: string, startingFor?: string): Promise<void> {
   await Deno.mkdir(`${poolDir()}/claimed`, { recursive: true, mode: 0o700 });
-  await Deno.writeTextFile(`${poolDir()}/claimed/${claimedName(name, await self())}`, "", {
+  const content = startingFor === undefined ? "" : `${STARTING}${startingFor}`;
+  await Deno.writeTextFile(`${poolDir()}/claimed/${claimedName(name, await self())}`, content, {
     mode: 0o600,
   });
+}
+
+/** How a record made by `holdOwn(name, key)` begins (a run's claimed record is JSON, a cold one empty). */
+const STARTING = "starting for ";
+
+/** The containers live processes are starting for the pool of `key` (`holdOwn(name, key)`). */
+export async function startingFor(key: string): Promise<ClaimedRecord[]> {
+  const found: ClaimedRecord[] = [];
+  for (const held of await listClaimed()) {
+    const content = await Deno.readTextFile(`${poolDir()}/claimed/${claimedName(held.name, held)}`)
+      .catch(() => ""); // released meanwhile: not starting any more
+    if (content !== `${STARTING}${key}`) continue;
+    if (await processStartTicks(held.pid) === held.startTicks) found.push(held);
+  }
+  return found;
 }
 
 /** This process no longer holds `name` (it is ready for a run now, or removed). */

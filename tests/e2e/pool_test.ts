@@ -95,6 +95,33 @@ Deno.test({
     });
 
     await t.step(
+      "a run that claims while another run's refill is under way refills too: the pool is full after both",
+      async () => {
+        assert.equal((await up()).ready.length, 2);
+        const pool = `${fixture.stateDir}/sandbox/pool`;
+        const ofProfile = async (dir: string) =>
+          (await Array.fromAsync(Deno.readDir(`${pool}/${dir}`)).catch(() => []))
+            .filter((entry) => entry.name.startsWith(`sandbox-${fixture.profile}-p`));
+        // The first run sleeps past the second; the second's command is quick.
+        llm.script.push(
+          toolCall("execute", { command: "sleep 3" }),
+          toolCall("execute", { command: "true" }),
+          text("Done"),
+          text("Done"),
+        );
+        const first = run();
+        // Its refill under way: its claimed container and the one its refill starts are held.
+        for (let i = 0; (await ofProfile("claimed")).length < 2; i++) {
+          assert.ok(i < 600, "the first run's refill never started");
+          await new Promise((resolve) => setTimeout(resolve, 50));
+        }
+        await Promise.all([first, run()]);
+        const ready = await ofProfile("ready");
+        assert.equal(ready.length, 2, `ready afterwards: ${ready.map((e) => e.name).join(", ")}`);
+      },
+    );
+
+    await t.step(
       "a pooled container made with another configuration is removed, and the run gets a new one",
       async () => {
         const stale = (await up()).ready;
