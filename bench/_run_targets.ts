@@ -555,9 +555,15 @@ export async function measureConcurrency(
       baseline: sequential,
       measured: concurrent,
       better: "lower",
+      // Runs whose refills did not happen did less work than those one after another did: the
+      // figure compares only when the pool is full again.
       target: {
-        text: `≤ ${CONCURRENT_TARGET_RATIO}× one after another`,
-        met: concurrent <= CONCURRENT_TARGET_RATIO * sequential,
+        text: `≤ ${CONCURRENT_TARGET_RATIO}× one after another${
+          readyAfter < CONCURRENT
+            ? ` (not comparable: the pool held ${readyAfter} of ${CONCURRENT} afterwards)`
+            : ""
+        }`,
+        met: concurrent <= CONCURRENT_TARGET_RATIO * sequential && readyAfter >= CONCURRENT,
       },
     }],
     notes: [
