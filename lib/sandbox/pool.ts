@@ -284,9 +284,7 @@ export async function fillPool(
       await dropStale(profile, key, { ...options, probe });
       const ready = (await listReady()).filter((record) => record.key === key).length;
       const missing = profile.sandbox.pool - ready - (await startingFor(key)).length;
-      return await Promise.all(
-        Array.from({ length: Math.max(0, missing) }, () => reservePooled(profile, key, options)),
-      );
+      return await reserve(Math.max(0, missing), () => reservePooled(profile, key, options));
     });
     probe = false;
     // Side by side; one that fails leaves nothing behind, and the first failure is raised once
@@ -306,6 +304,27 @@ export async function fillPool(
 
 /** How often `up` looks whether what other processes start for its pool is ready. */
 const STARTING_POLL_MS = 100;
+
+/**
+ * `count` reservations, all or none: should one fail (a full disk), the names already held are let
+ * go, so that no other filler waits for or counts a container nobody will start.
+ */
+async function reserve(
+  count: number,
+  one: () => Promise<DockerSandboxProvider>,
+): Promise<DockerSandboxProvider[]> {
+  const held = await Promise.allSettled(Array.from({ length: count }, one));
+  const refused = held.find((each) => each.status === "rejected");
+  if (!refused) {
+    return held.map((each) => (each as PromiseFulfilledResult<DockerSandboxProvider>).value);
+  }
+  await Promise.allSettled(
+    held.flatMap((each) =>
+      each.status === "fulfilled" ? [releaseOwn(each.value.containerName)] : []
+    ),
+  );
+  throw refused.reason;
+}
 
 /** A new pooled container's provider, its name held by this process as starting for `key`. */
 async function reservePooled(

@@ -1,6 +1,7 @@
 /**
  * The warm pool's book (lib/sandbox/pool_records.ts): a claim is atomic and happens once, and a
- * container whose holder is gone is found, whatever pid now has its number.
+ * container whose holder is gone is found, whatever pid now has its number; what is starting for a
+ * pool is told from every other hold.
  */
 import assert from "node:assert/strict";
 import {
@@ -13,6 +14,7 @@ import {
   poolKey,
   processStartTicks,
   releaseOwn,
+  startingFor,
 } from "../../lib/sandbox/pool_records.ts";
 import { tempDir, withEnv } from "../_helpers.ts";
 
@@ -95,5 +97,27 @@ Deno.test("a container whose holder is gone is an orphan; one whose holder lives
       "sandbox-p-dead",
       "sandbox-p-reused",
     ]);
+  });
+});
+
+Deno.test("what counts as starting for a pool: only its own key's, held by a live process; not a run's claim, a cold run's hold or a dead filler's", async () => {
+  await inStateDir(async () => {
+    const key = poolKey("p");
+    await holdOwn("sandbox-p-pstarting", key);
+    await holdOwn("sandbox-p-pother", poolKey("p", "codex"));
+    await holdOwn("sandbox-p-cold");
+    await addReady({ name: "sandbox-p-pclaimed", key, configHash: "h", imageId: "sha256:i" });
+    assert.equal(await claimReady("sandbox-p-pclaimed"), true);
+    const child = new Deno.Command("sleep", { args: ["0"] }).spawn();
+    await child.status;
+    const { userStateDir } = await import("../../lib/paths.ts");
+    await Deno.writeTextFile(
+      `${userStateDir()}/pool/claimed/sandbox-p-pdead.${child.pid}-1`,
+      `starting for ${key}`,
+    );
+    assert.deepEqual((await startingFor(key)).map((r) => r.name), ["sandbox-p-pstarting"]);
+    // Ready now: no longer starting (twin).
+    await releaseOwn("sandbox-p-pstarting");
+    assert.deepEqual(await startingFor(key), []);
   });
 });
