@@ -1205,8 +1205,8 @@ export const MUTATIONS: Mutation[] = [
     name:
       "a reused pid passes for the holder of a run's container (the container of a killed CLI is never reaped)",
     file: "lib/sandbox/pool_records.ts",
-    find: "(await processStartTicks(held.pid)) === held.startTicks",
-    replace: "(await processStartTicks(held.pid)) !== undefined",
+    find: "return await processStartTicks(held.pid) === held.startTicks;",
+    replace: "return await processStartTicks(held.pid) !== undefined;",
     tests: ["tests/unit/pool_records_test.ts"],
   },
   {

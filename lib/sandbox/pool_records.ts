@@ -132,7 +132,7 @@ export async function startingFor(key: string): Promise<ClaimedRecord[]> {
     const content = await Deno.readTextFile(`${poolDir()}/claimed/${claimedName(held.name, held)}`)
       .catch(() => ""); // released meanwhile: not starting any more
     if (content !== `${STARTING}${key}`) continue;
-    if (await processStartTicks(held.pid) === held.startTicks) found.push(held);
+    if (await holderAlive(held)) found.push(held);
   }
   return found;
 }
@@ -192,11 +192,14 @@ export async function listClaimed(): Promise<ClaimedRecord[]> {
   return records;
 }
 
+/** Whether `held`'s holder still runs (a reused pid has another start time). */
+async function holderAlive(held: ClaimedRecord): Promise<boolean> {
+  return await processStartTicks(held.pid) === held.startTicks;
+}
+
 /** Claimed containers whose holder is no longer alive (a reused pid has another start time). */
 export async function orphaned(): Promise<ClaimedRecord[]> {
   const all = await listClaimed();
-  const alive = await Promise.all(
-    all.map(async (held) => (await processStartTicks(held.pid)) === held.startTicks),
-  );
+  const alive = await Promise.all(all.map(holderAlive));
   return all.filter((_, i) => !alive[i]);
 }

@@ -44,6 +44,16 @@ Deno.test({
       assert.equal(result.exitCode, 0, explain(result));
       return result;
     };
+    /** The names of every container of the profile, running or not. */
+    const profileContainers = async () =>
+      (await docker(
+        "ps",
+        "-a",
+        "--filter",
+        `label=dev.sandbox.profile=${fixture.profile}`,
+        "--format",
+        "{{.Names}}",
+      )).split("\n").filter(Boolean);
     const up = async () => {
       const result = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
       assert.equal(result.exitCode, 0, explain(result));
@@ -56,14 +66,7 @@ Deno.test({
         const [first, second] = await Promise.all([up(), up()]);
         assert.equal(first.ready.length, 2, JSON.stringify(first));
         assert.deepEqual([...second.ready].sort(), [...first.ready].sort());
-        const made = (await docker(
-          "ps",
-          "-a",
-          "--filter",
-          `label=dev.sandbox.profile=${fixture.profile}`,
-          "--format",
-          "{{.Names}}",
-        )).split("\n").filter(Boolean);
+        const made = await profileContainers();
         assert.deepEqual(made.sort(), [...first.ready].sort(), "no container was made twice");
       },
     );
@@ -142,14 +145,7 @@ Deno.test({
           /removing pooled sandbox .*: made with another configuration/,
           explain(result),
         );
-        const left = (await docker(
-          "ps",
-          "-a",
-          "--filter",
-          `label=dev.sandbox.profile=${fixture.profile}`,
-          "--format",
-          "{{.Names}}",
-        )).split("\n");
+        const left = await profileContainers();
         assert.ok(
           stale.every((name) => !left.includes(name)),
           `stale containers left: ${left.join(", ")}`,
