@@ -778,10 +778,20 @@ async function prepare(request: RunRequest, context: PrepareContext): Promise<Pr
     signal: request.signal,
     onNamed: context.onNamed,
   });
-  context.cleanups.push(() => finishSandbox(sandbox, profile, keep, request.onProgress));
+  const refill = refillBehind(sandboxes, profile, kind);
+  // The sandbox goes before the refill is awaited: its removal then runs beside the refill, not
+  // after this process has exited, where it would slow the start of a run that follows at once.
+  context.cleanups.push(async () => {
+    refill.start();
+    try {
+      await finishSandbox(sandbox, profile, keep, request.onProgress);
+    } finally {
+      await refill.done();
+    }
+  });
   await context.onSandbox?.(sandbox);
   trace(sandbox.fromPool ? "run: sandbox claimed from the pool" : "run: sandbox started");
-  const underWay = refillBehind(sandboxes, profile, kind, context.cleanups);
+  const underWay = refill.start;
   // The worker, the session and the checkout go at once: they are independent.
   const starting = startRunWorker(sandbox, request, context);
   // The user's credential for a remote: used on the host, by its fetch and by the git proxy.
@@ -894,26 +904,25 @@ async function prepareHost(
 }
 
 /**
- * The pool is refilled behind the run once it is under way (the returned function, called at
- * its first event), not while it starts; the run's cleanup starts it if the run never got there,
- * and waits for it.
+ * The pool is refilled behind the run once it is under way (`start`, called at its first event),
+ * not while it starts; the run's cleanup starts it if the run never got there, and waits for it
+ * (`done`).
  */
 function refillBehind(
   sandboxes: SandboxLifecycle,
   profile: Profile,
   kind: SandboxKind,
-  cleanups: PrepareContext["cleanups"],
-): () => void {
+): { start(): void; done(): Promise<void> } {
   let refilling: Promise<unknown> | undefined;
-  const refill = () => {
-    // A refill that fails costs only a colder next run, which starts its own sandbox.
-    if (profile.sandbox.pool > 0) refilling ??= sandboxes.fill(kind).catch(() => {});
+  return {
+    start: () => {
+      // A refill that fails costs only a colder next run, which starts its own sandbox.
+      if (profile.sandbox.pool > 0) refilling ??= sandboxes.fill(kind).catch(() => {});
+    },
+    done: async () => {
+      await refilling;
+    },
   };
-  cleanups.push(async () => {
-    refill();
-    await refilling;
-  });
-  return refill;
 }
 
 /**

@@ -98,6 +98,19 @@ Deno.test({
     });
 
     await t.step(
+      "a run's container is gone when its CLI exits: removed beside the refill, not after it",
+      async () => {
+        assert.equal((await up()).ready.length, 2);
+        llm.script.push(toolCall("execute", { command: "echo HOST=$(hostname)" }), text("Done"));
+        const host = hostOf((await run()).stdout);
+        // At once: a removal begun only as the CLI exits is still under way (about 0.1 s).
+        const left = await profileContainers();
+        assert.ok(!left.includes(host), `${host} was still there: ${left.join(", ")}`);
+        assert.equal(left.length, 2, `the pool refilled: ${left.join(", ")}`);
+      },
+    );
+
+    await t.step(
       "a run that claims while another run's refill is under way refills too: the pool is full after both",
       async () => {
         assert.equal((await up()).ready.length, 2);
