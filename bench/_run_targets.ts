@@ -536,8 +536,8 @@ export async function measureConcurrency(
   );
   const inRow: CliRunTiming[] = [];
   let previous: string[] = [];
-  // The machine's CPU while each run ran, from its spawn to its exit (its refill included, its
-  // container's removal after the exit not): what a run costs, whatever process does the work.
+  // The machine's CPU while each run ran, from its spawn to its exit (its refill and its
+  // container's removal, which the CLI awaits, included): what a run costs, whatever does the work.
   let busyInRow = 0;
   for (let i = 0; i < CONCURRENT; i++) {
     context.signal.throwIfAborted();
@@ -598,7 +598,7 @@ export async function measureConcurrency(
         Math.round(busyInRow).toLocaleString("en-US")
       } ms in all (${
         Math.round(busyInRow / CONCURRENT)
-      } ms a run from its spawn to its exit, its refill included, its container's removal after the exit not; /proc/stat): at once on ${cores} cores they cannot end before ${
+      } ms a run from its spawn to its exit, its refill and its container's removal included; /proc/stat): at once on ${cores} cores they cannot end before ${
         Math.round(cpuFloor).toLocaleString("en-US")
       } ms, ${(cpuFloor / sequential).toFixed(2)}× the same runs in a row`,
       `concurrency: one after another, exits ${
