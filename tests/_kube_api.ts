@@ -20,6 +20,7 @@
  * Docker does not have stays pending with `ErrImagePull`; `unschedulable` keeps pods pending with
  * a `FailedScheduling` event. Every container it made is removed on dispose.
  */
+import { bridgeHostAddress, type BridgeInspect } from "../lib/doctor/listeners.ts";
 import type { V1Container, V1NetworkPolicy, V1Pod } from "@kubernetes/client-node";
 import { AgentSandboxApi, GROUPS } from "./_kube_agent_sandbox.ts";
 
@@ -121,15 +122,10 @@ export class KubeApiServer implements AsyncDisposable {
   }
 
   async #listenOnGateway(): Promise<Deno.HttpServer<Deno.NetAddr> | undefined> {
-    const inspected = await docker(
-      "network",
-      "inspect",
-      "bridge",
-      "--format",
-      "{{range .IPAM.Config}}{{.Gateway}} {{end}}",
-    );
-    const gateway = inspected.out.trim().split(/\s+/).find((a) => /^\d+(\.\d+){3}$/.test(a));
-    if (!gateway || !Deno.networkInterfaces().some((i) => i.address === gateway)) return undefined;
+    const inspected = await docker("network", "inspect", "bridge", "--format", "{{json .}}");
+    if (inspected.code !== 0) return undefined;
+    const gateway = bridgeHostAddress(JSON.parse(inspected.out) as BridgeInspect);
+    if (!gateway) return undefined;
     return Deno.serve(
       { hostname: gateway, port: 0, onListen: () => {} },
       (request) => this.#handle(request),

@@ -22,14 +22,37 @@ function listen(hostname: string, nonce: string): Deno.HttpServer<Deno.NetAddr> 
   return Deno.serve({ hostname, port: 0, onListen: () => {} }, () => new Response(`${nonce}\n`));
 }
 
-/** The default bridge's gateway address, when the engine reports one. */
+/** What `docker network inspect bridge` says of where this host is on the default bridge. */
+export interface BridgeInspect {
+  IPAM?: { Config?: { Subnet?: string; Gateway?: string }[] | null };
+  Options?: Record<string, string> | null;
+}
+
+/**
+ * This host's address on the engine's default bridge: the gateway the engine reports, or, when it
+ * reports none (an engine that found its bridge's interface, docker0, already addressed leaves
+ * the gateway out), that interface's IPv4 address. Undefined when neither is this host's.
+ */
+export function bridgeHostAddress(
+  bridge: BridgeInspect,
+  interfaces: Deno.NetworkInterfaceInfo[] = Deno.networkInterfaces(),
+): string | undefined {
+  const ipv4 = interfaces.filter((each) => each.family === "IPv4");
+  const reported = (bridge.IPAM?.Config ?? []).map((config) => config.Gateway);
+  const gateway = reported.find((address) => ipv4.some((each) => each.address === address));
+  if (gateway) return gateway;
+  const name = bridge.Options?.["com.docker.network.bridge.name"];
+  return name === undefined ? undefined : ipv4.find((each) => each.name === name)?.address;
+}
+
+/** This host's address on the default bridge, when the engine has one this host owns. */
 async function bridgeGateway(docker: DockerCli, signal?: AbortSignal): Promise<string | undefined> {
   const result = await docker.run(
-    ["network", "inspect", "bridge", "--format", "{{range .IPAM.Config}}{{.Gateway}} {{end}}"],
+    ["network", "inspect", "bridge", "--format", "{{json .}}"],
     { signal, timeoutMs: 30_000 },
   );
   if (result.exitCode !== 0) return undefined;
-  return result.stdout.trim().split(/\s+/).find((a) => /^\d+(\.\d+){3}$/.test(a));
+  return bridgeHostAddress(JSON.parse(result.stdout) as BridgeInspect);
 }
 
 export async function startListeners(
@@ -40,7 +63,7 @@ export async function startListeners(
   const servers: Deno.HttpServer<Deno.NetAddr>[] = [listen("127.0.0.1", nonce)];
   const gateway = await bridgeGateway(docker, signal);
   let gatewayTarget: string | undefined;
-  if (gateway && Deno.networkInterfaces().some((i) => i.address === gateway)) {
+  if (gateway) {
     const server = listen(gateway, nonce);
     servers.push(server);
     gatewayTarget = `${gateway}:${server.addr.port}`;

@@ -5,6 +5,7 @@
  * declares not held (mode none has no isolation; a pod spec has no pids limit) is seen to be
  * reported as such, or to be reachable — never skipped.
  */
+import { bridgeHostAddress, type BridgeInspect } from "../../lib/doctor/listeners.ts";
 import assert from "node:assert/strict";
 import type { Profile } from "../../lib/config.ts";
 import { openSession } from "../../lib/proxy/session.ts";
@@ -46,15 +47,12 @@ export interface HoldsSubject {
 
 const KEY_ENV = "SANDBOX_TEST_CONFORMANCE_KEY";
 
-/** The Docker bridge's gateway: this machine's address as a container would route to it. */
+/** This machine's address on Docker's default bridge, as a container would route to it. */
 export async function bridgeGateway(): Promise<string> {
-  return await docker(
-    "network",
-    "inspect",
-    "bridge",
-    "--format",
-    "{{(index .IPAM.Config 0).Gateway}}",
-  );
+  const inspected = await docker("network", "inspect", "bridge", "--format", "{{json .}}");
+  const address = bridgeHostAddress(JSON.parse(inspected) as BridgeInspect);
+  if (!address) throw new Error(`No address of this machine on Docker's bridge: ${inspected}`);
+  return address;
 }
 
 /** This machine's loopback address (a sandbox with a network namespace has its own loopback). */
