@@ -105,6 +105,21 @@ export async function docker(...args: string[]): Promise<string> {
   return result.stdout.trim();
 }
 
+/** The names of `profile`'s containers, by its label: the running ones, or with `all` every one. */
+export async function profileContainers(
+  profile: string,
+  options: { all?: boolean } = {},
+): Promise<string[]> {
+  return (await docker(
+    "ps",
+    ...(options.all ? ["-a"] : []),
+    "--filter",
+    `label=dev.sandbox.profile=${profile}`,
+    "--format",
+    "{{.Names}}",
+  )).split("\n").filter(Boolean);
+}
+
 /**
  * Remove every container, network and volume of a profile, by label (test cleanup), and the host
  * directories mounted into its containers for the proxies' sockets (which the CLI's own removal

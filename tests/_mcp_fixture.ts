@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { RunFixture } from "./_run_fixture.ts";
-import { CLI } from "./_helpers.ts";
+import { CLI, profileContainers } from "./_helpers.ts";
 import { run } from "../lib/process.ts";
 
 export const MCP_KEY_ENV = "SANDBOX_E2E_MCP_KEY";
@@ -86,17 +86,8 @@ export class McpFixture extends RunFixture {
   }
 
   /** The containers of this fixture's profile, by its label (only ours). */
-  async containers(): Promise<string[]> {
-    const listed = await run([
-      "docker",
-      "ps",
-      "-a",
-      "--filter",
-      `label=dev.sandbox.profile=${this.profile}`,
-      "--format",
-      "{{.Names}}",
-    ]);
-    return listed.stdout.split("\n").filter(Boolean);
+  containers(): Promise<string[]> {
+    return profileContainers(this.profile, { all: true });
   }
 
   /** Wait (polling, up to a minute: a release takes seconds) until `name` no longer exists. */

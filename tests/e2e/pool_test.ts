@@ -5,7 +5,14 @@
  */
 import assert from "node:assert/strict";
 import { FakeLlm, text, toolCall } from "../_fake_llm.ts";
-import { assertDocker, docker, dockerTest, explain, writeConfig } from "../_helpers.ts";
+import {
+  assertDocker,
+  docker,
+  dockerTest,
+  explain,
+  profileContainers,
+  writeConfig,
+} from "../_helpers.ts";
 import { RunFixture } from "../_run_fixture.ts";
 
 console.error("e2e: pool tests starting");
@@ -45,15 +52,7 @@ Deno.test({
       return result;
     };
     /** The names of every container of the profile, running or not. */
-    const profileContainers = async () =>
-      (await docker(
-        "ps",
-        "-a",
-        "--filter",
-        `label=dev.sandbox.profile=${fixture.profile}`,
-        "--format",
-        "{{.Names}}",
-      )).split("\n").filter(Boolean);
+    const containers = () => profileContainers(fixture.profile, { all: true });
     const up = async () => {
       const result = await fixture.cli(["up", "-p", fixture.profile, "--json"]);
       assert.equal(result.exitCode, 0, explain(result));
@@ -66,7 +65,7 @@ Deno.test({
         const [first, second] = await Promise.all([up(), up()]);
         assert.equal(first.ready.length, 2, JSON.stringify(first));
         assert.deepEqual([...second.ready].sort(), [...first.ready].sort());
-        const made = await profileContainers();
+        const made = await containers();
         assert.deepEqual(made.sort(), [...first.ready].sort(), "no container was made twice");
       },
     );
@@ -104,7 +103,7 @@ Deno.test({
         llm.script.push(toolCall("execute", { command: "echo HOST=$(hostname)" }), text("Done"));
         const host = hostOf((await run()).stdout);
         // At once: a removal begun only as the CLI exits is still under way (about 0.1 s).
-        const left = await profileContainers();
+        const left = await containers();
         assert.ok(!left.includes(host), `${host} was still there: ${left.join(", ")}`);
         assert.equal(left.length, 2, `the pool refilled: ${left.join(", ")}`);
       },
@@ -158,7 +157,7 @@ Deno.test({
           /removing pooled sandbox .*: made with another configuration/,
           explain(result),
         );
-        const left = await profileContainers();
+        const left = await containers();
         assert.ok(
           stale.every((name) => !left.includes(name)),
           `stale containers left: ${left.join(", ")}`,

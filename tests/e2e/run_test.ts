@@ -13,7 +13,16 @@ import { MESSAGE_TYPES } from "../../lib/run/protocol.ts";
 import { run, type RunResult } from "../../lib/process.ts";
 import type { RunMeta } from "../../lib/run/run_log.ts";
 import { FakeLlm, httpError, text, toolCall, writeThenExecute } from "../_fake_llm.ts";
-import { assertDocker, CLI, docker, dockerTest, explain, spawnCli, tempDir } from "../_helpers.ts";
+import {
+  assertDocker,
+  CLI,
+  docker,
+  dockerTest,
+  explain,
+  profileContainers,
+  spawnCli,
+  tempDir,
+} from "../_helpers.ts";
 
 console.error("e2e: sandbox run tests starting");
 
@@ -144,14 +153,8 @@ class RunTestFixture extends RunFixture {
   }
 
   /** The containers of this profile that are running now. */
-  async containers(): Promise<string[]> {
-    return (await docker(
-      "ps",
-      "--filter",
-      `label=dev.sandbox.profile=${this.profile}`,
-      "--format",
-      "{{.Names}}",
-    )).split("\n").filter(Boolean);
+  containers(): Promise<string[]> {
+    return profileContainers(this.profile);
   }
 }
 

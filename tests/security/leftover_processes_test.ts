@@ -17,9 +17,9 @@ import { text, toolCall } from "../_fake_llm.ts";
 import { HeldLlm } from "../_held_llm.ts";
 import {
   assertDocker,
-  docker,
   dockerTest,
   explain,
+  profileContainers,
   removeProfile,
   runCli,
   spawnCli,
@@ -154,13 +154,7 @@ Deno.test({
           await new Promise((resolve) => setTimeout(resolve, 200));
         }
         assert.ok(inspected < 300, `the run's container ${container} is still there`);
-        const others = (await docker(
-          "ps",
-          "--filter",
-          `label=dev.sandbox.profile=${fixture.profile}`,
-          "--format",
-          "{{.Names}}",
-        )).split("\n").filter(Boolean);
+        const others = await profileContainers(fixture.profile);
         for (const name of others) assert.deepEqual(await sleepers(name), [], name);
       },
     );
