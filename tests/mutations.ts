@@ -331,10 +331,18 @@ const LOCAL_TESTS = ["tests/security/local_mode_test.ts"];
 /** Sandbox mode local's defences (docs/local.md), each caught by its attack. */
 const LOCAL_MUTATIONS: Mutation[] = [
   {
+    name: "mode local: a run's Deno cache is the warmed one itself (a hard link), not a copy",
+    file: "lib/sandbox/local/deno_cache.ts",
+    find: "    await Deno.copyFile(`${from}/${name}`, `${to}/${name}`);",
+    replace: "    await Deno.link(`${from}/${name}`, `${to}/${name}`);",
+    tests: LOCAL_TESTS,
+    filter: "Deno cache",
+  },
+  {
     name: "mode local: a command inherits the host's environment",
     file: LOCAL_SANDBOX,
-    find: "      env: { ...BASE_ENV, ...options.env },\n      clearEnv: true,",
-    replace: "      env: { ...BASE_ENV, ...options.env },\n      clearEnv: false,",
+    find: "      env: { ...this.env, ...options.env },\n      clearEnv: true,",
+    replace: "      env: { ...this.env, ...options.env },\n      clearEnv: false,",
     tests: LOCAL_TESTS,
   },
   {

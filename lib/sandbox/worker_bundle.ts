@@ -12,7 +12,7 @@
  * source on first use and cached in the state directory under a hash of the sources, so an
  * unchanged checkout never bundles twice.
  */
-import { userStateDir } from "../paths.ts";
+import { userCacheDir, userStateDir } from "../paths.ts";
 import { CommandExitError, SandboxError } from "../errors.ts";
 import { cachedByIdentity, fileSha256, sha256Hex, sha256HexOf } from "../hash.ts";
 import { run } from "../process.ts";
@@ -229,40 +229,64 @@ export function denoBinaryPath(): string {
 }
 
 /** A bundle file in the state directory: `worker-HASH.js`, `relay-HASH.js`, or a partial of one. */
-const BUNDLE_FILE = /^(worker|relay)-([0-9a-f]{16})\.js(?:\.(\d+)\.partial\.js)?$/;
+const BUNDLE_FILE = /^(?:worker|relay)-([0-9a-f]{16})\.js(?:\.(\d+)\.partial\.js)?$/;
+/** Mode local's warmed Deno cache of a build (local/deno_cache.ts), or a partial one: a directory. */
+const DENO_CACHE_DIR = /^([0-9a-f]{16})-[0-9A-Za-z.+-]+?(?:\.(\d+)\.partial)?$/;
 
 /**
  * Remove the bundles of the state directory that this CLI would not use — those of other sources
  * (each change of a checkout makes a new one; each installed version has its own) — and the
- * partial files a killed bundling left (its process gone). A bundle being written now stays. Another
+ * partial files a killed bundling left (its process gone); the same for mode local's warmed Deno
+ * caches (`<cache>/local-deno/`, named `local-deno/…`). One being written now stays. Another
  * version's CLI that needs its bundle again makes it again. Files the tool did not name stay.
  */
 export async function pruneBundles(
   options: { dryRun?: boolean } = {},
 ): Promise<{ removed: { name: string; bytes: number }[] }> {
-  const dir = `${userStateDir()}/worker`;
   const current = (await workerIdentity()).slice(0, 16);
-  const entries = await Array.fromAsync(Deno.readDir(dir)).catch((error) => {
-    if (error instanceof Deno.errors.NotFound) return [];
-    throw error;
-  });
   const removed: { name: string; bytes: number }[] = [];
-  for (const entry of entries) {
-    const found = BUNDLE_FILE.exec(entry.name);
-    if (!entry.isFile || !found) continue;
-    const [, , hash, pid] = found;
-    const writing = pid !== undefined &&
-      await Deno.stat(`/proc/${pid}`).then(() => true, () => false);
-    if (writing || (pid === undefined && hash === current)) continue;
-    const path = `${dir}/${entry.name}`;
-    const info = await Deno.lstat(path).catch(() => undefined);
-    if (!info) continue; // removed meanwhile (another prune)
-    removed.push({ name: entry.name, bytes: info.size });
-    if (!options.dryRun) {
-      await Deno.remove(path).catch((error) => {
-        if (!(error instanceof Deno.errors.NotFound)) throw error;
-      });
+  const places = [
+    { dir: `${userStateDir()}/worker`, prefix: "", pattern: BUNDLE_FILE, directories: false },
+    { dir: denoCachesDir(), prefix: "local-deno/", pattern: DENO_CACHE_DIR, directories: true },
+  ];
+  for (const { dir, prefix, pattern, directories } of places) {
+    const entries = await Array.fromAsync(Deno.readDir(dir)).catch((error) => {
+      if (error instanceof Deno.errors.NotFound) return [];
+      throw error;
+    });
+    for (const entry of entries) {
+      const found = (directories ? entry.isDirectory : entry.isFile) && pattern.exec(entry.name);
+      if (!found) continue;
+      const [, hash, pid] = found;
+      const writing = pid !== undefined &&
+        await Deno.stat(`/proc/${pid}`).then(() => true, () => false);
+      if (writing || (pid === undefined && hash === current)) continue;
+      const path = `${dir}/${entry.name}`;
+      const bytes = await sizeOf(path);
+      if (bytes === undefined) continue; // removed meanwhile (another prune)
+      removed.push({ name: `${prefix}${entry.name}`, bytes });
+      if (!options.dryRun) {
+        await Deno.remove(path, { recursive: true }).catch((error) => {
+          if (!(error instanceof Deno.errors.NotFound)) throw error;
+        });
+      }
     }
   }
   return { removed };
+}
+
+/** Where mode local keeps its warmed Deno caches (local/deno_cache.ts): `<cache>/local-deno`. */
+export function denoCachesDir(): string {
+  return `${userCacheDir()}/local-deno`;
+}
+
+/** Bytes of a file, or of the files of a directory (one level: a warmed cache's); undefined if gone. */
+async function sizeOf(path: string): Promise<number | undefined> {
+  const info = await Deno.lstat(path).catch(() => undefined);
+  if (!info?.isDirectory) return info?.size;
+  let bytes = 0;
+  for await (const entry of Deno.readDir(path)) {
+    bytes += (await Deno.lstat(`${path}/${entry.name}`).catch(() => undefined))?.size ?? 0;
+  }
+  return bytes;
 }

@@ -9,7 +9,9 @@ import type { RunSandbox } from "../../lib/sandbox/provider.ts";
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
 import { run } from "../../lib/process.ts";
 import { landlockSupport } from "../../lib/sandbox/local/landlock.ts";
-import { profileFrom, uniqueProfile } from "../_helpers.ts";
+import { denoCacheDir } from "../../lib/sandbox/local/deno_cache.ts";
+import { sha256HexOf } from "../../lib/hash.ts";
+import { profileFrom, tempDir, uniqueProfile } from "../_helpers.ts";
 import { assertLocal, localTest } from "../_local.ts";
 
 console.error("security: mode local tests starting");
@@ -334,6 +336,46 @@ test("pids and memory limits hold where a cgroup enforces them; below them comma
     }
   });
 });
+
+test("a run's Deno cache is its own copy: what one run writes there reaches neither the warmed cache nor the next run; its copy is the warmed one, in use and writable (twin)", async () => {
+  // A cache directory of the test's own: with the defence broken, the poison must not stay.
+  await using cache = await tempDir("sandbox-local-deno-cache-");
+  const previous = Deno.env.get("XDG_CACHE_HOME");
+  Deno.env.set("XDG_CACHE_HOME", cache.path);
+  try {
+    await poisonedCacheStaysInItsRun();
+  } finally {
+    if (previous === undefined) Deno.env.delete("XDG_CACHE_HOME");
+    else Deno.env.set("XDG_CACHE_HOME", previous);
+  }
+});
+
+async function poisonedCacheStaysInItsRun(): Promise<void> {
+  const sum = "sha256sum /tmp/deno-dir/v8_code_cache_v2 | cut -d' ' -f1";
+  const warmed = `${await denoCacheDir()}/v8_code_cache_v2`;
+  const first = await withLocal("", async (_sandbox, provider) => {
+    const seen = await provider.exec(["sh", "-c", `echo "$DENO_DIR"; ${sum}`]);
+    assert.equal(seen.exitCode, 0, seen.stderr);
+    // The attack: poison the cache a later run's worker would load its compiled code from.
+    const poison = await provider.exec([
+      "sh",
+      "-c",
+      `echo poisoned >/tmp/deno-dir/v8_code_cache_v2 && ${sum}`,
+    ]);
+    assert.equal(poison.exitCode, 0, `its own copy is writable (twin): ${poison.stderr}`);
+    return { seen: seen.stdout.trim().split("\n"), poisoned: poison.stdout.trim() };
+  });
+  const warmedSum = await sha256HexOf(await Deno.readFile(warmed));
+  assert.deepEqual(
+    first.seen,
+    ["/tmp/deno-dir", warmedSum],
+    "the run starts from the warmed cache",
+  );
+  assert.notEqual(first.poisoned, warmedSum);
+  assert.equal((await Deno.stat(warmed)).mode! & 0o777, 0o444, "the warmed cache stays read-only");
+  const next = await withLocal("", (_sandbox, provider) => provider.exec(["sh", "-c", sum]));
+  assert.equal(next.stdout.trim(), warmedSum, "the next run gets the warmed cache, not the poison");
+}
 
 test("a descriptor the host process leaves inheritable is not open in a command; a host child has it (twin)", async () => {
   // A descriptor opened without close-on-exec, as a parent of the CLI (a shell's `exec 7<file`,

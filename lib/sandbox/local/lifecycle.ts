@@ -33,6 +33,7 @@ import {
   sandboxOwnerAlive,
 } from "./local_sandbox.ts";
 import { applyLimits } from "./limits.ts";
+import { warmDenoCache } from "./deno_cache.ts";
 
 /** How often the checkout's size is measured. */
 const DISK_POLL_S = 1;
@@ -145,14 +146,16 @@ export class LocalLifecycle implements SandboxLifecycle {
     const name = `local-${request.runId.replace(/[^A-Za-z0-9_-]/g, "").slice(0, 24)}-${
       crypto.randomUUID().slice(0, 8)
     }`;
+    const deno = denoBinaryPath();
     const sandbox = await createLocalSandbox(this.profile, name, {
       programs: {
-        deno: denoBinaryPath(),
+        deno,
         worker,
         relay,
         cache,
         agent: cli && agent ? { dir: agent, at: agentDir(cli) } : undefined,
       },
+      denoCache: await warmDenoCache(this.profile, { deno, worker, relay }, onProgress),
       signal: request.signal,
     });
     return new LocalRunSandbox(sandbox, cache ? request.repo!.key : undefined);
