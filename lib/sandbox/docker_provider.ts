@@ -261,6 +261,10 @@ export class DockerSandboxProvider implements SandboxProvider {
       this.profile.sandbox.network.mode === "full" ? "bridge" : "none",
       "--restart",
       "no",
+      // The image's health check runs a command every 30 s: in a pooled container waiting to be
+      // claimed that is CPU spent for nothing (a claim probes the container itself). Kept for the
+      // development sandbox, whose health `sandbox ls` shows.
+      ...(this.#options.instance ? ["--no-healthcheck"] : []),
       ...env.args,
       // The image's own command, `sandbox-exec --init` as pid 1 (instead of Docker's --init: an
       // init the sandbox user cannot ptrace): it readies the worker's cache, then reaps orphans.

@@ -71,14 +71,21 @@ Deno.test({
     );
 
     let ready: string[] = [];
-    await t.step("up makes sandbox.pool containers, ready; a second up makes none", async () => {
-      ready = (await up()).ready;
-      assert.equal(ready.length, 2);
-      for (const name of ready) {
-        assert.match(name, new RegExp(`^sandbox-${fixture.profile}-p[0-9a-f]{8}$`));
-      }
-      assert.deepEqual((await up()).ready.sort(), [...ready].sort());
-    });
+    await t.step(
+      "up makes sandbox.pool containers, ready, with no health check; a second up makes none",
+      async () => {
+        ready = (await up()).ready;
+        assert.equal(ready.length, 2);
+        for (const name of ready) {
+          assert.match(name, new RegExp(`^sandbox-${fixture.profile}-p[0-9a-f]{8}$`));
+          // No health check spends CPU in a container that waits (the development sandbox keeps
+          // the image's: tests/security/resource_exhaustion_test.ts waits for its verdict).
+          const check = await docker("inspect", "-f", "{{json .Config.Healthcheck}}", name);
+          assert.deepEqual(JSON.parse(check).Test, ["NONE"], check);
+        }
+        assert.deepEqual((await up()).ready.sort(), [...ready].sort());
+      },
+    );
 
     await t.step("two runs started at once claim two different pooled containers", async () => {
       llm.script.push(
