@@ -6,7 +6,8 @@
 import { git } from "../_git.ts";
 import assert from "node:assert/strict";
 import { decodeMessage } from "../../lib/run/protocol.ts";
-import { explain, ROOT, runCli, tempDir, uniqueProfile } from "../_helpers.ts";
+import { explain, profileFrom, ROOT, runCli, tempDir, uniqueProfile } from "../_helpers.ts";
+import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
 import { assertLocal, localTest } from "../_local.ts";
 
 Deno.test({
@@ -59,5 +60,67 @@ Deno.test({
     assert.match(await git(repo, "show", `${branch}:greet.sh`), /Hello from the sandbox/);
     const left = await Array.fromAsync(Deno.readDir(`${dir.path}/state/sandbox/local`));
     assert.deepEqual(left.map((e) => e.name), [], "the sandbox's directory is gone");
+  },
+});
+
+/** Seconds since boot: the clock of a process's start time in /proc. */
+async function uptimeS(): Promise<number> {
+  return Number((await Deno.readTextFile("/proc/uptime")).split(" ")[0]);
+}
+
+/** The disk watcher's sleeps (a host `sleep 1` whose parent runs the watch's `du` loop): pid, start. */
+async function watcherSleeps(): Promise<{ pid: number; startS: number }[]> {
+  const found: { pid: number; startS: number }[] = [];
+  for await (const entry of Deno.readDir("/proc")) {
+    if (!/^\d+$/.test(entry.name)) continue;
+    const cmdline = await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => "");
+    if (cmdline !== "sleep\x001\x00") continue;
+    const stat = await Deno.readTextFile(`/proc/${entry.name}/stat`).catch(() => "");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    const parent = await Deno.readTextFile(`/proc/${fields[1]}/cmdline`).catch(() => "");
+    // Field 22 (starttime), in clock ticks: 100 a second on Linux.
+    if (parent.includes("du -sk")) {
+      found.push({ pid: Number(entry.name), startS: Number(fields[19]) / 100 });
+    }
+  }
+  return found;
+}
+
+Deno.test({
+  name:
+    "a local sandbox's disk watch, closed while its watcher sleeps, kills that sleep instead of waiting it out",
+  ...localTest(),
+  async fn() {
+    assertLocal();
+    await using dir = await tempDir("sandbox-e2e-local-watch-");
+    const previous = Deno.env.get("XDG_STATE_HOME");
+    Deno.env.set("XDG_STATE_HOME", `${dir.path}/state`);
+    try {
+      const name = uniqueProfile("e2e-local-watch");
+      const profile = profileFrom(`profiles:\n  ${name}:\n    sandbox: {mode: local}\n`, name);
+      const sandbox = await (await sandboxLifecycle(profile)).acquire({ runId: "watch" });
+      try {
+        const watch = sandbox.watchDisk({});
+        let sleeping: { pid: number; startS: number }[] = [];
+        for (let i = 0; i < 400 && sleeping.length === 0; i++) {
+          await new Promise((resolve) => setTimeout(resolve, 25));
+          sleeping = await watcherSleeps();
+        }
+        assert.ok(sleeping.length > 0, "the watcher never slept");
+        await watch.close();
+        // Closed within its sleep's second: the sleep was killed, not waited for.
+        const waited = await uptimeS() - Math.max(...sleeping.map((s) => s.startS));
+        assert.ok(
+          waited < 0.9,
+          `the close waited out the watcher's sleep (${waited.toFixed(2)} s)`,
+        );
+        assert.deepEqual(await watcherSleeps(), [], "no sleep of the watcher outlives the close");
+      } finally {
+        await sandbox.release();
+      }
+    } finally {
+      if (previous === undefined) Deno.env.delete("XDG_STATE_HOME");
+      else Deno.env.set("XDG_STATE_HOME", previous);
+    }
   },
 });

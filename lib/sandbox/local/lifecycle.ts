@@ -89,7 +89,11 @@ export class LocalRunSandbox implements RunSandbox {
       Promise.resolve(spawn([
         "sh",
         "-c",
-        'while :; do s=$(du -sk -- "$1" 2>/dev/null | cut -f1); echo "du ${s:-0}"; sleep "$2"; done',
+        // Stopped (SIGTERM) while it sleeps, it kills its sleep at once: the sleep holds its
+        // output, whose end the close waits for (up to a whole interval, at every run's end).
+        "trap 'kill $p 2>/dev/null; exit 0' TERM; p=; " +
+        'while :; do s=$(du -sk -- "$1" 2>/dev/null | cut -f1); echo "du ${s:-0}"; ' +
+        'sleep "$2" & p=$!; wait $p; done',
         "sh",
         workspace,
         String(DISK_POLL_S),
