@@ -131,8 +131,6 @@ export async function createLocalSandbox(
   for (const dir of options.kept ? [dirs.tmp] : [dirs.workspace, dirs.home, dirs.tmp]) {
     await Deno.mkdir(dir, { mode: 0o700 });
   }
-  // Before the holder starts: nothing has run in the sandbox, nothing in its /tmp but this copy.
-  if (options.denoCache) await seedDenoCache(options.denoCache, `${dirs.tmp}/deno-dir`);
   const env = options.denoCache ? { ...BASE_ENV, DENO_DIR: SANDBOX_DENO_DIR } : BASE_ENV;
   // Who made it: a sandbox whose owner is gone is an orphan (lifecycle.ts reapOrphans).
   await Deno.writeTextFile(
@@ -152,6 +150,8 @@ export async function createLocalSandbox(
     env,
   );
   try {
+    // Before the holder starts: nothing has run in the sandbox, nothing in its /tmp but this copy.
+    if (options.denoCache) await seedDenoCache(options.denoCache, `${dirs.tmp}/deno-dir`);
     await sandbox.start(options);
   } catch (error) {
     await sandbox.destroy();
