@@ -7,7 +7,7 @@
  *   for `sandbox exec -- true` whole, the CLI's start included (target: ≤ 0.5× `srt true`), a
  *   200 MB download from a server on loopback through each one's egress proxy (target: ≥ 2× srt's)
  *   and the memory of an idle sandbox (each launcher's process tree, Pss);
- * - a replayed run (examples/hello) from process start to its first event.
+ * - a replayed run (examples/hello) from process start to its first event and to its exit.
  *
  *   deno task bench local
  */
@@ -42,8 +42,8 @@ async function samples(n: number, work: () => Promise<unknown>): Promise<number[
   return times;
 }
 
-/** A replayed run in mode local: ms from its process start to its first NDJSON event. */
-async function runToFirstEvent(dir: string): Promise<number> {
+/** A replayed run in mode local: ms from its process start to its first NDJSON event, and to its exit. */
+async function replayedRun(dir: string): Promise<{ first: number; exit: number }> {
   const start = performance.now();
   const child = spawn([
     Deno.execPath(),
@@ -72,7 +72,7 @@ async function runToFirstEvent(dir: string): Promise<number> {
   if (ended.exitCode !== 0 || first === 0) {
     throw new Error(`the replayed run failed (${ended.exitCode}): ${ended.stderrTail}`);
   }
-  return first;
+  return { first, exit: performance.now() - start };
 }
 
 /** The CLI's argv for `args` with the bench's config. */
@@ -303,10 +303,11 @@ async function measure(context: BenchContext): Promise<BenchResult> {
       `${name} ${Math.round(median(execs.map((e) => e.steps[i])))} ms`
     );
     context.progress(`replayed runs to their first event ×${RUNS} (+1 to bundle)`);
-    await runToFirstEvent(dir);
-    const runs: number[] = [];
-    for (let i = 0; i < RUNS; i++) runs.push(await runToFirstEvent(dir));
-    const firstEvent = median(runs);
+    await replayedRun(dir);
+    const runs: { first: number; exit: number }[] = [];
+    for (let i = 0; i < RUNS; i++) runs.push(await replayedRun(dir));
+    const firstEvent = median(runs.map((r) => r.first));
+    const exit = median(runs.map((r) => r.exit));
     const row = (name: string, measured: number, target?: number): Figure => ({
       name,
       unit: "ms",
@@ -326,6 +327,7 @@ async function measure(context: BenchContext): Promise<BenchResult> {
         row("`sandbox exec -- true`: the sandbox's part", exec.sandboxMs, 1.5),
         row("`sandbox exec -- true`: the CLI's own start and exit", exec.wholeMs - exec.sandboxMs),
         row("replayed run: process start → first event", firstEvent),
+        row("replayed run: process start → exit", exit),
         ...srt.figures,
       ],
       notes: [
