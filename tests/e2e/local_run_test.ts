@@ -8,6 +8,13 @@ import assert from "node:assert/strict";
 import { decodeMessage } from "../../lib/run/protocol.ts";
 import { explain, profileFrom, ROOT, runCli, tempDir, uniqueProfile } from "../_helpers.ts";
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
+import { denoCacheDir, warmDenoCache } from "../../lib/sandbox/local/deno_cache.ts";
+import { localSandboxesDir } from "../../lib/sandbox/local/local_sandbox.ts";
+import {
+  denoBinaryPath,
+  relayBundlePath,
+  workerBundlePath,
+} from "../../lib/sandbox/worker_bundle.ts";
 import { assertLocal, localTest } from "../_local.ts";
 
 Deno.test({
@@ -121,6 +128,50 @@ Deno.test({
     } finally {
       if (previous === undefined) Deno.env.delete("XDG_STATE_HOME");
       else Deno.env.set("XDG_STATE_HOME", previous);
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "a Deno cache that cannot be warmed leaves the run cold and says why; none is kept, and the next warm-up makes it",
+  ...localTest(),
+  async fn() {
+    assertLocal();
+    await using dir = await tempDir("sandbox-e2e-local-warm-");
+    // A cache directory of the test's own; the state directory is the user's, where the bundles
+    // are already made (a new one would bundle the worker again, ~20 s).
+    const previous = Deno.env.get("XDG_CACHE_HOME");
+    Deno.env.set("XDG_CACHE_HOME", `${dir.path}/cache`);
+    try {
+      const name = uniqueProfile("e2e-local-warm");
+      const profile = profileFrom(`profiles:\n  ${name}:\n    sandbox: {mode: local}\n`, name);
+      const relay = await relayBundlePath();
+      const broken = `${dir.path}/worker.js`;
+      await Deno.writeTextFile(broken, "throw new Error('not a worker');\n");
+      const said: string[] = [];
+      const programs = { deno: denoBinaryPath(), worker: broken, relay };
+      assert.equal(await warmDenoCache(profile, programs, (line) => said.push(line)), undefined);
+      assert.match(
+        said.join("\n"),
+        /could not be warmed, so this run starts cold: .*not a worker/s,
+      );
+      const kept = await Array.fromAsync(Deno.readDir(`${dir.path}/cache/sandbox/local-deno`))
+        .catch(() => []);
+      assert.deepEqual(kept.map((e) => e.name), [], "nothing half-made is kept");
+      // The twin: the real worker warms it, read-only, where runs look for it.
+      const warmed = await warmDenoCache(profile, {
+        ...programs,
+        worker: await workerBundlePath(),
+      });
+      assert.equal(warmed, await denoCacheDir());
+      assert.equal((await Deno.stat(`${warmed}/v8_code_cache_v2`)).mode! & 0o777, 0o444);
+      const left = (await Array.fromAsync(Deno.readDir(localSandboxesDir())))
+        .filter((e) => e.name.startsWith("local-warm-"));
+      assert.deepEqual(left.map((e) => e.name), [], "the warm-up sandboxes are gone");
+    } finally {
+      if (previous === undefined) Deno.env.delete("XDG_CACHE_HOME");
+      else Deno.env.set("XDG_CACHE_HOME", previous);
     }
   },
 });
