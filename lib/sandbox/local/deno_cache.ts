@@ -13,7 +13,6 @@
  */
 import type { Profile } from "../../config.ts";
 import { SandboxError } from "../../errors.ts";
-import { WORKER_COMMAND } from "../../run/container_driver.ts";
 import { relayArgv } from "../../proxy/relay_host.ts";
 import { denoCachesDir, workerIdentity } from "../worker_bundle.ts";
 import type { HostPrograms } from "./bwrap.ts";
@@ -82,6 +81,8 @@ async function makeCache(
   );
   const partial = `${dir}.${Deno.pid}.partial`;
   try {
+    // Loaded only to warm (once per build): `sandbox exec` loads this module, and not the driver's.
+    const { WORKER_COMMAND } = await import("../../run/container_driver.ts");
     const env = { DENO_DIR: SANDBOX_DENO_DIR };
     for (const argv of [[...WORKER_COMMAND, "--help"], relayArgv(["--check"])]) {
       const result = await sandbox.exec(argv, { env, timeoutMs: 120_000 });
