@@ -6,10 +6,11 @@
  * Once per worker build and Deno version, a sandbox of its own runs only our code (the worker's
  * `--help`, the relay's `--check`) with `DENO_DIR=/tmp/deno-dir`, at the paths a run's sandbox
  * uses (the code cache is keyed by them). Its cache databases are compacted and kept, read-only,
- * in `<cache>/local-deno/ID-VERSION/` (`~/.cache/sandbox`: made again when missing). Each run's sandbox gets a copy in its own fresh
- * `/tmp` before its first command (local_sandbox.ts `createLocalSandbox`): Deno writes its cache
- * where it runs, and nothing a run writes may reach the next one — never a link, never a bind.
- * `sandbox runs prune` removes the caches of other builds (worker_bundle.ts `pruneBundles`).
+ * in `<cache>/local-deno/ID-VERSION/` (`~/.cache/sandbox`: made again when missing). Each run's
+ * sandbox gets a copy in its own fresh `/tmp` before its first command (local_sandbox.ts
+ * `createLocalSandbox`): Deno writes its cache where it runs, and nothing a run writes may reach
+ * the next one — never a link, never a bind. `sandbox prune --images` removes the caches of other
+ * builds (worker_bundle.ts `pruneBundles`).
  */
 import type { Profile } from "../../config.ts";
 import { SandboxError } from "../../errors.ts";
@@ -57,7 +58,7 @@ export function warmDenoCache(
       return undefined;
     }
   })();
-  // Asked again by the next run of this process: the state directory may have been emptied.
+  // Asked again by the next run of this process: the cache directory may have been emptied.
   warming.finally(() => warming = undefined).catch(() => {});
   return warming;
 }
