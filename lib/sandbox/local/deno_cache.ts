@@ -14,6 +14,7 @@
  */
 import type { Profile } from "../../config.ts";
 import { SandboxError } from "../../errors.ts";
+import { pathExists } from "../../paths.ts";
 import { relayArgv } from "../../proxy/relay_host.ts";
 import { denoCachesDir, workerIdentity } from "../worker_bundle.ts";
 import type { HostPrograms } from "./bwrap.ts";
@@ -44,7 +45,7 @@ export function warmDenoCache(
 ): Promise<string | undefined> {
   warming ??= (async () => {
     const dir = await denoCacheDir();
-    if (await exists(`${dir}/${DATABASES[0]}`)) return dir;
+    if (await pathExists(`${dir}/${DATABASES[0]}`)) return dir;
     onProgress?.("Warming Deno's cache for mode local (once per worker build)");
     try {
       await makeCache(profile, programs, dir);
@@ -61,10 +62,6 @@ export function warmDenoCache(
   // Asked again by the next run of this process: the cache directory may have been emptied.
   warming.finally(() => warming = undefined).catch(() => {});
   return warming;
-}
-
-async function exists(path: string): Promise<boolean> {
-  return await Deno.stat(path).then(() => true, () => false);
 }
 
 /** Warm the cache in a sandbox of its own, then move its compacted databases to `dir`. */
@@ -104,7 +101,7 @@ async function makeCache(
     }
     await Deno.rename(partial, dir).catch(async (error) => {
       // Another process put the same cache there first: theirs is used.
-      if (!await exists(`${dir}/${DATABASES[0]}`)) throw error;
+      if (!await pathExists(`${dir}/${DATABASES[0]}`)) throw error;
     });
   } finally {
     await Deno.remove(partial, { recursive: true }).catch(() => {});
