@@ -6,7 +6,15 @@
 import { git } from "../_git.ts";
 import assert from "node:assert/strict";
 import { decodeMessage } from "../../lib/run/protocol.ts";
-import { explain, profileFrom, ROOT, runCli, tempDir, uniqueProfile } from "../_helpers.ts";
+import {
+  explain,
+  profileFrom,
+  ROOT,
+  runCli,
+  tempDir,
+  uniqueProfile,
+  withEnv,
+} from "../_helpers.ts";
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
 import { denoCacheDir, warmDenoCache } from "../../lib/sandbox/local/deno_cache.ts";
 import { localSandboxesDir } from "../../lib/sandbox/local/local_sandbox.ts";
@@ -100,9 +108,7 @@ Deno.test({
   async fn() {
     assertLocal();
     await using dir = await tempDir("sandbox-e2e-local-watch-");
-    const previous = Deno.env.get("XDG_STATE_HOME");
-    Deno.env.set("XDG_STATE_HOME", `${dir.path}/state`);
-    try {
+    await withEnv({ XDG_STATE_HOME: `${dir.path}/state` }, async () => {
       const name = uniqueProfile("e2e-local-watch");
       const profile = profileFrom(`profiles:\n  ${name}:\n    sandbox: {mode: local}\n`, name);
       const sandbox = await (await sandboxLifecycle(profile)).acquire({ runId: "watch" });
@@ -125,10 +131,7 @@ Deno.test({
       } finally {
         await sandbox.release();
       }
-    } finally {
-      if (previous === undefined) Deno.env.delete("XDG_STATE_HOME");
-      else Deno.env.set("XDG_STATE_HOME", previous);
-    }
+    });
   },
 });
 
@@ -141,9 +144,7 @@ Deno.test({
     await using dir = await tempDir("sandbox-e2e-local-warm-");
     // A cache directory of the test's own; the state directory is the user's, where the bundles
     // are already made (a new one would bundle the worker again, ~20 s).
-    const previous = Deno.env.get("XDG_CACHE_HOME");
-    Deno.env.set("XDG_CACHE_HOME", `${dir.path}/cache`);
-    try {
+    await withEnv({ XDG_CACHE_HOME: `${dir.path}/cache` }, async () => {
       const name = uniqueProfile("e2e-local-warm");
       const profile = profileFrom(`profiles:\n  ${name}:\n    sandbox: {mode: local}\n`, name);
       const relay = await relayBundlePath();
@@ -169,9 +170,6 @@ Deno.test({
       const left = (await Array.fromAsync(Deno.readDir(localSandboxesDir())))
         .filter((e) => e.name.startsWith("local-warm-"));
       assert.deepEqual(left.map((e) => e.name), [], "the warm-up sandboxes are gone");
-    } finally {
-      if (previous === undefined) Deno.env.delete("XDG_CACHE_HOME");
-      else Deno.env.set("XDG_CACHE_HOME", previous);
-    }
+    });
   },
 });

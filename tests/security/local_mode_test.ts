@@ -11,7 +11,7 @@ import { run } from "../../lib/process.ts";
 import { landlockSupport } from "../../lib/sandbox/local/landlock.ts";
 import { denoCacheDir } from "../../lib/sandbox/local/deno_cache.ts";
 import { sha256HexOf } from "../../lib/hash.ts";
-import { profileFrom, tempDir, uniqueProfile } from "../_helpers.ts";
+import { profileFrom, tempDir, uniqueProfile, withEnv } from "../_helpers.ts";
 import { assertLocal, localTest } from "../_local.ts";
 
 console.error("security: mode local tests starting");
@@ -340,14 +340,7 @@ test("pids and memory limits hold where a cgroup enforces them; below them comma
 test("a run's Deno cache is its own copy: what one run writes there reaches neither the warmed cache nor the next run; its copy is the warmed one, in use and writable (twin)", async () => {
   // A cache directory of the test's own: with the defence broken, the poison must not stay.
   await using cache = await tempDir("sandbox-local-deno-cache-");
-  const previous = Deno.env.get("XDG_CACHE_HOME");
-  Deno.env.set("XDG_CACHE_HOME", cache.path);
-  try {
-    await poisonedCacheStaysInItsRun();
-  } finally {
-    if (previous === undefined) Deno.env.delete("XDG_CACHE_HOME");
-    else Deno.env.set("XDG_CACHE_HOME", previous);
-  }
+  await withEnv({ XDG_CACHE_HOME: cache.path }, poisonedCacheStaysInItsRun);
 });
 
 async function poisonedCacheStaysInItsRun(): Promise<void> {

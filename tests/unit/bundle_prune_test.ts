@@ -6,15 +6,11 @@
  */
 import assert from "node:assert/strict";
 import { denoCachesDir, pruneBundles, workerIdentity } from "../../lib/sandbox/worker_bundle.ts";
-import { tempDir } from "../_helpers.ts";
+import { tempDir, withEnv } from "../_helpers.ts";
 
 Deno.test("pruneBundles removes other sources' bundles and dead partials, keeps the current ones, a live partial and foreign files; a dry run removes nothing", async () => {
   await using state = await tempDir("sandbox-bundle-prune-");
-  const previous = Deno.env.get("XDG_STATE_HOME");
-  const previousCache = Deno.env.get("XDG_CACHE_HOME");
-  Deno.env.set("XDG_STATE_HOME", state.path);
-  Deno.env.set("XDG_CACHE_HOME", `${state.path}/cache`);
-  try {
+  await withEnv({ XDG_STATE_HOME: state.path, XDG_CACHE_HOME: `${state.path}/cache` }, async () => {
     const dir = `${state.path}/sandbox/worker`;
     await Deno.mkdir(dir, { recursive: true });
     const current = (await workerIdentity()).slice(0, 16);
@@ -78,26 +74,12 @@ Deno.test("pruneBundles removes other sources' bundles and dead partials, keeps 
       cacheDirs.filter((name) => !removable.includes(`local-deno/${name}`)).sort(),
     );
     assert.deepEqual((await pruneBundles()).removed, [], "nothing left to prune");
-  } finally {
-    if (previous === undefined) Deno.env.delete("XDG_STATE_HOME");
-    else Deno.env.set("XDG_STATE_HOME", previous);
-    if (previousCache === undefined) Deno.env.delete("XDG_CACHE_HOME");
-    else Deno.env.set("XDG_CACHE_HOME", previousCache);
-  }
+  });
 });
 
 Deno.test("pruneBundles with no bundle or cache directory removes nothing", async () => {
   await using state = await tempDir("sandbox-bundle-prune-");
-  const previous = Deno.env.get("XDG_STATE_HOME");
-  const previousCache = Deno.env.get("XDG_CACHE_HOME");
-  Deno.env.set("XDG_STATE_HOME", state.path);
-  Deno.env.set("XDG_CACHE_HOME", `${state.path}/cache`);
-  try {
+  await withEnv({ XDG_STATE_HOME: state.path, XDG_CACHE_HOME: `${state.path}/cache` }, async () => {
     assert.deepEqual(await pruneBundles(), { removed: [] });
-  } finally {
-    if (previous === undefined) Deno.env.delete("XDG_STATE_HOME");
-    else Deno.env.set("XDG_STATE_HOME", previous);
-    if (previousCache === undefined) Deno.env.delete("XDG_CACHE_HOME");
-    else Deno.env.set("XDG_CACHE_HOME", previousCache);
-  }
+  });
 });
