@@ -18,7 +18,7 @@
  *   `exitCode` `EXIT.storeFailed`.
  */
 import type { DatabaseSync } from "node:sqlite";
-import { userStateDir } from "../config.ts";
+import { pathExists, userStateDir } from "../paths.ts";
 import type { AgenticMessage, DriverUsage } from "./protocol.ts";
 import { processStartTicks } from "../process.ts";
 import { isRunProcessAlive } from "./liveness.ts";
@@ -435,7 +435,7 @@ export interface ListRunsOptions extends IndexQuery {
  */
 export async function listRuns(options: ListRunsOptions = {}): Promise<RunMeta[]> {
   const ids = await runDirectoryNames();
-  if (ids.length === 0 && !await exists(storePath())) return [];
+  if (ids.length === 0 && !await pathExists(storePath())) return [];
   let opened;
   try {
     opened = await openOrReplaceIndex();
@@ -507,15 +507,6 @@ async function runDirectoryNames(): Promise<string[]> {
     // No runs directory: no run was ever recorded here.
   }
   return ids;
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await Deno.lstat(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /**
