@@ -4,7 +4,8 @@
  *   live sandbox (warm), a new sandbox to its first command done (cold), and the sandbox's part
  *   of `sandbox exec -- true` (target, issue 27: ≤ 1.5× the bare bwrap);
  * - Anthropic's sandbox-runtime (`srt`, from npm into a directory of the bench's: bench/_srt.ts)
- *   for `sandbox exec -- true` whole, the CLI's start included (target: ≤ 0.5× `srt true`), a
+ *   for `sandbox exec -- true` whole, the CLI's start included, each start beside an `srt true`
+ *   (alternated, so that a machine whose speed drifts moves both; target: ≤ 0.5× `srt true`), a
  *   200 MB download from a server on loopback through each one's egress proxy (target: ≥ 2× srt's)
  *   and the memory of an idle sandbox (each launcher's process tree, Pss);
  * - a replayed run (examples/hello) from process start to its first event and to its exit.
@@ -165,24 +166,34 @@ interface SrtFigures {
   idleMb: number;
 }
 
-/** srt's figures, or why there are none. */
-async function measureSrt(
-  context: BenchContext,
-  dir: string,
-  port: number,
-): Promise<SrtFigures | string> {
+/** srt installed, its `srt true` tried once; or why srt cannot be measured. */
+interface SrtReady {
+  srt: string;
+  /** Its settings allowing no network. */
+  none: string;
+  /** One `srt true` (checked by the first). */
+  start: () => Promise<unknown>;
+}
+
+async function srtTrue(context: BenchContext, dir: string): Promise<SrtReady | string> {
   const installed = await installSrt(context.progress);
   if ("missing" in installed) return installed.missing;
   const { srt } = installed;
   const none = await srtSettings(dir, []);
-  const upstream = await srtSettings(dir, [`localhost:${port}`]);
-  const options = { cwd: `${dir}/work` };
-  const probe = await run([srt, "--settings", none, "--", "true"], options);
+  const argv = [srt, "--settings", none, "--", "true"];
+  const probe = await run(argv, { cwd: `${dir}/work` });
   if (probe.exitCode !== 0) return `srt true failed (${probe.exitCode}): ${probe.stderr.trim()}`;
-  context.progress(`srt true ×${STARTS}`);
-  const trueMs = median(
-    await samples(STARTS, () => run([srt, "--settings", none, "--", "true"], options)),
-  );
+  return { srt, none, start: () => run(argv, { cwd: `${dir}/work` }) };
+}
+
+/** srt's figures beside its `srt true` (measured beside `sandbox exec`). */
+async function measureSrt(
+  context: BenchContext,
+  dir: string,
+  port: number,
+  { srt, none, trueMs }: SrtReady & { trueMs: number },
+): Promise<SrtFigures> {
+  const upstream = await srtSettings(dir, [`localhost:${port}`]);
   context.progress("srt: 200 MB from loopback through its proxy");
   // srt's NO_PROXY names localhost: emptied, so that curl goes through srt's proxy as it must.
   const downloadMbps_ = await downloadMbps([
@@ -207,6 +218,7 @@ async function compareWithSrt(
   dir: string,
   port: number,
   exec: { wholeMs: number },
+  srtReady: (SrtReady & { trueMs: number }) | string,
 ): Promise<{ figures: Figure[]; notes: string[] }> {
   const env = { XDG_STATE_HOME: `${dir}/state` };
   context.progress("mode local: 200 MB from loopback through the egress proxy");
@@ -220,7 +232,9 @@ async function compareWithSrt(
     cliArgv(dir, ["exec", "-p", "bench-local", "--", "sleep", "600"]),
     env,
   );
-  const srt = await measureSrt(context, dir, port);
+  const srt = typeof srtReady === "string"
+    ? srtReady
+    : await measureSrt(context, dir, port, srtReady);
   const notes = [
     `200 MB direct on the host (no sandbox, no proxy): ${Math.round(direct)} MB/s`,
     `mode local alone: 200 MB at ${Math.round(ours)} MB/s; an idle sandbox ${Math.round(idle)} MB`,
@@ -249,7 +263,10 @@ async function compareWithSrt(
         better: "lower",
       },
     ],
-    notes: [...notes, `srt ${SRT_VERSION} (npm), settings: no network / localhost:PORT only`],
+    notes: [
+      ...notes,
+      `srt ${SRT_VERSION} (npm), settings: no network / localhost:PORT only; each \`srt true\` right after a \`sandbox exec -- true\``,
+    ],
   };
 }
 
@@ -326,10 +343,20 @@ async function measure(context: BenchContext): Promise<BenchResult> {
     await Deno.writeTextFile(`${dir}/sandbox.yaml`, yaml);
     await Deno.mkdir(`${dir}/work`);
     const { warm, cold, bwrapAlone } = await inProcess(context, yaml);
-    context.progress(`sandbox exec -- true ×${STARTS} (+1 to bundle the relay)`);
+    const srt = await srtTrue(context, dir);
+    context.progress(
+      `sandbox exec -- true ×${STARTS} (+1 to bundle the relay)${
+        typeof srt === "string" ? "" : ", each beside an srt true"
+      }`,
+    );
     await execTrue(dir);
+    // Alternated with srt's starts: a machine whose speed drifts during the bench moves both.
     const execs: ExecTimes[] = [];
-    for (let i = 0; i < STARTS; i++) execs.push(await execTrue(dir));
+    const srtStarts: number[] = [];
+    for (let i = 0; i < STARTS; i++) {
+      execs.push(await execTrue(dir));
+      if (typeof srt !== "string") srtStarts.push(await timed(srt.start));
+    }
     const exec = {
       wholeMs: median(execs.map((e) => e.wholeMs)),
       sandboxMs: median(execs.map((e) => e.sandboxMs)),
@@ -354,7 +381,13 @@ async function measure(context: BenchContext): Promise<BenchResult> {
         met: measured <= target * baseline,
       },
     });
-    const srt = await compareWithSrt(context, dir, port, exec);
+    const vsSrt = await compareWithSrt(
+      context,
+      dir,
+      port,
+      exec,
+      typeof srt === "string" ? srt : { ...srt, trueMs: median(srtStarts) },
+    );
     return {
       figures: [
         row("warm: `true` in a live sandbox", warm, 1.5),
@@ -364,7 +397,7 @@ async function measure(context: BenchContext): Promise<BenchResult> {
         row("`sandbox exec -- true`: the CLI's own start and exit", exec.wholeMs - exec.sandboxMs),
         row("replayed run: process start → first event", firstEvent),
         row("replayed run: process start → exit", exit),
-        ...srt.figures,
+        ...vsSrt.figures,
       ],
       notes: [
         `medians: ${SAMPLES} commands, ${STARTS} execs and srt starts, ${RUNS} sandboxes and runs; ` +
@@ -379,7 +412,7 @@ async function measure(context: BenchContext): Promise<BenchResult> {
         `the sandbox's part of \`sandbox exec -- true\`, step by step (medians): ${
           steps.join(", ")
         }`,
-        ...srt.notes,
+        ...vsSrt.notes,
       ],
     };
   } finally {
