@@ -43,9 +43,13 @@ Deno.test("a running run whose pid now belongs to a process started later reads 
 
 Deno.test("a running run whose process has ended but is not yet reaped (a zombie) reads as crashed", async () => {
   await using dir = await tempDir("sandbox-liveness-");
-  // `sleep 0` ends at once; its parent, `sh` replaced by `sleep 30`, never reaps it.
+  // The child ends only once its parent, `sh`, has become `sleep 30`, which never reaps it. (A
+  // child that ended at once could be reaped by `sh` before its exec: then there was no zombie.)
   const parent = new Deno.Command("sh", {
-    args: ["-c", "sleep 0 & echo $!; exec sleep 30"],
+    args: [
+      "-c",
+      "sh -c 'until [ \"$(cat /proc/$PPID/comm)\" = sleep ]; do :; done' & echo $!; exec sleep 30",
+    ],
     stdout: "piped",
   }).spawn();
   try {
