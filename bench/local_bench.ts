@@ -345,7 +345,7 @@ async function measure(context: BenchContext): Promise<BenchResult> {
     const { warm, cold, bwrapAlone } = await inProcess(context, yaml);
     const srt = await srtTrue(context, dir);
     context.progress(
-      `sandbox exec -- true ×${STARTS} (+1 to bundle the relay)${
+      `sandbox exec -- true ×${STARTS} (+1 not counted)${
         typeof srt === "string" ? "" : ", each beside an srt true"
       }`,
     );

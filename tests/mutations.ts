@@ -398,6 +398,15 @@ const LOCAL_MUTATIONS: Mutation[] = [
     tests: ["tests/e2e/local_agent_cli_test.ts"],
     filter: "Claude Code",
   },
+  {
+    name:
+      "mode local: the relay outlives its session (the end of its stdin ignored), still carrying what it carried",
+    file: "lib/sandbox/local/relay.ts",
+    find: "if (vec($r, 0, 1)) { exit 0 unless sysread(STDIN, my $ignored, 65536) }",
+    replace: "if (vec($r, 0, 1)) { sysread(STDIN, my $ignored, 65536) }",
+    tests: ["tests/unit/relay_host_test.ts"],
+    filter: "Perl relay: on the socket path, closing the relay's stdin",
+  },
 ];
 
 export const MUTATIONS: Mutation[] = [

@@ -18,11 +18,7 @@ import {
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
 import { denoCacheDir, warmDenoCache } from "../../lib/sandbox/local/deno_cache.ts";
 import { localSandboxesDir } from "../../lib/sandbox/local/local_sandbox.ts";
-import {
-  denoBinaryPath,
-  relayBundlePath,
-  workerBundlePath,
-} from "../../lib/sandbox/worker_bundle.ts";
+import { denoBinaryPath, workerBundlePath } from "../../lib/sandbox/worker_bundle.ts";
 import { assertLocal, localTest } from "../_local.ts";
 
 Deno.test({
@@ -147,11 +143,10 @@ Deno.test({
     await withEnv({ XDG_CACHE_HOME: `${dir.path}/cache` }, async () => {
       const name = uniqueProfile("e2e-local-warm");
       const profile = profileFrom(`profiles:\n  ${name}:\n    sandbox: {mode: local}\n`, name);
-      const relay = await relayBundlePath();
       const broken = `${dir.path}/worker.js`;
       await Deno.writeTextFile(broken, "throw new Error('not a worker');\n");
       const said: string[] = [];
-      const programs = { deno: denoBinaryPath(), worker: broken, relay };
+      const programs = { deno: denoBinaryPath(), worker: broken };
       assert.equal(await warmDenoCache(profile, programs, (line) => said.push(line)), undefined);
       assert.match(
         said.join("\n"),

@@ -11,6 +11,7 @@ import {
   startRelay,
 } from "../../lib/proxy/relay_host.ts";
 import { SandboxError } from "../../lib/errors.ts";
+import { localRelayArgv } from "../../lib/sandbox/local/relay.ts";
 import { tempDir } from "../_helpers.ts";
 
 const RELAY_MAIN = new URL("../../relay/main.ts", import.meta.url).pathname;
@@ -21,9 +22,35 @@ const encoder = new TextEncoder();
  * the permissions the docker launcher gives it (`relayPermissions`).
  */
 function localRelay(launched: Deno.ChildProcess[] = []): RelayLauncher {
+  return launcher(
+    (
+      args,
+    ) => [
+      Deno.execPath(),
+      "run",
+      "--quiet",
+      "--no-config",
+      ...relayPermissions(args),
+      RELAY_MAIN,
+      ...args,
+    ],
+    launched,
+  );
+}
+
+/** Mode local's relay (lib/sandbox/local/relay.ts) as a local process: the socket path only. */
+function perlRelay(launched: Deno.ChildProcess[] = []): RelayLauncher {
+  return launcher(localRelayArgv, launched);
+}
+
+function launcher(
+  argvOf: (args: string[]) => string[],
+  launched: Deno.ChildProcess[],
+): RelayLauncher {
   return (args) => {
-    const child = new Deno.Command(Deno.execPath(), {
-      args: ["run", "--quiet", "--no-config", ...relayPermissions(args), RELAY_MAIN, ...args],
+    const [program, ...rest] = argvOf(args);
+    const child = new Deno.Command(program, {
+      args: rest,
       stdin: "piped",
       stdout: "piped",
       stderr: "piped",
@@ -32,6 +59,12 @@ function localRelay(launched: Deno.ChildProcess[] = []): RelayLauncher {
     return processOf(child);
   };
 }
+
+/** The relays that carry connections to the mounted sockets: the tests of that path run on each. */
+const SOCKET_RELAYS = [["relay/main.ts", localRelay], [
+  "mode local's Perl relay",
+  perlRelay,
+]] as const;
 
 function processOf(child: Deno.ChildProcess): RelayProcess {
   const writer = child.stdin.getWriter();
@@ -331,42 +364,44 @@ Deno.test("close() ends the relay process and frees its ports", async () => {
   assert.equal(launched.length, 1, "a closed relay must not be restarted");
 });
 
-Deno.test("with the sockets reachable where the sandbox sees them, the relay connects to them itself and says so; each port reaches only its own service", async () => {
-  // Two directories: where the host end would carry streams (answers "stream …"), and the one
-  // mounted into the sandbox (answers "socket …"): which one answers shows the path taken.
-  await using host = await tempDir();
-  await using mounted = await tempDir();
-  const servers = [];
-  for (const [dir, word] of [[host.path, "stream"], [mounted.path, "socket"]]) {
-    for (const service of ["llm", "egress"]) {
-      servers.push(
-        unixServer(
-          `${dir}/${service}.sock`,
-          (req) => new Response(`${word} ${service} ${new URL(req.url).pathname}`),
-        ),
-      );
+for (const [relayName, relayOf] of SOCKET_RELAYS) {
+  Deno.test(`${relayName}: with the sockets reachable where the sandbox sees them, the relay connects to them itself and says so; each port reaches only its own service`, async () => {
+    // Two directories: where the host end would carry streams (answers "stream …"), and the one
+    // mounted into the sandbox (answers "socket …"): which one answers shows the path taken.
+    await using host = await tempDir();
+    await using mounted = await tempDir();
+    const servers = [];
+    for (const [dir, word] of [[host.path, "stream"], [mounted.path, "socket"]]) {
+      for (const service of ["llm", "egress"]) {
+        servers.push(
+          unixServer(
+            `${dir}/${service}.sock`,
+            (req) => new Response(`${word} ${service} ${new URL(req.url).pathname}`),
+          ),
+        );
+      }
     }
-  }
-  try {
-    await using relay = await startRelay({
-      sockets: { llm: `${host.path}/llm.sock`, egress: `${host.path}/egress.sock` },
-      sandboxSocketDir: mounted.path,
-      launch: localRelay(),
-      basePort: freeBase(),
-    });
-    assert.equal(relay.transport, "socket");
-    assert.equal(
-      await (await fetch(`http://127.0.0.1:${relay.ports.llm}/proxy/v1/models`)).text(),
-      "socket llm /proxy/v1/models",
-    );
-    assert.equal(
-      await (await fetch(`http://127.0.0.1:${relay.ports.egress}/x`)).text(),
-      "socket egress /x",
-    );
-  } finally {
-    for (const server of servers) await server.shutdown();
-  }
-});
+    try {
+      await using relay = await startRelay({
+        sockets: { llm: `${host.path}/llm.sock`, egress: `${host.path}/egress.sock` },
+        sandboxSocketDir: mounted.path,
+        launch: relayOf(),
+        basePort: freeBase(),
+      });
+      assert.equal(relay.transport, "socket");
+      assert.equal(
+        await (await fetch(`http://127.0.0.1:${relay.ports.llm}/proxy/v1/models`)).text(),
+        "socket llm /proxy/v1/models",
+      );
+      assert.equal(
+        await (await fetch(`http://127.0.0.1:${relay.ports.egress}/x`)).text(),
+        "socket egress /x",
+      );
+    } finally {
+      for (const server of servers) await server.shutdown();
+    }
+  });
+}
 
 Deno.test("when any service's socket does not answer where the sandbox would see it, the relay carries everything over the stream", async (t) => {
   await using host = await tempDir();
@@ -402,62 +437,64 @@ Deno.test("when any service's socket does not answer where the sandbox would see
   }
 });
 
-Deno.test("on the socket path, bytes arrive intact and in order both ways, and a half-close is passed on while the answer still comes back", async () => {
-  await using dir = await tempDir();
-  const size = 48 * 1024 * 1024;
-  const body = pattern(size);
-  // A raw server: it answers what it received only once it has read to the end, which it sees
-  // only if the relay passes the client's half-close on.
-  const listener = Deno.listen({ transport: "unix", path: `${dir.path}/llm.sock` });
-  const serving = (async () => {
-    for await (const conn of listener) {
-      (async () => {
-        const first = new Uint8Array(1);
-        if (await conn.read(first) === null) return conn.close();
-        if (first[0] === "D".charCodeAt(0)) {
-          await writeAll(conn, body);
-        } else {
-          let got = 1, sum = checksum(0, first);
-          const buffer = new Uint8Array(256 * 1024);
-          for (let n = await conn.read(buffer); n !== null; n = await conn.read(buffer)) {
-            got += n;
-            sum = checksum(sum, buffer.subarray(0, n));
+for (const [relayName, relayOf] of SOCKET_RELAYS) {
+  Deno.test(`${relayName}: on the socket path, bytes arrive intact and in order both ways, and a half-close is passed on while the answer still comes back`, async () => {
+    await using dir = await tempDir();
+    const size = 48 * 1024 * 1024;
+    const body = pattern(size);
+    // A raw server: it answers what it received only once it has read to the end, which it sees
+    // only if the relay passes the client's half-close on.
+    const listener = Deno.listen({ transport: "unix", path: `${dir.path}/llm.sock` });
+    const serving = (async () => {
+      for await (const conn of listener) {
+        (async () => {
+          const first = new Uint8Array(1);
+          if (await conn.read(first) === null) return conn.close();
+          if (first[0] === "D".charCodeAt(0)) {
+            await writeAll(conn, body);
+          } else {
+            let got = 1, sum = checksum(0, first);
+            const buffer = new Uint8Array(256 * 1024);
+            for (let n = await conn.read(buffer); n !== null; n = await conn.read(buffer)) {
+              got += n;
+              sum = checksum(sum, buffer.subarray(0, n));
+            }
+            await writeAll(conn, encoder.encode(`got ${got} bytes, sum ${sum}`));
           }
-          await writeAll(conn, encoder.encode(`got ${got} bytes, sum ${sum}`));
-        }
-        conn.close();
-      })().catch(() => {});
+          conn.close();
+        })().catch(() => {});
+      }
+    })();
+    try {
+      await using relay = await startRelay({
+        sockets: { llm: `${dir.path}/llm.sock` },
+        sandboxSocketDir: dir.path,
+        launch: relayOf(),
+        basePort: freeBase(),
+      });
+      assert.equal(relay.transport, "socket");
+      const exchange = async (request: Uint8Array) => {
+        const conn = await Deno.connect({ hostname: "127.0.0.1", port: relay.ports.llm! });
+        const writing = writeAll(conn, request).then(() => conn.closeWrite());
+        const answer = new Uint8Array(
+          await within(new Response(conn.readable).arrayBuffer(), 20_000, "answer"),
+        );
+        await writing;
+        return answer;
+      };
+      const downloaded = await exchange(encoder.encode("D"));
+      assert.equal(downloaded.length, size);
+      assert.ok(downloaded.every((byte, i) => byte === body[i]), "the download arrived changed");
+      const upload = pattern(8 * 1024 * 1024, 3);
+      upload[0] = "U".charCodeAt(0);
+      const answer = new TextDecoder().decode(await exchange(upload));
+      assert.equal(answer, `got ${upload.length} bytes, sum ${checksum(0, upload)}`);
+    } finally {
+      listener.close();
+      await serving;
     }
-  })();
-  try {
-    await using relay = await startRelay({
-      sockets: { llm: `${dir.path}/llm.sock` },
-      sandboxSocketDir: dir.path,
-      launch: localRelay(),
-      basePort: freeBase(),
-    });
-    assert.equal(relay.transport, "socket");
-    const exchange = async (request: Uint8Array) => {
-      const conn = await Deno.connect({ hostname: "127.0.0.1", port: relay.ports.llm! });
-      const writing = writeAll(conn, request).then(() => conn.closeWrite());
-      const answer = new Uint8Array(
-        await within(new Response(conn.readable).arrayBuffer(), 20_000, "answer"),
-      );
-      await writing;
-      return answer;
-    };
-    const downloaded = await exchange(encoder.encode("D"));
-    assert.equal(downloaded.length, size);
-    assert.ok(downloaded.every((byte, i) => byte === body[i]), "the download arrived changed");
-    const upload = pattern(8 * 1024 * 1024, 3);
-    upload[0] = "U".charCodeAt(0);
-    const answer = new TextDecoder().decode(await exchange(upload));
-    assert.equal(answer, `got ${upload.length} bytes, sum ${checksum(0, upload)}`);
-  } finally {
-    listener.close();
-    await serving;
-  }
-});
+  });
+}
 
 function pattern(size: number, seed = 7): Uint8Array {
   const bytes = new Uint8Array(size);
@@ -475,65 +512,170 @@ async function writeAll(conn: Deno.Conn, bytes: Uint8Array): Promise<void> {
   while (rest.length > 0) rest = rest.subarray(await conn.write(rest));
 }
 
-Deno.test("on the socket path, killing the relay mid-request fails the request at once, and a new relay serves the next one within a second, on the sockets again", async () => {
-  await using dir = await tempDir();
-  const arrived = Promise.withResolvers<void>();
-  const neverAnswered = Promise.withResolvers<Response>();
-  await using _server = unixServer(`${dir.path}/llm.sock`, (req) => {
-    if (new URL(req.url).pathname === "/slow") {
+for (const [relayName, relayOf] of SOCKET_RELAYS) {
+  Deno.test(`${relayName}: on the socket path, killing the relay mid-request fails the request at once, and a new relay serves the next one within a second, on the sockets again`, async () => {
+    await using dir = await tempDir();
+    const arrived = Promise.withResolvers<void>();
+    const neverAnswered = Promise.withResolvers<Response>();
+    await using _server = unixServer(`${dir.path}/llm.sock`, (req) => {
+      if (new URL(req.url).pathname === "/slow") {
+        arrived.resolve();
+        return neverAnswered.promise;
+      }
+      return new Response("fresh");
+    });
+    // Answered at the end, whatever failed: the server's shutdown waits for every request.
+    using _answered = { [Symbol.dispose]: () => neverAnswered.resolve(new Response("too late")) };
+    const launched: Deno.ChildProcess[] = [];
+    await using relay = await startRelay({
+      sockets: { llm: `${dir.path}/llm.sock` },
+      sandboxSocketDir: dir.path,
+      launch: relayOf(launched),
+      basePort: freeBase(),
+    });
+    assert.equal(relay.transport, "socket");
+    const port = relay.ports.llm!;
+    const inFlight = fetch(`http://127.0.0.1:${port}/slow`).then((r) => r.text());
+    await within(arrived.promise, 5_000, "the slow request reaching the server");
+    const restarted = relay.nextReady();
+    const killedAt = performance.now();
+    launched[0].kill("SIGKILL");
+    await assert.rejects(() => within(inFlight, 2_000, "the in-flight request failing"), TypeError);
+    await within(restarted, 1_000, "a new relay");
+    assert.equal(await (await fetch(`http://127.0.0.1:${port}/fresh`)).text(), "fresh");
+    assert.ok(
+      performance.now() - killedAt < 1_500,
+      "the next request took more than a second after the kill",
+    );
+    assert.equal(relay.transport, "socket");
+    assert.equal(relay.starts, 2);
+  });
+}
+
+for (const [relayName, relayOf] of SOCKET_RELAYS) {
+  Deno.test(`${relayName}: on the socket path, closing the relay's stdin (the session closing) ends the relay and every connection it carried`, async () => {
+    await using dir = await tempDir();
+    const arrived = Promise.withResolvers<void>();
+    const neverAnswered = Promise.withResolvers<Response>();
+    await using _server = unixServer(`${dir.path}/llm.sock`, () => {
       arrived.resolve();
       return neverAnswered.promise;
-    }
-    return new Response("fresh");
+    });
+    // Answered at the end, whatever failed: the server's shutdown waits for every request.
+    using _answered = { [Symbol.dispose]: () => neverAnswered.resolve(new Response("too late")) };
+    const launched: Deno.ChildProcess[] = [];
+    const relay = await startRelay({
+      sockets: { llm: `${dir.path}/llm.sock` },
+      sandboxSocketDir: dir.path,
+      launch: relayOf(launched),
+      basePort: freeBase(),
+    });
+    assert.equal(relay.transport, "socket");
+    const inFlight = fetch(`http://127.0.0.1:${relay.ports.llm}/slow`).then((r) => r.text());
+    // Its failure is awaited below, after close(): seen now so that it is never unhandled.
+    const failed = inFlight.then(() => undefined, (error) => error);
+    await within(arrived.promise, 5_000, "the request reaching the server");
+    await within(relay.close(), 5_000, "close");
+    assert.equal((await within(launched[0].status, 2_000, "relay exit")).code, 0);
+    assert.ok((await within(failed, 2_000, "the in-flight request failing")) instanceof TypeError);
   });
-  const launched: Deno.ChildProcess[] = [];
-  await using relay = await startRelay({
-    sockets: { llm: `${dir.path}/llm.sock` },
-    sandboxSocketDir: dir.path,
-    launch: localRelay(launched),
-    basePort: freeBase(),
-  });
-  assert.equal(relay.transport, "socket");
-  const port = relay.ports.llm!;
-  const inFlight = fetch(`http://127.0.0.1:${port}/slow`).then((r) => r.text());
-  await within(arrived.promise, 5_000, "the slow request reaching the server");
-  const restarted = relay.nextReady();
-  const killedAt = performance.now();
-  launched[0].kill("SIGKILL");
-  await assert.rejects(() => within(inFlight, 2_000, "the in-flight request failing"), TypeError);
-  await within(restarted, 1_000, "a new relay");
-  assert.equal(await (await fetch(`http://127.0.0.1:${port}/fresh`)).text(), "fresh");
-  assert.ok(
-    performance.now() - killedAt < 1_500,
-    "the next request took more than a second after the kill",
-  );
-  assert.equal(relay.transport, "socket");
-  assert.equal(relay.starts, 2);
-  neverAnswered.resolve(new Response("too late"));
-});
+}
 
-Deno.test("on the socket path, closing the relay's stdin (the session closing) ends the relay and every connection it carried", async () => {
+for (const [relayName, relayOf] of SOCKET_RELAYS) {
+  Deno.test(`${relayName}: on the socket path, a stalled download stalls no other connection, and a base port in use moves the relay to the next range`, async () => {
+    await using dir = await tempDir();
+    const chunk = new Uint8Array(64 * 1024).fill(120);
+    await using _server = unixServer(`${dir.path}/llm.sock`, async (req) => {
+      if (new URL(req.url).pathname === "/endless") {
+        // Writes for as long as anyone reads: the client below never does.
+        return new Response(
+          new ReadableStream({ pull: (controller) => controller.enqueue(chunk) }),
+        );
+      }
+      return new Response(`got ${(await req.text()).length} bytes`);
+    });
+    const base = freeBase();
+    using _taken = Deno.listen({ hostname: "127.0.0.1", port: base });
+    await using relay = await startRelay({
+      sockets: { llm: `${dir.path}/llm.sock` },
+      sandboxSocketDir: dir.path,
+      launch: relayOf(),
+      basePort: base,
+    });
+    assert.equal(relay.transport, "socket");
+    assert.equal(relay.ports.llm, base + 100);
+    const port = relay.ports.llm!;
+    const stalled = await Deno.connect({ hostname: "127.0.0.1", port });
+    await stalled.write(encoder.encode("GET /endless HTTP/1.1\r\nHost: x\r\n\r\n"));
+    assert.ok(
+      await within(stalled.read(new Uint8Array(1024)), 5_000, "first bytes of the download"),
+    );
+    // Long enough for the download to fill every buffer on its way.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const answers = await Promise.all(
+      Array.from({ length: 20 }, async (_, i) => {
+        const answer = await fetch(`http://127.0.0.1:${port}/small`, {
+          method: "POST",
+          body: "x".repeat(i * 1000),
+        });
+        return await within(answer.text(), 5_000, `request ${i} beside the stalled download`);
+      }),
+    );
+    assert.deepEqual(answers, Array.from({ length: 20 }, (_, i) => `got ${i * 1000} bytes`));
+    stalled.close();
+  });
+}
+
+Deno.test("mode local's Perl relay: its program compiles under strict and warnings, and it refuses what it cannot carry", async (t) => {
+  await t.step("perl -Mstrict -Mwarnings -c: no error, no warning", async () => {
+    const [perl, , program] = localRelayArgv([]);
+    const checked = await new Deno.Command(perl, {
+      args: ["-Mstrict", "-Mwarnings", "-c", "-e", program],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    assert.equal(new TextDecoder().decode(checked.stderr), "-e syntax OK\n");
+    assert.equal(checked.code, 0);
+  });
   await using dir = await tempDir();
-  const arrived = Promise.withResolvers<void>();
-  const neverAnswered = Promise.withResolvers<Response>();
-  await using _server = unixServer(`${dir.path}/llm.sock`, () => {
-    arrived.resolve();
-    return neverAnswered.promise;
-  });
-  const launched: Deno.ChildProcess[] = [];
-  const relay = await startRelay({
-    sockets: { llm: `${dir.path}/llm.sock` },
-    sandboxSocketDir: dir.path,
-    launch: localRelay(launched),
-    basePort: freeBase(),
-  });
-  assert.equal(relay.transport, "socket");
-  const inFlight = fetch(`http://127.0.0.1:${relay.ports.llm}/slow`).then((r) => r.text());
-  // Its failure is awaited below, after close(): seen now so that it is never unhandled.
-  const failed = inFlight.then(() => undefined, (error) => error);
-  await within(arrived.promise, 5_000, "the request reaching the server");
-  await within(relay.close(), 5_000, "close");
-  assert.equal((await within(launched[0].status, 2_000, "relay exit")).code, 0);
-  assert.ok((await within(failed, 2_000, "the in-flight request failing")) instanceof TypeError);
-  neverAnswered.resolve(new Response("too late"));
+  const cases: [string, string[], number, RegExp][] = [
+    [
+      "no --sockets (it has no stream path)",
+      ["llm=19080"],
+      2,
+      /--sockets DIR and a SERVICE=PORT are needed/,
+    ],
+    [
+      "an unknown argument",
+      ["--sockets", dir.path, "--spare", "llm=19080"],
+      2,
+      /unexpected argument "--spare"/,
+    ],
+    [
+      "a socket directory it would not name",
+      ["--sockets", "../x", "llm=19080"],
+      2,
+      /invalid socket directory/,
+    ],
+    [
+      "a proxy socket that does not answer",
+      ["--sockets", dir.path, "llm=19080"],
+      1,
+      /llm\.sock does not answer/,
+    ],
+  ];
+  for (const [name, args, code, said] of cases) {
+    await t.step(name, async () => {
+      const [perl, ...rest] = localRelayArgv(args);
+      const ended = await new Deno.Command(perl, {
+        args: rest,
+        stdin: "null",
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      assert.equal(ended.code, code);
+      assert.equal(ended.stdout.length, 0, "it said READY");
+      assert.match(new TextDecoder().decode(ended.stderr), said);
+    });
+  }
 });

@@ -11,7 +11,9 @@
  * Nothing of this user's home is bound, only the paths below.
  */
 import { SandboxError } from "../../errors.ts";
+import { pathExists } from "../../paths.ts";
 import { run } from "../../process.ts";
+import { PERL } from "./relay.ts";
 
 /** The sandbox user inside (the container's sandbox uid, for the same file ownership). */
 export const LOCAL_UID = 10001;
@@ -22,10 +24,9 @@ export const LOCAL_PATHS = {
   tmp: "/tmp",
   proxy: "/run/sandbox-proxy",
   cache: "/cache",
-  /** Host programs bound in read-only: deno, the worker and relay bundles. */
+  /** Host programs bound in read-only: deno and the worker's bundle. */
   deno: "/opt/sandbox/bin/deno",
   worker: "/opt/sandbox/worker.js",
-  relay: "/opt/sandbox/relay.js",
 } as const;
 /** The file descriptor on which bwrap reads the seccomp program (a single digit: dash redirects no other). */
 export const SECCOMP_FD = 9;
@@ -77,7 +78,6 @@ export interface SandboxDirs {
 export interface HostPrograms {
   deno: string;
   worker?: string;
-  relay?: string;
   /** The repository's object cache, read-only at /cache. */
   cache?: string;
   /**
@@ -126,8 +126,8 @@ async function which(program: string): Promise<string | undefined> {
 }
 
 async function findTools(): Promise<LocalTools> {
-  const [bwrap, nsenter, unshare, bash] = await Promise.all(
-    [which("bwrap"), which("nsenter"), which("unshare"), which("bash")],
+  const [bwrap, nsenter, unshare, bash, perl] = await Promise.all(
+    [which("bwrap"), which("nsenter"), which("unshare"), which("bash"), pathExists(PERL)],
   );
   if (!bwrap) {
     throw new SandboxError(
@@ -145,6 +145,13 @@ async function findTools(): Promise<LocalTools> {
       "unsupported",
       'Sandbox mode "local" needs "nsenter" and "unshare" (util-linux) and "bash"',
       { detail: `Install ${!bash ? "bash" : "util-linux"}` },
+    );
+  }
+  if (!perl) {
+    throw new SandboxError(
+      "unsupported",
+      `Sandbox mode "local" needs Perl at ${PERL}: its relay and its Landlock step are Perl programs`,
+      { detail: "Install it (Debian/Ubuntu: perl-base; Fedora: perl-interpreter)" },
     );
   }
   return { bwrap, nsenter, unshare };
@@ -297,7 +304,6 @@ export function execArgv(
     ...bind(programs.cache, LOCAL_PATHS.cache),
     ...bind(programs.deno, LOCAL_PATHS.deno),
     ...bind(programs.worker, LOCAL_PATHS.worker),
-    ...bind(programs.relay, LOCAL_PATHS.relay),
     ...(programs.agent ? bind(programs.agent.dir, programs.agent.at) : []),
     ...SECCOMP_ARGS,
     "--remount-ro",

@@ -1,10 +1,10 @@
 /**
- * Deno's caches for the worker and relay of mode local, warm — what the image build does for a
+ * Deno's caches for the worker of mode local, warm — what the image build does for a
  * container (Dockerfile): without them every run's worker compiled its 7 MB bundle again (~0.5 s
  * of CPU before its first event).
  *
  * Once per worker build and Deno version, a sandbox of its own runs only our code (the worker's
- * `--help`, the relay's `--check`) with `DENO_DIR=/tmp/deno-dir`, at the paths a run's sandbox
+ * `--help`) with `DENO_DIR=/tmp/deno-dir`, at the paths a run's sandbox
  * uses (the code cache is keyed by them). Its cache databases are compacted and kept, read-only,
  * in `<cache>/local-deno/ID-VERSION/` (`~/.cache/sandbox`: made again when missing). Each run's
  * sandbox gets a copy in its own fresh `/tmp` before its first command (local_sandbox.ts
@@ -15,7 +15,6 @@
 import type { Profile } from "../../config.ts";
 import { SandboxError } from "../../errors.ts";
 import { pathExists } from "../../paths.ts";
-import { relayArgv } from "../../proxy/relay_host.ts";
 import { denoCachesDir, workerIdentity } from "../worker_bundle.ts";
 import type { HostPrograms } from "./bwrap.ts";
 import { createLocalSandbox } from "./local_sandbox.ts";
@@ -35,12 +34,12 @@ let warming: Promise<string | undefined> | undefined;
 
 /**
  * The warmed cache's directory, made first if missing (a second, with a progress line); undefined
- * when it cannot be made (the run then starts cold, and says so). `programs` must be the worker and
- * relay bundles this CLI binds into a run's sandbox.
+ * when it cannot be made (the run then starts cold, and says so). `programs` must be the deno and
+ * the worker bundle this CLI binds into a run's sandbox.
  */
 export function warmDenoCache(
   profile: Profile,
-  programs: Required<Pick<HostPrograms, "deno" | "worker" | "relay">>,
+  programs: Required<Pick<HostPrograms, "deno" | "worker">>,
   onProgress?: (line: string) => void,
 ): Promise<string | undefined> {
   warming ??= (async () => {
@@ -67,7 +66,7 @@ export function warmDenoCache(
 /** Warm the cache in a sandbox of its own, then move its compacted databases to `dir`. */
 async function makeCache(
   profile: Profile,
-  programs: Required<Pick<HostPrograms, "deno" | "worker" | "relay">>,
+  programs: Required<Pick<HostPrograms, "deno" | "worker">>,
   dir: string,
 ): Promise<void> {
   const sandbox = await createLocalSandbox(
@@ -82,14 +81,13 @@ async function makeCache(
     // Loaded only to warm (once per build): `sandbox exec` loads this module, and not the driver's.
     const { WORKER_COMMAND } = await import("../../run/container_driver.ts");
     const env = { DENO_DIR: SANDBOX_DENO_DIR };
-    for (const argv of [[...WORKER_COMMAND, "--help"], relayArgv(["--check"])]) {
-      const result = await sandbox.exec(argv, { env, timeoutMs: 120_000 });
-      if (result.exitCode !== 0) {
-        throw new SandboxError(
-          "exec_failed",
-          `${argv.join(" ")} exited ${result.exitCode}: ${result.stderr.trim().slice(-300)}`,
-        );
-      }
+    const argv = [...WORKER_COMMAND, "--help"];
+    const result = await sandbox.exec(argv, { env, timeoutMs: 120_000 });
+    if (result.exitCode !== 0) {
+      throw new SandboxError(
+        "exec_failed",
+        `${argv.join(" ")} exited ${result.exitCode}: ${result.stderr.trim().slice(-300)}`,
+      );
     }
     // Only our code ran in that sandbox: its files are read from the host directly.
     const warmed = `${sandbox.dirs.tmp}${SANDBOX_DENO_DIR.slice("/tmp".length)}`;

@@ -8,7 +8,7 @@
  */
 import type { Profile } from "../../config.ts";
 import { userStateDir } from "../../paths.ts";
-import { denoBinaryPath, relayBundlePath } from "../worker_bundle.ts";
+import { denoBinaryPath } from "../worker_bundle.ts";
 import { LocalRunSandbox } from "./lifecycle.ts";
 import { createLocalSandbox } from "./local_sandbox.ts";
 
@@ -32,9 +32,6 @@ export async function openLocalDevSandbox(
 ): Promise<LocalRunSandbox> {
   const dir = localDevDir(profile.name);
   const kept = { workspace: `${dir}/workspace`, home: `${dir}/home` };
-  const relaying = relayBundlePath(options.onProgress);
-  // Awaited below; a failure here is the one reported.
-  relaying.catch(() => {});
   await Deno.mkdir(`${userStateDir()}/local-dev`, { recursive: true, mode: 0o700 });
   for (const path of [dir, kept.workspace, kept.home]) {
     await Deno.mkdir(path, { mode: 0o700 }).catch((error) => {
@@ -42,12 +39,11 @@ export async function openLocalDevSandbox(
       if (!(error instanceof Deno.errors.AlreadyExists)) throw error;
     });
   }
-  const relay = await relaying;
   const name = `local-dev-${profile.name.replace(/[^A-Za-z0-9_-]/g, "").slice(0, 20)}-${
     crypto.randomUUID().slice(0, 8)
   }`;
   const sandbox = await createLocalSandbox(profile, name, {
-    programs: { deno: denoBinaryPath(), relay },
+    programs: { deno: denoBinaryPath() },
     kept,
     signal: options.signal,
   });

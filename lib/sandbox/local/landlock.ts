@@ -13,6 +13,7 @@
  */
 import { run } from "../../process.ts";
 import { LOCAL_PATHS } from "./bwrap.ts";
+import { PERL } from "./relay.ts";
 
 /** Filesystem access rights (linux/landlock.h), each with the ABI version that added it. */
 const FS = {
@@ -116,7 +117,7 @@ export function landlockArgv(abi: number, argv: readonly string[]): string[] {
   const handled = handledRights(abi);
   const rules = LANDLOCK_RULES.flatMap(([path, rights]) => [String(rights & handled), path]);
   return [
-    "/usr/bin/perl",
+    PERL,
     "-e",
     PROGRAM,
     String(handled),
@@ -142,8 +143,8 @@ export function landlockSupport(): Promise<{ abi: number } | { absent: string }>
  */
 export async function landlockAbi(): Promise<{ abi: number } | { absent: string }> {
   if (!SYSCALLS[Deno.build.arch]) return { absent: `no syscall numbers for ${Deno.build.arch}` };
-  const exists = await Deno.stat("/usr/bin/perl").then((info) => info.isFile, () => false);
-  if (!exists) return { absent: "/usr/bin/perl not found (Debian: perl-base)" };
+  const exists = await Deno.stat(PERL).then((info) => info.isFile, () => false);
+  if (!exists) return { absent: `${PERL} not found (Debian: perl-base)` };
   const answer = askInProcess() ?? await askPerl();
   if (answer > 0) return { abi: answer };
   const reason = answer === -38
@@ -183,7 +184,7 @@ const LIBC = {
 /** The same question asked by a Perl program (a process start: ~20 ms). */
 async function askPerl(): Promise<number> {
   const probe = await run([
-    "/usr/bin/perl",
+    PERL,
     "-e",
     'my $v = syscall(444, 0, 0, 1); print $v < 0 ? "-" . ($! + 0) : $v',
   ], { clearEnv: true, timeoutMs: 30_000 });

@@ -9,7 +9,7 @@
 import type { Profile } from "../../config.ts";
 import { SandboxError } from "../../errors.ts";
 import { spawn } from "../../process.ts";
-import { relayArgv, type RelayProcess, spawnRelayProcess } from "../../proxy/relay_host.ts";
+import { type RelayProcess, spawnRelayProcess } from "../../proxy/relay_host.ts";
 import type { LocalRepo } from "../../repo/local.ts";
 import { startDiskWatch } from "../disk_watch.ts";
 import type {
@@ -20,7 +20,7 @@ import type {
   SandboxRequest,
   Terminal,
 } from "../provider.ts";
-import { denoBinaryPath, relayBundlePath, workerBundlePath } from "../worker_bundle.ts";
+import { denoBinaryPath, workerBundlePath } from "../worker_bundle.ts";
 import { ensureHostAgent } from "../../agents/host_agent.ts";
 import { agentDir } from "../../agents/packages.ts";
 import { LOCAL_PATHS } from "./bwrap.ts";
@@ -34,11 +34,12 @@ import {
 } from "./local_sandbox.ts";
 import { applyLimits } from "./limits.ts";
 import { warmDenoCache } from "./deno_cache.ts";
+import { localRelayArgv } from "./relay.ts";
 
 /** How often the checkout's size is measured. */
 const DISK_POLL_S = 1;
 
-/** The relay of a local sandbox: a command in it, its stdio the mux stream. */
+/** The relay of a local sandbox: a command in it (relay.ts), its stdio the relay's lifetime. */
 export class LocalRelayTransport implements SandboxRelayTransport {
   constructor(readonly sandbox: LocalSandbox) {}
 
@@ -48,7 +49,7 @@ export class LocalRelayTransport implements SandboxRelayTransport {
 
   launchRelay(relayArgs: readonly string[]): RelayProcess {
     // A command like any other: in the sandbox's one pid namespace, as the agent's uid (docs/local.md).
-    return spawnRelayProcess(relayArgv(relayArgs), {
+    return spawnRelayProcess(localRelayArgv(relayArgs), {
       spawn: (argv, options) => this.sandbox.spawnInside(argv, options),
     });
   }
@@ -142,9 +143,8 @@ export class LocalLifecycle implements SandboxLifecycle {
   async acquire(request: SandboxRequest): Promise<RunSandbox> {
     const cache = request.repo ? await localCacheDir(request.repo.key) : undefined;
     const { agent: cli, onProgress, signal } = request;
-    const [worker, relay, agent] = await Promise.all([
+    const [worker, agent] = await Promise.all([
       workerBundlePath(onProgress),
-      relayBundlePath(onProgress),
       cli ? ensureHostAgent(cli, { onProgress, signal }) : undefined,
     ]);
     const name = `local-${request.runId.replace(/[^A-Za-z0-9_-]/g, "").slice(0, 24)}-${
@@ -155,11 +155,10 @@ export class LocalLifecycle implements SandboxLifecycle {
       programs: {
         deno,
         worker,
-        relay,
         cache,
         agent: cli && agent ? { dir: agent, at: agentDir(cli) } : undefined,
       },
-      denoCache: await warmDenoCache(this.profile, { deno, worker, relay }, onProgress),
+      denoCache: await warmDenoCache(this.profile, { deno, worker }, onProgress),
       signal: request.signal,
     });
     return new LocalRunSandbox(sandbox, cache ? request.repo!.key : undefined);

@@ -1,0 +1,134 @@
+/**
+ * The relay of sandbox mode local: a small Perl program, started as a command in the sandbox like
+ * any other (the same confinement as the agent's), that listens on the session's loopback ports
+ * and carries each connection to its proxy's Unix socket in the bound socket directory — the
+ * socket path of relay/main.ts, the only one a local sandbox uses (docs/local.md).
+ *
+ * Why not relay/main.ts: a Deno program takes ~30 ms of a sandbox's start before it listens; Perl,
+ * loading no module, ~1 ms. It holds no secret and decides nothing (the proxies on the host check
+ * every request), and speaks only the first word of the mux: READY `sandbox-relay/1 socket`
+ * (lib/proxy/mux.ts), after which its stdio keeps only its lifetime. When its stdin ends (the host
+ * went away, or closed it) it exits, which closes every connection it carried.
+ *
+ * Arguments, as relay_host.ts gives them: `[--wait] --sockets DIR SERVICE=PORT...`. Exit codes as
+ * relay/main.ts's: 0 its stdin ended; 1 a proxy socket does not answer, or a failure; 2 usage; 75
+ * a port cannot be listened on (with `--wait`, one in use is retried for 2 s first).
+ *
+ * One process, one `select` loop, non-blocking sockets: each direction of a connection holds at
+ * most `CAP` bytes on their way (a slow reader stalls only its own connection), a half-close is
+ * passed on once what came before it is written, and a failure on either side ends both. It loads
+ * no module, so `PERL5LIB`/`PERL5OPT` would change nothing (and the sandbox's environment has
+ * neither); the socket constants are Linux's, the same on x86_64 and aarch64.
+ */
+
+/** Where Perl is (perl-base, in every Debian system); also Landlock's (landlock.ts). */
+export const PERL = "/usr/bin/perl";
+
+const PROGRAM = `
+$SIG{PIPE} = "IGNORE";
+my ($EINTR, $EAGAIN, $EADDRINUSE) = (4, 11, 98);
+my ($CAP, $CHUNK) = (1 << 20, 256 * 1024);
+sub fail { syswrite(STDERR, "sandbox relay: $_[0]\\n"); exit $_[1] }
+sub nonblock { fcntl($_[0], 4, (fcntl($_[0], 3, 0) + 0) | 0x800) }
+sub unix_conn {
+  socket(my $s, 1, 1, 0) or return;
+  connect($s, pack("S a108", 1, $_[0])) or return;
+  return $s;
+}
+my ($wait, $dir, @services) = (0);
+while (@ARGV) {
+  my $arg = shift @ARGV;
+  if ($arg eq "--wait") { $wait = 1 }
+  elsif ($arg eq "--sockets") {
+    $dir = shift @ARGV;
+    fail("invalid socket directory", 2) unless defined $dir && $dir =~ m{^/[A-Za-z0-9._/-]{1,200}$};
+  } elsif ($arg =~ /^([a-z]{1,16})=(\\d{1,5})$/ && $2 > 0 && $2 < 65536) { push @services, [$1, $2] }
+  else { fail("unexpected argument \\"$arg\\" (usage: [--wait] --sockets DIR SERVICE=PORT...)", 2) }
+}
+fail("--sockets DIR and a SERVICE=PORT are needed", 2) unless defined $dir && @services;
+for (@services) {
+  my $s = unix_conn("$dir/$_->[0].sock") or fail("$dir/$_->[0].sock does not answer: $!", 1);
+  close $s;
+}
+my %listener;
+for (@services) {
+  my ($service, $port) = @$_;
+  socket(my $l, 2, 1, 0) or fail("socket: $!", 1);
+  setsockopt($l, 1, 2, pack("i", 1));
+  my $tries = $wait ? 40 : 0;
+  until (bind($l, pack("S n C4 x8", 2, $port, 127, 0, 0, 1))) {
+    fail("cannot listen on 127.0.0.1:$port: $!", 75) if $! + 0 != $EADDRINUSE || $tries-- <= 0;
+    select(undef, undef, undef, 0.05);
+  }
+  listen($l, 128) or fail("cannot listen on 127.0.0.1:$port: $!", 75);
+  nonblock($l);
+  $listener{fileno $l} = [$l, "$dir/$service.sock"];
+}
+my $ready = "sandbox-relay/1 socket";
+syswrite(STDOUT, pack("C N N", 1, 0, length $ready) . $ready);
+
+# Each end of a carried connection: its socket, the other end, the bytes on their way to it, whether
+# its reads have ended, whether its writes have been shut.
+my %end;
+sub drop {
+  my $e = shift;
+  for my $x ($e, $e->{peer}) { close $x->{fh}; delete $end{$x->{fd}} }
+  delete $e->{peer}{peer};
+  delete $e->{peer};
+}
+sub flush {
+  my $e = shift;
+  if (length $e->{out}) {
+    my $n = syswrite($e->{fh}, $e->{out});
+    if (!defined $n) { return if $! + 0 == $EAGAIN || $! + 0 == $EINTR; return drop($e) }
+    substr($e->{out}, 0, $n, "");
+  }
+  return if length $e->{out} || !$e->{peer}{eof} || $e->{shut};
+  shutdown($e->{fh}, 1);
+  $e->{shut} = 1;
+  drop($e) if $e->{peer}{shut};
+}
+sub fill {
+  my $e = shift;
+  my $got = sysread($e->{fh}, my $data, $CHUNK);
+  if (!defined $got) { return if $! + 0 == $EAGAIN || $! + 0 == $EINTR; return drop($e) }
+  if ($got == 0) { $e->{eof} = 1 } else { $e->{peer}{out} .= $data }
+  flush($e->{peer});
+}
+sub carry {
+  my ($l, $path) = @{$_[0]};
+  accept(my $c, $l) or return;
+  my $u = unix_conn($path) or return close $c;
+  setsockopt($c, 6, 1, pack("i", 1));
+  nonblock($_) for $c, $u;
+  my ($tcp, $unix) = map { +{ fh => $_, fd => fileno $_, out => "" } } $c, $u;
+  ($tcp->{peer}, $unix->{peer}) = ($unix, $tcp);
+  $end{$tcp->{fd}} = $tcp;
+  $end{$unix->{fd}} = $unix;
+}
+while (1) {
+  my ($rin, $win) = ("", "");
+  vec($rin, 0, 1) = 1;
+  vec($rin, $_, 1) = 1 for keys %listener;
+  for my $e (values %end) {
+    vec($rin, $e->{fd}, 1) = 1 if !$e->{eof} && length $e->{peer}{out} < $CAP;
+    vec($win, $e->{fd}, 1) = 1 if length $e->{out};
+  }
+  my ($r, $w) = ($rin, $win);
+  if (select($r, $w, undef, undef) < 0) {
+    next if $! + 0 == $EINTR;
+    fail("select: $!", 1);
+  }
+  if (vec($r, 0, 1)) { exit 0 unless sysread(STDIN, my $ignored, 65536) }
+  for (keys %listener) { carry($listener{$_}) if vec($r, $_, 1) }
+  for my $fd (keys %end) {
+    flush($end{$fd}) if $end{$fd} && vec($w, $fd, 1);
+    fill($end{$fd}) if $end{$fd} && vec($r, $fd, 1);
+  }
+}
+`;
+
+/** The argv that runs the relay with `args` (relay_host.ts `launchOnce`), inside the sandbox. */
+export function localRelayArgv(args: readonly string[]): string[] {
+  return [PERL, "-e", PROGRAM, "--", ...args];
+}
