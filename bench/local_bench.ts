@@ -14,8 +14,7 @@
  */
 import { parseConfig, resolveProfile } from "../lib/config.ts";
 import { run, spawn } from "../lib/process.ts";
-import { execArgv, localTools, SECCOMP_ARGS, systemArgs } from "../lib/sandbox/local/bwrap.ts";
-import type { LocalSandbox } from "../lib/sandbox/local/local_sandbox.ts";
+import { localTools, systemArgs } from "../lib/sandbox/local/bwrap.ts";
 import { sandboxLifecycle } from "../lib/sandbox/providers.ts";
 import type { BenchContext, Benchmark, BenchResult, Figure } from "./main.ts";
 import { idleSandboxMb, installSrt, SRT_VERSION, srtSettings } from "./_srt.ts";
@@ -270,36 +269,11 @@ async function compareWithSrt(
   };
 }
 
-/**
- * The bwrap that confines each command (bwrap.ts `execArgv`: its binds, /dev, its namespaces) run
- * alone, as the bare one is: nothing before it (no cgroup join, no namespaces entered) and no
- * Landlock after it; its seccomp program left out, which needs a descriptor only another process
- * could open. What a command costs before anything of ours but bwrap runs: the warm command's floor.
- */
-function confiningBwrapAlone(sandbox: LocalSandbox, system: readonly string[]): string[] {
-  const argv = execArgv(
-    { tools: sandbox.tools, holderPid: sandbox.holderPid, system },
-    sandbox.dirs,
-    sandbox.programs,
-    { argv: ["true"] },
-  );
-  const bwrap = argv.indexOf(sandbox.tools.bwrap);
-  const seccomp = argv.indexOf(SECCOMP_ARGS[0]);
-  return [
-    ...argv.slice(bwrap, bwrap + 1),
-    // The holder's, which a command enters: here its own, as the bare bwrap's are.
-    "--unshare-pid",
-    "--unshare-net",
-    ...argv.slice(bwrap + 1, seccomp),
-    ...argv.slice(seccomp + SECCOMP_ARGS.length),
-  ];
-}
-
-/** The in-process figures: warm and cold commands, and the confining bwrap alone. */
+/** The in-process figures: warm and cold commands. */
 async function inProcess(
   context: BenchContext,
   yaml: string,
-): Promise<{ warm: number; cold: number; bwrapAlone: number }> {
+): Promise<{ warm: number; cold: number }> {
   const parsed = parseConfig(yaml, undefined, () => undefined);
   if (parsed.kind !== "ok") throw new Error(JSON.stringify(parsed.issues));
   const lifecycle = await sandboxLifecycle(resolveProfile(parsed.config, "bench-local"));
@@ -314,16 +288,8 @@ async function inProcess(
   const sandbox = await lifecycle.acquire({ runId: "bench" });
   context.progress(`warm: a command in a live sandbox ×${SAMPLES}`);
   const warm = median(await samples(SAMPLES, () => sandbox.provider.exec(["true"])));
-  const alone = confiningBwrapAlone(sandbox.provider as LocalSandbox, await systemArgs());
-  context.progress(`the confining bwrap alone ×${SAMPLES}`);
-  const bwrapAlone = median(
-    await samples(SAMPLES, async () => {
-      const result = await run(alone);
-      if (result.exitCode !== 0) throw new Error(`the confining bwrap failed: ${result.stderr}`);
-    }),
-  );
   await sandbox.release();
-  return { warm, cold, bwrapAlone };
+  return { warm, cold };
 }
 
 async function measure(context: BenchContext): Promise<BenchResult> {
@@ -342,7 +308,7 @@ async function measure(context: BenchContext): Promise<BenchResult> {
       `      network: {allow: ["up.test:${port}"], hosts: {up.test: 127.0.0.1}}\n`;
     await Deno.writeTextFile(`${dir}/sandbox.yaml`, yaml);
     await Deno.mkdir(`${dir}/work`);
-    const { warm, cold, bwrapAlone } = await inProcess(context, yaml);
+    const { warm, cold } = await inProcess(context, yaml);
     const srt = await srtTrue(context, dir);
     context.progress(
       `sandbox exec -- true ×${STARTS} (+1 not counted)${
@@ -391,7 +357,6 @@ async function measure(context: BenchContext): Promise<BenchResult> {
     return {
       figures: [
         row("warm: `true` in a live sandbox", warm, 1.5),
-        row("what-if: only the bwrap that confines a command (its binds, /dev)", bwrapAlone),
         row("cold: new sandbox → first command done", cold),
         row("`sandbox exec -- true`: the sandbox's part", exec.sandboxMs, 1.5),
         row("`sandbox exec -- true`: the CLI's own start and exit", exec.wholeMs - exec.sandboxMs),
@@ -402,13 +367,7 @@ async function measure(context: BenchContext): Promise<BenchResult> {
       notes: [
         `medians: ${SAMPLES} commands, ${STARTS} execs and srt starts, ${RUNS} sandboxes and runs; ` +
         "baseline: bare bwrap true unless the row says srt",
-        `a warm command's floor: the bwrap that confines it, alone, is ${
-          (bwrapAlone / baseline).toFixed(2)
-        }× the bare one, which leaves ${
-          Math.max(0, 1.5 * baseline - bwrapAlone).toFixed(1)
-        } ms under the 1.5× target for all the rest (the cgroup joined, the sandbox's namespaces entered, /proc, Landlock), each a process start of its own today; a process start (\`true\` from this process) takes ${
-          processStart.toFixed(1)
-        } ms`,
+        `a process start (\`true\` from this process) takes ${processStart.toFixed(1)} ms`,
         `the sandbox's part of \`sandbox exec -- true\`, step by step (medians): ${
           steps.join(", ")
         }`,

@@ -327,6 +327,7 @@ const SECRET_NAME_RULES: Mutation[] = [
 
 const LOCAL_SANDBOX = "lib/sandbox/local/local_sandbox.ts";
 const LOCAL_BWRAP = "lib/sandbox/local/bwrap.ts";
+const LOCAL_LAUNCHER = "lib/sandbox/local/launcher.ts";
 const LOCAL_TESTS = ["tests/security/local_mode_test.ts"];
 /** Sandbox mode local's defences (docs/local.md), each caught by its attack. */
 const LOCAL_MUTATIONS: Mutation[] = [
@@ -341,8 +342,8 @@ const LOCAL_MUTATIONS: Mutation[] = [
   {
     name: "mode local: a command inherits the host's environment",
     file: LOCAL_SANDBOX,
-    find: "      env: { ...this.env, ...options.env },\n      clearEnv: true,",
-    replace: "      env: { ...this.env, ...options.env },\n      clearEnv: false,",
+    find: "      env: {},\n      clearEnv: true,",
+    replace: "      env: {},\n      clearEnv: false,",
     tests: LOCAL_TESTS,
   },
   {
@@ -361,10 +362,19 @@ const LOCAL_MUTATIONS: Mutation[] = [
   },
   {
     name: "mode local: no seccomp filter",
-    file: LOCAL_BWRAP,
-    find: "    ...SECCOMP_ARGS,\n",
+    file: LOCAL_LAUNCHER,
+    find:
+      'syscall($seccomp, 1, 0, pack("S x6 P", length($program) / 8, $program)) == 0 or fail("seccomp");',
     replace: "",
     tests: LOCAL_TESTS,
+  },
+  {
+    name: "mode local: a command keeps the capabilities it has in its own user namespace",
+    file: LOCAL_LAUNCHER,
+    find: "syscall($prctl, 24, $_, 0, 0, 0) for 0 .. 63;",
+    replace: "",
+    tests: LOCAL_TESTS,
+    filter: "escalation",
   },
   {
     name: "mode local: a stopped command's leftovers are not swept",
@@ -376,8 +386,8 @@ const LOCAL_MUTATIONS: Mutation[] = [
   {
     name: "mode local: no Landlock ruleset on the command (the mount namespace alone)",
     file: LOCAL_SANDBOX,
-    find: `const confined = "abi" in this.landlock ? landlockArgv(this.landlock.abi, argv) : argv;`,
-    replace: "const confined = argv;",
+    find: `      landlock: "abi" in this.landlock ? landlockRules(this.landlock.abi) : undefined,`,
+    replace: "      landlock: undefined,",
     tests: LOCAL_TESTS,
     filter: "Landlock",
   },
@@ -1618,9 +1628,9 @@ export const MUTATIONS: Mutation[] = [
   },
   {
     name: "mode local: a command inherits the host process's open descriptors",
-    file: "lib/sandbox/local/limits.ts",
-    find: "const WRAPPER = CLOSE_FDS + 'f=$1; shift; ",
-    replace: "const WRAPPER = 'f=$1; shift; ",
+    file: LOCAL_LAUNCHER,
+    find: "if (syscall(436, 3, 0xffffffff, 0) != 0) {",
+    replace: "if (0) {",
     tests: ["tests/security/local_mode_test.ts"],
     filter: "descriptor the host process leaves",
   },
@@ -1635,8 +1645,8 @@ export const MUTATIONS: Mutation[] = [
   {
     name: "mode local: sandbox exec runs its command with no sandbox of its own",
     file: "lib/sandbox/local/local_sandbox.ts",
-    find: "    return this.limits.wrap(inner, `${this.dirs.files}/seccomp.bpf`);",
-    replace: "    return this.limits.wrap(argv.slice(), `${this.dirs.files}/seccomp.bpf`);",
+    find: "    return launcherArgv({\n      perl: this.tools.perl,",
+    replace: "    return argv.slice();\n    return launcherArgv({\n      perl: this.tools.perl,",
     tests: ["tests/e2e/local_exec_test.ts"],
     filter: "cannot read a file of the user's home",
   },

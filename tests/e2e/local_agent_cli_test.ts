@@ -36,18 +36,28 @@ function attackThenRun(program: string): string {
     `echo "${ATTACK_DONE}"; sh greet.sh`;
 }
 
-/** The host pid of this run's agent: its program's process under a bwrap of `sandboxes`. */
+/**
+ * The host pid of this run's agent: its program's process in the pid namespace of a holder of
+ * `sandboxes` (a bwrap whose command line binds that sandbox's directories).
+ */
 async function agentPid(program: string, sandboxes: string): Promise<number> {
-  for (const entry of Deno.readDirSync("/proc")) {
-    if (!/^\d+$/.test(entry.name)) continue;
+  const pids = Array.from(Deno.readDirSync("/proc")).filter((e) => /^\d+$/.test(e.name));
+  const holders = new Set<string>();
+  const hostNamespace = await Deno.readLink("/proc/self/ns/pid");
+  for (const entry of pids) {
+    const argv = await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => "");
+    if (argv.startsWith("bwrap") || argv.includes("/bwrap\0")) {
+      if (!argv.includes(sandboxes)) continue;
+      // The holder's outer bwrap is in this host's pid namespace: only its child's counts.
+      const ns = await Deno.readLink(`/proc/${entry.name}/ns/pid`).catch(() => "");
+      if (ns && ns !== hostNamespace) holders.add(ns);
+    }
+  }
+  for (const entry of pids) {
     const argv = await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => "");
     if (argv.split("\0")[0] !== program) continue;
-    for (let pid = Number(entry.name); pid > 1;) {
-      const stat = await Deno.readTextFile(`/proc/${pid}/stat`).catch(() => "");
-      const cmdline = await Deno.readTextFile(`/proc/${pid}/cmdline`).catch(() => "");
-      if (cmdline.includes(sandboxes)) return Number(entry.name);
-      pid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
-    }
+    const ns = await Deno.readLink(`/proc/${entry.name}/ns/pid`).catch(() => "");
+    if (holders.has(ns)) return Number(entry.name);
   }
   throw new Error(`no process of ${program} in a sandbox under ${sandboxes}`);
 }

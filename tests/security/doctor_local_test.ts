@@ -4,15 +4,16 @@
  * option turns off really weakened, one at a time, reported BROKEN with exit 3 — beside the twin,
  * the same doctor through the same wrappers weakening nothing.
  *
- * The weakening is a program the test puts first on PATH (mode local finds `bwrap` there, and its
- * disk watch runs `du` there), as a wrapper installed on a machine would:
- * - `seccomp`: `bwrap` without `--seccomp 9` (no filter: `unshare` works again);
+ * The weakening is a program the test puts first on PATH (mode local finds `bwrap` and the `perl`
+ * of its command launcher there, and its disk watch runs `du` there), as a wrapper installed on a
+ * machine would:
+ * - `seccomp`: a `perl` that runs the launcher without its seccomp step (no filter: `unshare`
+ *   works again);
  * - `network`: the holder's `bwrap --unshare-all` given `--share-net` (the sandbox has the host's
  *   network, its loopback included);
  * - `disk`: a `du` that says every directory is empty (the watch sees nothing grow).
- * No such wrapper weakens the survivor row alone: commands moved out of the sandbox's pid
- * namespace (an `nsenter` without `--pid`) left nothing either, the release killing what is left in
- * the sandbox's cgroup.
+ * No such wrapper weakens the survivor row alone: commands kept out of the sandbox's pid
+ * namespace leave nothing either, the release killing what is left in the sandbox's cgroup.
  */
 import assert from "node:assert/strict";
 import { run } from "../../lib/process.ts";
@@ -31,16 +32,27 @@ console.error("security: doctor (mode local) tests starting");
 
 type Weakening = "none" | "seccomp" | "network" | "disk";
 
+const LAUNCHER = new URL("../../lib/sandbox/local/launcher.ts", import.meta.url).pathname;
+
 /** `bwrap`, by weakening: every argument handed to the real one but what the weakening drops. */
 const BWRAP_SHIM = String.raw`
 args=(); all=("$@")
 for ((i = 0; i < ${"$"}{#all[@]}; i++)); do
   a=${"$"}{all[i]}
-  if [ "$weaken" = seccomp ] && [ "$a" = --seccomp ]; then i=$((i + 1)); continue; fi
   args+=("$a")
   if [ "$weaken" = network ] && [ "$a" = --unshare-all ]; then args+=(--share-net); fi
 done
 exec "$real" "${"$"}{args[@]}"
+`;
+
+/** `perl`, by weakening: the launcher's program without its seccomp step. */
+const PERL_SHIM = String.raw`
+if [ "$weaken" = seccomp ] && [ "$1" = -e ]; then
+  program=${"$"}{2//"${"$"}step"/}
+  shift 2
+  exec "$real" -e "$program" "$@"
+fi
+exec "$real" "$@"
 `;
 
 /** `du -sk -- DIR` that reports DIR empty. */
@@ -79,6 +91,17 @@ async function shimDir(dir: string, weakening: Weakening): Promise<string> {
   await Deno.writeTextFile(
     `${bin}/bwrap`,
     `#!/usr/bin/env bash\nreal=${quote(real)}\nweaken=${weakening}\n${BWRAP_SHIM}`,
+    { mode: 0o755 },
+  );
+  const realPerl = (await run(["bash", "-c", "command -v perl"])).stdout.trim();
+  const step =
+    'syscall($seccomp, 1, 0, pack("S x6 P", length($program) / 8, $program)) == 0 or fail("seccomp");';
+  assert.ok((await Deno.readTextFile(LAUNCHER)).includes(step), "the launcher's seccomp step");
+  await Deno.writeTextFile(
+    `${bin}/perl`,
+    `#!/usr/bin/env bash\nreal=${quote(realPerl)}\nweaken=${weakening}\nstep=${
+      quote(step)
+    }\n${PERL_SHIM}`,
     { mode: 0o755 },
   );
   if (weakening === "disk") {
@@ -162,7 +185,7 @@ Deno.test({
 
 Deno.test({
   name:
-    "doctor reports escalation BROKEN with exit 3 when bwrap applies no seccomp filter (unshare works)",
+    "doctor reports escalation BROKEN with exit 3 when the launcher applies no seccomp filter (unshare works)",
   ...localTest(),
   async fn() {
     const { result, report, status, check, leftover } = await localDoctor("seccomp");

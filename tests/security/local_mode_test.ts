@@ -9,6 +9,8 @@ import type { RunSandbox } from "../../lib/sandbox/provider.ts";
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
 import { run } from "../../lib/process.ts";
 import { landlockSupport } from "../../lib/sandbox/local/landlock.ts";
+import { launcherArgv } from "../../lib/sandbox/local/launcher.ts";
+import { LOCAL_UID } from "../../lib/sandbox/local/bwrap.ts";
 import { denoCacheDir } from "../../lib/sandbox/local/deno_cache.ts";
 import { sha256HexOf } from "../../lib/hash.ts";
 import { profileFrom, tempDir, uniqueProfile, withEnv } from "../_helpers.ts";
@@ -188,6 +190,7 @@ test("no escalation: no capabilities, no new privileges, no new namespaces, host
     assert.match(status, /^CapEff:\s+0000000000000000$/m);
     assert.match(status, /^CapPrm:\s+0000000000000000$/m);
     assert.match(status, /^NoNewPrivs:\s+1$/m);
+    assert.match(status, /^CapBnd:\s+0000000000000000$/m);
     const nested = await provider.exec(["unshare", "--user", "--map-root-user", "true"]);
     assert.notEqual(nested.exitCode, 0);
     assert.match(nested.stderr, /Operation not permitted/);
@@ -411,41 +414,62 @@ test("Landlock refuses a path the sandbox's mounts show but its ruleset does not
   const abi = kernelLandlockAbi();
   const support = await landlockSupport();
   assert.deepEqual(support, abi > 0 ? { abi } : support, "the sandbox sees the kernel's Landlock");
-  const extra = await Deno.makeTempDir({ prefix: "sandbox-landlock-extra-" });
-  await Deno.writeTextFile(`${extra}/existing`, "bound but not allowed\n");
-  try {
-    await withLocal("", async (_sandbox, provider) => {
-      const script = 'cat "$1/existing"; echo written >"$1/new" && echo wrote; ls "$1" >/dev/null';
-      // The command's own argv, with one more bind added to its bwrap: a directory the mount
-      // namespace shows read-write and the Landlock ruleset does not name.
-      const argvWithExtra = (dir: string, landlock: boolean) => {
-        const argv = provider.argvFor(["sh", "-c", script, "sh", dir]);
-        const at = argv.indexOf(provider.tools.bwrap);
-        argv.splice(at + 1, 0, "--bind", extra, "/mnt/extra");
-        const perl = argv.indexOf("/usr/bin/perl");
-        // Without Landlock: its program and rules removed, up to the "--" before the command.
-        if (!landlock && perl >= 0) argv.splice(perl, argv.indexOf("--", perl) - perl + 1);
-        return run(argv, { clearEnv: true, env: { PATH: "/usr/bin:/bin" }, timeoutMs: 60_000 });
-      };
-      const attack = await argvWithExtra("/mnt/extra", true);
-      const inside = `${attack.stdout}${attack.stderr}`;
-      if (abi === 0) {
-        // No Landlock on this kernel: the mount namespace stands alone, and says so.
-        assert.ok("absent" in provider.landlock);
-        assert.match(inside, /wrote/);
-        return;
-      }
-      assert.deepEqual(provider.landlock, { abi });
-      assert.doesNotMatch(inside, /bound but not allowed|wrote/);
-      assert.match(attack.stderr, /Permission denied/);
-      assert.equal(await Deno.lstat(`${extra}/new`).then(() => true, () => false), false);
-      await Deno.writeTextFile(`${provider.dirs.workspace}/existing`, "the checkout\n");
-      const twin = await argvWithExtra("/workspace", true);
-      assert.equal(twin.stdout, "the checkout\nwrote\n", twin.stderr);
-      const bare = await argvWithExtra("/mnt/extra", false);
-      assert.equal(bare.stdout, "bound but not allowed\nwrote\n", `bwrap alone: ${bare.stderr}`);
-    });
-  } finally {
-    await Deno.remove(extra, { recursive: true });
-  }
+  await withLocal("", async (_sandbox, provider) => {
+    const script = 'cat "$1/existing"; echo written >"$1/new" && echo wrote; ls "$1" >/dev/null';
+    // One more mount in the sandbox's filesystem (the holder's mount namespace, which every
+    // command enters): a directory mounted over /run, which the mounts show and
+    // the Landlock ruleset does not name (it names /run/sandbox-proxy only). Its source is the
+    // sandbox's /tmp, where the host puts it first.
+    await Deno.mkdir(`${provider.dirs.tmp}/extra`);
+    await Deno.writeTextFile(`${provider.dirs.tmp}/extra/existing`, "bound but not allowed\n");
+    const mounted = await run([
+      "nsenter",
+      `--target=${provider.holderPid}`,
+      "--user",
+      "--mount",
+      "--",
+      "mount",
+      "--bind",
+      "/tmp/extra",
+      "/run",
+    ]);
+    assert.equal(mounted.exitCode, 0, mounted.stderr);
+    // The command as the sandbox starts it (`argvFor`), or by a launcher without the Landlock step.
+    const argvWithExtra = (dir: string, landlock: boolean) => {
+      const command = ["sh", "-c", script, "sh", dir];
+      const env = { PATH: "/usr/bin:/bin" };
+      const argv = landlock ? provider.argvFor(command, "/workspace", env) : launcherArgv({
+        perl: provider.tools.perl,
+        holderPid: provider.holderPid,
+        uid: LOCAL_UID,
+        seccompFile: `${provider.dirs.files}/seccomp.bpf`,
+        cgroupJoins: provider.limits.cgroupJoins,
+        rlimits: provider.limits.rlimits,
+        cwd: "/workspace",
+        env,
+        argv: command,
+      });
+      return run(argv, { clearEnv: true, timeoutMs: 60_000 });
+    };
+    const attack = await argvWithExtra("/run", true);
+    const inside = `${attack.stdout}${attack.stderr}`;
+    if (abi === 0) {
+      // No Landlock on this kernel: the mount namespace stands alone, and says so.
+      assert.ok("absent" in provider.landlock);
+      assert.match(inside, /wrote/);
+      return;
+    }
+    assert.deepEqual(provider.landlock, { abi });
+    assert.doesNotMatch(inside, /bound but not allowed|wrote/);
+    assert.match(attack.stderr, /Permission denied/);
+    assert.equal(
+      await Deno.lstat(`${provider.dirs.tmp}/extra/new`).then(() => true, () => false),
+      false,
+    );
+    await Deno.writeTextFile(`${provider.dirs.workspace}/existing`, "the checkout\n");
+    const twin = await argvWithExtra("/workspace", true);
+    assert.equal(twin.stdout, "the checkout\nwrote\n", twin.stderr);
+    const bare = await argvWithExtra("/run", false);
+    assert.equal(bare.stdout, "bound but not allowed\nwrote\n", `mounts alone: ${bare.stderr}`);
+  });
 });

@@ -1,14 +1,14 @@
 /**
- * The bubblewrap command lines of sandbox mode local (docs/local.md).
+ * The bubblewrap command line of sandbox mode local (docs/local.md).
  *
- * A sandbox is one *holder*: `bwrap --unshare-all … sh` whose user, network (only `lo`) and pid
- * namespaces the sandbox's commands share — so that the relay one command runs serves the worker
- * another runs on the same loopback, and killing the holder ends every process of the sandbox. Each
- * command enters those namespaces (`nsenter`, from this process, with no more than the rights this
- * user has there) and is then started by a second `bwrap` of its own: a new user, ipc, uts and
- * cgroup namespace (the pid namespace stays the holder's), a new session, no new privileges, no capabilities, the seccomp filter
- * (seccomp.ts), and a filesystem made of the system read-only and the sandbox's own directories.
- * Nothing of this user's home is bound, only the paths below.
+ * A sandbox is one *holder*: `bwrap --unshare-all … sh` whose namespaces the sandbox's commands
+ * enter (launcher.ts): its network (only `lo`), so that the relay one command runs serves the
+ * worker another runs on the same loopback; its pid namespace, so that killing the holder ends
+ * every process of the sandbox; and its mount namespace, the sandbox's whole filesystem: the system
+ * read-only and the sandbox's own directories, then the root remounted read-only. Nothing of this
+ * user's home is bound, only the paths below. Each command gets its own user, ipc, uts and cgroup
+ * namespace, a new session, no capabilities, no new privileges and the seccomp filter from the
+ * launcher.
  */
 import { SandboxError } from "../../errors.ts";
 import { pathExists } from "../../paths.ts";
@@ -28,8 +28,6 @@ export const LOCAL_PATHS = {
   deno: "/opt/sandbox/bin/deno",
   worker: "/opt/sandbox/worker.js",
 } as const;
-/** The file descriptor on which bwrap reads the seccomp program (a single digit: dash redirects no other). */
-export const SECCOMP_FD = 9;
 /** The PATH of every command in the sandbox: deno first. */
 export const LOCAL_PATH = "/opt/sandbox/bin:/usr/local/bin:/usr/bin:/bin";
 /** Top-level system directories bound read-only (or re-made as the links they are). */
@@ -74,7 +72,7 @@ export interface SandboxDirs {
   proxy: string;
 }
 
-/** What an exec binds besides the sandbox's own directories. */
+/** What a sandbox binds besides its own directories. */
 export interface HostPrograms {
   deno: string;
   worker?: string;
@@ -90,8 +88,8 @@ export interface HostPrograms {
 /** The host's programs this mode needs, found once per process. */
 export interface LocalTools {
   bwrap: string;
-  nsenter: string;
-  unshare: string;
+  /** Perl on the host, which runs each command's launcher (launcher.ts). */
+  perl: string;
 }
 
 let found: Promise<LocalTools> | undefined;
@@ -126,8 +124,8 @@ async function which(program: string): Promise<string | undefined> {
 }
 
 async function findTools(): Promise<LocalTools> {
-  const [bwrap, nsenter, unshare, bash, perl] = await Promise.all(
-    [which("bwrap"), which("nsenter"), which("unshare"), which("bash"), pathExists(PERL)],
+  const [bwrap, bash, perl, systemPerl] = await Promise.all(
+    [which("bwrap"), which("bash"), which("perl"), pathExists(PERL)],
   );
   if (!bwrap) {
     throw new SandboxError(
@@ -140,21 +138,19 @@ async function findTools(): Promise<LocalTools> {
       },
     );
   }
-  if (!nsenter || !unshare || !bash) {
-    throw new SandboxError(
-      "unsupported",
-      'Sandbox mode "local" needs "nsenter" and "unshare" (util-linux) and "bash"',
-      { detail: `Install ${!bash ? "bash" : "util-linux"}` },
-    );
+  if (!bash) {
+    throw new SandboxError("unsupported", 'Sandbox mode "local" needs "bash"', {
+      detail: "Install bash",
+    });
   }
-  if (!perl) {
+  if (!perl || !systemPerl) {
     throw new SandboxError(
       "unsupported",
-      `Sandbox mode "local" needs Perl at ${PERL}: its relay and its Landlock step are Perl programs`,
+      `Sandbox mode "local" needs Perl (${PERL}, on PATH): its command launcher and its relay are Perl programs`,
       { detail: "Install it (Debian/Ubuntu: perl-base; Fedora: perl-interpreter)" },
     );
   }
-  return { bwrap, nsenter, unshare };
+  return { bwrap, perl };
 }
 
 async function probeTools(): Promise<LocalTools> {
@@ -224,72 +220,33 @@ export function withoutInheritedFds(argv: readonly string[]): string[] {
   return ["bash", "-c", CLOSE_INHERITED_FDS, "bash", ...argv];
 }
 
-/** bash: close every descriptor above stdio (the start of every script that wraps a command). */
-export const CLOSE_FDS = "for f in /proc/$$/fd/*; do n=${f##*/}; " +
-  'if [ "$n" -gt 2 ]; then eval "exec $n>&-"; fi; done; ';
+/** bash: close every descriptor above stdio, then become the command. */
+const CLOSE_INHERITED_FDS = "for f in /proc/$$/fd/*; do n=${f##*/}; " +
+  'if [ "$n" -gt 2 ]; then eval "exec $n>&-"; fi; done; exec "$@"';
 
-const CLOSE_INHERITED_FDS = CLOSE_FDS + 'exec "$@"';
-
-/** The holder's command line (`system`: `systemArgs()`): the namespaces every command shares. */
-export function holderArgv(tools: LocalTools, system: readonly string[]): string[] {
+/**
+ * The holder's command line (`system`: `systemArgs()`): the namespaces every command enters, and
+ * in its mount namespace the sandbox's whole filesystem.
+ */
+export function holderArgv(
+  tools: LocalTools,
+  system: readonly string[],
+  dirs: SandboxDirs,
+  programs: HostPrograms,
+): string[] {
+  const bind = (from: string | undefined, to: string, ro = true): string[] =>
+    from === undefined ? [] : [ro ? "--ro-bind" : "--bind", from, to];
   return [
     tools.bwrap,
     "--unshare-all",
-    // Root of the holder's user namespace: a command entering it (nsenter, credentials kept) then
-    // keeps there the capabilities its own bwrap needs (a mount namespace for /proc, a nested user
-    // namespace). As an ordinary user's uid it would lose them at its first exec.
+    // Root of the holder's user namespace, which is this user on the host: a command entering it
+    // has there the rights it needs to make namespaces of its own (launcher.ts), and no more.
     "--uid",
     "0",
     "--gid",
     "0",
     "--die-with-parent",
     "--new-session",
-    ...system,
-    "--proc",
-    "/proc",
-    // The child's pid, as soon as its namespaces exist, on stdout (read by the host).
-    "--info-fd",
-    "1",
-    "--",
-    ...HOLDER_COMMAND,
-  ];
-}
-
-/**
- * A command in the sandbox whose holder's first process is `holderPid`: entered into its
- * namespaces, then confined by a bwrap of its own (see the module's comment). The seccomp program
- * is read from `SECCOMP_FD`, which the caller opens (limits.ts `wrapperArgv`).
- */
-export function execArgv(
-  sandbox: { tools: LocalTools; holderPid: number; system: readonly string[] },
-  dirs: SandboxDirs,
-  programs: HostPrograms,
-  command: { argv: readonly string[]; cwd?: string },
-): string[] {
-  const { tools, holderPid, system } = sandbox;
-  const bind = (from: string | undefined, to: string, ro = true): string[] =>
-    from === undefined ? [] : [ro ? "--ro-bind" : "--bind", from, to];
-  return [
-    tools.nsenter,
-    `--target=${holderPid}`,
-    "--user",
-    "--net",
-    "--pid",
-    "--preserve-credentials",
-    "--",
-    // A /proc of the holder's pid namespace: bwrap finds its child by the pid it sees there, and
-    // the host's /proc would give it another process (or none: it then waits forever).
-    tools.unshare,
-    "--mount-proc",
-    "--",
-    tools.bwrap,
-    ...NAMESPACE_ARGS,
-    "--uid",
-    String(LOCAL_UID),
-    "--gid",
-    String(LOCAL_UID),
-    "--hostname",
-    "sandbox",
     ...system,
     "--proc",
     "/proc",
@@ -305,31 +262,12 @@ export function execArgv(
     ...bind(programs.deno, LOCAL_PATHS.deno),
     ...bind(programs.worker, LOCAL_PATHS.worker),
     ...(programs.agent ? bind(programs.agent.dir, programs.agent.at) : []),
-    ...SECCOMP_ARGS,
     "--remount-ro",
     "/",
-    "--chdir",
-    command.cwd ?? LOCAL_PATHS.workspace,
+    // The child's pid, as soon as its namespaces exist, on stdout (read by the host).
+    "--info-fd",
+    "1",
     "--",
-    ...command.argv,
+    ...HOLDER_COMMAND,
   ];
 }
-
-/**
- * Each command's own namespaces and session. The network and the pid namespace are the holder's:
- * only `lo`, and one pid namespace for the whole sandbox, so that what a command leaves behind is
- * found (an orphan of the holder's init) and killed, and the holder's end ends everything.
- */
-export const NAMESPACE_ARGS: readonly string[] = [
-  "--unshare-user",
-  "--unshare-ipc",
-  "--unshare-uts",
-  "--unshare-cgroup-try",
-  "--die-with-parent",
-  "--new-session",
-  "--cap-drop",
-  "ALL",
-];
-
-/** The seccomp filter, read from the descriptor the wrapper opens. */
-export const SECCOMP_ARGS: readonly string[] = ["--seccomp", String(SECCOMP_FD)];

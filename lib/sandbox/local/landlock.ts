@@ -1,19 +1,19 @@
 /**
- * Landlock, the second layer of sandbox mode local's filesystem (docs/local.md): inside each
- * command's bwrap, before the command runs, a small Perl program (perl-base is in every Debian
- * system, and /usr is bound into the sandbox) makes a Landlock ruleset of the paths the sandbox
- * may use, restricts itself with it and execs the command. The mount namespace already shows
- * nothing else; Landlock keeps the same promise should a path be bound that the ruleset does not
- * name (a bind added by mistake, a mount namespace escaped). Applied where the kernel has Landlock
- * (`landlockAbi`); elsewhere the mount namespace stands alone and `sandbox doctor` says so.
- *
- * The Perl program loads no module (a `PERL5LIB` of the command's environment changes nothing)
- * and calls the kernel by number: landlock_create_ruleset, landlock_add_rule and
- * landlock_restrict_self are 444, 445 and 446 on every architecture; openat and prctl differ.
+ * Landlock, the second layer of sandbox mode local's filesystem (docs/local.md): the command
+ * launcher (launcher.ts), inside the sandbox's mount namespace and just before the command, makes a
+ * Landlock ruleset of the paths the sandbox may use (`landlockRules`) and restricts itself with it.
+ * The mount namespace already shows nothing else; Landlock keeps the same promise should a path be
+ * mounted that the ruleset does not name (a bind added by mistake, a mount namespace escaped).
+ * Applied where the kernel has Landlock (`landlockAbi`); elsewhere the mount namespace stands alone
+ * and `sandbox doctor` says so. landlock_create_ruleset, landlock_add_rule and
+ * landlock_restrict_self are 444, 445 and 446 on every architecture.
  */
 import { run } from "../../process.ts";
 import { LOCAL_PATHS } from "./bwrap.ts";
 import { PERL } from "./relay.ts";
+
+/** The architectures whose other syscall numbers the launcher knows (those seccomp.ts supports). */
+const ARCHES = ["x86_64", "aarch64"];
 
 /** Filesystem access rights (linux/landlock.h), each with the ABI version that added it. */
 const FS = {
@@ -51,7 +51,7 @@ const ALL = (1 << 16) - 1;
 const DEVICES = READ | FS.writeFile | FS.truncate | FS.ioctlDev;
 
 /**
- * The paths a command may use, as they are inside the sandbox (bwrap.ts `execArgv` binds them),
+ * The paths a command may use, as they are inside the sandbox (bwrap.ts `holderArgv` binds them),
  * and the rights beneath each. A path missing inside (no /cache, a system without /lib64) is
  * skipped. Nothing else is reachable, even where a mount shows it.
  */
@@ -78,55 +78,12 @@ export const LANDLOCK_RULES: readonly (readonly [path: string, rights: number])[
   [LOCAL_PATHS.cache, READ],
 ];
 
-/**
- * The Perl program. Arguments: the handled rights, openat's and prctl's numbers, then pairs of
- * rights and path, then `--` and the command. Exit 125 when the ruleset cannot be applied (the
- * command must not run without it), 127 when the command is not found, 126 when it cannot run.
- */
-const PROGRAM = `
-my ($handled, $openat, $prctl) = map { $_ + 0 } splice(@ARGV, 0, 3);
-sub fail { print STDERR "sandbox: landlock: $_[0]: $!\\n"; exit 125 }
-my $ruleset = syscall(444, pack("QQQ", $handled, 0, 0), 8, 0);
-fail("landlock_create_ruleset") if $ruleset < 0;
-while (@ARGV && $ARGV[0] ne "--") {
-  my ($rights, $path) = splice(@ARGV, 0, 2);
-  my $fd = syscall($openat, -100, $path, 0x200000 | 0x80000);
-  if ($fd < 0) { next if $! + 0 == 2; fail("open $path") }
-  syscall(445, $ruleset, 1, pack("QL", $rights + 0, $fd), 0) == 0 or fail("add $path");
-}
-shift @ARGV;
-syscall($prctl, 38, 1, 0, 0, 0) == 0 or fail("prctl(PR_SET_NO_NEW_PRIVS)");
-syscall(446, $ruleset, 0) == 0 or fail("landlock_restrict_self");
-exec { $ARGV[0] } @ARGV;
-print STDERR "sandbox: cannot run $ARGV[0]: $!\\n";
-exit($! + 0 == 2 ? 127 : 126);
-`;
-
-/** openat and prctl by architecture (those seccomp.ts supports). */
-const SYSCALLS: Record<string, { openat: number; prctl: number }> = {
-  x86_64: { openat: 257, prctl: 157 },
-  aarch64: { openat: 56, prctl: 167 },
-};
-
-/**
- * The argv that runs `argv` inside the sandbox under the Landlock ruleset of `LANDLOCK_RULES`, for
- * a kernel of ABI `abi` (from `landlockAbi`).
- */
-export function landlockArgv(abi: number, argv: readonly string[]): string[] {
-  const numbers = SYSCALLS[Deno.build.arch];
+/** The handled rights and `[rights, path]` rules for a kernel of Landlock ABI `abi`. */
+export function landlockRules(
+  abi: number,
+): { handled: number; rules: (readonly [rights: number, path: string])[] } {
   const handled = handledRights(abi);
-  const rules = LANDLOCK_RULES.flatMap(([path, rights]) => [String(rights & handled), path]);
-  return [
-    PERL,
-    "-e",
-    PROGRAM,
-    String(handled),
-    String(numbers.openat),
-    String(numbers.prctl),
-    ...rules,
-    "--",
-    ...argv,
-  ];
+  return { handled, rules: LANDLOCK_RULES.map(([path, rights]) => [rights & handled, path]) };
 }
 
 let probed: Promise<{ abi: number } | { absent: string }> | undefined;
@@ -142,7 +99,9 @@ export function landlockSupport(): Promise<{ abi: number } | { absent: string }>
  * without it (or with it disabled), an architecture without known syscall numbers, no Perl.
  */
 export async function landlockAbi(): Promise<{ abi: number } | { absent: string }> {
-  if (!SYSCALLS[Deno.build.arch]) return { absent: `no syscall numbers for ${Deno.build.arch}` };
+  if (!ARCHES.includes(Deno.build.arch)) {
+    return { absent: `no syscall numbers for ${Deno.build.arch}` };
+  }
   const exists = await Deno.stat(PERL).then((info) => info.isFile, () => false);
   if (!exists) return { absent: `${PERL} not found (Debian: perl-base)` };
   const answer = askInProcess() ?? await askPerl();

@@ -3,11 +3,11 @@
  * this process may make one — cgroup v2 (`/sys/fs/cgroup/sandbox-local/ID`, root or a delegated
  * tree) or v1 (a group under each of the memory, cpu and pids hierarchies) — into which every
  * command of the sandbox moves itself before it starts, so that the limits hold for the sandbox as
- * a whole; otherwise rlimits per command (`prlimit`: processes only, and no core files), which
+ * a whole; otherwise rlimits per command (processes only, and no core files), which
  * leave memory and CPU unlimited. `LocalLimits.kind` says which held (docs/local.md).
  */
 import type { Profile } from "../../config.ts";
-import { CLOSE_FDS, SECCOMP_FD } from "./bwrap.ts";
+import { RLIMIT } from "./launcher.ts";
 
 const CGROUP_ROOT = "/sys/fs/cgroup";
 const PARENT = "sandbox-local";
@@ -17,10 +17,12 @@ export interface LocalLimits {
   /** What enforces the limits: a cgroup (v2 or v1), or rlimits per command. */
   readonly kind: "cgroup2" | "cgroup1" | "rlimit";
   /**
-   * The wrapper's argv for `argv`: close inherited descriptors, join the cgroup (or apply
-   * rlimits), open the seccomp program, exec.
+   * The cgroup.procs files every command joins before it starts (launcher.ts): a file that cannot
+   * be joined fails the command (125), since a limit that cannot be applied must not be skipped.
    */
-  wrap(argv: readonly string[], seccompFile: string): string[];
+  readonly cgroupJoins: readonly string[];
+  /** rlimits every command sets where no cgroup holds the limits (processes only, no core files). */
+  readonly rlimits: readonly (readonly [resource: number, value: number])[];
   /** Times the memory limit killed a process of the sandbox (0 without a memory cgroup). */
   oomKills(): Promise<number>;
   /** Memory and processes in use by the whole sandbox (0 without a cgroup). */
@@ -28,16 +30,6 @@ export interface LocalLimits {
   /** Kill every process left in the cgroup, then remove it. */
   remove(): Promise<void>;
 }
-
-/**
- * Sandbox wrapper, a bash script run on the host: every descriptor above stdio closed (bwrap.ts
- * `withoutInheritedFds` says why; one process does both, not two per command), `$1` the seccomp
- * program, then the cgroup.procs files to join up to `--`, then the command. A file that cannot
- * be joined fails the command (125): a limit that cannot be applied must not be skipped silently.
- */
-const WRAPPER = CLOSE_FDS + 'f=$1; shift; while [ "$1" != -- ]; do echo $$ >"$1" || ' +
-  '{ echo "sandbox: cannot join the sandbox cgroup $1" >&2; exit 125; }; shift; done; shift; ' +
-  `exec "$@" ${SECCOMP_FD}<"$f"`;
 
 async function writable(dir: string): Promise<boolean> {
   try {
@@ -107,16 +99,8 @@ function cgroupLimits(
     Number((await Deno.readTextFile(path).catch(() => "0")).trim()) || 0;
   return {
     kind,
-    wrap: (argv, seccompFile) => [
-      "bash",
-      "-c",
-      WRAPPER,
-      "bash",
-      seccompFile,
-      ...dirs.map((dir) => `${dir}/cgroup.procs`),
-      "--",
-      ...argv,
-    ],
+    cgroupJoins: dirs.map((dir) => `${dir}/cgroup.procs`),
+    rlimits: [],
     async oomKills() {
       // A file that cannot be read (the group removed) reports no kill.
       const text = await Deno.readTextFile(files.oom).catch(() => "");
@@ -160,19 +144,8 @@ async function killAndRemove(dir: string): Promise<void> {
 function rlimitLimits(pids: number): LocalLimits {
   return {
     kind: "rlimit",
-    wrap: (argv, seccompFile) => [
-      "bash",
-      "-c",
-      WRAPPER,
-      "bash",
-      seccompFile,
-      "--",
-      "prlimit",
-      `--nproc=${pids}`,
-      "--core=0",
-      "--",
-      ...argv,
-    ],
+    cgroupJoins: [],
+    rlimits: [[RLIMIT.nproc, pids], [RLIMIT.core, 0]],
     oomKills: () => Promise.resolve(0),
     usage: () => Promise.resolve({ memoryBytes: 0, pids: 0 }),
     remove: () => Promise.resolve(),

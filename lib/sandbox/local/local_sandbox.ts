@@ -36,12 +36,12 @@ import type {
   TeardownReport,
 } from "../provider.ts";
 import {
-  execArgv,
   HOLDER_READY,
   holderArgv,
   type HostPrograms,
   LOCAL_PATH,
   LOCAL_PATHS,
+  LOCAL_UID,
   localPrograms,
   type LocalTools,
   localTools,
@@ -49,7 +49,8 @@ import {
   systemArgs,
   withoutInheritedFds,
 } from "./bwrap.ts";
-import { landlockArgv, landlockSupport } from "./landlock.ts";
+import { landlockRules, landlockSupport } from "./landlock.ts";
+import { launcherArgv } from "./launcher.ts";
 import { applyLimits, type LocalLimits } from "./limits.ts";
 import { SANDBOX_DENO_DIR, seedDenoCache } from "./deno_cache.ts";
 import { sharedFiles } from "./shared_files.ts";
@@ -249,7 +250,8 @@ export class LocalSandbox implements SandboxProvider {
     // Its stdin: a pipe this process never writes nor closes (HOLDER_COMMAND says why).
     let ready!: () => void;
     const said = new Promise<void>((resolve) => ready = resolve);
-    const holder = spawn(withoutInheritedFds(holderArgv(this.tools, this.#system)), {
+    const argv = holderArgv(this.tools, this.#system, this.dirs, this.programs);
+    const holder = spawn(withoutInheritedFds(argv), {
       clearEnv: true,
       stdin: new ReadableStream<Uint8Array>({ start: (c) => this.#lifeline = c }),
       onStderrLine: (line) => line === HOLDER_READY && ready(),
@@ -272,24 +274,34 @@ export class LocalSandbox implements SandboxProvider {
     );
   }
 
-  /** The host argv that runs `argv` in the sandbox. */
-  argvFor(argv: readonly string[], cwd?: string): string[] {
+  /**
+   * The host argv that runs `argv` in the sandbox with environment `env` (launcher.ts), to be
+   * started with an empty environment of its own.
+   */
+  argvFor(
+    argv: readonly string[],
+    cwd?: string,
+    env: Readonly<Record<string, string>> = this.env,
+  ): string[] {
     if (!this.#holder || this.#destroyed) {
       throw new SandboxError(
         this.#destroyed ? "container_not_found" : "invalid_state",
         `Local sandbox "${this.containerName}" is not running`,
       );
     }
-    // Landlock's ruleset is made inside the command's bwrap, on the paths as the sandbox sees them.
-    const confined = "abi" in this.landlock ? landlockArgv(this.landlock.abi, argv) : argv;
-    const inner = execArgv(
-      { tools: this.tools, holderPid: this.#holderPid, system: this.#system },
-      this.dirs,
-      this.programs,
-      { argv: confined, cwd },
-    );
-    // The wrapper closes every inherited descriptor itself (limits.ts).
-    return this.limits.wrap(inner, `${this.dirs.files}/seccomp.bpf`);
+    return launcherArgv({
+      perl: this.tools.perl,
+      holderPid: this.#holderPid,
+      uid: LOCAL_UID,
+      seccompFile: `${this.dirs.files}/seccomp.bpf`,
+      cgroupJoins: this.limits.cgroupJoins,
+      rlimits: this.limits.rlimits,
+      // Made inside the sandbox's mount namespace, on the paths as the sandbox sees them.
+      landlock: "abi" in this.landlock ? landlockRules(this.landlock.abi) : undefined,
+      cwd: cwd ?? LOCAL_PATHS.workspace,
+      env,
+      argv,
+    });
   }
 
   /** A command in the sandbox, from the base environment plus `options.env` (nothing of the host's). */
@@ -299,10 +311,10 @@ export class LocalSandbox implements SandboxProvider {
       envKind: "environment",
       argv,
     });
-    const child = spawn(this.argvFor(argv, options.cwd), {
+    const child = spawn(this.argvFor(argv, options.cwd, { ...this.env, ...options.env }), {
       ...options,
       cwd: undefined,
-      env: { ...this.env, ...options.env },
+      env: {},
       clearEnv: true,
     });
     this.#running.add(child);
@@ -312,7 +324,7 @@ export class LocalSandbox implements SandboxProvider {
 
   /**
    * Kill every process of the sandbox that belongs to no live command, until none is left. A
-   * command's first process in the sandbox has its parent outside it (nsenter, on the host): what
+   * command's first process in the sandbox has its parent outside it (the launcher, on the host): what
    * a stopped command leaves behind — its whole tree, `setsid` or double-forked — is reparented to
    * the holder's init, whose only child of its own is the holder's command.
    */

@@ -1,6 +1,6 @@
 /**
  * The seccomp filter of sandbox mode local: a classic BPF program, built here as raw bytes, that
- * bubblewrap loads (`--seccomp FD`) for the sandboxed command. It closes what the namespaces leave
+ * each command's launcher loads (launcher.ts) just before the command. It closes what the namespaces leave
  * open to an unprivileged process: terminal injection (`ioctl` `TIOCSTI`, `TIOCLINUX`), the
  * kernel keyring (`keyctl`, `add_key`, `request_key`), `bpf`, `perf_event_open`, `userfaultfd`,
  * tracing and reading other processes (`ptrace`, `process_vm_readv`/`writev`), and new or other

@@ -3,7 +3,7 @@
  * sandbox's /etc/passwd and /etc/group (bwrap.ts `LOCAL_USERS`) — written once per content, not per
  * sandbox: `<state>/local-files/<hash>/`, read-only, made whole in a temporary directory and renamed
  * into place, so that a reader sees all of it or none. Only the host reads them (the seccomp
- * program, by the command wrapper) or binds them read-only (passwd, group).
+ * program, by each command's launcher) or binds them read-only (passwd, group).
  */
 import { sha256HexOf } from "../../hash.ts";
 import { userStateDir } from "../../paths.ts";
