@@ -369,6 +369,23 @@ const LOCAL_MUTATIONS: Mutation[] = [
     tests: LOCAL_TESTS,
   },
   {
+    name:
+      "mode local: a command enters the namespaces of whatever process has the holder's pid (one that took a dead holder's pid: the host's)",
+    file: LOCAL_LAUNCHER,
+    find: '$fields[19] eq $started or fail("the sandbox has ended (process $holder is another)");',
+    replace: "",
+    tests: LOCAL_TESTS,
+    filter: "took the holder's pid",
+  },
+  {
+    name: "mode local: commands are still started once the holder has ended",
+    file: LOCAL_SANDBOX,
+    find: "if (!this.#holder || this.#destroyed || this.#holderEnded) {",
+    replace: "if (!this.#holder || this.#destroyed) {",
+    tests: LOCAL_TESTS,
+    filter: "took the holder's pid",
+  },
+  {
     name: "mode local: a command keeps the capabilities it has in its own user namespace",
     file: LOCAL_LAUNCHER,
     find: "syscall($prctl, 24, $_, 0, 0, 0) for 0 .. 63;",

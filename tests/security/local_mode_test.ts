@@ -230,6 +230,48 @@ test("terminal injection (TIOCSTI) is refused; another terminal ioctl reaches th
   });
 });
 
+test("a command is never started in the namespaces of a process that took the holder's pid, nor after the holder ended; at the holder's own pid and start it runs (twin)", async () => {
+  await withLocal("", async (_sandbox, provider) => {
+    const marker = `${provider.dirs.workspace}/ran`;
+    const launch = (holder: { pid: number; startTicks: number }) =>
+      run(
+        launcherArgv({
+          perl: provider.tools.perl,
+          holder,
+          uid: LOCAL_UID,
+          seccompFile: `${provider.dirs.files}/seccomp.bpf`,
+          cgroupJoins: provider.limits.cgroupJoins,
+          rlimits: provider.limits.rlimits,
+          cwd: "/",
+          env: { PATH: "/usr/bin:/bin" },
+          // Inside the sandbox it writes /workspace/ran; anywhere else, this host path.
+          argv: ["sh", "-c", `echo ran >/workspace/ran 2>/dev/null || echo ran >${marker}`],
+        }),
+        { clearEnv: true, timeoutMs: 60_000 },
+      );
+    // A process of this user whose pid the launcher is given, as if it had taken a dead
+    // holder's pid: its start differs, so its namespaces (the host's) are not entered.
+    const impostor = await launch({ pid: Deno.pid, startTicks: provider.holderStart });
+    assert.equal(impostor.exitCode, 125, impostor.stderr);
+    assert.match(impostor.stderr, /the sandbox has ended \(process \d+ is another\)/);
+    assert.equal(await Deno.stat(marker).then(() => true, () => false), false);
+    const twin = await launch({ pid: provider.holderPid, startTicks: provider.holderStart });
+    assert.equal(twin.exitCode, 0, twin.stderr);
+    assert.equal(await Deno.readTextFile(marker), "ran\n");
+    // The holder ended (its own command killed from inside): no command starts any more.
+    await provider.exec(["sh", "-c", "kill -9 $(cat /proc/2/stat | cut -d' ' -f1)"]);
+    const deadline = Date.now() + 10_000;
+    while (await Deno.stat(`/proc/${provider.holderPid}`).then(() => true, () => false)) {
+      assert.ok(Date.now() < deadline, "the holder outlived its command");
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    await assert.rejects(() => provider.exec(["true"]), /is not running/);
+    const late = await launch({ pid: provider.holderPid, startTicks: provider.holderStart });
+    assert.equal(late.exitCode, 125, late.stderr);
+    assert.match(late.stderr, /the sandbox has ended/);
+  });
+});
+
 test("a setsid survivor does not outlive the sandbox; until the release it lives (twin)", async () => {
   const argv = ["sleep", "4732"];
   await withLocal("", async ({ provider }) => {
@@ -440,7 +482,7 @@ test("Landlock refuses a path the sandbox's mounts show but its ruleset does not
       const env = { PATH: "/usr/bin:/bin" };
       const argv = landlock ? provider.argvFor(command, "/workspace", env) : launcherArgv({
         perl: provider.tools.perl,
-        holderPid: provider.holderPid,
+        holder: { pid: provider.holderPid, startTicks: provider.holderStart },
         uid: LOCAL_UID,
         seccompFile: `${provider.dirs.files}/seccomp.bpf`,
         cgroupJoins: provider.limits.cgroupJoins,

@@ -8,8 +8,10 @@
  *    out);
  * 2. the sandbox's seccomp program read (seccomp.ts), its cgroup joined (limits.ts), or its rlimits
  *    set where it has no cgroup;
- * 3. the holder's user, mount, network and pid namespaces entered (bwrap.ts `holderArgv`: the
- *    holder's mount namespace is the sandbox's whole filesystem, its root read-only); then a fork,
+ * 3. the holder's user, mount, network and pid namespaces entered (bwrap.ts `holderArgv`: its mount
+ *    namespace is the sandbox's whole filesystem, its root read-only), once the process whose
+ *    namespaces were opened is known to be the holder still: the same pid and start time, or the
+ *    sandbox has ended and nothing runs (a pid another process took is never entered); then a fork,
  *    since the pid namespace takes only children. The parent stays outside the sandbox, passes the
  *    host's TERM, INT, HUP and QUIT on, and ends as its child ended. The child:
  * 4. dies with that parent (`PR_SET_PDEATHSIG`), and gets a user, ipc, uts and cgroup namespace of
@@ -67,7 +69,7 @@ export const RLIMIT = { core: 4, nproc: 6 } as const;
 const PROGRAM = `
 my ($setns, $unshare, $sethostname, $setsid, $prctl, $seccomp, $prlimit, $openat) =
   map { $_ + 0 } splice(@ARGV, 0, 8);
-my ($holder, $uid, $filter, $cwd) = splice(@ARGV, 0, 4);
+my ($holder, $started, $uid, $filter, $cwd) = splice(@ARGV, 0, 5);
 sub fail { syswrite(STDERR, "sandbox: $_[0]: $!\\n"); exit 125 }
 sub section { my @s; push @s, shift @ARGV while @ARGV && $ARGV[0] ne "--"; shift @ARGV; @s }
 my @joins = section();
@@ -94,11 +96,16 @@ while (my ($resource, $value) = splice(@limits, 0, 2)) {
 # right the holder's user namespace does not give).
 my @ns;
 for my $kind (qw(user mnt net pid)) {
-  open(my $n, "<", "/proc/$holder/ns/$kind") or fail("cannot enter the sandbox ($kind)");
+  open(my $n, "<", "/proc/$holder/ns/$kind") or fail("the sandbox has ended (its $kind namespace)");
   my @there = stat $n;
   my @here = stat "/proc/self/ns/$kind";
   push @ns, $n unless @here && $here[0] == $there[0] && $here[1] == $there[1];
 }
+# Opened while the holder lived, if it lives now with the same start: a pid is not reused while
+# its process lives.
+open(my $stat, "<", "/proc/$holder/stat") or fail("the sandbox has ended");
+my @fields = split / /, (<$stat> =~ /\\) (.*)/)[0];
+$fields[19] eq $started or fail("the sandbox has ended (process $holder is another)");
 for (@ns) { syscall($setns, fileno($_), 0) == 0 or fail("cannot enter the sandbox (setns)") }
 close $_ for @ns;
 my $child = fork() // fail("fork");
@@ -149,8 +156,12 @@ exit($! + 0 == 2 ? 127 : 126);
 export interface Launch {
   /** Perl on the host (bwrap.ts `LocalTools`). */
   perl: string;
-  /** The host pid of the holder's first process (its namespaces are entered). */
-  holderPid: number;
+  /**
+   * The holder's first process, whose namespaces are entered: its host pid, and when it started
+   * (clock ticks since boot, /proc/PID/stat's 22nd field). A pid is the holder's only while the
+   * holder lives; a process that has the pid and another start is not entered.
+   */
+  holder: { pid: number; startTicks: number };
   /** The uid (and gid) the command runs as. */
   uid: number;
   /** The seccomp program's file (on the host). */
@@ -175,7 +186,8 @@ export function launcherArgv(launch: Launch): string[] {
     "-e",
     PROGRAM,
     ...ORDER.map((name) => String(numbers[name])),
-    String(launch.holderPid),
+    String(launch.holder.pid),
+    String(launch.holder.startTicks),
     String(launch.uid),
     launch.seccompFile,
     launch.cwd,

@@ -216,6 +216,10 @@ export class LocalSandbox implements SandboxProvider {
   readonly createdAt = new Date().toISOString();
   #holder?: ChildProcess;
   #holderPid = 0;
+  /** When the holder's init started (clock ticks since boot): its pid is its only while it lives. */
+  #holderStart = 0;
+  /** The holder has exited (its sandbox is over, whatever ended it). */
+  #holderEnded = false;
   /** The holder's own command (the lifeline's reader): the one child of its init that is no orphan. */
   #holderCommandPid = 0;
   /** The holder's stdin: closed at destroy, it ends the holder (as this process's death would). */
@@ -243,6 +247,11 @@ export class LocalSandbox implements SandboxProvider {
     return this.#holderPid;
   }
 
+  /** When the holder's init started (clock ticks since boot; 0 before start). */
+  get holderStart(): number {
+    return this.#holderStart;
+  }
+
   /** Start the holder (once). */
   async start(_options: { signal?: AbortSignal } = {}): Promise<SandboxStatus> {
     if (this.#holder) return await this.status();
@@ -257,7 +266,9 @@ export class LocalSandbox implements SandboxProvider {
       onStderrLine: (line) => line === HOLDER_READY && ready(),
     });
     this.#holder = holder;
+    holder.finished.finally(() => this.#holderEnded = true).catch(() => {}); // only bookkeeping
     this.#holderPid = await holderUp(holder, said);
+    this.#holderStart = await processStartTicks(this.#holderPid) ?? 0;
     // The init's one child: the command that has just said it runs.
     const [command] = await childrenOf(this.#holderPid);
     this.#holderCommandPid = command ?? 0;
@@ -283,7 +294,7 @@ export class LocalSandbox implements SandboxProvider {
     cwd?: string,
     env: Readonly<Record<string, string>> = this.env,
   ): string[] {
-    if (!this.#holder || this.#destroyed) {
+    if (!this.#holder || this.#destroyed || this.#holderEnded) {
       throw new SandboxError(
         this.#destroyed ? "container_not_found" : "invalid_state",
         `Local sandbox "${this.containerName}" is not running`,
@@ -291,7 +302,7 @@ export class LocalSandbox implements SandboxProvider {
     }
     return launcherArgv({
       perl: this.tools.perl,
-      holderPid: this.#holderPid,
+      holder: { pid: this.#holderPid, startTicks: this.#holderStart },
       uid: LOCAL_UID,
       seccompFile: `${this.dirs.files}/seccomp.bpf`,
       cgroupJoins: this.limits.cgroupJoins,
