@@ -13,8 +13,9 @@
 import { SandboxError } from "../../errors.ts";
 import { pathExists } from "../../paths.ts";
 import { run } from "../../process.ts";
-import { PERL } from "./relay.ts";
 
+/** Perl inside the sandbox (perl-base, in every Debian system, under the /usr bound read-only). */
+export const PERL = "/usr/bin/perl";
 /** The sandbox user inside (the container's sandbox uid, for the same file ownership). */
 export const LOCAL_UID = 10001;
 /** Where the sandbox's own directories appear inside. */

@@ -9,8 +9,7 @@
  * landlock_restrict_self are 444, 445 and 446 on every architecture.
  */
 import { run } from "../../process.ts";
-import { LOCAL_PATHS } from "./bwrap.ts";
-import { PERL } from "./relay.ts";
+import { LOCAL_PATHS, PERL } from "./bwrap.ts";
 
 /** The architectures whose other syscall numbers the launcher knows (those seccomp.ts supports). */
 const ARCHES = ["x86_64", "aarch64"];

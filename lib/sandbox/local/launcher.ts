@@ -29,8 +29,20 @@
  * architectures seccomp.ts supports). Every step but the namespaces is the same bwrap took.
  */
 
-/** The syscall numbers the launcher needs, by architecture. */
-const SYSCALLS: Record<string, Record<string, number>> = {
+/** The syscalls the launcher calls by number, in the order its program reads their numbers. */
+const CALLS = [
+  "setns",
+  "unshare",
+  "sethostname",
+  "setsid",
+  "prctl",
+  "seccomp",
+  "prlimit64",
+  "openat",
+] as const;
+
+/** Their numbers, by architecture. */
+const SYSCALLS: Record<string, Record<(typeof CALLS)[number], number>> = {
   x86_64: {
     setns: 308,
     unshare: 272,
@@ -52,16 +64,6 @@ const SYSCALLS: Record<string, Record<string, number>> = {
     openat: 56,
   },
 };
-const ORDER = [
-  "setns",
-  "unshare",
-  "sethostname",
-  "setsid",
-  "prctl",
-  "seccomp",
-  "prlimit64",
-  "openat",
-];
 
 /** rlimit resources (asm-generic/resource.h, the same on both). */
 export const RLIMIT = { core: 4, nproc: 6 } as const;
@@ -132,7 +134,11 @@ my $hostname = "sandbox";
 syscall($sethostname, $hostname, length $hostname) == 0 or fail("sethostname");
 syscall($setsid) >= 0 or fail("setsid");
 chdir($cwd) or fail("cannot enter $cwd");
-syscall($prctl, 24, $_, 0, 0, 0) for 0 .. 63;
+for my $cap (0 .. 63) {
+  next if syscall($prctl, 24, $cap, 0, 0, 0) == 0;
+  last if $! + 0 == 22;
+  fail("prctl(PR_CAPBSET_DROP)");
+}
 syscall($prctl, 38, 1, 0, 0, 0) == 0 or fail("prctl(PR_SET_NO_NEW_PRIVS)");
 if (@landlock) {
   my $handled = shift @landlock;
@@ -185,7 +191,7 @@ export function launcherArgv(launch: Launch): string[] {
     launch.perl,
     "-e",
     PROGRAM,
-    ...ORDER.map((name) => String(numbers[name])),
+    ...CALLS.map((name) => String(numbers[name])),
     String(launch.holder.pid),
     String(launch.holder.startTicks),
     String(launch.uid),

@@ -21,8 +21,7 @@
  * neither); the socket constants are Linux's, the same on x86_64 and aarch64.
  */
 
-/** Where Perl is (perl-base, in every Debian system); also Landlock's (landlock.ts). */
-export const PERL = "/usr/bin/perl";
+import { PERL } from "./bwrap.ts";
 
 const PROGRAM = `
 $SIG{PIPE} = "IGNORE";
