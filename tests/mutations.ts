@@ -434,6 +434,24 @@ const LOCAL_MUTATIONS: Mutation[] = [
     tests: ["tests/unit/relay_host_test.ts"],
     filter: "Perl relay: on the socket path, closing the relay's stdin",
   },
+  {
+    name:
+      "mode local: the relay with no descriptor left accepts again at once (spinning, or refusing what it could carry soon)",
+    file: "lib/sandbox/local/relay.ts",
+    find: "sub out_of_descriptors { $paused = time + 1 if $! + 0 == $EMFILE || $! + 0 == $ENFILE }",
+    replace: "sub out_of_descriptors { }",
+    tests: ["tests/unit/relay_host_test.ts"],
+    filter: "Perl relay: with no descriptor left",
+  },
+  {
+    name:
+      "mode local: the relay drops a connection it accepted with no descriptor left for its proxy's socket",
+    file: "lib/sandbox/local/relay.ts",
+    find: "    return push @waiting, [$c, $path];",
+    replace: "    return close $c;",
+    tests: ["tests/unit/relay_host_test.ts"],
+    filter: "Perl relay: with no descriptor left",
+  },
 ];
 
 export const MUTATIONS: Mutation[] = [
@@ -1660,10 +1678,19 @@ export const MUTATIONS: Mutation[] = [
     filter: "cannot read a file of the user's home",
   },
   {
+    name: "mode local: a command's environment rides on its launcher's command line",
+    file: LOCAL_LAUNCHER,
+    find: "  return { argv, env };",
+    replace: "  return { argv: [...argv, ...Object.values(env)], env };",
+    tests: ["tests/security/local_mode_test.ts"],
+    filter: "on no command line of the host",
+  },
+  {
     name: "mode local: sandbox exec runs its command with no sandbox of its own",
     file: "lib/sandbox/local/local_sandbox.ts",
-    find: "    return launcherArgv({\n      perl: this.tools.perl,",
-    replace: "    return argv.slice();\n    return launcherArgv({\n      perl: this.tools.perl,",
+    find: "    return launcherCommand({\n      perl: this.tools.perl,",
+    replace:
+      "    return { argv: argv.slice(), env: { ...env } };\n    return launcherCommand({\n      perl: this.tools.perl,",
     tests: ["tests/e2e/local_exec_test.ts"],
     filter: "cannot read a file of the user's home",
   },

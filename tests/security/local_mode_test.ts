@@ -7,9 +7,9 @@ import assert from "node:assert/strict";
 import type { LocalSandbox } from "../../lib/sandbox/local/local_sandbox.ts";
 import type { RunSandbox } from "../../lib/sandbox/provider.ts";
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
-import { run } from "../../lib/process.ts";
+import { run, type RunResult, spawn } from "../../lib/process.ts";
 import { landlockSupport } from "../../lib/sandbox/local/landlock.ts";
-import { launcherArgv } from "../../lib/sandbox/local/launcher.ts";
+import { type HostCommand, launcherCommand } from "../../lib/sandbox/local/launcher.ts";
 import { LOCAL_UID } from "../../lib/sandbox/local/bwrap.ts";
 import { denoCacheDir } from "../../lib/sandbox/local/deno_cache.ts";
 import { sha256HexOf } from "../../lib/hash.ts";
@@ -77,6 +77,11 @@ async function untilGone(argv: string[]): Promise<number[]> {
   return left;
 }
 
+/** Run a launcher's host process as local_sandbox.ts does: its environment and nothing else. */
+function runOnHost(command: HostCommand): Promise<RunResult> {
+  return run(command.argv, { env: command.env, clearEnv: true, timeoutMs: 60_000 });
+}
+
 const test = (name: string, fn: () => Promise<void>) =>
   Deno.test({ name: `local: ${name}`, ...localTest(), fn });
 
@@ -102,6 +107,43 @@ test("a value in the host's environment is in no process, command line or file i
   } finally {
     Deno.env.delete("SANDBOX_LOCAL_CANARY");
   }
+});
+
+test("a command's environment is on no command line of the host while it runs; the command has exactly that environment (twin)", async () => {
+  await withLocal("", async (_sandbox, provider) => {
+    const token = `token-${crypto.randomUUID()}`;
+    const command = provider.commandFor(
+      ["sh", "-c", "env | sort; echo; exec sleep 60"],
+      "/workspace",
+      { PATH: "/usr/bin:/bin", SANDBOX_LLM_TOKEN: token },
+    );
+    const child = spawn(command.argv, { env: command.env, clearEnv: true });
+    try {
+      const seen: string[] = [];
+      for await (const line of child.lines()) {
+        if (line === "") break;
+        seen.push(line);
+      }
+      // The twin: the command has the variable, and nothing the host or the launcher added.
+      assert.deepEqual(seen.filter((line) => !/^(PWD|SHLVL|_)=/.test(line)), [
+        "PATH=/usr/bin:/bin",
+        `SANDBOX_LLM_TOKEN=${token}`,
+      ]);
+      // The attack: any user of the host reads every process's command line (`ps`).
+      const lines: string[] = [];
+      for await (const entry of Deno.readDir("/proc")) {
+        if (!/^\d+$/.test(entry.name)) continue;
+        const cmdline = await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => "");
+        if (cmdline.includes(token)) {
+          lines.push(`${entry.name}: …${cmdline.split("\0").slice(-4).join(" ")}`);
+        }
+      }
+      assert.deepEqual(lines, []);
+    } finally {
+      child.kill();
+      await child.finished;
+    }
+  });
 });
 
 test("a server on the host's loopback is unreachable; a Unix socket in the proxies' directory is reached (twin)", async () => {
@@ -234,8 +276,8 @@ test("a command is never started in the namespaces of a process that took the ho
   await withLocal("", async (_sandbox, provider) => {
     const marker = `${provider.dirs.workspace}/ran`;
     const launch = (holder: { pid: number; startTicks: number }) =>
-      run(
-        launcherArgv({
+      runOnHost(
+        launcherCommand({
           perl: provider.tools.perl,
           holder,
           uid: LOCAL_UID,
@@ -247,7 +289,6 @@ test("a command is never started in the namespaces of a process that took the ho
           // Inside the sandbox it writes /workspace/ran; anywhere else, this host path.
           argv: ["sh", "-c", `echo ran >/workspace/ran 2>/dev/null || echo ran >${marker}`],
         }),
-        { clearEnv: true, timeoutMs: 60_000 },
       );
     // A process of this user whose pid the launcher is given, as if it had taken a dead
     // holder's pid: its start differs, so its namespaces (the host's) are not entered.
@@ -476,24 +517,25 @@ test("Landlock refuses a path the sandbox's mounts show but its ruleset does not
       "/run",
     ]);
     assert.equal(mounted.exitCode, 0, mounted.stderr);
-    // The command as the sandbox starts it (`argvFor`), or by a launcher without the Landlock step.
-    const argvWithExtra = (dir: string, landlock: boolean) => {
+    // The command as the sandbox starts it (`commandFor`), or by a launcher without the Landlock step.
+    const commandWithExtra = (dir: string, landlock: boolean) => {
       const command = ["sh", "-c", script, "sh", dir];
       const env = { PATH: "/usr/bin:/bin" };
-      const argv = landlock ? provider.argvFor(command, "/workspace", env) : launcherArgv({
-        perl: provider.tools.perl,
-        holder: { pid: provider.holderPid, startTicks: provider.holderStart },
-        uid: LOCAL_UID,
-        seccompFile: `${provider.dirs.files}/seccomp.bpf`,
-        cgroupJoins: provider.limits.cgroupJoins,
-        rlimits: provider.limits.rlimits,
-        cwd: "/workspace",
-        env,
-        argv: command,
-      });
-      return run(argv, { clearEnv: true, timeoutMs: 60_000 });
+      return runOnHost(
+        landlock ? provider.commandFor(command, "/workspace", env) : launcherCommand({
+          perl: provider.tools.perl,
+          holder: { pid: provider.holderPid, startTicks: provider.holderStart },
+          uid: LOCAL_UID,
+          seccompFile: `${provider.dirs.files}/seccomp.bpf`,
+          cgroupJoins: provider.limits.cgroupJoins,
+          rlimits: provider.limits.rlimits,
+          cwd: "/workspace",
+          env,
+          argv: command,
+        }),
+      );
     };
-    const attack = await argvWithExtra("/run", true);
+    const attack = await commandWithExtra("/run", true);
     const inside = `${attack.stdout}${attack.stderr}`;
     if (abi === 0) {
       // No Landlock on this kernel: the mount namespace stands alone, and says so.
@@ -509,9 +551,9 @@ test("Landlock refuses a path the sandbox's mounts show but its ruleset does not
       false,
     );
     await Deno.writeTextFile(`${provider.dirs.workspace}/existing`, "the checkout\n");
-    const twin = await argvWithExtra("/workspace", true);
+    const twin = await commandWithExtra("/workspace", true);
     assert.equal(twin.stdout, "the checkout\nwrote\n", twin.stderr);
-    const bare = await argvWithExtra("/run", false);
+    const bare = await commandWithExtra("/run", false);
     assert.equal(bare.stdout, "bound but not allowed\nwrote\n", `mounts alone: ${bare.stderr}`);
   });
 });

@@ -679,3 +679,57 @@ Deno.test("mode local's Perl relay: its program compiles under strict and warnin
     });
   }
 });
+
+Deno.test("mode local's Perl relay: with no descriptor left it waits instead of spinning on its listener, and every connection it could not carry yet is carried once others end (twin)", async (t) => {
+  // Each connection takes two descriptors: the last one free is either taken by a connection that
+  // then waits for its proxy's socket, or by none (accept fails). Two limits, one of each.
+  for (const limit of [12, 13]) {
+    await t.step(`${limit} descriptors`, async () => {
+      await using dir = await tempDir();
+      await using _server = unixServer(`${dir.path}/llm.sock`, () => new Response("answered"));
+      const launched: Deno.ChildProcess[] = [];
+      const limited = (args: string[]) => ["prlimit", `--nofile=${limit}`, ...localRelayArgv(args)];
+      await using relay = await startRelay({
+        sockets: { llm: `${dir.path}/llm.sock` },
+        sandboxSocketDir: dir.path,
+        launch: launcher(limited, launched),
+        basePort: freeBase(),
+      });
+      const port = relay.ports.llm!;
+      /** The relay's CPU time so far, in clock ticks (/proc/PID/stat's utime and stime). */
+      const cpuTicks = async () => {
+        const stat = await Deno.readTextFile(`/proc/${launched[0].pid}/stat`);
+        const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+        return Number(fields[11]) + Number(fields[12]);
+      };
+      const held = await Promise.all(
+        Array.from({ length: 12 }, () => Deno.connect({ hostname: "127.0.0.1", port })),
+      );
+      try {
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        const before = await cpuTicks();
+        await new Promise((resolve) => setTimeout(resolve, 1_000));
+        const spent = await cpuTicks() - before;
+        assert.ok(spent < 20, `${spent} ticks of CPU in a second with no descriptor left`);
+        // The twin: each connection asks once and is closed by the server after its answer, which
+        // gives descriptors back: every one is answered, those the relay could not carry at first
+        // included.
+        const request = encoder.encode("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        const answers = await Promise.all(held.map(async (conn, i) => {
+          await conn.write(request);
+          const text = await within(new Response(conn.readable).text(), 5_000, `connection ${i}`);
+          return text.split("\r\n\r\n").at(-1);
+        }));
+        assert.deepEqual(answers, held.map(() => "answered"));
+      } finally {
+        for (const conn of held) {
+          try {
+            conn.close();
+          } catch {
+            // Closed with its readable stream's end.
+          }
+        }
+      }
+    });
+  }
+});

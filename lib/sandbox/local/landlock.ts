@@ -9,7 +9,7 @@
  * landlock_restrict_self are 444, 445 and 446 on every architecture.
  */
 import { run } from "../../process.ts";
-import { LOCAL_PATHS, PERL } from "./bwrap.ts";
+import { LOCAL_PATHS } from "./bwrap.ts";
 
 /** The architectures whose other syscall numbers the launcher knows (those seccomp.ts supports). */
 const ARCHES = ["x86_64", "aarch64"];
@@ -95,14 +95,13 @@ export function landlockSupport(): Promise<{ abi: number } | { absent: string }>
 
 /**
  * The Landlock ABI version of this kernel, or why Landlock cannot be applied here: a kernel
- * without it (or with it disabled), an architecture without known syscall numbers, no Perl.
+ * without it (or with it disabled), an architecture without known syscall numbers. (The launcher
+ * that applies it is Perl: mode local needs Perl whatever the kernel has, bwrap.ts `localTools`.)
  */
 export async function landlockAbi(): Promise<{ abi: number } | { absent: string }> {
   if (!ARCHES.includes(Deno.build.arch)) {
     return { absent: `no syscall numbers for ${Deno.build.arch}` };
   }
-  const exists = await Deno.stat(PERL).then((info) => info.isFile, () => false);
-  if (!exists) return { absent: `${PERL} not found (Debian: perl-base)` };
   const answer = askInProcess() ?? await askPerl();
   if (answer > 0) return { abi: answer };
   const reason = answer === -38
@@ -139,13 +138,14 @@ const LIBC = {
   __errno_location: { parameters: [], result: "pointer" },
 } as const;
 
-/** The same question asked by a Perl program (a process start: ~20 ms). */
+/** The same question asked by the Perl on PATH, as the launcher's (~20 ms); -1 where none runs. */
 async function askPerl(): Promise<number> {
   const probe = await run([
-    PERL,
+    "perl",
     "-e",
     'my $v = syscall(444, 0, 0, 1); print $v < 0 ? "-" . ($! + 0) : $v',
-  ], { clearEnv: true, timeoutMs: 30_000 });
+  ], { clearEnv: true, timeoutMs: 30_000 }).catch(() => undefined);
+  if (!probe) return -1;
   const answer = Number(probe.stdout.trim());
   return probe.exitCode === 0 && Number.isInteger(answer) ? answer : -1;
 }

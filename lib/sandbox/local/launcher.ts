@@ -21,9 +21,12 @@
  *    bounding set, no new privileges;
  * 6. the Landlock ruleset (landlock.ts) where the kernel has Landlock, then the seccomp filter,
  *    last: it refuses `unshare` and `setns`, which the steps above needed;
- * 7. the command's environment, given as arguments and added to the launcher's own, which is empty
- *    (local_sandbox.ts starts it so: no `PERL5OPT` or `PERL5LIB` reaches it, nothing of the host's
- *    reaches the command), then exec (127: not found, 126: cannot run).
+ * 7. the command's environment, exactly, then exec (127: not found, 126: cannot run). It reaches
+ *    the launcher as its own environment, each name behind `ENV_PREFIX`, and nothing else does
+ *    (`launcherCommand`): no name Perl, the dynamic loader or libc obeys (`PERL5OPT`, `LD_PRELOAD`)
+ *    can act on the launcher, which runs on the host, and nothing of the host's reaches the
+ *    command. Not as arguments: a command line is anyone's to read on the host (`ps`), an
+ *    environment only its user's.
  *
  * It loads no module and calls the kernel by number (`SYSCALLS`: x86_64 and aarch64, the
  * architectures seccomp.ts supports). Every step but the namespaces is the same bwrap took.
@@ -68,6 +71,9 @@ const SYSCALLS: Record<string, Record<(typeof CALLS)[number], number>> = {
 /** rlimit resources (asm-generic/resource.h, the same on both). */
 export const RLIMIT = { core: 4, nproc: 6 } as const;
 
+/** What a variable of the command is called in the launcher's environment. */
+const ENV_PREFIX = "SANDBOX_COMMAND_ENV_";
+
 const PROGRAM = `
 my ($setns, $unshare, $sethostname, $setsid, $prctl, $seccomp, $prlimit, $openat) =
   map { $_ + 0 } splice(@ARGV, 0, 8);
@@ -77,7 +83,8 @@ sub section { my @s; push @s, shift @ARGV while @ARGV && $ARGV[0] ne "--"; shift
 my @joins = section();
 my @limits = section();
 my @landlock = section();
-my @env = section();
+my %env = map { /^${ENV_PREFIX}(.+)\\z/s ? ($1, $ENV{$_}) : () } keys %ENV;
+%ENV = ();
 if (syscall(436, 3, 0xffffffff, 0) != 0) {
   opendir(my $fds, "/proc/self/fd") or fail("list descriptors");
   for (grep { /^\\d+$/ && $_ > 2 && $_ != fileno($fds) } readdir $fds) { open(my $h, "<&=", $_) and close $h }
@@ -152,7 +159,7 @@ if (@landlock) {
   syscall(446, $ruleset, 0) == 0 or fail("landlock_restrict_self");
 }
 syscall($seccomp, 1, 0, pack("S x6 P", length($program) / 8, $program)) == 0 or fail("seccomp");
-for (@env) { my ($name, $value) = split /=/, $_, 2; $ENV{$name} = $value }
+%ENV = %env;
 exec { $ARGV[0] } @ARGV;
 syswrite(STDERR, "sandbox: cannot run $ARGV[0]: $!\\n");
 exit($! + 0 == 2 ? 127 : 126);
@@ -183,11 +190,17 @@ export interface Launch {
   argv: readonly string[];
 }
 
-/** The host argv that runs `launch.argv` in the sandbox; started with an empty environment. */
-export function launcherArgv(launch: Launch): string[] {
+/** A host process to start: its argv, and its whole environment (nothing of the host's added). */
+export interface HostCommand {
+  argv: string[];
+  env: Record<string, string>;
+}
+
+/** The host process that runs `launch.argv` in the sandbox. */
+export function launcherCommand(launch: Launch): HostCommand {
   const numbers = SYSCALLS[Deno.build.arch];
   if (!numbers) throw new TypeError(`No syscall numbers for ${Deno.build.arch}`);
-  return [
+  const argv = [
     launch.perl,
     "-e",
     PROGRAM,
@@ -208,8 +221,10 @@ export function launcherArgv(launch: Launch): string[] {
       ]
       : []),
     "--",
-    ...Object.entries(launch.env).map(([name, value]) => `${name}=${value}`),
-    "--",
     ...launch.argv,
   ];
+  const env = Object.fromEntries(
+    Object.entries(launch.env).map(([name, value]) => [`${ENV_PREFIX}${name}`, value]),
+  );
+  return { argv, env };
 }

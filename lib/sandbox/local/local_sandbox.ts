@@ -50,7 +50,7 @@ import {
   withoutInheritedFds,
 } from "./bwrap.ts";
 import { landlockRules, landlockSupport } from "./landlock.ts";
-import { launcherArgv } from "./launcher.ts";
+import { type HostCommand, launcherCommand } from "./launcher.ts";
 import { applyLimits, type LocalLimits } from "./limits.ts";
 import { SANDBOX_DENO_DIR, seedDenoCache } from "./deno_cache.ts";
 import { sharedFiles } from "./shared_files.ts";
@@ -285,22 +285,19 @@ export class LocalSandbox implements SandboxProvider {
     );
   }
 
-  /**
-   * The host argv that runs `argv` in the sandbox with environment `env` (launcher.ts), to be
-   * started with an empty environment of its own.
-   */
-  argvFor(
+  /** The host process that runs `argv` in the sandbox with exactly the environment `env` (launcher.ts). */
+  commandFor(
     argv: readonly string[],
     cwd?: string,
     env: Readonly<Record<string, string>> = this.env,
-  ): string[] {
+  ): HostCommand {
     if (!this.#holder || this.#destroyed || this.#holderEnded) {
       throw new SandboxError(
         this.#destroyed ? "container_not_found" : "invalid_state",
         `Local sandbox "${this.containerName}" is not running`,
       );
     }
-    return launcherArgv({
+    return launcherCommand({
       perl: this.tools.perl,
       holder: { pid: this.#holderPid, startTicks: this.#holderStart },
       uid: LOCAL_UID,
@@ -322,10 +319,11 @@ export class LocalSandbox implements SandboxProvider {
       envKind: "environment",
       argv,
     });
-    const child = spawn(this.argvFor(argv, options.cwd, { ...this.env, ...options.env }), {
+    const command = this.commandFor(argv, options.cwd, { ...this.env, ...options.env });
+    const child = spawn(command.argv, {
       ...options,
       cwd: undefined,
-      env: {},
+      env: command.env,
       clearEnv: true,
     });
     this.#running.add(child);

@@ -16,7 +16,10 @@
  *
  * One process, one `select` loop, non-blocking sockets: each direction of a connection holds at
  * most `CAP` bytes on their way (a slow reader stalls only its own connection), a half-close is
- * passed on once what came before it is written, and a failure on either side ends both. It loads
+ * passed on once what came before it is written, and a failure on either side ends both. With no
+ * descriptor left it accepts nothing for a second, or until a connection ends, instead of spinning
+ * on a listener it cannot accept from; a connection accepted with no descriptor left for its proxy's
+ * socket waits for one. It loads
  * no module, so `PERL5LIB`/`PERL5OPT` would change nothing (and the sandbox's environment has
  * neither); the socket constants are Linux's, the same on x86_64 and aarch64.
  */
@@ -25,7 +28,7 @@ import { PERL } from "./bwrap.ts";
 
 const PROGRAM = `
 $SIG{PIPE} = "IGNORE";
-my ($EINTR, $EAGAIN, $EADDRINUSE) = (4, 11, 98);
+my ($EINTR, $EAGAIN, $ENFILE, $EMFILE, $EADDRINUSE) = (4, 11, 23, 24, 98);
 my ($CAP, $CHUNK) = (1 << 20, 256 * 1024);
 sub fail { syswrite(STDERR, "sandbox relay: $_[0]\\n"); exit $_[1] }
 sub nonblock { fcntl($_[0], 4, (fcntl($_[0], 3, 0) + 0) | 0x800) }
@@ -69,11 +72,17 @@ syswrite(STDOUT, pack("C N N", 1, 0, length $ready) . $ready);
 # Each end of a carried connection: its socket, the other end, the bytes on their way to it, whether
 # its reads have ended, whether its writes have been shut.
 my %end;
+# When the descriptors ran out, the time (whole seconds) until which no connection is accepted: a
+# listener with a connection waiting stays readable, and accepting again at once would spin. A
+# connection that ends gives descriptors back and ends the pause.
+my $paused = 0;
+sub out_of_descriptors { $paused = time + 1 if $! + 0 == $EMFILE || $! + 0 == $ENFILE }
 sub drop {
   my $e = shift;
   for my $x ($e, $e->{peer}) { close $x->{fh}; delete $end{$x->{fd}} }
   delete $e->{peer}{peer};
   delete $e->{peer};
+  $paused = 0;
 }
 sub flush {
   my $e = shift;
@@ -94,10 +103,16 @@ sub fill {
   if ($got == 0) { $e->{eof} = 1 } else { $e->{peer}{out} .= $data }
   flush($e->{peer});
 }
+# Accepted connections whose proxy socket waits for a descriptor, oldest first.
+my @waiting;
 sub carry {
-  my ($l, $path) = @{$_[0]};
-  accept(my $c, $l) or return;
-  my $u = unix_conn($path) or return close $c;
+  my ($c, $path) = @_;
+  my $u = unix_conn($path);
+  unless ($u) {
+    return close $c unless $! + 0 == $EMFILE || $! + 0 == $ENFILE;
+    out_of_descriptors();
+    return push @waiting, [$c, $path];
+  }
   setsockopt($c, 6, 1, pack("i", 1));
   nonblock($_) for $c, $u;
   my ($tcp, $unix) = map { +{ fh => $_, fd => fileno $_, out => "" } } $c, $u;
@@ -108,21 +123,28 @@ sub carry {
 while (1) {
   my ($rin, $win) = ("", "");
   vec($rin, 0, 1) = 1;
-  vec($rin, $_, 1) = 1 for keys %listener;
+  $paused = 0 if $paused && time >= $paused;
+  vec($rin, $_, 1) = 1 for $paused ? () : keys %listener;
   for my $e (values %end) {
     vec($rin, $e->{fd}, 1) = 1 if !$e->{eof} && length $e->{peer}{out} < $CAP;
     vec($win, $e->{fd}, 1) = 1 if length $e->{out};
   }
   my ($r, $w) = ($rin, $win);
-  if (select($r, $w, undef, undef) < 0) {
+  if (select($r, $w, undef, $paused ? 1 : undef) < 0) {
     next if $! + 0 == $EINTR;
     fail("select: $!", 1);
   }
   if (vec($r, 0, 1)) { exit 0 unless sysread(STDIN, my $ignored, 65536) }
-  for (keys %listener) { carry($listener{$_}) if vec($r, $_, 1) }
+  # Connections first: one that ends gives back the descriptors a new one needs.
   for my $fd (keys %end) {
     flush($end{$fd}) if $end{$fd} && vec($w, $fd, 1);
     fill($end{$fd}) if $end{$fd} && vec($r, $fd, 1);
+  }
+  carry(@$_) for $paused ? () : splice(@waiting);
+  for (keys %listener) {
+    next if $paused || !vec($r, $_, 1);
+    my ($l, $path) = @{$listener{$_}};
+    if (accept(my $c, $l)) { carry($c, $path) } else { out_of_descriptors() }
   }
 }
 `;
