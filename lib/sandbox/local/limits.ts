@@ -1,10 +1,12 @@
 /**
  * The resources of a local sandbox (`resources.memory`, `cpus`, `pids`): a cgroup of its own where
- * this process may make one — cgroup v2 (`/sys/fs/cgroup/sandbox-local/ID`, root or a delegated
- * tree) or v1 (a group under each of the memory, cpu and pids hierarchies) — into which every
- * command of the sandbox moves itself before it starts, so that the limits hold for the sandbox as
- * a whole; otherwise rlimits per command (processes only, and no core files), which
- * leave memory and CPU unlimited. `LocalLimits.kind` says which held (docs/local.md).
+ * this process may make one — cgroup v2 (`/sys/fs/cgroup/sandbox-local/ID`, for root: a process
+ * joins a v2 cgroup only if its user may write the cgroup.procs of the common ancestor of where it
+ * is and where it goes, here the root's) or v1 (a group under each of the memory, cpu and pids
+ * hierarchies) — into which every command of the sandbox moves itself before it starts, so that the
+ * limits hold for the sandbox as a whole; otherwise rlimits per command (processes only, and no
+ * core files), which leave memory and CPU unlimited. `LocalLimits.kind` says which held
+ * (docs/local.md).
  */
 import type { Profile } from "../../config.ts";
 import { RLIMIT } from "./launcher.ts";
