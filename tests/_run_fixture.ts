@@ -41,6 +41,9 @@ export class RunFixture implements AsyncDisposable {
   readonly env: Record<string, string>;
   config = "";
   promptFile = "";
+  /** Ends the CLIs still running when the fixture is disposed (a test that failed mid-run). */
+  readonly #stop = new AbortController();
+  readonly #running = new Set<Promise<RunResult>>();
 
   constructor(dir: { path: string } & AsyncDisposable, prefix: string, keyEnv: string) {
     this.dir = dir;
@@ -133,11 +136,15 @@ export class RunFixture implements AsyncDisposable {
 
   /** `sandbox ARGS` to completion, with this fixture's config and environment (plus `env`). */
   cli(args: string[], env: Record<string, string> = {}): Promise<RunResult> {
-    return runCli(args, {
+    const running = runCli(args, {
       config: this.config,
       env: { ...this.env, ...env },
       timeoutMs: CLI_TIMEOUT_MS,
+      signal: this.#stop.signal,
     });
+    this.#running.add(running);
+    running.finally(() => this.#running.delete(running)).catch(() => {}); // only bookkeeping
+    return running;
   }
 
   async meta(id: string): Promise<RunMeta> {
@@ -145,6 +152,10 @@ export class RunFixture implements AsyncDisposable {
   }
 
   async [Symbol.asyncDispose](): Promise<void> {
+    // A CLI still running belongs to a test that failed before its run ended: left running, it
+    // would go on (its disk watch, its sandbox) into the tests after it.
+    this.#stop.abort();
+    await Promise.allSettled(this.#running);
     try {
       await removeProfile(this.profile);
     } finally {
