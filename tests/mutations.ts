@@ -342,8 +342,8 @@ const LOCAL_MUTATIONS: Mutation[] = [
   {
     name: "mode local: a command inherits the host's environment",
     file: LOCAL_SANDBOX,
-    find: "      env: {},\n      clearEnv: true,",
-    replace: "      env: {},\n      clearEnv: false,",
+    find: "      env: command.env,\n      clearEnv: true,",
+    replace: "      env: command.env,\n      clearEnv: false,",
     tests: LOCAL_TESTS,
   },
   {

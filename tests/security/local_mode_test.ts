@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import type { LocalSandbox } from "../../lib/sandbox/local/local_sandbox.ts";
 import type { RunSandbox } from "../../lib/sandbox/provider.ts";
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
-import { run, type RunResult, spawn } from "../../lib/process.ts";
+import { run, type RunResult } from "../../lib/process.ts";
 import { landlockSupport } from "../../lib/sandbox/local/landlock.ts";
 import { type HostCommand, launcherCommand } from "../../lib/sandbox/local/launcher.ts";
 import { LOCAL_UID } from "../../lib/sandbox/local/bwrap.ts";
@@ -109,41 +109,61 @@ test("a value in the host's environment is in no process, command line or file i
   }
 });
 
-test("a command's environment is on no command line of the host while it runs; the command has exactly that environment (twin)", async () => {
-  await withLocal("", async (_sandbox, provider) => {
-    const token = `token-${crypto.randomUUID()}`;
-    const command = provider.commandFor(
-      ["sh", "-c", "env | sort; echo; exec sleep 60"],
-      "/workspace",
-      { PATH: "/usr/bin:/bin", SANDBOX_LLM_TOKEN: token },
-    );
-    const child = spawn(command.argv, { env: command.env, clearEnv: true });
-    try {
-      const seen: string[] = [];
-      for await (const line of child.lines()) {
-        if (line === "") break;
-        seen.push(line);
-      }
-      // The twin: the command has the variable, and nothing the host or the launcher added.
-      assert.deepEqual(seen.filter((line) => !/^(PWD|SHLVL|_)=/.test(line)), [
-        "PATH=/usr/bin:/bin",
-        `SANDBOX_LLM_TOKEN=${token}`,
-      ]);
-      // The attack: any user of the host reads every process's command line (`ps`).
-      const lines: string[] = [];
-      for await (const entry of Deno.readDir("/proc")) {
-        if (!/^\d+$/.test(entry.name)) continue;
-        const cmdline = await Deno.readTextFile(`/proc/${entry.name}/cmdline`).catch(() => "");
-        if (cmdline.includes(token)) {
-          lines.push(`${entry.name}: …${cmdline.split("\0").slice(-4).join(" ")}`);
+test("a command's environment is on no command line of the host while it runs, and its launcher has nothing of the host's environment; the command has exactly its own (twin)", async () => {
+  const canary = `canary-${crypto.randomUUID()}`;
+  Deno.env.set("SANDBOX_LOCAL_CANARY", canary);
+  try {
+    await withLocal("", async (_sandbox, provider) => {
+      const token = `token-${crypto.randomUUID()}`;
+      const child = provider.spawnInside(["sh", "-c", "env; echo; exec sleep 60"], {
+        env: { SANDBOX_LLM_TOKEN: token },
+      });
+      try {
+        const seen: string[] = [];
+        for await (const line of child.lines()) {
+          if (line === "") break;
+          seen.push(line);
         }
+        // The twin: the command has its variables, and nothing the host or the launcher added.
+        assert.deepEqual(
+          seen.filter((line) => !/^(PWD|SHLVL|_)=/.test(line)).sort(),
+          Object.entries({ ...provider.env, SANDBOX_LLM_TOKEN: token })
+            .map(([name, value]) => `${name}=${value}`).sort(),
+        );
+        // The attack: any user of the host reads every process's command line (`ps`). The
+        // launcher, its parent on the host, has the token in its environment, readable by this
+        // user alone, and nothing else of the host's but PATH.
+        const onCommandLines: string[] = [];
+        const launchers: string[] = [];
+        for await (const entry of Deno.readDir("/proc")) {
+          if (!/^\d+$/.test(entry.name)) continue;
+          const read = (file: string) =>
+            Deno.readTextFile(`/proc/${entry.name}/${file}`).catch(() => "");
+          const cmdline = await read("cmdline");
+          if (cmdline.includes(token)) {
+            onCommandLines.push(`${entry.name}: …${cmdline.split("\0").slice(-4).join(" ")}`);
+          }
+          const environ = await read("environ");
+          if (environ.includes(`=${token}`) && environ.includes("SANDBOX_COMMAND_ENV_")) {
+            launchers.push(environ);
+          }
+        }
+        assert.deepEqual(onCommandLines, []);
+        assert.equal(launchers.length, 1, "one launcher holds the command's environment");
+        const names = launchers[0].split("\0").filter(Boolean).map((entry) => entry.split("=")[0]);
+        assert.deepEqual(
+          names.filter((name) => name !== "PATH" && !name.startsWith("SANDBOX_COMMAND_ENV_")),
+          [],
+        );
+        assert.ok(!launchers[0].includes(canary), "the host's environment reached the launcher");
+      } finally {
+        child.kill();
+        await child.finished;
       }
-      assert.deepEqual(lines, []);
-    } finally {
-      child.kill();
-      await child.finished;
-    }
-  });
+    });
+  } finally {
+    Deno.env.delete("SANDBOX_LOCAL_CANARY");
+  }
 });
 
 test("a server on the host's loopback is unreachable; a Unix socket in the proxies' directory is reached (twin)", async () => {
