@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import type { LocalSandbox } from "../../lib/sandbox/local/local_sandbox.ts";
 import type { RunSandbox } from "../../lib/sandbox/provider.ts";
 import { sandboxLifecycle } from "../../lib/sandbox/providers.ts";
-import { run, type RunResult } from "../../lib/process.ts";
+import { processStartTicks, run, type RunResult } from "../../lib/process.ts";
 import { landlockSupport } from "../../lib/sandbox/local/landlock.ts";
 import { type HostCommand, launcherCommand } from "../../lib/sandbox/local/launcher.ts";
 import { LOCAL_UID } from "../../lib/sandbox/local/bwrap.ts";
@@ -279,6 +279,50 @@ test("no escalation: no capabilities, no new privileges, no new namespaces, host
   });
 });
 
+test("host sysctls and device nodes are read-only inside (a command of root's sandbox is the host's uid 0): a sysctl opened for writing, a device's mode or times changed, are refused; reading both and writing to a device work (twin)", async () => {
+  await withLocal("", async (_sandbox, provider) => {
+    // Harmless if the defence fails: the value written back is the one read, the mode the one set.
+    const attack = await provider.exec([
+      "sh",
+      "-c",
+      `
+      perl -e 'sysopen(my $f, "/proc/sys/fs/lease-break-time", 1) or die "sysctl: $!\\n"; print "sysctl opened\\n"'
+      [ -e /proc/sysrq-trigger ] && { perl -e 'sysopen(my $f, "/proc/sysrq-trigger", 1) or die "sysrq: $!\\n"; print "sysrq opened\\n"'; }
+      chmod 0666 /dev/null && echo chmod done
+      touch /dev/null && echo touch done
+      true`,
+    ]);
+    const said = `${attack.stdout}${attack.stderr}`;
+    assert.doesNotMatch(said, /opened|done/, said);
+    assert.match(said, /sysctl: Read-only file system/);
+    assert.match(said, /chmod: .*Read-only file system/);
+    const twin = await provider.exec([
+      "sh",
+      "-c",
+      `
+      cat /proc/sys/fs/lease-break-time >/dev/null && echo sysctl read
+      echo x >/dev/null && echo null written
+      head -c 8 /dev/urandom | wc -c`,
+    ]);
+    assert.equal(twin.stdout, "sysctl read\nnull written\n8\n", twin.stderr);
+  });
+});
+
+test("a socket of a family no network namespace confines (AF_VSOCK) and io_uring are refused; an inet socket is made (twin)", async () => {
+  await withLocal("", async (_sandbox, provider) => {
+    const probe = (code: string) => provider.exec(["perl", "-e", code]);
+    const vsock = await probe('socket(my $s, 40, 1, 0) or die "$!\\n"; print "made\\n"');
+    assert.equal(vsock.stdout, "", "a vsock socket was made");
+    assert.match(vsock.stderr, /Address family not supported/);
+    const ring = await probe(
+      'my $params = pack("x120"); my $fd = syscall(425, 8, $params); print $fd < 0 ? "$!\\n" : "ring\\n"',
+    );
+    assert.match(ring.stdout, /Function not implemented/, ring.stderr);
+    const inet = await probe('socket(my $s, 2, 1, 0) or die "$!\\n"; print "made\\n"');
+    assert.equal(inet.stdout, "made\n", inet.stderr);
+  });
+});
+
 test("terminal injection (TIOCSTI) is refused; another terminal ioctl reaches the kernel (twin)", async () => {
   await withLocal("", async ({ provider }) => {
     const ioctl = (request: number) =>
@@ -330,6 +374,49 @@ test("a command is never started in the namespaces of a process that took the ho
     const late = await launch({ pid: provider.holderPid, startTicks: provider.holderStart });
     assert.equal(late.exitCode, 125, late.stderr);
     assert.match(late.stderr, /the sandbox has ended/);
+  });
+});
+
+test('the launcher knows a process by its pid and start time whatever its name: one whose name holds ") " is taken at its own start and refused at another (twin)', async () => {
+  await withLocal("", async (_sandbox, provider) => {
+    // A process of this test's (the host's) namespaces, named so that a parser reading after the
+    // first ") " of /proc/PID/stat takes the wrong field for its start.
+    const named = new Deno.Command("perl", {
+      args: ["-e", '$0 = "x) 1 2 3"; sleep 60'],
+      stdin: "null",
+    }).spawn();
+    try {
+      for (let i = 0; i < 250; i++) {
+        const stat = await Deno.readTextFile(`/proc/${named.pid}/stat`);
+        if (stat.includes("(x) 1 2 3)")) break;
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      const start = await processStartTicks(named.pid);
+      assert.ok(start, "the named process's start");
+      const launch = (startTicks: number) =>
+        runOnHost(launcherCommand({
+          perl: provider.tools.perl,
+          holder: { pid: named.pid, startTicks },
+          uid: LOCAL_UID,
+          seccompFile: `${provider.dirs.files}/seccomp.bpf`,
+          cgroupJoins: [],
+          rlimits: [],
+          cwd: "/",
+          env: { PATH: "/usr/bin:/bin" },
+          argv: ["true"],
+        }));
+      // Taken: past the check of its start, the launcher stops only at the next one (its child's
+      // parent is in its pid namespace: this process is in no sandbox), which says nothing.
+      const own = await launch(start);
+      assert.equal(own.exitCode, 125, own.stderr);
+      assert.equal(own.stderr, "");
+      const other = await launch(start + 1);
+      assert.equal(other.exitCode, 125, other.stderr);
+      assert.match(other.stderr, /is another/);
+    } finally {
+      named.kill();
+      await named.status;
+    }
   });
 });
 
@@ -403,6 +490,33 @@ test("the sandbox dies with the process that owns it, SIGKILL included; until th
     }
     await Deno.remove(state, { recursive: true });
   }
+});
+
+test("writing past resources.disk in the sandbox's /tmp (on the host's disk) stops the sandbox's commands; below it nothing stops (twin)", async () => {
+  await withLocal(", resources: {disk: 8m}", async (sandbox, provider) => {
+    let stopped: { code?: string } | undefined;
+    const watch = sandbox.watchDisk({ onAbort: (reason) => stopped = reason });
+    const reason = () => stopped;
+    try {
+      const small = await provider.exec(["sh", "-c", "head -c 2m /dev/zero >/tmp/small"]);
+      assert.equal(small.exitCode, 0, small.stderr);
+      await new Promise((resolve) => setTimeout(resolve, 2_500));
+      assert.ok(!reason(), "stopped below the limit");
+      const big = await provider.exec(["sh", "-c", "head -c 32m /dev/zero >/tmp/big"]);
+      assert.equal(big.exitCode, 0, big.stderr);
+      const deadline = Date.now() + 15_000;
+      while (!reason() && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      assert.equal(
+        reason()?.code,
+        "disk_limit",
+        "32 MB in /tmp did not stop the sandbox (disk: 8m)",
+      );
+    } finally {
+      await watch.close();
+    }
+  });
 });
 
 test("pids and memory limits hold where a cgroup enforces them; below them commands run (twin)", async () => {

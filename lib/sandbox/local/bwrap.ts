@@ -198,12 +198,63 @@ export async function systemArgs(): Promise<string[]> {
 }
 
 /**
- * What the holder runs: a read of its stdin, a pipe whose other end only the process that made it
+ * Entries of /proc a process may write as root on the host: sysctls (`kernel.core_pattern` runs
+ * a program as the host's root), the sysrq trigger, and the like. Their owner check looks at the
+ * uid alone, and a command of a sandbox that root made is the host's uid 0 (in namespaces of its
+ * own, with no capability): the holder mounts them read-only, as Docker does (bwrap does so for
+ * /proc/irq and /proc/bus itself). Bound from the host's /proc: what they show is global, or the
+ * reader's namespace's.
+ */
+const READ_ONLY_PROC = ["sys", "sysrq-trigger", "fs", "acpi", "scsi"];
+
+/**
+ * The device nodes bwrap's `--dev` binds from the host. For a sandbox that root made, a command
+ * owns them (uid 0): a `chmod 000 /dev/null` inside would change the host's. The holder remounts
+ * each read-only (their metadata unchangeable; reading and writing a device is not a change of its
+ * file), keeping what bwrap set (nosuid) and not adding nodev, which would make them unusable.
+ * Root's sandboxes only: an ordinary user's commands are that user on the host, to whom the nodes
+ * are not writable, and its holder could not remount them (unprivileged, bwrap makes the mounts in
+ * a user namespace outside the one its command runs in).
+ */
+const DEVICE_NODES = [
+  "/dev/null",
+  "/dev/zero",
+  "/dev/full",
+  "/dev/random",
+  "/dev/urandom",
+  "/dev/tty",
+];
+
+/** mount(2), by architecture (launcher.ts has the launcher's own). */
+const MOUNT_SYSCALL: Record<string, number> = { x86_64: 165, aarch64: 40 };
+
+/**
+ * What the holder runs, as root of its user namespace: the device nodes made read-only
+ * (`DEVICE_NODES`), then a read of its stdin, a pipe whose other end only the process that made it
  * holds. That process's death (SIGKILL included) closes it: the read ends, the holder's init
  * exits and its pid namespace, every command's included, dies with it. bwrap's
  * `--die-with-parent` alone does not hold as root (the holder was seen left under init).
  */
-export const HOLDER_COMMAND = ["sh", "-c", "echo holder-ready >&2; read -r _ || true"] as const;
+export function holderCommand(
+  devices: readonly string[] = Deno.uid() === 0 ? DEVICE_NODES : [],
+  arch: string = Deno.build.arch,
+): string[] {
+  const mount = MOUNT_SYSCALL[arch];
+  if (mount === undefined) throw new TypeError(`No mount syscall number for ${arch}`);
+  // A remount replaces a mount's flags: each keeps those it has (mountinfo's options; the kernel
+  // refuses to clear one a less privileged namespace inherited locked, such as the host's noexec),
+  // plus MS_RDONLY. syscall() may write into its string arguments: copies, never literals.
+  const program = `my %flag = (ro => 1, nosuid => 2, nodev => 4, noexec => 8, noatime => 1024, ` +
+    `nodiratime => 2048, relatime => 1 << 21, strictatime => 1 << 24); my %options; ` +
+    `open(my $info, "<", "/proc/self/mountinfo") or die "sandbox: mountinfo: $!\\n"; ` +
+    `while (<$info>) { my @field = split / /; $options{$field[4]} = $field[5] } close $info; ` +
+    `for (@ARGV) { my ($source, $target) = ("none", $_); my $flags = 0x20 | 0x1000 | 0x1; ` +
+    `$flags |= $flag{$_} // 0 for split /,/, $options{$target} // ""; ` +
+    `syscall(${mount}, $source, $target, 0, $flags, 0) == 0 ` +
+    `or die "sandbox: cannot make $target read-only: $!\\n" } ` +
+    `syswrite(STDERR, "${HOLDER_READY}\\n"); 1 while sysread(STDIN, my $ignored, 4096);`;
+  return [PERL, "-e", program, ...devices];
+}
 /**
  * What the holder's command says first, on stderr (bwrap closes its `--info-fd`, stdout, in the
  * child): it has started, so its namespaces are complete (the user namespace's id maps are
@@ -251,6 +302,7 @@ export function holderArgv(
     ...system,
     "--proc",
     "/proc",
+    ...READ_ONLY_PROC.flatMap((entry) => ["--ro-bind-try", `/proc/${entry}`, `/proc/${entry}`]),
     "--dev",
     "/dev",
     ...bind(`${dirs.files}/passwd`, "/etc/passwd"),
@@ -269,6 +321,6 @@ export function holderArgv(
     "--info-fd",
     "1",
     "--",
-    ...HOLDER_COMMAND,
+    ...holderCommand(),
   ];
 }

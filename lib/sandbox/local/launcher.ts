@@ -113,7 +113,8 @@ for my $kind (qw(user mnt net pid)) {
 # Opened while the holder lived, if it lives now with the same start: a pid is not reused while
 # its process lives.
 open(my $stat, "<", "/proc/$holder/stat") or fail("the sandbox has ended");
-my @fields = split / /, (<$stat> =~ /\\) (.*)/)[0];
+# After the last ") ": a name (field 2) may hold ") " itself.
+my @fields = split / /, (<$stat> =~ /.*\\) (.*)/s)[0];
 $fields[19] eq $started or fail("the sandbox has ended (process $holder is another)");
 for (@ns) { syscall($setns, fileno($_), 0) == 0 or fail("cannot enter the sandbox (setns)") }
 close $_ for @ns;

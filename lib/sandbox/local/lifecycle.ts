@@ -85,7 +85,9 @@ export class LocalRunSandbox implements RunSandbox {
   }
 
   watchDisk(options: { onAbort?: (reason: SandboxError) => void }) {
-    const { workspace } = this.provider.dirs;
+    // Every directory of the sandbox's that is on the host's disk: not the checkout alone (a
+    // container's /tmp and home are size-limited tmpfs; here they are the host's disk too).
+    const { workspace, home, tmp } = this.provider.dirs;
     return startDiskWatch(() =>
       Promise.resolve(spawn([
         "sh",
@@ -93,11 +95,13 @@ export class LocalRunSandbox implements RunSandbox {
         // Stopped (SIGTERM) while it sleeps, it kills its sleep at once: the sleep holds its
         // output, whose end the close waits for (up to a whole interval, at every run's end).
         "trap 'kill $p 2>/dev/null; exit 0' TERM; p=; " +
-        'while :; do s=$(du -sk -- "$1" 2>/dev/null | cut -f1); echo "du ${s:-0}"; ' +
-        'sleep "$2" & p=$!; wait $p; done',
+        'i=$1; shift; while :; do s=$(du -skc -- "$@" 2>/dev/null | tail -n 1 | cut -f1); ' +
+        'echo "du ${s:-0}"; sleep "$i" & p=$!; wait $p; done',
         "sh",
-        workspace,
         String(DISK_POLL_S),
+        workspace,
+        home,
+        tmp,
       ])), {
       limitBytes: this.provider.profile.resources.diskBytes,
       sandbox: this.name,

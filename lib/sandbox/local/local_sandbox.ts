@@ -256,7 +256,7 @@ export class LocalSandbox implements SandboxProvider {
   async start(_options: { signal?: AbortSignal } = {}): Promise<SandboxStatus> {
     if (this.#holder) return await this.status();
     this.#system = await systemArgs();
-    // Its stdin: a pipe this process never writes nor closes (HOLDER_COMMAND says why).
+    // Its stdin: a pipe this process never writes nor closes (holderCommand says why).
     let ready!: () => void;
     const said = new Promise<void>((resolve) => ready = resolve);
     const argv = holderArgv(this.tools, this.#system, this.dirs, this.programs);

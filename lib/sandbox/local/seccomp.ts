@@ -3,9 +3,11 @@
  * each command's launcher loads (launcher.ts) just before the command. It closes what the namespaces leave
  * open to an unprivileged process: terminal injection (`ioctl` `TIOCSTI`, `TIOCLINUX`), the
  * kernel keyring (`keyctl`, `add_key`, `request_key`), `bpf`, `perf_event_open`, `userfaultfd`,
- * tracing and reading other processes (`ptrace`, `process_vm_readv`/`writev`), and new or other
+ * tracing and reading other processes (`ptrace`, `process_vm_readv`/`writev`), new or other
  * namespaces (`unshare`, `setns`, `clone` with a namespace flag; `clone3`, whose flags a filter
- * cannot read, answers ENOSYS so that libc falls back to `clone`).
+ * cannot read, answers ENOSYS so that libc falls back to `clone`), sockets of a family no network
+ * namespace confines (`AF_VSOCK`: the host's and the hypervisor's ports), and io_uring, whose
+ * operations (a socket among them) no filter sees (ENOSYS: libraries fall back to plain calls).
  *
  * Layout (struct seccomp_data): nr at 0, arch at 4, args[i] at 16 + 8i (low half first on the
  * little-endian machines below). Another architecture is refused, not let through unfiltered.
@@ -17,8 +19,11 @@ interface Arch {
   audit: number;
   /** x86_64: numbers from here on are the x32 ABI, refused. */
   x32Base?: number;
-  nr: Record<Blocked | "ioctl" | "clone" | "clone3", number>;
+  nr: Record<Blocked | Unavailable | "ioctl" | "clone" | "socket", number>;
 }
+
+/** Refused as if the kernel had none (ENOSYS), so that callers take their fallback. */
+type Unavailable = "clone3" | "io_uring_setup" | "io_uring_enter" | "io_uring_register";
 
 type Blocked =
   | "keyctl"
@@ -41,6 +46,10 @@ const ARCHES: Record<string, Arch> = {
       ioctl: 16,
       clone: 56,
       clone3: 435,
+      socket: 41,
+      io_uring_setup: 425,
+      io_uring_enter: 426,
+      io_uring_register: 427,
       keyctl: 250,
       add_key: 248,
       request_key: 249,
@@ -60,6 +69,10 @@ const ARCHES: Record<string, Arch> = {
       ioctl: 29,
       clone: 220,
       clone3: 435,
+      socket: 198,
+      io_uring_setup: 425,
+      io_uring_enter: 426,
+      io_uring_register: 427,
       keyctl: 219,
       add_key: 217,
       request_key: 218,
@@ -77,6 +90,8 @@ const ARCHES: Record<string, Arch> = {
 
 /** The ioctl requests refused: push bytes into a terminal's input, or the console's. */
 export const REFUSED_IOCTLS = { TIOCSTI: 0x5412, TIOCLINUX: 0x541c } as const;
+/** The socket families refused: not confined by a network namespace. */
+export const REFUSED_SOCKET_FAMILIES = { AF_VSOCK: 40 } as const;
 /** CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET. */
 const CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 |
   0x20000000 | 0x40000000;
@@ -90,6 +105,7 @@ const RET_ALLOW = 0x7fff0000;
 const RET_KILL_PROCESS = 0x80000000;
 const EPERM = 1;
 const ENOSYS = 38;
+const EAFNOSUPPORT = 97;
 const retErrno = (errno: number) => 0x00050000 | errno;
 const NR = 0;
 const ARCH = 4;
@@ -102,11 +118,14 @@ function refuse(nr: number, errno = EPERM): Insn[] {
   return [[LD_W_ABS, 0, 0, NR], [JEQ_K, 0, 1, nr], [RET_K, 0, 0, retErrno(errno)]];
 }
 
-/** ioctl with one of `requests` answers EPERM; any other ioctl is allowed. */
-function refuseIoctls(nr: number, requests: number[]): Insn[] {
-  const body: Insn[] = [[LD_W_ABS, 0, 0, argLow(1)]];
-  requests.forEach((request, i) => body.push([JEQ_K, requests.length - i, 0, request]));
-  body.push([RET_K, 0, 0, RET_ALLOW], [RET_K, 0, 0, retErrno(EPERM)]);
+/**
+ * `nr` whose argument `arg` (its low 32 bits, as the kernel reads an int) is one of `values`
+ * answers `errno`; with any other value it is allowed.
+ */
+function refuseWhenArg(nr: number, arg: number, values: number[], errno: number): Insn[] {
+  const body: Insn[] = [[LD_W_ABS, 0, 0, argLow(arg)]];
+  values.forEach((value, i) => body.push([JEQ_K, values.length - i, 0, value]));
+  body.push([RET_K, 0, 0, RET_ALLOW], [RET_K, 0, 0, retErrno(errno)]);
   return [[LD_W_ABS, 0, 0, NR], [JEQ_K, 0, body.length, nr], ...body];
 }
 
@@ -144,13 +163,24 @@ export function seccompProgram(arch: string = Deno.build.arch): Insn[] {
       retErrno(EPERM),
     ]);
   }
-  program.push(...refuseIoctls(spec.nr.ioctl, Object.values(REFUSED_IOCTLS)));
+  program.push(...refuseWhenArg(spec.nr.ioctl, 1, Object.values(REFUSED_IOCTLS), EPERM));
+  program.push(
+    ...refuseWhenArg(spec.nr.socket, 0, Object.values(REFUSED_SOCKET_FAMILIES), EAFNOSUPPORT),
+  );
   program.push(...refuseNamespaceClone(spec.nr.clone));
-  program.push(...refuse(spec.nr.clone3, ENOSYS));
+  for (const name of UNAVAILABLE) program.push(...refuse(spec.nr[name], ENOSYS));
   for (const name of BLOCKED) program.push(...refuse(spec.nr[name]));
   program.push([RET_K, 0, 0, RET_ALLOW]);
   return program;
 }
+
+/** The syscalls that answer ENOSYS. */
+export const UNAVAILABLE: readonly Unavailable[] = [
+  "clone3",
+  "io_uring_setup",
+  "io_uring_enter",
+  "io_uring_register",
+];
 
 /** The syscalls refused outright (EPERM). */
 export const BLOCKED: readonly Blocked[] = [
