@@ -76,7 +76,11 @@ my %end;
 # listener with a connection waiting stays readable, and accepting again at once would spin. A
 # connection that ends gives descriptors back and ends the pause.
 my $paused = 0;
-sub out_of_descriptors { $paused = time + 1 if $! + 0 == $EMFILE || $! + 0 == $ENFILE }
+# Whether the call that just failed lacked a descriptor; if so the pause begins.
+sub out_of_descriptors {
+  return 0 unless $! + 0 == $EMFILE || $! + 0 == $ENFILE;
+  $paused = time + 1;
+}
 sub drop {
   my $e = shift;
   for my $x ($e, $e->{peer}) { close $x->{fh}; delete $end{$x->{fd}} }
@@ -109,8 +113,7 @@ sub carry {
   my ($c, $path) = @_;
   my $u = unix_conn($path);
   unless ($u) {
-    return close $c unless $! + 0 == $EMFILE || $! + 0 == $ENFILE;
-    out_of_descriptors();
+    return close $c unless out_of_descriptors();
     return push @waiting, [$c, $path];
   }
   setsockopt($c, 6, 1, pack("i", 1));
